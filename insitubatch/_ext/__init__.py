@@ -1,0 +1,1 @@
+"""Compiled kernels, built from the top-level ``_ext/*.pyx`` by ``setup.py``."""
