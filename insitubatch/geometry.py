@@ -1,0 +1,284 @@
+"""What the engine knows about one zarr array: shape, stored-chunk grid, sample axis.
+
+``ArrayGeometry`` is the single place that maps between the logical view the
+engine works in (sample axis first) and zarr's physical axis order and keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.core.indexing import ChunkProjection
+from zarr.core.metadata.v2 import ArrayV2Metadata
+from zarr.core.metadata.v3 import ArrayV3Metadata
+
+__all__ = ["ArrayGeometry", "geometry_of", "open_geometries"]
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class ArrayGeometry:
+    """Shape and chunking of one zarr array, seen along one sample axis.
+
+    ``shape``, ``chunks`` and ``stored_chunks`` are in physical (zarr) axis
+    order. ``chunks`` is zarr's read chunk; ``stored_chunks`` is what one store
+    key holds (the shard on a sharded array, else ``chunks``). The engine reads
+    whole stored chunks ("tiles"). ``offset`` makes a windowed view:
+    sample ``i`` of the view reads ``array[i + offset]`` along the sample axis.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    stored_chunks: tuple[int, ...]
+    dtype: np.dtype
+    fill_value: Any
+    sample_axis: int = 0
+    offset: int = 0
+    zarr_format: int = 3
+    dimension_names: tuple[str | None, ...] | None = None
+    metadata: ArrayV2Metadata | ArrayV3Metadata | None = field(
+        default=None, compare=False, repr=False, hash=False
+    )
+
+    # -- sample axis -----------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def n_samples(self) -> int:
+        """Length of the array along the sample axis."""
+        return self.shape[self.sample_axis]
+
+    @property
+    def sample_chunk_size(self) -> int:
+        """Samples per stored chunk along the sample axis."""
+        return self.stored_chunks[self.sample_axis]
+
+    @property
+    def n_chunks(self) -> int:
+        """Number of stored chunks along the sample axis (the last may be partial)."""
+        return _ceil_div(self.n_samples, self.sample_chunk_size)
+
+    def chunk_len(self, chunk_index: int) -> int:
+        """Samples the sample-axis chunk ``chunk_index`` really holds (edge chunks are short)."""
+        if not 0 <= chunk_index < self.n_chunks:
+            raise ValueError(f"{chunk_index=} is outside [0, {self.n_chunks}) for array {self.path!r}")
+        return min(self.sample_chunk_size, self.n_samples - chunk_index * self.sample_chunk_size)
+
+    # -- field (inner) axes ---------------------------------------------
+    @property
+    def inner_shape(self) -> tuple[int, ...]:
+        """Per-sample payload shape: every axis but the sample axis, in physical order."""
+        return tuple(s for k, s in enumerate(self.shape) if k != self.sample_axis)
+
+    @property
+    def inner_stored_chunks(self) -> tuple[int, ...]:
+        return tuple(s for k, s in enumerate(self.stored_chunks) if k != self.sample_axis)
+
+    @property
+    def tile_grid(self) -> tuple[int, ...]:
+        """Stored chunks per inner axis (the grid of tiles one sample-axis chunk spans)."""
+        return tuple(_ceil_div(s, c) for s, c in zip(self.inner_shape, self.inner_stored_chunks))
+
+    @property
+    def tiles_per_chunk(self) -> int:
+        return math.prod(self.tile_grid)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def sample_nbytes(self) -> int:
+        """Bytes of one sample's payload."""
+        return math.prod(self.inner_shape) * self.itemsize
+
+    @property
+    def chunk_nbytes(self) -> int:
+        """Decoded bytes of one full sample-axis chunk (all its tiles)."""
+        return self.sample_chunk_size * self.sample_nbytes
+
+    @property
+    def stored_chunk_nbytes(self) -> int:
+        """Decoded bytes of one full stored chunk (one tile)."""
+        return math.prod(self.stored_chunks) * self.itemsize
+
+    def tile_coord(self, tile_index: int) -> tuple[int, ...]:
+        """Inner grid coordinates of tile ``tile_index`` (C order over ``tile_grid``)."""
+        if not 0 <= tile_index < self.tiles_per_chunk:
+            raise ValueError(f"{tile_index=} is outside [0, {self.tiles_per_chunk}) for array {self.path!r}")
+        return tuple(int(x) for x in np.unravel_index(tile_index, self.tile_grid)) if self.tile_grid else ()
+
+    def tile_origins(self) -> np.ndarray:
+        """``(tiles_per_chunk, len(inner_shape))`` origin of each tile in the inner field."""
+        grid = np.indices(self.tile_grid).reshape(len(self.tile_grid), -1).T
+        return (grid * np.asarray(self.inner_stored_chunks, dtype=np.intp)).astype(np.intp)
+
+    def tile_shapes(self) -> np.ndarray:
+        """``(tiles_per_chunk, len(inner_shape))`` real extent of each tile (edge tiles are clipped)."""
+        origins = self.tile_origins()
+        return np.minimum(np.asarray(self.inner_stored_chunks), np.asarray(self.inner_shape) - origins).astype(np.intp)
+
+    def physical_chunk_coord(self, chunk_index: int, tile: int | Sequence[int] = 0) -> tuple[int, ...]:
+        """The stored-chunk coordinates (physical order) of a tile of a sample-axis chunk."""
+        inner = self.tile_coord(tile) if isinstance(tile, (int, np.integer)) else tuple(int(t) for t in tile)
+        if len(inner) != self.ndim - 1:
+            raise ValueError(f"tile coordinate {inner} must have {self.ndim - 1} entries for array {self.path!r}")
+        coord = list(inner)
+        coord.insert(self.sample_axis, int(chunk_index))
+        return tuple(coord)
+
+    def chunk_key(self, coord: Sequence[int]) -> str:
+        """The store key of the stored chunk at physical ``coord``, in the array's own key encoding."""
+        if self.metadata is None:
+            raise ValueError(f"geometry of {self.path!r} carries no zarr metadata to encode keys with")
+        key = self.metadata.encode_chunk_key(tuple(int(c) for c in coord))
+        return f"{self.path}/{key}" if self.path else key
+
+    def tile_placement(self, chunk_index: int, tile: int | Sequence[int] = 0) -> ChunkProjection:
+        """Where a tile's valid data sits: in its decoded stored chunk and in the chunk's slot.
+
+        ``chunk_selection`` is physical-order slices into the decoded stored
+        chunk; ``out_selection`` is slices into the logical slot
+        ``(chunk_len, *inner_shape)`` (sample axis first).
+        """
+        coord = self.physical_chunk_coord(chunk_index, tile)
+        n = self.chunk_len(chunk_index)
+        chunk_sel: list[slice] = []
+        out_inner: list[slice] = []
+        complete = True
+        for k, (c, size, ext) in enumerate(zip(coord, self.stored_chunks, self.shape)):
+            start = c * size
+            stop = min(start + size, ext)
+            if stop - start < size:
+                complete = False
+            chunk_sel.append(slice(0, stop - start))
+            if k != self.sample_axis:
+                out_inner.append(slice(start, stop))
+        return ChunkProjection(
+            chunk_coords=coord,
+            chunk_selection=tuple(chunk_sel),
+            out_selection=(slice(0, n), *out_inner),
+            is_complete_chunk=complete,
+        )
+
+    # -- views -------------------------------------------------------------
+    def shift(self, k: int) -> ArrayGeometry:
+        """A windowed view: sample ``i`` reads ``array[i + offset + k]`` along the sample axis."""
+        if not isinstance(k, (int, np.integer)):
+            raise TypeError(f"shift(k) takes an int, got {type(k).__name__}")
+        return dataclasses.replace(self, offset=self.offset + int(k))
+
+    def with_sample_axis(self, sample_axis: int) -> ArrayGeometry:
+        return dataclasses.replace(self, sample_axis=_normalize_axis(sample_axis, self.ndim, self.path))
+
+
+def _normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
+    if not isinstance(sample_axis, (int, np.integer)):
+        raise TypeError(f"sample_axis must be an int, got {type(sample_axis).__name__}")
+    if ndim == 0:
+        raise ValueError(f"array {path!r} is 0-dimensional: it has no axis to sample along")
+    if not -ndim <= sample_axis < ndim:
+        raise ValueError(f"{sample_axis=} is out of range for array {path!r} with {ndim} dims (shape must have an axis {sample_axis})")
+    return int(sample_axis) % ndim
+
+
+def _dimension_names(arr: zarr.Array) -> tuple[str | None, ...] | None:
+    md = arr.metadata
+    if isinstance(md, ArrayV3Metadata):
+        return tuple(md.dimension_names) if md.dimension_names is not None else None
+    dims = arr.attrs.get("_ARRAY_DIMENSIONS")
+    return tuple(dims) if isinstance(dims, (list, tuple)) else None
+
+
+def geometry_of(arr: zarr.Array, *, sample_axis: int = 0) -> ArrayGeometry:
+    """The ``ArrayGeometry`` of an open zarr array."""
+    ndim = arr.ndim
+    axis = _normalize_axis(sample_axis, ndim, arr.path)
+    chunks = tuple(int(c) for c in arr.chunks)
+    shards = getattr(arr, "shards", None)
+    stored = tuple(int(c) for c in shards) if shards is not None else chunks
+    dtype = np.dtype(arr.dtype)
+    if dtype.hasobject or dtype.kind == "T" or (dtype.kind in "US" and dtype.itemsize == 0):
+        raise ValueError(f"array {arr.path!r} has variable-size dtype {arr.dtype}; only fixed-size dtypes are supported")
+    return ArrayGeometry(
+        path=arr.path,
+        shape=tuple(int(s) for s in arr.shape),
+        chunks=chunks,
+        stored_chunks=stored,
+        dtype=dtype,
+        fill_value=arr.fill_value,
+        sample_axis=axis,
+        offset=0,
+        zarr_format=arr.metadata.zarr_format,
+        dimension_names=_dimension_names(arr),
+        metadata=arr.metadata,
+    )
+
+
+def _is_coordinate(path: str, arr: zarr.Array, dims: tuple[str | None, ...] | None) -> bool:
+    """A self-named 1-D array, or a 0-D array (a CF grid mapping)."""
+    if arr.ndim == 0:
+        return True
+    name = path.rsplit("/", 1)[-1]
+    return arr.ndim == 1 and dims is not None and dims[0] == name
+
+
+def _walk_arrays(group: zarr.Group) -> Iterable[tuple[str, zarr.Array]]:
+    for name, member in sorted(group.members(max_depth=None), key=lambda kv: kv[0]):
+        if isinstance(member, zarr.Array):
+            yield member.path, member
+
+
+def open_geometries(
+    store: Any,
+    *,
+    sample_axis: int = 0,
+    variables: Sequence[str] | Mapping[str, Any] | None = None,
+    group: str = "",
+) -> dict[str, ArrayGeometry]:
+    """Geometries of a group's data variables, keyed by array path.
+
+    Coordinates (self-named 1-D arrays, by v3 ``dimension_names`` or v2
+    ``_ARRAY_DIMENSIONS``) and 0-D grid mappings are skipped; naming arrays in
+    ``variables`` bypasses that test.
+
+    Raises
+    ------
+    ValueError
+        An unknown variable, a 0-D variable, or a ``sample_axis`` outside a
+        variable's dims, each named.
+    """
+    from .stores import as_store
+
+    zstore = as_store(store)
+    root = zarr.open_group(store=zstore, mode="r", path=group or None)
+    arrays = dict(_walk_arrays(root))
+    if variables is not None:
+        if isinstance(variables, str):
+            raise TypeError("variables must be a list of array paths, not a single string")
+        wanted = [str(v) for v in variables]
+        out = {}
+        for v in wanted:
+            path = f"{group.strip('/')}/{v}".strip("/") if group else v
+            if path not in arrays:
+                raise ValueError(f"variable {v!r} is not an array in the store; arrays are {sorted(arrays)}")
+            out[path] = geometry_of(arrays[path], sample_axis=sample_axis)
+        return out
+    out = {}
+    for path, arr in arrays.items():
+        if _is_coordinate(path, arr, _dimension_names(arr)):
+            continue
+        out[path] = geometry_of(arr, sample_axis=sample_axis)
+    return out

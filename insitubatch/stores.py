@@ -1,0 +1,578 @@
+"""Open zarr stores from URLs: obstore for the hot path, fsspec and icechunk as extras.
+
+Every store built here is a plain ``zarr.abc.store.Store``, so anything else
+in insitubatch (and zarr itself) reads through it unchanged. Stores that this
+module builds are remembered, so :func:`close_store` can close what
+insitubatch opened and leave a caller's own store alone.
+
+No function here sends a request: construction only parses options, and the
+first byte moves when zarr (or the loader) reads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+from urllib.request import url2pathname
+
+import obstore.exceptions
+from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemoryStore, S3Store
+from zarr.abc.store import Store
+from zarr.storage import ObjectStore
+
+if TYPE_CHECKING:
+    from icechunk import IcechunkStore, Storage
+    from zarr.storage import FsspecStore
+
+__all__ = ["as_store", "close_store", "fsspec_store", "icechunk_store", "obstore_store"]
+
+# URL schemes obstore_store understands, grouped by the obstore store they build.
+_LOCAL_SCHEMES = ("file",)
+_MEMORY_SCHEMES = ("memory",)
+_S3_SCHEMES = ("s3", "s3a")
+_GCS_SCHEMES = ("gs", "gcs")
+_AZURE_SCHEMES = ("az", "azure", "abfs", "abfss")
+_HTTP_SCHEMES = ("http", "https")
+_VALID_SCHEMES = (
+    _LOCAL_SCHEMES + _MEMORY_SCHEMES + _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES + _HTTP_SCHEMES
+)
+
+# The keys obstore's RetryConfig reads; obstore silently ignores any other key,
+# so a typo would otherwise pass unnoticed.
+_RETRY_KEYS = frozenset({"backoff", "max_retries", "retry_timeout"})
+
+# GCS bills a requester-pays read to the project named in this header; obstore
+# has no config key for it (developmentseed/obstore#546), only default headers.
+_GCS_USER_PROJECT_HEADER = "x-goog-user-project"
+
+# Stores this module built, by id. zarr's stores define __eq__ without
+# __hash__, so a WeakSet cannot hold them; a dict of weak references can, and
+# each entry removes itself when its store is garbage collected.
+_owned: dict[int, weakref.ref[Store]] = {}
+_owned_lock = threading.Lock()
+
+
+def _remember(store: Store) -> None:
+    key = id(store)
+
+    def _forget(_ref: weakref.ref[Store], key: int = key) -> None:
+        with _owned_lock:
+            if _owned.get(key) is _ref:
+                del _owned[key]
+
+    with _owned_lock:
+        _owned[key] = weakref.ref(store, _forget)
+
+
+def _take_ownership_back(store: Store) -> bool:
+    """Forget ``store`` if this module built it; say whether it did."""
+    with _owned_lock:
+        ref = _owned.get(id(store))
+        if ref is None or ref() is not store:
+            return False
+        del _owned[id(store)]
+        return True
+
+
+def _split_scheme(url: str) -> tuple[str | None, str]:
+    """``("s3", "bucket/key")`` for a URL, ``(None, url)`` for a plain path."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None, url
+    return scheme.lower(), rest
+
+
+def _unknown_scheme(url: str, scheme: str) -> ValueError:
+    valid = ", ".join(f"{s}://" for s in _VALID_SCHEMES)
+    return ValueError(
+        f"url={url!r} has scheme {scheme!r}, which obstore_store does not handle; "
+        f"valid schemes are {valid}, or a plain filesystem path"
+    )
+
+
+def _reject_options(url: str, kind: str, given: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` for any given option that this kind of URL cannot use."""
+    refused = [name for name in given if name not in allowed]
+    if refused:
+        shown = ", ".join(f"{name}={given[name]!r}" for name in refused)
+        accepts = ", ".join(allowed) if allowed else "none of them"
+        raise ValueError(
+            f"{shown} cannot be used with {kind} url={url!r}; options that apply there: {accepts}"
+        )
+
+
+def _local_dir(url: str, scheme: str | None) -> Path:
+    """The filesystem directory a plain path or ``file://`` URL names."""
+    if scheme is None:
+        return Path(url).expanduser().absolute()
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(
+            f"url={url!r} names host {parts.netloc!r}; a file:// URL must be file:///absolute/path "
+            "(or file://localhost/absolute/path)"
+        )
+    if not parts.path:
+        raise ValueError(f"url={url!r} has no path; write file:///absolute/path")
+    return Path(url2pathname(unquote(parts.path)))
+
+
+def _local_store(url: str, scheme: str | None, read_only: bool) -> LocalStore:
+    directory = _local_dir(url, scheme)
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"url={url!r}: {directory} exists and is not a directory")
+    if read_only and not directory.is_dir():
+        raise FileNotFoundError(f"url={url!r}: no directory at {directory} (read_only=True creates nothing)")
+    return LocalStore(directory, mkdir=not read_only)
+
+
+def _client_options(
+    url: str, client_options: Mapping[str, Any] | None, allow_http: bool | None, default_allow_http: bool
+) -> dict[str, Any]:
+    """Merge ``allow_http`` into the HTTP client options, refusing a contradiction."""
+    if client_options is not None and not isinstance(client_options, Mapping):
+        raise TypeError(f"client_options must be a dict, got {type(client_options).__name__}")
+    options = dict(client_options or {})
+    if allow_http is not None:
+        if "allow_http" in options:
+            raise ValueError(
+                f"allow_http={allow_http!r} and client_options['allow_http']={options['allow_http']!r} "
+                f"both given for url={url!r}; give it once"
+            )
+        options["allow_http"] = allow_http
+    elif default_allow_http:
+        options.setdefault("allow_http", True)
+    return options
+
+
+def _retry_config(retry: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if retry is None:
+        return None
+    if not isinstance(retry, Mapping):
+        raise TypeError(f"retry must be a dict of obstore RetryConfig keys, got {type(retry).__name__}")
+    unknown = sorted(set(retry) - _RETRY_KEYS)
+    if unknown:
+        raise ValueError(f"retry has unknown keys {unknown}; valid keys are {sorted(_RETRY_KEYS)}")
+    return dict(retry)
+
+
+def _merge_config(url: str, config: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+    """Add the free-form ``**options`` to the config the named options built."""
+    for key, value in options.items():
+        if key in config:
+            raise ValueError(
+                f"option {key}={value!r} for url={url!r} repeats what a named option already set "
+                f"({key}={config[key]!r}); give it once"
+            )
+        config[key] = value
+    return config
+
+
+def obstore_store(
+    url: str | os.PathLike[str],
+    *,
+    read_only: bool = False,
+    anonymous: bool = False,
+    requester_pays: bool | str = False,
+    endpoint: str | None = None,
+    allow_http: bool | None = None,
+    region: str | None = None,
+    retry: dict[str, Any] | None = None,
+    client_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> ObjectStore[Any]:
+    """Build a zarr ``ObjectStore`` over the obstore backend that ``url`` names.
+
+    The path after the bucket (or container, or host) becomes the obstore
+    store's prefix, so zarr keys are relative to it. No request is sent here.
+
+    Parameters
+    ----------
+    url
+        ``s3://bucket/prefix`` (also ``s3a://``), ``gs://bucket/prefix`` (also
+        ``gcs://``), ``az://container/prefix`` (also ``azure://``,
+        ``abfs[s]://container@account.dfs.core.windows.net/prefix``),
+        ``http(s)://host/prefix``, ``file:///abs/dir``, ``memory://`` (a new,
+        empty, private store on every call), or a plain filesystem path,
+        relative or absolute.
+    read_only
+        Refuse writes through the returned store. A local directory is created
+        when this is ``False`` and must already exist when it is ``True``.
+    anonymous
+        Send unsigned requests (public buckets): obstore's ``skip_signature``
+        for S3, GCS and Azure. HTTP requests are never signed, so it changes
+        nothing there.
+    requester_pays
+        Read a requester-pays bucket. S3: ``True`` (the credentials' account is
+        billed). GCS: the billing project id as a string (sent as the
+        ``x-goog-user-project`` header; GCS cannot bill without one).
+    endpoint
+        Custom service URL, e.g. ``http://127.0.0.1:9000`` for a local S3
+        server. S3 and Azure ``endpoint``; GCS ``base_url``.
+    allow_http
+        Permit plain-HTTP connections (an HTTP client option). ``None`` means
+        ``True`` when ``endpoint`` or the URL itself is ``http://``, else
+        obstore's default (HTTPS only).
+    region
+        S3 region.
+    retry
+        obstore ``RetryConfig`` keys: ``max_retries``, ``backoff``,
+        ``retry_timeout``.
+    client_options
+        obstore ``ClientConfig`` keys (timeouts, headers, proxies...).
+    **options
+        Further obstore config keys for the cloud store, e.g.
+        ``access_key_id``, ``secret_access_key``, ``account_name``.
+
+    Returns
+    -------
+    zarr.storage.ObjectStore
+        Remembered as opened by insitubatch, so :func:`close_store` closes it.
+
+    Raises
+    ------
+    ValueError
+        Unknown scheme; an option this kind of URL cannot use (e.g.
+        ``requester_pays`` on HTTP, any option on a local path); contradictory
+        options; a config key obstore does not know.
+    TypeError
+        ``url`` is neither a string nor a path.
+    FileNotFoundError
+        ``read_only=True`` on a local directory that does not exist.
+    """
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str or os.PathLike, got {type(url).__name__}")
+    if not url:
+        raise ValueError("url='' is empty; give a URL or a filesystem path")
+    scheme, rest = _split_scheme(url)
+    named = {
+        "anonymous": anonymous,
+        "requester_pays": requester_pays,
+        "endpoint": endpoint,
+        "allow_http": allow_http,
+        "region": region,
+        "retry": retry,
+        "client_options": client_options,
+    }
+    # every named option defaults to None or False, which means "not given"
+    given = {name: value for name, value in named.items() if value is not None and value is not False}
+    given.update(options)
+
+    if scheme is None or scheme in _LOCAL_SCHEMES:
+        _reject_options(url, "a local", given, ())
+        raw: Any = _local_store(url, scheme, read_only)
+    elif scheme in _MEMORY_SCHEMES:
+        _reject_options(url, "a memory://", given, ())
+        if rest:
+            raise ValueError(
+                f"url={url!r}: memory:// takes no path, because every call returns a new empty "
+                "store; to share one, pass the store object itself"
+            )
+        raw = MemoryStore()
+    elif scheme in _HTTP_SCHEMES:
+        _reject_options(url, "an http(s)://", given, ("anonymous", "allow_http", "retry", "client_options"))
+        if allow_http is False and scheme == "http":
+            raise ValueError(f"allow_http=False contradicts the plain-HTTP url={url!r}")
+        raw = _build(
+            url,
+            HTTPStore.from_url,
+            url,
+            client_options=_client_options(url, client_options, allow_http, scheme == "http"),
+            retry_config=_retry_config(retry),
+        )
+    elif scheme in _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES:
+        raw = _cloud_store(
+            url,
+            scheme,
+            rest,
+            anonymous=anonymous,
+            requester_pays=requester_pays,
+            endpoint=endpoint,
+            allow_http=allow_http,
+            region=region,
+            retry=retry,
+            client_options=client_options,
+            options=options,
+        )
+    else:
+        raise _unknown_scheme(url, scheme)
+
+    store = ObjectStore(raw, read_only=read_only)
+    _remember(store)
+    return store
+
+
+def _cloud_store(
+    url: str,
+    scheme: str,
+    rest: str,
+    *,
+    anonymous: bool,
+    requester_pays: bool | str,
+    endpoint: str | None,
+    allow_http: bool | None,
+    region: str | None,
+    retry: Mapping[str, Any] | None,
+    client_options: Mapping[str, Any] | None,
+    options: Mapping[str, Any],
+) -> S3Store | GCSStore | AzureStore:
+    """S3, GCS or Azure store for ``url``, its options mapped to obstore's keys."""
+    # obstore's URL parser knows gs:// but not its gcs:// alias
+    parse_url = f"gs://{rest}" if scheme == "gcs" else url
+    bucket = rest.split("/", 1)[0]
+    if not bucket:
+        raise ValueError(f"url={url!r} names no bucket; write {scheme}://bucket/prefix")
+    if anonymous and requester_pays:
+        raise ValueError(
+            f"anonymous=True and requester_pays={requester_pays!r} for url={url!r}: a requester-pays "
+            "bucket bills the signed-in requester, so its requests cannot be unsigned"
+        )
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"endpoint={endpoint!r} must start with http:// or https://")
+    if allow_http is False and endpoint is not None and endpoint.startswith("http://"):
+        raise ValueError(f"allow_http=False contradicts the plain-HTTP endpoint={endpoint!r}")
+    plain_http_endpoint = endpoint is not None and endpoint.startswith("http://")
+    http_options = _client_options(url, client_options, allow_http, plain_http_endpoint)
+
+    config: dict[str, Any] = {}
+    if anonymous:
+        config["skip_signature"] = True
+
+    if scheme in _S3_SCHEMES:
+        if requester_pays is not False and requester_pays is not True:
+            raise ValueError(
+                f"requester_pays={requester_pays!r} for S3 url={url!r} must be True or False; "
+                "S3 bills the account of the credentials"
+            )
+        if requester_pays:
+            config["request_payer"] = True
+        if endpoint is not None:
+            config["endpoint"] = endpoint
+        if region is not None:
+            config["region"] = region
+        factory: Any = S3Store.from_url
+    elif scheme in _GCS_SCHEMES:
+        if region is not None:
+            raise ValueError(f"region={region!r} cannot be used with GCS url={url!r}; GCS has no region option")
+        if requester_pays is True:
+            raise ValueError(
+                f"requester_pays=True for GCS url={url!r}: GCS bills a named project; pass its id, "
+                "requester_pays='my-billing-project'"
+            )
+        if requester_pays:
+            if not isinstance(requester_pays, str):
+                raise ValueError(f"requester_pays={requester_pays!r} for GCS must be a project id string")
+            headers = dict(http_options.get("default_headers") or {})
+            headers[_GCS_USER_PROJECT_HEADER] = requester_pays
+            http_options["default_headers"] = headers
+        if endpoint is not None:
+            config["base_url"] = endpoint
+        factory = GCSStore.from_url
+    else:
+        if region is not None:
+            raise ValueError(f"region={region!r} cannot be used with Azure url={url!r}; it has no region option")
+        if requester_pays:
+            raise ValueError(f"requester_pays={requester_pays!r} cannot be used with Azure url={url!r}")
+        if endpoint is not None:
+            config["endpoint"] = endpoint
+        factory = AzureStore.from_url
+
+    config = _merge_config(url, config, options)
+    return _build(
+        url,
+        factory,
+        parse_url,
+        client_options=http_options or None,
+        retry_config=_retry_config(retry),
+        **config,
+    )
+
+
+def _build(url: str, factory: Any, parse_url: str, **kwargs: Any) -> Any:
+    """Call ``factory(parse_url, ...)``; its configuration errors become ``ValueError`` naming ``url``."""
+    try:
+        return factory(parse_url, **kwargs)
+    except obstore.exceptions.UnknownConfigurationKeyError as exc:
+        raise ValueError(f"an option for url={url!r} is not an obstore config key: {exc}") from exc
+    except obstore.exceptions.BaseError as exc:
+        raise ValueError(f"obstore cannot build a store for url={url!r}: {exc}") from exc
+
+
+def fsspec_store(
+    url: str | os.PathLike[str], *, read_only: bool = False, **storage_options: Any
+) -> FsspecStore:
+    """Build a zarr ``FsspecStore`` for ``url`` through fsspec (the ``fsspec`` extra).
+
+    For protocols obstore has no backend for; obstore is faster where both work.
+
+    Parameters
+    ----------
+    url
+        Any fsspec URL (``memory://``, ``file://``, ``s3://``...) or a local path.
+    read_only
+        Refuse writes through the returned store. For a local path that is
+        writable, missing parent directories are created on write unless
+        ``auto_mkdir`` is given.
+    **storage_options
+        Passed to the fsspec filesystem.
+
+    Returns
+    -------
+    zarr.storage.FsspecStore
+        Remembered as opened by insitubatch, so :func:`close_store` closes it.
+
+    Raises
+    ------
+    ImportError
+        fsspec is not installed.
+    TypeError
+        ``url`` is neither a string nor a path.
+    """
+    try:
+        import fsspec.core
+    except ImportError as exc:
+        raise ImportError(
+            "fsspec_store needs fsspec, an optional dependency: pip install 'insitubatch[fsspec]'"
+        ) from exc
+    from zarr.storage import FsspecStore
+
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str or os.PathLike, got {type(url).__name__}")
+    protocol, _ = fsspec.core.split_protocol(url)
+    if not read_only and protocol in (None, "file", "local"):
+        storage_options.setdefault("auto_mkdir", True)
+    store = FsspecStore.from_url(url, storage_options=storage_options, read_only=read_only)
+    _remember(store)
+    return store
+
+
+def icechunk_store(
+    path_or_storage: str | os.PathLike[str] | Storage,
+    *,
+    branch: str = "main",
+    read_only: bool = True,
+) -> IcechunkStore:
+    """Open a session on an icechunk repository and return its zarr store (the ``icechunk`` extra).
+
+    Parameters
+    ----------
+    path_or_storage
+        A local directory (path or ``file://`` URL) holding the repository, or
+        any ``icechunk.Storage`` (e.g. from ``icechunk.s3_storage(...)``).
+    branch
+        The branch the session reads (or writes to).
+    read_only
+        ``True``: a read-only session at the tip of ``branch``; the repository
+        must exist. ``False``: a writable session, creating the repository if
+        there is none. Changes made through a writable store become visible
+        after ``store.session.commit(message)``.
+
+    Returns
+    -------
+    icechunk.IcechunkStore
+        Remembered as opened by insitubatch, so :func:`close_store` closes it.
+
+    Raises
+    ------
+    ImportError
+        icechunk is not installed.
+    FileNotFoundError
+        ``read_only=True`` and no repository exists there.
+    ValueError
+        A URL other than ``file://``, or an empty ``branch``.
+    TypeError
+        ``path_or_storage`` is none of the accepted types.
+    """
+    try:
+        import icechunk
+    except ImportError as exc:
+        raise ImportError(
+            "icechunk_store needs icechunk, an optional dependency: pip install 'insitubatch[icechunk]'"
+        ) from exc
+
+    if not isinstance(branch, str) or not branch:
+        raise ValueError(f"branch={branch!r} must be a non-empty string")
+    if isinstance(path_or_storage, icechunk.Storage):
+        storage = path_or_storage
+        where = repr(storage)
+    elif isinstance(path_or_storage, (str, os.PathLike)):
+        text = os.fspath(path_or_storage)
+        scheme, _ = _split_scheme(text)
+        if scheme not in (None, "file"):
+            raise ValueError(
+                f"path_or_storage={text!r}: icechunk_store takes a local path or file:// URL; for "
+                "object storage build an icechunk.Storage (e.g. icechunk.s3_storage(...)) and pass it"
+            )
+        directory = _local_dir(text, scheme)
+        if read_only and not directory.is_dir():
+            # checked before icechunk sees the path: its local storage creates the directory
+            raise FileNotFoundError(f"no icechunk repository at {directory} (read_only=True creates nothing)")
+        storage = icechunk.local_filesystem_storage(str(directory))
+        where = str(directory)
+    else:
+        raise TypeError(
+            f"path_or_storage must be a path, a file:// URL or an icechunk.Storage, "
+            f"got {type(path_or_storage).__name__}"
+        )
+
+    if read_only:
+        if not icechunk.Repository.exists(storage):
+            raise FileNotFoundError(f"no icechunk repository at {where} (read_only=True creates nothing)")
+        session = icechunk.Repository.open(storage).readonly_session(branch=branch)
+    else:
+        session = icechunk.Repository.open_or_create(storage).writable_session(branch)
+    store = session.store
+    _remember(store)
+    return store
+
+
+def as_store(obj: Store | str | os.PathLike[str]) -> Store:
+    """The zarr store for ``obj``: a ``Store`` as given, a URL or path opened read-only.
+
+    Parameters
+    ----------
+    obj
+        Any ``zarr.abc.store.Store`` (returned unchanged, and never closed by
+        :func:`close_store`), or a URL / path string or ``os.PathLike``, opened
+        with ``obstore_store(obj, read_only=True)``.
+
+    Returns
+    -------
+    zarr.abc.store.Store
+
+    Raises
+    ------
+    TypeError
+        ``obj`` is none of the accepted types.
+    """
+    if isinstance(obj, Store):
+        return obj
+    if isinstance(obj, (str, os.PathLike)):
+        return obstore_store(obj, read_only=True)
+    raise TypeError(
+        f"cannot make a zarr store from {type(obj).__name__}; expected a zarr.abc.store.Store, "
+        "a URL string or a filesystem path"
+    )
+
+
+def close_store(store: Store) -> None:
+    """Close ``store`` if insitubatch opened it; leave any other store alone.
+
+    Closing twice, or closing a store the caller made, does nothing.
+
+    Parameters
+    ----------
+    store
+        A store from :func:`obstore_store`, :func:`fsspec_store`,
+        :func:`icechunk_store` or :func:`as_store`, or any other store.
+    """
+    if _take_ownership_back(store):
+        store.close()
