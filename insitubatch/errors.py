@@ -8,7 +8,12 @@ __all__ = [
     "CacheCorruptError",
     "CacheLockedError",
     "CacheMissError",
+    "DatasetClosedError",
     "InSituError",
+    "LayoutMismatchError",
+    "SlotAlignmentError",
+    "SlotPlanBlockedError",
+    "SlotRunError",
     "StaleCacheError",
     "StoreReadError",
     "WriteClaimError",
@@ -54,3 +59,35 @@ class WriteIntentRangeError(InSituError, IndexError):
 
 class WriteClaimError(InSituError, RuntimeError):
     """A slot range is already claimed or completed by someone else."""
+
+
+class LayoutMismatchError(InSituError, ValueError):
+    """A zarr group already holds a write layout that differs from the spec; carries the diff."""
+
+    def __init__(self, message: str, diff: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.diff = diff
+
+
+class SlotAlignmentError(InSituError, ValueError):
+    """A slot range or slot size is not aligned to every indexed array's chunks and shards."""
+
+
+class SlotPlanBlockedError(InSituError, ValueError):
+    """Unwritten index ranges cannot be split on chunk/shard boundaries; carries them."""
+
+    def __init__(self, message: str, blocked: tuple[tuple[int, int], ...] = ()) -> None:
+        super().__init__(message)
+        self.blocked = blocked
+
+
+class SlotRunError(InSituError, RuntimeError):
+    """One or more slots of a run failed; carries the run's outcomes."""
+
+    def __init__(self, message: str, outcomes: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.outcomes = outcomes
+
+
+class DatasetClosedError(InSituError, RuntimeError):
+    """The dataset was closed; open a new one to iterate again."""

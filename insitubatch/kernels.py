@@ -2,17 +2,46 @@
 
 Every function here checks shapes, dtypes and contiguity and raises
 ``ValueError`` naming what is wrong; the C code it calls never raises.
+
+Tiles are sample-first: a stored tile of a ``(rows, *inner)`` array is a
+C-contiguous ``(n_rows, *tile_inner)`` block whose inner rectangle starts at an
+``origin`` in ``inner`` (tiles at the array's far edges are smaller).
+
+- ``gather`` copies runs of tile rows into a ``(batch, *inner)`` buffer — the
+  loader's one call per batch and label; ``coalesce_runs`` builds its run table.
+- ``assemble_tiles`` / ``place_tile`` / ``fill_region`` build a whole chunk slot.
+- ``create_slot_file`` / ``open_slot_file`` / ``write_tile`` / ``tile_view``
+  keep tiles in a tile-major ``.npy`` file on disk (the mmap cache tier).
 """
 
 from __future__ import annotations
 
+import math
+import os
+import secrets
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from ._ext import assemble as _assemble
+from ._ext import gather as _gather
+from ._ext import persist as _persist
+from .errors import CacheCorruptError
 
-__all__ = ["fill_region", "place_tile", "rect_geometry"]
+__all__ = [
+    "SlotFile",
+    "assemble_tiles",
+    "coalesce_runs",
+    "create_slot_file",
+    "fill_region",
+    "gather",
+    "open_slot_file",
+    "place_tile",
+    "rect_geometry",
+    "tile_view",
+    "write_tile",
+]
 
 
 def _require_c_contiguous(name: str, a: np.ndarray) -> None:
@@ -110,3 +139,398 @@ def fill_region(dst: np.ndarray, origin: Sequence[int], shape: Sequence[int], va
     outer, dst_strides, run = rect_geometry(dst.shape, shape, itemsize)
     offset = sum(o * s for o, s in zip(start, dst.strides))
     _assemble.fill_rect_bytes(_as_bytes(dst), offset, dst_strides, outer, run, _as_bytes(pattern))
+
+
+# ---------------------------------------------------------------------------
+# gather and multi-tile assembly
+
+
+def _require_writable_rows(name: str, a: np.ndarray) -> None:
+    _require_c_contiguous(name, a)
+    if not a.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    if a.ndim == 0:
+        raise ValueError(f"{name} must have a leading row (sample) axis; got a 0-d array")
+
+
+def _tile_error(dst_name: str, dst: np.ndarray, i: int, tile: object) -> Exception:
+    """The error for the first tile ``scan`` rejected, re-derived in the same order."""
+    if not isinstance(tile, np.ndarray):
+        return TypeError(f"tiles[{i}] must be a numpy.ndarray, got {type(tile).__name__}")
+    if tile.ndim != dst.ndim:
+        return ValueError(
+            f"tiles[{i}] has {tile.ndim} dims (shape {tile.shape}) but {dst_name} has {dst.ndim} "
+            f"(shape {dst.shape}); a tile is (rows, *tile_inner)"
+        )
+    if tile.dtype != dst.dtype:
+        return ValueError(f"tiles[{i}] has dtype {tile.dtype} but {dst_name} has dtype {dst.dtype}")
+    return ValueError(f"tiles[{i}] must be C-contiguous (got strides {tile.strides} for shape {tile.shape})")
+
+
+def _scan_tiles(dst_name: str, dst: np.ndarray, tiles: tuple) -> np.ndarray:
+    """Check every tile against ``dst`` in C; return their shapes as int64 ``(n_tiles, ndim)``."""
+    status, bad, shapes = _gather.scan(tiles, dst)
+    if status:
+        raise _tile_error(dst_name, dst, bad, tiles[bad])
+    return shapes
+
+
+def _index_table(name: str, table: object, shape: tuple[int | None, int], dtype: type) -> np.ndarray:
+    """``table`` as a C-contiguous integer array of ``shape`` (``None`` = any row count)."""
+    a = np.asarray(table)
+    if a.size == 0:
+        a = a.astype(dtype).reshape(0 if shape[0] is None else shape[0], shape[1])
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
+    if a.ndim != 2 or a.shape[1] != shape[1] or (shape[0] is not None and a.shape[0] != shape[0]):
+        want = ("n", shape[1]) if shape[0] is None else shape
+        raise ValueError(f"{name} must have shape {want}, got {a.shape}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _check_rectangles(dst_name: str, dst: np.ndarray, tiles: tuple, shapes: np.ndarray, origins: np.ndarray) -> None:
+    """Every tile's inner rectangle must lie inside ``dst``'s inner extent (vectorized)."""
+    inner = np.asarray(dst.shape[1:], dtype=np.int64)
+    extent = shapes[:, 1:]
+    if origins.size == 0 or (origins.min() >= 0 and not (origins > inner - extent).any()):
+        return
+    bad = (origins < 0) | (origins > inner - extent)
+    t, k = (int(x) for x in np.argwhere(bad)[0])
+    o, e = int(origins[t, k]), int(extent[t, k])
+    raise ValueError(
+        f"tiles[{t}]'s rectangle [{o}:{o + e}) on inner axis {k} does not fit {dst_name}'s "
+        f"extent {int(inner[k])} ({dst_name} shape {dst.shape}, origins[{t}]="
+        f"{tuple(int(x) for x in origins[t])}, tile shape {tiles[t].shape})"
+    )
+
+
+def _check_runs(runs: np.ndarray, tile_rows: np.ndarray, out_rows: int) -> None:
+    """Every run must name a tile and stay inside its rows and ``out``'s rows (vectorized).
+
+    The common all-good case costs a handful of numpy reductions; only a bad
+    table pays for locating and naming the first bad run.
+    """
+    if len(runs) == 0:
+        return
+    tile, src, dst, n = runs.T
+    if runs.min() >= 0 and tile.max() < len(tile_rows):
+        if not ((src > tile_rows[tile] - n) | (dst > out_rows - n)).any():
+            return
+    bad = (tile < 0) | (tile >= len(tile_rows))
+    if bad.any():
+        r = int(np.argmax(bad))
+        raise ValueError(f"runs[{r}] names tile {int(tile[r])}, but there are {len(tile_rows)} tiles")
+    rows = tile_rows[tile]
+    bad = (n < 0) | (src < 0) | (src > rows - n) | (dst < 0) | (dst > out_rows - n)
+    r = int(np.argmax(bad))
+    t, s, d, k = (int(x) for x in runs[r])
+    if k < 0:
+        raise ValueError(f"runs[{r}] has n_rows={k}; it must be >= 0")
+    if s < 0 or s + k > int(rows[r]):
+        raise ValueError(f"runs[{r}] reads rows [{s}:{s + k}) of tiles[{t}], which has {int(rows[r])} rows")
+    raise ValueError(f"runs[{r}] writes rows [{d}:{d + k}) of out, which has {out_rows} rows")
+
+
+def coalesce_runs(tile_idx: object, src_rows: object, dst_rows: object) -> np.ndarray:
+    """Merge per-row copies into runs ``[tile, src_row, dst_row, n_rows]`` for ``gather``.
+
+    Row ``i`` copies ``tiles[tile_idx[i]][src_rows[i]]`` into ``out[dst_rows[i]]``.
+    Rows are ordered by tile then destination, and neighbours whose source and
+    destination rows both advance by one become one run (one ``memcpy`` when the
+    tile spans the whole inner extent). Vectorized: O(rows log rows) in numpy.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``(n_runs, 4)``, C-contiguous.
+    """
+    t = np.asarray(tile_idx, dtype=np.int64).reshape(-1)
+    s = np.asarray(src_rows, dtype=np.int64).reshape(-1)
+    d = np.asarray(dst_rows, dtype=np.int64).reshape(-1)
+    if not len(t) == len(s) == len(d):
+        raise ValueError(f"tile_idx, src_rows and dst_rows must be equally long, got {len(t)}, {len(s)}, {len(d)}")
+    if len(t) == 0:
+        return np.empty((0, 4), dtype=np.int64)
+    ordered = (t[1:] > t[:-1]) | ((t[1:] == t[:-1]) & (d[1:] > d[:-1]))
+    if not ordered.all():
+        order = np.lexsort((d, t))
+        t, s, d = t[order], s[order], d[order]
+    starts = np.ones(len(t), dtype=bool)
+    starts[1:] = (t[1:] != t[:-1]) | (s[1:] != s[:-1] + 1) | (d[1:] != d[:-1] + 1)
+    first = np.flatnonzero(starts)
+    lengths = np.diff(first, append=len(t))
+    return np.stack([t[first], s[first], d[first], lengths], axis=1)
+
+
+def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: object) -> None:
+    """Copy runs of tile rows into their rectangles of the batch buffer ``out``.
+
+    Each run ``[t, src_row, dst_row, n]`` of ``runs`` copies
+    ``tiles[t][src_row:src_row + n]`` into
+    ``out[dst_row:dst_row + n][rectangle of tile t]``, the rectangle starting at
+    ``origins[t]`` in ``out``'s inner dims. All checks run vectorized with the
+    GIL held (O(tiles + runs), no per-row Python); the copy runs entirely in C
+    with the GIL released, on several threads when the extension was built with
+    OpenMP. Runs must not write overlapping rows of the same rectangle, and no
+    tile may overlap ``out`` in memory.
+
+    Parameters
+    ----------
+    out
+        C-contiguous, writeable ``(batch, *inner)`` array, any fixed-size dtype.
+    tiles
+        C-contiguous ``(n_rows_i, *tile_inner_i)`` arrays of ``out``'s dtype.
+    origins
+        Integers ``(len(tiles), len(inner))``: each tile's corner in ``inner``.
+    runs
+        Integers ``(n_runs, 4)`` as built by ``coalesce_runs``.
+
+    Raises
+    ------
+    ValueError
+        Naming the argument, the index and the extent that does not fit.
+    """
+    _require_writable_rows("out", out)
+    tiles = tuple(tiles)
+    shapes = _scan_tiles("out", out, tiles)
+    origins = _index_table("origins", origins, (len(tiles), out.ndim - 1), np.intp)
+    runs = _index_table("runs", runs, (None, 4), np.int64)
+    _check_rectangles("out", out, tiles, shapes, origins)
+    _check_runs(runs, shapes[:, 0], out.shape[0])
+    if _gather.gather_runs(out, tiles, shapes, origins, runs):
+        raise MemoryError(f"gather could not allocate its table for {len(tiles)} tiles")
+
+
+def assemble_tiles(slot: np.ndarray, tiles: Sequence[np.ndarray], origins: object) -> None:
+    """Copy a chunk's tiles, all rows, into their rectangles of ``slot`` in one GIL-free call.
+
+    ``slot`` is C-contiguous ``(n_rows, *inner)``; ``tiles[i]`` is C-contiguous
+    ``(n_rows, *tile_inner_i)`` with ``slot``'s dtype and row count, placed at
+    ``origins[i]`` (integers ``(len(tiles), len(inner))``). Tiles are not
+    checked for covering ``slot``: fill a missing tile's rectangle with
+    ``fill_region(slot, (0, *origin), (n_rows, *tile_inner), value)``.
+    """
+    _require_writable_rows("slot", slot)
+    tiles = tuple(tiles)
+    shapes = _scan_tiles("slot", slot, tiles)
+    origins = _index_table("origins", origins, (len(tiles), slot.ndim - 1), np.intp)
+    short = shapes[:, 0] != slot.shape[0]
+    if short.any():
+        t = int(np.argmax(short))
+        raise ValueError(
+            f"tiles[{t}] has {int(shapes[t, 0])} rows but slot has {slot.shape[0]}; "
+            "a chunk's tiles share its rows"
+        )
+    _check_rectangles("slot", slot, tiles, shapes, origins)
+    if _assemble.assemble_tiles(slot, tiles, shapes, origins):
+        raise MemoryError(f"assemble_tiles could not allocate its table for {len(tiles)} tiles")
+
+
+# ---------------------------------------------------------------------------
+# tile-major slot files
+
+_NPY_MAGIC = b"\x93NUMPY"
+# numpy pads a .npy header so the data starts on this boundary (numpy.lib.format.ARRAY_ALIGN)
+_NPY_ALIGN = 64
+
+
+def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """A complete ``.npy`` header (format 1.0, or 2.0 when it outgrows 64 KiB) for C order."""
+    descr = dtype.str if dtype.names is None else dtype.descr
+    text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {tuple(shape)!r}, }}"
+    for version, len_bytes in ((b"\x01\x00", 2), (b"\x02\x00", 4)):
+        prefix = len(_NPY_MAGIC) + len(version) + len_bytes
+        body_len = len(text) + 1  # the header ends with a newline
+        body_len += -(prefix + body_len) % _NPY_ALIGN
+        if body_len < 1 << (8 * len_bytes):
+            body = text.ljust(body_len - 1) + "\n"
+            return _NPY_MAGIC + version + body_len.to_bytes(len_bytes, "little") + body.encode("latin1")
+    raise ValueError(f"a .npy header for shape {shape} and dtype {dtype} is too long")
+
+
+class SlotFile:
+    """A tile-major ``.npy`` file of shape ``(n_tiles, *tile_shape)``, mapped shared.
+
+    Tile ``i`` of a chunk lives in slot ``i``, contiguous. An edge tile, smaller
+    than ``tile_shape``, is stored *packed*: its own C-order bytes at the start
+    of its slot, the rest of the slot unused (zero). Reading it back therefore
+    needs its shape — ``tile_view(f, i, shape)`` returns the C-contiguous view
+    that ``gather`` takes, exactly like a freshly decoded tile. The file is a
+    valid ``.npy``: ``numpy.load(path, mmap_mode="r")`` opens it (an edge
+    slot's raw bytes then read as the packed tile, not as a padded rectangle).
+
+    Build one with ``create_slot_file`` or ``open_slot_file``; ``close()``
+    unmaps (deferred until the last view returned by ``write_tile`` /
+    ``tile_view`` dies). The object is also a context manager.
+    """
+
+    def __init__(
+        self, path: Path, file_path: Path, mapping: _persist.FileMapping, header_bytes: int,
+        n_tiles: int, tile_shape: tuple[int, ...], dtype: np.dtype,
+    ) -> None:
+        self.path = path
+        self.n_tiles = n_tiles
+        self.tile_shape = tile_shape
+        self.dtype = dtype
+        self.slot_bytes = math.prod(tile_shape) * dtype.itemsize
+        self._file_path = file_path
+        self._mapping = mapping
+        self._header_bytes = header_bytes
+
+    @property
+    def file_path(self) -> Path:
+        """Where the bytes are now: a temporary name next to ``path`` until ``publish()``."""
+        return self._file_path
+
+    @property
+    def writable(self) -> bool:
+        return self._mapping.writable
+
+    @property
+    def closed(self) -> bool:
+        return self._mapping.closed
+
+    def tiles(self) -> np.ndarray:
+        """A view of every slot, ``(n_tiles, *tile_shape)`` (edge slots hold packed bytes)."""
+        count = self.n_tiles * math.prod(self.tile_shape)
+        flat = np.frombuffer(memoryview(self._mapping), self.dtype, count, self._header_bytes)
+        return flat.reshape((self.n_tiles, *self.tile_shape))
+
+    def publish(self) -> Path:
+        """Rename the temporary file to ``path`` atomically (replacing any file there).
+
+        A mapping another process already holds of an older file keeps its inode
+        and its bytes. No-op when the file was created in place.
+        """
+        if self._file_path != self.path:
+            os.replace(self._file_path, self.path)
+            self._file_path = self.path
+        return self.path
+
+    def close(self) -> None:
+        """Unmap the file; an unpublished temporary file is deleted. Idempotent."""
+        self._mapping.close()
+        if self._file_path != self.path:
+            self._file_path.unlink(missing_ok=True)
+            self._file_path = self.path
+
+    def __enter__(self) -> SlotFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("rw" if self.writable else "r")
+        return f"SlotFile({str(self.path)!r}, n_tiles={self.n_tiles}, tile_shape={self.tile_shape}, dtype={self.dtype}, {state})"
+
+
+def _slot_geometry(n_tiles: int, tile_shape: Sequence[int], dtype: object) -> tuple[int, tuple[int, ...], np.dtype]:
+    dtype = np.dtype(dtype)
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise ValueError(f"dtype {dtype} cannot live in a slot file; only fixed-size dtypes can")
+    n_tiles = int(n_tiles)
+    tile_shape = tuple(int(x) for x in tile_shape)
+    if n_tiles < 0 or any(x < 0 for x in tile_shape):
+        raise ValueError(f"{n_tiles=} and {tile_shape=} must be >= 0")
+    return n_tiles, tile_shape, dtype
+
+
+def create_slot_file(
+    path: str | os.PathLike, n_tiles: int, tile_shape: Sequence[int], dtype: object, *, temp: bool = False
+) -> SlotFile:
+    """Create a writable slot file ``(n_tiles, *tile_shape)`` of ``dtype`` and map it.
+
+    The file is sized with ``ftruncate`` and its blocks reserved with
+    ``posix_fallocate`` where the platform has it, so a full disk fails here
+    rather than as a ``SIGBUS`` during a later ``write_tile``. With
+    ``temp=True`` the bytes go to a unique temporary name next to ``path``;
+    ``publish()`` renames it into place and ``close()`` without ``publish()``
+    deletes it.
+    """
+    n_tiles, tile_shape, dtype = _slot_geometry(n_tiles, tile_shape, dtype)
+    path = Path(path)
+    file_path = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp") if temp else path
+    header = _npy_header((n_tiles, *tile_shape), dtype)
+    total = len(header) + n_tiles * math.prod(tile_shape) * dtype.itemsize
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if temp else os.O_TRUNC)
+    fd = os.open(file_path, flags, 0o644)
+    try:
+        os.pwrite(fd, header, 0)
+        os.ftruncate(fd, total)
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, total)
+        mapping = _persist.FileMapping(fd, total, True)
+    except BaseException:
+        os.close(fd)
+        file_path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return SlotFile(path, file_path, mapping, len(header), n_tiles, tile_shape, dtype)
+
+
+def open_slot_file(path: str | os.PathLike, *, writable: bool = False) -> SlotFile:
+    """Map an existing slot file (revive a persisted chunk), read-only unless ``writable``.
+
+    Raises
+    ------
+    CacheCorruptError
+        When the header is not a C-order ``.npy`` header of at least one dim, or
+        the file size disagrees with it.
+    """
+    path = Path(path)
+    with open(path, "r+b" if writable else "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran_order, dtype = read(f)
+        except ValueError as exc:
+            raise CacheCorruptError(f"{path} is not a readable .npy slot file: {exc}") from exc
+        header_bytes = f.tell()
+        size = os.fstat(f.fileno()).st_size
+        if fortran_order or len(shape) == 0 or dtype.hasobject:
+            raise CacheCorruptError(f"{path} holds shape {shape}, dtype {dtype}, fortran_order={fortran_order}; not a slot file")
+        expected = header_bytes + math.prod(shape) * dtype.itemsize
+        if size != expected:
+            raise CacheCorruptError(f"{path} is {size} bytes but its header {shape} {dtype} says {expected}")
+        mapping = _persist.FileMapping(f.fileno(), size, writable)
+    return SlotFile(path, path, mapping, header_bytes, shape[0], tuple(shape[1:]), dtype)
+
+
+def _slot_offset(slot_file: SlotFile, tile_index: int, shape: Sequence[int]) -> int:
+    if slot_file.closed:
+        raise ValueError(f"{slot_file!r} is closed")
+    i = int(tile_index)
+    if not 0 <= i < slot_file.n_tiles:
+        raise ValueError(f"tile_index={i} is outside [0, {slot_file.n_tiles}) of {slot_file.path}")
+    if len(shape) != len(slot_file.tile_shape) or any(
+        not 0 <= int(a) <= b for a, b in zip(shape, slot_file.tile_shape)
+    ):
+        raise ValueError(f"tile shape {tuple(shape)} does not fit the slot shape {slot_file.tile_shape} of {slot_file.path}")
+    return slot_file._header_bytes + i * slot_file.slot_bytes
+
+
+def tile_view(slot_file: SlotFile, tile_index: int, shape: Sequence[int] | None = None) -> np.ndarray:
+    """The zero-copy C-contiguous view of tile ``tile_index`` (``shape`` for an edge tile)."""
+    shape = slot_file.tile_shape if shape is None else tuple(int(x) for x in shape)
+    offset = _slot_offset(slot_file, tile_index, shape)
+    flat = np.frombuffer(memoryview(slot_file._mapping), slot_file.dtype, math.prod(shape), offset)
+    return flat.reshape(shape)
+
+
+def write_tile(slot_file: SlotFile, tile_index: int, tile: np.ndarray) -> np.ndarray:
+    """Copy a decoded ``tile`` into its slot (GIL released) and return the zero-copy view of it.
+
+    ``tile`` must be C-contiguous with the file's dtype and fit ``tile_shape``
+    in every dim; an edge tile is stored packed (see ``SlotFile``).
+    """
+    _require_c_contiguous("tile", tile)
+    if tile.dtype != slot_file.dtype:
+        raise ValueError(f"tile dtype {tile.dtype} does not match the slot file's dtype {slot_file.dtype}")
+    if not slot_file.writable:
+        raise ValueError(f"{slot_file!r} was opened read-only")
+    offset = _slot_offset(slot_file, tile_index, tile.shape)
+    status = slot_file._mapping.write(offset, tile)
+    if status:  # unreachable after the checks above; kept so a kernel refusal is never silent
+        raise ValueError(f"write_tile refused the copy into {slot_file.path} (status {status})")
+    return tile_view(slot_file, tile_index, tile.shape)

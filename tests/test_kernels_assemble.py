@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
-from insitubatch.kernels import fill_region, place_tile
+from insitubatch.kernels import assemble_tiles, fill_region, place_tile
 
 DTYPES = ["u1", "i2", "<f4", ">f8", "c8", "bool", "M8[s]"]
 
@@ -65,6 +67,79 @@ def test_bad_geometry_names_the_problem() -> None:
         ro = np.zeros((4, 6), "f4")
         ro.flags.writeable = False
         place_tile(ro, np.zeros((2, 2), "f4"), (0, 0))
+
+
+def _split_into_tiles(chunk: np.ndarray, tile: tuple[int, ...]) -> tuple[list[np.ndarray], np.ndarray]:
+    """A chunk's sample-first tiles (edge tiles smaller) and their inner origins."""
+    inner = chunk.shape[1:]
+    corners = list(itertools.product(*(range(0, d, t) for d, t in zip(inner, tile))))
+    tiles = [
+        np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))])
+        for c in corners
+    ]
+    return tiles, np.asarray(corners, dtype=np.intp).reshape(len(corners), len(inner))
+
+
+@pytest.mark.parametrize("dtype", ["u1", ">i2", "<f4", "c16", "M8[ms]"])
+def test_assemble_tiles_rebuilds_the_chunk(dtype: str) -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        nd = int(rng.integers(0, 4))
+        inner = tuple(int(x) for x in rng.integers(1, 9, size=nd))
+        tile = tuple(int(rng.integers(1, d + 1)) for d in inner)
+        rows = int(rng.integers(0, 4))
+        chunk = rng.integers(0, 100, size=(rows, *inner)).astype(dtype)
+        tiles, origins = _split_into_tiles(chunk, tile)
+        order = rng.permutation(len(tiles))  # any order: each tile knows its origin
+        slot = np.zeros_like(chunk)
+        assemble_tiles(slot, [tiles[i] for i in order], origins[order])
+        np.testing.assert_array_equal(slot, chunk)
+
+
+def test_assemble_tiles_of_a_4x4_tiled_era5_field() -> None:
+    rng = np.random.default_rng(12)
+    chunk = rng.random((2, 721, 1440), dtype=np.float32)
+    tiles, origins = _split_into_tiles(chunk, (181, 360))
+    assert len(tiles) == 16 and tiles[-1].shape == (2, 178, 360)
+    slot = np.empty_like(chunk)
+    assemble_tiles(slot, tiles, origins)
+    np.testing.assert_array_equal(slot, chunk)
+
+
+def test_assemble_tiles_rejects_what_does_not_fit() -> None:
+    slot = np.zeros((2, 4, 6), "f4")
+    with pytest.raises(ValueError, match=r"tiles\[0\] has 3 rows but slot has 2"):
+        assemble_tiles(slot, [np.zeros((3, 2, 2), "f4")], [[0, 0]])
+    with pytest.raises(ValueError, match=r"\[5:7\) on inner axis 1 does not fit slot's extent 6"):
+        assemble_tiles(slot, [np.zeros((2, 2, 2), "f4")], [[0, 5]])
+    with pytest.raises(ValueError, match=r"tiles\[0\] must be C-contiguous"):
+        assemble_tiles(slot, [np.zeros((2, 2, 4), "f4")[:, :, ::2]], [[0, 0]])
+    with pytest.raises(ValueError, match="slot must be C-contiguous"):
+        assemble_tiles(np.zeros((2, 6, 4), "f4").transpose(0, 2, 1), [], np.empty((0, 2)))
+    with pytest.raises(ValueError, match=r"origins must have shape \(1, 2\)"):
+        assemble_tiles(slot, [np.zeros((2, 2, 2), "f4")], [0, 0])
+    assemble_tiles(slot, [], np.empty((0, 2), np.intp))  # nothing to do is fine
+    assert not slot.any()
+
+
+def test_bad_tile_rectangle_is_filled_across_the_sample_axis() -> None:
+    rng = np.random.default_rng(13)
+    chunk = rng.random((5, 9, 13)).astype("f4")
+    tiles, origins = _split_into_tiles(chunk, (4, 5))
+    bad = 4  # an inner tile; its rows everywhere become NaN
+    slot = np.empty_like(chunk)
+    assemble_tiles(slot, [t for i, t in enumerate(tiles) if i != bad], np.delete(origins, bad, axis=0))
+    rect = tiles[bad].shape[1:]
+    fill_region(slot, (0, *origins[bad]), (slot.shape[0], *rect), np.nan)
+    expected = chunk.copy()
+    expected[:, origins[bad][0] : origins[bad][0] + rect[0], origins[bad][1] : origins[bad][1] + rect[1]] = np.nan
+    np.testing.assert_array_equal(slot, expected)
+    # the same rectangle on a few batch rows only
+    batch = chunk.copy()
+    fill_region(batch, (1, *origins[bad]), (2, *rect), -7)
+    expected = chunk.copy()
+    expected[1:3, origins[bad][0] : origins[bad][0] + rect[0], origins[bad][1] : origins[bad][1] + rect[1]] = -7
+    np.testing.assert_array_equal(batch, expected)
 
 
 def test_unbuilt_source_tree_says_how_to_build(tmp_path) -> None:

@@ -1,0 +1,532 @@
+"""``InSituDataset``: splits of a zarr store as iterable views of shuffled batches.
+
+A pass (one iteration of a view) is an owner in the dataset's ``ChunkPool``:
+its driver fetches on zarr's loop while a producer thread waits each block
+its next batch draws from, gathers the batch in C, runs batch transforms,
+and hands it over through a bounded queue. Leaving the loop early stops the
+producer and cancels this pass's tasks; nothing outlives the pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .batch import Batch, BufferPool
+from .errors import DatasetClosedError
+from .gather import gather_label
+from .geometry import ArrayGeometry, open_geometries
+from .plan import EpochPlan, plan_epoch
+from .pool import FAILED, PENDING, ChunkPool, Owner, PassCounters
+from .scheduler import ArrayReader, BadChunkRecord, PassDriver, decode_pool, zarr_loop
+from .splits import SplitManifest
+from .stores import as_store, close_store
+from .transforms import ChunkTransform, check_scopes, pipeline_for
+
+__all__ = ["DatasetView", "InSituDataset"]
+
+BatchTransform = Callable[[Batch], Batch]
+ON_BAD_CHUNK = ("raise", "nan")
+# how often a blocked producer or consumer re-checks for a stop or a dead peer
+POLL_S = 0.05
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    return int(value)
+
+
+class InSituDataset:
+    """Train/val/test views over a zarr store, read in place.
+
+    Parameters
+    ----------
+    store
+        A zarr ``Store``, or a URL/path (opened read-only with ``obstore_store``).
+    manifest
+        The ``SplitManifest`` whose chunk grid is the anchor grid.
+    variables
+        ``{label: ArrayGeometry}`` (a ``shift(k)`` view is a windowed label),
+        a list of array paths (labels = paths), or ``None`` for every data
+        variable ``open_geometries`` finds.
+    batch_size, shuffle, block_chunks, seed
+        Batches per step; whether ``train`` is shuffled (``val``/``test`` are
+        always sequential); chunks per shuffle block; the order's seed.
+    max_inflight
+        Stored-chunk fetches in flight at once, across every pass of this dataset.
+    prefetch_depth
+        Batches the producer assembles ahead of the consumer.
+    cache_budget_bytes
+        Pool byte budget; ``None`` is the working set of the open passes.
+    on_bad_chunk
+        ``"raise"`` or ``"nan"`` (a tile that fails to decode becomes NaN or
+        the fill value, and is listed in ``bad_chunks``).
+    chunk_transforms, batch_transforms
+        Per-chunk transforms (decode pool, cached) and per-batch ones (producer thread).
+    decode_threads
+        Threads of the process-wide decode pool (default: one per core).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        manifest: SplitManifest,
+        variables: Mapping[str, ArrayGeometry] | Sequence[str] | None = None,
+        *,
+        batch_size: int = 32,
+        shuffle: bool = True,
+        block_chunks: int = 16,
+        max_inflight: int = 32,
+        prefetch_depth: int = 2,
+        cache_budget_bytes: int | None = None,
+        seed: int = 0,
+        on_bad_chunk: str = "raise",
+        chunk_transforms: Sequence[ChunkTransform] = (),
+        batch_transforms: Sequence[BatchTransform] = (),
+        decode_threads: int | None = None,
+    ) -> None:
+        if not isinstance(manifest, SplitManifest):
+            raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.block_chunks = _positive_int("block_chunks", block_chunks)
+        self.max_inflight = _positive_int("max_inflight", max_inflight)
+        self.prefetch_depth = _positive_int("prefetch_depth", prefetch_depth)
+        self.seed = _positive_int("seed", seed, minimum=0)
+        if decode_threads is not None:
+            decode_threads = _positive_int("decode_threads", decode_threads)
+        if on_bad_chunk not in ON_BAD_CHUNK:
+            raise ValueError(f"on_bad_chunk={on_bad_chunk!r} must be one of {ON_BAD_CHUNK}")
+        if cache_budget_bytes is not None:
+            cache_budget_bytes = _positive_int("cache_budget_bytes", cache_budget_bytes)
+        self.shuffle = bool(shuffle)
+        self.on_bad_chunk = on_bad_chunk
+        self.manifest = manifest
+        self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
+        self.store = as_store(store)
+        self.variables = self._resolve_variables(variables)
+        self.chunk_transforms = tuple(chunk_transforms)
+        check_scopes(self.chunk_transforms, {g.path for g in self.variables.values()})
+        for t in batch_transforms:
+            if not callable(t):
+                raise TypeError(f"batch_transforms entries must be callable, got {type(t).__name__}")
+        self.batch_transforms = tuple(batch_transforms)
+        self.readers: dict[str, ArrayReader] = {}
+        for g in self.variables.values():
+            if g.path not in self.readers:
+                base = g.shift(-g.offset)
+                self.readers[g.path] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
+        self.pool = ChunkPool(cache_budget_bytes)
+        self.buffers = BufferPool()
+        self.executor = decode_pool(decode_threads)
+        self._semaphore: asyncio.Semaphore | None = None
+        self.bad_chunks: list[BadChunkRecord] = []
+        self._epoch = 0
+        self._epoch_counters: list[PassCounters] = []
+        self._passes: weakref.WeakSet[_PassState] = weakref.WeakSet()
+        self._plans: dict[tuple[str, int], EpochPlan] = {}
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # -- construction helpers ---------------------------------------------------
+    def _resolve_variables(self, variables) -> dict[str, ArrayGeometry]:
+        if variables is None:
+            found = open_geometries(self.store)
+            if not found:
+                raise ValueError("the store has no data variables (only coordinates or nothing); pass variables=")
+            resolved = dict(found)
+        elif isinstance(variables, Mapping):
+            resolved = {}
+            for label, g in variables.items():
+                if not isinstance(g, ArrayGeometry):
+                    raise TypeError(
+                        f"variables[{label!r}] must be an ArrayGeometry (from open_geometries), got {type(g).__name__}"
+                    )
+                resolved[str(label)] = g
+        elif isinstance(variables, (list, tuple)):
+            resolved = dict(open_geometries(self.store, variables=list(variables)))
+        else:
+            raise TypeError(
+                f"variables must be a mapping of label to ArrayGeometry, a list of array paths, or None; "
+                f"got {type(variables).__name__}"
+            )
+        if not resolved:
+            raise ValueError("variables is empty: name at least one array")
+        n = self.manifest.n_samples
+        bad = {lb: g.n_samples for lb, g in resolved.items() if g.n_samples != n}
+        if bad:
+            raise ValueError(
+                f"every variable must have the manifest's {n} samples along its sample axis; "
+                f"these differ: {bad}"
+            )
+        return resolved
+
+    # -- views --------------------------------------------------------------
+    def split(self, name: str) -> DatasetView:
+        """The view of split ``name`` (``train``/``val``/``test`` or a custom name)."""
+        self.manifest.chunks(name)  # raises KeyError naming the splits
+        return DatasetView(self, name)
+
+    @property
+    def train(self) -> DatasetView:
+        return self.split("train")
+
+    @property
+    def val(self) -> DatasetView:
+        return self.split("val")
+
+    @property
+    def test(self) -> DatasetView:
+        return self.split("test")
+
+    @property
+    def geometries(self) -> dict[str, ArrayGeometry]:
+        return dict(self.variables)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next passes draw (order depends on seed and epoch only)."""
+        epoch = _positive_int("epoch", epoch, minimum=0)
+        with self._lock:
+            if epoch != self._epoch:
+                self._epoch_counters = []
+            self._epoch = epoch
+
+    def plan(self, split: str, epoch: int | None = None) -> EpochPlan:
+        """The (cached) plan of ``split`` for ``epoch`` (default: the current one)."""
+        epoch = self._epoch if epoch is None else epoch
+        key = (split, epoch)
+        plan = self._plans.get(key)
+        if plan is None:
+            shuffle = self.shuffle and split == "train"
+            plan = plan_epoch(
+                self.manifest, split, self.variables, batch_size=self.batch_size,
+                block_chunks=self.block_chunks, shuffle=shuffle, seed=self.seed, epoch=epoch,
+            )
+            if len(self._plans) > 8:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    # -- counters -------------------------------------------------------------
+    @property
+    def cache_hits(self) -> int:
+        """Reads served from the pool (no fetch, no decode) in the current epoch's passes."""
+        return sum(c.hits for c in self._epoch_counters)
+
+    @property
+    def cache_misses(self) -> int:
+        return sum(c.misses for c in self._epoch_counters)
+
+    @property
+    def gets(self) -> int:
+        """Store GETs issued by the current epoch's passes."""
+        return sum(c.gets for c in self._epoch_counters)
+
+    # -- lifecycle -------------------------------------------------------------
+    def _semaphore_for_loop(self) -> asyncio.Semaphore:
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.max_inflight)
+        return self._semaphore
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DatasetClosedError("this InSituDataset is closed; create a new one to iterate again")
+
+    def close(self) -> None:
+        """Stop every open pass, drop the pool, and close a store this dataset opened. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for state in list(self._passes):
+            state.close()
+        self.pool.clear()
+        self.buffers.clear()
+        if self._opened_store:
+            close_store(self.store)
+
+    def __enter__(self) -> InSituDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter teardown
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class DatasetView:
+    """One split of a dataset: iterate it for batches; ``len()`` is batches this epoch."""
+
+    def __init__(self, dataset: InSituDataset, split: str) -> None:
+        self.dataset = dataset
+        self.split = split
+
+    @property
+    def batch_size(self) -> int:
+        return self.dataset.batch_size
+
+    @property
+    def geometries(self) -> dict[str, ArrayGeometry]:
+        return self.dataset.geometries
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def plan(self) -> EpochPlan:
+        return self.dataset.plan(self.split)
+
+    def __len__(self) -> int:
+        return self.plan().n_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self.iterate()
+
+    def iterate(self, start_batch: int = 0) -> PassIterator:
+        """Start a pass at batch ``start_batch`` of the current epoch."""
+        ds = self.dataset
+        ds._check_open()
+        state = _PassState(ds, self.split, ds.plan(self.split), ds.epoch, start_batch)
+        ds._passes.add(state)
+        state.start()
+        return PassIterator(state)
+
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Stopped(Exception):
+    """The pass was closed while the producer waited."""
+
+
+class _PassState:
+    """Everything one pass owns: pool owner, driver, producer thread, queue."""
+
+    def __init__(self, ds: InSituDataset, split: str, plan: EpochPlan, epoch: int, start_batch: int) -> None:
+        if not 0 <= start_batch <= plan.n_batches:
+            raise ValueError(f"{start_batch=} must be in [0, {plan.n_batches}] for split {split!r}")
+        self.ds = ds
+        self.split = split
+        self.plan = plan
+        self.epoch = epoch
+        self.start_batch = start_batch
+        self.queue: queue.Queue = queue.Queue(maxsize=ds.prefetch_depth)
+        self.stop_event = threading.Event()
+        self.owner: Owner | None = None
+        self.driver: PassDriver | None = None
+        self.thread: threading.Thread | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.read_index = {key: i for i, key in enumerate(plan.reads)}
+        release_order = np.argsort(plan.read_last, kind="stable")
+        bounds = np.searchsorted(plan.read_last[release_order], np.arange(plan.n_blocks + 1))
+        self.release_after = [release_order[bounds[b] : bounds[b + 1]].tolist() for b in range(plan.n_blocks)]
+
+    @property
+    def counters(self) -> PassCounters:
+        return self.owner.counters if self.owner is not None else PassCounters()
+
+    def start(self) -> None:
+        ds = self.ds
+        self.owner = ds.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
+        with ds._lock:
+            ds._epoch_counters.append(self.owner.counters)
+        self.driver = PassDriver(
+            store=ds.store, pool=ds.pool, owner=self.owner, plan=self.plan, readers=ds.readers,
+            semaphore=ds._semaphore_for_loop(), executor=ds.executor, on_bad_chunk=ds.on_bad_chunk,
+            bad_chunks=ds.bad_chunks,
+        )
+        self.driver.start()
+        self.thread = threading.Thread(target=self._produce, name="insitu-prefetch", daemon=True)
+        self.thread.start()
+
+    # -- producer thread ----------------------------------------------------------
+    def _produce(self) -> None:
+        try:
+            self._produce_batches()
+            self._put(_END)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # delivered to the consumer, raised there
+            self._put(_Failure(exc))
+
+    def _put(self, item: object) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.queue.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def _wait_block(self, b: int) -> None:
+        pool, driver = self.ds.pool, self.driver
+        wanted = self.plan.block_reads[b]
+        with pool.cond:
+            while True:
+                if self.stop_event.is_set():
+                    raise _Stopped
+                if driver.error is not None:
+                    raise driver.error
+                pending = False
+                for i in wanted:
+                    slot = driver.slots[i]
+                    if slot is None or slot.state == PENDING:
+                        pending = True
+                        break
+                    if slot.state == FAILED:
+                        raise slot.error
+                if not pending:
+                    return
+                pool.cond.wait(POLL_S)
+
+    def _release_block(self, b: int) -> None:
+        for i in self.release_after[b]:
+            slot = self.driver.slots[i]
+            if slot is not None:
+                self.ds.pool.unpin(slot, self.owner)
+
+    def _produce_batches(self) -> None:
+        ds, plan = self.ds, self.plan
+        ready_upto = -1
+        released_upto = -1
+        if self.start_batch > 0:
+            first_row = plan.batch_rows(self.start_batch)[0] if self.start_batch < plan.n_batches else plan.n_samples
+            while released_upto + 1 < plan.n_blocks and plan.block_starts[released_upto + 2] <= first_row:
+                released_upto += 1
+                self._release_block(released_upto)
+        for k in range(self.start_batch, plan.n_batches):
+            start, stop = plan.batch_rows(k)
+            b0, b1 = plan.batch_blocks(k)
+            while ready_upto < b1:
+                ready_upto += 1
+                if ready_upto > released_upto:
+                    self._wait_block(ready_upto)
+            anchors = plan.anchors[start:stop]
+            arrays = {}
+            for label, g in ds.variables.items():
+                reader = ds.readers[g.path]
+                slots = self.driver.slots
+                index = self.read_index
+                path = g.path
+                shape = self._label_shape(label, g)
+                buf = ds.buffers.take(label, (plan.batch_size, *shape[1:]), shape[0])
+                out = buf[: len(anchors)]
+                gather_label(out, anchors, g, lambda c, path=path: slots[index[(path, c)]])
+                arrays[label] = out
+                del reader
+            batch = Batch(
+                arrays=arrays, sample_indices=anchors.copy(),
+                offsets={lb: g.offset for lb, g in ds.variables.items()}, epoch=self.epoch, index=k,
+            )
+            for t in ds.batch_transforms:
+                batch = t(batch)
+                if not isinstance(batch, Batch):
+                    raise TypeError(f"batch transform {t!r} returned {type(batch).__name__}, not a Batch")
+            counters = self.owner.counters
+            counters.batches += 1
+            counters.samples += len(anchors)
+            # blocks whose last row is in this batch are drained: unpin their last-use reads
+            while released_upto + 1 < plan.n_blocks and plan.block_starts[released_upto + 2] <= stop:
+                released_upto += 1
+                self._release_block(released_upto)
+            self._put(batch)
+            del batch, arrays, out, buf
+
+    def _label_shape(self, label: str, g: ArrayGeometry) -> tuple[np.dtype, ...]:
+        """``(dtype, *inner)`` of a label's batch rows after chunk transforms."""
+        cache = getattr(self, "_shapes", None)
+        if cache is None:
+            cache = self._shapes = {}
+        if label not in cache:
+            cache[label] = (g.dtype, *g.inner_shape)
+        return cache[label]
+
+    # -- teardown ---------------------------------------------------------------
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.stop_event.set()
+        with self.ds.pool.cond:
+            self.ds.pool.cond.notify_all()
+        while True:  # unblock a producer parked on a full queue
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+        if self.driver is not None:
+            self.driver.stop()
+        if self.owner is not None:
+            self.ds.pool.close_owner(self.owner)
+
+
+class PassIterator:
+    """The consumer's end of a pass: pops finished batches; ``close()`` ends the pass early."""
+
+    def __init__(self, state: _PassState) -> None:
+        self._state = state
+        self._finalizer = weakref.finalize(self, state.close)
+
+    @property
+    def counters(self) -> PassCounters:
+        """This pass's own counters (hits, misses, GETs, batches)."""
+        return self._state.counters
+
+    @property
+    def plan(self) -> EpochPlan:
+        return self._state.plan
+
+    def __iter__(self) -> PassIterator:
+        return self
+
+    def __next__(self) -> Batch:
+        state = self._state
+        if state._closed:
+            raise StopIteration
+        while True:
+            try:
+                item = state.queue.get(timeout=POLL_S)
+                break
+            except queue.Empty:
+                if state.thread is not None and not state.thread.is_alive() and state.queue.empty():
+                    self.close()
+                    raise StopIteration from None
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.error
+        return item
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> PassIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

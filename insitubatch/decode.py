@@ -1,0 +1,378 @@
+"""Synchronous decode of one stored chunk, built from the array's declared codecs.
+
+zarr 3.1 decodes only through its async codec pipeline, which needs an event
+loop and hops to threads of its own. The engine decodes on a thread pool it
+owns, so this module assembles the same chain once per array and runs it as
+plain calls:
+
+* **v3** — the codec list is split the way zarr splits it: array→array
+  codecs (transpose, ...), one array→bytes codec (``bytes`` with its
+  endianness), then bytes→bytes codecs (zstd, gzip, blosc, crc32c, ...). Each
+  codec is handed the ``ArraySpec`` it saw when encoding (array→array codecs
+  change it, so it is walked through their ``resolve_metadata`` once, up
+  front). Decoding runs the list backwards through each codec's
+  ``_decode_sync``; codecs wrapped from numcodecs, which lack it, call their
+  numcodecs codec directly.
+* **sharded v3** — the stored chunk is the whole shard. Its index (at the
+  start or the end) is itself a small chain (normally ``bytes`` + ``crc32c``,
+  so the checksum is verified); each present inner chunk is decoded with the
+  inner chain and placed in the shard; absent ones (offset and length both
+  2**64-1) read as the fill value. Nested shards work the same way.
+* **v2** — the numcodecs compressor, then the filters in reverse, then a view
+  as the array's dtype laid out in its ``order``.
+
+The codecs themselves (numcodecs' blosc, zstd, zlib) release the GIL; the
+glue here is O(codecs + inner chunks) Python per stored chunk, never per
+element. Any failure — a codec error, a checksum mismatch, a wrong decoded
+size, a shard index pointing outside the shard — becomes ``BadChunkError``
+naming the array, the chunk and its key: garbage is never returned as data.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numcodecs.compat import ensure_ndarray_like
+from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, SupportsSyncCodec
+from zarr.abc.store import Store
+from zarr.codecs.sharding import ShardingCodec, ShardingCodecIndexLocation
+from zarr.core.array_spec import ArrayConfig, ArraySpec
+from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.buffer.cpu import Buffer as _CpuBuffer
+from zarr.core.buffer.cpu import NDBuffer as _CpuNDBuffer
+from zarr.core.buffer.cpu import numpy_buffer_prototype
+from zarr.core.dtype.npy.int import UInt64
+from zarr.core.metadata.v2 import ArrayV2Metadata
+from zarr.core.sync import sync
+
+from .errors import BadChunkError, StoreReadError
+from .geometry import ArrayGeometry
+
+__all__ = ["ChunkDecoder", "clip_to_array", "make_decoder", "read_stored_chunk"]
+
+# Shard-index entry of an inner chunk that was never written (zarr sharding spec).
+_ABSENT = 2**64 - 1
+# Decode into host numpy memory whatever zarr's configured default buffer is.
+_PROTOTYPE = numpy_buffer_prototype()
+_CONFIG = ArrayConfig(order="C", write_empty_chunks=False)
+
+ChunkData = bytes | bytearray | memoryview | np.ndarray | Buffer
+
+
+class _DecodeFailure(Exception):
+    """Internal: a stage failed; ``ChunkDecoder`` adds array, chunk and key."""
+
+
+def _fill_value(spec: ArraySpec) -> Any:
+    # zarr v2 allows a null fill value; zarr then reads missing chunks as the dtype default.
+    return spec.dtype.default_scalar() if spec.fill_value is None else spec.fill_value
+
+
+def _as_uint8(data: ChunkData) -> np.ndarray:
+    """A flat uint8 view of the chunk bytes (no copy for host memory)."""
+    if isinstance(data, Buffer):
+        return data.as_numpy_array().reshape(-1).view(np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _stage(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
+    """One codec's decode as ``numpy -> numpy``, with no event loop."""
+    if isinstance(codec, SupportsSyncCodec):
+        if isinstance(codec, ArrayArrayCodec):
+            return lambda a, spec: codec._decode_sync(_CpuNDBuffer.from_numpy_array(a), spec).as_numpy_array()
+        return lambda a, spec: codec._decode_sync(_CpuBuffer.from_array_like(a), spec).as_numpy_array()
+    # zarr.codecs.numcodecs wrappers (Delta, Shuffle, LZ4, ...) carry their numcodecs codec.
+    numcodec = getattr(codec, "_codec", None)
+    if numcodec is not None and hasattr(numcodec, "decode"):
+        if isinstance(codec, BytesBytesCodec):
+            return lambda a, spec: ensure_ndarray_like(numcodec.decode(a)).reshape(-1).view(np.uint8)
+        return lambda a, spec: ensure_ndarray_like(numcodec.decode(a)).reshape(spec.shape)
+    raise TypeError(f"codec {codec!r} has no synchronous decode (_decode_sync) and wraps no numcodecs codec")
+
+
+def _run(codec: Any, decode: Callable[[np.ndarray, ArraySpec], np.ndarray], data: np.ndarray, spec: ArraySpec) -> np.ndarray:
+    try:
+        return decode(data, spec)
+    except _DecodeFailure:
+        raise
+    except Exception as exc:  # every codec has its own failure types
+        raise _DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
+
+
+class _Chain:
+    """A v3 codec list, decoded last to first: bytes→bytes, array→bytes, array→array."""
+
+    def __init__(self, codecs: Sequence[Any], spec: ArraySpec) -> None:
+        array_array = [c for c in codecs if isinstance(c, ArrayArrayCodec)]
+        array_bytes = [c for c in codecs if isinstance(c, ArrayBytesCodec)]
+        bytes_bytes = [c for c in codecs if isinstance(c, BytesBytesCodec)]
+        if len(array_bytes) != 1 or len(array_array) + 1 + len(bytes_bytes) != len(codecs):
+            raise ValueError(f"codec list {list(codecs)!r} needs exactly one array→bytes codec")
+        self.shape = tuple(spec.shape)
+        self.dtype = spec.dtype.to_native_dtype()
+        self._array_array = []
+        for codec in array_array:
+            self._array_array.append((codec, _stage(codec), spec))
+            spec = codec.resolve_metadata(spec)
+        (codec,) = array_bytes
+        self._array_bytes_codec = codec
+        self._array_bytes_spec = spec
+        self._array_bytes = _ShardStage(codec, spec) if isinstance(codec, ShardingCodec) else _stage(codec)
+        spec = codec.resolve_metadata(spec)
+        self._bytes_bytes = []
+        for codec in bytes_bytes:
+            self._bytes_bytes.append((codec, _stage(codec), spec))
+            spec = codec.resolve_metadata(spec)
+        # Raw size of the array→bytes input for fixed-size serializers (the `bytes` codec).
+        raw = self._array_bytes_spec
+        self._raw_nbytes = math.prod(raw.shape) * raw.dtype.to_native_dtype().itemsize
+
+    def encoded_nbytes(self) -> int:
+        """Encoded size of one chunk; only for fixed-size chains such as a shard index."""
+        nbytes = self._array_bytes_codec.compute_encoded_size(self._raw_nbytes, self._array_bytes_spec)
+        for codec, _, spec in self._bytes_bytes:
+            nbytes = codec.compute_encoded_size(nbytes, spec)
+        return nbytes
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        data = raw
+        for codec, decode, spec in reversed(self._bytes_bytes):
+            data = _run(codec, decode, data, spec)
+        if isinstance(self._array_bytes, _ShardStage):
+            data = self._array_bytes(data)
+        else:
+            if getattr(self._array_bytes_codec, "is_fixed_size", False) and data.nbytes != self._raw_nbytes:
+                raise _DecodeFailure(f"decoded {data.nbytes} bytes, expected {self._raw_nbytes}")
+            data = _run(self._array_bytes_codec, self._array_bytes, data, self._array_bytes_spec)
+        for codec, decode, spec in reversed(self._array_array):
+            data = _run(codec, decode, data, spec)
+        if data.shape != self.shape:
+            raise _DecodeFailure(f"decoded shape {data.shape}, expected {self.shape}")
+        return data
+
+
+class _ShardStage:
+    """The sharding codec's decode: index, then each present inner chunk into its place."""
+
+    def __init__(self, codec: ShardingCodec, spec: ArraySpec) -> None:
+        self.shape = tuple(spec.shape)
+        self.dtype = spec.dtype.to_native_dtype()
+        self.fill = _fill_value(spec)
+        self.inner_shape = tuple(codec.chunk_shape)
+        self.grid = tuple(s // c for s, c in zip(self.shape, self.inner_shape))
+        index_spec = ArraySpec(
+            shape=(*self.grid, 2),
+            dtype=UInt64(endianness="little"),
+            fill_value=_ABSENT,
+            config=_CONFIG,
+            prototype=_PROTOTYPE,
+        )
+        self._index = _Chain(codec.index_codecs, index_spec)
+        self.index_nbytes = self._index.encoded_nbytes()
+        self.index_at_start = codec.index_location == ShardingCodecIndexLocation.start
+        inner_spec = ArraySpec(
+            shape=self.inner_shape, dtype=spec.dtype, fill_value=spec.fill_value, config=_CONFIG, prototype=_PROTOTYPE
+        )
+        self._inner = _Chain(codec.codecs, inner_spec)
+
+    def _read_index(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = raw.size
+        if n < self.index_nbytes:
+            raise _DecodeFailure(f"shard is {n} bytes, shorter than its {self.index_nbytes}-byte index")
+        if self.index_at_start:
+            index_raw, lo, hi = raw[: self.index_nbytes], self.index_nbytes, n
+        else:
+            index_raw, lo, hi = raw[n - self.index_nbytes :], 0, n - self.index_nbytes
+        try:
+            index = self._index(index_raw)
+        except _DecodeFailure as exc:
+            raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
+        offsets, lengths = index[..., 0], index[..., 1]
+        absent = offsets == _ABSENT
+        if not np.array_equal(absent, lengths == _ABSENT):
+            where = tuple(int(i) for i in np.argwhere(absent != (lengths == _ABSENT))[0])
+            raise _DecodeFailure(f"shard index entry {where} is half empty")
+        # Every present inner chunk must lie in the data region [lo, hi) of the shard.
+        outside = ~absent & ((offsets < lo) | (offsets > hi) | (lengths > hi - np.minimum(offsets, hi)))
+        if outside.any():
+            where = tuple(int(i) for i in np.argwhere(outside)[0])
+            raise _DecodeFailure(
+                f"shard index entry {where} (offset {int(offsets[where])}, length {int(lengths[where])}) "
+                f"points outside the shard's data bytes [{lo}, {hi})"
+            )
+        return offsets, lengths, ~absent
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        offsets, lengths, present = self._read_index(raw)
+        if present.all():
+            out = np.empty(self.shape, dtype=self.dtype)
+        else:
+            out = np.full(self.shape, self.fill, dtype=self.dtype)
+        for where in zip(*np.nonzero(present)):
+            start = int(offsets[where])
+            try:
+                chunk = self._inner(raw[start : start + int(lengths[where])])
+            except _DecodeFailure as exc:
+                raise _DecodeFailure(f"inner chunk {tuple(int(i) for i in where)}: {exc}") from exc.__cause__
+            region = tuple(slice(int(i) * c, (int(i) + 1) * c) for i, c in zip(where, self.inner_shape))
+            out[region] = chunk
+        return out
+
+
+class _V2Chain:
+    """A v2 array's numcodecs compressor, then its filters in reverse, then a dtype/order view."""
+
+    def __init__(self, metadata: ArrayV2Metadata, spec: ArraySpec) -> None:
+        self.shape = tuple(metadata.chunks)
+        self.dtype = spec.dtype.to_native_dtype()
+        self.order = metadata.order
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        self._compressor = metadata.compressor
+        self._filters = tuple(reversed(metadata.filters or ()))
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        data: Any = raw
+        for codec in ((self._compressor,) if self._compressor else ()) + self._filters:
+            try:
+                data = codec.decode(data)
+            except Exception as exc:  # every codec has its own failure types
+                raise _DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
+        flat = ensure_ndarray_like(data).reshape(-1, order="A")
+        if flat.nbytes != self.nbytes:
+            raise _DecodeFailure(f"decoded {flat.nbytes} bytes, expected {self.nbytes}")
+        return flat.view(self.dtype).reshape(self.shape, order=self.order)
+
+
+class ChunkDecoder:
+    """Decodes one array's stored chunks: ``decoder(data, coord) -> ndarray``.
+
+    Build it once per array with ``make_decoder``; calls are thread-safe and
+    need no event loop.
+    """
+
+    def __init__(self, geometry: ArrayGeometry) -> None:
+        metadata = geometry.metadata
+        if metadata is None:
+            raise ValueError(f"geometry of {geometry.path!r} carries no zarr metadata to build a decoder from")
+        self.geometry = geometry
+        self.shape = tuple(geometry.stored_chunks)
+        self.dtype = np.dtype(geometry.dtype)
+        spec = metadata.get_chunk_spec((0,) * geometry.ndim, _CONFIG, _PROTOTYPE)
+        self.fill_value = _fill_value(spec)
+        self._chain: Callable[[np.ndarray], np.ndarray]
+        if isinstance(metadata, ArrayV2Metadata):
+            self._chain = _V2Chain(metadata, spec)
+        else:
+            self._chain = _Chain(metadata.codecs, spec)
+
+    def fill(self) -> np.ndarray:
+        """A stored chunk that was never written: all fill value."""
+        return np.full(self.shape, self.fill_value, dtype=self.dtype)
+
+    def __call__(self, data: ChunkData | None, coord: Sequence[int]) -> np.ndarray:
+        """The decoded stored chunk at ``coord``, full ``stored_chunks`` shape, C order.
+
+        ``data`` is the key's bytes, or None when the key is missing (read as
+        the fill value). The result may be a read-only view of decoded bytes.
+
+        Raises
+        ------
+        BadChunkError
+            The bytes do not decode to this array's chunk.
+        """
+        if data is None:
+            return self.fill()
+        try:
+            decoded = self._chain(_as_uint8(data))
+            if decoded.shape != self.shape:
+                raise _DecodeFailure(f"decoded shape {decoded.shape}, expected {self.shape}")
+        except _DecodeFailure as exc:
+            raise self._bad(coord, str(exc)) from exc.__cause__
+        except (TypeError, ValueError) as exc:  # bytes that no buffer view accepts
+            raise self._bad(coord, str(exc)) from exc
+        # One conversion at most: to the array's dtype (byte order) and C order.
+        return np.asarray(decoded, dtype=self.dtype, order="C")
+
+    def _bad(self, coord: Sequence[int], why: str) -> BadChunkError:
+        coord = tuple(int(c) for c in coord)
+        return BadChunkError(
+            f"cannot decode chunk {coord} of array {self.geometry.path!r} "
+            f"(key {self.geometry.chunk_key(coord)!r}): {why}"
+        )
+
+
+# Decoders keyed by the identity of the zarr metadata they were built from;
+# an entry goes away with its metadata object.
+_DECODERS: dict[int, tuple[weakref.ref[Any], ChunkDecoder]] = {}
+
+
+def make_decoder(geometry: ArrayGeometry) -> ChunkDecoder:
+    """The (cached) ``ChunkDecoder`` for ``geometry``'s array."""
+    metadata = geometry.metadata
+    key = id(metadata)
+    entry = _DECODERS.get(key)
+    if entry is not None and entry[0]() is metadata and entry[1].dtype == geometry.dtype:
+        return entry[1]
+    decoder = ChunkDecoder(geometry)
+    try:
+        ref = weakref.ref(metadata, lambda _ref, key=key: _DECODERS.pop(key, None))
+    except TypeError:  # metadata that cannot be weakly referenced is simply not cached
+        return decoder
+    _DECODERS[key] = (ref, decoder)
+    return decoder
+
+
+def _check_coord(geometry: ArrayGeometry, chunk_coord: Sequence[int]) -> tuple[int, ...]:
+    coord = tuple(int(c) for c in chunk_coord)
+    grid = tuple(-(-s // c) for s, c in zip(geometry.shape, geometry.stored_chunks))
+    if len(coord) != len(grid) or not all(0 <= c < g for c, g in zip(coord, grid)):
+        raise ValueError(f"{chunk_coord=} is outside the stored-chunk grid {grid} of array {geometry.path!r}")
+    return coord
+
+
+def clip_to_array(geometry: ArrayGeometry, coord: Sequence[int], decoded: np.ndarray) -> np.ndarray:
+    """The part of a decoded stored chunk inside the array (a view; edge chunks are short)."""
+    coord = _check_coord(geometry, coord)
+    region = tuple(
+        slice(0, min(size, extent - c * size)) for c, size, extent in zip(coord, geometry.stored_chunks, geometry.shape)
+    )
+    return decoded[region]
+
+
+def read_stored_chunk(store: Store, geometry: ArrayGeometry, chunk_coord: Sequence[int]) -> np.ndarray:
+    """Fetch, decode and clip one stored chunk: equal to zarr's read of that region.
+
+    Parameters
+    ----------
+    store
+        Any zarr ``Store`` holding the array.
+    geometry
+        The array's geometry (``geometry_of`` / ``open_geometries``).
+    chunk_coord
+        Stored-chunk (shard) coordinates in physical axis order.
+
+    Returns
+    -------
+    numpy.ndarray
+        The chunk's values, physical axis order, clipped to the array extent.
+
+    Raises
+    ------
+    ValueError
+        ``chunk_coord`` is outside the array's stored-chunk grid.
+    StoreReadError
+        The store request failed.
+    BadChunkError
+        The stored bytes do not decode.
+    """
+    coord = _check_coord(geometry, chunk_coord)
+    key = geometry.chunk_key(coord)
+    try:
+        data = sync(store.get(key, prototype=default_buffer_prototype()))
+    except Exception as exc:  # any backend's failure, named for the user
+        raise StoreReadError(f"reading chunk {coord} of array {geometry.path!r} (key {key!r}) failed: {exc}") from exc
+    return clip_to_array(geometry, coord, make_decoder(geometry)(data, coord))

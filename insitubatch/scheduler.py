@@ -1,0 +1,267 @@
+"""The scheduler: one pass's fetches, driven on zarr's own store-IO event loop.
+
+The driver walks the plan's reads in admission order. A read already in the
+pool is pinned and costs nothing; a miss is admitted under the pass's
+read-ahead limit and its tiles are fetched with one ``max_inflight``
+semaphore over every tile, awaited inline on the store, decoded on the
+process-wide ``insitu-dec`` pool (passed explicitly, never the loop's
+default executor) and adopted into the slot by reference. Teardown cancels
+only the tasks this driver started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import zarr.core.sync
+from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
+
+from .decode import make_decoder
+from .errors import BadChunkError, StoreReadError
+from .geometry import ArrayGeometry
+from .kernels import place_tile
+from .plan import EpochPlan
+from .pool import ChunkPool, Owner, Slot
+from .transforms import ChunkRead, ChunkTransform, DecodedChunk, run_pipeline
+
+__all__ = ["BadChunkRecord", "PassDriver", "decode_pool", "zarr_loop"]
+
+DECODE_THREAD_PREFIX = "insitu-dec"
+_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def zarr_loop() -> asyncio.AbstractEventLoop:
+    """zarr's process-wide store-IO loop, which the scheduler shares."""
+    return zarr.core.sync._get_loop()
+
+
+def decode_pool(threads: int | None = None) -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide decode pool for ``threads`` workers (default: one per core).
+
+    Never shut down by a pass: it outlives every dataset, like zarr's loop.
+    """
+    n = int(threads) if threads else (os.cpu_count() or 1)
+    with _pools_lock:
+        pool = _pools.get(n)
+        if pool is None:
+            pool = _pools[n] = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix=DECODE_THREAD_PREFIX)
+        return pool
+
+
+@dataclass(frozen=True)
+class BadChunkRecord:
+    """A tile that failed to decode under ``on_bad_chunk="nan"``."""
+
+    array: str
+    chunk_index: int
+    inner_coord: tuple[int, ...]
+
+
+@dataclass
+class ArrayReader:
+    """Everything the driver needs to fetch and decode one array path's reads."""
+
+    geometry: ArrayGeometry
+    pipeline: tuple[ChunkTransform, ...]
+    origins: np.ndarray
+    tile_shapes: np.ndarray
+
+    @classmethod
+    def build(cls, geometry: ArrayGeometry, pipeline: Sequence[ChunkTransform]) -> ArrayReader:
+        return cls(geometry, tuple(pipeline), geometry.tile_origins(), geometry.tile_shapes())
+
+
+def _fill_value(geometry: ArrayGeometry):
+    if geometry.dtype.kind in "fc":
+        return np.nan
+    return geometry.fill_value if geometry.fill_value is not None else 0
+
+
+class PassDriver:
+    """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        pool: ChunkPool,
+        owner: Owner,
+        plan: EpochPlan,
+        readers: Mapping[str, ArrayReader],
+        semaphore: asyncio.Semaphore,
+        executor: concurrent.futures.Executor,
+        on_bad_chunk: str,
+        bad_chunks: list[BadChunkRecord],
+        get_hook: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.pool = pool
+        self.owner = owner
+        self.plan = plan
+        self.readers = readers
+        self.semaphore = semaphore
+        self.executor = executor
+        self.on_bad_chunk = on_bad_chunk
+        self.bad_chunks = bad_chunks
+        self.slots: list[Slot | None] = [None] * len(plan.reads)
+        self.error: BaseException | None = None
+        self.loop = zarr_loop()
+        self._tasks: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()
+        self._main: concurrent.futures.Future | None = None
+        self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
+        self._prototype = default_buffer_prototype()
+        owner.wake = lambda: self.loop.call_soon_threadsafe(self._wake.set)
+
+    # -- lifecycle (called from other threads) -----------------------------------
+    def start(self) -> None:
+        self._main = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel this driver's own tasks (never anyone else's) and wait for them to end."""
+        if self._main is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._cancel_own(), self.loop)
+        try:
+            fut.result(timeout)
+        except concurrent.futures.TimeoutError:  # pragma: no cover - a wedged store
+            pass
+
+    async def _cancel_own(self) -> None:
+        tasks = [t for t in self._tasks if not t.done()]
+        main = asyncio.wrap_future(self._main) if self._main is not None else None
+        for t in tasks:
+            t.cancel()
+        if self._main is not None:
+            self._main.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if main is not None:
+            await asyncio.gather(main, return_exceptions=True)
+
+    # -- the driver ----------------------------------------------------------------
+    async def _run(self) -> None:
+        try:
+            await self._drive()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug, not a bad chunk: the consumer must see it
+            self.error = exc
+            with self.pool.cond:
+                self.pool.cond.notify_all()
+
+    async def _drive(self) -> None:
+        plan, pool, owner = self.plan, self.pool, self.owner
+        for i in np.argsort(plan.read_first, kind="stable").tolist():
+            key = plan.reads[i]
+            nbytes = int(plan.read_nbytes[i])
+            while not pool.can_take(owner, nbytes):
+                await self._wait()
+            slot = pool.pin_existing(key, owner)
+            if slot is None:
+                reader = self.readers[key[0]]
+                while (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
+                    await self._wait()
+                for t in range(reader.geometry.tiles_per_chunk):
+                    task = self.loop.create_task(self._fetch_tile(slot, reader, key[1], t))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            with pool.cond:
+                self.slots[i] = slot
+                pool.cond.notify_all()
+            await asyncio.sleep(0)  # let tile tasks start before admitting more
+
+    async def _wait(self) -> None:
+        self._wake.clear()
+        await self._wake.wait()
+
+    async def _fetch_tile(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int) -> None:
+        g = reader.geometry
+        coord = g.physical_chunk_coord(chunk_index, tile)
+        key = g.chunk_key(coord)
+        async with self.semaphore:
+            try:
+                buf = await self.store.get(key, prototype=self._prototype)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.pool.fail(slot, StoreReadError(
+                    f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
+                ))
+                return
+            counters = self.owner.counters
+            counters.gets += 1
+            if buf is not None:
+                counters.get_bytes += len(buf)
+            try:
+                data = await self.loop.run_in_executor(self.executor, self._decode, reader, chunk_index, tile, coord, buf)
+            except asyncio.CancelledError:
+                raise
+            except BadChunkError as exc:
+                if self.on_bad_chunk == "raise":
+                    self.pool.fail(slot, exc)
+                    return
+                data = self._bad_tile(reader, chunk_index, tile)
+                self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+            except Exception as exc:
+                self.pool.fail(slot, exc)
+                return
+            counters.decoded_tiles += 1
+            if reader.pipeline and g.tiles_per_chunk > 1:
+                await self._deliver_assembling(slot, reader, chunk_index, tile, data)
+            else:
+                self.pool.deliver(slot, tile, data)
+
+    def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
+        """Decode one stored chunk and lay it out sample-first, clipped to the array (decode thread)."""
+        g = reader.geometry
+        raw = self._decoders[g.path](buf, coord)
+        sel = g.tile_placement(chunk_index, tile).chunk_selection
+        tile_arr = np.moveaxis(raw[sel], g.sample_axis, 0)
+        tile_arr = np.ascontiguousarray(tile_arr)
+        if reader.pipeline and g.tiles_per_chunk == 1:
+            tile_arr = self._transform(reader, chunk_index, tile_arr)
+        return tile_arr
+
+    def _transform(self, reader: ArrayReader, chunk_index: int, data: np.ndarray) -> np.ndarray:
+        g = reader.geometry
+        chunk = DecodedChunk(ChunkRead(g.path, chunk_index), data, chunk_index * g.sample_chunk_size)
+        return run_pipeline(reader.pipeline, chunk)
+
+    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray:
+        g = reader.geometry
+        shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        return np.full(shape, _fill_value(g), dtype=g.dtype)
+
+    async def _deliver_assembling(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
+        """Multi-tile chunk with a chunk transform: assemble once every tile is in, then transform."""
+        with self.pool.lock:
+            slot.tiles[tile] = data
+            slot.remaining -= 1
+            last = slot.remaining == 0
+        if not last:
+            return
+        g = reader.geometry
+
+        def assemble() -> np.ndarray:
+            full = np.empty((g.chunk_len(chunk_index), *g.inner_shape), dtype=g.dtype)
+            for t, (origin, part) in enumerate(zip(reader.origins, slot.tiles)):
+                place_tile(full, part, (0, *origin.tolist()))
+            return self._transform(reader, chunk_index, full)
+
+        try:
+            out = await self.loop.run_in_executor(self.executor, assemble)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.pool.fail(slot, exc)
+            return
+        self.pool.replace_tiles(slot, [out], np.zeros((1, len(g.inner_shape)), dtype=np.intp))
