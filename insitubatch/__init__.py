@@ -13,6 +13,55 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         f"(underlying error: {exc})"
     ) from exc
 
-from .errors import InSituError, StoreReadError
+from .batch import Batch
+from .dataset import DatasetView, InSituDataset
+from .decode import read_stored_chunk
+from .errors import (
+    BadChunkError,
+    DatasetClosedError,
+    InSituError,
+    StoreReadError,
+)
+from .geometry import ArrayGeometry, open_geometries
+from .plan import shuffle_quality
+from .splits import SplitManifest, split_by_chunk
+from .stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
+from .transforms import DecodedChunk, applies
 
-__all__ = sorted(["InSituError", "StoreReadError"])
+_LAZY = {"as_torch": "adapters", "to_jax": "adapters", "TorchView": "adapters"}
+
+
+def __getattr__(name: str):
+    # the framework adapters import torch/jax, which a numpy-only user should not pay for
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'insitubatch' has no attribute {name!r}")
+
+
+__all__ = [
+    "ArrayGeometry",
+    "BadChunkError",
+    "Batch",
+    "DatasetClosedError",
+    "DatasetView",
+    "DecodedChunk",
+    "InSituDataset",
+    "InSituError",
+    "SplitManifest",
+    "StoreReadError",
+    "TorchView",
+    "applies",
+    "as_store",
+    "as_torch",
+    "close_store",
+    "fsspec_store",
+    "icechunk_store",
+    "obstore_store",
+    "open_geometries",
+    "read_stored_chunk",
+    "shuffle_quality",
+    "split_by_chunk",
+    "to_jax",
+]

@@ -10,6 +10,7 @@ producer and cancels this pass's tasks; nothing outlives the pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import queue
 import threading
 import weakref
@@ -17,12 +18,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import zarr
+import zarr.errors
 
 from .batch import Batch, BufferPool
 from .errors import DatasetClosedError
 from .gather import gather_label
 from .geometry import ArrayGeometry, open_geometries
-from .plan import EpochPlan, plan_epoch
+from .plan import EpochPlan, plan_epoch, valid_anchor_range
 from .pool import FAILED, PENDING, ChunkPool, Owner, PassCounters
 from .scheduler import ArrayReader, BadChunkRecord, PassDriver, decode_pool, zarr_loop
 from .splits import SplitManifest
@@ -124,6 +127,9 @@ class InSituDataset:
             if g.path not in self.readers:
                 base = g.shift(-g.offset)
                 self.readers[g.path] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
+        # what slots hold and batches carry: each label's geometry after its chunk transforms
+        self.outputs = {lb: self.readers[g.path].output.shift(g.offset - self.readers[g.path].output.offset)
+                        for lb, g in self.variables.items()}
         self.pool = ChunkPool(cache_budget_bytes)
         self.buffers = BufferPool()
         self.executor = decode_pool(decode_threads)
@@ -133,6 +139,8 @@ class InSituDataset:
         self._epoch_counters: list[PassCounters] = []
         self._passes: weakref.WeakSet[_PassState] = weakref.WeakSet()
         self._plans: dict[tuple[str, int], EpochPlan] = {}
+        self._views: dict[str, DatasetView] = {}
+        self._coords: dict[str, np.ndarray] | None = None
         self._closed = False
         self._lock = threading.Lock()
 
@@ -172,8 +180,11 @@ class InSituDataset:
     # -- views --------------------------------------------------------------
     def split(self, name: str) -> DatasetView:
         """The view of split ``name`` (``train``/``val``/``test`` or a custom name)."""
-        self.manifest.chunks(name)  # raises KeyError naming the splits
-        return DatasetView(self, name)
+        view = self._views.get(name)
+        if view is None:
+            self.manifest.chunks(name)  # raises KeyError naming the splits
+            view = self._views[name] = DatasetView(self, name)
+        return view
 
     @property
     def train(self) -> DatasetView:
@@ -189,7 +200,8 @@ class InSituDataset:
 
     @property
     def geometries(self) -> dict[str, ArrayGeometry]:
-        return dict(self.variables)
+        """Each label's geometry after chunk transforms (what ``batch.arrays[label]`` rows are)."""
+        return dict(self.outputs)
 
     @property
     def epoch(self) -> int:
@@ -211,13 +223,59 @@ class InSituDataset:
         if plan is None:
             shuffle = self.shuffle and split == "train"
             plan = plan_epoch(
-                self.manifest, split, self.variables, batch_size=self.batch_size,
+                self.manifest, split, self.outputs, batch_size=self.batch_size,
                 block_chunks=self.block_chunks, shuffle=shuffle, seed=self.seed, epoch=epoch,
             )
             if len(self._plans) > 8:
                 self._plans.clear()
             self._plans[key] = plan
         return plan
+
+    def infer(self, sample_range: tuple[int, int] | None = None, *, batch_size: int | None = None) -> InferView:
+        """A sequential, deterministic pass over anchors ``[start, stop)``, across splits.
+
+        ``None`` means every anchor whose window fits the arrays. Unlike
+        training, an anchor whose window would read off an array is an error,
+        not a dropped sample. Each batch carries ``coords``: the sample-axis
+        coordinate values of its anchors (or the anchors themselves when the
+        store has no coordinate array for that axis).
+
+        Raises
+        ------
+        ValueError
+            The range is empty, outside the array, or a label's window
+            (``anchor + offset``) would leave its array; the message names the
+            label and the valid range.
+        """
+        self._check_open()
+        lo, hi = valid_anchor_range(self.manifest, self.outputs)
+        n = self.manifest.n_samples
+        if sample_range is None:
+            start, stop = lo, hi
+            if start >= stop:
+                raise ValueError(f"no anchor has every window inside the arrays (valid range would be [{lo}, {hi}))")
+        else:
+            try:
+                start, stop = (int(v) for v in sample_range)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"sample_range={sample_range!r} must be a (start, stop) pair of ints") from exc
+            if not 0 <= start < stop <= n:
+                raise ValueError(f"sample_range={(start, stop)} must satisfy 0 <= start < stop <= {n}")
+            for label, g in self.outputs.items():
+                if start + g.offset < 0 or stop - 1 + g.offset >= n:
+                    raise ValueError(
+                        f"label {label!r} reads anchor + {g.offset}, so sample_range={(start, stop)} would read "
+                        f"[{start + g.offset}, {stop + g.offset}) off its array of {n} samples; "
+                        f"anchors with every window inside the arrays are [{lo}, {hi})"
+                    )
+        bs = self.batch_size if batch_size is None else _positive_int("batch_size", batch_size)
+        return InferView(self, (start, stop), bs)
+
+    def sample_coords(self) -> dict[str, np.ndarray]:
+        """The sample-axis coordinate values, read once from the store (or the indices)."""
+        if self._coords is None:
+            self._coords = _read_sample_coords(self.store, self.variables, self.manifest.n_samples)
+        return self._coords
 
     # -- counters -------------------------------------------------------------
     @property
@@ -269,12 +327,22 @@ class InSituDataset:
             pass
 
 
+STATE_FORMAT = 1
+
+
 class DatasetView:
-    """One split of a dataset: iterate it for batches; ``len()`` is batches this epoch."""
+    """One split of a dataset: iterate it for batches; ``len()`` is batches this epoch.
+
+    ``state_dict()``/``load_state_dict()`` make a pass resumable: a new
+    process that loads the state yields exactly the batches the first one
+    would have yielded next, and fetches only what those batches need.
+    """
 
     def __init__(self, dataset: InSituDataset, split: str) -> None:
         self.dataset = dataset
         self.split = split
+        self._pass: weakref.ref[_PassState] | None = None
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batch) for the next pass
 
     @property
     def batch_size(self) -> int:
@@ -282,6 +350,7 @@ class DatasetView:
 
     @property
     def geometries(self) -> dict[str, ArrayGeometry]:
+        """Each label's geometry after chunk transforms (batch rows are ``(*inner_shape,)`` of ``dtype``)."""
         return self.dataset.geometries
 
     def set_epoch(self, epoch: int) -> None:
@@ -294,16 +363,124 @@ class DatasetView:
         return self.plan().n_batches
 
     def __iter__(self) -> Iterator[Batch]:
-        return self.iterate()
+        start = 0
+        if self._resume_at is not None:
+            epoch, start = self._resume_at
+            self._resume_at = None
+            self.dataset.set_epoch(epoch)
+        return self.iterate(start)
 
     def iterate(self, start_batch: int = 0) -> PassIterator:
         """Start a pass at batch ``start_batch`` of the current epoch."""
         ds = self.dataset
         ds._check_open()
-        state = _PassState(ds, self.split, ds.plan(self.split), ds.epoch, start_batch)
+        state = _PassState(ds, self.split, self._plan_for_pass(), ds.epoch, start_batch)
         ds._passes.add(state)
+        self._pass = weakref.ref(state)
         state.start()
         return PassIterator(state)
+
+    def _plan_for_pass(self) -> EpochPlan:
+        return self.dataset.plan(self.split)
+
+    # -- resume -------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        ds = self.dataset
+        return {
+            "split": self.split,
+            "seed": ds.seed,
+            "batch_size": ds.batch_size,
+            "block_chunks": ds.block_chunks,
+            "shuffle": ds.shuffle,
+            "manifest": ds.manifest.fingerprint(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this view stands: a small JSON-able dict (epoch, batches consumed, identity)."""
+        if self._resume_at is not None:
+            epoch, consumed = self._resume_at
+        else:
+            state = self._pass() if self._pass is not None else None
+            if state is not None and state.epoch == self.dataset.epoch:
+                epoch, consumed = state.epoch, state.consumed
+            else:
+                epoch, consumed = self.dataset.epoch, 0
+        return {"format": STATE_FORMAT, "epoch": epoch, "batches_consumed": consumed, **self._identity()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next pass starts at the saved epoch and batch.
+
+        Raises
+        ------
+        ValueError
+            The state came from a different split, seed, batch size, block
+            size, shuffle setting or manifest (each named), or is malformed.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping from state_dict(), got {type(state).__name__}")
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"state format {state.get('format')!r} is not the supported {STATE_FORMAT}")
+        mine = self._identity()
+        diffs = [f"{k}: saved {state.get(k)!r}, this dataset has {v!r}" for k, v in mine.items() if state.get(k) != v]
+        if diffs:
+            raise ValueError("cannot resume from a state of a different pass: " + "; ".join(diffs))
+        epoch = _positive_int("state['epoch']", state.get("epoch"), minimum=0)
+        consumed = _positive_int("state['batches_consumed']", state.get("batches_consumed"), minimum=0)
+        n = self.dataset.plan(self.split, epoch).n_batches
+        if consumed > n:
+            raise ValueError(f"state['batches_consumed']={consumed} exceeds the {n} batches of epoch {epoch}")
+        self._resume_at = (epoch, consumed)
+
+
+class InferView(DatasetView):
+    """A sequential pass over an anchor range, across splits; batches carry ``coords``."""
+
+    def __init__(self, dataset: InSituDataset, sample_range: tuple[int, int], batch_size: int) -> None:
+        super().__init__(dataset, "__infer__")
+        self.sample_range = sample_range
+        self._batch_size = batch_size
+        self._plan: EpochPlan | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    def plan(self) -> EpochPlan:
+        if self._plan is None:
+            ds = self.dataset
+            start, stop = self.sample_range
+            size = ds.manifest.sample_chunk_size
+            chunks = tuple(range(start // size, -(-stop // size)))
+            manifest = dataclasses.replace(ds.manifest, splits=((self.split, chunks),))
+            self._plan = plan_epoch(
+                manifest, self.split, ds.outputs, batch_size=self._batch_size, block_chunks=ds.block_chunks,
+                shuffle=False, seed=ds.seed, epoch=0, anchor_range=self.sample_range,
+            )
+        return self._plan
+
+    def _plan_for_pass(self) -> EpochPlan:
+        return self.plan()
+
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "batch_size": self._batch_size, "sample_range": list(self.sample_range)}
+
+
+def _read_sample_coords(store: Any, variables: Mapping[str, ArrayGeometry], n: int) -> dict[str, np.ndarray]:
+    """The sample axis's coordinate array (by dimension name) when the store has one, else indices."""
+    for g in variables.values():
+        dims = g.dimension_names
+        name = dims[g.sample_axis] if dims else None
+        if not name:
+            continue
+        parent = g.path.rsplit("/", 1)[0] if "/" in g.path else ""
+        for path in ([f"{parent}/{name}"] if parent else []) + [name]:
+            try:
+                arr = zarr.open_array(store=store, path=path, mode="r")
+            except (FileNotFoundError, KeyError, ValueError, TypeError, zarr.errors.NodeTypeValidationError):
+                continue
+            if arr.ndim == 1 and arr.shape[0] == n:
+                return {name: np.asarray(arr[...])}
+    return {"sample": np.arange(n)}
 
 
 _END = object()
@@ -336,6 +513,8 @@ class _PassState:
         self.thread: threading.Thread | None = None
         self._closed = False
         self._close_lock = threading.Lock()
+        self.consumed = start_batch
+        self.coords = ds.sample_coords() if split == "__infer__" else None
         self.read_index = {key: i for i, key in enumerate(plan.reads)}
         release_order = np.argsort(plan.read_last, kind="stable")
         bounds = np.searchsorted(plan.read_last[release_order], np.arange(plan.n_blocks + 1))
@@ -345,6 +524,13 @@ class _PassState:
     def counters(self) -> PassCounters:
         return self.owner.counters if self.owner is not None else PassCounters()
 
+    def _first_block(self) -> int:
+        """The block of the first row this pass yields (reads used only before it are skipped)."""
+        plan = self.plan
+        if self.start_batch >= plan.n_batches:
+            return plan.n_blocks
+        return plan.batch_blocks(self.start_batch)[0]
+
     def start(self) -> None:
         ds = self.ds
         self.owner = ds.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
@@ -353,7 +539,7 @@ class _PassState:
         self.driver = PassDriver(
             store=ds.store, pool=ds.pool, owner=self.owner, plan=self.plan, readers=ds.readers,
             semaphore=ds._semaphore_for_loop(), executor=ds.executor, on_bad_chunk=ds.on_bad_chunk,
-            bad_chunks=ds.bad_chunks,
+            bad_chunks=ds.bad_chunks, first_block=self._first_block(),
         )
         self.driver.start()
         self.thread = threading.Thread(target=self._produce, name="insitu-prefetch", daemon=True)
@@ -423,8 +609,7 @@ class _PassState:
                     self._wait_block(ready_upto)
             anchors = plan.anchors[start:stop]
             arrays = {}
-            for label, g in ds.variables.items():
-                reader = ds.readers[g.path]
+            for label, g in ds.outputs.items():
                 slots = self.driver.slots
                 index = self.read_index
                 path = g.path
@@ -433,10 +618,12 @@ class _PassState:
                 out = buf[: len(anchors)]
                 gather_label(out, anchors, g, lambda c, path=path: slots[index[(path, c)]])
                 arrays[label] = out
-                del reader
+            coords = None
+            if self.coords is not None:
+                coords = {name: values[anchors] for name, values in self.coords.items()}
             batch = Batch(
                 arrays=arrays, sample_indices=anchors.copy(),
-                offsets={lb: g.offset for lb, g in ds.variables.items()}, epoch=self.epoch, index=k,
+                offsets={lb: g.offset for lb, g in ds.variables.items()}, coords=coords, epoch=self.epoch, index=k,
             )
             for t in ds.batch_transforms:
                 batch = t(batch)
@@ -458,7 +645,7 @@ class _PassState:
         if cache is None:
             cache = self._shapes = {}
         if label not in cache:
-            cache[label] = (g.dtype, *g.inner_shape)
+            cache[label] = (g.dtype, *g.inner_shape)  # g is the post-transform geometry
         return cache[label]
 
     # -- teardown ---------------------------------------------------------------
@@ -520,6 +707,7 @@ class PassIterator:
         if isinstance(item, _Failure):
             self.close()
             raise item.error
+        state.consumed += 1
         return item
 
     def close(self) -> None:

@@ -98,14 +98,18 @@ def plan_epoch(
     shuffle: bool,
     seed: int,
     epoch: int,
+    anchor_range: tuple[int, int] | None = None,
 ) -> EpochPlan:
     """Plan one epoch of ``split``: order, blocks, batches and the deduplicated reads.
 
     Every valid anchor of the split appears exactly once; anchors whose window
     (``anchor + offset`` for some label) would read off its array are dropped.
+    ``anchor_range`` further restricts anchors to ``[start, stop)``.
     """
     S = manifest.sample_chunk_size
     lo, hi = valid_anchor_range(manifest, variables)
+    if anchor_range is not None:
+        lo, hi = max(lo, int(anchor_range[0])), min(hi, int(anchor_range[1]))
     rng = np.random.default_rng([int(seed), int(epoch)])
     blocks = _block_order(np.asarray(manifest.chunks(split), dtype=np.int64), block_chunks, shuffle, rng)
 

@@ -15,7 +15,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +29,7 @@ from .geometry import ArrayGeometry
 from .kernels import place_tile
 from .plan import EpochPlan
 from .pool import ChunkPool, Owner, Slot
-from .transforms import ChunkRead, ChunkTransform, DecodedChunk, run_pipeline
+from .transforms import ChunkRead, ChunkTransform, DecodedChunk, output_geometry, run_pipeline, stage_outputs
 
 __all__ = ["BadChunkRecord", "PassDriver", "decode_pool", "zarr_loop"]
 
@@ -67,16 +67,33 @@ class BadChunkRecord:
 
 @dataclass
 class ArrayReader:
-    """Everything the driver needs to fetch and decode one array path's reads."""
+    """Everything the driver needs to fetch, decode and transform one array path's reads.
+
+    ``output`` is the geometry after chunk transforms: what slots hold and
+    gather copies. With a pipeline on a multi-tile chunk, tiles are assembled
+    into one scratch chunk before the transforms run.
+    """
 
     geometry: ArrayGeometry
     pipeline: tuple[ChunkTransform, ...]
+    stages: list
+    output: ArrayGeometry
     origins: np.ndarray
     tile_shapes: np.ndarray
 
     @classmethod
     def build(cls, geometry: ArrayGeometry, pipeline: Sequence[ChunkTransform]) -> ArrayReader:
-        return cls(geometry, tuple(pipeline), geometry.tile_origins(), geometry.tile_shapes())
+        pipeline = tuple(pipeline)
+        out = output_geometry(geometry, pipeline)
+        if geometry.tiles_per_chunk == 1:
+            origins = np.zeros((1, len(out.inner_shape)), dtype=np.intp)
+        else:
+            origins = geometry.tile_origins()
+        return cls(geometry, pipeline, stage_outputs(pipeline, geometry), out, origins, geometry.tile_shapes())
+
+    @property
+    def assembles(self) -> bool:
+        return bool(self.pipeline) and self.geometry.tiles_per_chunk > 1
 
 
 def _fill_value(geometry: ArrayGeometry):
@@ -100,7 +117,7 @@ class PassDriver:
         executor: concurrent.futures.Executor,
         on_bad_chunk: str,
         bad_chunks: list[BadChunkRecord],
-        get_hook: Callable[[str, int], None] | None = None,
+        first_block: int = 0,
     ) -> None:
         self.store = store
         self.pool = pool
@@ -111,6 +128,7 @@ class PassDriver:
         self.executor = executor
         self.on_bad_chunk = on_bad_chunk
         self.bad_chunks = bad_chunks
+        self.first_block = first_block
         self.slots: list[Slot | None] = [None] * len(plan.reads)
         self.error: BaseException | None = None
         self.loop = zarr_loop()
@@ -161,6 +179,8 @@ class PassDriver:
     async def _drive(self) -> None:
         plan, pool, owner = self.plan, self.pool, self.owner
         for i in np.argsort(plan.read_first, kind="stable").tolist():
+            if plan.read_last[i] < self.first_block:
+                continue  # only batches before a resume point read it
             key = plan.reads[i]
             nbytes = int(plan.read_nbytes[i])
             while not pool.can_take(owner, nbytes):
@@ -215,7 +235,7 @@ class PassDriver:
                 self.pool.fail(slot, exc)
                 return
             counters.decoded_tiles += 1
-            if reader.pipeline and g.tiles_per_chunk > 1:
+            if reader.assembles:
                 await self._deliver_assembling(slot, reader, chunk_index, tile, data)
             else:
                 self.pool.deliver(slot, tile, data)
@@ -228,13 +248,15 @@ class PassDriver:
         tile_arr = np.moveaxis(raw[sel], g.sample_axis, 0)
         tile_arr = np.ascontiguousarray(tile_arr)
         if reader.pipeline and g.tiles_per_chunk == 1:
+            if not tile_arr.flags.writeable:  # codec output can be a read-only view; transforms may write
+                tile_arr = tile_arr.copy()
             tile_arr = self._transform(reader, chunk_index, tile_arr)
         return tile_arr
 
     def _transform(self, reader: ArrayReader, chunk_index: int, data: np.ndarray) -> np.ndarray:
         g = reader.geometry
         chunk = DecodedChunk(ChunkRead(g.path, chunk_index), data, chunk_index * g.sample_chunk_size)
-        return run_pipeline(reader.pipeline, chunk)
+        return run_pipeline(reader.pipeline, chunk, reader.stages)
 
     def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray:
         g = reader.geometry
@@ -264,4 +286,4 @@ class PassDriver:
         except Exception as exc:
             self.pool.fail(slot, exc)
             return
-        self.pool.replace_tiles(slot, [out], np.zeros((1, len(g.inner_shape)), dtype=np.intp))
+        self.pool.replace_tiles(slot, [out], np.zeros((1, len(reader.output.inner_shape)), dtype=np.intp))

@@ -8,12 +8,24 @@ chunk. ``applies`` restricts a transform to named array paths.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ChunkRead", "DecodedChunk", "Scoped", "applies", "pipeline_for", "run_pipeline"]
+from .geometry import ArrayGeometry
+
+__all__ = [
+    "ChunkRead",
+    "DecodedChunk",
+    "Scoped",
+    "applies",
+    "output_geometry",
+    "pipeline_for",
+    "run_pipeline",
+    "stage_outputs",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,12 @@ class Scoped:
     def cache_key(self) -> str | None:
         return getattr(self.transform, "cache_key", None)
 
+    def __getattr__(self, name: str):
+        # output_inner and any other declared attribute belong to the wrapped transform
+        if name in ("paths", "transform"):
+            raise AttributeError(name)
+        return getattr(self.transform, name)
+
 
 def applies(paths: Sequence[str] | str, transform: ChunkTransform) -> Scoped:
     """Run ``transform`` only on chunks of the named zarr array paths (not labels).
@@ -89,19 +107,80 @@ def pipeline_for(transforms: Sequence[ChunkTransform], path: str) -> tuple[Chunk
     return tuple(t for t in transforms if not isinstance(t, Scoped) or path in t.paths)
 
 
-def run_pipeline(pipeline: Sequence[ChunkTransform], chunk: DecodedChunk) -> np.ndarray:
-    """Apply ``pipeline`` to ``chunk``; the sample axis length may never change."""
-    n = chunk.data.shape[0]
+def _with_inner(geometry: ArrayGeometry, inner: Sequence[int], dtype: np.dtype) -> ArrayGeometry:
+    """``geometry`` with its inner (field) axes and dtype replaced; the sample axis is kept."""
+    inner = [int(x) for x in inner]
+    axis = min(geometry.sample_axis, len(inner))
+    n, size = geometry.n_samples, geometry.sample_chunk_size
+    shape = (*inner[:axis], n, *inner[axis:])
+    stored = (*inner[:axis], size, *inner[axis:])
+    return dataclasses.replace(
+        geometry, shape=shape, chunks=stored, stored_chunks=stored, dtype=np.dtype(dtype), sample_axis=axis
+    )
+
+
+def stage_outputs(pipeline: Sequence[ChunkTransform], geometry: ArrayGeometry) -> list[tuple[tuple[int, ...], np.dtype]]:
+    """The ``(inner_shape, dtype)`` each transform of ``pipeline`` must produce, in order.
+
+    A transform that declares ``output_inner(geometry) -> (inner_shape, dtype)``
+    may reshape or recast; every other one must preserve both.
+    """
+    out = []
+    g = geometry
     for t in pipeline:
+        declare = getattr(t, "output_inner", None)
+        if declare is not None:
+            inner, dtype = declare(g)
+            inner, dtype = tuple(int(x) for x in inner), np.dtype(dtype)
+            if inner != g.inner_shape or dtype != g.dtype:
+                g = _with_inner(g, inner, dtype)
+        out.append((g.inner_shape, g.dtype))
+    return out
+
+
+def output_geometry(geometry: ArrayGeometry, pipeline: Sequence[ChunkTransform]) -> ArrayGeometry:
+    """What the engine stores and gathers for ``geometry`` after its chunk transforms."""
+    stages = stage_outputs(pipeline, geometry)
+    if not stages or (stages[-1][0] == geometry.inner_shape and stages[-1][1] == geometry.dtype):
+        return geometry
+    return _with_inner(geometry, *stages[-1])
+
+
+def run_pipeline(
+    pipeline: Sequence[ChunkTransform],
+    chunk: DecodedChunk,
+    expected: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None,
+) -> np.ndarray:
+    """Apply ``pipeline`` to ``chunk``, checking each stage's output shape and dtype.
+
+    The sample axis length may never change; inner shape and dtype may only
+    change as a transform's ``output_inner`` declares (``expected``).
+    """
+    n = chunk.data.shape[0]
+    for k, t in enumerate(pipeline):
+        before = chunk.data.shape
         out = t(chunk)
         if not isinstance(out, DecodedChunk):
             raise TypeError(f"chunk transform {_name(t)} returned {type(out).__name__}, not a DecodedChunk")
         chunk = out
-        if chunk.data.shape[0] != n:
+        data = chunk.data
+        if not isinstance(data, np.ndarray):
+            raise TypeError(f"chunk transform {_name(t)} set data to {type(data).__name__}, not a numpy array")
+        if data.ndim == 0 or data.shape[0] != n:
             raise ValueError(
                 f"chunk transform {_name(t)} changed the sample axis of {chunk.read.array!r} "
-                f"chunk {chunk.read.chunk_index} from {n} to {chunk.data.shape[0]}; only inner axes may change"
+                f"chunk {chunk.read.chunk_index} from {n} to {data.shape[0] if data.ndim else 'a scalar'}; "
+                f"only inner axes may change"
             )
+        if expected is not None:
+            inner, dtype = expected[k]
+            if data.shape[1:] != inner or data.dtype != dtype:
+                declared = "declares output_inner" if hasattr(t, "output_inner") else "declares no output_inner"
+                raise ValueError(
+                    f"chunk transform {_name(t)} turned {chunk.read.array!r} chunk {chunk.read.chunk_index} "
+                    f"from {before} into {data.shape} {data.dtype}, but it {declared} and the engine expected "
+                    f"{(n, *inner)} {dtype}; declare output_inner(geometry) -> (inner_shape, dtype) for a reshape"
+                )
     return np.ascontiguousarray(chunk.data)
 
 
