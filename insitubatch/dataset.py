@@ -25,7 +25,8 @@ from .batch import Batch, BufferPool
 from .errors import DatasetClosedError
 from .gather import gather_label
 from .geometry import ArrayGeometry, open_geometries
-from .plan import EpochPlan, plan_epoch, valid_anchor_range
+from .distributed import REMAINDER_POLICIES, rank_streams, resolve_world
+from .plan import EpochPlan, build_plan, epoch_order, plan_epoch, valid_anchor_range
 from .pool import FAILED, PENDING, ChunkPool, Owner, PassCounters
 from .scheduler import ArrayReader, BadChunkRecord, PassDriver, decode_pool, zarr_loop
 from .splits import SplitManifest
@@ -77,6 +78,13 @@ class InSituDataset:
         Per-chunk transforms (decode pool, cached) and per-batch ones (producer thread).
     decode_threads
         Threads of the process-wide decode pool (default: one per core).
+    rank, world_size
+        This process's share of each epoch. Unset: from an initialized
+        ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
+    remainder
+        How a multi-rank training pass evens out batch counts: ``"pad"``
+        repeats a rank's own samples, ``"drop"`` cuts to the shortest rank
+        (see ``insitubatch.distributed``).
     """
 
     def __init__(
@@ -96,6 +104,9 @@ class InSituDataset:
         chunk_transforms: Sequence[ChunkTransform] = (),
         batch_transforms: Sequence[BatchTransform] = (),
         decode_threads: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        remainder: str = "pad",
     ) -> None:
         if not isinstance(manifest, SplitManifest):
             raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
@@ -111,6 +122,10 @@ class InSituDataset:
         if cache_budget_bytes is not None:
             cache_budget_bytes = _positive_int("cache_budget_bytes", cache_budget_bytes)
         self.shuffle = bool(shuffle)
+        self.rank, self.world_size = resolve_world(rank, world_size)
+        if remainder not in REMAINDER_POLICIES:
+            raise ValueError(f"remainder={remainder!r} must be one of {REMAINDER_POLICIES}")
+        self.remainder = remainder
         self.on_bad_chunk = on_bad_chunk
         self.manifest = manifest
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
@@ -215,21 +230,39 @@ class InSituDataset:
                 self._epoch_counters = []
             self._epoch = epoch
 
-    def plan(self, split: str, epoch: int | None = None) -> EpochPlan:
-        """The (cached) plan of ``split`` for ``epoch`` (default: the current one)."""
+    def plan(self, split: str, epoch: int | None = None, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
+        """This rank's (cached) plan of ``split`` for ``epoch`` (default: the current one).
+
+        ``history`` lists ``(world_size, batches)`` segments of the epoch
+        already consumed by an earlier run (elastic resume).
+        """
         epoch = self._epoch if epoch is None else epoch
-        key = (split, epoch)
+        key = (split, epoch, tuple(history))
         plan = self._plans.get(key)
         if plan is None:
-            shuffle = self.shuffle and split == "train"
-            plan = plan_epoch(
-                self.manifest, split, self.outputs, batch_size=self.batch_size,
-                block_chunks=self.block_chunks, shuffle=shuffle, seed=self.seed, epoch=epoch,
-            )
+            plan = self._make_plan(split, epoch, tuple(history), None, self.batch_size)
             if len(self._plans) > 8:
                 self._plans.clear()
             self._plans[key] = plan
         return plan
+
+    def _make_plan(self, split, epoch, history, anchor_range, batch_size) -> EpochPlan:
+        manifest = self.manifest
+        shuffle = self.shuffle and split == "train"
+        if split not in manifest.names:  # an inference range: its own sequential "split"
+            size = manifest.sample_chunk_size
+            chunks = tuple(range(anchor_range[0] // size, -(-anchor_range[1] // size)))
+            manifest = dataclasses.replace(manifest, splits=((split, chunks),))
+        if self.world_size == 1 and not history:
+            return plan_epoch(manifest, split, self.outputs, batch_size=batch_size, block_chunks=self.block_chunks,
+                              shuffle=shuffle, seed=self.seed, epoch=epoch, anchor_range=anchor_range)
+        eo = epoch_order(manifest, split, self.outputs, block_chunks=self.block_chunks, shuffle=shuffle,
+                         seed=self.seed, epoch=epoch, anchor_range=anchor_range)
+        streams = rank_streams(eo, self.world_size, batch_size=batch_size, remainder=self.remainder,
+                               contiguous=split != "train", history=history)
+        mine = streams[self.rank]
+        padded = mine.padded if mine.padded.any() else None
+        return build_plan(manifest, self.outputs, eo.order[mine.rows], mine.block_starts, batch_size, padded=padded)
 
     def infer(self, sample_range: tuple[int, int] | None = None, *, batch_size: int | None = None) -> InferView:
         """A sequential, deterministic pass over anchors ``[start, stop)``, across splits.
@@ -342,7 +375,8 @@ class DatasetView:
         self.dataset = dataset
         self.split = split
         self._pass: weakref.ref[_PassState] | None = None
-        self._resume_at: tuple[int, int] | None = None  # (epoch, batch) for the next pass
+        # (epoch, batch, history) where the next pass starts, set by load_state_dict
+        self._resume_at: tuple[int, int, tuple[tuple[int, int], ...]] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -363,25 +397,26 @@ class DatasetView:
         return self.plan().n_batches
 
     def __iter__(self) -> Iterator[Batch]:
-        start = 0
+        start, history = 0, ()
         if self._resume_at is not None:
-            epoch, start = self._resume_at
+            epoch, start, history = self._resume_at
             self._resume_at = None
             self.dataset.set_epoch(epoch)
-        return self.iterate(start)
+        return self.iterate(start, history=history)
 
-    def iterate(self, start_batch: int = 0) -> PassIterator:
+    def iterate(self, start_batch: int = 0, *, history: tuple[tuple[int, int], ...] = ()) -> PassIterator:
         """Start a pass at batch ``start_batch`` of the current epoch."""
         ds = self.dataset
         ds._check_open()
-        state = _PassState(ds, self.split, self._plan_for_pass(), ds.epoch, start_batch)
+        state = _PassState(ds, self.split, self._plan_for_pass(history), ds.epoch, start_batch)
+        state.history = history
         ds._passes.add(state)
         self._pass = weakref.ref(state)
         state.start()
         return PassIterator(state)
 
-    def _plan_for_pass(self) -> EpochPlan:
-        return self.dataset.plan(self.split)
+    def _plan_for_pass(self, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
+        return self.dataset.plan(self.split, history=history)
 
     # -- resume -------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
@@ -396,16 +431,28 @@ class DatasetView:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this view stands: a small JSON-able dict (epoch, batches consumed, identity)."""
+        """Where this view stands: a small JSON-able dict (epoch, batches consumed, identity).
+
+        All ranks of a job consume in lockstep, so one rank's state describes
+        the job; ``world_size`` and ``history`` let a different world size resume it.
+        """
+        history: tuple[tuple[int, int], ...] = ()
         if self._resume_at is not None:
-            epoch, consumed = self._resume_at
+            epoch, consumed, history = self._resume_at
         else:
             state = self._pass() if self._pass is not None else None
             if state is not None and state.epoch == self.dataset.epoch:
-                epoch, consumed = state.epoch, state.consumed
+                epoch, consumed, history = state.epoch, state.consumed, state.history
             else:
                 epoch, consumed = self.dataset.epoch, 0
-        return {"format": STATE_FORMAT, "epoch": epoch, "batches_consumed": consumed, **self._identity()}
+        return {
+            "format": STATE_FORMAT,
+            "epoch": epoch,
+            "batches_consumed": consumed,
+            "world_size": self.dataset.world_size,
+            "history": [list(h) for h in history],
+            **self._identity(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next pass starts at the saved epoch and batch.
@@ -426,10 +473,21 @@ class DatasetView:
             raise ValueError("cannot resume from a state of a different pass: " + "; ".join(diffs))
         epoch = _positive_int("state['epoch']", state.get("epoch"), minimum=0)
         consumed = _positive_int("state['batches_consumed']", state.get("batches_consumed"), minimum=0)
-        n = self.dataset.plan(self.split, epoch).n_batches
-        if consumed > n:
-            raise ValueError(f"state['batches_consumed']={consumed} exceeds the {n} batches of epoch {epoch}")
-        self._resume_at = (epoch, consumed)
+        saved_world = _positive_int("state['world_size']", state.get("world_size", 1))
+        try:
+            history = tuple((int(w), int(k)) for w, k in state.get("history", ()))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"state['history']={state.get('history')!r} must be a list of [world_size, batches]") from exc
+        if saved_world != self.dataset.world_size:
+            # another world size: the consumed part becomes history, the rest is dealt anew
+            if consumed:
+                history = (*history, (saved_world, consumed))
+            consumed = 0
+        else:
+            saved_n = self.dataset.plan(self.split, epoch, history).n_batches
+            if consumed > saved_n:
+                raise ValueError(f"state['batches_consumed']={consumed} exceeds the {saved_n} batches of epoch {epoch}")
+        self._resume_at = (epoch, consumed, history)
 
 
 class InferView(DatasetView):
@@ -447,18 +505,10 @@ class InferView(DatasetView):
 
     def plan(self) -> EpochPlan:
         if self._plan is None:
-            ds = self.dataset
-            start, stop = self.sample_range
-            size = ds.manifest.sample_chunk_size
-            chunks = tuple(range(start // size, -(-stop // size)))
-            manifest = dataclasses.replace(ds.manifest, splits=((self.split, chunks),))
-            self._plan = plan_epoch(
-                manifest, self.split, ds.outputs, batch_size=self._batch_size, block_chunks=ds.block_chunks,
-                shuffle=False, seed=ds.seed, epoch=0, anchor_range=self.sample_range,
-            )
+            self._plan = self.dataset._make_plan(self.split, 0, (), self.sample_range, self._batch_size)
         return self._plan
 
-    def _plan_for_pass(self) -> EpochPlan:
+    def _plan_for_pass(self, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
         return self.plan()
 
     def _identity(self) -> dict[str, Any]:
@@ -514,6 +564,7 @@ class _PassState:
         self._closed = False
         self._close_lock = threading.Lock()
         self.consumed = start_batch
+        self.history: tuple[tuple[int, int], ...] = ()
         self.coords = ds.sample_coords() if split == "__infer__" else None
         self.read_index = {key: i for i, key in enumerate(plan.reads)}
         release_order = np.argsort(plan.read_last, kind="stable")
@@ -625,6 +676,8 @@ class _PassState:
                 arrays=arrays, sample_indices=anchors.copy(),
                 offsets={lb: g.offset for lb, g in ds.variables.items()}, coords=coords, epoch=self.epoch, index=k,
             )
+            if plan.padded is not None:
+                batch.extras["padded"] = plan.padded[start:stop].copy()
             for t in ds.batch_transforms:
                 batch = t(batch)
                 if not isinstance(batch, Batch):

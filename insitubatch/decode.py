@@ -31,6 +31,7 @@ naming the array, the chunk and its key: garbage is never returned as data.
 from __future__ import annotations
 
 import math
+import functools
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -310,6 +311,12 @@ class ChunkDecoder:
 _DECODERS: dict[int, tuple[weakref.ref[Any], ChunkDecoder]] = {}
 
 
+def _forget_decoder(key: int, ref: weakref.ref[Any]) -> None:
+    cache = _DECODERS  # None while the interpreter tears module globals down
+    if cache is not None and cache.get(key, (None,))[0] is ref:
+        del cache[key]
+
+
 def make_decoder(geometry: ArrayGeometry) -> ChunkDecoder:
     """The (cached) ``ChunkDecoder`` for ``geometry``'s array."""
     metadata = geometry.metadata
@@ -319,7 +326,7 @@ def make_decoder(geometry: ArrayGeometry) -> ChunkDecoder:
         return entry[1]
     decoder = ChunkDecoder(geometry)
     try:
-        ref = weakref.ref(metadata, lambda _ref, key=key: _DECODERS.pop(key, None))
+        ref = weakref.ref(metadata, functools.partial(_forget_decoder, key))
     except TypeError:  # metadata that cannot be weakly referenced is simply not cached
         return decoder
     _DECODERS[key] = (ref, decoder)

@@ -18,7 +18,16 @@ import numpy as np
 from .geometry import ArrayGeometry
 from .splits import SplitManifest
 
-__all__ = ["EpochPlan", "ReadKey", "plan_epoch", "shuffle_quality", "valid_anchor_range"]
+__all__ = [
+    "EpochOrder",
+    "EpochPlan",
+    "ReadKey",
+    "build_plan",
+    "epoch_order",
+    "plan_epoch",
+    "shuffle_quality",
+    "valid_anchor_range",
+]
 
 ReadKey = tuple[str, int]
 """``(array_path, sample-axis chunk index)``: one residency unit (all of a chunk's tiles)."""
@@ -52,6 +61,7 @@ class EpochPlan:
     block_reads: tuple[tuple[int, ...], ...]  # per block: indices into ``reads``
     working_set_bytes: int
     read_ahead_bound: int
+    padded: np.ndarray | None = None  # rows repeated to even out ranks (distributed "pad" policy)
 
     @property
     def n_samples(self) -> int:
@@ -88,6 +98,56 @@ def _block_order(chunks: np.ndarray, block_chunks: int, shuffle: bool, rng: np.r
     return [chunks[i : i + block_chunks] for i in range(0, len(chunks), block_chunks)]
 
 
+@dataclass(frozen=True)
+class EpochOrder:
+    """The world-size-independent order of an epoch: the ledger and its shuffle blocks."""
+
+    order: np.ndarray  # (N, 2) [chunk_id, within]
+    block_starts: np.ndarray  # (n_blocks + 1,)
+
+
+def epoch_order(
+    manifest: SplitManifest,
+    split: str,
+    variables: Mapping[str, ArrayGeometry],
+    *,
+    block_chunks: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    anchor_range: tuple[int, int] | None = None,
+) -> EpochOrder:
+    """The global sample order of one epoch; depends on (seed, epoch) only.
+
+    Every valid anchor of the split appears exactly once; anchors whose window
+    (``anchor + offset`` for some label) would read off its array are dropped.
+    ``anchor_range`` further restricts anchors to ``[start, stop)``.
+    """
+    S = manifest.sample_chunk_size
+    lo, hi = valid_anchor_range(manifest, variables)
+    if anchor_range is not None:
+        lo, hi = max(lo, int(anchor_range[0])), min(hi, int(anchor_range[1]))
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    blocks = _block_order(np.asarray(manifest.chunks(split), dtype=np.int64), block_chunks, shuffle, rng)
+    parts: list[np.ndarray] = []
+    block_starts = [0]
+    for chunk_ids in blocks:
+        rows = []
+        for c in chunk_ids.tolist():
+            w0 = max(0, lo - c * S)
+            w1 = min(manifest.chunk_len(c), hi - c * S)
+            if w1 > w0:
+                within = np.arange(w0, w1, dtype=np.int64)
+                rows.append(np.stack([np.full_like(within, c), within], axis=1))
+        part = np.concatenate(rows) if rows else np.empty((0, 2), dtype=np.int64)
+        if shuffle and len(part):
+            part = part[rng.permutation(len(part))]
+        parts.append(part)
+        block_starts.append(block_starts[-1] + len(part))
+    order = np.concatenate(parts) if parts else np.empty((0, 2), dtype=np.int64)
+    return EpochOrder(order, np.asarray(block_starts, dtype=np.int64))
+
+
 def plan_epoch(
     manifest: SplitManifest,
     split: str,
@@ -100,39 +160,28 @@ def plan_epoch(
     epoch: int,
     anchor_range: tuple[int, int] | None = None,
 ) -> EpochPlan:
-    """Plan one epoch of ``split``: order, blocks, batches and the deduplicated reads.
+    """Plan one epoch of ``split`` for a single process: order, blocks, batches, reads."""
+    eo = epoch_order(manifest, split, variables, block_chunks=block_chunks, shuffle=shuffle, seed=seed,
+                     epoch=epoch, anchor_range=anchor_range)
+    return build_plan(manifest, variables, eo.order, eo.block_starts, batch_size)
 
-    Every valid anchor of the split appears exactly once; anchors whose window
-    (``anchor + offset`` for some label) would read off its array are dropped.
-    ``anchor_range`` further restricts anchors to ``[start, stop)``.
+
+def build_plan(
+    manifest: SplitManifest,
+    variables: Mapping[str, ArrayGeometry],
+    order: np.ndarray,
+    block_starts: np.ndarray,
+    batch_size: int,
+    *,
+    padded: np.ndarray | None = None,
+) -> EpochPlan:
+    """An ``EpochPlan`` over a given ledger and block layout: the reads deduplicated per block.
+
+    ``padded`` marks rows that repeat an earlier sample to even out ranks.
     """
     S = manifest.sample_chunk_size
-    lo, hi = valid_anchor_range(manifest, variables)
-    if anchor_range is not None:
-        lo, hi = max(lo, int(anchor_range[0])), min(hi, int(anchor_range[1]))
-    rng = np.random.default_rng([int(seed), int(epoch)])
-    blocks = _block_order(np.asarray(manifest.chunks(split), dtype=np.int64), block_chunks, shuffle, rng)
-
-    ledger_parts: list[np.ndarray] = []
-    block_starts = [0]
-    for chunk_ids in blocks:
-        rows = []
-        for c in chunk_ids:
-            c = int(c)
-            w0 = max(0, lo - c * S)
-            w1 = min(manifest.chunk_len(c), hi - c * S)
-            if w1 > w0:
-                within = np.arange(w0, w1, dtype=np.int64)
-                rows.append(np.stack([np.full_like(within, c), within], axis=1))
-        part = np.concatenate(rows) if rows else np.empty((0, 2), dtype=np.int64)
-        if shuffle and len(part):
-            part = part[rng.permutation(len(part))]
-        ledger_parts.append(part)
-        block_starts.append(block_starts[-1] + len(part))
-    order = np.concatenate(ledger_parts) if ledger_parts else np.empty((0, 2), dtype=np.int64)
     anchors = order[:, 0] * S + order[:, 1]
-
-    # Reads per block, deduplicated across labels that share an array path.
+    block_starts = np.asarray(block_starts, dtype=np.int64)
     paths: dict[str, ArrayGeometry] = {}
     for g in variables.values():
         paths.setdefault(g.path, g)
@@ -142,7 +191,7 @@ def plan_epoch(
     last: list[int] = []
     nbytes: list[int] = []
     block_reads: list[tuple[int, ...]] = []
-    for b in range(len(blocks)):
+    for b in range(len(block_starts) - 1):
         a = anchors[block_starts[b] : block_starts[b + 1]]
         mine: list[int] = []
         for path, g in paths.items():
@@ -161,22 +210,19 @@ def plan_epoch(
                     last[i] = b
                 mine.append(i)
         block_reads.append(tuple(mine))
-
-    read_first = np.asarray(first, dtype=np.int64)
-    read_last = np.asarray(last, dtype=np.int64)
-    read_nbytes = np.asarray(nbytes, dtype=np.int64)
     plan = EpochPlan(
         order=order,
         anchors=anchors,
-        block_starts=np.asarray(block_starts, dtype=np.int64),
+        block_starts=block_starts,
         batch_size=int(batch_size),
         reads=tuple(reads),
-        read_first=read_first,
-        read_last=read_last,
-        read_nbytes=read_nbytes,
+        read_first=np.asarray(first, dtype=np.int64),
+        read_last=np.asarray(last, dtype=np.int64),
+        read_nbytes=np.asarray(nbytes, dtype=np.int64),
         block_reads=tuple(block_reads),
         working_set_bytes=0,
         read_ahead_bound=0,
+        padded=padded,
     )
     ws, bound = _peak_live(plan)
     object.__setattr__(plan, "working_set_bytes", ws)

@@ -1,0 +1,175 @@
+"""Sharding an epoch across ranks: chunk-aligned, equal batch counts, elastic resume.
+
+The global order of an epoch (``plan.epoch_order``) depends on (seed, epoch)
+only. Ranks split it without talking to each other:
+
+* training passes deal the epoch's shuffle blocks round-robin (block ``j``
+  to rank ``j % world_size``), so every chunk is read by exactly one rank
+  and each rank's batches are drawn from whole shuffled blocks;
+* evaluation and inference passes cut the sequential order into
+  ``world_size`` contiguous, chunk-aligned ranges and are exactly complete
+  when gathered (batch counts may differ by one or two).
+
+A training pass must give every rank the same number of batches or DDP
+hangs. ``remainder="pad"`` (default) extends each rank's stream to the
+longest rank's batch count by repeating that rank's own samples (marked in
+``batch.extras["padded"]``); ``remainder="drop"`` cuts every rank to the
+shortest rank's count of full batches. ``len(view)`` reports the result.
+
+Elastic resume: a checkpoint records the world size and the batches every
+rank consumed (all ranks consume in lockstep). Resuming at another world
+size replays that history to find the consumed samples, then deals the
+remaining ones (the tails of partly consumed blocks, then whole blocks) to
+the new ranks: no sample is seen twice and none is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from .plan import EpochOrder
+
+__all__ = ["REMAINDER_POLICIES", "RankStream", "rank_streams", "resolve_world"]
+
+REMAINDER_POLICIES = ("pad", "drop")
+
+
+def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: explicit values, else torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    if rank is None and world_size is None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                rank, world_size = dist.get_rank(), dist.get_world_size()
+        except ImportError:  # pragma: no cover - torch is optional
+            pass
+    if rank is None and world_size is None and "WORLD_SIZE" in os.environ:
+        try:
+            rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+        except ValueError as exc:
+            raise ValueError(
+                f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} must be integers"
+            ) from exc
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    for name, v in (("rank", rank), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if world_size < 1:
+        raise ValueError(f"{world_size=} must be >= 1")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"{rank=} must be in [0, world_size={world_size})")
+    return int(rank), int(world_size)
+
+
+class RankStream:
+    """One rank's rows of the epoch order, with the block boundaries of its stream."""
+
+    def __init__(self, rows: np.ndarray, block_starts: np.ndarray, padded: np.ndarray | None = None) -> None:
+        self.rows = rows
+        self.block_starts = block_starts
+        self.padded = padded if padded is not None else np.zeros(len(rows), dtype=bool)
+
+
+def _pieces(eo: EpochOrder, consumed: np.ndarray) -> list[np.ndarray]:
+    """Each block's unconsumed rows (indices into ``eo.order``), in block order, non-empty only."""
+    out = []
+    for b in range(len(eo.block_starts) - 1):
+        rows = np.arange(eo.block_starts[b], eo.block_starts[b + 1])
+        rows = rows[~consumed[rows]]
+        if len(rows):
+            out.append(rows)
+    return out
+
+
+def _stream(pieces: Sequence[np.ndarray]) -> RankStream:
+    rows = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+    starts = np.cumsum([0, *[len(p) for p in pieces]]).astype(np.int64)
+    return RankStream(rows, starts)
+
+
+def _contiguous(eo: EpochOrder, pieces: list[np.ndarray], world_size: int) -> list[RankStream]:
+    """Cut the remaining sequential rows into ranges of near-equal size at chunk boundaries."""
+    rows = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+    block_of = np.searchsorted(eo.block_starts, rows, side="right") - 1
+    chunk = eo.order[rows, 0] if len(rows) else np.empty(0, dtype=np.int64)
+    change = np.flatnonzero(np.diff(chunk)) + 1 if len(rows) else np.empty(0, dtype=np.int64)
+    cuts = np.concatenate([[0], change, [len(rows)]])  # candidate boundaries: chunk starts
+    streams = []
+    prev = 0
+    for r in range(world_size):
+        target = round(len(rows) * (r + 1) / world_size)
+        stop = int(cuts[np.argmin(np.abs(cuts - target))]) if r < world_size - 1 else len(rows)
+        stop = max(stop, prev)
+        mine = rows[prev:stop]
+        blocks = block_of[prev:stop]
+        bounds = np.flatnonzero(np.diff(blocks)) + 1 if len(mine) else np.empty(0, dtype=np.int64)
+        streams.append(RankStream(mine, np.concatenate([[0], bounds, [len(mine)]]).astype(np.int64)))
+        prev = stop
+    return streams
+
+
+def _equalize(streams: list[RankStream], batch_size: int, remainder: str, fallback: np.ndarray) -> None:
+    """Give every rank the same number of batches (``pad`` repeats a rank's own rows; ``drop`` cuts)."""
+    counts = [len(s.rows) for s in streams]
+    if remainder == "pad":
+        n_rows = max(-(-c // batch_size) for c in counts) * batch_size
+        for s in streams:
+            extra = n_rows - len(s.rows)
+            if extra <= 0:
+                continue
+            source = s.rows if len(s.rows) else fallback
+            if not len(source):
+                continue
+            repeat = np.resize(source, extra)
+            s.padded = np.concatenate([s.padded, np.ones(extra, dtype=bool)])
+            s.rows = np.concatenate([s.rows, repeat])
+            s.block_starts = np.concatenate([s.block_starts, [len(s.rows)]]).astype(np.int64)
+    else:
+        n_rows = min(c // batch_size for c in counts) * batch_size
+        for s in streams:
+            s.rows = s.rows[:n_rows]
+            s.padded = s.padded[:n_rows]
+            starts = np.minimum(s.block_starts, n_rows)
+            s.block_starts = np.unique(starts) if n_rows else np.zeros(1, dtype=np.int64)
+            if s.block_starts[-1] != n_rows:
+                s.block_starts = np.concatenate([s.block_starts, [n_rows]])
+
+
+def rank_streams(
+    eo: EpochOrder,
+    world_size: int,
+    *,
+    batch_size: int,
+    remainder: str = "pad",
+    contiguous: bool = False,
+    history: Sequence[tuple[int, int]] = (),
+) -> list[RankStream]:
+    """Every rank's stream of an epoch after the consumed ``history`` of ``(world_size, batches)``.
+
+    ``contiguous=True`` is the evaluation partition (exactly complete, no
+    equalization); otherwise blocks are dealt round-robin and the batch
+    counts evened out by ``remainder``.
+    """
+    if remainder not in REMAINDER_POLICIES:
+        raise ValueError(f"{remainder=} must be one of {REMAINDER_POLICIES}")
+    consumed = np.zeros(len(eo.order), dtype=bool)
+    for w, k in history:
+        for s in _deal(eo, consumed, int(w), batch_size, remainder, contiguous):
+            consumed[s.rows[: int(k) * batch_size]] = True
+    return _deal(eo, consumed, world_size, batch_size, remainder, contiguous)
+
+
+def _deal(eo, consumed, world_size, batch_size, remainder, contiguous) -> list[RankStream]:
+    pieces = _pieces(eo, consumed)
+    if contiguous:
+        return _contiguous(eo, pieces, world_size)
+    streams = [_stream(pieces[r::world_size]) for r in range(world_size)]
+    if world_size > 1:
+        fallback = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+        _equalize(streams, batch_size, remainder, fallback)
+    return streams
