@@ -1,0 +1,580 @@
+"""DiskCache and pipeline fingerprints: real files in tmp_path, real subprocesses for locks and crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from insitubatch import cache as cache_mod
+from insitubatch import fingerprint as fp_mod
+from insitubatch.cache import LOCK_NAME, LOG_NAME, DiskCache, network_filesystem, slot_basename
+from insitubatch.errors import CacheCorruptError, CacheLockedError, CacheMissError, StaleCacheError
+from insitubatch.fingerprint import array_fingerprints, pipeline_fingerprint
+from insitubatch.transforms import applies
+
+FP_A, FP_B = "0123456789abcdef", "fedcba9876543210"
+PATH = "t2m"
+# a (4, 5, 7) chunk stored as (4, 5, 4) tiles: one full tile and one packed edge tile
+STORED = (4, 5, 4)
+SHAPES = [(4, 5, 4), (4, 5, 3)]
+# the array's short final chunk: 2 samples
+SHORT_SHAPES = [(2, 5, 4), (2, 5, 3)]
+SUBPROCESS_TIMEOUT_S = 60
+EMPTY_PIPELINE_FINGERPRINT = "9e4684f25a48c831"
+
+
+def _tiles(shapes, seed=0, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+
+def _put(cache: DiskCache, path: str, chunk: int, tiles, stored=STORED) -> list[np.ndarray]:
+    h = cache.begin(path, chunk, len(tiles), stored, tiles[0].dtype)
+    for i, t in enumerate(tiles):
+        cache.write(h, i, t)
+    return cache.commit(h, [t.shape for t in tiles])
+
+
+def _log_lines(d: Path) -> list[bytes]:
+    return (d / LOG_NAME).read_bytes().splitlines()
+
+
+def _npy_files(d: Path) -> set[str]:
+    return {p.name for p in d.iterdir() if p.suffix == ".npy"}
+
+
+def _writer(d: Path, **kw) -> DiskCache:
+    kw.setdefault("fingerprints", {PATH: FP_A})
+    return DiskCache(d, persist=True, **kw)
+
+
+# ---------------------------------------------------------------------------
+# round trip
+
+
+def test_commit_and_revive_are_zero_copy_read_only_views(tmp_path: Path) -> None:
+    tiles = _tiles(SHAPES)
+    short = _tiles(SHORT_SHAPES, seed=1)
+    with _writer(tmp_path) as c:
+        views = _put(c, PATH, 0, tiles)
+        _put(c, PATH, 1, short)
+        assert c.written == 2
+        assert c.mapped_bytes == 2 * 2 * int(np.prod(STORED)) * 4
+        for v, t in zip(views, tiles):
+            assert v.shape == t.shape and v.flags.c_contiguous and not v.flags.writeable and not v.flags.owndata
+            np.testing.assert_array_equal(v, t)
+    with _writer(tmp_path) as c:
+        got = c.lookup(PATH, 0, SHAPES, np.float32)
+        got_short = c.lookup(PATH, 1, SHORT_SHAPES, np.float32)
+        assert c.revived == 2 and c.rejected == {}
+        for v, t in zip(got + got_short, tiles + short):
+            assert not v.flags.writeable
+            np.testing.assert_array_equal(v, t)
+        with pytest.raises(ValueError):
+            got[0][0, 0, 0] = 1.0
+        # zero copy: a write through another shared mapping of the file shows in the views
+        mm = np.load(tmp_path / slot_basename(PATH, 0, persist=True), mmap_mode="r+")
+        mm[0, 1, 2, 3] = 999.0
+        mm[1].reshape(-1)[0] = 123.0  # an edge tile is packed at the start of its slot
+        mm.flush()
+        del mm
+        assert got[0][1, 2, 3] == 999.0 and got[1].reshape(-1)[0] == 123.0
+        # a chunk still mapped is served again without reviving it twice
+        again = c.lookup(PATH, 0, SHAPES, np.float32)
+        assert again[0][1, 2, 3] == 999.0 and c.revived == 2
+
+
+def test_shape_or_dtype_mismatch_is_a_miss_then_overwritten(tmp_path: Path) -> None:
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    new_shapes = [(4, 5, 4), (4, 5, 2)]  # the array's inner extent changed
+    with _writer(tmp_path) as c:
+        assert c.lookup(PATH, 0, new_shapes, np.float32) is None
+        assert c.lookup(PATH, 0, SHAPES, np.float64) is None
+        assert c.rejected == {"shape": 1, "dtype": 1}
+        fresh = _tiles(new_shapes, seed=2)
+        _put(c, PATH, 0, fresh)
+        assert len(_log_lines(tmp_path)) == 3  # header, old entry, superseding entry
+    with _writer(tmp_path) as c:
+        assert c.dropped == {"superseded": 1}
+        assert len(_log_lines(tmp_path)) == 2  # compacted
+        for v, t in zip(c.lookup(PATH, 0, new_shapes, np.float32), fresh):
+            np.testing.assert_array_equal(v, t)
+
+
+def test_missing_file_is_a_miss_and_commit_checks_its_tiles(tmp_path: Path) -> None:
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+        h = c.begin(PATH, 1, 2, STORED, np.float32)
+        c.write(h, 0, _tiles(SHAPES)[0])
+        with pytest.raises(ValueError, match=r"tiles \[1\] of 2 were never written"):
+            c.commit(h, SHAPES)
+        with pytest.raises(ValueError, match="already being written"):
+            c.begin(PATH, 1, 2, STORED, np.float32)
+        c.abort(h)
+        c.abort(h)
+        assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    (tmp_path / slot_basename(PATH, 0, persist=True)).unlink()
+    with _writer(tmp_path) as c:
+        assert c.lookup(PATH, 0, SHAPES, np.float32) is None
+        assert c.rejected == {"missing": 1}
+
+
+# ---------------------------------------------------------------------------
+# the log
+
+
+def test_log_line_lands_at_each_commit_and_deduplicates(tmp_path: Path) -> None:
+    tiles = _tiles(SHAPES)
+    with _writer(tmp_path) as c:
+        assert _log_lines(tmp_path) == [b'{"format":"insitubatch-cache","version":1}']
+        _put(c, PATH, 7, tiles)
+        lines = _log_lines(tmp_path)  # read while the cache is still open
+        assert len(lines) == 2
+        entry = json.loads(lines[1])
+        assert entry == {
+            "path": PATH, "chunk": 7, "file": slot_basename(PATH, 7, persist=True), "n_tiles": 2,
+            "tile_shapes": [list(s) for s in SHAPES], "dtype": "<f4", "fingerprint": FP_A,
+        }
+        _put(c, PATH, 8, tiles)
+        assert len(_log_lines(tmp_path)) == 3
+        _put(c, PATH, 7, tiles)  # re-completed: same entry, no new line
+        assert len(_log_lines(tmp_path)) == 3
+    before = (tmp_path / LOG_NAME).read_bytes()
+    with _writer(tmp_path) as c:
+        assert set(c.entries()) == {(PATH, 7), (PATH, 8)}
+        assert c.lookup(PATH, 7, SHAPES, np.float32) is not None
+        _put(c, PATH, 8, tiles)  # across a reopen too
+    assert (tmp_path / LOG_NAME).read_bytes() == before
+
+
+def test_compaction_only_after_a_load_drops_entries(tmp_path: Path) -> None:
+    log = tmp_path / LOG_NAME
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    clean = log.read_bytes()
+    ino = log.stat().st_ino
+    with _writer(tmp_path) as c:
+        assert c.dropped == {}
+    assert log.stat().st_ino == ino  # not rewritten
+    with log.open("ab") as f:  # a process killed in the middle of an append
+        f.write(b'{"path":"t2m","chunk":1,"fi')
+    with _writer(tmp_path) as c:
+        assert c.dropped == {"torn": 1}
+        assert set(c.entries()) == {(PATH, 0)}
+    assert log.read_bytes() == clean and log.stat().st_ino != ino
+
+
+def test_readonly_keeps_a_torn_final_line_and_writes_nothing(tmp_path: Path) -> None:
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    with (tmp_path / LOG_NAME).open("ab") as f:
+        f.write(b'{"path":"t2m"')
+
+    def snapshot() -> dict[str, tuple[int, int, int]]:
+        return {p.name: (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+
+    before = snapshot()
+    with DiskCache(tmp_path, persist=True, readonly=True, fingerprints={PATH: FP_A}) as c:
+        assert c.dropped == {"torn": 1}
+        assert c.lookup(PATH, 0, SHAPES, np.float32) is not None
+        assert c.lookup(PATH, 5, SHAPES, np.float32) is None
+        err = c.miss_error(PATH, 5)
+        assert isinstance(err, CacheMissError) and isinstance(err, KeyError)
+        assert "'t2m' chunk 5" in str(err) and "no entry" in str(err)
+        assert c.lookup(PATH, 0, SHAPES, np.int16) is None
+        assert "dtype" in str(c.miss_error(PATH, 0))
+        with pytest.raises(PermissionError, match="readonly"):
+            c.begin(PATH, 5, 2, STORED, np.float32)
+    assert snapshot() == before
+
+
+def _valid_log(tmp_path: Path) -> list[bytes]:
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    return _log_lines(tmp_path)
+
+
+def _entry(**changes) -> bytes:
+    rec = {"path": PATH, "chunk": 3, "file": slot_basename(PATH, 3, persist=True), "n_tiles": 1,
+           "tile_shapes": [[4, 5, 4]], "dtype": "<f4", "fingerprint": FP_A}
+    rec.update(changes)
+    return json.dumps(rec).encode()
+
+
+@pytest.mark.parametrize(
+    ("case", "edit"),
+    [
+        ("garbage header", lambda h, e: [b"\x00\xffnot a header", *e]),
+        ("foreign header", lambda h, e: [b'{"format":"other","version":1}', *e]),
+        ("interior truncated line", lambda h, e: [h, b'{"path":"t2m","chu', *e]),
+        ("interior wrong field", lambda h, e: [h, _entry(chunk=-1), *e]),
+        ("interior extra field", lambda h, e: [h, _entry(extra=1), *e]),
+        ("final line with its newline", lambda h, e: [h, *e, b'{"path":"t2m"']),
+        ("relative escape", lambda h, e: [h, *e, _entry(file="../escape.npy")]),
+        ("subdirectory", lambda h, e: [h, *e, _entry(file="sub/x.npy")]),
+        ("absolute", lambda h, e: [h, *e, _entry(file="/etc/passwd")]),
+        ("not a slot file", lambda h, e: [h, *e, _entry(file=LOG_NAME)]),
+        ("shared file", lambda h, e: [h, *e, _entry(file=json.loads(e[0])["file"])]),
+    ],
+)
+def test_corruption_always_raises(tmp_path: Path, case: str, edit) -> None:
+    d = tmp_path / "cache"
+    header, *entries = _valid_log(d)
+    (d / LOG_NAME).write_bytes(b"\n".join(edit(header, entries)) + b"\n")
+    (tmp_path / "escape.npy").write_bytes(b"must survive")
+    files = _npy_files(d)
+    for kw in ({}, {"reset_stale": True}):
+        # a stale fingerprint too: corruption must win over reset_stale, deleting nothing
+        with pytest.raises(CacheCorruptError, match=LOG_NAME):
+            DiskCache(d, persist=True, fingerprints={PATH: FP_B}, **kw)
+    assert _npy_files(d) == files and (tmp_path / "escape.npy").exists()
+
+
+def test_an_empty_log_is_corrupt(tmp_path: Path) -> None:
+    (tmp_path / LOG_NAME).write_bytes(b"")
+    with pytest.raises(CacheCorruptError, match="no complete header"):
+        _writer(tmp_path, reset_stale=True)
+
+
+def test_another_log_version_is_stale_as_a_whole(tmp_path: Path) -> None:
+    header, *entries = _valid_log(tmp_path)
+    (tmp_path / LOG_NAME).write_bytes(b'{"format":"insitubatch-cache","version":0}\n' + b"\n".join(entries) + b"\n")
+    with pytest.raises(StaleCacheError, match="version 0"):
+        _writer(tmp_path)
+    with _writer(tmp_path, reset_stale=True) as c:
+        assert c.entries() == {} and _npy_files(tmp_path) == set()
+    assert _log_lines(tmp_path) == [header]
+
+
+# ---------------------------------------------------------------------------
+# fingerprints
+
+
+class Scale:
+    """A class-based chunk transform with an optional explicit identity."""
+
+    def __init__(self, factor: float, cache_key: str | None = None) -> None:
+        self.factor = factor
+        self.cache_key = cache_key
+
+    def __call__(self, chunk):
+        return chunk
+
+
+def _identity(chunk):
+    return chunk
+
+
+def _make_scaler(k: float):
+    def scaler(chunk):
+        return chunk if k else None
+
+    return scaler
+
+
+def test_editing_a_scoped_transform_invalidates_only_its_array(tmp_path: Path) -> None:
+    def pipeline(version: str):
+        return [applies([PATH], Scale(2.0, cache_key=version)), _identity]
+
+    old = array_fingerprints(pipeline("stats-v1"), [PATH, "u10"])
+    new = array_fingerprints(pipeline("stats-v2"), [PATH, "u10"])
+    assert old[PATH] != new[PATH] and old["u10"] == new["u10"]
+    with DiskCache(tmp_path, persist=True, fingerprints=old) as c:
+        for chunk in range(2):
+            _put(c, PATH, chunk, _tiles(SHAPES))
+            _put(c, "u10", chunk, _tiles(SHAPES))
+    with pytest.raises(StaleCacheError) as info:
+        DiskCache(tmp_path, persist=True, fingerprints=new)
+    assert "'t2m'" in str(info.value) and "u10" not in str(info.value) and "reset_stale_cache=True" in str(info.value)
+    # an array this run does not read is neither checked nor touched
+    with DiskCache(tmp_path, persist=True, fingerprints={"u10": new["u10"]}) as c:
+        assert len(c.entries()) == 4 and c.dropped == {}
+    with DiskCache(tmp_path, persist=True, fingerprints=new, reset_stale=True) as c:
+        assert c.dropped == {"stale": 2}
+        assert set(c.entries()) == {("u10", 0), ("u10", 1)}
+        assert c.lookup("u10", 1, SHAPES, np.float32) is not None
+    assert _npy_files(tmp_path) == {slot_basename("u10", i, persist=True) for i in range(2)}
+    assert len(_log_lines(tmp_path)) == 3
+    with DiskCache(tmp_path, persist=True, fingerprints=new) as c:  # the reset is not re-read
+        assert c.dropped == {}
+
+
+def test_fingerprint_rules() -> None:
+    # pinned: a change here silently invalidates every user's persisted cache (bump FINGERPRINT_FORMAT)
+    assert pipeline_fingerprint([]) == pipeline_fingerprint(()) == EMPTY_PIPELINE_FINGERPRINT
+    transforms = [applies(["a"], Scale(1.0)), _identity]
+    assert array_fingerprints(transforms, ["a", "b"]) == {
+        "a": pipeline_fingerprint(transforms), "b": pipeline_fingerprint([_identity])
+    }
+    # cache_key is authoritative: different code, same key, same identity
+    assert pipeline_fingerprint([Scale(1.0, "k")]) == pipeline_fingerprint([Scale(5.0, "k")])
+    assert pipeline_fingerprint([Scale(1.0, "k")]) != pipeline_fingerprint([Scale(1.0, "j")])
+    # a Scoped wrapper contributes its inner transform; order matters
+    assert pipeline_fingerprint([applies(["a"], Scale(1.0))]) == pipeline_fingerprint([Scale(1.0)])
+    assert pipeline_fingerprint([Scale(1.0), _identity]) != pipeline_fingerprint([_identity, Scale(1.0)])
+    # cloudpickle sees instance state, arrays included, and closure constants
+    assert pipeline_fingerprint([Scale(1.0)]) != pipeline_fingerprint([Scale(2.0)])
+    big = np.arange(5000.0)
+    scaled = Scale(1.0)
+    scaled.mean = big
+    other = Scale(1.0)
+    other.mean = big.copy()
+    other.mean[2500] = -1.0  # invisible to repr, which summarises the middle away
+    assert pipeline_fingerprint([scaled]) != pipeline_fingerprint([other])
+    assert pipeline_fingerprint([_make_scaler(1.0)]) != pipeline_fingerprint([_make_scaler(2.0)])
+    assert pipeline_fingerprint([_make_scaler(1.0)]) == pipeline_fingerprint([_make_scaler(1.0)])
+    with pytest.raises(TypeError, match="cache_key"):
+        pipeline_fingerprint([Scale(1.0, cache_key=3)])
+
+
+_STABILITY_SCRIPT = """
+import numpy as np
+from insitubatch.fingerprint import pipeline_fingerprint
+TAGS = {"alpha", "beta", "gamma", "delta"}
+class Norm:  # defined in __main__: cloudpickle pickles it by value
+    def __init__(self):
+        self.mean = np.arange(3000.0)
+        self.names = {"u", "v", "w", "t2m"}
+    def __call__(self, chunk):
+        return chunk if "alpha" in TAGS else None
+print(pipeline_fingerprint([Norm()]))
+"""
+
+
+def test_fingerprint_is_stable_across_processes() -> None:
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run([sys.executable, "-c", _STABILITY_SCRIPT], env=env, capture_output=True, text=True,
+                              timeout=SUBPROCESS_TIMEOUT_S, check=True)
+        outs.append(proc.stdout.strip())
+    assert outs[0] == outs[1] and len(outs[0]) == 16
+
+
+def test_source_fallback_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cloudpickle", None)  # `import cloudpickle` now raises ImportError
+    monkeypatch.setattr(fp_mod, "_source_fallback_warned", False)
+    with pytest.warns(UserWarning, match="cannot see closures") as record:
+        by_source = pipeline_fingerprint([_identity])
+        pipeline_fingerprint([Scale(1.0)])
+    assert len(record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # the source hash sees the body and the instance config, not a closure constant
+        assert pipeline_fingerprint([Scale(1.0)]) != pipeline_fingerprint([Scale(2.0)])
+        assert pipeline_fingerprint([_make_scaler(1.0)]) == pipeline_fingerprint([_make_scaler(2.0)])
+        assert pipeline_fingerprint([_make_scaler(1.0)]) != by_source
+        assert pipeline_fingerprint([Scale(1.0, "k")]) == pipeline_fingerprint([Scale(3.0, "k")])
+
+
+# ---------------------------------------------------------------------------
+# locking
+
+
+def _spawn(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+_SECOND_WRITER = """
+import sys
+from insitubatch.cache import DiskCache
+from insitubatch.errors import CacheLockedError
+try:
+    DiskCache(sys.argv[1], persist=True, fingerprints={})
+except CacheLockedError as exc:
+    print("LOCKED", exc)
+else:
+    print("ACQUIRED")
+"""
+
+
+def test_second_writer_fails_fast_naming_pid_and_host(tmp_path: Path) -> None:
+    with _writer(tmp_path):
+        proc = _spawn(_SECOND_WRITER, str(tmp_path))
+        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+        assert out.startswith("LOCKED"), err
+        assert f"PID {os.getpid()}" in out and socket.gethostname() in out
+        with pytest.raises(CacheLockedError, match=f"PID {os.getpid()}"):  # in this process too
+            DiskCache(tmp_path, persist=False, fingerprints={})
+        with pytest.raises(CacheLockedError, match="cannot read it"):
+            DiskCache(tmp_path, persist=True, readonly=True, fingerprints={})
+    assert (tmp_path / LOCK_NAME).exists()
+
+
+_READER = """
+import sys
+from insitubatch.cache import DiskCache
+with DiskCache(sys.argv[1], persist=True, readonly=True, fingerprints={"t2m": "0123456789abcdef"}) as c:
+    print("READY", len(c.entries()), flush=True)
+    sys.stdin.read()  # hold the shared lock until the test closes our stdin
+print("DONE", flush=True)
+"""
+
+
+def test_readonly_readers_coexist_and_exclude_writers(tmp_path: Path) -> None:
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    readers = [_spawn(_READER, str(tmp_path)) for _ in range(3)]
+    try:
+        for r in readers:
+            assert r.stdout.readline().split() == ["READY", "1"], r.stderr.read()
+        with DiskCache(tmp_path, persist=True, readonly=True, fingerprints={PATH: FP_A}) as mine:
+            assert mine.lookup(PATH, 0, SHAPES, np.float32) is not None
+        with pytest.raises(CacheLockedError, match="readonly readers"):
+            _writer(tmp_path)
+    finally:
+        for r in readers:
+            out, err = r.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+            assert "DONE" in out, err
+    with _writer(tmp_path):
+        pass
+
+
+_KILLED_WRITER = """
+import sys
+import numpy as np
+from insitubatch.cache import DiskCache
+c = DiskCache(sys.argv[1], persist=True, fingerprints={"t2m": "0123456789abcdef"})
+tile = np.full((4, 5, 4), 7.0, dtype=np.float32)
+for chunk in range(3):
+    h = c.begin("t2m", chunk, 1, (4, 5, 4), np.float32)
+    c.write(h, 0, tile)
+    c.commit(h, [(4, 5, 4)])
+h = c.begin("t2m", 3, 1, (4, 5, 4), np.float32)  # in flight when the kill lands
+c.write(h, 0, tile)
+print("READY", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_sigkilled_writer_keeps_what_it_finished_and_its_lock_frees(tmp_path: Path) -> None:
+    lock = tmp_path / LOCK_NAME
+    proc = _spawn(_KILLED_WRITER, str(tmp_path))
+    try:
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+        assert len(_log_lines(tmp_path)) == 4  # the log holds every finished chunk before any close
+        with pytest.raises(CacheLockedError, match=f"PID {proc.pid}"):
+            _writer(tmp_path)
+        ino = lock.stat().st_ino
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == -signal.SIGKILL
+    assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+    with _writer(tmp_path) as c:  # re-acquired at once; nothing had to be deleted
+        assert set(c.entries()) == {(PATH, i) for i in range(3)}
+        for chunk in range(3):
+            (tile,) = c.lookup(PATH, chunk, [(4, 5, 4)], np.float32)
+            assert (tile == 7.0).all()
+        assert c.lookup(PATH, 3, [(4, 5, 4)], np.float32) is None
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+    assert lock.stat().st_ino == ino
+
+
+# ---------------------------------------------------------------------------
+# spill, eviction, arguments
+
+
+def test_spill_files_go_on_evict_and_close_persisted_ones_stay(tmp_path: Path) -> None:
+    spill_dir, keep_dir = tmp_path / "spill", tmp_path / "keep"
+    with DiskCache(spill_dir, persist=False, fingerprints={}) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+        view = _put(c, PATH, 1, _tiles(SHAPES, seed=5))[0]
+        assert _npy_files(spill_dir) == {slot_basename(PATH, i, persist=False) for i in range(2)}
+        c.evict(PATH, 0)
+        c.evict(PATH, 0)
+        assert _npy_files(spill_dir) == {slot_basename(PATH, 1, persist=False)}
+        assert c.lookup(PATH, 0, SHAPES, np.float32) is None
+        assert not (spill_dir / LOG_NAME).exists()
+    assert _npy_files(spill_dir) == set()
+    np.testing.assert_array_equal(view, _tiles(SHAPES, seed=5)[0])  # an unlinked file's view stays valid
+    with _writer(keep_dir) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+        c.evict(PATH, 0)
+        assert c.mapped_bytes == 0
+        assert c.lookup(PATH, 0, SHAPES, np.float32) is not None and c.revived == 1
+    assert _npy_files(keep_dir) == {slot_basename(PATH, 0, persist=True)}
+
+
+def test_argument_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="needs persist=True"):
+        DiskCache(tmp_path, persist=False, readonly=True, fingerprints={})
+    with pytest.raises(ValueError, match="reset_stale"):
+        DiskCache(tmp_path, persist=True, readonly=True, reset_stale=True, fingerprints={})
+    with pytest.raises(ValueError, match="16 lowercase hex"):
+        DiskCache(tmp_path, persist=True, fingerprints={PATH: "XYZ"})
+    with pytest.raises(FileNotFoundError, match="warm it"):
+        DiskCache(tmp_path / "absent", persist=True, readonly=True, fingerprints={})
+    with _writer(tmp_path) as c:
+        with pytest.raises(KeyError, match="no fingerprint"):
+            c.begin("u10", 0, 1, STORED, np.float32)
+    c.close()
+    with pytest.raises(ValueError, match="closed"):
+        c.lookup(PATH, 0, SHAPES, np.float32)
+
+
+def test_network_filesystem_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mounts = tmp_path / "mounts"
+    root = os.path.realpath(tmp_path)
+    mounts.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        f"server:/export {root} nfs4 rw 0 0\n"
+        f"sshfs#me@host: {root}/fuse fuse.sshfs rw 0 0\n"
+        f"/dev/vdb {root}/local ext4 rw 0 0\n"
+        f"tmpfs {root}/with\\040space tmpfs rw 0 0\n"
+    )
+    assert network_filesystem(tmp_path / "a", mounts) == "nfs4"
+    assert network_filesystem(tmp_path / "fuse" / "x", mounts) == "fuse.sshfs"
+    assert network_filesystem(tmp_path / "local", mounts) is None
+    assert network_filesystem(tmp_path / "with space", mounts) is None
+    monkeypatch.setattr(cache_mod, "_MOUNTS", mounts)
+    with pytest.warns(UserWarning, match="nfs4 filesystem"):
+        DiskCache(tmp_path / "c", persist=True, fingerprints={}).close()
+
+
+# ---------------------------------------------------------------------------
+# resources
+
+
+def _held(d: Path) -> tuple[int, int]:
+    """(open fds, mapped regions) of this process under ``d``."""
+    root = os.path.realpath(d)
+    fds = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fds += os.readlink(f"/proc/self/fd/{name}").startswith(root)
+        except OSError:
+            pass
+    maps = sum(root in line for line in Path("/proc/self/maps").read_text().splitlines())
+    return fds, maps
+
+
+def test_no_fd_or_mapping_outlives_close(tmp_path: Path) -> None:
+    tiles = _tiles(SHAPES)
+    for i in range(50):
+        with DiskCache(tmp_path, persist=bool(i % 2), fingerprints={PATH: FP_A}) as c:
+            _put(c, PATH, i % 3, tiles)
+            h = c.begin(PATH, 99, 2, STORED, np.float32)  # left pending: close aborts it
+            c.write(h, 0, tiles[0])
+            if c.persist:
+                c.lookup(PATH, i % 3, SHAPES, np.float32)
+            assert _held(tmp_path)[0] >= 1  # the lock fd
+        assert _held(tmp_path) == (0, 0)
+    with _writer(tmp_path) as c:
+        kept = c.lookup(PATH, 1, SHAPES, np.float32)
+    assert _held(tmp_path) == (0, 1)  # the live view keeps its own mapping, nothing else
+    np.testing.assert_array_equal(kept[0], tiles[0])
+    del kept
+    assert _held(tmp_path) == (0, 0)
