@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import os
 import queue
 import threading
 import weakref
@@ -22,19 +24,22 @@ import zarr
 import zarr.errors
 
 from .batch import Batch, BufferPool
+from .cache import DiskCache
 from .errors import DatasetClosedError
 from .gather import gather_label
 from .geometry import ArrayGeometry, open_geometries
 from .distributed import REMAINDER_POLICIES, rank_streams, resolve_world
-from .plan import EpochPlan, build_plan, epoch_order, plan_epoch, valid_anchor_range
+from .plan import EpochPlan, build_plan, epoch_order, valid_anchor_range
 from .pool import FAILED, PENDING, ChunkPool, Owner, PassCounters
 from .scheduler import ArrayReader, BadChunkRecord, PassDriver, decode_pool, zarr_loop
 from .splits import SplitManifest
 from .stores import as_store, close_store
+from .fingerprint import array_fingerprints
 from .transforms import ChunkTransform, check_scopes, pipeline_for
 
 __all__ = ["DatasetView", "InSituDataset"]
 
+logger = logging.getLogger("insitubatch")
 BatchTransform = Callable[[Batch], Batch]
 ON_BAD_CHUNK = ("raise", "nan")
 # how often a blocked producer or consumer re-checks for a stop or a dead peer
@@ -85,6 +90,17 @@ class InSituDataset:
         How a multi-rank training pass evens out batch counts: ``"pad"``
         repeats a rank's own samples, ``"drop"`` cuts to the shortest rank
         (see ``insitubatch.distributed``).
+    cache_dir
+        Back the pool with mmap'd tile-major ``.npy`` slot files here (local
+        NVMe). One writing process per directory (an advisory lock).
+    persist
+        Keep slot files and log each completed chunk, so later runs revive
+        them without fetching or decoding. Windowed shuffled passes then
+        release each block's chunks and revive them from disk when needed.
+    reset_stale_cache
+        Rebuild the arrays whose chunk transforms changed instead of raising.
+    readonly_cache
+        Share a warmed cache with other readers; a chunk it lacks raises.
     """
 
     def __init__(
@@ -107,6 +123,10 @@ class InSituDataset:
         rank: int | None = None,
         world_size: int | None = None,
         remainder: str = "pad",
+        cache_dir: str | os.PathLike | None = None,
+        persist: bool = False,
+        reset_stale_cache: bool = False,
+        readonly_cache: bool = False,
     ) -> None:
         if not isinstance(manifest, SplitManifest):
             raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
@@ -145,7 +165,10 @@ class InSituDataset:
         # what slots hold and batches carry: each label's geometry after its chunk transforms
         self.outputs = {lb: self.readers[g.path].output.shift(g.offset - self.readers[g.path].output.offset)
                         for lb, g in self.variables.items()}
-        self.pool = ChunkPool(cache_budget_bytes)
+        self.cache = self._open_cache(cache_dir, persist, reset_stale_cache, readonly_cache)
+        self.persist = bool(persist)
+        self.pool = ChunkPool(cache_budget_bytes, on_evict=self._evicted if self.cache is not None else None)
+        self._warned_epochs: set[int] = set()
         self.buffers = BufferPool()
         self.executor = decode_pool(decode_threads)
         self._semaphore: asyncio.Semaphore | None = None
@@ -191,6 +214,36 @@ class InSituDataset:
                 f"these differ: {bad}"
             )
         return resolved
+
+    def _open_cache(self, cache_dir, persist, reset_stale, readonly) -> DiskCache | None:
+        if cache_dir is None:
+            if persist or readonly or reset_stale:
+                raise ValueError(
+                    f"persist={persist}, readonly_cache={readonly}, reset_stale_cache={reset_stale} need a cache_dir"
+                )
+            return None
+        if readonly and not persist:
+            raise ValueError("readonly_cache=True reads a persisted cache: pass persist=True with it")
+        fingerprints = array_fingerprints(self.chunk_transforms, list(self.readers))
+        return DiskCache(cache_dir, persist=bool(persist), readonly=bool(readonly), fingerprints=fingerprints,
+                         reset_stale=bool(reset_stale))
+
+    def _evicted(self, slot) -> None:
+        self.cache.evict(*slot.key)
+
+    def _warn_if_cache_useless(self, counters: PassCounters, epoch: int) -> None:
+        """One WARNING per epoch when a persisted cache was consulted, rejected entries, and served nothing."""
+        cache = self.cache
+        if cache is None or not self.persist or counters.hits or epoch in self._warned_epochs:
+            return
+        rejected = cache.rejected
+        if sum(rejected.values()):
+            self._warned_epochs.add(epoch)
+            logger.warning(
+                "insitubatch: the persisted cache in %s served no chunk this epoch although it holds entries; "
+                "rejected: %s (a changed array shape/dtype or output_inner makes entries misses)",
+                cache.cache_dir, dict(rejected),
+            )
 
     # -- views --------------------------------------------------------------
     def split(self, name: str) -> DatasetView:
@@ -254,15 +307,18 @@ class InSituDataset:
             chunks = tuple(range(anchor_range[0] // size, -(-anchor_range[1] // size)))
             manifest = dataclasses.replace(manifest, splits=((split, chunks),))
         if self.world_size == 1 and not history:
-            return plan_epoch(manifest, split, self.outputs, batch_size=batch_size, block_chunks=self.block_chunks,
-                              shuffle=shuffle, seed=self.seed, epoch=epoch, anchor_range=anchor_range)
+            eo = epoch_order(manifest, split, self.outputs, block_chunks=self.block_chunks, shuffle=shuffle,
+                             seed=self.seed, epoch=epoch, anchor_range=anchor_range)
+            return build_plan(manifest, self.outputs, eo.order, eo.block_starts, batch_size,
+                              release_per_block=self.persist)
         eo = epoch_order(manifest, split, self.outputs, block_chunks=self.block_chunks, shuffle=shuffle,
                          seed=self.seed, epoch=epoch, anchor_range=anchor_range)
         streams = rank_streams(eo, self.world_size, batch_size=batch_size, remainder=self.remainder,
                                contiguous=split != "train", history=history)
         mine = streams[self.rank]
         padded = mine.padded if mine.padded.any() else None
-        return build_plan(manifest, self.outputs, eo.order[mine.rows], mine.block_starts, batch_size, padded=padded)
+        return build_plan(manifest, self.outputs, eo.order[mine.rows], mine.block_starts, batch_size, padded=padded,
+                          release_per_block=self.persist)
 
     def infer(self, sample_range: tuple[int, int] | None = None, *, batch_size: int | None = None) -> InferView:
         """A sequential, deterministic pass over anchors ``[start, stop)``, across splits.
@@ -344,6 +400,8 @@ class InSituDataset:
             state.close()
         self.pool.clear()
         self.buffers.clear()
+        if self.cache is not None:
+            self.cache.close()
         if self._opened_store:
             close_store(self.store)
 
@@ -566,7 +624,6 @@ class _PassState:
         self.consumed = start_batch
         self.history: tuple[tuple[int, int], ...] = ()
         self.coords = ds.sample_coords() if split == "__infer__" else None
-        self.read_index = {key: i for i, key in enumerate(plan.reads)}
         release_order = np.argsort(plan.read_last, kind="stable")
         bounds = np.searchsorted(plan.read_last[release_order], np.arange(plan.n_blocks + 1))
         self.release_after = [release_order[bounds[b] : bounds[b + 1]].tolist() for b in range(plan.n_blocks)]
@@ -590,7 +647,7 @@ class _PassState:
         self.driver = PassDriver(
             store=ds.store, pool=ds.pool, owner=self.owner, plan=self.plan, readers=ds.readers,
             semaphore=ds._semaphore_for_loop(), executor=ds.executor, on_bad_chunk=ds.on_bad_chunk,
-            bad_chunks=ds.bad_chunks, first_block=self._first_block(),
+            bad_chunks=ds.bad_chunks, first_block=self._first_block(), cache=ds.cache,
         )
         self.driver.start()
         self.thread = threading.Thread(target=self._produce, name="insitu-prefetch", daemon=True)
@@ -659,15 +716,15 @@ class _PassState:
                 if ready_upto > released_upto:
                     self._wait_block(ready_upto)
             anchors = plan.anchors[start:stop]
+            # the slots this batch's blocks read (a key may have one read per block when blocks release)
+            slots = self.driver.slots
+            held = {plan.reads[i]: slots[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
             arrays = {}
             for label, g in ds.outputs.items():
-                slots = self.driver.slots
-                index = self.read_index
-                path = g.path
                 shape = self._label_shape(label, g)
                 buf = ds.buffers.take(label, (plan.batch_size, *shape[1:]), shape[0])
                 out = buf[: len(anchors)]
-                gather_label(out, anchors, g, lambda c, path=path: slots[index[(path, c)]])
+                gather_label(out, anchors, g, lambda c, path=g.path: held[(path, c)])
                 arrays[label] = out
             coords = None
             if self.coords is not None:
@@ -756,6 +813,7 @@ class PassIterator:
                     raise StopIteration from None
         if item is _END:
             self.close()
+            state.ds._warn_if_cache_useless(state.counters, state.epoch)
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()

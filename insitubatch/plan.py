@@ -174,10 +174,14 @@ def build_plan(
     batch_size: int,
     *,
     padded: np.ndarray | None = None,
+    release_per_block: bool = False,
 ) -> EpochPlan:
     """An ``EpochPlan`` over a given ledger and block layout: the reads deduplicated per block.
 
     ``padded`` marks rows that repeat an earlier sample to even out ranks.
+    ``release_per_block`` gives every block its own reads, so a chunk used by
+    two distant blocks (a windowed label) is released in between and
+    re-admitted later, from the disk cache, instead of pinned throughout.
     """
     S = manifest.sample_chunk_size
     anchors = order[:, 0] * S + order[:, 1]
@@ -200,8 +204,11 @@ def build_plan(
             for c in chunk_ids.tolist():
                 key = (path, int(c))
                 i = index.get(key)
+                if i is not None and release_per_block and last[i] < b - 1:
+                    i = None  # not used by the previous block: release it and revive it later
                 if i is None:
-                    i = index[key] = len(reads)
+                    i = len(reads)
+                    index[key] = i
                     reads.append(key)
                     first.append(b)
                     last.append(b)

@@ -30,6 +30,7 @@ class PassCounters:
 
     hits: int = 0
     misses: int = 0
+    revived: int = 0
     gets: int = 0
     get_bytes: int = 0
     decoded_tiles: int = 0
@@ -61,6 +62,7 @@ class Slot:
     remaining: int = 0
     pins: dict[int, int] = field(default_factory=dict)
     fetcher: int | None = None
+    bad: bool = False
 
     @property
     def pinned(self) -> bool:
@@ -89,7 +91,7 @@ class ChunkPool:
     set next to the others makes ``open_owner`` raise.
     """
 
-    def __init__(self, budget: int | None = None) -> None:
+    def __init__(self, budget: int | None = None, on_evict: Callable[[Slot], None] | None = None) -> None:
         if budget is not None and (not isinstance(budget, (int, np.integer)) or budget <= 0):
             raise ValueError(f"cache_budget_bytes={budget!r} must be a positive int or None (auto: the working set)")
         self.explicit_budget = None if budget is None else int(budget)
@@ -101,6 +103,7 @@ class ChunkPool:
         self._ids = itertools.count(1)
         self.resident_bytes = 0
         self.totals = PoolTotals()
+        self.on_evict = on_evict
 
     # -- owners ------------------------------------------------------------
     def open_owner(self, working_set_bytes: int, read_ahead_bound: int) -> Owner:
@@ -202,6 +205,8 @@ class ChunkPool:
         if self._slots.get(slot.key) is slot:
             del self._slots[slot.key]
             self.resident_bytes -= slot.nbytes
+            if self.on_evict is not None and slot.state == READY:
+                self.on_evict(slot)
 
     def _pin(self, slot: Slot, owner: Owner) -> None:
         slot.pins[owner.id] = slot.pins.get(owner.id, 0) + 1
@@ -232,6 +237,15 @@ class ChunkPool:
             slot.remaining = 0
             slot.state = READY
             self.cond.notify_all()
+
+    def count_revival(self, owner: Owner) -> None:
+        """A miss in memory served from the disk cache: a hit for the pass, not a fetch."""
+        with self.lock:
+            owner.counters.misses -= 1
+            owner.counters.hits += 1
+            owner.counters.revived += 1
+            self.totals.misses -= 1
+            self.totals.hits += 1
 
     def fail(self, slot: Slot, error: BaseException) -> None:
         """Mark a slot failed (its waiters raise ``error``) and forget it so a later pass retries."""

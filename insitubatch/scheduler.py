@@ -23,6 +23,7 @@ import zarr.core.sync
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 
+from .cache import DiskCache
 from .decode import make_decoder
 from .errors import BadChunkError, StoreReadError
 from .geometry import ArrayGeometry
@@ -95,6 +96,32 @@ class ArrayReader:
     def assembles(self) -> bool:
         return bool(self.pipeline) and self.geometry.tiles_per_chunk > 1
 
+    @property
+    def single(self) -> bool:
+        """Whether a ready slot holds one tile spanning the whole (post-transform) field."""
+        return self.geometry.tiles_per_chunk == 1 or self.assembles
+
+    @property
+    def single_origin(self) -> np.ndarray:
+        return np.zeros((1, len(self.output.inner_shape)), dtype=np.intp)
+
+    def slot_tile_shapes(self, chunk_index: int) -> list[tuple[int, ...]]:
+        """The real shape of each tile a ready slot of ``chunk_index`` holds."""
+        n = self.geometry.chunk_len(chunk_index)
+        if self.single:
+            return [(n, *self.output.inner_shape)]
+        return [(n, *shape) for shape in self.tile_shapes.tolist()]
+
+    def stored_tile_shape(self, n_tiles: int) -> tuple[int, ...]:
+        """The full (unclipped) tile shape of a slot file."""
+        size = self.geometry.sample_chunk_size
+        if n_tiles == 1 and self.single:
+            return (size, *self.output.inner_shape)
+        return (size, *self.geometry.inner_stored_chunks)
+
+    def ready_origins(self) -> np.ndarray:
+        return self.single_origin if self.single else self.origins
+
 
 def _fill_value(geometry: ArrayGeometry):
     if geometry.dtype.kind in "fc":
@@ -118,6 +145,7 @@ class PassDriver:
         on_bad_chunk: str,
         bad_chunks: list[BadChunkRecord],
         first_block: int = 0,
+        cache: DiskCache | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
@@ -129,6 +157,7 @@ class PassDriver:
         self.on_bad_chunk = on_bad_chunk
         self.bad_chunks = bad_chunks
         self.first_block = first_block
+        self.cache = cache
         self.slots: list[Slot | None] = [None] * len(plan.reads)
         self.error: BaseException | None = None
         self.loop = zarr_loop()
@@ -190,14 +219,33 @@ class PassDriver:
                 reader = self.readers[key[0]]
                 while (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
                     await self._wait()
-                for t in range(reader.geometry.tiles_per_chunk):
-                    task = self.loop.create_task(self._fetch_tile(slot, reader, key[1], t))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                if self.cache is not None and await self._revive(slot, reader, key[1]):
+                    pass
+                else:
+                    for t in range(reader.geometry.tiles_per_chunk):
+                        task = self.loop.create_task(self._fetch_tile(slot, reader, key[1], t))
+                        self._tasks.add(task)
+                        task.add_done_callback(self._tasks.discard)
             with pool.cond:
                 self.slots[i] = slot
                 pool.cond.notify_all()
             await asyncio.sleep(0)  # let tile tasks start before admitting more
+
+    async def _revive(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> bool:
+        """Serve a chunk from the disk cache (no fetch, no decode, no transform) if it holds it."""
+        cache = self.cache
+        path = reader.geometry.path
+        tiles = await self.loop.run_in_executor(
+            self.executor, cache.lookup, path, chunk_index, reader.slot_tile_shapes(chunk_index), reader.output.dtype
+        )
+        if tiles is not None:
+            self.pool.replace_tiles(slot, tiles, reader.ready_origins())
+            self.pool.count_revival(self.owner)
+            return True
+        if cache.readonly:
+            self.pool.fail(slot, cache.miss_error(path, chunk_index))
+            return True
+        return False
 
     async def _wait(self) -> None:
         self._wake.clear()
@@ -229,14 +277,15 @@ class PassDriver:
                 if self.on_bad_chunk == "raise":
                     self.pool.fail(slot, exc)
                     return
-                data = self._bad_tile(reader, chunk_index, tile)
+                data = await self.loop.run_in_executor(self.executor, self._bad_tile, reader, chunk_index, tile)
+                slot.bad = True  # never persisted: a later run retries the read
                 self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
             except Exception as exc:
                 self.pool.fail(slot, exc)
                 return
             counters.decoded_tiles += 1
-            if reader.assembles:
-                await self._deliver_assembling(slot, reader, chunk_index, tile, data)
+            if reader.assembles or self.cache is not None:
+                await self._stage(slot, reader, chunk_index, tile, data)
             else:
                 self.pool.deliver(slot, tile, data)
 
@@ -259,31 +308,55 @@ class PassDriver:
         return run_pipeline(reader.pipeline, chunk, reader.stages)
 
     def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray:
+        """A bad tile's stand-in: NaN for floats, else the fill value (then transformed like any tile)."""
         g = reader.geometry
         shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
-        return np.full(shape, _fill_value(g), dtype=g.dtype)
+        data = np.full(shape, _fill_value(g), dtype=g.dtype)
+        if reader.pipeline and g.tiles_per_chunk == 1:
+            data = self._transform(reader, chunk_index, data)
+        return data
 
-    async def _deliver_assembling(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
-        """Multi-tile chunk with a chunk transform: assemble once every tile is in, then transform."""
+    async def _stage(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray) -> None:
+        """Hold a decoded tile until the chunk is complete, then assemble/transform/persist it once."""
         with self.pool.lock:
+            if slot.tiles[tile] is None:
+                slot.remaining -= 1
             slot.tiles[tile] = data
-            slot.remaining -= 1
             last = slot.remaining == 0
         if not last:
             return
-        g = reader.geometry
-
-        def assemble() -> np.ndarray:
-            full = np.empty((g.chunk_len(chunk_index), *g.inner_shape), dtype=g.dtype)
-            for t, (origin, part) in enumerate(zip(reader.origins, slot.tiles)):
-                place_tile(full, part, (0, *origin.tolist()))
-            return self._transform(reader, chunk_index, full)
-
         try:
-            out = await self.loop.run_in_executor(self.executor, assemble)
+            tiles, origins = await self.loop.run_in_executor(self.executor, self._finalize, slot, reader, chunk_index)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.pool.fail(slot, exc)
             return
-        self.pool.replace_tiles(slot, [out], np.zeros((1, len(reader.output.inner_shape)), dtype=np.intp))
+        self.pool.replace_tiles(slot, tiles, origins)
+
+    def _finalize(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
+        g = reader.geometry
+        tiles = list(slot.tiles)
+        origins = slot.origins
+        if reader.assembles:
+            full = np.empty((g.chunk_len(chunk_index), *g.inner_shape), dtype=g.dtype)
+            for origin, part in zip(reader.origins, tiles):
+                place_tile(full, part, (0, *origin.tolist()))
+            tiles = [self._transform(reader, chunk_index, full)]
+            origins = reader.single_origin
+        if self.cache is not None and not slot.bad:
+            tiles = self._persist(reader, chunk_index, tiles)
+        return tiles, origins
+
+    def _persist(self, reader: ArrayReader, chunk_index: int, tiles: list[np.ndarray]) -> list[np.ndarray]:
+        cache = self.cache
+        handle = cache.begin(reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)),
+                             reader.output.dtype)
+        try:
+            for t, tile in enumerate(tiles):
+                cache.write(handle, t, np.ascontiguousarray(tile))
+            return cache.commit(handle, [tile.shape for tile in tiles])
+        except BaseException:
+            cache.abort(handle)
+            raise
