@@ -130,3 +130,24 @@ def http_server(tmp_path: Path) -> HTTPFileServer:
     httpd.shutdown()
     httpd.server_close()
     thread.join(timeout=10)
+
+
+# --- parallel-write tests ------------------------------------------------------
+
+
+@pytest.fixture
+def write_s3_store(s3_server: S3Server, s3_bucket: str) -> zarr.storage.ObjectStore:
+    """A writable zarr ``ObjectStore`` over a fresh bucket of the loopback S3 server (picklable)."""
+    import zarr.storage
+    from obstore.store import S3Store
+
+    options = s3_server.client_options()
+    raw = S3Store(
+        s3_bucket,
+        endpoint=options["endpoint"],
+        access_key_id=options["access_key_id"],
+        secret_access_key=options["secret_access_key"],
+        region=options["region"],
+        client_options={"allow_http": options["allow_http"]},
+    )
+    return zarr.storage.ObjectStore(raw)

@@ -1,0 +1,57 @@
+"""Parallel, chunk-aligned writes into one zarr group from many processes (BRIEF G2).
+
+The flow: a coordinator calls :func:`create_layout` (every array at its full,
+fixed extent), then :func:`plan_slots` (disjoint ranges aligned to every
+indexed array's chunks and shards, minus what is already complete); a
+scheduler or :func:`run_plan` hands each range to a worker, which writes it
+through a :class:`SlotWriter` (validated writes under an atomic claim, with
+completed coverage recorded at the end). :func:`write_status` shows claims,
+stale claims, coverage and what remains.
+"""
+
+from __future__ import annotations
+
+from .claims import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_STALE_AFTER_S,
+    ClaimInfo,
+    CoverageRecord,
+    WriteStatus,
+    clear_coverage,
+    clear_stale_claims,
+    write_status,
+)
+from .layout import ArraySpec, IndexedArray, LayoutSpec, WriteLayout, create_layout, diff_layout, read_layout
+from .runner import RunReport, SlotOutcome, run_plan, run_slot
+from .slots import SlotPlan, SlotRange, assigned_ranges, plan_slots, task_index_from_env
+from .writer import SlotWriter
+
+__all__ = sorted(
+    [
+        "DEFAULT_HEARTBEAT_S",
+        "DEFAULT_STALE_AFTER_S",
+        "ArraySpec",
+        "ClaimInfo",
+        "CoverageRecord",
+        "IndexedArray",
+        "LayoutSpec",
+        "RunReport",
+        "SlotOutcome",
+        "SlotPlan",
+        "SlotRange",
+        "SlotWriter",
+        "WriteLayout",
+        "WriteStatus",
+        "assigned_ranges",
+        "clear_coverage",
+        "clear_stale_claims",
+        "create_layout",
+        "diff_layout",
+        "plan_slots",
+        "read_layout",
+        "run_plan",
+        "run_slot",
+        "task_index_from_env",
+        "write_status",
+    ]
+)
