@@ -39,6 +39,7 @@ import numpy as np
 import zarr
 from zarr.storage import LocalStore
 
+from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch.write import (
     ArraySpec,
     LayoutSpec,
@@ -81,15 +82,16 @@ def make_inputs(path: Path) -> None:
 def read_windows(input_path: str, start: int, stop: int) -> np.ndarray:
     """Input windows for anchors ``[start, stop)``: shape ``(stop - start, WINDOW, C, LAT, LON)``.
 
-    Window ``i`` covers input steps ``[i, i + WINDOW)``. This is the one
-    function to replace with the loader's inference pass
-    (``InSituDataset(...).infer((start, stop))``), which reads each stored
-    chunk once and yields the same windows as batches.
+    The loader's inference pass reads each stored chunk once however many
+    window labels (``x0`` = step ``i``, ``x1`` = step ``i + 1``, ...) alias it,
+    and raises rather than silently dropping a window that runs off the input.
     """
-    x = zarr.open_array(LocalStore(input_path, read_only=True), path="x", mode="r")
-    block = x[start : stop + WINDOW - 1]
-    windows = np.lib.stride_tricks.sliding_window_view(block, WINDOW, axis=0)  # (n, C, LAT, LON, WINDOW)
-    return np.moveaxis(windows, -1, 1)
+    store = obstore_store(input_path, read_only=True)
+    g = open_geometries(store)["x"]
+    labels = {f"x{k}": g.shift(k) for k in range(WINDOW)}
+    with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), labels, batch_size=stop - start) as ds:
+        windows = [batch.stack(list(labels), axis=1) for batch in ds.infer((start, stop))]
+    return np.concatenate(windows)
 
 
 def model(windows: np.ndarray) -> np.ndarray:
