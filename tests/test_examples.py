@@ -1,0 +1,79 @@
+"""Every example runs, end to end, on the embedded demo dataset (no network)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from insitubatch.demo import write_demo_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="module")
+def demo_path(tmp_path_factory) -> str:
+    return str(write_demo_dataset(tmp_path_factory.mktemp("demo") / "era5_demo.zarr"))
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 300) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{args} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def test_demo_main_command(demo_path, tmp_path) -> None:
+    out = _run(["-m", "insitubatch.demo", "--path", demo_path], tmp_path)
+    assert "train epoch 0" in out and "train epoch 1" in out and "val" in out
+    epoch1 = next(line for line in out.splitlines() if line.startswith("train epoch 1"))
+    assert "GETs    0" in epoch1  # the second epoch is served from the pool
+
+
+@pytest.mark.slow
+def test_train_torch_checkpoint_and_resume(demo_path, tmp_path) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    out = _run([str(EXAMPLES / "train_torch.py"), "--path", demo_path, "--checkpoint", ckpt, "--stop-after", "3",
+                "--batch-size", "128"], tmp_path)
+    assert "checkpoint after batch 3" in out
+    out = _run([str(EXAMPLES / "train_torch.py"), "--path", demo_path, "--checkpoint", ckpt, "--resume",
+                "--batch-size", "128"], tmp_path)
+    assert "resumed at batch 3" in out and "epoch done" in out
+
+
+def test_infer_jax(demo_path, tmp_path) -> None:
+    pytest.importorskip("jax")
+    out = _run([str(EXAMPLES / "infer_jax.py"), "--path", demo_path, "--start", "10", "--stop", "200"], tmp_path)
+    assert "190 samples" in out
+
+
+@pytest.mark.slow
+def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [torchrun, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+         str(EXAMPLES / "ddp_train.py"), "--path", demo_path, "--batch-size", "128"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "rank 0/2" in proc.stdout and "rank 1/2" in proc.stdout and "all ranks" in proc.stdout
+
+
+@pytest.mark.slow
+def test_inference_write(tmp_path) -> None:
+    out = _run([str(EXAMPLES / "inference_write.py"), "--dir", str(tmp_path / "run")], tmp_path)
+    assert "bit-identical" in out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
