@@ -26,6 +26,7 @@ the new ranks: no sample is seen twice and none is skipped.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,14 +40,12 @@ REMAINDER_POLICIES = ("pad", "drop")
 
 def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Rank and world size: explicit values, else torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1."""
-    if rank is None and world_size is None:
-        try:
-            import torch.distributed as dist
+    if rank is None and world_size is None and "torch" in sys.modules:
+        # a process group can only exist if torch was imported: never pay for importing it here
+        import torch.distributed as dist
 
-            if dist.is_available() and dist.is_initialized():
-                rank, world_size = dist.get_rank(), dist.get_world_size()
-        except ImportError:  # pragma: no cover - torch is optional
-            pass
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
     if rank is None and world_size is None and "WORLD_SIZE" in os.environ:
         try:
             rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])

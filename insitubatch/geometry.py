@@ -7,6 +7,8 @@ engine works in (sample axis first) and zarr's physical axis order and keys.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,11 +116,15 @@ class ArrayGeometry:
         """Decoded bytes of one full stored chunk (one tile)."""
         return math.prod(self.stored_chunks) * self.itemsize
 
+    @functools.cached_property
+    def _tile_coords(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(itertools.product(*(range(n) for n in self.tile_grid)))
+
     def tile_coord(self, tile_index: int) -> tuple[int, ...]:
         """Inner grid coordinates of tile ``tile_index`` (C order over ``tile_grid``)."""
         if not 0 <= tile_index < self.tiles_per_chunk:
             raise ValueError(f"{tile_index=} is outside [0, {self.tiles_per_chunk}) for array {self.path!r}")
-        return tuple(int(x) for x in np.unravel_index(tile_index, self.tile_grid)) if self.tile_grid else ()
+        return self._tile_coords[tile_index]
 
     def tile_origins(self) -> np.ndarray:
         """``(tiles_per_chunk, len(inner_shape))`` origin of each tile in the inner field."""
