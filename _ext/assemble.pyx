@@ -7,9 +7,10 @@ geometry with the GIL held, then calls these, which release it for the copy.
 
 cimport numpy as cnp
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 from rect cimport copy_rect, fill_rect
-from tiles cimport TileTable, build_table, copy_rows, free_table, scan_tiles
+from tiles cimport NO_MEMORY, OK, TILE_ROWS, TileTable, build_table, copy_rows, free_table, scan_tiles
 
 cnp.import_array()
 
@@ -27,7 +28,7 @@ def copy_rect_bytes(
     cdef const Py_ssize_t* ss = &src_strides[0] if ndim else NULL
     cdef const Py_ssize_t* ex = &extent[0] if ndim else NULL
     with nogil:
-        copy_rect(d, ds, s, ss, ex, ndim, run_bytes)
+        copy_rect(d, ds, s, ss, ex, ndim, run_bytes, False)
 
 
 def fill_rect_bytes(
@@ -44,29 +45,47 @@ def fill_rect_bytes(
         fill_rect(d, ds, ex, ndim, run_bytes, <const char*>&pattern[0], itemsize)
 
 
-def assemble_tiles(cnp.ndarray slot, tuple tiles, cnp.ndarray shapes, cnp.ndarray origins):
+def assemble_tiles(cnp.ndarray slot, tuple tiles, cnp.ndarray origins, Py_ssize_t stream_min_bytes):
     """Copy every row of each tile into its rectangle of ``slot`` in one GIL-free pass.
 
-    ``tiles``/``shapes``/``origins`` as for ``gather.gather_runs``, validated by
-    the caller, every tile with ``slot``'s row count. Returns 0, or -1 when the
-    tile table could not be allocated.
+    The caller guarantees ``slot`` C-contiguous, writeable and at least 1-d and
+    ``origins`` intp ``(len(tiles), slot.ndim - 1)`` C-contiguous; the tiles are
+    checked here (as in ``gather.gather_runs``) and must have ``slot``'s rows.
+    A slot of ``stream_min_bytes`` or more is written bypassing the caches.
+    Returns ``(status, index)`` like ``gather.gather_runs``.
     """
     cdef Py_ssize_t t, n_tiles = len(tiles)
-    cdef const cnp.int64_t* shp = <const cnp.int64_t*>cnp.PyArray_DATA(shapes)
+    cdef int ndim = cnp.PyArray_NDIM(slot)
+    cdef cnp.int64_t rows = cnp.PyArray_DIMS(slot)[0]
     cdef char* dst = <char*>cnp.PyArray_DATA(slot)
-    cdef int status = 0, ndim = cnp.PyArray_NDIM(slot)
+    cdef Py_ssize_t bad
+    cdef int status = OK
     cdef TileTable tab
-    cdef const char** ptrs = <const char**>malloc((n_tiles if n_tiles else 1) * sizeof(char*))
-    if ptrs == NULL:
-        return -1
-    scan_tiles(tiles, slot, <cnp.int64_t*>cnp.PyArray_DATA(shapes), ptrs, &status)
-    with nogil:
-        status = build_table(
-            &tab, ptrs, shp, <const cnp.intp_t*>cnp.PyArray_DATA(origins), n_tiles,
-            cnp.PyArray_DIMS(slot), ndim, cnp.PyArray_ITEMSIZE(slot))
-        if status == 0:
-            for t in range(n_tiles):
-                copy_rows(&tab, dst, t, 0, 0, shp[t * ndim])
-        free_table(&tab)
+    # private copies of the tables, as in gather.gather_runs
+    cdef size_t n = n_tiles if n_tiles else 1
+    cdef const char** ptrs = <const char**>malloc(n * sizeof(char*))
+    cdef cnp.int64_t* shapes = <cnp.int64_t*>malloc(n * ndim * sizeof(cnp.int64_t))
+    cdef cnp.intp_t* corners = <cnp.intp_t*>malloc(n * ndim * sizeof(cnp.intp_t))
+    try:
+        if ptrs == NULL or shapes == NULL or corners == NULL:
+            return NO_MEMORY, -1
+        memcpy(corners, cnp.PyArray_DATA(origins), cnp.PyArray_NBYTES(origins))
+        bad = scan_tiles(tiles, slot, corners, shapes, ptrs, &status)
+        if status != OK:
+            return status, bad
+        for t in range(n_tiles):
+            if shapes[t * ndim] != rows:
+                return TILE_ROWS, t
+        with nogil:
+            if build_table(&tab, ptrs, shapes, corners, n_tiles, cnp.PyArray_DIMS(slot), ndim,
+                           cnp.PyArray_ITEMSIZE(slot), cnp.PyArray_NBYTES(slot) >= stream_min_bytes) != 0:
+                status = NO_MEMORY
+            else:
+                for t in range(n_tiles):
+                    copy_rows(&tab, dst, t, 0, 0, rows)
+                free_table(&tab)
+        return status, -1
+    finally:
         free(ptrs)
-    return status
+        free(shapes)
+        free(corners)

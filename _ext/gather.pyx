@@ -1,15 +1,33 @@
 """Batch gather: copy runs of rows from resident tiles into their rectangles of a batch.
 
-Raw entry points; ``insitubatch.kernels.gather`` validates the index tables with
-the GIL held, then ``gather_runs`` copies the whole batch with it released.
+Raw entry point; ``insitubatch.kernels.gather`` shapes the index tables and
+turns a non-zero status into the exception. ``gather_runs`` checks every tile
+and run in C with the GIL held, then copies the whole batch with it released.
 """
 
-cimport cython
 cimport numpy as cnp
 from cython.parallel cimport prange
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
-from tiles cimport TileTable, build_table, copy_rows, free_table, scan_tiles
+from rect cimport ib_stream_min_bytes
+from tiles cimport (
+    NO_MEMORY,
+    OK,
+    RUN_OUTSIDE,
+    TILE_DTYPE,
+    TILE_NDIM,
+    TILE_NOT_ARRAY,
+    TILE_NOT_CONTIGUOUS,
+    TILE_OUTSIDE,
+    TILE_ROWS,
+    TileTable,
+    build_table,
+    check_runs,
+    copy_rows,
+    free_table,
+    scan_tiles,
+)
 
 cnp.import_array()
 
@@ -26,57 +44,81 @@ cdef extern from *:
 # Built with OpenMP (INSITUBATCH_OPENMP=1 at build time): runs are copied by a team of threads.
 OPENMP = bool(INSITUBATCH_OPENMP)
 
-# Below this many bytes a batch is copied by the calling thread alone: waking an
-# OpenMP team costs a few microseconds, which is what a copy this size takes.
+# What a non-zero status from gather_runs / assemble.assemble_tiles means.
+STATUS = {
+    "TILE_NOT_ARRAY": TILE_NOT_ARRAY,
+    "TILE_NDIM": TILE_NDIM,
+    "TILE_DTYPE": TILE_DTYPE,
+    "TILE_NOT_CONTIGUOUS": TILE_NOT_CONTIGUOUS,
+    "TILE_OUTSIDE": TILE_OUTSIDE,
+    "TILE_ROWS": TILE_ROWS,
+    "RUN_OUTSIDE": RUN_OUTSIDE,
+    "NO_MEMORY": NO_MEMORY,
+}
+
+# Default for ``stream_min_bytes``: a batch moving at least this many bytes is
+# written with non-temporal stores (four times the L2 cache, see rect.pxd).
+STREAM_MIN_BYTES = ib_stream_min_bytes()
+
 cdef enum:
+    # Below this many bytes a batch is copied by the calling thread alone: waking an
+    # OpenMP team costs a few microseconds, about what a copy this size takes.
     PARALLEL_MIN_BYTES = 1 << 20
 
 
-def scan(tuple tiles, cnp.ndarray dst):
-    """Check tiles against ``dst``; return ``(status, bad_index, shapes)``.
-
-    ``shapes`` is int64 ``(len(tiles), dst.ndim)``; ``status`` is one of the
-    ``TILE_*`` codes in ``tiles.pxd`` (0 when every tile is usable).
-    """
-    cdef int status = 0
-    cdef cnp.ndarray shapes = cnp.PyArray_EMPTY(
-        2, [len(tiles), cnp.PyArray_NDIM(dst)], cnp.NPY_INT64, 0)
-    cdef Py_ssize_t bad = scan_tiles(tiles, dst, <cnp.int64_t*>cnp.PyArray_DATA(shapes), NULL, &status)
-    return status, bad, shapes
-
-
-@cython.boundscheck(False)
-def gather_runs(cnp.ndarray out, tuple tiles, cnp.ndarray shapes, cnp.ndarray origins, cnp.ndarray runs):
+def gather_runs(cnp.ndarray out, tuple tiles, cnp.ndarray origins, cnp.ndarray runs,
+                Py_ssize_t stream_min_bytes):
     """Copy every run ``[tile, src_row, dst_row, n_rows]`` of ``runs`` into ``out``.
 
-    Every argument was validated by the caller: ``out`` and ``tiles`` C-contiguous
-    of one dtype, ``shapes`` int64 and ``origins`` intp C-contiguous tables from
-    ``scan``, ``runs`` int64 ``(n, 4)`` C-contiguous and inside the tiles and ``out``.
-    Returns 0, or -1 when the tile table could not be allocated.
+    The caller guarantees ``out`` C-contiguous, writeable and at least 1-d,
+    ``origins`` intp ``(len(tiles), out.ndim - 1)`` and ``runs`` int64
+    ``(n, 4)``, both C-contiguous. Everything else is checked here. A batch
+    moving ``stream_min_bytes`` or more bypasses the caches.
+
+    Returns ``(status, index)``: ``(0, -1)`` after the copy, else a ``STATUS``
+    code and the offending tile (``TILE_*``) or run (``RUN_OUTSIDE``); nothing
+    was copied then.
     """
     cdef Py_ssize_t n_tiles = len(tiles)
+    cdef int ndim = cnp.PyArray_NDIM(out)
     cdef Py_ssize_t n_runs = cnp.PyArray_DIMS(runs)[0]
-    cdef const cnp.int64_t* run = <const cnp.int64_t*>cnp.PyArray_DATA(runs)
     cdef char* dst = <char*>cnp.PyArray_DATA(out)
+    cdef Py_ssize_t r, bad, moved = 0
+    cdef int status = OK
     cdef TileTable tab
-    cdef Py_ssize_t r, moved = 0
-    cdef int status = 0, ndim = cnp.PyArray_NDIM(out)
-    cdef const char** ptrs = <const char**>malloc((n_tiles if n_tiles else 1) * sizeof(char*))
-    if ptrs == NULL:
-        return -1
-    scan_tiles(tiles, out, <cnp.int64_t*>cnp.PyArray_DATA(shapes), ptrs, &status)
-    with nogil:
-        status = build_table(
-            &tab, ptrs, <const cnp.int64_t*>cnp.PyArray_DATA(shapes),
-            <const cnp.intp_t*>cnp.PyArray_DATA(origins), n_tiles, cnp.PyArray_DIMS(out), ndim,
-            cnp.PyArray_ITEMSIZE(out))
-        if status == 0:
-            for r in range(n_runs):
-                moved += run[4 * r + 3]
-            moved *= tab.dst_row_bytes
-            for r in prange(n_runs, schedule="dynamic",
-                            use_threads_if=n_runs > 1 and moved >= PARALLEL_MIN_BYTES):
-                copy_rows(&tab, dst, run[4 * r], run[4 * r + 1], run[4 * r + 2], run[4 * r + 3])
-        free_table(&tab)
+    # private copies of the tables: nothing the caller can touch while the GIL is
+    # released may change between the checks and the copy
+    cdef size_t n = n_tiles if n_tiles else 1
+    cdef const char** ptrs = <const char**>malloc(n * sizeof(char*))
+    cdef cnp.int64_t* shapes = <cnp.int64_t*>malloc(n * ndim * sizeof(cnp.int64_t))
+    cdef cnp.intp_t* corners = <cnp.intp_t*>malloc(n * ndim * sizeof(cnp.intp_t))
+    cdef cnp.int64_t* run = <cnp.int64_t*>malloc((n_runs if n_runs else 1) * 4 * sizeof(cnp.int64_t))
+    try:
+        if ptrs == NULL or shapes == NULL or corners == NULL or run == NULL:
+            return NO_MEMORY, -1
+        memcpy(corners, cnp.PyArray_DATA(origins), cnp.PyArray_NBYTES(origins))
+        memcpy(run, cnp.PyArray_DATA(runs), cnp.PyArray_NBYTES(runs))
+        bad = scan_tiles(tiles, out, corners, shapes, ptrs, &status)
+        if status != OK:
+            return status, bad
+        with nogil:
+            bad = check_runs(run, n_runs, shapes, ndim, n_tiles, cnp.PyArray_DIMS(out)[0])
+            if bad >= 0:
+                status = RUN_OUTSIDE
+            elif build_table(&tab, ptrs, shapes, corners, n_tiles, cnp.PyArray_DIMS(out), ndim,
+                             cnp.PyArray_ITEMSIZE(out), False) != 0:
+                status = NO_MEMORY
+            else:
+                for r in range(n_runs):
+                    moved += run[4 * r + 3] * tab.geoms[run[4 * r]].row_bytes
+                tab.stream = moved >= stream_min_bytes
+                for r in prange(n_runs, schedule="dynamic",
+                                use_threads_if=n_runs > 1 and moved >= PARALLEL_MIN_BYTES):
+                    copy_rows(&tab, dst, run[4 * r], run[4 * r + 1], run[4 * r + 2], run[4 * r + 3])
+                free_table(&tab)
+        return status, bad
+    finally:
         free(ptrs)
-    return status
+        free(shapes)
+        free(corners)
+        free(run)

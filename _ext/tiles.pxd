@@ -4,20 +4,25 @@
 # once (outer extents + one contiguous run, see rect.pxd); a run of rows then
 # costs one memcpy when the tile spans the whole row, else one rectangle copy
 # per row.
+#
+# The checks here run in C with the GIL held and report the first offender as
+# (status, index); insitubatch.kernels turns that into the exception.
 
 cimport numpy as cnp
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
 
-from rect cimport MAX_DIMS, copy_rect
+from rect cimport MAX_DIMS, copy_bytes, copy_rect, ib_stream_fence
 
-# Why scan_tiles rejected a tile; insitubatch.kernels turns these into messages.
-cdef enum TileStatus:
-    TILE_OK = 0
-    TILE_NOT_ARRAY = 1
+cdef enum Status:
+    OK = 0
+    TILE_NOT_ARRAY = 1       # index: the tile
     TILE_NDIM = 2
     TILE_DTYPE = 3
     TILE_NOT_CONTIGUOUS = 4
+    TILE_OUTSIDE = 5         # the tile's rectangle leaves the destination's inner extent
+    TILE_ROWS = 6            # assembly: the tile's row count is not the slot's
+    RUN_OUTSIDE = 7          # index: the run; it names no tile or leaves a tile's or dst's rows
+    NO_MEMORY = 8
 
 
 cdef struct TileGeom:
@@ -36,18 +41,22 @@ cdef struct TileTable:
     Py_ssize_t* dims
     Py_ssize_t n_tiles
     Py_ssize_t dst_row_bytes  # bytes in one destination row
+    bint stream               # non-temporal stores (a copy too large to keep in cache)
 
 
 cdef inline Py_ssize_t scan_tiles(
-    tuple tiles, cnp.ndarray dst, cnp.int64_t* shapes, const char** ptrs, int* status
+    tuple tiles, cnp.ndarray dst, const cnp.intp_t* origins, cnp.int64_t* shapes, const char** ptrs,
+    int* status,
 ):
     """Check each tile against ``dst`` (GIL held); record its shape and data pointer.
 
-    ``shapes`` has ``len(tiles) * dst.ndim`` entries. Returns the index of the
-    first bad tile with its reason in ``status``, or -1 when all are fine.
+    ``origins`` holds ``len(tiles) * (dst.ndim - 1)`` corners, ``shapes`` room
+    for ``len(tiles) * dst.ndim`` extents. Returns the index of the first bad
+    tile with its reason in ``status``, or -1 when every tile is usable.
     """
-    cdef Py_ssize_t i
-    cdef int k, ndim = cnp.PyArray_NDIM(dst)
+    cdef Py_ssize_t i, o
+    cdef int k, ndim = cnp.PyArray_NDIM(dst), nd = ndim - 1
+    cdef cnp.npy_intp* dst_dims = cnp.PyArray_DIMS(dst)
     cdef cnp.dtype dtype = <cnp.dtype>cnp.PyArray_DESCR(dst)
     cdef cnp.ndarray a
     cdef cnp.npy_intp* dims
@@ -60,29 +69,53 @@ cdef inline Py_ssize_t scan_tiles(
         if cnp.PyArray_NDIM(a) != ndim:
             status[0] = TILE_NDIM
             return i
-        if not cnp.PyArray_EquivTypes(<cnp.dtype>cnp.PyArray_DESCR(a), dtype):
+        # most tiles share dst's descriptor object: skip the full comparison then
+        if (<void*>cnp.PyArray_DESCR(a) != <void*>dtype
+                and not cnp.PyArray_EquivTypes(<cnp.dtype>cnp.PyArray_DESCR(a), dtype)):
             status[0] = TILE_DTYPE
             return i
         if not cnp.PyArray_IS_C_CONTIGUOUS(a):
             status[0] = TILE_NOT_CONTIGUOUS
             return i
         dims = cnp.PyArray_DIMS(a)
+        for k in range(nd):
+            o = origins[i * nd + k]
+            if o < 0 or o > dst_dims[k + 1] - dims[k + 1]:
+                status[0] = TILE_OUTSIDE
+                return i
         for k in range(ndim):
             shapes[i * ndim + k] = dims[k]
-        if ptrs != NULL:
-            ptrs[i] = <const char*>cnp.PyArray_DATA(a)
-    status[0] = TILE_OK
+        ptrs[i] = <const char*>cnp.PyArray_DATA(a)
+    status[0] = OK
+    return -1
+
+
+cdef inline Py_ssize_t check_runs(
+    const cnp.int64_t* runs, Py_ssize_t n_runs, const cnp.int64_t* shapes, int ndim,
+    Py_ssize_t n_tiles, Py_ssize_t dst_rows,
+) noexcept nogil:
+    """Index of the first run ``[tile, src_row, dst_row, n]`` that does not fit, or -1."""
+    cdef Py_ssize_t r
+    cdef cnp.int64_t t, s, d, n
+    for r in range(n_runs):
+        t = runs[4 * r]
+        s = runs[4 * r + 1]
+        d = runs[4 * r + 2]
+        n = runs[4 * r + 3]
+        if (t < 0 or t >= n_tiles or n < 0 or s < 0 or s > shapes[t * ndim] - n
+                or d < 0 or d > dst_rows - n):
+            return r
     return -1
 
 
 cdef inline int build_table(
     TileTable* tab, const char** ptrs, const cnp.int64_t* shapes, const cnp.intp_t* origins,
-    Py_ssize_t n_tiles, const cnp.npy_intp* dst_dims, int ndim, Py_ssize_t itemsize,
+    Py_ssize_t n_tiles, const cnp.npy_intp* dst_dims, int ndim, Py_ssize_t itemsize, bint stream,
 ) noexcept nogil:
     """Fold every tile's rectangle; ``shapes``/``origins`` rows are ``(rows, *inner)``/``inner``.
 
-    Geometry was validated by the caller. Returns 0, or -1 when out of memory
-    (``tab`` is then empty and safe to free).
+    Geometry was validated by ``scan_tiles``. Returns 0, or -1 when out of
+    memory (``tab`` is then empty and safe to free).
     """
     cdef int nd = ndim - 1            # inner dims
     cdef int k, m
@@ -92,11 +125,12 @@ cdef inline int build_table(
     cdef const cnp.int64_t* shp
     cdef const cnp.intp_t* org
     cdef TileGeom* g
-    cdef Py_ssize_t per_tile = 3 * (nd if nd > 0 else 1)
+    cdef Py_ssize_t per_dim = nd if nd > 0 else 1
 
     tab.geoms = NULL
     tab.dims = NULL
     tab.n_tiles = 0
+    tab.stream = stream
     acc = itemsize
     for k in range(nd - 1, -1, -1):
         inner_strides[k] = acc
@@ -105,7 +139,7 @@ cdef inline int build_table(
     if n_tiles == 0:
         return 0
     tab.geoms = <TileGeom*>malloc(n_tiles * sizeof(TileGeom))
-    tab.dims = <Py_ssize_t*>malloc(n_tiles * per_tile * sizeof(Py_ssize_t))
+    tab.dims = <Py_ssize_t*>malloc(n_tiles * 3 * per_dim * sizeof(Py_ssize_t))
     if tab.geoms == NULL or tab.dims == NULL:
         free_table(tab)
         return -1
@@ -116,9 +150,9 @@ cdef inline int build_table(
         shp = shapes + t * ndim + 1   # the tile's inner extents
         org = origins + t * nd
         g.data = ptrs[t]
-        g.extent = tab.dims + t * per_tile
-        g.dst_strides = g.extent + per_tile // 3
-        g.src_strides = g.extent + 2 * (per_tile // 3)
+        g.extent = tab.dims + t * 3 * per_dim
+        g.dst_strides = g.extent + per_dim
+        g.src_strides = g.extent + 2 * per_dim
         acc = itemsize
         for k in range(nd - 1, -1, -1):
             tile_strides[k] = acc
@@ -165,14 +199,15 @@ cdef inline void copy_rows(
         return
     s = g.data + src_row * g.row_bytes
     d = dst + dst_row * drb + g.dst_offset
-    if g.n_outer == 0:
-        if g.run_bytes == drb:
-            # the tile spans the whole row: consecutive rows are one block
-            memcpy(d, s, <size_t>(n_rows * drb))
-        else:
-            for r in range(n_rows):
-                memcpy(d + r * drb, s + r * g.row_bytes, <size_t>g.run_bytes)
-        return
-    for r in range(n_rows):
-        copy_rect(d + r * drb, g.dst_strides, s + r * g.row_bytes, g.src_strides,
-                  g.extent, g.n_outer, g.run_bytes)
+    if g.n_outer == 0 and g.run_bytes == drb:
+        # the tile spans the whole row: consecutive rows are one block
+        copy_bytes(d, s, n_rows * drb, tab.stream)
+    elif g.n_outer == 0:
+        for r in range(n_rows):
+            copy_bytes(d + r * drb, s + r * g.row_bytes, g.run_bytes, tab.stream)
+    else:
+        for r in range(n_rows):
+            copy_rect(d + r * drb, g.dst_strides, s + r * g.row_bytes, g.src_strides,
+                      g.extent, g.n_outer, g.run_bytes, tab.stream)
+    if tab.stream:
+        ib_stream_fence()

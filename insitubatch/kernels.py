@@ -43,6 +43,11 @@ __all__ = [
     "write_tile",
 ]
 
+_STATUS = _gather.STATUS
+# Copies moving at least this many bytes use non-temporal stores: four times the core's
+# L2, past which a batch cannot stay cached for its consumer anyway (see _ext/rect.pxd).
+_STREAM_MIN_BYTES: int = _gather.STREAM_MIN_BYTES
+
 
 def _require_c_contiguous(name: str, a: np.ndarray) -> None:
     if not isinstance(a, np.ndarray):
@@ -154,7 +159,7 @@ def _require_writable_rows(name: str, a: np.ndarray) -> None:
 
 
 def _tile_error(dst_name: str, dst: np.ndarray, i: int, tile: object) -> Exception:
-    """The error for the first tile ``scan`` rejected, re-derived in the same order."""
+    """The error for the first tile the kernel rejected, re-derived in the kernel's order."""
     if not isinstance(tile, np.ndarray):
         return TypeError(f"tiles[{i}] must be a numpy.ndarray, got {type(tile).__name__}")
     if tile.ndim != dst.ndim:
@@ -167,19 +172,33 @@ def _tile_error(dst_name: str, dst: np.ndarray, i: int, tile: object) -> Excepti
     return ValueError(f"tiles[{i}] must be C-contiguous (got strides {tile.strides} for shape {tile.shape})")
 
 
-def _scan_tiles(dst_name: str, dst: np.ndarray, tiles: tuple) -> np.ndarray:
-    """Check every tile against ``dst`` in C; return their shapes as int64 ``(n_tiles, ndim)``."""
-    status, bad, shapes = _gather.scan(tiles, dst)
-    if status:
-        raise _tile_error(dst_name, dst, bad, tiles[bad])
-    return shapes
+def _kernel_error(
+    status: int, index: int, dst_name: str, dst: np.ndarray, tiles: tuple, origins: np.ndarray,
+    runs: np.ndarray | None = None,
+) -> Exception:
+    """Turn a kernel's ``(status, index)`` into the exception that names the problem."""
+    if status == _STATUS["NO_MEMORY"]:
+        return MemoryError(f"no memory for the tile table of {len(tiles)} tiles")
+    if status < _STATUS["TILE_OUTSIDE"]:
+        return _tile_error(dst_name, dst, index, tiles[index])
+    shapes = np.asarray([t.shape for t in tiles], dtype=np.int64).reshape(len(tiles), dst.ndim)
+    if status == _STATUS["TILE_OUTSIDE"]:
+        return _explain_rectangle(dst_name, dst, tiles, shapes, origins)
+    if status == _STATUS["TILE_ROWS"]:
+        return ValueError(
+            f"tiles[{index}] has {tiles[index].shape[0]} rows but {dst_name} has {dst.shape[0]}; "
+            "a chunk's tiles share its rows"
+        )
+    return _explain_run(runs, shapes[:, 0], dst.shape[0])
 
 
 def _index_table(name: str, table: object, shape: tuple[int | None, int], dtype: type) -> np.ndarray:
     """``table`` as a C-contiguous integer array of ``shape`` (``None`` = any row count)."""
     a = np.asarray(table)
-    if a.size == 0:
-        a = a.astype(dtype).reshape(0 if shape[0] is None else shape[0], shape[1])
+    if a.size == 0:  # [] or np.empty((0, k)) of any dtype: an empty table
+        a = a.astype(dtype)
+        if shape[0] is None or shape[0] * shape[1] == 0:
+            a = a.reshape(0 if shape[0] is None else shape[0], shape[1])
     if a.dtype.kind not in "iu":
         raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
     if a.ndim != 2 or a.shape[1] != shape[1] or (shape[0] is not None and a.shape[0] != shape[0]):
@@ -188,47 +207,36 @@ def _index_table(name: str, table: object, shape: tuple[int | None, int], dtype:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def _check_rectangles(dst_name: str, dst: np.ndarray, tiles: tuple, shapes: np.ndarray, origins: np.ndarray) -> None:
-    """Every tile's inner rectangle must lie inside ``dst``'s inner extent (vectorized)."""
+def _explain_rectangle(dst_name: str, dst: np.ndarray, tiles: tuple, shapes: np.ndarray, origins: np.ndarray) -> Exception:
+    """The error naming the first tile whose rectangle leaves ``dst``'s inner extent."""
     inner = np.asarray(dst.shape[1:], dtype=np.int64)
     extent = shapes[:, 1:]
-    if origins.size == 0 or (origins.min() >= 0 and not (origins > inner - extent).any()):
-        return
     bad = (origins < 0) | (origins > inner - extent)
     t, k = (int(x) for x in np.argwhere(bad)[0])
     o, e = int(origins[t, k]), int(extent[t, k])
-    raise ValueError(
+    return ValueError(
         f"tiles[{t}]'s rectangle [{o}:{o + e}) on inner axis {k} does not fit {dst_name}'s "
         f"extent {int(inner[k])} ({dst_name} shape {dst.shape}, origins[{t}]="
         f"{tuple(int(x) for x in origins[t])}, tile shape {tiles[t].shape})"
     )
 
 
-def _check_runs(runs: np.ndarray, tile_rows: np.ndarray, out_rows: int) -> None:
-    """Every run must name a tile and stay inside its rows and ``out``'s rows (vectorized).
-
-    The common all-good case costs a handful of numpy reductions; only a bad
-    table pays for locating and naming the first bad run.
-    """
-    if len(runs) == 0:
-        return
+def _explain_run(runs: np.ndarray, tile_rows: np.ndarray, out_rows: int) -> Exception:
+    """The error naming the first run that names no tile or leaves a tile's or ``out``'s rows."""
     tile, src, dst, n = runs.T
-    if runs.min() >= 0 and tile.max() < len(tile_rows):
-        if not ((src > tile_rows[tile] - n) | (dst > out_rows - n)).any():
-            return
     bad = (tile < 0) | (tile >= len(tile_rows))
     if bad.any():
         r = int(np.argmax(bad))
-        raise ValueError(f"runs[{r}] names tile {int(tile[r])}, but there are {len(tile_rows)} tiles")
+        return ValueError(f"runs[{r}] names tile {int(tile[r])}, but there are {len(tile_rows)} tiles")
     rows = tile_rows[tile]
     bad = (n < 0) | (src < 0) | (src > rows - n) | (dst < 0) | (dst > out_rows - n)
     r = int(np.argmax(bad))
     t, s, d, k = (int(x) for x in runs[r])
     if k < 0:
-        raise ValueError(f"runs[{r}] has n_rows={k}; it must be >= 0")
+        return ValueError(f"runs[{r}] has n_rows={k}; it must be >= 0")
     if s < 0 or s + k > int(rows[r]):
-        raise ValueError(f"runs[{r}] reads rows [{s}:{s + k}) of tiles[{t}], which has {int(rows[r])} rows")
-    raise ValueError(f"runs[{r}] writes rows [{d}:{d + k}) of out, which has {out_rows} rows")
+        return ValueError(f"runs[{r}] reads rows [{s}:{s + k}) of tiles[{t}], which has {int(rows[r])} rows")
+    return ValueError(f"runs[{r}] writes rows [{d}:{d + k}) of out, which has {out_rows} rows")
 
 
 def coalesce_runs(tile_idx: object, src_rows: object, dst_rows: object) -> np.ndarray:
@@ -268,11 +276,14 @@ def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: 
     Each run ``[t, src_row, dst_row, n]`` of ``runs`` copies
     ``tiles[t][src_row:src_row + n]`` into
     ``out[dst_row:dst_row + n][rectangle of tile t]``, the rectangle starting at
-    ``origins[t]`` in ``out``'s inner dims. All checks run vectorized with the
-    GIL held (O(tiles + runs), no per-row Python); the copy runs entirely in C
-    with the GIL released, on several threads when the extension was built with
-    OpenMP. Runs must not write overlapping rows of the same rectangle, and no
-    tile may overlap ``out`` in memory.
+    ``origins[t]`` in ``out``'s inner dims. Every tile and run is checked in C
+    with the GIL held (O(tiles + runs), no per-row Python; numpy only locates
+    the culprit for the message once a check failed). The copy then runs
+    entirely in C with the GIL released — on several threads when the extension
+    was built with OpenMP, and with non-temporal stores when the batch outgrows
+    the core's private caches (``_STREAM_MIN_BYTES``). Runs must not write
+    overlapping rows of the same rectangle, and no tile may overlap ``out`` in
+    memory.
 
     Parameters
     ----------
@@ -292,13 +303,11 @@ def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: 
     """
     _require_writable_rows("out", out)
     tiles = tuple(tiles)
-    shapes = _scan_tiles("out", out, tiles)
     origins = _index_table("origins", origins, (len(tiles), out.ndim - 1), np.intp)
     runs = _index_table("runs", runs, (None, 4), np.int64)
-    _check_rectangles("out", out, tiles, shapes, origins)
-    _check_runs(runs, shapes[:, 0], out.shape[0])
-    if _gather.gather_runs(out, tiles, shapes, origins, runs):
-        raise MemoryError(f"gather could not allocate its table for {len(tiles)} tiles")
+    status, index = _gather.gather_runs(out, tiles, origins, runs, _STREAM_MIN_BYTES)
+    if status:
+        raise _kernel_error(status, index, "out", out, tiles, origins, runs)
 
 
 def assemble_tiles(slot: np.ndarray, tiles: Sequence[np.ndarray], origins: object) -> None:
@@ -312,18 +321,10 @@ def assemble_tiles(slot: np.ndarray, tiles: Sequence[np.ndarray], origins: objec
     """
     _require_writable_rows("slot", slot)
     tiles = tuple(tiles)
-    shapes = _scan_tiles("slot", slot, tiles)
     origins = _index_table("origins", origins, (len(tiles), slot.ndim - 1), np.intp)
-    short = shapes[:, 0] != slot.shape[0]
-    if short.any():
-        t = int(np.argmax(short))
-        raise ValueError(
-            f"tiles[{t}] has {int(shapes[t, 0])} rows but slot has {slot.shape[0]}; "
-            "a chunk's tiles share its rows"
-        )
-    _check_rectangles("slot", slot, tiles, shapes, origins)
-    if _assemble.assemble_tiles(slot, tiles, shapes, origins):
-        raise MemoryError(f"assemble_tiles could not allocate its table for {len(tiles)} tiles")
+    status, index = _assemble.assemble_tiles(slot, tiles, origins, _STREAM_MIN_BYTES)
+    if status:
+        raise _kernel_error(status, index, "slot", slot, tiles, origins)
 
 
 # ---------------------------------------------------------------------------
@@ -510,12 +511,16 @@ def _slot_offset(slot_file: SlotFile, tile_index: int, shape: Sequence[int]) -> 
     return slot_file._header_bytes + i * slot_file.slot_bytes
 
 
+def _slot_view(slot_file: SlotFile, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+    # the memoryview is the export that keeps the mapping alive (and mapped) under the view
+    flat = np.frombuffer(memoryview(slot_file._mapping), slot_file.dtype, math.prod(shape), offset)
+    return flat.reshape(shape)
+
+
 def tile_view(slot_file: SlotFile, tile_index: int, shape: Sequence[int] | None = None) -> np.ndarray:
     """The zero-copy C-contiguous view of tile ``tile_index`` (``shape`` for an edge tile)."""
     shape = slot_file.tile_shape if shape is None else tuple(int(x) for x in shape)
-    offset = _slot_offset(slot_file, tile_index, shape)
-    flat = np.frombuffer(memoryview(slot_file._mapping), slot_file.dtype, math.prod(shape), offset)
-    return flat.reshape(shape)
+    return _slot_view(slot_file, _slot_offset(slot_file, tile_index, shape), shape)
 
 
 def write_tile(slot_file: SlotFile, tile_index: int, tile: np.ndarray) -> np.ndarray:
@@ -533,4 +538,4 @@ def write_tile(slot_file: SlotFile, tile_index: int, tile: np.ndarray) -> np.nda
     status = slot_file._mapping.write(offset, tile)
     if status:  # unreachable after the checks above; kept so a kernel refusal is never silent
         raise ValueError(f"write_tile refused the copy into {slot_file.path} (status {status})")
-    return tile_view(slot_file, tile_index, tile.shape)
+    return _slot_view(slot_file, offset, tile.shape)

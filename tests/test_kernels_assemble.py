@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from insitubatch import kernels
 from insitubatch.kernels import assemble_tiles, fill_region, place_tile
 
 DTYPES = ["u1", "i2", "<f4", ">f8", "c8", "bool", "M8[s]"]
@@ -80,8 +81,11 @@ def _split_into_tiles(chunk: np.ndarray, tile: tuple[int, ...]) -> tuple[list[np
     return tiles, np.asarray(corners, dtype=np.intp).reshape(len(corners), len(inner))
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["cached", "streamed"])
 @pytest.mark.parametrize("dtype", ["u1", ">i2", "<f4", "c16", "M8[ms]"])
-def test_assemble_tiles_rebuilds_the_chunk(dtype: str) -> None:
+def test_assemble_tiles_rebuilds_the_chunk(monkeypatch: pytest.MonkeyPatch, dtype: str, stream: bool) -> None:
+    if stream:  # the path large slots take: non-temporal stores
+        monkeypatch.setattr(kernels, "_STREAM_MIN_BYTES", 0)
     rng = np.random.default_rng(11)
     for _ in range(30):
         nd = int(rng.integers(0, 4))

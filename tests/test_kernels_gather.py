@@ -8,6 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
+from insitubatch import kernels
 from insitubatch._ext import gather as _gather
 from insitubatch.kernels import coalesce_runs, gather
 
@@ -92,6 +93,24 @@ def test_gather_matches_numpy_indexing(dtype: object, order: str) -> None:
         runs = coalesce_runs(*window.selection(samples))
         gather(out, window.tiles, window.origin_table(), runs)
         assert_same_bytes(out, _reference(window, samples, dtype))
+
+
+@pytest.mark.parametrize("dtype", ["u1", "S3", "<f4", "c16"])
+def test_streaming_stores_copy_the_same_bytes(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+    """Large batches bypass the caches; force that path on small ones (odd sizes and alignments)."""
+    monkeypatch.setattr(kernels, "_STREAM_MIN_BYTES", 0)
+    rng = np.random.default_rng(zlib.crc32(dtype.encode()))
+    for _ in range(30):
+        window = _random_window(rng, dtype)
+        everything = [(c, r) for c, chunk in enumerate(window.chunks) for r in range(len(chunk))]
+        rng.shuffle(everything)
+        out = np.zeros((len(everything), *window.inner), dtype=dtype)
+        gather(out, window.tiles, window.origin_table(), coalesce_runs(*window.selection(everything)))
+        assert_same_bytes(out, _reference(window, everything, dtype))
+    big = Window(rng, (300, 97), (300, 97), [3], dtype)  # whole-row runs of ~29-116 KB
+    out = np.zeros((3, 300, 97), dtype=dtype)
+    gather(out, big.tiles, big.origin_table(), coalesce_runs(*big.selection([(0, 2), (0, 0), (0, 1)])))
+    assert_same_bytes(out, _reference(big, [(0, 2), (0, 0), (0, 1)], dtype))
 
 
 def test_gather_writes_only_the_runs_rows() -> None:

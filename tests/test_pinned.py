@@ -201,3 +201,14 @@ def test_register_cuda_true_without_cuda_says_so() -> None:
         pytest.skip("CUDA is available here")
     with pytest.raises(ValueError, match="register_cuda=True needs torch built with CUDA"):
         PinnedBufferPool(register_cuda=True)
+
+
+def test_a_pool_buffer_is_a_batch_buffer_for_gather(pool: PinnedBufferPool) -> None:
+    from insitubatch.kernels import coalesce_runs, gather
+
+    tiles = [np.arange(4 * 6, dtype="f4").reshape(4, 6) + 100 * k for k in range(3)]
+    batch = pool.acquire((5, 6), "f4")
+    rows = [(2, 1), (0, 3), (1, 0), (2, 2), (0, 0)]  # (tile, row) in batch order
+    runs = coalesce_runs([t for t, _ in rows], [r for _, r in rows], range(5))
+    gather(batch, tiles, np.zeros((3, 1), np.intp), runs)
+    np.testing.assert_array_equal(batch, np.stack([tiles[t][r] for t, r in rows]))
