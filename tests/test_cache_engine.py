@@ -242,3 +242,23 @@ def test_windowed_shuffled_persist_drops_the_residency_floor() -> None:
     print(f"floor in chunks, leads (0, 24, 240), 256-chunk split: held {held_floor:.0f}, released {released_floor:.0f}")
     assert released_floor <= 3 * 3 * 4  # a few blocks of three leads
     assert held_floor > 4 * released_floor
+
+
+def test_mmap_tier_unlinks_evicted_slots_and_stays_within_budget(data, tmp_path) -> None:
+    path, truth = data
+    cache = tmp_path / "spill"
+    geoms = open_geometries(str(path))
+    manifest = split_by_chunk(geoms["a"], fractions=(1.0,))
+    with InSituDataset(str(path), manifest, geoms, cache_dir=cache, batch_size=5, block_chunks=2, seed=1) as ds:
+        budget = ds.plan("train").working_set_bytes
+    with InSituDataset(str(path), manifest, geoms, cache_dir=cache, batch_size=5, block_chunks=2, seed=1,
+                       cache_budget_bytes=budget) as ds:
+        files_seen = 0
+        for batch in ds.train:
+            np.testing.assert_array_equal(batch.arrays["a"], truth["a"][batch.sample_indices])
+            files = list(cache.glob("*.npy"))
+            files_seen = max(files_seen, len(files))
+            assert sum(f.stat().st_size for f in files) <= 2 * budget  # headers and packed tiles: bounded by the budget
+        assert ds.pool.totals.evictions > 0 and ds.pool.totals.peak_resident_bytes <= budget
+        assert len(list(cache.glob("*.npy"))) == len(ds.pool)
+    assert files_seen < 24 and not list(cache.glob("*.npy"))
