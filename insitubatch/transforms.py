@@ -84,6 +84,9 @@ def applies(paths: Sequence[str] | str, transform: ChunkTransform) -> Scoped:
         raise ValueError("applies() needs at least one array path")
     if not callable(transform):
         raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+    validate = getattr(transform, "validate_scope", None)
+    if validate is not None:  # e.g. a StandardScaler checks it holds statistics for every named path
+        validate(paths)
     return Scoped(paths, transform)
 
 
@@ -187,3 +190,9 @@ def run_pipeline(
 def _name(t: object) -> str:
     inner = t.transform if isinstance(t, Scoped) else t
     return getattr(inner, "__qualname__", None) or type(inner).__qualname__
+
+
+# the built-in transforms live in their own module; they are part of this one's public surface
+from .builtin_transforms import Coarsen, KelvinToCelsius, Regrid, StandardScaler, kelvin_to_celsius  # noqa: E402
+
+__all__ = sorted([*__all__, "Coarsen", "KelvinToCelsius", "Regrid", "StandardScaler", "kelvin_to_celsius"])

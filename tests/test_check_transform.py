@@ -1,0 +1,287 @@
+"""``insitubatch-check-transform``: exit codes, the output_inner checks and the GIL probe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from helpers import smooth_field, write_array
+from insitubatch.builtin_transforms import kelvin_to_celsius
+from insitubatch.check_transform import PROBE_MAX_CALL_S, flag_threshold, gil_probe, load_transform, main
+from insitubatch.stores import obstore_store
+from insitubatch.transforms import ChunkRead, DecodedChunk
+
+KELVIN = "insitubatch.builtin_transforms:kelvin_to_celsius"
+# user transforms, written to a file the CLI loads by path
+PREP = '''
+import dataclasses
+
+import numpy as np
+
+from insitubatch.builtin_transforms import Coarsen, Regrid, StandardScaler, kelvin_to_celsius
+from insitubatch.transforms import applies
+
+LAT = np.linspace(40.0, -40.0, 16)
+LON = np.arange(32) * 11.25
+
+
+def per_element_kelvin(chunk):
+    """The transform not to write: one Python operation per element, GIL held throughout."""
+    out = np.empty(chunk.data.shape, chunk.data.dtype)
+    src, dst = chunk.data.reshape(-1), out.reshape(-1)
+    for i in range(src.size):
+        dst[i] = src[i] - 273.15
+    return dataclasses.replace(chunk, data=out)
+
+
+def numpy_kelvin(chunk):
+    return dataclasses.replace(chunk, data=chunk.data - np.float32(273.15))
+
+
+def halve_lat(chunk):
+    """Reshapes, but declares no output_inner."""
+    return dataclasses.replace(chunk, data=chunk.data[:, ::2])
+
+
+class WrongDeclared:
+    """Declares a quarter of the longitudes but returns half of them."""
+
+    def output_inner(self, geometry):
+        return (geometry.inner_shape[0], geometry.inner_shape[1] // 4), geometry.dtype
+
+    def __call__(self, chunk):
+        return dataclasses.replace(chunk, data=chunk.data[:, :, ::2])
+
+
+class NeedsArguments:
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, chunk):
+        return chunk
+
+
+def drop_a_sample(chunk):
+    return dataclasses.replace(chunk, data=chunk.data[1:])
+
+
+def in_place(chunk):
+    chunk.data -= 273.15
+    return chunk
+
+
+def returns_array(chunk):
+    return chunk.data
+
+
+regrid = Regrid(LAT, LON, np.linspace(30.0, -30.0, 5), np.arange(0.0, 340.0, 20.0))
+coarsen = Coarsen(2)
+kelvin_on_u10 = applies(["u10"], kelvin_to_celsius)
+class scaler_without_t2m:  # noqa: N801 - a mis-scoped scaler; applies() refuses it when the CLI builds it
+    def __new__(cls):
+        return applies(["t2m"], StandardScaler({"u10": 0.0}, {"u10": 1.0}))
+'''
+
+
+@pytest.fixture
+def store_path(tmp_path) -> Path:
+    """A small v3 group: t2m (40, 16, 32) in (8, 16, 16) stored chunks, so each chunk has two tiles."""
+    rng = np.random.default_rng(3)
+    root = zarr.open_group(tmp_path / "era5.zarr", mode="w")
+    write_array(root, "t2m", 280 + smooth_field(rng, (40, 16, 32)), (8, 16, 16), dims=("time", "lat", "lon"))
+    write_array(root, "u10", smooth_field(rng, (40, 16, 32)), (8, 16, 32), dims=("time", "lat", "lon"))
+    return tmp_path / "era5.zarr"
+
+
+@pytest.fixture
+def prep(tmp_path) -> Path:
+    path = tmp_path / "prep.py"
+    path.write_text(PREP)
+    return path
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+# -- exit codes and the output checks ---------------------------------------------------
+def test_kelvin_to_celsius_passes_and_prints_the_geometry(capsys, store_path) -> None:
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", KELVIN, "--no-gil-probe")
+    assert code == 0, out
+    assert "shape (40, 16, 32) float32" in out
+    assert "stored chunk (8, 16, 16): 8 samples per chunk, 5 chunks, 2 stored chunk(s)" in out
+    assert "decoded      0.016 MB per chunk" in out
+    assert "PASS output-inner" in out and "SKIP gil-probe    --no-gil-probe" in out
+    assert "cache key    'insitubatch.kelvin_to_celsius/v1'" in out
+    assert out.rstrip().endswith("verdict      PASS: 5 checks passed")
+
+
+@pytest.mark.parametrize("attr", ["regrid", "coarsen"])
+def test_declared_reshapes_pass(capsys, store_path, prep, attr) -> None:
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", f"{prep}:{attr}", "--no-gil-probe")
+    assert code == 0, out
+    assert "PASS output-inner declared" in out
+
+
+def test_undeclared_reshape_fails_naming_transform_and_shapes(capsys, store_path, prep) -> None:
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", f"{prep}:halve_lat", "--no-gil-probe")
+    assert code == 1
+    assert "FAIL output-inner halve_lat changed inner (16, 32) float32 to (8, 32) float32 without declaring output_inner" in out
+    assert "verdict      FAIL: 1 of" in out
+
+
+def test_wrong_output_inner_fails_naming_both_shapes(capsys, store_path, prep) -> None:
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", f"{prep}:WrongDeclared")
+    assert code == 1
+    assert "WrongDeclared.output_inner declares inner (16, 8) float32 but the transform returned (16, 16) float32" in out
+    assert "SKIP gil-probe    an earlier check failed" in out
+
+
+@pytest.mark.parametrize(
+    ("attr", "message"),
+    [
+        ("drop_a_sample", "FAIL sample-axis  drop_a_sample turned 8 samples into 7 samples"),
+        ("in_place", "FAIL run          in_place raised ValueError"),
+        ("returns_array", "FAIL returns      returns_array returned ndarray; a chunk transform returns a DecodedChunk"),
+        ("kelvin_on_u10", "FAIL scope        applies(['u10'], KelvinToCelsius) is scoped to ['u10']; it would never run on 't2m'"),
+        ("scaler_without_t2m", "StandardScaler is scoped to ['t2m'], which it has no statistics for"),
+        ("NeedsArguments", "FAIL load         --transform"),
+        ("nothing_here", "has no 'nothing_here'"),
+    ],
+)
+def test_broken_transforms_fail(capsys, store_path, prep, attr, message) -> None:
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", f"{prep}:{attr}", "--no-gil-probe")
+    assert code == 1, out
+    assert message in out
+    if attr == "in_place":
+        assert "wrote into chunk.data in place" in out
+
+
+def test_store_and_argument_errors(capsys, store_path, tmp_path) -> None:
+    code, out = _run(capsys, str(store_path), "--var", "nope", "--transform", KELVIN)
+    assert code == 1 and "FAIL open" in out and "'nope' is not an array" in out
+    code, out = _run(capsys, str(tmp_path / "missing.zarr"), "--var", "t2m", "--transform", KELVIN)
+    assert code == 1 and "FAIL open" in out
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", KELVIN, "--chunk", "9", "--no-gil-probe")
+    assert code == 1 and "FAIL read" in out and "chunk_index=9" in out
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", "no_colon")
+    assert code == 1 and "must be module:attr or path/to/file.py:attr" in out
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", str(tmp_path / "absent.py") + ":f")
+    assert code == 1 and "no file" in out
+    assert _run(capsys, str(store_path), "--transform", KELVIN)[0] == 2  # --var is required
+    assert _run(capsys, str(store_path), "--var", "t2m", "--transform", KELVIN, "--threads", "1")[0] == 2
+    code, out = _run(capsys, "--help")
+    assert code == 0 and "--no-gil-probe" in out
+
+
+def test_load_transform_by_module_and_by_path(prep) -> None:
+    transform, name = load_transform(KELVIN)
+    assert transform is kelvin_to_celsius and name == "KelvinToCelsius"
+    transform, name = load_transform(f"{prep}:WrongDeclared")
+    assert callable(transform) and name == "WrongDeclared"  # the class was instantiated
+    with pytest.raises(TypeError, match="cannot be built without arguments"):
+        load_transform(f"{prep}:NeedsArguments")
+
+
+# -- the GIL probe ------------------------------------------------------------------------
+def test_gil_probe_flags_per_element_python_and_passes_numpy(capsys, store_path, prep) -> None:
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", f"{prep}:per_element_kelvin")
+    assert code == 1, out
+    assert "FAIL gil-probe    per_element_kelvin holds the GIL" in out
+    assert "verdict      FAIL: 1 of 6 checks failed (gil-probe)" in out
+    code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", f"{prep}:numpy_kelvin")
+    assert code == 0, out
+    assert "PASS gil-probe    numpy_kelvin releases the GIL" in out
+
+
+def test_gil_probe_measures_parallelism_directly() -> None:
+    data = np.full((4, 64, 64), 300.0, dtype="f4")
+    data.flags.writeable = False
+    chunk = DecodedChunk(ChunkRead("t", 0), data, 0)
+
+    def per_element(c: DecodedChunk) -> DecodedChunk:
+        out = [float(v) - 273.15 for v in c.data.reshape(-1)[:20_000]]
+        return DecodedChunk(c.read, np.asarray(out, dtype="f4"), c.sample_offset)
+
+    held = gil_probe(per_element, chunk, threads=4)
+    free = gil_probe(kelvin_to_celsius, chunk, threads=4)
+    if held is None or free is None:
+        pytest.skip("one usable core and no scheduler accounting")
+    assert held.holds_gil and held.parallelism < flag_threshold(4), held
+    assert not free.holds_gil and free.parallelism >= flag_threshold(4), free
+    assert flag_threshold(2) == pytest.approx(1.3)
+
+
+def test_gil_probe_cuts_a_slow_chunk_along_the_sample_axis() -> None:
+    seen: list[int] = []
+
+    def sort_rows(c: DecodedChunk) -> DecodedChunk:  # ~20 ms of GIL-free numpy per sample
+        seen.append(c.data.shape[0])
+        return DecodedChunk(c.read, np.sort(c.data, axis=1, kind="stable"), c.sample_offset)
+
+    data = np.random.default_rng(0).standard_normal((16, 200_000)).astype("f4")
+    probe = gil_probe(sort_rows, DecodedChunk(ChunkRead("t", 0), data, 0), threads=2)
+    assert seen[0] == 16 and min(seen) < 16  # one call was too long for the window: fewer samples
+    if probe is not None:
+        assert probe.samples < 16 and probe.call_s < 16 * PROBE_MAX_CALL_S and not probe.holds_gil, probe
+
+
+def test_gil_probe_falls_back_to_wall_clock_without_scheduler_accounting(monkeypatch) -> None:
+    import insitubatch.check_transform as check
+
+    monkeypatch.setattr(check, "_schedstat_live", lambda: False)
+    monkeypatch.setattr(check, "_usable_cpus", lambda: 1)
+    chunk = DecodedChunk(ChunkRead("t", 0), np.full((4, 64, 64), 300.0, "f4"), 0)
+    assert gil_probe(kelvin_to_celsius, chunk) is None  # one core, no accounting: nothing to conclude
+    monkeypatch.setattr(check, "_usable_cpus", lambda: 2)
+    probe = gil_probe(kelvin_to_celsius, chunk, trials=1)
+    assert probe is not None and probe.method == "wall-clock" and probe.threads == 2
+    assert probe.threshold == pytest.approx(1.3) and probe.parallelism > 0
+
+
+def test_gil_probe_reports_a_transform_that_fails_in_threads() -> None:
+    def fails_off_the_main_thread(c: DecodedChunk) -> DecodedChunk:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("not thread-safe")
+        return c
+
+    chunk = DecodedChunk(ChunkRead("t", 0), np.zeros((2, 3), "f4"), 0)
+    with pytest.raises(RuntimeError, match="raised in a probe thread.*not thread-safe"):
+        gil_probe(fails_off_the_main_thread, chunk, threads=2)
+
+
+# -- as a process, and against a loopback object store ----------------------------------------
+def test_runs_as_a_process_with_exit_codes(store_path, prep) -> None:
+    base = [sys.executable, "-m", "insitubatch.check_transform", str(store_path), "--var", "t2m", "--no-gil-probe"]
+    ok = subprocess.run([*base, "--transform", KELVIN], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "verdict      PASS" in ok.stdout
+    bad = subprocess.run([*base, "--transform", f"{prep}:halve_lat"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "FAIL output-inner" in bad.stdout
+
+
+def test_reads_from_a_loopback_s3_endpoint(capsys, monkeypatch, s3_server, s3_bucket, store_path) -> None:
+    options = s3_server.client_options()
+    url = f"s3://{s3_bucket}/era5.zarr"
+    target = zarr.open_group(obstore_store(url, **options), mode="w")
+    t2m = zarr.open_group(store_path, mode="r")["t2m"]
+    write_array(target, "t2m", t2m[:], t2m.chunks, dims=("time", "lat", "lon"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", options["access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", options["secret_access_key"])
+    monkeypatch.setenv("AWS_REGION", options["region"])
+    base = [url, "--var", "t2m", "--transform", KELVIN, "--no-gil-probe", "--endpoint", s3_server.endpoint, "--allow-http"]
+    code, out = _run(capsys, *base, "--request-payer")
+    assert code == 0, out
+    assert "read         chunk 0: (8, 16, 32) from 2 stored chunk(s)" in out
+    # unsigned requests reach the server and are refused by the private bucket
+    code, out = _run(capsys, *base, "--skip-signature")
+    assert code == 1 and "FAIL open" in out and "403" in out
