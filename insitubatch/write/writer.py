@@ -15,7 +15,7 @@ from zarr.abc.store import Store
 from ..errors import WriteIntentRangeError
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
 from .layout import WriteLayout, read_layout
-from .slots import ENV_STORE, SlotPlan, assigned_ranges
+from .slots import ENV_PLAN, ENV_STORE, SlotPlan, assigned_ranges
 
 __all__ = ["SlotWriter"]
 
@@ -142,6 +142,8 @@ class SlotWriter:
                 "iterate insitubatch.write.assigned_ranges() and open one SlotWriter per range"
             )
         if store is None:
+            if plan is None and ENV_PLAN in env:
+                plan = SlotPlan.load(env[ENV_PLAN])  # the saved plan records the store it was made for
             store = env.get(ENV_STORE) or (plan.store_url if plan is not None else None)
             if store is None:
                 raise KeyError(f"no store given: pass store=, or set {ENV_STORE} to its URL")
