@@ -136,7 +136,13 @@ def _run_write_status(args: argparse.Namespace) -> int:
 
 
 # -- entry point ---------------------------------------------------------------
-_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_slots, _add_write_status)
+def _add_inspect(subparsers: Any) -> None:
+    from .inspect import add_inspect_parser
+
+    add_inspect_parser(subparsers)
+
+
+_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_inspect, _add_slots, _add_write_status)
 
 
 def build_parser() -> argparse.ArgumentParser:
