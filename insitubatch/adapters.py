@@ -52,7 +52,10 @@ class TorchView(_IterableBase):
         if device_transform is not None and not callable(device_transform):
             raise TypeError(f"device_transform must be callable, got {type(device_transform).__name__}")
         self.view = view
-        self.device = torch.device(device) if device is not None else None
+        try:
+            self.device = torch.device(device) if device is not None else None
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
         self.device_transform = device_transform
         self._cuda = self.device is not None and self.device.type == "cuda"
         if self._cuda:

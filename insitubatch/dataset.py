@@ -54,6 +54,26 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def _flag(name: str, value: Any) -> bool:
+    # bool("false") is True: a string or a number here is a mistake, not a flag
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({value!r})")
+    return bool(value)
+
+
+def _callables(name: str, value: Any) -> tuple:
+    """A sequence of callables as a tuple; one bare callable is a mistake worth naming."""
+    if callable(value) or isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be a list of callables, got {type(value).__name__} ({value!r}); "
+            f"wrap a single transform in a list: {name}=[t]"
+        )
+    for i, t in enumerate(value):
+        if not callable(t):
+            raise TypeError(f"{name}[{i}] must be callable, got {type(t).__name__} ({t!r})")
+    return tuple(value)
+
+
 class InSituDataset:
     """Train/val/test views over a zarr store, read in place.
 
@@ -61,6 +81,12 @@ class InSituDataset:
     ----------
     store
         A zarr ``Store``, or a URL/path (opened read-only with ``obstore_store``).
+        Fault tolerance is the store's: ``obstore_store(url, retry=...,
+        client_options=...)`` retries transient failures and times out stalls
+        (its defaults are ``stores.DEFAULT_RETRY`` and
+        ``stores.DEFAULT_CLIENT_OPTIONS``). What still fails reaches the
+        consumer as ``StoreReadError`` naming array, chunk and key; a missing
+        chunk key reads as the fill value.
     manifest
         The ``SplitManifest`` whose chunk grid is the anchor grid.
     variables
@@ -141,7 +167,13 @@ class InSituDataset:
             raise ValueError(f"on_bad_chunk={on_bad_chunk!r} must be one of {ON_BAD_CHUNK}")
         if cache_budget_bytes is not None:
             cache_budget_bytes = _positive_int("cache_budget_bytes", cache_budget_bytes)
-        self.shuffle = bool(shuffle)
+        self.shuffle = _flag("shuffle", shuffle)
+        persist = _flag("persist", persist)
+        reset_stale_cache = _flag("reset_stale_cache", reset_stale_cache)
+        readonly_cache = _flag("readonly_cache", readonly_cache)
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a directory path (str or os.PathLike) or None, got "
+                            f"{type(cache_dir).__name__} ({cache_dir!r})")
         self.rank, self.world_size = resolve_world(rank, world_size)
         if remainder not in REMAINDER_POLICIES:
             raise ValueError(f"remainder={remainder!r} must be one of {REMAINDER_POLICIES}")
@@ -151,12 +183,9 @@ class InSituDataset:
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
         self.store = as_store(store)
         self.variables = self._resolve_variables(variables)
-        self.chunk_transforms = tuple(chunk_transforms)
+        self.chunk_transforms = _callables("chunk_transforms", chunk_transforms)
         check_scopes(self.chunk_transforms, {g.path for g in self.variables.values()})
-        for t in batch_transforms:
-            if not callable(t):
-                raise TypeError(f"batch_transforms entries must be callable, got {type(t).__name__}")
-        self.batch_transforms = tuple(batch_transforms)
+        self.batch_transforms = _callables("batch_transforms", batch_transforms)
         self.readers: dict[str, ArrayReader] = {}
         for g in self.variables.values():
             if g.path not in self.readers:
@@ -466,6 +495,7 @@ class DatasetView:
         """Start a pass at batch ``start_batch`` of the current epoch."""
         ds = self.dataset
         ds._check_open()
+        start_batch = _positive_int("start_batch", start_batch, minimum=0)
         state = _PassState(ds, self.split, self._plan_for_pass(history), ds.epoch, start_batch)
         state.history = history
         ds._passes.add(state)
@@ -524,7 +554,10 @@ class DatasetView:
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be a mapping from state_dict(), got {type(state).__name__}")
         if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"state format {state.get('format')!r} is not the supported {STATE_FORMAT}")
+            raise ValueError(
+                f"state['format']={state.get('format')!r} is not the supported {STATE_FORMAT}; "
+                "pass a dict that state_dict() returned"
+            )
         mine = self._identity()
         diffs = [f"{k}: saved {state.get(k)!r}, this dataset has {v!r}" for k, v in mine.items() if state.get(k) != v]
         if diffs:
@@ -801,16 +834,16 @@ class PassIterator:
 
     def __next__(self) -> Batch:
         state = self._state
-        if state._closed:
-            raise StopIteration
         while True:
+            if state._closed:
+                self._ended()
             try:
                 item = state.queue.get(timeout=POLL_S)
                 break
             except queue.Empty:
                 if state.thread is not None and not state.thread.is_alive() and state.queue.empty():
                     self.close()
-                    raise StopIteration from None
+                    self._ended()
         if item is _END:
             self.close()
             state.ds._warn_if_cache_useless(state.counters, state.epoch)
@@ -820,6 +853,14 @@ class PassIterator:
             raise item.error
         state.consumed += 1
         return item
+
+    def _ended(self) -> None:
+        """The pass is closed: a closed dataset is an error, a pass the caller closed simply ends."""
+        if self._state.ds._closed:
+            raise DatasetClosedError(
+                "the InSituDataset was closed while this pass was open; its remaining batches are gone"
+            ) from None
+        raise StopIteration from None
 
     def close(self) -> None:
         self._finalizer()

@@ -24,22 +24,27 @@ plain calls:
 The codecs themselves (numcodecs' blosc, zstd, zlib) release the GIL; the
 glue here is O(codecs + inner chunks) Python per stored chunk, never per
 element. Any failure — a codec error, a checksum mismatch, a wrong decoded
-size, a shard index pointing outside the shard — becomes ``BadChunkError``
-naming the array, the chunk and its key: garbage is never returned as data.
+size, a shard index pointing outside the shard, a blosc frame whose header
+disagrees with its length (c-blosc would read past the end of a truncated
+one) — becomes ``BadChunkError`` naming the array, the chunk and its key:
+garbage is never returned as data.
 """
 
 from __future__ import annotations
 
 import math
 import functools
+import struct
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from numcodecs.blosc import Blosc as _NumcodecsBlosc
 from numcodecs.compat import ensure_ndarray_like
 from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, SupportsSyncCodec
 from zarr.abc.store import Store
+from zarr.codecs.blosc import BloscCodec
 from zarr.codecs.sharding import ShardingCodec, ShardingCodecIndexLocation
 from zarr.core.array_spec import ArrayConfig, ArraySpec
 from zarr.core.buffer import Buffer, default_buffer_prototype
@@ -64,8 +69,38 @@ _CONFIG = ArrayConfig(order="C", write_empty_chunks=False)
 ChunkData = bytes | bytearray | memoryview | np.ndarray | Buffer
 
 
+# The c-blosc 1.x frame header that numcodecs' Blosc writes: version,
+# versionlz, flags, typesize (one byte each), then nbytes, blocksize and cbytes
+# (uint32, little-endian). A flag marks a frame stored uncompressed.
+_BLOSC_HEADER = struct.Struct("<BBBBIII")
+_BLOSC_MEMCPYED = 0x02
+
+
 class _DecodeFailure(Exception):
     """Internal: a stage failed; ``ChunkDecoder`` adds array, chunk and key."""
+
+
+def _is_blosc(codec: Any) -> bool:
+    return isinstance(codec, (BloscCodec, _NumcodecsBlosc)) or isinstance(getattr(codec, "_codec", None), _NumcodecsBlosc)
+
+
+def _check_blosc_frame(data: Any) -> None:
+    """Refuse a blosc frame whose header disagrees with its length, before blosc reads it.
+
+    c-blosc 1.x takes the header's word for the frame's size: it reads
+    ``cbytes`` bytes of source however long the buffer is, so a truncated
+    chunk comes back as data with garbage (or zeros) in its tail, and an empty
+    or very short one is read past its end, which can crash the process.
+    """
+    raw = _as_uint8(data)
+    n = raw.nbytes
+    if n < _BLOSC_HEADER.size:
+        raise _DecodeFailure(f"blosc frame is {n} bytes, shorter than its {_BLOSC_HEADER.size}-byte header")
+    _, _, flags, _, nbytes, _, cbytes = _BLOSC_HEADER.unpack_from(raw)
+    if cbytes != n:
+        raise _DecodeFailure(f"blosc header says the frame is {cbytes} bytes, the chunk holds {n}")
+    if flags & _BLOSC_MEMCPYED and nbytes + _BLOSC_HEADER.size != cbytes:
+        raise _DecodeFailure(f"blosc header says {nbytes} bytes are stored uncompressed in a {cbytes}-byte frame")
 
 
 def _fill_value(spec: ArraySpec) -> Any:
@@ -82,6 +117,18 @@ def _as_uint8(data: ChunkData) -> np.ndarray:
 
 def _stage(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
     """One codec's decode as ``numpy -> numpy``, with no event loop."""
+    if _is_blosc(codec):
+        decode = _stage_unchecked(codec)
+
+        def checked(a: np.ndarray, spec: ArraySpec) -> np.ndarray:
+            _check_blosc_frame(a)
+            return decode(a, spec)
+
+        return checked
+    return _stage_unchecked(codec)
+
+
+def _stage_unchecked(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
     if isinstance(codec, SupportsSyncCodec):
         if isinstance(codec, ArrayArrayCodec):
             return lambda a, spec: codec._decode_sync(_CpuNDBuffer.from_numpy_array(a), spec).as_numpy_array()
@@ -238,6 +285,8 @@ class _V2Chain:
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         data: Any = raw
         for codec in ((self._compressor,) if self._compressor else ()) + self._filters:
+            if _is_blosc(codec):
+                _check_blosc_frame(data)
             try:
                 data = codec.decode(data)
             except Exception as exc:  # every codec has its own failure types

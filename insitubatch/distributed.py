@@ -57,7 +57,7 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     world_size = 1 if world_size is None else world_size
     for name, v in (("rank", rank), ("world_size", world_size)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+            raise TypeError(f"{name} must be an int, got {type(v).__name__} ({v!r})")
     if world_size < 1:
         raise ValueError(f"{world_size=} must be >= 1")
     if not 0 <= rank < world_size:

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +21,28 @@ from zarr.core.indexing import ChunkProjection
 from zarr.core.metadata.v2 import ArrayV2Metadata
 from zarr.core.metadata.v3 import ArrayV3Metadata
 
-__all__ = ["ArrayGeometry", "geometry_of", "open_geometries"]
+__all__ = [
+    "MAX_CHUNK_BYTES",
+    "MAX_CHUNK_BYTES_ENV",
+    "MAX_CHUNKS_PER_READ",
+    "ArrayGeometry",
+    "geometry_of",
+    "open_geometries",
+]
+
+# Largest decoded chunk the engine will allocate, in bytes. A stored chunk (the
+# shard of a sharded array: what one decode returns) and a sample-axis chunk
+# across its tiles (what one pool slot holds) must each fit. Real archives keep
+# chunks near 1-100 MB and shards within a few GB; metadata past this is corrupt
+# or hostile, and believing it would allocate that much. Raise it per call with
+# ``max_chunk_bytes=``, or process-wide with the environment variable below.
+MAX_CHUNK_BYTES = 4 * 2**30
+MAX_CHUNK_BYTES_ENV = "INSITUBATCH_MAX_CHUNK_BYTES"
+# Most stored chunks one sample-axis chunk may span, and most inner chunks one
+# shard may hold: each costs a GET or a shard-index entry plus a Python call per
+# read. 2**20 covers a 4 GiB read of 4 KiB chunks; more is a chunking no engine
+# can stream, and its bookkeeping alone would allocate gigabytes.
+MAX_CHUNKS_PER_READ = 2**20
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -192,7 +214,7 @@ class ArrayGeometry:
 
 def _normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
     if not isinstance(sample_axis, (int, np.integer)):
-        raise TypeError(f"sample_axis must be an int, got {type(sample_axis).__name__}")
+        raise TypeError(f"sample_axis must be an int, got {type(sample_axis).__name__} ({sample_axis!r})")
     if ndim == 0:
         raise ValueError(f"array {path!r} is 0-dimensional: it has no axis to sample along")
     if not -ndim <= sample_axis < ndim:
@@ -208,8 +230,57 @@ def _dimension_names(arr: zarr.Array) -> tuple[str | None, ...] | None:
     return tuple(dims) if isinstance(dims, (list, tuple)) else None
 
 
-def geometry_of(arr: zarr.Array, *, sample_axis: int = 0) -> ArrayGeometry:
-    """The ``ArrayGeometry`` of an open zarr array."""
+def _chunk_byte_limit(max_chunk_bytes: int | None) -> int:
+    """``max_chunk_bytes``, else the environment's limit, else ``MAX_CHUNK_BYTES``."""
+    if max_chunk_bytes is None:
+        text = os.environ.get(MAX_CHUNK_BYTES_ENV)
+        if not text:
+            return MAX_CHUNK_BYTES
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ValueError(f"{MAX_CHUNK_BYTES_ENV}={text!r} must be a positive integer number of bytes")
+        return value
+    if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)):
+        raise TypeError(f"max_chunk_bytes must be an int (bytes) or None, got {type(max_chunk_bytes).__name__}")
+    if max_chunk_bytes < 1:
+        raise ValueError(f"{max_chunk_bytes=} must be >= 1 (bytes), or None for the default {MAX_CHUNK_BYTES}")
+    return int(max_chunk_bytes)
+
+
+def _check_size(g: ArrayGeometry, limit: int) -> None:
+    """Refuse metadata whose chunks would decode to more than ``limit`` bytes, before anything is allocated."""
+    override = f"if the array is real, pass max_chunk_bytes= or set {MAX_CHUNK_BYTES_ENV}"
+    for what, nbytes in (("one stored chunk", g.stored_chunk_nbytes), ("one sample-axis chunk", g.chunk_nbytes)):
+        if nbytes > limit:
+            raise ValueError(
+                f"array {g.path!r} (shape {g.shape}, stored chunks {g.stored_chunks}, dtype {g.dtype}): "
+                f"{what} decodes to {nbytes} bytes, over max_chunk_bytes={limit}; "
+                f"the metadata is likely corrupt ({override})"
+            )
+    inner_per_shard = math.prod(_ceil_div(s, c) for s, c in zip(g.stored_chunks, g.chunks))
+    for what, count in (("stored chunks per sample-axis chunk", g.tiles_per_chunk),
+                        ("inner chunks per shard", inner_per_shard)):
+        if count > MAX_CHUNKS_PER_READ:
+            raise ValueError(
+                f"array {g.path!r} (shape {g.shape}, chunks {g.chunks}, stored chunks {g.stored_chunks}) has "
+                f"{count} {what}, over the limit of {MAX_CHUNKS_PER_READ}; the chunking is corrupt or too fine to stream"
+            )
+
+
+def geometry_of(arr: zarr.Array, *, sample_axis: int = 0, max_chunk_bytes: int | None = None) -> ArrayGeometry:
+    """The ``ArrayGeometry`` of an open zarr array.
+
+    Raises
+    ------
+    ValueError
+        A chunk would decode to more than ``max_chunk_bytes`` (default
+        ``MAX_CHUNK_BYTES``, or the ``INSITUBATCH_MAX_CHUNK_BYTES`` environment
+        variable), or a read spans more than ``MAX_CHUNKS_PER_READ`` chunks.
+    """
+    limit = _chunk_byte_limit(max_chunk_bytes)
     ndim = arr.ndim
     axis = _normalize_axis(sample_axis, ndim, arr.path)
     chunks = tuple(int(c) for c in arr.chunks)
@@ -218,7 +289,7 @@ def geometry_of(arr: zarr.Array, *, sample_axis: int = 0) -> ArrayGeometry:
     dtype = np.dtype(arr.dtype)
     if dtype.hasobject or dtype.kind == "T" or (dtype.kind in "US" and dtype.itemsize == 0):
         raise ValueError(f"array {arr.path!r} has variable-size dtype {arr.dtype}; only fixed-size dtypes are supported")
-    return ArrayGeometry(
+    geometry = ArrayGeometry(
         path=arr.path,
         shape=tuple(int(s) for s in arr.shape),
         chunks=chunks,
@@ -231,6 +302,8 @@ def geometry_of(arr: zarr.Array, *, sample_axis: int = 0) -> ArrayGeometry:
         dimension_names=_dimension_names(arr),
         metadata=arr.metadata,
     )
+    _check_size(geometry, limit)
+    return geometry
 
 
 def _is_coordinate(path: str, arr: zarr.Array, dims: tuple[str | None, ...] | None) -> bool:
@@ -253,6 +326,7 @@ def open_geometries(
     sample_axis: int = 0,
     variables: Sequence[str] | Mapping[str, Any] | None = None,
     group: str = "",
+    max_chunk_bytes: int | None = None,
 ) -> dict[str, ArrayGeometry]:
     """Geometries of a group's data variables, keyed by array path.
 
@@ -260,14 +334,22 @@ def open_geometries(
     ``_ARRAY_DIMENSIONS``) and 0-D grid mappings are skipped; naming arrays in
     ``variables`` bypasses that test.
 
+    ``max_chunk_bytes`` caps what one decoded chunk of any variable may
+    occupy (see ``geometry_of``), so absurd metadata fails here, not in an
+    allocation.
+
     Raises
     ------
     ValueError
-        An unknown variable, a 0-D variable, or a ``sample_axis`` outside a
-        variable's dims, each named.
+        An unknown variable, a 0-D variable, a ``sample_axis`` outside a
+        variable's dims, or chunks over ``max_chunk_bytes``, each named.
     """
     from .stores import as_store
 
+    limit = _chunk_byte_limit(max_chunk_bytes)
+    if not isinstance(group, str):
+        raise TypeError(f"group must be a str (a path inside the store, '' for its root), got "
+                        f"{type(group).__name__} ({group!r})")
     zstore = as_store(store)
     root = zarr.open_group(store=zstore, mode="r", path=group or None)
     arrays = dict(_walk_arrays(root))
@@ -280,11 +362,11 @@ def open_geometries(
             path = f"{group.strip('/')}/{v}".strip("/") if group else v
             if path not in arrays:
                 raise ValueError(f"variable {v!r} is not an array in the store; arrays are {sorted(arrays)}")
-            out[path] = geometry_of(arrays[path], sample_axis=sample_axis)
+            out[path] = geometry_of(arrays[path], sample_axis=sample_axis, max_chunk_bytes=limit)
         return out
     out = {}
     for path, arr in arrays.items():
         if _is_coordinate(path, arr, _dimension_names(arr)):
             continue
-        out[path] = geometry_of(arr, sample_axis=sample_axis)
+        out[path] = geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit)
     return out

@@ -188,8 +188,12 @@ def split_by_chunk(
     if not isinstance(geometry, ArrayGeometry):
         raise TypeError(f"geometry must be an ArrayGeometry, got {type(geometry).__name__}")
     named = _named_fractions(fractions)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be a non-negative int, got {type(seed).__name__} ({seed!r})")
+    if seed < 0:
         raise ValueError(f"{seed=} must be a non-negative int")
+    if not isinstance(contiguous, (bool, np.bool_)):
+        raise TypeError(f"contiguous must be True or False, got {type(contiguous).__name__} ({contiguous!r})")
     n_samples, size = geometry.n_samples, geometry.sample_chunk_size
     if sample_range is None:
         start, stop = 0, n_samples

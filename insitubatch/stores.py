@@ -15,6 +15,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -29,7 +30,15 @@ if TYPE_CHECKING:
     from icechunk import IcechunkStore, Storage
     from zarr.storage import FsspecStore
 
-__all__ = ["as_store", "close_store", "fsspec_store", "icechunk_store", "obstore_store"]
+__all__ = [
+    "DEFAULT_CLIENT_OPTIONS",
+    "DEFAULT_RETRY",
+    "as_store",
+    "close_store",
+    "fsspec_store",
+    "icechunk_store",
+    "obstore_store",
+]
 
 # URL schemes obstore_store understands, grouped by the obstore store they build.
 _LOCAL_SCHEMES = ("file",)
@@ -45,6 +54,36 @@ _VALID_SCHEMES = (
 # The keys obstore's RetryConfig reads; obstore silently ignores any other key,
 # so a typo would otherwise pass unnoticed.
 _RETRY_KEYS = frozenset({"backoff", "max_retries", "retry_timeout"})
+
+# Network defaults of every remote store obstore_store builds (HTTP, S3, GCS,
+# Azure). A caller's ``retry=`` / ``client_options=`` keys override them one by
+# one. obstore retries 5xx answers, dropped connections, truncated bodies and
+# timeouts of reads with exponential backoff (100 ms doubling to 15 s); a client
+# error such as 403 fails at once. So a persistent fault surfaces as an error
+# after at most DEFAULT_RETRY_TIMEOUT plus one attempt (itself bounded by
+# DEFAULT_TIMEOUT), a stalled attempt after DEFAULT_READ_TIMEOUT -- never a hang.
+#
+# A response that sends no byte for this long is stalled: the attempt fails and
+# is retried. A per-read timeout, so it does not grow with the object's size.
+DEFAULT_READ_TIMEOUT = "30s"
+# The whole request, connect to last body byte. obstore's own default (30 s)
+# fails every read of a large shard on a shared link (256 MB at the 4 MB/s one
+# of 32 concurrent streams gets takes 64 s); 10 min carries a 4 GiB stored chunk
+# (geometry.MAX_CHUNK_BYTES) at ~7 MB/s.
+DEFAULT_TIMEOUT = "600s"
+# Establishing a TCP (+TLS) connection (obstore's default).
+DEFAULT_CONNECT_TIMEOUT = "5s"
+# Retries of one request, and the time after its first attempt when no further
+# retry starts (obstore's defaults, stated here so an upstream change cannot
+# silently turn an outage into a longer stall).
+DEFAULT_MAX_RETRIES = 10
+DEFAULT_RETRY_TIMEOUT = timedelta(minutes=3)
+DEFAULT_CLIENT_OPTIONS: Mapping[str, Any] = {
+    "read_timeout": DEFAULT_READ_TIMEOUT,
+    "timeout": DEFAULT_TIMEOUT,
+    "connect_timeout": DEFAULT_CONNECT_TIMEOUT,
+}
+DEFAULT_RETRY: Mapping[str, Any] = {"max_retries": DEFAULT_MAX_RETRIES, "retry_timeout": DEFAULT_RETRY_TIMEOUT}
 
 # GCS bills a requester-pays read to the project named in this header; obstore
 # has no config key for it (developmentseed/obstore#546), only default headers.
@@ -136,7 +175,7 @@ def _client_options(
     """Merge ``allow_http`` into the HTTP client options, refusing a contradiction."""
     if client_options is not None and not isinstance(client_options, Mapping):
         raise TypeError(f"client_options must be a dict, got {type(client_options).__name__}")
-    options = dict(client_options or {})
+    options = {**DEFAULT_CLIENT_OPTIONS, **(client_options or {})}
     if allow_http is not None:
         if "allow_http" in options:
             raise ValueError(
@@ -149,15 +188,16 @@ def _client_options(
     return options
 
 
-def _retry_config(retry: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _retry_config(retry: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``DEFAULT_RETRY`` with the caller's ``retry`` keys on top."""
     if retry is None:
-        return None
+        return dict(DEFAULT_RETRY)
     if not isinstance(retry, Mapping):
         raise TypeError(f"retry must be a dict of obstore RetryConfig keys, got {type(retry).__name__}")
     unknown = sorted(set(retry) - _RETRY_KEYS)
     if unknown:
         raise ValueError(f"retry has unknown keys {unknown}; valid keys are {sorted(_RETRY_KEYS)}")
-    return dict(retry)
+    return {**DEFAULT_RETRY, **retry}
 
 
 def _merge_config(url: str, config: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
@@ -221,9 +261,16 @@ def obstore_store(
         S3 region.
     retry
         obstore ``RetryConfig`` keys: ``max_retries``, ``backoff``,
-        ``retry_timeout``.
+        ``retry_timeout`` (a ``timedelta``). Each key given replaces its
+        default, :data:`DEFAULT_RETRY`: 10 retries, none started later than
+        3 min after the first attempt. Local and memory stores take none.
     client_options
-        obstore ``ClientConfig`` keys (timeouts, headers, proxies...).
+        obstore ``ClientConfig`` keys (timeouts, headers, proxies...). Each key
+        given replaces its default, :data:`DEFAULT_CLIENT_OPTIONS`: a response
+        silent for ``read_timeout`` 30 s is stalled, a whole request may take
+        ``timeout`` 600 s, a connection ``connect_timeout`` 5 s; each of these
+        failures is retried under ``retry``. A persistent failure therefore
+        raises after at most ``retry_timeout`` plus one ``timeout``, never hangs.
     **options
         Further obstore config keys for the cloud store, e.g.
         ``access_key_id``, ``secret_access_key``, ``account_name``.
@@ -558,8 +605,8 @@ def as_store(obj: Store | str | os.PathLike[str]) -> Store:
     if isinstance(obj, (str, os.PathLike)):
         return obstore_store(obj, read_only=True)
     raise TypeError(
-        f"cannot make a zarr store from {type(obj).__name__}; expected a zarr.abc.store.Store, "
-        "a URL string or a filesystem path"
+        f"store={obj!r} is a {type(obj).__name__}, which cannot be made a zarr store; expected a "
+        "zarr.abc.store.Store, a URL string or a filesystem path"
     )
 
 

@@ -151,3 +151,22 @@ def write_s3_store(s3_server: S3Server, s3_bucket: str) -> zarr.storage.ObjectSt
         client_options={"allow_http": options["allow_http"]},
     )
     return zarr.storage.ObjectStore(raw)
+
+
+# --- the benchmark's loopback object store, with fault injection ------------------
+
+
+@pytest.fixture
+def emulator(tmp_path: Path):
+    """``bench.emulator.Emulator`` over a fresh directory (``.root``) on 127.0.0.1, no added latency.
+
+    The same server the benchmarks measure against: write a zarr under
+    ``.root``, read it at ``.url_for(name)``, and ``.inject(kind, key_glob, ...)``
+    faults (500/503/403/404, retry-after, reset, truncate, stall).
+    """
+    from bench.emulator import Emulator
+
+    root = tmp_path / "emulator-root"
+    root.mkdir()
+    with Emulator(root, latency_s=0.0, jitter_s=0.0) as emu:
+        yield emu

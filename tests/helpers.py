@@ -89,3 +89,15 @@ def open_fds() -> int:
 
 def local_store(path: Path, read_only: bool = True) -> Store:
     return zarr.storage.LocalStore(str(path), read_only=read_only)
+
+
+def assert_batch_matches(batch, variables, data) -> None:
+    """Every label of ``batch`` equals ``data[path]`` (the zarr-python read of the whole array) at its rows.
+
+    ``variables`` is the dataset's ``{label: ArrayGeometry}``; ``data`` maps an
+    array path to its values with the sample axis first.
+    """
+    assert len(batch) > 0
+    for label, g in variables.items():
+        expected = data[g.path][batch.read_indices(label)]
+        np.testing.assert_array_equal(batch.arrays[label], expected, err_msg=f"label {label!r} of batch {batch.index}")

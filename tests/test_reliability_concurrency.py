@@ -1,0 +1,225 @@
+"""Concurrency: datasets and views iterated side by side, consumers slower and faster than the producer.
+
+Every batch of every pass is checked against zarr-python's read of the
+arrays; every pass must see each of its samples exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.errors import ZarrUserWarning
+
+from helpers import CountingStore, assert_batch_matches, local_store, smooth_field, write_array
+from insitubatch.dataset import InSituDataset
+from insitubatch.geometry import open_geometries
+from insitubatch.splits import split_by_chunk
+from insitubatch.stores import close_store, obstore_store
+
+N = 72
+JOIN_S = 60.0
+# a consumer this much slower than the producer keeps the prefetch queue full
+SLOW_CONSUMER_S = 0.01
+# a store this slow per GET makes the producer the bottleneck
+SLOW_STORE_S = 0.02
+
+
+def _write(path: Path) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(8)
+    root = zarr.open_group(path, mode="w")
+    data = {"t2m": smooth_field(rng, (N, 6, 8)), "u10": smooth_field(rng, (N, 6, 8))}
+    write_array(root, "t2m", data["t2m"], (4, 3, 8), dims=("time", "lat", "lon"))
+    write_array(root, "u10", data["u10"], (3, 6, 4), shards=(6, 6, 8), dims=("time", "lat", "lon"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZarrUserWarning)  # v3 consolidated metadata: on purpose, HTTP cannot list
+        zarr.consolidate_metadata(path)
+    return data
+
+
+@pytest.fixture
+def local(tmp_path: Path):
+    path = tmp_path / "c.zarr"
+    data = _write(path)
+    return path, data
+
+
+def _check_pass(view, data, *, per_batch: Callable[[], None] | None = None) -> list[int]:
+    """Iterate ``view``, check every batch against ``data``; return the samples seen."""
+    seen: list[int] = []
+    for batch in view:
+        assert_batch_matches(batch, view.dataset.variables, data)
+        seen.extend(batch.sample_indices.tolist())
+        if per_batch is not None:
+            per_batch()
+    assert len(seen) == len(set(seen)), "a sample came twice in one pass"
+    return seen
+
+
+def _run_threads(targets: list[Callable[[], None]]) -> None:
+    """Run ``targets`` at once; re-raise the first failure; a thread that outlives ``JOIN_S`` is a hang."""
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(targets))
+
+    def wrap(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                start.wait()
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+                errors.append(exc)
+
+        return run
+
+    threads = [threading.Thread(target=wrap(fn), name=f"consumer-{i}") for i, fn in enumerate(targets)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_S)
+    assert not any(t.is_alive() for t in threads), "a consumer thread hung"
+    if errors:
+        raise errors[0]
+
+
+def test_two_datasets_in_two_threads_over_one_http_store(emulator) -> None:
+    data = _write(emulator.root / "c.zarr")
+    emulator.configure(latency_s=0.002)
+    store = obstore_store(emulator.url_for("c.zarr"), read_only=True)  # one store, shared by both
+    geoms = open_geometries(store)
+    manifest = split_by_chunk(geoms["t2m"], fractions=(0.75, 0.25))
+    g = geoms["t2m"]
+    a = InSituDataset(store, manifest, batch_size=5, block_chunks=2, seed=1, max_inflight=4)
+    b = InSituDataset(store, manifest, {"x": g, "later": g.shift(3), "u": geoms["u10"]}, batch_size=8,
+                      block_chunks=3, seed=2, max_inflight=16)
+    counts = {"a": 0, "b": 0}
+
+    def epochs(name: str, ds: InSituDataset) -> Callable[[], None]:
+        def run() -> None:
+            for epoch in range(3):
+                ds.set_epoch(epoch)
+                seen = _check_pass(ds.train, data)
+                assert sorted(seen) == sorted(ds.train.plan().anchors.tolist())
+                counts[name] += len(ds.train)
+                _check_pass(ds.val, data)
+                counts[name] += len(ds.val)
+
+        return run
+
+    try:
+        _run_threads([epochs("a", a), epochs("b", b)])
+    finally:
+        a.close()
+        b.close()
+        close_store(store)
+    assert counts["a"] > 0 and counts["b"] > 0
+
+
+def test_train_and_val_of_one_dataset_in_two_threads(local) -> None:
+    path, data = local
+    store = CountingStore(local_store(path), latency_s=0.002)
+    g = open_geometries(store)["t2m"]
+    manifest = split_by_chunk(g, fractions=(0.5, 0.5))
+    with InSituDataset(store, manifest, batch_size=4, block_chunks=2, max_inflight=3) as ds:
+        store.reset()  # zarr's own metadata reads at open time are not the engine's
+        results: dict[str, list[int]] = {}
+
+        def run(split: str) -> Callable[[], None]:
+            def go() -> None:
+                results[split] = _check_pass(ds.split(split), data)
+
+            return go
+
+        _run_threads([run("train"), run("val")])
+        for split in ("train", "val"):
+            assert sorted(results[split]) == manifest.sample_indices(split).tolist()
+        assert store.peak_inflight <= 3  # one max_inflight budget across both passes
+
+
+def test_train_and_val_zipped(local) -> None:
+    path, data = local
+    store = CountingStore(local_store(path))
+    g = open_geometries(store)["t2m"]
+    manifest = split_by_chunk(g, fractions=(0.5, 0.5))
+    with InSituDataset(store, manifest, batch_size=4, block_chunks=2) as ds:
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            pairs = 0
+            for tb, vb in zip(ds.train, ds.val):
+                assert_batch_matches(tb, ds.variables, data)
+                assert_batch_matches(vb, ds.variables, data)
+                pairs += 1
+            assert pairs == min(len(ds.train), len(ds.val))
+
+
+def test_a_consumer_slower_than_the_producer(local) -> None:
+    path, data = local
+    store = CountingStore(local_store(path))
+    g = open_geometries(store)["t2m"]
+    manifest = split_by_chunk(g, fractions=(1.0,))
+    with InSituDataset(store, manifest, ["t2m", "u10"], batch_size=3, block_chunks=2, prefetch_depth=2) as ds:
+        plan = ds.train.plan()
+        queued: list[int] = []
+        it = iter(ds.train)
+        state = it._state
+
+        def slow() -> None:
+            queued.append(state.queue.qsize())
+            time.sleep(SLOW_CONSUMER_S)
+
+        seen: list[int] = []
+        for batch in it:
+            assert_batch_matches(batch, ds.variables, data)
+            seen.extend(batch.sample_indices.tolist())
+            slow()
+        assert sorted(seen) == list(range(N))
+        # the producer ran ahead and waited: the queue was full, never over its depth
+        assert max(queued) == ds.prefetch_depth
+        assert ds.pool.totals.peak_resident_bytes <= plan.working_set_bytes
+
+
+def test_a_consumer_faster_than_the_producer(local) -> None:
+    path, data = local
+    store = CountingStore(local_store(path), latency_s=SLOW_STORE_S)
+    g = open_geometries(store)["t2m"]
+    manifest = split_by_chunk(g, fractions=(1.0,))
+    with InSituDataset(store, manifest, batch_size=4, block_chunks=1, max_inflight=2, prefetch_depth=1) as ds:
+        store.reset()
+        waits = []
+        t_last = time.perf_counter()
+        seen: list[int] = []
+        for batch in ds.train:
+            now = time.perf_counter()
+            waits.append(now - t_last)
+            assert_batch_matches(batch, ds.variables, data)
+            seen.extend(batch.sample_indices.tolist())
+            t_last = time.perf_counter()
+        assert sorted(seen) == list(range(N))
+        # the consumer spent the epoch waiting: at least half the time the GETs needed, two at a time
+        gets = sum(store.chunk_gets().values())
+        assert sum(waits) >= 0.5 * SLOW_STORE_S * gets / 2
+        assert store.peak_inflight <= 2
+
+
+def test_many_threads_each_with_its_own_dataset_over_one_store(local) -> None:
+    path, data = local
+    store = CountingStore(local_store(path), latency_s=0.001)
+    g = open_geometries(store)["t2m"]
+    manifest = split_by_chunk(g, fractions=(1.0,))
+
+    def one(seed: int) -> Callable[[], None]:
+        def run() -> None:
+            with InSituDataset(store, manifest, batch_size=3 + seed, block_chunks=1 + seed % 3, seed=seed,
+                               prefetch_depth=1 + seed % 2) as ds:
+                for epoch in range(2):
+                    ds.set_epoch(epoch)
+                    assert sorted(_check_pass(ds.train, data)) == list(range(N))
+
+        return run
+
+    _run_threads([one(seed) for seed in range(4)])
