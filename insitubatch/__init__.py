@@ -14,7 +14,8 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     ) from exc
 
 from .batch import Batch
-from .dataset import DatasetView, InSituDataset
+from .dataset import InSituDataset
+from .views import DatasetView
 from .decode import read_stored_chunk
 from .errors import (
     BadChunkError,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .dataset import DatasetView
+from .views import DatasetView
 
 __all__ = ["TorchView", "as_torch", "to_jax"]
 

@@ -1,0 +1,36 @@
+"""Argument checks shared by the public constructors: one message style everywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+    return int(value)
+
+
+def flag(name: str, value: Any) -> bool:
+    # bool("false") is True: a string or a number here is a mistake, not a flag
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} ({value!r})")
+    return bool(value)
+
+
+def callables(name: str, value: Any) -> tuple:
+    """A sequence of callables as a tuple; one bare callable is a mistake worth naming."""
+    if callable(value) or isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be a list of callables, got {type(value).__name__} ({value!r}); "
+            f"wrap a single transform in a list: {name}=[t]"
+        )
+    for i, t in enumerate(value):
+        if not callable(t):
+            raise TypeError(f"{name}[{i}] must be callable, got {type(t).__name__} ({t!r})")
+    return tuple(value)

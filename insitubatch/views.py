@@ -1,0 +1,203 @@
+"""Views: one split of a dataset (or an inference range) as an iterable of batches.
+
+A view plans its epoch (this rank's share of it), starts passes, and can
+save and restore where it stands (``state_dict``/``load_state_dict``), so a
+preempted job resumes without re-reading what it consumed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+import zarr.errors
+
+from ._validate import positive_int
+from .batch import Batch
+from .geometry import ArrayGeometry
+from .plan import EpochPlan
+from .prefetch import PassIterator, _PassState
+
+if TYPE_CHECKING:
+    from .dataset import InSituDataset
+
+__all__ = ["DatasetView", "InferView"]
+
+STATE_FORMAT = 1
+
+
+class DatasetView:
+    """One split of a dataset: iterate it for batches; ``len()`` is batches this epoch.
+
+    ``state_dict()``/``load_state_dict()`` make a pass resumable: a new
+    process that loads the state yields exactly the batches the first one
+    would have yielded next, and fetches only what those batches need.
+    """
+
+    def __init__(self, dataset: InSituDataset, split: str) -> None:
+        self.dataset = dataset
+        self.split = split
+        self._pass: weakref.ref[_PassState] | None = None
+        # (epoch, batch, history) where the next pass starts, set by load_state_dict
+        self._resume_at: tuple[int, int, tuple[tuple[int, int], ...]] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.dataset.batch_size
+
+    @property
+    def geometries(self) -> dict[str, ArrayGeometry]:
+        """Each label's geometry after chunk transforms (batch rows are ``(*inner_shape,)`` of ``dtype``)."""
+        return self.dataset.geometries
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def plan(self) -> EpochPlan:
+        return self.dataset.plan(self.split)
+
+    def __len__(self) -> int:
+        return self.plan().n_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        start, history = 0, ()
+        if self._resume_at is not None:
+            epoch, start, history = self._resume_at
+            self._resume_at = None
+            self.dataset.set_epoch(epoch)
+        return self.iterate(start, history=history)
+
+    def iterate(self, start_batch: int = 0, *, history: tuple[tuple[int, int], ...] = ()) -> PassIterator:
+        """Start a pass at batch ``start_batch`` of the current epoch."""
+        ds = self.dataset
+        ds._check_open()
+        start_batch = positive_int("start_batch", start_batch, minimum=0)
+        state = _PassState(ds, self.split, self._plan_for_pass(history), ds.epoch, start_batch)
+        state.history = history
+        ds._passes.add(state)
+        self._pass = weakref.ref(state)
+        state.start()
+        return PassIterator(state)
+
+    def _plan_for_pass(self, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
+        return self.dataset.plan(self.split, history=history)
+
+    # -- resume -------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        ds = self.dataset
+        return {
+            "split": self.split,
+            "seed": ds.seed,
+            "batch_size": ds.batch_size,
+            "block_chunks": ds.block_chunks,
+            "shuffle": ds.shuffle,
+            "manifest": ds.manifest.fingerprint(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this view stands: a small JSON-able dict (epoch, batches consumed, identity).
+
+        All ranks of a job consume in lockstep, so one rank's state describes
+        the job; ``world_size`` and ``history`` let a different world size resume it.
+        """
+        history: tuple[tuple[int, int], ...] = ()
+        if self._resume_at is not None:
+            epoch, consumed, history = self._resume_at
+        else:
+            state = self._pass() if self._pass is not None else None
+            if state is not None and state.epoch == self.dataset.epoch:
+                epoch, consumed, history = state.epoch, state.consumed, state.history
+            else:
+                epoch, consumed = self.dataset.epoch, 0
+        return {
+            "format": STATE_FORMAT,
+            "epoch": epoch,
+            "batches_consumed": consumed,
+            "world_size": self.dataset.world_size,
+            "history": [list(h) for h in history],
+            **self._identity(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next pass starts at the saved epoch and batch.
+
+        Raises
+        ------
+        ValueError
+            The state came from a different split, seed, batch size, block
+            size, shuffle setting or manifest (each named), or is malformed.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a mapping from state_dict(), got {type(state).__name__}")
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"state['format']={state.get('format')!r} is not the supported {STATE_FORMAT}; "
+                "pass a dict that state_dict() returned"
+            )
+        mine = self._identity()
+        diffs = [f"{k}: saved {state.get(k)!r}, this dataset has {v!r}" for k, v in mine.items() if state.get(k) != v]
+        if diffs:
+            raise ValueError("cannot resume from a state of a different pass: " + "; ".join(diffs))
+        epoch = positive_int("state['epoch']", state.get("epoch"), minimum=0)
+        consumed = positive_int("state['batches_consumed']", state.get("batches_consumed"), minimum=0)
+        saved_world = positive_int("state['world_size']", state.get("world_size", 1))
+        try:
+            history = tuple((int(w), int(k)) for w, k in state.get("history", ()))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"state['history']={state.get('history')!r} must be a list of [world_size, batches]") from exc
+        if saved_world != self.dataset.world_size:
+            # another world size: the consumed part becomes history, the rest is dealt anew
+            if consumed:
+                history = (*history, (saved_world, consumed))
+            consumed = 0
+        else:
+            saved_n = self.dataset.plan(self.split, epoch, history).n_batches
+            if consumed > saved_n:
+                raise ValueError(f"state['batches_consumed']={consumed} exceeds the {saved_n} batches of epoch {epoch}")
+        self._resume_at = (epoch, consumed, history)
+
+
+class InferView(DatasetView):
+    """A sequential pass over an anchor range, across splits; batches carry ``coords``."""
+
+    def __init__(self, dataset: InSituDataset, sample_range: tuple[int, int], batch_size: int) -> None:
+        super().__init__(dataset, "__infer__")
+        self.sample_range = sample_range
+        self._batch_size = batch_size
+        self._plan: EpochPlan | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    def plan(self) -> EpochPlan:
+        if self._plan is None:
+            self._plan = self.dataset._make_plan(self.split, 0, (), self.sample_range, self._batch_size)
+        return self._plan
+
+    def _plan_for_pass(self, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
+        return self.plan()
+
+    def _identity(self) -> dict[str, Any]:
+        return {**super()._identity(), "batch_size": self._batch_size, "sample_range": list(self.sample_range)}
+
+
+def _read_sample_coords(store: Any, variables: Mapping[str, ArrayGeometry], n: int) -> dict[str, np.ndarray]:
+    """The sample axis's coordinate array (by dimension name) when the store has one, else indices."""
+    for g in variables.values():
+        dims = g.dimension_names
+        name = dims[g.sample_axis] if dims else None
+        if not name:
+            continue
+        parent = g.path.rsplit("/", 1)[0] if "/" in g.path else ""
+        for path in ([f"{parent}/{name}"] if parent else []) + [name]:
+            try:
+                arr = zarr.open_array(store=store, path=path, mode="r")
+            except (FileNotFoundError, KeyError, ValueError, TypeError, zarr.errors.NodeTypeValidationError):
+                continue
+            if arr.ndim == 1 and arr.shape[0] == n:
+                return {name: np.asarray(arr[...])}
+    return {"sample": np.arange(n)}
