@@ -79,17 +79,17 @@ class ArrayGeometry:
     def ndim(self) -> int:
         return len(self.shape)
 
-    @property
+    @functools.cached_property
     def n_samples(self) -> int:
         """Length of the array along the sample axis."""
         return self.shape[self.sample_axis]
 
-    @property
+    @functools.cached_property
     def sample_chunk_size(self) -> int:
         """Samples per stored chunk along the sample axis."""
         return self.stored_chunks[self.sample_axis]
 
-    @property
+    @functools.cached_property
     def n_chunks(self) -> int:
         """Number of stored chunks along the sample axis (the last may be partial)."""
         return _ceil_div(self.n_samples, self.sample_chunk_size)
@@ -101,21 +101,21 @@ class ArrayGeometry:
         return min(self.sample_chunk_size, self.n_samples - chunk_index * self.sample_chunk_size)
 
     # -- field (inner) axes ---------------------------------------------
-    @property
+    @functools.cached_property
     def inner_shape(self) -> tuple[int, ...]:
         """Per-sample payload shape: every axis but the sample axis, in physical order."""
         return tuple(s for k, s in enumerate(self.shape) if k != self.sample_axis)
 
-    @property
+    @functools.cached_property
     def inner_stored_chunks(self) -> tuple[int, ...]:
         return tuple(s for k, s in enumerate(self.stored_chunks) if k != self.sample_axis)
 
-    @property
+    @functools.cached_property
     def tile_grid(self) -> tuple[int, ...]:
         """Stored chunks per inner axis (the grid of tiles one sample-axis chunk spans)."""
         return tuple(_ceil_div(s, c) for s, c in zip(self.inner_shape, self.inner_stored_chunks))
 
-    @property
+    @functools.cached_property
     def tiles_per_chunk(self) -> int:
         return math.prod(self.tile_grid)
 
@@ -123,17 +123,17 @@ class ArrayGeometry:
     def itemsize(self) -> int:
         return self.dtype.itemsize
 
-    @property
+    @functools.cached_property
     def sample_nbytes(self) -> int:
         """Bytes of one sample's payload."""
         return math.prod(self.inner_shape) * self.itemsize
 
-    @property
+    @functools.cached_property
     def chunk_nbytes(self) -> int:
         """Decoded bytes of one full sample-axis chunk (all its tiles)."""
         return self.sample_chunk_size * self.sample_nbytes
 
-    @property
+    @functools.cached_property
     def stored_chunk_nbytes(self) -> int:
         """Decoded bytes of one full stored chunk (one tile)."""
         return math.prod(self.stored_chunks) * self.itemsize

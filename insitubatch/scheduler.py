@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -119,6 +120,16 @@ class ArrayReader:
             return (size, *self.output.inner_shape)
         return (size, *self.geometry.inner_stored_chunks)
 
+    def selection(self, chunk_index: int, tile: int) -> tuple[slice, ...]:
+        """Where a decoded stored chunk's valid data sits (edge chunks are clipped), physical order."""
+        inner = self._inner_selections[tile]
+        axis = self.geometry.sample_axis
+        return (*inner[:axis], slice(0, self.geometry.chunk_len(chunk_index)), *inner[axis:])
+
+    @functools.cached_property
+    def _inner_selections(self) -> list[tuple[slice, ...]]:
+        return [tuple(slice(0, int(e)) for e in shape) for shape in self.tile_shapes]
+
     def ready_origins(self) -> np.ndarray:
         return self.single_origin if self.single else self.origins
 
@@ -219,33 +230,50 @@ class PassDriver:
                 reader = self.readers[key[0]]
                 while (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
                     await self._wait()
-                if self.cache is not None and await self._revive(slot, reader, key[1]):
-                    pass
+                if self.cache is not None:
+                    self._spawn(self._revive_or_fetch(slot, reader, key[1]))
                 else:
-                    for t in range(reader.geometry.tiles_per_chunk):
-                        task = self.loop.create_task(self._fetch_tile(slot, reader, key[1], t))
-                        self._tasks.add(task)
-                        task.add_done_callback(self._tasks.discard)
+                    self._fetch(slot, reader, key[1])
             with pool.cond:
                 self.slots[i] = slot
                 pool.cond.notify_all()
             await asyncio.sleep(0)  # let tile tasks start before admitting more
 
-    async def _revive(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> bool:
-        """Serve a chunk from the disk cache (no fetch, no decode, no transform) if it holds it."""
+    def _spawn(self, coro) -> None:
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _fetch(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> None:
+        for t in range(reader.geometry.tiles_per_chunk):
+            self._spawn(self._fetch_tile(slot, reader, chunk_index, t))
+
+    async def _revive_or_fetch(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> None:
+        """Serve a chunk from the disk cache (no fetch, no decode, no transform), else fetch it.
+
+        A task per chunk, so lookups overlap each other and the admission of
+        later chunks; the ``max_inflight`` semaphore bounds them like fetches.
+        """
         cache = self.cache
         path = reader.geometry.path
-        tiles = await self.loop.run_in_executor(
-            self.executor, cache.lookup, path, chunk_index, reader.slot_tile_shapes(chunk_index), reader.output.dtype
-        )
+        async with self.semaphore:
+            try:
+                tiles = await self.loop.run_in_executor(
+                    self.executor, cache.lookup, path, chunk_index, reader.slot_tile_shapes(chunk_index),
+                    reader.output.dtype,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.pool.fail(slot, exc)
+                return
         if tiles is not None:
             self.pool.replace_tiles(slot, tiles, reader.ready_origins())
             self.pool.count_revival(self.owner)
-            return True
-        if cache.readonly:
+        elif cache.readonly:
             self.pool.fail(slot, cache.miss_error(path, chunk_index))
-            return True
-        return False
+        else:
+            self._fetch(slot, reader, chunk_index)
 
     async def _wait(self) -> None:
         self._wake.clear()
@@ -293,8 +321,7 @@ class PassDriver:
         """Decode one stored chunk and lay it out sample-first, clipped to the array (decode thread)."""
         g = reader.geometry
         raw = self._decoders[g.path](buf, coord)
-        sel = g.tile_placement(chunk_index, tile).chunk_selection
-        tile_arr = np.moveaxis(raw[sel], g.sample_axis, 0)
+        tile_arr = np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0)
         tile_arr = np.ascontiguousarray(tile_arr)
         if reader.pipeline and g.tiles_per_chunk == 1:
             if not tile_arr.flags.writeable:  # codec output can be a read-only view; transforms may write
