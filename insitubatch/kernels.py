@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
@@ -349,6 +350,22 @@ def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     raise ValueError(f"a .npy header for shape {shape} and dtype {dtype} is too long")
 
 
+_OWN_HEADER = re.compile(rb"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), \} *\n")
+
+
+def _parse_own_header(f) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+    """Parse a version-1 header exactly as ``_npy_header`` writes it (reviving is per chunk: keep it cheap)."""
+    head = f.read(10)
+    if len(head) != 10 or head[:8] != _NPY_MAGIC + b"\x01\x00":
+        return None
+    length = int.from_bytes(head[8:10], "little")
+    match = _OWN_HEADER.fullmatch(f.read(length))
+    if match is None:
+        return None
+    shape = tuple(int(x) for x in match.group(2).split(b",") if x.strip())
+    return shape, False, np.dtype(match.group(1).decode("ascii")), 10 + length
+
+
 class SlotFile:
     """A tile-major ``.npy`` file of shape ``(n_tiles, *tile_shape)``, mapped shared.
 
@@ -481,13 +498,16 @@ def open_slot_file(path: str | os.PathLike, *, writable: bool = False) -> SlotFi
     """
     path = Path(path)
     with open(path, "r+b" if writable else "rb") as f:
-        try:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, fortran_order, dtype = read(f)
-        except ValueError as exc:
-            raise CacheCorruptError(f"{path} is not a readable .npy slot file: {exc}") from exc
-        header_bytes = f.tell()
+        parsed = _parse_own_header(f)
+        if parsed is None:  # not in the exact form _npy_header writes: let numpy judge it
+            f.seek(0)
+            try:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                parsed = (*read(f), f.tell())
+            except ValueError as exc:
+                raise CacheCorruptError(f"{path} is not a readable .npy slot file: {exc}") from exc
+        shape, fortran_order, dtype, header_bytes = parsed
         size = os.fstat(f.fileno()).st_size
         if fortran_order or len(shape) == 0 or dtype.hasobject:
             raise CacheCorruptError(f"{path} holds shape {shape}, dtype {dtype}, fortran_order={fortran_order}; not a slot file")
