@@ -226,17 +226,21 @@ class ChunkPool:
                 slot.state = READY
                 self.cond.notify_all()
 
-    def replace_tiles(self, slot: Slot, tiles: list[np.ndarray], origins: np.ndarray) -> None:
-        """Swap a slot's tiles for an assembled/transformed version and mark it ready."""
+    def replace_tiles(self, slot: Slot, tiles: list[np.ndarray], origins: np.ndarray) -> bool:
+        """Swap a slot's tiles for an assembled/transformed version and mark it ready.
+
+        Returns False when the slot was abandoned or failed meanwhile (the tiles are not adopted).
+        """
         with self.lock:
-            if slot.state != PENDING:
-                return
+            if slot.state != PENDING or self._slots.get(slot.key) is not slot:
+                return False
             slot.tiles = tiles
             slot.origins = origins
             slot.n_tiles = len(tiles)
             slot.remaining = 0
             slot.state = READY
             self.cond.notify_all()
+            return True
 
     def count_revival(self, owner: Owner) -> None:
         """A miss in memory served from the disk cache: a hit for the pass, not a fetch."""

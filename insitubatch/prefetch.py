@@ -219,6 +219,8 @@ class _PassState:
             self.thread.join()
         if self.driver is not None:
             self.driver.stop()
+            # the pass no longer holds its slots: an evicted chunk's memory (or mapping) goes with the pool's
+            self.driver.slots = [None] * len(self.driver.slots)
         if self.owner is not None:
             self.ds.pool.close_owner(self.owner)
 

@@ -256,20 +256,23 @@ class PassDriver:
         """
         cache = self.cache
         path = reader.geometry.path
+        shapes, dtype = reader.slot_tile_shapes(chunk_index), reader.output.dtype
         async with self.semaphore:
+            job = self.executor.submit(cache.lookup, path, chunk_index, shapes, dtype)
             try:
-                tiles = await self.loop.run_in_executor(
-                    self.executor, cache.lookup, path, chunk_index, reader.slot_tile_shapes(chunk_index),
-                    reader.output.dtype,
-                )
+                tiles = await asyncio.wrap_future(job)
             except asyncio.CancelledError:
+                # the lookup still finishes in its thread: let go of a mapping nobody will adopt
+                job.add_done_callback(lambda _: cache.evict(path, chunk_index))
                 raise
             except Exception as exc:
                 self.pool.fail(slot, exc)
                 return
         if tiles is not None:
-            self.pool.replace_tiles(slot, tiles, reader.ready_origins())
-            self.pool.count_revival(self.owner)
+            if self.pool.replace_tiles(slot, tiles, reader.ready_origins()):
+                self.pool.count_revival(self.owner)
+            else:
+                cache.evict(path, chunk_index)  # abandoned while we looked it up
         elif cache.readonly:
             self.pool.fail(slot, cache.miss_error(path, chunk_index))
         else:
@@ -352,14 +355,22 @@ class PassDriver:
             last = slot.remaining == 0
         if not last:
             return
+        job = self.executor.submit(self._finalize, slot, reader, chunk_index)
         try:
-            tiles, origins = await self.loop.run_in_executor(self.executor, self._finalize, slot, reader, chunk_index)
+            tiles, origins = await asyncio.wrap_future(job)
         except asyncio.CancelledError:
+            job.add_done_callback(lambda _: self._forget(reader, chunk_index))
             raise
         except Exception as exc:
             self.pool.fail(slot, exc)
             return
-        self.pool.replace_tiles(slot, tiles, origins)
+        if not self.pool.replace_tiles(slot, tiles, origins):
+            self._forget(reader, chunk_index)  # abandoned while it was being finished
+
+    def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
+        """Unmap a chunk the cache committed for a slot nobody adopted (its file stays if persisted)."""
+        if self.cache is not None:
+            self.cache.evict(reader.geometry.path, chunk_index)
 
     def _finalize(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""

@@ -27,6 +27,8 @@ N = 72
 JOIN_S = 60.0
 # a consumer this much slower than the producer keeps the prefetch queue full
 SLOW_CONSUMER_S = 0.01
+# how long a slow consumer waits for the producer to fill the queue before it looks
+FILL_DEADLINE_S = 5.0
 # a store this slow per GET makes the producer the bottleneck
 SLOW_STORE_S = 0.02
 
@@ -169,6 +171,10 @@ def test_a_consumer_slower_than_the_producer(local) -> None:
         state = it._state
 
         def slow() -> None:
+            # give the producer time to run ahead (a loaded CI box may need more than one step's sleep)
+            deadline = time.monotonic() + FILL_DEADLINE_S
+            while state.queue.qsize() < ds.prefetch_depth and time.monotonic() < deadline and state.thread.is_alive():
+                time.sleep(SLOW_CONSUMER_S)
             queued.append(state.queue.qsize())
             time.sleep(SLOW_CONSUMER_S)
 
