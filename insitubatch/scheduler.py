@@ -36,6 +36,8 @@ from .transforms import ChunkRead, ChunkTransform, DecodedChunk, output_geometry
 __all__ = ["BadChunkRecord", "PassDriver", "decode_pool", "zarr_loop"]
 
 DECODE_THREAD_PREFIX = "insitu-dec"
+# disk-cache lookups sent to the decode pool in one job (at most a block's worth)
+REVIVE_BATCH = 64
 _pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 
@@ -134,6 +136,17 @@ class ArrayReader:
         return self.single_origin if self.single else self.origins
 
 
+def _lookup_all(cache: DiskCache, requests: list) -> list:
+    """Decode thread: look up many chunks; a failure is returned in its place, not raised."""
+    out: list = []
+    for path, chunk_index, shapes, dtype in requests:
+        try:
+            out.append(cache.lookup(path, chunk_index, shapes, dtype))
+        except Exception as exc:  # handed to that chunk's slot, the others still revive
+            out.append(exc)
+    return out
+
+
 def _fill_value(geometry: ArrayGeometry):
     if geometry.dtype.kind in "fc":
         return np.nan
@@ -218,26 +231,41 @@ class PassDriver:
 
     async def _drive(self) -> None:
         plan, pool, owner = self.plan, self.pool, self.owner
+        revivals: list[tuple[Slot, ArrayReader, int]] = []  # admitted misses to look up on disk together
+        block = -1
         for i in np.argsort(plan.read_first, kind="stable").tolist():
             if plan.read_last[i] < self.first_block:
                 continue  # only batches before a resume point read it
             key = plan.reads[i]
             nbytes = int(plan.read_nbytes[i])
-            while not pool.can_take(owner, nbytes):
-                await self._wait()
+            if plan.read_first[i] != block or len(revivals) >= REVIVE_BATCH:
+                self._flush(revivals)
+                block = int(plan.read_first[i])
+            if not pool.can_take(owner, nbytes):
+                self._flush(revivals)
+                while not pool.can_take(owner, nbytes):
+                    await self._wait()
             slot = pool.pin_existing(key, owner)
             if slot is None:
                 reader = self.readers[key[0]]
-                while (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
-                    await self._wait()
+                if (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
+                    self._flush(revivals)
+                    while (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
+                        await self._wait()
                 if self.cache is not None:
-                    self._spawn(self._revive_or_fetch(slot, reader, key[1]))
+                    revivals.append((slot, reader, key[1]))
                 else:
                     self._fetch(slot, reader, key[1])
             with pool.cond:
                 self.slots[i] = slot
                 pool.cond.notify_all()
             await asyncio.sleep(0)  # let tile tasks start before admitting more
+        self._flush(revivals)
+
+    def _flush(self, revivals: list[tuple[Slot, ArrayReader, int]]) -> None:
+        if revivals:
+            self._spawn(self._revive_or_fetch(list(revivals)))
+            revivals.clear()
 
     def _spawn(self, coro) -> None:
         task = self.loop.create_task(coro)
@@ -248,35 +276,36 @@ class PassDriver:
         for t in range(reader.geometry.tiles_per_chunk):
             self._spawn(self._fetch_tile(slot, reader, chunk_index, t))
 
-    async def _revive_or_fetch(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> None:
-        """Serve a chunk from the disk cache (no fetch, no decode, no transform), else fetch it.
+    async def _revive_or_fetch(self, items: list[tuple[Slot, ArrayReader, int]]) -> None:
+        """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
 
-        A task per chunk, so lookups overlap each other and the admission of
-        later chunks; the ``max_inflight`` semaphore bounds them like fetches.
+        One executor job looks up a block's worth of chunks, so reviving costs
+        one thread hop per batch of lookups; it runs as a task, overlapping the
+        admission of later chunks, under the ``max_inflight`` semaphore.
         """
         cache = self.cache
-        path = reader.geometry.path
-        shapes, dtype = reader.slot_tile_shapes(chunk_index), reader.output.dtype
+        requests = [(r.geometry.path, c, r.slot_tile_shapes(c), r.output.dtype) for _, r, c in items]
         async with self.semaphore:
-            job = self.executor.submit(cache.lookup, path, chunk_index, shapes, dtype)
+            job = self.executor.submit(_lookup_all, cache, requests)
             try:
-                tiles = await asyncio.wrap_future(job)
+                results = await asyncio.wrap_future(job)
             except asyncio.CancelledError:
-                # the lookup still finishes in its thread: let go of a mapping nobody will adopt
-                job.add_done_callback(lambda _: cache.evict(path, chunk_index))
+                # the lookups still finish in their thread: let go of mappings nobody will adopt
+                job.add_done_callback(lambda _: [cache.evict(path, c) for path, c, _s, _d in requests])
                 raise
-            except Exception as exc:
-                self.pool.fail(slot, exc)
-                return
-        if tiles is not None:
-            if self.pool.replace_tiles(slot, tiles, reader.ready_origins()):
-                self.pool.count_revival(self.owner)
+        for (slot, reader, chunk_index), result in zip(items, results):
+            path = reader.geometry.path
+            if isinstance(result, BaseException):
+                self.pool.fail(slot, result)
+            elif result is not None:
+                if self.pool.replace_tiles(slot, result, reader.ready_origins()):
+                    self.pool.count_revival(self.owner)
+                else:
+                    cache.evict(path, chunk_index)  # abandoned while we looked it up
+            elif cache.readonly:
+                self.pool.fail(slot, cache.miss_error(path, chunk_index))
             else:
-                cache.evict(path, chunk_index)  # abandoned while we looked it up
-        elif cache.readonly:
-            self.pool.fail(slot, cache.miss_error(path, chunk_index))
-        else:
-            self._fetch(slot, reader, chunk_index)
+                self._fetch(slot, reader, chunk_index)
 
     async def _wait(self) -> None:
         self._wake.clear()
