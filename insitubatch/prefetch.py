@@ -20,7 +20,6 @@ import numpy as np
 from .batch import Batch
 from .errors import DatasetClosedError
 from .gather import gather_label
-from .geometry import ArrayGeometry
 from .plan import EpochPlan
 from .pool import FAILED, PENDING, Owner, PassCounters
 from .scheduler import PassDriver
@@ -164,8 +163,8 @@ class _PassState:
             held = {plan.reads[i]: slots[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
             arrays = {}
             for label, g in ds.outputs.items():
-                shape = self._label_shape(label, g)
-                buf = ds.buffers.take(label, (plan.batch_size, *shape[1:]), shape[0])
+                # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
+                buf = ds.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
                 out = buf[: len(anchors)]
                 gather_label(out, anchors, g, lambda c, path=g.path: held[(path, c)])
                 arrays[label] = out
@@ -191,15 +190,6 @@ class _PassState:
                 self._release_block(released_upto)
             self._put(batch)
             del batch, arrays, out, buf
-
-    def _label_shape(self, label: str, g: ArrayGeometry) -> tuple[np.dtype, ...]:
-        """``(dtype, *inner)`` of a label's batch rows after chunk transforms."""
-        cache = getattr(self, "_shapes", None)
-        if cache is None:
-            cache = self._shapes = {}
-        if label not in cache:
-            cache[label] = (g.dtype, *g.inner_shape)  # g is the post-transform geometry
-        return cache[label]
 
     # -- teardown ---------------------------------------------------------------
     def close(self) -> None:
