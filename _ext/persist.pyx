@@ -7,7 +7,8 @@ alive, else as soon as the last view is released — never under a live view.
 """
 
 cimport numpy as cnp
-from cpython.buffer cimport PyBUF_FORMAT, PyBUF_WRITABLE
+from bytebuf cimport export_bytes
+from cpython.buffer cimport PyBUF_WRITABLE
 from libc.errno cimport errno
 from libc.string cimport memcpy
 from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
@@ -92,20 +93,8 @@ cdef class FileMapping:
             raise BufferError("the file mapping is closed")
         if (flags & PyBUF_WRITABLE) and not self.writable:
             raise BufferError("the file mapping is read-only")
-        buf.buf = self.base
+        export_bytes(buf, self.base, &self.length, &self.stride, not self.writable, flags)
         buf.obj = self
-        buf.len = self.length
-        buf.readonly = not self.writable
-        buf.itemsize = 1
-        if flags & PyBUF_FORMAT:
-            buf.format = "B"
-        else:
-            buf.format = NULL
-        buf.ndim = 1
-        buf.shape = &self.length
-        buf.strides = &self.stride
-        buf.suboffsets = NULL
-        buf.internal = NULL
         self.exports += 1
 
     def __releasebuffer__(self, Py_buffer* buf):

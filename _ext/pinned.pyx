@@ -6,7 +6,7 @@ died: every view holds an export, counted in ``exports``.
 ``insitubatch.pinned.PinnedBufferPool`` decides when to lock and when to reuse.
 """
 
-from cpython.buffer cimport PyBUF_FORMAT
+from bytebuf cimport export_bytes
 from libc.errno cimport errno
 from libc.stdlib cimport free
 from posix.mman cimport mlock, munlock
@@ -59,20 +59,8 @@ cdef class HostBuffer:
         return self.length
 
     def __getbuffer__(self, Py_buffer* buf, int flags):
-        buf.buf = self.ptr
+        export_bytes(buf, self.ptr, &self.length, &self.stride, 0, flags)
         buf.obj = self
-        buf.len = self.length
-        buf.readonly = 0
-        buf.itemsize = 1
-        if flags & PyBUF_FORMAT:
-            buf.format = "B"
-        else:
-            buf.format = NULL
-        buf.ndim = 1
-        buf.shape = &self.length
-        buf.strides = &self.stride
-        buf.suboffsets = NULL
-        buf.internal = NULL
         self.exports += 1
 
     def __releasebuffer__(self, Py_buffer* buf):
