@@ -40,18 +40,12 @@ PRELOAD = ["torch", "numpy", "xarray", "xbatcher", "zarr", "obstore"]
 RESULT_TAG = "WB2_RESULT "
 
 
-@contextlib.contextmanager
 def local_wb2(directory: Path, n_time: int, latency_ms: float):
-    """Write the WeatherBench2-sized preset (once) and serve it; yields its URL. Needs the repo's ``bench``."""
+    """Serve the WeatherBench2-sized preset from the loopback emulator (needs the repo's ``bench``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.data import wb2_64x32, write_era5_like
-    from bench.emulator import EmulatorProcess
+    from bench.wb2 import local_wb2 as serve
 
-    spec = wb2_64x32(n_time)
-    directory.mkdir(parents=True, exist_ok=True)
-    write_era5_like(directory / spec.name, spec)
-    with EmulatorProcess(directory, latency_s=latency_ms / 1e3) as emu:
-        yield emu.url_for(spec.name)
+    return serve(directory, n_time, latency_ms)
 
 
 def open_store(url: str) -> Any:

@@ -77,3 +77,8 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_wb2_dataloader_against_the_local_emulator(tmp_path) -> None:
+    out = _run([str(EXAMPLES / "wb2_dataloader.py"), "--local", "--local-dir", str(tmp_path / "wb2")], tmp_path)
+    assert "epoch 0: first batch" in out and "epoch 1" in out
