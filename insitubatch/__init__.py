@@ -26,6 +26,7 @@ from .errors import (
 from .geometry import ArrayGeometry, open_geometries
 from .plan import shuffle_quality
 from .splits import SplitManifest, split_by_chunk
+from .stats import PassStats
 from .stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
 from .transforms import DecodedChunk, applies
 
@@ -50,6 +51,7 @@ __all__ = [
     "DecodedChunk",
     "InSituDataset",
     "InSituError",
+    "PassStats",
     "SplitManifest",
     "StoreReadError",
     "TorchView",

@@ -172,6 +172,7 @@ class InSituDataset:
         self.bad_chunks: list[BadChunkRecord] = []
         self._epoch = 0
         self._epoch_counters: list[PassCounters] = []
+        self._fetched_keys: set = set()  # every read key a pass admitted: admitting one again is a re-read
         self._passes: weakref.WeakSet = weakref.WeakSet()  # open passes (prefetch._PassState), closed on close()
         self._plans: dict[tuple[str, int], EpochPlan] = {}
         self._views: dict[str, DatasetView] = {}
