@@ -16,6 +16,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 from .batch import Batch
 from .dataset import InSituDataset
 from .views import DatasetView
+from .debug import print_debug_info
 from .decode import read_stored_chunk
 from .errors import (
     BadChunkError,
@@ -63,6 +64,7 @@ __all__ = [
     "icechunk_store",
     "obstore_store",
     "open_geometries",
+    "print_debug_info",
     "read_stored_chunk",
     "shuffle_quality",
     "split_by_chunk",

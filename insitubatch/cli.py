@@ -135,6 +135,26 @@ def _run_write_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- debug-info ----------------------------------------------------------------
+def _add_debug_info(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "debug-info",
+        help="print versions, built kernels and their flags, CPU count and free-threading state (for bug reports)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the facts as JSON")
+    parser.set_defaults(run=_run_debug_info)
+
+
+def _run_debug_info(args: argparse.Namespace) -> int:
+    from .debug import debug_info, print_debug_info
+
+    if args.json:
+        print(json.dumps(debug_info(), indent=2))
+    else:
+        print_debug_info()
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------
 def _add_inspect(subparsers: Any) -> None:
     from .inspect import add_inspect_parser
@@ -142,7 +162,7 @@ def _add_inspect(subparsers: Any) -> None:
     add_inspect_parser(subparsers)
 
 
-_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_inspect, _add_slots, _add_write_status)
+_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_inspect, _add_slots, _add_write_status, _add_debug_info)
 
 
 def build_parser() -> argparse.ArgumentParser:
