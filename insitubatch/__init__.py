@@ -31,7 +31,7 @@ from .stats import PassStats
 from .stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
 from .transforms import DecodedChunk, applies
 
-_LAZY = {"as_torch": "adapters", "to_jax": "adapters", "TorchView": "adapters"}
+_LAZY = {"as_torch": "adapters", "to_jax": "adapters", "to_torch": "adapters", "TorchView": "adapters"}
 
 
 def __getattr__(name: str):
@@ -69,4 +69,5 @@ __all__ = [
     "shuffle_quality",
     "split_by_chunk",
     "to_jax",
+    "to_torch",
 ]

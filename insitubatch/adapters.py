@@ -11,9 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .views import DatasetView
+from .batch import Batch
+from .views import DatasetView, InferView
 
-__all__ = ["TorchView", "as_torch", "to_jax"]
+__all__ = ["TorchView", "as_torch", "to_jax", "to_torch"]
+
+# the key under which an inference view's items carry the batch's coordinates, beside the tensors
+COORDS_KEY = "coords"
 
 _WORKERS_MESSAGE = (
     "insitubatch views cannot run inside DataLoader worker processes (num_workers > 0): the engine's "
@@ -57,6 +61,7 @@ class TorchView(_IterableBase):
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
         self.device_transform = device_transform
+        self._coords = _coords_wanted(view)
         self._cuda = self.device is not None and self.device.type == "cuda"
         if self._cuda:
             if not torch.cuda.is_available():
@@ -87,7 +92,10 @@ class TorchView(_IterableBase):
                 tensors = {k: t.to(self.device) for k, t in tensors.items()}
             if self.device_transform is not None:
                 tensors = self.device_transform(tensors)
-            yield tensors
+            yield self._with_coords(tensors, batch)
+
+    def _with_coords(self, tensors: dict[str, Any], batch: Batch) -> dict[str, Any]:
+        return {**tensors, COORDS_KEY: batch.coords} if self._coords and batch.coords is not None else tensors
 
     def _iter_cuda(self, torch) -> Iterator[dict[str, Any]]:
         side = torch.cuda.Stream(device=self.device)
@@ -107,6 +115,7 @@ class TorchView(_IterableBase):
 
     def _finish(self, torch, staged) -> dict[str, Any]:
         dev, done, host, batch = staged
+        coords = {COORDS_KEY: batch.coords} if self._coords and batch.coords is not None else {}
         current = torch.cuda.current_stream(self.device)
         current.wait_event(done)
         for t in dev.values():
@@ -114,7 +123,7 @@ class TorchView(_IterableBase):
         # the host buffer may be reused only once its copy has landed
         done.synchronize()
         del host, batch
-        return self.device_transform(dev) if self.device_transform is not None else dev
+        return {**(self.device_transform(dev) if self.device_transform is not None else dev), **coords}
 
 
 def as_torch(
@@ -132,8 +141,38 @@ def as_torch(
     return TorchView(view, device=device, device_transform=device_transform)
 
 
+def _coords_wanted(view: DatasetView) -> bool:
+    """Whether items carry ``coords``: on inference views, unless a label already takes the key."""
+    if not isinstance(view, InferView):
+        return False
+    if COORDS_KEY in view.dataset.variables:
+        raise ValueError(f"a label is named {COORDS_KEY!r}, which inference items use for the batch's coordinates; "
+                         "rename that label")
+    return True
+
+
+def to_torch(batch: Batch, *, device: Any = None) -> dict[str, Any]:
+    """One batch as ``{label: torch.Tensor}`` (DLPack, zero-copy on the CPU), plus ``coords`` when it has them."""
+    torch = _torch()
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be an insitubatch Batch, got {type(batch).__name__}")
+    try:
+        target = torch.device(device) if device is not None else None
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
+    tensors: dict[str, Any] = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+    if target is not None:
+        tensors = {k: t.to(target) for k, t in tensors.items()}
+    if batch.coords is not None:
+        tensors[COORDS_KEY] = batch.coords
+    return tensors
+
+
 def to_jax(view: DatasetView, *, device: Any = None) -> Iterator[dict[str, Any]]:
-    """``jax.Array`` batches over ``view`` by DLPack, placed on ``device`` (default ``jax.devices()[0]``)."""
+    """``jax.Array`` batches over ``view`` by DLPack, placed on ``device`` (default ``jax.devices()[0]``).
+
+    On an inference view each item also carries ``coords`` (numpy arrays), beside the arrays.
+    """
     try:
         import jax
         import jax.numpy as jnp
@@ -142,9 +181,13 @@ def to_jax(view: DatasetView, *, device: Any = None) -> Iterator[dict[str, Any]]
     if not isinstance(view, DatasetView):
         raise TypeError(f"view must be a DatasetView, got {type(view).__name__}")
     target = device if device is not None else jax.devices()[0]
+    coords = _coords_wanted(view)
 
     def batches() -> Iterator[dict[str, Any]]:
         for batch in view:
-            yield {label: jax.device_put(jnp.from_dlpack(arr), target) for label, arr in batch.arrays.items()}
+            item = {label: jax.device_put(jnp.from_dlpack(arr), target) for label, arr in batch.arrays.items()}
+            if coords and batch.coords is not None:
+                item[COORDS_KEY] = batch.coords
+            yield item
 
     return batches()

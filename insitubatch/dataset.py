@@ -40,6 +40,7 @@ __all__ = ["InSituDataset"]
 logger = logging.getLogger("insitubatch")
 BatchTransform = Callable[[Batch], Batch]
 ON_BAD_CHUNK = ("raise", "nan")
+ALL_SPLIT = "__all__"  # the pseudo-split of ``ds.all``: every chunk, sequential
 
 class InSituDataset:
     """Train/val/test views over a zarr store, read in place.
@@ -265,6 +266,14 @@ class InSituDataset:
         return self.split("test")
 
     @property
+    def all(self) -> DatasetView:
+        """Every chunk of the store, whatever its split, in storage order: a deterministic sequential view."""
+        view = self._views.get(ALL_SPLIT)
+        if view is None:
+            view = self._views[ALL_SPLIT] = DatasetView(self, ALL_SPLIT)
+        return view
+
+    @property
     def geometries(self) -> dict[str, ArrayGeometry]:
         """Each label's geometry after chunk transforms (what ``batch.arrays[label]`` rows are)."""
         return dict(self.outputs)
@@ -300,8 +309,10 @@ class InSituDataset:
     def _make_plan(self, split, epoch, history, anchor_range, batch_size) -> EpochPlan:
         manifest = self.manifest
         shuffle = self.shuffle and split == "train"
-        if split not in manifest.names:  # an inference range: its own sequential "split"
+        if split not in manifest.names:  # an inference range, or every chunk (``all``): its own sequential "split"
             size = manifest.sample_chunk_size
+            if anchor_range is None:
+                anchor_range = (0, manifest.n_samples)
             chunks = tuple(range(anchor_range[0] // size, -(-anchor_range[1] // size)))
             manifest = dataclasses.replace(manifest, splits=((split, chunks),))
         if self.world_size == 1 and not history:
