@@ -93,7 +93,7 @@ class _PassState:
         ds, now = self.ds, time.perf_counter()
         started = self.started_at if self.started_at is not None else now
         ended = self.ended_at if self.ended_at is not None else now
-        return PassStats.from_trace(
+        return PassStats._from_trace(
             self.counters.trace, self.counters, split=self.split, epoch=self.epoch, wall_s=ended - started,
             evictions=ds.pool.totals.evictions - self.evictions_at_start, max_inflight=ds.max_inflight,
             decode_threads=ds.decode_threads, cache_budget_bytes=ds.pool.explicit_budget,

@@ -198,7 +198,7 @@ class PassStats:
         )
 
     @classmethod
-    def from_trace(cls, trace: PassTrace, counters: Any, **fields: Any) -> PassStats:
+    def _from_trace(cls, trace: PassTrace, counters: Any, **fields: Any) -> PassStats:
         """Combine a pass's counters (``PassCounters``) and trace with ``split``, ``epoch``, ``wall_s``, ..."""
         n = max(trace.depth_samples, 1)
         return cls(

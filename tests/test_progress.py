@@ -90,3 +90,13 @@ def test_slot_runs_and_write_status_show_bars_on_a_terminal(fake_tqdm, monkeypat
     status = [b for b in fake_tqdm.made if b.desc == "write-status"]
     assert len(status) == 1 and status[0].n == status[0].total == 1 and status[0].closed
     assert "remaining: none" in capsys.readouterr().out
+
+
+def test_real_tqdm_draws_on_a_terminal_only() -> None:
+    pytest.importorskip("tqdm")  # the optional extra; the fake above covers the wiring without it
+    term = _Terminal()
+    assert list(progress(range(3), total=3, desc="real", file=term)) == [0, 1, 2]
+    assert "real" in term.getvalue()
+    with progress(total=2, desc="manual", file=term) as bar:
+        bar.update(2)
+    assert "manual" in term.getvalue()
