@@ -128,17 +128,13 @@ class _PassState:
             self._put(_Failure(exc))
 
     def _put(self, item: object) -> None:
-        t0 = time.perf_counter()
-        try:
-            while not self.stop_event.is_set():
-                try:
-                    self.queue.put(item, timeout=POLL_S)
-                    return
-                except queue.Full:
-                    continue
-            raise _Stopped
-        finally:
-            self.counters.trace.add("producer_wait_s", time.perf_counter() - t0)
+        while not self.stop_event.is_set():
+            try:
+                self.queue.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
 
     def _wait_block(self, b: int) -> None:
         pool, driver = self.ds.pool, self.driver
@@ -219,7 +215,9 @@ class _PassState:
             while released_upto + 1 < plan.n_blocks and plan.block_starts[released_upto + 2] <= stop:
                 released_upto += 1
                 self._release_block(released_upto)
+            t0 = time.perf_counter()
             self._put(batch)
+            counters.trace.add("producer_wait_s", time.perf_counter() - t0)
             del batch, arrays, out, buf
 
     # -- teardown ---------------------------------------------------------------
