@@ -94,18 +94,23 @@ def test_inference_items_carry_coords_beside_the_tensors(ds) -> None:
     d, x = ds
     view = d.infer((0, 20), batch_size=6)
     seen = []
-    for item in as_torch(view):
-        assert set(item) == {"x", "y", "coords"}
-        idx = item["coords"]["sample"]  # no coordinate array in this store: the indices
-        np.testing.assert_array_equal(item["x"].numpy(), x[idx])
+    for tensors, coords in as_torch(view):
+        assert set(tensors) == {"x", "y"}
+        idx = coords["sample"]  # no coordinate array in this store: the indices
+        np.testing.assert_array_equal(tensors["x"].numpy(), x[idx])
+        np.testing.assert_array_equal(tensors["y"].numpy(), x[idx + 2])
         seen.extend(idx.tolist())
     assert seen == list(range(20))
+    doubled = as_torch(view, device_transform=lambda t: {k: 2 * v for k, v in t.items()})
+    for tensors, coords in doubled:
+        np.testing.assert_array_equal(tensors["x"].numpy(), 2 * x[coords["sample"]])
     jax = pytest.importorskip("jax")
-    for item, batch in zip(to_jax(view), view):
-        assert isinstance(item["x"], jax.Array)
-        np.testing.assert_array_equal(item["coords"]["sample"], batch.coords["sample"])
+    for (arrays, coords), batch in zip(to_jax(view), view):
+        assert isinstance(arrays["x"], jax.Array)
+        np.testing.assert_array_equal(coords["sample"], batch.coords["sample"])
+        np.testing.assert_array_equal(np.asarray(arrays["x"]), x[batch.sample_indices])
     # training items stay {label: tensor}
-    assert "coords" not in next(iter(as_torch(d.train)))
+    assert set(next(iter(as_torch(d.train)))) == {"x", "y"}
 
 
 def test_to_torch_converts_one_batch_zero_copy(ds) -> None:
@@ -113,9 +118,9 @@ def test_to_torch_converts_one_batch_zero_copy(ds) -> None:
     it = iter(d.infer((0, 10), batch_size=5))
     batch = next(it)
     tensors = to_torch(batch)
+    assert set(tensors) == {"x", "y"}
     assert tensors["x"].data_ptr() == batch.arrays["x"].ctypes.data
     np.testing.assert_array_equal(tensors["y"].numpy(), x[batch.sample_indices + 2])
-    np.testing.assert_array_equal(tensors["coords"]["sample"], batch.sample_indices)
     assert to_torch(batch, device="cpu")["x"].device.type == "cpu"
     it.close()
     with pytest.raises(TypeError, match="Batch"):
