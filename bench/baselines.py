@@ -546,7 +546,8 @@ def _run_insitu(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _insitu_counters(it: Any) -> dict[str, Any]:
     c = it.counters
-    return {"insitu_gets": c.gets, "insitu_get_bytes": c.get_bytes, "hits": c.hits, "misses": c.misses}
+    return {"insitu_gets": c.gets, "insitu_get_bytes": c.get_bytes, "hits": c.hits, "misses": c.misses,
+            "limiting_stage": it.stats.limiting_stage}
 
 
 def _run_insitu_warm(cfg: dict[str, Any]) -> dict[str, Any]:

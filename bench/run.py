@@ -41,6 +41,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from insitubatch.progress import progress
+
 from .baselines import RESULT_PREFIX, data_key_predicate, run_config, supports_persist
 from .data import DatasetSpec, wb2_64x32, write_era5_like
 from .emulator import DEFAULT_JITTER_S, DEFAULT_LATENCY_S, EmulatorProcess
@@ -163,14 +165,17 @@ class Bench:
         self.insitu_knobs = insitu_knobs
         self.log = log
         self.child_log = (out / "children.log").open("w")
+        self.bar = progress(desc="bench", unit="run")  # measurements finished (silent off a terminal)
 
     def close(self) -> None:
+        self.bar.close()
         self.child_log.close()
 
     # -- one child ---------------------------------------------------------------------------
     def run(self, spc: int, name: str, loader: str, *, repeats: int = 1, **cfg: Any) -> dict[str, Any]:
         """Run one measurement ``repeats`` times; the row with the median rate, all rates in ``repeat_rates``."""
         rows = [self._run_once(spc, name, loader, **cfg) for _ in range(repeats)]
+        self.bar.update(repeats)
         if repeats == 1:
             return rows[0]
         good = sorted((r for r in rows if not r.get("error")), key=_rate)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .plan import ReadKey
+from .stats import PassTrace
 
 __all__ = ["ChunkPool", "Owner", "PassCounters", "PoolTotals", "Slot"]
 
@@ -36,6 +37,7 @@ class PassCounters:
     decoded_tiles: int = 0
     samples: int = 0
     batches: int = 0
+    trace: PassTrace = field(default_factory=PassTrace, repr=False, compare=False)  # stage times, waits, depths
 
 
 @dataclass

@@ -16,6 +16,7 @@ import concurrent.futures
 import functools
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -190,6 +191,10 @@ class PassDriver:
         self._main: concurrent.futures.Future | None = None
         self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
         self._prototype = default_buffer_prototype()
+        self.seen_keys: set | None = None  # keys fetched before (any pass): an admission of one is a re-read
+        self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
+        self._waiting = False
+        self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
         owner.wake = lambda: self.loop.call_soon_threadsafe(self._wake.set)
 
     # -- lifecycle (called from other threads) -----------------------------------
@@ -252,6 +257,9 @@ class PassDriver:
                     self._flush(revivals)
                     while (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
                         await self._wait()
+                if self.seen_keys is not None:
+                    owner.counters.trace.re_reads += key in self.seen_keys
+                    self.seen_keys.add(key)
                 if self.cache is not None:
                     revivals.append((slot, reader, key[1]))
                 else:
@@ -264,17 +272,20 @@ class PassDriver:
 
     def _flush(self, revivals: list[tuple[Slot, ArrayReader, int]]) -> None:
         if revivals:
-            self._spawn(self._revive_or_fetch(list(revivals)))
+            self._spawn(self._revive_or_fetch(list(revivals)), work=True)
             revivals.clear()
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro, work: bool = False) -> None:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if work:  # a fetch or revival: this pass has work in flight until the task ends
+            self._work_started()
+            task.add_done_callback(self._work_ended)
 
     def _fetch(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> None:
         for t in range(reader.geometry.tiles_per_chunk):
-            self._spawn(self._fetch_tile(slot, reader, chunk_index, t))
+            self._spawn(self._fetch_tile(slot, reader, chunk_index, t), work=True)
 
     async def _revive_or_fetch(self, items: list[tuple[Slot, ArrayReader, int]]) -> None:
         """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
@@ -309,13 +320,39 @@ class PassDriver:
 
     async def _wait(self) -> None:
         self._wake.clear()
-        await self._wake.wait()
+        self._waiting = True
+        if self._active == 0:
+            self._stall_from = time.perf_counter()
+        try:
+            await self._wake.wait()
+        finally:
+            self._waiting = False
+            self._end_stall()
+
+    def _end_stall(self) -> None:
+        if self._stall_from is not None:
+            self.owner.counters.trace.add("budget_wait_s", time.perf_counter() - self._stall_from)
+            self._stall_from = None
+
+    # a driver waiting for room while none of its work is active is held back by the budget alone
+    def _work_started(self) -> None:
+        if self._active == 0:
+            self._end_stall()
+        self._active += 1
+
+    def _work_ended(self, _task: asyncio.Task) -> None:
+        self._active -= 1
+        if self._active == 0 and self._waiting:
+            self._stall_from = time.perf_counter()
 
     async def _fetch_tile(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int) -> None:
         g = reader.geometry
         coord = g.physical_chunk_coord(chunk_index, tile)
         key = g.chunk_key(coord)
         async with self.semaphore:
+            trace = self.owner.counters.trace
+            trace.inflight_reads += 1
+            t0 = time.perf_counter()
             try:
                 buf = await self.store.get(key, prototype=self._prototype)
             except asyncio.CancelledError:
@@ -325,6 +362,9 @@ class PassDriver:
                     f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
                 ))
                 return
+            finally:
+                trace.inflight_reads -= 1
+                trace.add("fetch_s", time.perf_counter() - t0)
             counters = self.owner.counters
             counters.gets += 1
             if buf is not None:
@@ -340,6 +380,7 @@ class PassDriver:
                 data = await self.loop.run_in_executor(self.executor, self._bad_tile, reader, chunk_index, tile)
                 slot.bad = True  # never persisted: a later run retries the read
                 self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+                trace.bad_tiles += 1
             except Exception as exc:
                 self.pool.fail(slot, exc)
                 return
@@ -352,9 +393,11 @@ class PassDriver:
     def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
         """Decode one stored chunk and lay it out sample-first, clipped to the array (decode thread)."""
         g = reader.geometry
+        t0 = time.perf_counter()
         raw = self._decoders[g.path](buf, coord)
         tile_arr = np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0)
         tile_arr = np.ascontiguousarray(tile_arr)
+        self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
         if reader.pipeline and g.tiles_per_chunk == 1:
             if not tile_arr.flags.writeable:  # codec output can be a read-only view; transforms may write
                 tile_arr = tile_arr.copy()
@@ -364,7 +407,11 @@ class PassDriver:
     def _transform(self, reader: ArrayReader, chunk_index: int, data: np.ndarray) -> np.ndarray:
         g = reader.geometry
         chunk = DecodedChunk(ChunkRead(g.path, chunk_index), data, chunk_index * g.sample_chunk_size)
-        return run_pipeline(reader.pipeline, chunk, reader.stages)
+        t0 = time.perf_counter()
+        try:
+            return run_pipeline(reader.pipeline, chunk, reader.stages)
+        finally:
+            self.owner.counters.trace.add("transform_s", time.perf_counter() - t0)
 
     def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray:
         """A bad tile's stand-in: NaN for floats, else the fill value (then transformed like any tile)."""
