@@ -202,11 +202,17 @@ class ChunkPool:
         return True
 
     def _drop(self, slot: Slot) -> None:
+        """Forget a slot and let go of its tiles at once (only unpinned or unfinished slots are dropped).
+
+        The tiles list is rebound, not cleared in place, so a decode thread
+        still finishing an abandoned slot keeps the list it copied.
+        """
         if self._slots.get(slot.key) is slot:
             del self._slots[slot.key]
             self.resident_bytes -= slot.nbytes
             if self.on_evict is not None and slot.state == READY:
                 self.on_evict(slot)
+            slot.tiles = [None] * slot.n_tiles
 
     def _pin(self, slot: Slot, owner: Owner) -> None:
         slot.pins[owner.id] = slot.pins.get(owner.id, 0) + 1

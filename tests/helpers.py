@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -101,3 +103,41 @@ def assert_batch_matches(batch, variables, data) -> None:
     for label, g in variables.items():
         expected = data[g.path][batch.read_indices(label)]
         np.testing.assert_array_equal(batch.arrays[label], expected, err_msg=f"label {label!r} of batch {batch.index}")
+
+
+class EvictionWatch:
+    """Weak references to the tiles of every slot a pool evicts, to prove nothing else keeps them.
+
+    Install it as the pool's ``on_evict`` (chaining the one already there):
+    ``alive()`` lists evicted tiles some object still references, and
+    ``holders()`` names who does, for an assertion message.
+    """
+
+    def __init__(self, pool) -> None:
+        self.evicted = 0
+        self._refs: list[tuple[tuple, weakref.ref]] = []
+        self._chained = pool.on_evict
+        pool.on_evict = self._on_evict
+
+    def _on_evict(self, slot) -> None:
+        if self._chained is not None:
+            self._chained(slot)
+        self.evicted += 1
+        self._refs.extend((slot.key, weakref.ref(t)) for t in slot.tiles if t is not None)
+
+    def alive(self) -> list[tuple[tuple, np.ndarray]]:
+        return [(key, t) for key, ref in self._refs if (t := ref()) is not None]
+
+    def holders(self) -> str:
+        """The types of the objects that still reference the first live evicted tile (and theirs)."""
+        live = self.alive()
+        if not live:
+            return "none"
+        key, tile = live[0]
+        lines = [f"tile of {key}:"]
+        for ref in gc.get_referrers(tile):
+            if ref is live:
+                continue
+            lines.append(f"  {type(ref).__name__} <- " + ", ".join(
+                type(r).__name__ for r in gc.get_referrers(ref) if r is not lines))
+        return "\n".join(lines)
