@@ -5,6 +5,11 @@ tiles, adopted by reference. Slots are pinned while a pass still needs them
 and evicted least-recently-used once unpinned and the budget needs room.
 Every open iteration is an owner with its own reservation (its working set)
 and counters; the pool keeps the cumulative totals.
+
+A slot in flight is fetched by one owner (``fetcher``) but may be pinned by
+several. When the fetcher closes first, the slot is handed to an owner that
+still pins it, which fetches it again (``Owner.refetch``): no iteration ever
+waits on a fetch nobody is doing.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import InSituError
 from .plan import ReadKey
 
 __all__ = ["ChunkPool", "Owner", "PassCounters", "PoolTotals", "Slot"]
@@ -80,6 +86,8 @@ class Owner:
     pinned_reads: int = 0
     counters: PassCounters = field(default_factory=PassCounters)
     wake: Callable[[], None] | None = None
+    # re-admit a slot this owner adopted from an owner that closed mid-fetch (called off the lock)
+    refetch: Callable[[Slot], None] | None = None
     closed: bool = False
 
 
@@ -125,8 +133,14 @@ class ChunkPool:
             return owner
 
     def close_owner(self, owner: Owner) -> list[Slot]:
-        """Drop every pin ``owner`` holds; return its in-flight slots nobody else needs (to cancel)."""
+        """Drop every pin ``owner`` holds; return its in-flight slots nobody else needs (to cancel).
+
+        Call it once the owner's own fetches are stopped. An in-flight slot it
+        was fetching that another owner still pins is reset and handed over:
+        the adopter becomes its fetcher and its ``refetch`` re-admits it.
+        """
         abandoned: list[Slot] = []
+        adopted: list[tuple[Owner, Slot]] = []
         with self.lock:
             if owner.closed:
                 return abandoned
@@ -134,14 +148,40 @@ class ChunkPool:
             for slot in list(self._slots.values()):
                 if owner.id in slot.pins:
                     del slot.pins[owner.id]
-                if slot.state == PENDING and slot.fetcher == owner.id and not slot.pins:
+                if slot.state != PENDING or slot.fetcher != owner.id:
+                    continue
+                adopter = next((self._owners[i] for i in slot.pins if i in self._owners), None)
+                if adopter is None:
                     abandoned.append(slot)
                     self._drop(slot)
+                else:
+                    slot.tiles = [None] * slot.n_tiles  # rebound: a finishing decode thread keeps its copy
+                    slot.remaining = slot.n_tiles
+                    slot.bad = False
+                    slot.fetcher = adopter.id
+                    adopted.append((adopter, slot))
             self._owners.pop(owner.id, None)
             if self.explicit_budget is None:
                 self.budget = max(sum(o.reservation for o in self._owners.values()), self._pinned_bytes())
             self.cond.notify_all()
+        for adopter, slot in adopted:
+            if adopter.refetch is not None:
+                adopter.refetch(slot)
+            else:  # an owner that cannot fetch: its waiters get an error, never a hang
+                self.fail(slot, InSituError(
+                    f"array {slot.key[0]!r} chunk {slot.key[1]} was being fetched by an iteration that closed, "
+                    "and the iteration still waiting on it cannot fetch"
+                ))
         return abandoned
+
+    def kept_for_others(self, key: ReadKey, owner: Owner) -> bool:
+        """Whether a slot of ``key`` lives on past ``owner``: its disk-cache mapping is not ``owner``'s to drop.
+
+        True when another owner fetches the slot or still pins it (it will be handed over).
+        """
+        with self.lock:
+            slot = self._slots.get(key)
+            return slot is not None and (slot.fetcher != owner.id or any(i != owner.id for i in slot.pins))
 
     def _pinned_bytes(self) -> int:
         return sum(s.nbytes for s in self._slots.values() if s.pinned)

@@ -16,11 +16,16 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
+# how often a held GET looks whether the store was released
+HOLD_POLL_S = 0.002
+
 
 class CountingStore(WrapperStore):
     """Counts GETs per key and the peak number in flight; optionally sleeps per GET.
 
     ``fail_keys`` raise ``OSError`` on GET (a store outage for those keys).
+    ``hold(after=n)`` parks every GET after the next ``n`` until
+    ``release()``: fetches stay in flight for as long as a test needs them to.
     """
 
     def __init__(self, store: Store, *, latency_s: float = 0.0, fail_keys: set[str] | None = None) -> None:
@@ -31,6 +36,26 @@ class CountingStore(WrapperStore):
         self.inflight = 0
         self.peak_inflight = 0
         self._lock = threading.Lock()
+        self._open = threading.Event()
+        self._open.set()
+        self._passes = 0  # GETs still let through while held
+
+    def hold(self, after: int = 0) -> None:
+        with self._lock:
+            self._passes = after
+            self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def _let_through(self) -> bool:
+        with self._lock:
+            if self._open.is_set():
+                return True
+            if self._passes > 0:
+                self._passes -= 1
+                return True
+            return False
 
     def _with_store(self, store: Store) -> CountingStore:  # zarr calls this for read-only copies
         return type(self)(store, latency_s=self.latency_s, fail_keys=self.fail_keys)
@@ -41,6 +66,9 @@ class CountingStore(WrapperStore):
             self.inflight += 1
             self.peak_inflight = max(self.peak_inflight, self.inflight)
         try:
+            if not self._let_through():
+                while not self._open.is_set():
+                    await asyncio.sleep(HOLD_POLL_S)
             if self.latency_s:
                 await asyncio.sleep(self.latency_s)
             if key in self.fail_keys:
