@@ -15,6 +15,7 @@ waits on a fetch nobody is doing.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from .plan import ReadKey
 __all__ = ["ChunkPool", "Owner", "PassCounters", "PoolTotals", "Slot"]
 
 PENDING, READY, FAILED = "pending", "ready", "failed"
+
+logger = logging.getLogger("insitubatch")
 
 
 @dataclass
@@ -95,8 +98,12 @@ class ChunkPool:
     """Byte-budgeted slots with pin/unpin and LRU eviction of unpinned slots.
 
     ``budget=None`` is the automatic budget: the sum of the open owners'
-    working sets. An explicit budget that cannot hold a new owner's working
-    set next to the others makes ``open_owner`` raise.
+    working sets, so each iteration open at once (``zip(ds.train, ds.val)``,
+    ``ds.infer()`` beside a pass) adds its own working set, as
+    ``insitubatch inspect --iterations N`` prints. Growing past one
+    iteration's working set is logged (a WARNING naming the bytes), never
+    silent. An explicit budget that cannot hold a new owner's working set
+    next to the others makes ``open_owner`` raise.
     """
 
     def __init__(self, budget: int | None = None, on_evict: Callable[[Slot], None] | None = None) -> None:
@@ -120,6 +127,13 @@ class ChunkPool:
             reserved = sum(o.reservation for o in self._owners.values())
             need = reserved + working_set_bytes
             if self.explicit_budget is None:
+                if self._owners and need > self.budget:
+                    logger.warning(
+                        "insitubatch: %d iterations open at once: the automatic pool budget grows from %d to %d "
+                        "bytes (the sum of their working sets; `insitubatch inspect --iterations %d` prints this "
+                        "bound); pass cache_budget_bytes to cap it, then an iteration that does not fit raises",
+                        len(self._owners) + 1, self.budget, need, len(self._owners) + 1,
+                    )
                 self.budget = max(self.budget, need)
             elif need > self.explicit_budget:
                 others = f" next to {len(self._owners)} open iteration(s) reserving {reserved} bytes" if self._owners else ""
