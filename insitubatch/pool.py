@@ -71,11 +71,16 @@ class Slot:
     remaining: int = 0
     pins: dict[int, int] = field(default_factory=dict)
     fetcher: int | None = None
-    bad: bool = False
+    # tiles replaced under on_bad_chunk="nan" (the driver's records), listed again by every pass that hits it
+    bad_records: list = field(default_factory=list)
 
     @property
     def pinned(self) -> bool:
         return bool(self.pins)
+
+    @property
+    def bad(self) -> bool:
+        return bool(self.bad_records)
 
 
 @dataclass(eq=False)
@@ -171,7 +176,7 @@ class ChunkPool:
                 else:
                     slot.tiles = [None] * slot.n_tiles  # rebound: a finishing decode thread keeps its copy
                     slot.remaining = slot.n_tiles
-                    slot.bad = False
+                    slot.bad_records = []
                     slot.fetcher = adopter.id
                     adopted.append((adopter, slot))
             self._owners.pop(owner.id, None)

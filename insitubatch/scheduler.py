@@ -228,6 +228,13 @@ class PassDriver:
             await asyncio.gather(asyncio.wrap_future(job), return_exceptions=True)
             cleanup()
 
+    def _record_bad(self, slot: Slot | None, record: BadChunkRecord) -> None:
+        """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its slot for later hits."""
+        if slot is not None:
+            slot.bad_records.append(record)
+        if record not in self.bad_chunks:
+            self.bad_chunks.append(record)
+
     def _orphan(self, job: concurrent.futures.Future, cleanup: Callable[[], None]) -> None:
         """A cancelled task's decode-pool job still runs: ``stop`` waits for it, then runs ``cleanup``."""
         self._orphans.append((job, cleanup))
@@ -270,6 +277,9 @@ class PassDriver:
                 while not pool.can_take(owner, nbytes):
                     await self._wait()
             slot = pool.pin_existing(key, owner)
+            if slot is not None and slot.bad:  # a hit on a replaced tile is listed for this epoch too
+                for record in list(slot.bad_records):
+                    self._record_bad(None, record)
             if slot is None:
                 reader = self.readers[key[0]]
                 if (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
@@ -362,8 +372,8 @@ class PassDriver:
                     self.pool.fail(slot, exc)
                     return
                 data = await self.loop.run_in_executor(self.executor, self._bad_tile, reader, chunk_index, tile)
-                slot.bad = True  # never persisted: a later run retries the read
-                self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+                # never persisted: a later run retries the read
+                self._record_bad(slot, BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
             except Exception as exc:
                 self.pool.fail(slot, exc)
                 return
