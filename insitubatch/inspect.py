@@ -162,7 +162,8 @@ def _describe(store: Store, where: Any, knobs: dict[str, int], iterations: int, 
     batch_bytes = knobs["batch_size"] * sample_bytes
     tile_bytes = max(g.stored_chunk_nbytes for g in geoms.values())
     inflight_bytes = knobs["max_inflight"] * tile_bytes
-    queue_bytes = (knobs["prefetch_depth"] + 1) * batch_bytes  # queued batches + the one being gathered
+    # queued batches + the one being gathered + the one the consumer holds (its buffer is not reused before)
+    queue_bytes = (knobs["prefetch_depth"] + 2) * batch_bytes
     working_bytes = iterations * plan.working_set_bytes  # the automatic budget: every open pass's working set
     spc = first.sample_chunk_size
     block_samples = knobs["block_chunks"] * spc
@@ -177,7 +178,7 @@ def _describe(store: Store, where: Any, knobs: dict[str, int], iterations: int, 
         f"the pool's floor and its automatic budget",
         f"in flight  {knobs['max_inflight']} tiles at once ≤ {_mb(inflight_bytes)} MB decoded"
         + (f" (~{_mb(inflight_bytes / (sum(encoded_ratio) / len(encoded_ratio)))} MB on the wire)" if encoded_ratio else ""),
-        f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly = {_mb(queue_bytes)} MB "
+        f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold = {_mb(queue_bytes)} MB "
         f"({_mb(batch_bytes)} MB per batch)",
     ]
     if iterations > 1:

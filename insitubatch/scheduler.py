@@ -32,7 +32,7 @@ from .errors import BadChunkError, StoreReadError
 from .geometry import ArrayGeometry
 from .kernels import place_tile
 from .plan import EpochPlan
-from .pool import ChunkPool, Owner, Slot
+from .pool import PENDING, ChunkPool, Owner, Slot
 from .transforms import ChunkRead, ChunkTransform, DecodedChunk, output_geometry, run_pipeline, stage_outputs
 
 __all__ = ["BadChunkRecord", "PassDriver", "decode_pool", "zarr_loop"]
@@ -241,7 +241,7 @@ class PassDriver:
 
     def _readmit(self, slot: Slot) -> None:
         """Loop: fetch again a slot adopted from a pass that closed while fetching it."""
-        if self._stopping or slot.fetcher != self.owner.id:
+        if self._stopping or slot.fetcher != self.owner.id or slot.state != PENDING:
             return  # closing too: the pool hands it on or abandons it when this owner closes
         reader = self.readers[slot.key[0]]
         if self.cache is not None:
