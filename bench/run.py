@@ -660,11 +660,13 @@ def run(profile: Profile, out: Path, *, latency_s: float, jitter_s: float, bandw
     results["bars"] = bars(results["tables"], profile.main_spc, isolated=profile.isolate)
     mem = results.get("memory") or {}
     if mem.get("inspect_bound_mb") is not None:
-        held = mem["peak_rss_mb"] - mem["base_rss_mb"]
+        # the loader's own threads, clients and allocator arenas are the interpreter's share, as in the RSS bar
+        held, allowed = mem["peak_rss_mb"] - mem["base_rss_mb"], mem["inspect_bound_mb"] + RSS_ALLOWANCE_MB
         results["bars"].append({
-            "bar": f"memory pass (split {mem['split_over_budget']:.0f}x the budget): peak RSS - RSS before <= inspect's bound",
-            "spc": profile.main_spc, "measured": held, "target": mem["inspect_bound_mb"],
-            "passed": held <= mem["inspect_bound_mb"] if profile.isolate else None,
+            "bar": f"memory pass (split {mem['split_over_budget']:.0f}x the budget): peak RSS - RSS before "
+                   f"<= inspect's bound + {RSS_ALLOWANCE_MB:.0f} MB",
+            "spc": profile.main_spc, "measured": held, "target": allowed,
+            "passed": held <= allowed if profile.isolate else None,
             "note": "MB" if profile.isolate else "MB; in-process run, RSS not isolated"})
     results["meta"] = {
         "profile": profile.name, "command": " ".join([Path(sys.executable).name, "-m", "bench.run", *sys.argv[1:]]),
