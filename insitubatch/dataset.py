@@ -72,7 +72,11 @@ class InSituDataset:
         Pool byte budget; ``None`` is the working set of the open passes.
     on_bad_chunk
         ``"raise"`` or ``"nan"`` (a tile that fails to decode becomes NaN or
-        the fill value, and is listed in ``bad_chunks``).
+        the fill value, and is listed in ``bad_chunks`` for the current
+        epoch). A fetch that still fails after the store's retries is not a
+        bad chunk under either policy: it raises ``StoreReadError``, because
+        an outage or a denied key is not data, and filling it would train on
+        holes whenever the network fails (a resumed pass fetches it again).
     chunk_transforms, batch_transforms
         Per-chunk transforms (decode pool, cached) and per-batch ones (producer thread).
     decode_threads
@@ -288,6 +292,7 @@ class InSituDataset:
         with self._lock:
             if epoch != self._epoch:
                 self._epoch_counters = []
+                self.bad_chunks = []  # per epoch: an earlier epoch's passes keep appending to their own list
             self._epoch = epoch
 
     def plan(self, split: str, epoch: int | None = None, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:

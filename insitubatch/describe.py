@@ -87,7 +87,8 @@ def describe_loader(
     inflight_bytes = knobs["max_inflight"] * tile_bytes  # one semaphore over every pass
     ratios = [v["tile_bytes"] / v["stored_tile_bytes"] for v in variables.values() if v["stored_tile_bytes"]]
     wire = inflight_bytes / (sum(ratios) / len(ratios)) if ratios else None
-    queue_bytes = iterations * (knobs["prefetch_depth"] + 1) * batch_bytes  # queued + the one in assembly
+    # queued + the one in assembly + the one the consumer holds (its buffer is not reused before)
+    queue_bytes = iterations * (knobs["prefetch_depth"] + 2) * batch_bytes
     working = iterations * mine["working_set_bytes"]
     memory = {
         "iterations": iterations,
@@ -171,12 +172,15 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"working    {_mb(mem['working_set_bytes'])} MB resident at most ({s['read_ahead_bound']} chunk reads{per}) — "
         f"the pool's floor and its automatic budget",
     ]
+    if n > 1:
+        lines.append(f"iterations {n} open at once: pool budget {n} × working = {_mb(mem['working_set_bytes'])} MB, "
+                     f"queues {_mb(mem['queue_bytes'])} MB")
     if mem["budget"] == "explicit":
         lines.append(f"budget     cache_budget_bytes = {_mb(mem['budget_bytes'])} MB")
     lines += [
         f"in flight  {mem['inflight_tiles']} tiles at once ≤ {_mb(mem['inflight_bytes'])} MB decoded"
         + (f" (~{_mb(wire)} MB on the wire)" if wire is not None else ""),
-        f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly{per} = {_mb(mem['queue_bytes'])} MB "
+        f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold{per} = {_mb(mem['queue_bytes'])} MB "
         f"({_mb(mem['batch_bytes'])} MB per batch)",
         f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
         "(working set + in flight + queue), before the interpreter",

@@ -7,8 +7,9 @@ a chunk and of a tile (plus the stored, encoded size of the first tile when
 (``batch_size``, ``block_chunks``, ``max_inflight``, ``prefetch_depth``) it
 plans one shuffled epoch of a split with :func:`insitubatch.plan.plan_epoch`
 and prints the working set (the pool's floor), the read-ahead bound,
-GETs per epoch, the read concurrency and the memory they add up to.
-Nothing is fetched but metadata (and the probes).
+GETs per epoch, the read concurrency and the memory they add up to, for
+``iterations`` passes open at once (the automatic pool budget is the sum of
+their working sets). Nothing is fetched but metadata (and the probes).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def inspect_store(
     block_chunks: int | None = None,
     max_inflight: int | None = None,
     prefetch_depth: int | None = None,
+    iterations: int = 1,
     variables: Sequence[str] | None = None,
     sample_axis: int = 0,
     group: str = "",
@@ -71,6 +73,9 @@ def inspect_store(
         A zarr ``Store`` or a URL / path (opened read-only with ``obstore_store``).
     batch_size, block_chunks, max_inflight, prefetch_depth
         The loader knobs; ``None`` takes ``InSituDataset``'s default.
+    iterations
+        Passes of this size open at once (``zip(ds.train, ds.val)`` is 2):
+        each adds its working set to the automatic budget and its batches.
     variables
         Array paths to include; ``None`` is every data variable.
     sample_axis, group
@@ -97,7 +102,7 @@ def inspect_store(
     given = {"batch_size": batch_size, "block_chunks": block_chunks, "max_inflight": max_inflight,
              "prefetch_depth": prefetch_depth}
     knobs = {k: defaults[k] if v is None else v for k, v in given.items()}
-    for name, value in knobs.items():
+    for name, value in (*knobs.items(), ("iterations", iterations)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     opened = not isinstance(url_or_store, Store)
@@ -106,14 +111,15 @@ def inspect_store(
     else:
         store = as_store(url_or_store)
     try:
-        return _describe(store, url_or_store, knobs, variables, sample_axis, group, split, fractions, probe)
+        return _describe(store, url_or_store, knobs, iterations, variables, sample_axis, group, split, fractions,
+                         probe)
     finally:
         if opened:
             close_store(store)
 
 
-def _describe(store: Store, where: Any, knobs: dict[str, int], variables: Sequence[str] | None, sample_axis: int,
-              group: str, split: str, fractions: Any, probe: bool) -> str:
+def _describe(store: Store, where: Any, knobs: dict[str, int], iterations: int, variables: Sequence[str] | None,
+              sample_axis: int, group: str, split: str, fractions: Any, probe: bool) -> str:
     geoms = open_geometries(store, sample_axis=sample_axis, variables=variables, group=group)
     if not geoms:
         raise ValueError(f"{where!r} has no data variables (only coordinates or nothing); name them with variables=")
@@ -126,7 +132,8 @@ def _describe(store: Store, where: Any, knobs: dict[str, int], variables: Sequen
                       shuffle=True, seed=0, epoch=0)
     stored = {p: _stored_nbytes(store, g) for p, g in geoms.items()} if probe else None
     label = where if isinstance(where, str) else type(where).__name__
-    info = describe_loader(geoms, {split: plan}, knobs, split=split, store=label, stored_tile_bytes=stored)
+    info = describe_loader(geoms, {split: plan}, knobs, split=split, store=label, stored_tile_bytes=stored,
+                           iterations=iterations)
     return format_summary(info)
 
 
@@ -142,6 +149,8 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--block-chunks", type=int, default=None)
     parser.add_argument("--max-inflight", type=int, default=None)
     parser.add_argument("--prefetch-depth", type=int, default=None)
+    parser.add_argument("--iterations", type=int, default=1,
+                        help="passes open at once, e.g. 2 for zip(ds.train, ds.val) (default: 1)")
     parser.add_argument("--variables", nargs="+", default=None, help="array paths (default: every data variable)")
     parser.add_argument("--sample-axis", type=int, default=0)
     parser.add_argument("--group", default="", help="group inside the store (default: root)")
@@ -163,7 +172,7 @@ def run_inspect(args: argparse.Namespace) -> int:
         options["endpoint"] = args.endpoint
     print(inspect_store(
         args.url, batch_size=args.batch_size, block_chunks=args.block_chunks, max_inflight=args.max_inflight,
-        prefetch_depth=args.prefetch_depth, variables=args.variables, sample_axis=args.sample_axis,
+        prefetch_depth=args.prefetch_depth, iterations=args.iterations, variables=args.variables, sample_axis=args.sample_axis,
         group=args.group, split=args.split, probe=args.probe, storage_options=options,
     ))
     return 0

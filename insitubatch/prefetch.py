@@ -158,9 +158,15 @@ class _PassState:
                 pool.cond.wait(POLL_S)
 
     def _release_block(self, b: int) -> None:
+        """Unpin the reads whose last use is block ``b`` and stop referencing them.
+
+        From here on only the pool holds such a slot, so evicting it frees its tiles.
+        """
+        slots = self.driver.slots
         for i in self.release_after[b]:
-            slot = self.driver.slots[i]
+            slot = slots[i]
             if slot is not None:
+                slots[i] = None
                 self.ds.pool.unpin(slot, self.owner)
 
     def _produce_batches(self) -> None:

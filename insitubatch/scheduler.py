@@ -6,7 +6,9 @@ read-ahead limit and its tiles are fetched with one ``max_inflight``
 semaphore over every tile, awaited inline on the store, decoded on the
 process-wide ``insitu-dec`` pool (passed explicitly, never the loop's
 default executor) and adopted into the slot by reference. Teardown cancels
-only the tasks this driver started.
+only the tasks this driver started, waits for the decode-pool jobs they left
+behind, and only then lets the pool hand this pass's unfinished fetches to a
+pass still waiting on them (``Owner.refetch``, re-admitted on the loop).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +33,7 @@ from .errors import BadChunkError, StoreReadError
 from .geometry import ArrayGeometry
 from .kernels import place_tile
 from .plan import EpochPlan
-from .pool import ChunkPool, Owner, Slot
+from .pool import PENDING, ChunkPool, Owner, Slot
 from .transforms import ChunkRead, ChunkTransform, DecodedChunk, output_geometry, run_pipeline, stage_outputs
 
 __all__ = ["BadChunkRecord", "PassDriver", "decode_pool", "zarr_loop"]
@@ -187,6 +189,9 @@ class PassDriver:
         self.error: BaseException | None = None
         self.loop = zarr_loop()
         self._tasks: set[asyncio.Task] = set()
+        # decode-pool jobs a cancelled task left running, and what to undo once each ends
+        self._orphans: list[tuple[concurrent.futures.Future, Callable[[], None]]] = []
+        self._stopping = False
         self._wake = asyncio.Event()
         self._main: concurrent.futures.Future | None = None
         self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
@@ -196,32 +201,58 @@ class PassDriver:
         self._waiting = False
         self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
         owner.wake = lambda: self.loop.call_soon_threadsafe(self._wake.set)
+        owner.refetch = lambda slot: self.loop.call_soon_threadsafe(self._readmit, slot)
 
     # -- lifecycle (called from other threads) -----------------------------------
     def start(self) -> None:
         self._main = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel this driver's own tasks (never anyone else's) and wait for them to end."""
+        """Cancel this driver's own tasks (never anyone else's) and wait for them and their jobs to end."""
+        self._stopping = True
         if self._main is None:
             return
         fut = asyncio.run_coroutine_threadsafe(self._cancel_own(), self.loop)
+        if asyncio._get_running_loop() is self.loop:  # closed from a callback on the loop (a collected pass)
+            return
         try:
             fut.result(timeout)
         except concurrent.futures.TimeoutError:  # pragma: no cover - a wedged store
             pass
 
     async def _cancel_own(self) -> None:
-        tasks = [t for t in self._tasks if not t.done()]
-        main = asyncio.wrap_future(self._main) if self._main is not None else None
-        for t in tasks:
-            t.cancel()
+        while tasks := [t for t in self._tasks if not t.done()]:  # a cancelled task may not spawn, but be safe
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._main is not None:
             self._main.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        if main is not None:
-            await asyncio.gather(main, return_exceptions=True)
+            await asyncio.gather(asyncio.wrap_future(self._main), return_exceptions=True)
+        orphans, self._orphans = self._orphans, []
+        for job, cleanup in orphans:
+            await asyncio.gather(asyncio.wrap_future(job), return_exceptions=True)
+            cleanup()
+
+    def _record_bad(self, slot: Slot | None, record: BadChunkRecord) -> None:
+        """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its slot for later hits."""
+        if slot is not None:
+            slot.bad_records.append(record)
+        if record not in self.bad_chunks:
+            self.bad_chunks.append(record)
+
+    def _orphan(self, job: concurrent.futures.Future, cleanup: Callable[[], None]) -> None:
+        """A cancelled task's decode-pool job still runs: ``stop`` waits for it, then runs ``cleanup``."""
+        self._orphans.append((job, cleanup))
+
+    def _readmit(self, slot: Slot) -> None:
+        """Loop: fetch again a slot adopted from a pass that closed while fetching it."""
+        if self._stopping or slot.fetcher != self.owner.id or slot.state != PENDING:
+            return  # closing too: the pool hands it on or abandons it when this owner closes
+        reader = self.readers[slot.key[0]]
+        if self.cache is not None:
+            self._spawn(self._revive_or_fetch([(slot, reader, slot.key[1])]))
+        else:
+            self._fetch(slot, reader, slot.key[1])
 
     # -- the driver ----------------------------------------------------------------
     async def _run(self) -> None:
@@ -251,6 +282,9 @@ class PassDriver:
                 while not pool.can_take(owner, nbytes):
                     await self._wait()
             slot = pool.pin_existing(key, owner)
+            if slot is not None and slot.bad:  # a hit on a replaced tile is listed for this epoch too
+                for record in list(slot.bad_records):
+                    self._record_bad(None, record)
             if slot is None:
                 reader = self.readers[key[0]]
                 if (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
@@ -302,7 +336,7 @@ class PassDriver:
                 results = await asyncio.wrap_future(job)
             except asyncio.CancelledError:
                 # the lookups still finish in their thread: let go of mappings nobody will adopt
-                job.add_done_callback(lambda _: [cache.evict(path, c) for path, c, _s, _d in requests])
+                self._orphan(job, lambda: [self._forget(r, c) for _, r, c in items])
                 raise
         for (slot, reader, chunk_index), result in zip(items, results):
             path = reader.geometry.path
@@ -312,7 +346,7 @@ class PassDriver:
                 if self.pool.replace_tiles(slot, result, reader.ready_origins()):
                     self.pool.count_revival(self.owner)
                 else:
-                    cache.evict(path, chunk_index)  # abandoned while we looked it up
+                    self._forget(reader, chunk_index)  # abandoned while we looked it up
             elif cache.readonly:
                 self.pool.fail(slot, cache.miss_error(path, chunk_index))
             else:
@@ -378,8 +412,8 @@ class PassDriver:
                     self.pool.fail(slot, exc)
                     return
                 data = await self.loop.run_in_executor(self.executor, self._bad_tile, reader, chunk_index, tile)
-                slot.bad = True  # never persisted: a later run retries the read
-                self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+                # never persisted: a later run retries the read
+                self._record_bad(slot, BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
                 trace.bad_tiles += 1
             except Exception as exc:
                 self.pool.fail(slot, exc)
@@ -435,7 +469,7 @@ class PassDriver:
         try:
             tiles, origins = await asyncio.wrap_future(job)
         except asyncio.CancelledError:
-            job.add_done_callback(lambda _: self._forget(reader, chunk_index))
+            self._orphan(job, lambda: self._forget(reader, chunk_index))
             raise
         except Exception as exc:
             self.pool.fail(slot, exc)
@@ -444,9 +478,13 @@ class PassDriver:
             self._forget(reader, chunk_index)  # abandoned while it was being finished
 
     def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
-        """Unmap a chunk the cache committed for a slot nobody adopted (its file stays if persisted)."""
-        if self.cache is not None:
-            self.cache.evict(reader.geometry.path, chunk_index)
+        """Unmap a chunk the cache committed for a slot nobody adopted (its file stays if persisted).
+
+        A slot another pass fetches or will adopt keeps the mapping: it is that pass's now.
+        """
+        path = reader.geometry.path
+        if self.cache is not None and not self.pool.kept_for_others((path, chunk_index), self.owner):
+            self.cache.evict(path, chunk_index)
 
     def _finalize(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
