@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitubatch import cache as cache_mod
-from insitubatch import fingerprint as fp_mod
+from insitubatch.cache import disk as cache_mod
+from insitubatch.cache import fingerprint as fp_mod
 from insitubatch.cache import LOCK_NAME, LOG_NAME, DiskCache, network_filesystem, slot_basename
 from insitubatch.errors import CacheCorruptError, CacheLockedError, CacheMissError, StaleCacheError
-from insitubatch.fingerprint import array_fingerprints, pipeline_fingerprint
+from insitubatch.cache.fingerprint import array_fingerprints, pipeline_fingerprint
 from insitubatch.transforms import applies
 
 FP_A, FP_B = "0123456789abcdef", "fedcba9876543210"
@@ -340,7 +340,7 @@ def test_fingerprint_rules() -> None:
 
 _STABILITY_SCRIPT = """
 import numpy as np
-from insitubatch.fingerprint import pipeline_fingerprint
+from insitubatch.cache.fingerprint import pipeline_fingerprint
 TAGS = {"alpha", "beta", "gamma", "delta"}
 class Norm:  # defined in __main__: cloudpickle pickles it by value
     def __init__(self):

@@ -89,9 +89,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CacheCorruptError, CacheLockedError, CacheMissError, StaleCacheError
+from ..errors import CacheCorruptError, CacheLockedError, CacheMissError, StaleCacheError
 from .fingerprint import is_fingerprint
-from .kernels import SlotFile, create_slot_file, open_slot_file, tile_view, write_tile
+from ..kernels import SlotFile, create_slot_file, open_slot_file, tile_view, write_tile
 
 __all__ = [
     "DROP_STALE",
