@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from helpers import smooth_field, write_array
-from insitubatch.builtin_transforms import (
+from insitubatch.transforms import (
     Coarsen,
     KelvinToCelsius,
     Regrid,

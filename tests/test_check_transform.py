@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from helpers import smooth_field, write_array
-from insitubatch.builtin_transforms import kelvin_to_celsius
+from insitubatch.transforms import kelvin_to_celsius
 from insitubatch.check_transform import (
     PROBE_MAX_CALL_S,
     SCHEDSTAT_PATH,
@@ -25,14 +25,14 @@ from insitubatch.check_transform import (
 from insitubatch.stores import obstore_store
 from insitubatch.transforms import ChunkRead, DecodedChunk
 
-KELVIN = "insitubatch.builtin_transforms:kelvin_to_celsius"
+KELVIN = "insitubatch.transforms:kelvin_to_celsius"
 # user transforms, written to a file the CLI loads by path
 PREP = '''
 import dataclasses
 
 import numpy as np
 
-from insitubatch.builtin_transforms import Coarsen, Regrid, StandardScaler, kelvin_to_celsius
+from insitubatch.transforms import Coarsen, Regrid, StandardScaler, kelvin_to_celsius
 from insitubatch.transforms import applies
 
 LAT = np.linspace(40.0, -40.0, 16)

@@ -72,9 +72,13 @@ URL_ENV = "INSITUBATCH_DOCS_URL"
 
 # Namespaces whose ``__all__`` is the public API, in the order a name is attributed
 # to (a name exported by two is documented under the first).
-API_NAMESPACES = ("insitubatch", "insitubatch.write", "insitubatch.builtin_transforms", "insitubatch.errors")
+API_NAMESPACES = ("insitubatch", "insitubatch.write", "insitubatch.errors")
 # Public helpers outside any ``__all__`` above that users call directly.
-API_EXTRAS = {"insitubatch.inspect": ("inspect_store",), "insitubatch.demo": ("write_demo_dataset",)}
+API_EXTRAS = {
+    "insitubatch.transforms": ("Coarsen", "KelvinToCelsius", "Regrid", "StandardScaler", "kelvin_to_celsius"),
+    "insitubatch.inspect": ("inspect_store",),
+    "insitubatch.demo": ("write_demo_dataset",),
+}
 
 PREAMBLE = f"""
 import os

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:  # transforms.py re-exports this module; import it lazily to keep that one-way
-    from .geometry import ArrayGeometry
-    from .transforms import DecodedChunk
+    from ..geometry import ArrayGeometry
+    from .core import DecodedChunk
 
 __all__ = ["Coarsen", "KelvinToCelsius", "Regrid", "StandardScaler", "kelvin_to_celsius"]
 
