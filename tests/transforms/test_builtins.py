@@ -430,7 +430,7 @@ def test_builtins_release_the_gil(make) -> None:
 
 
 # -- the runnable examples --------------------------------------------------------------
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize(
