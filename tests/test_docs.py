@@ -246,7 +246,8 @@ def api_entries() -> list[Entry]:
 
 def cli_parsers() -> dict[str, argparse.ArgumentParser]:
     """``{"insitubatch <command>": parser, "insitubatch-check-transform": parser}``."""
-    from insitubatch import check_transform, cli
+    from insitubatch import cli
+    from insitubatch.tools import check_transform
 
     parsers: dict[str, argparse.ArgumentParser] = {}
     top = cli.build_parser()
@@ -410,7 +411,7 @@ def _commands(source: str) -> Iterator[list[str]]:
         argv = shlex.split(line)
         while argv and re.match(r"^[A-Z_][A-Z0-9_]*=", argv[0]):
             argv = argv[1:]
-        if argv[:3] == ["python", "-m", "insitubatch.check_transform"]:
+        if argv[:3] == ["python", "-m", "insitubatch.tools.check_transform"]:
             argv = ["insitubatch-check-transform", *argv[3:]]
         if argv and argv[0] in ("insitubatch", "insitubatch-check-transform"):
             yield argv

@@ -63,10 +63,10 @@ from typing import Any
 
 import numpy as np
 
-from .decode import read_stored_chunk
-from .geometry import ArrayGeometry, open_geometries
-from .stores import obstore_store
-from .transforms import ChunkRead, DecodedChunk, Scoped
+from ..decode import read_stored_chunk
+from ..geometry import ArrayGeometry, open_geometries
+from ..stores import obstore_store
+from ..transforms import ChunkRead, DecodedChunk, Scoped
 
 __all__ = ["CheckResult", "ProbeResult", "gil_probe", "load_transform", "main", "read_chunk"]
 

@@ -13,7 +13,7 @@ import zarr
 
 from helpers import smooth_field, write_array
 from insitubatch.transforms import kelvin_to_celsius
-from insitubatch.check_transform import (
+from insitubatch.tools.check_transform import (
     PROBE_MAX_CALL_S,
     SCHEDSTAT_PATH,
     _usable_cpus,
@@ -244,7 +244,7 @@ def test_gil_probe_cuts_a_slow_chunk_along_the_sample_axis() -> None:
 
 
 def test_gil_probe_falls_back_to_wall_clock_without_scheduler_accounting(monkeypatch) -> None:
-    import insitubatch.check_transform as check
+    import insitubatch.tools.check_transform as check
 
     monkeypatch.setattr(check, "_schedstat_live", lambda: False)
     monkeypatch.setattr(check, "_usable_cpus", lambda: 1)
@@ -269,7 +269,7 @@ def test_gil_probe_reports_a_transform_that_fails_in_threads() -> None:
 
 # -- as a process, and against a loopback object store ----------------------------------------
 def test_runs_as_a_process_with_exit_codes(store_path, prep) -> None:
-    base = [sys.executable, "-m", "insitubatch.check_transform", str(store_path), "--var", "t2m", "--no-gil-probe"]
+    base = [sys.executable, "-m", "insitubatch.tools.check_transform", str(store_path), "--var", "t2m", "--no-gil-probe"]
     ok = subprocess.run([*base, "--transform", KELVIN], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "verdict      PASS" in ok.stdout

@@ -19,7 +19,7 @@ from insitubatch.transforms import (
     StandardScaler,
     kelvin_to_celsius,
 )
-from insitubatch.check_transform import SCHEDSTAT_PATH, _usable_cpus, gil_probe, read_chunk
+from insitubatch.tools.check_transform import SCHEDSTAT_PATH, _usable_cpus, gil_probe, read_chunk
 from insitubatch.dataset import InSituDataset
 from insitubatch.geometry import open_geometries
 from insitubatch.splits import split_by_chunk
