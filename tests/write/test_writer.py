@@ -13,8 +13,8 @@ from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
 from insitubatch.errors import SlotAlignmentError, WriteClaimError, WriteIntentRangeError
 from insitubatch.write import (
-    ArraySpec,
     LayoutSpec,
+    OutputArray,
     SlotWriter,
     clear_coverage,
     clear_stale_claims,
@@ -90,7 +90,7 @@ def test_partial_final_chunk_range_is_accepted(store) -> None:
 def test_shard_sharing_ranges_are_rejected_by_the_writer() -> None:
     """Aligned to the inner chunk (2) but not to the shard (6): two writers would rewrite one shard."""
     store = MemoryStore()
-    create_layout(store, LayoutSpec((ArraySpec("pred", (24, 4), (2, 4), "f4", shards=(6, 4)),)))
+    create_layout(store, LayoutSpec((OutputArray("pred", (24, 4), (2, 4), "f4", shards=(6, 4)),)))
     for start, stop in [(0, 2), (2, 4), (4, 8), (8, 12)]:
         with pytest.raises(SlotAlignmentError, match="shard 6"):
             SlotWriter(store, start, stop).open()
@@ -133,7 +133,7 @@ def test_write_intent_error_is_an_index_error(store) -> None:
 
 def test_write_on_an_axis_other_than_zero(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "o.zarr")
-    create_layout(store, LayoutSpec((ArraySpec("t", (2, 30), (2, 5), "i4", shards=(2, 10), index_axis=1),)))
+    create_layout(store, LayoutSpec((OutputArray("t", (2, 30), (2, 5), "i4", shards=(2, 10), index_axis=1),)))
     with SlotWriter(store, 10, 20) as writer:
         writer.write("t", (10, 20), np.arange(20).reshape(2, 10))
         with pytest.raises(WriteIntentRangeError):
