@@ -14,7 +14,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import zarr
@@ -310,7 +310,7 @@ def _compare(name: str, stored: dict[str, Any], expected: dict[str, Any]) -> lis
     ]
 
 
-def _open_group(store: Store, group: str, mode: str) -> zarr.Group:
+def _open_group(store: Store, group: str, mode: Literal["r", "a"]) -> zarr.Group:
     try:
         root = zarr.open_group(store, path=group, mode=mode)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:

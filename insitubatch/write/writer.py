@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -13,7 +14,7 @@ import zarr
 from zarr.abc.store import Store
 
 from ..errors import WriteIntentRangeError
-from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
+from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, Clock, CoverageRecord, SlotClaim
 from .layout import WriteLayout, read_layout
 from .slots import ENV_PLAN, ENV_STORE, SlotPlan, assigned_ranges
 
@@ -61,6 +62,9 @@ class SlotWriter:
         coverage record). Only when the other writers are known to be dead.
     take_over_stale
         Replace stale overlapping claims instead of refusing.
+    clock
+        Unix seconds now, for the claim's timestamps and staleness; tests pass
+        a manual clock to age a claim without sleeping.
 
     Raises
     ------
@@ -84,6 +88,7 @@ class SlotWriter:
         stale_after_s: float = DEFAULT_STALE_AFTER_S,
         force: bool = False,
         take_over_stale: bool = False,
+        clock: Clock = time.time,
     ) -> None:
         self.store = store
         self.start = start
@@ -95,6 +100,7 @@ class SlotWriter:
             "stale_after_s": stale_after_s,
             "force": force,
             "take_over_stale": take_over_stale,
+            "clock": clock,
         }
         self._force = force
         self._layout: WriteLayout | None = None

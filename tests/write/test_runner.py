@@ -114,6 +114,8 @@ def test_example_inference_write_runs(tmp_path: Path) -> None:
         text=True,
         timeout=EXAMPLE_TIMEOUT_S,
         cwd=REPO,
+        # this tree's insitubatch, not an installed one (the script's folder comes first on sys.path)
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bit-identical" in result.stdout

@@ -32,6 +32,19 @@ WORKER_TIMEOUT_S = 90.0
 EXIT_LOST = 3
 
 
+
+class ManualClock:
+    """A clock that moves only when told: ages a claim without sleeping."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
 def layout_spec(extent: int = EXTENT) -> LayoutSpec:
     """The output layout every parallel-write test writes."""
     return LayoutSpec(
