@@ -7,6 +7,9 @@ scheduler or :func:`run_plan` hands each range to a worker, which writes it
 through a :class:`SlotWriter` (validated writes under an atomic claim, with
 completed coverage recorded at the end). :func:`write_status` shows claims,
 stale claims, coverage and what remains.
+
+A *slot* is a writer's range: one aligned, half-open ``[start, stop)`` of the
+indexed axis that one :class:`SlotWriter` claims, writes and records as covered.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -14,7 +14,7 @@ import zarr
 from zarr.abc.store import Store
 
 from ..errors import WriteIntentRangeError
-from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, Clock, CoverageRecord, SlotClaim
+from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
 from .layout import WriteLayout, read_layout
 from .slots import ENV_PLAN, ENV_STORE, SlotPlan, assigned_ranges
 
@@ -88,7 +88,7 @@ class SlotWriter:
         stale_after_s: float = DEFAULT_STALE_AFTER_S,
         force: bool = False,
         take_over_stale: bool = False,
-        clock: Clock = time.time,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.start = start
