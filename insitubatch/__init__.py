@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("insitubatch")
+except _metadata.PackageNotFoundError:  # pragma: no cover - an unbuilt source tree on sys.path
+    # no installed distribution to ask: say so rather than guess a release number
+    __version__ = "0+unknown"
+
 try:
     from ._ext import assemble as _assemble  # noqa: F401  (proves the kernels were built)
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test

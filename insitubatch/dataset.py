@@ -31,7 +31,7 @@ from .pool import ChunkPool, PassCounters
 from .scheduler import ArrayReader, BadChunkRecord, decode_pool
 from .splits import SplitManifest
 from .stores import as_store, close_store
-from .fingerprint import array_fingerprints
+from .cache.fingerprint import array_fingerprints
 from .transforms import ChunkTransform, check_scopes, pipeline_for
 from .views import DatasetView, InferView, _read_sample_coords
 

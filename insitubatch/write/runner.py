@@ -178,7 +178,7 @@ def run_plan(
             "a MemoryStore lives in this process only; run it with executor=None or a ThreadPoolExecutor"
         )
     args = [(store, r.start, r.stop, work) for r in plan.ranges]
-    kwargs = {"group": plan.group, "writer_options": dict(writer_options or {})}
+    kwargs: dict[str, Any] = {"group": plan.group, "writer_options": dict(writer_options or {})}
     outcomes: list[SlotOutcome] = []
     if pool is None:
         outcomes = [run_slot(*a, **kwargs) for a in progress(args, desc="slots", unit="range")]
