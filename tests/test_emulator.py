@@ -215,6 +215,7 @@ def test_emulator_process_control_endpoints(root: Path) -> None:
 
 @pytest.mark.slow
 def test_quick_report_smoke(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # the report's DataLoader baselines
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     t0 = time.perf_counter()
