@@ -10,9 +10,9 @@ plain calls:
   endianness), then bytes→bytes codecs (zstd, gzip, blosc, crc32c, ...). Each
   codec is handed the ``ArraySpec`` it saw when encoding (array→array codecs
   change it, so it is walked through their ``resolve_metadata`` once, up
-  front). Decoding runs the list backwards through each codec's
-  ``_decode_sync``; codecs wrapped from numcodecs, which lack it, call their
-  numcodecs codec directly.
+  front). Decoding runs the list backwards through each codec's synchronous
+  decode (``_zarr_compat.codec_decoder``: zarr's own, or the numcodecs codec
+  a wrapper carries).
 * **sharded v3** — the stored chunk is the whole shard. Its index (at the
   start or the end) is itself a small chain (normally ``bytes`` + ``crc32c``,
   so the checksum is verified); each present inner chunk is decoded with the
@@ -42,19 +42,25 @@ from typing import Any
 import numpy as np
 from numcodecs.blosc import Blosc as _NumcodecsBlosc
 from numcodecs.compat import ensure_ndarray_like
-from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, SupportsSyncCodec
+from zarr.abc.buffer import Buffer
+from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
 from zarr.abc.store import Store
+from zarr.buffer import default_buffer_prototype
+from zarr.buffer.cpu import numpy_buffer_prototype
 from zarr.codecs.blosc import BloscCodec
-from zarr.codecs.sharding import ShardingCodec, ShardingCodecIndexLocation
-from zarr.core.array_spec import ArrayConfig, ArraySpec
-from zarr.core.buffer import Buffer, default_buffer_prototype
-from zarr.core.buffer.cpu import Buffer as _CpuBuffer
-from zarr.core.buffer.cpu import NDBuffer as _CpuNDBuffer
-from zarr.core.buffer.cpu import numpy_buffer_prototype
-from zarr.core.dtype.npy.int import UInt64
-from zarr.core.metadata.v2 import ArrayV2Metadata
-from zarr.core.sync import sync
+from zarr.codecs.sharding import ShardingCodec
+from zarr.dtype import UInt64
 
+from ._zarr_compat import (
+    ArrayConfig,
+    ArraySpec,
+    ArrayV2Metadata,
+    chunk_spec,
+    codec_decoder,
+    shard_index_at_start,
+    sync,
+    wrapped_numcodec,
+)
 from .errors import BadChunkError, StoreReadError
 from .geometry import ArrayGeometry
 
@@ -81,7 +87,7 @@ class _DecodeFailure(Exception):
 
 
 def _is_blosc(codec: Any) -> bool:
-    return isinstance(codec, (BloscCodec, _NumcodecsBlosc)) or isinstance(getattr(codec, "_codec", None), _NumcodecsBlosc)
+    return isinstance(codec, (BloscCodec, _NumcodecsBlosc)) or isinstance(wrapped_numcodec(codec), _NumcodecsBlosc)
 
 
 def _check_blosc_frame(data: Any) -> None:
@@ -118,28 +124,14 @@ def _as_uint8(data: ChunkData) -> np.ndarray:
 def _stage(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
     """One codec's decode as ``numpy -> numpy``, with no event loop."""
     if _is_blosc(codec):
-        decode = _stage_unchecked(codec)
+        decode = codec_decoder(codec)
 
         def checked(a: np.ndarray, spec: ArraySpec) -> np.ndarray:
             _check_blosc_frame(a)
             return decode(a, spec)
 
         return checked
-    return _stage_unchecked(codec)
-
-
-def _stage_unchecked(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
-    if isinstance(codec, SupportsSyncCodec):
-        if isinstance(codec, ArrayArrayCodec):
-            return lambda a, spec: codec._decode_sync(_CpuNDBuffer.from_numpy_array(a), spec).as_numpy_array()
-        return lambda a, spec: codec._decode_sync(_CpuBuffer.from_array_like(a), spec).as_numpy_array()
-    # zarr.codecs.numcodecs wrappers (Delta, Shuffle, LZ4, ...) carry their numcodecs codec.
-    numcodec = getattr(codec, "_codec", None)
-    if numcodec is not None and hasattr(numcodec, "decode"):
-        if isinstance(codec, BytesBytesCodec):
-            return lambda a, spec: ensure_ndarray_like(numcodec.decode(a)).reshape(-1).view(np.uint8)
-        return lambda a, spec: ensure_ndarray_like(numcodec.decode(a)).reshape(spec.shape)
-    raise TypeError(f"codec {codec!r} has no synchronous decode (_decode_sync) and wraps no numcodecs codec")
+    return codec_decoder(codec)
 
 
 def _run(codec: Any, decode: Callable[[np.ndarray, ArraySpec], np.ndarray], data: np.ndarray, spec: ArraySpec) -> np.ndarray:
@@ -221,7 +213,7 @@ class _ShardStage:
         )
         self._index = _Chain(codec.index_codecs, index_spec)
         self.index_nbytes = self._index.encoded_nbytes()
-        self.index_at_start = codec.index_location == ShardingCodecIndexLocation.start
+        self.index_at_start = shard_index_at_start(codec)
         inner_spec = ArraySpec(
             shape=self.inner_shape, dtype=spec.dtype, fill_value=spec.fill_value, config=_CONFIG, prototype=_PROTOTYPE
         )
@@ -311,7 +303,7 @@ class ChunkDecoder:
         self.geometry = geometry
         self.shape = tuple(geometry.stored_chunks)
         self.dtype = np.dtype(geometry.dtype)
-        spec = metadata.get_chunk_spec((0,) * geometry.ndim, _CONFIG, _PROTOTYPE)
+        spec = chunk_spec(metadata, self.shape, _CONFIG, _PROTOTYPE)
         self.fill_value = _fill_value(spec)
         self._chain: Callable[[np.ndarray], np.ndarray]
         if isinstance(metadata, ArrayV2Metadata):

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zarr.abc.store import Store
-from zarr.core.sync import sync
 
+from ._zarr_compat import sync
 from .describe import describe_loader, format_summary
 from .geometry import ArrayGeometry, open_geometries
 from .plan import plan_epoch

@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import zarr.core.sync
 from zarr.abc.store import Store
-from zarr.core.buffer import default_buffer_prototype
+from zarr.buffer import default_buffer_prototype
 
+from ._zarr_compat import io_loop
 from .cache import DiskCache
 from .decode import make_decoder
 from .errors import BadChunkError, StoreReadError
@@ -47,7 +47,7 @@ _pools_lock = threading.Lock()
 
 def zarr_loop() -> asyncio.AbstractEventLoop:
     """zarr's process-wide store-IO loop, which the scheduler shares."""
-    return zarr.core.sync._get_loop()
+    return io_loop()
 
 
 def decode_pool(threads: int | None = None) -> concurrent.futures.ThreadPoolExecutor:

@@ -13,10 +13,11 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from zarr.buffer import default_buffer_prototype
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
-from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
+from insitubatch._zarr_compat import sync
 from insitubatch.decode import ChunkDecoder, clip_to_array, make_decoder, read_stored_chunk
 from insitubatch.errors import BadChunkError
 from insitubatch.geometry import ArrayGeometry, geometry_of
@@ -149,7 +150,7 @@ def _region(geom: ArrayGeometry, coord: tuple[int, ...]) -> tuple[slice, ...]:
 
 
 def _key_exists(store: LocalStore, key: str) -> bool:
-    return zarr.core.sync.sync(store.exists(key))
+    return sync(store.exists(key))
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
@@ -171,7 +172,7 @@ def test_every_stored_chunk_matches_zarr(tmp_path: Path, name: str) -> None:
 def test_partial_shard_really_has_absent_inner_chunks(tmp_path: Path) -> None:
     store, arr = _write(tmp_path, "v3-shard-partial-u1")
     geom = geometry_of(arr)
-    raw = zarr.core.sync.sync(store.get(geom.chunk_key((0, 0)), prototype=default_buffer_prototype()))
+    raw = sync(store.get(geom.chunk_key((0, 0)), prototype=default_buffer_prototype()))
     index = np.frombuffer(raw.to_bytes()[-(9 * 16 + 4) : -4], dtype="<u8").reshape(3, 3, 2)
     assert (index == 2**64 - 1).all(axis=-1).any() and not (index == 2**64 - 1).all()
     np.testing.assert_array_equal(read_stored_chunk(store, geom, (0, 0)), arr[0:6, 0:6])
@@ -183,7 +184,7 @@ def test_decoder_returns_full_stored_chunk_in_c_order(tmp_path: Path) -> None:
     decoder = make_decoder(geom)
     assert decoder is make_decoder(geom)
     edge = tuple(g - 1 for g in _stored_grid(geom))
-    raw = zarr.core.sync.sync(store.get(geom.chunk_key(edge), prototype=default_buffer_prototype()))
+    raw = sync(store.get(geom.chunk_key(edge), prototype=default_buffer_prototype()))
     for data in (raw, raw.to_bytes(), memoryview(raw.to_bytes()), bytearray(raw.to_bytes())):
         full = decoder(data, edge)
         assert full.shape == geom.stored_chunks and full.flags.c_contiguous and full.dtype == geom.dtype
@@ -200,7 +201,7 @@ def test_missing_key_is_fill_value_at_full_shape(tmp_path: Path) -> None:
 def test_decode_needs_no_event_loop_of_its_own(tmp_path: Path) -> None:
     store, arr = _write(tmp_path, "v3-shard-end-f4")
     geom = geometry_of(arr)
-    raw = zarr.core.sync.sync(store.get(geom.chunk_key((1, 1)), prototype=default_buffer_prototype())).to_bytes()
+    raw = sync(store.get(geom.chunk_key((1, 1)), prototype=default_buffer_prototype())).to_bytes()
 
     async def inside_a_running_loop() -> np.ndarray:
         return make_decoder(geom)(raw, (1, 1))
