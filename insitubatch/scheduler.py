@@ -12,25 +12,31 @@ only the tasks this driver started.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import functools
 import os
+import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import obstore
+import obstore.store
 import zarr.core.sync
-from zarr.abc.store import Store
-from zarr.core.buffer import default_buffer_prototype
+from zarr.abc.store import Store, SupportsGetSync
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+from zarr.storage import ObjectStore
 
 from .cache import DiskCache
 from .decode import make_decoder
 from .errors import BadChunkError, StoreReadError
 from .geometry import ArrayGeometry
-from .kernels import place_tile
+from .kernels import assemble_tiles, fill_region
 from .plan import EpochPlan
-from .pool import ChunkPool, Owner, Slot
+from .pool import FAILED, ChunkPool, Owner, Slot
 from .transforms import ChunkRead, ChunkTransform, DecodedChunk, output_geometry, run_pipeline, stage_outputs
 
 __all__ = ["BadChunkRecord", "PassDriver", "decode_pool", "zarr_loop"]
@@ -40,6 +46,139 @@ DECODE_THREAD_PREFIX = "insitu-dec"
 REVIVE_BATCH = 64
 _pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
+
+
+class _BadTile:
+    """Marks a bad tile of a chunk that is assembled: its rectangle is filled in place."""
+
+
+_BAD_TILE = _BadTile()
+# a tile job's ``buf`` when the job reads the key itself (a store with a synchronous get)
+_GET_IN_JOB = object()
+# tiles one decode job reads, decodes and places on a store with a synchronous get:
+# few enough that max_inflight (32) spreads over every decode thread, enough to
+# cost the loop one submit and one wake-up per group (measured in bench.engine_probe)
+TILE_GROUP = 4
+
+
+def _sync_get(store: Store) -> Callable[..., Buffer | None] | None:
+    """A synchronous ``get(key, prototype=...)`` for stores that read on the calling thread, else None.
+
+    A local directory or memory store has no latency to overlap, so the
+    decode thread reads its own tile: no hop to zarr's loop, the store's
+    runtime or a ``to_thread`` worker and back. zarr's stores say so with
+    ``get_sync``; obstore's local and memory backends behind zarr's
+    ``ObjectStore`` are read the same way (see ``_LocalFiles``). Network
+    stores keep the async path (a blocking read would hold a decode thread
+    for a round trip), and so does any subclass that overrides ``get``
+    without a matching ``get_sync`` (a wrapping or fault-injecting store):
+    its reads must go through its ``get``.
+    """
+    cls = type(store)
+    if cls is ObjectStore:
+        raw = store.store
+        if isinstance(raw, obstore.store.LocalStore):
+            return _LocalFiles(raw)
+        if isinstance(raw, obstore.store.MemoryStore):
+            return functools.partial(_obstore_get_sync, raw)
+        return None
+    if not isinstance(store, SupportsGetSync):
+        return None
+    for klass in cls.__mro__:  # the class that defines get must define get_sync too
+        if "get" in vars(klass):
+            return store.get_sync if "get_sync" in vars(klass) else None
+    return None
+
+
+def _obstore_get_sync(raw, key: str, *, prototype: BufferPrototype) -> Buffer | None:
+    """What zarr's ``ObjectStore.get`` returns for a whole key, read with obstore's blocking call."""
+    try:
+        return prototype.buffer.from_bytes(obstore.get(raw, key).bytes())
+    except _MISSING:
+        return None
+
+
+# zarr's ObjectStore reads these as a missing key (None), not an error
+_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+# keys whose object path under a local store is the key itself (object_store encodes other characters)
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
+
+
+class _LocalFiles:
+    """Reads an obstore ``LocalStore``'s keys as the files under its ``prefix``.
+
+    obstore's local backend costs ~290 µs per small key through its runtime
+    (blocking or async) against ~40 µs for reading the file (bench: ERA5-like
+    40 kB chunks), which alone held the local store at a fraction of the
+    decode ceiling. The file is the one obstore would open: a key made of
+    plain path segments maps to ``prefix/key``; any other key (encoded
+    characters, ``.``/``..`` segments) goes through obstore itself.
+    """
+
+    def __init__(self, raw: obstore.store.LocalStore) -> None:
+        self.raw = raw
+        self.root = str(raw.prefix)
+
+    def __call__(self, key: str, *, prototype: BufferPrototype) -> Buffer | None:
+        if not _PLAIN_KEY.fullmatch(key) or any(part in (".", "..") for part in key.split("/")):
+            return _obstore_get_sync(self.raw, key, prototype=prototype)
+        try:
+            with open(os.path.join(self.root, key), "rb") as f:
+                return prototype.buffer.from_bytes(f.read())
+        except _MISSING:
+            return None
+
+
+class _Landings:
+    """Tile jobs run on the decode pool; their completions go back to the loop in bursts.
+
+    ``asyncio.wrap_future`` wakes the loop once per job (a self-pipe write
+    and a GIL hand-over each). Here a finished job queues its outcome and
+    only the first of a burst schedules the drain, so tiles that finish
+    while the loop is busy (or before it ran) cost it no extra wake-up.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, executor: concurrent.futures.Executor) -> None:
+        self.loop = loop
+        self.executor = executor
+        self._done: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._armed = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
+        """Run ``fn(*args)`` on the decode pool; the returned loop future gets its result or exception."""
+        fut = self.loop.create_future()
+        self.executor.submit(self._run, fut, fn, args)
+        return fut
+
+    def _run(self, fut: asyncio.Future, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            outcome = (fn(*args), None)
+        except BaseException as exc:  # handed to the awaiting task, raised there
+            outcome = (None, exc)
+        self._done.append((fut, *outcome))
+        with self._lock:
+            if self._armed:
+                return  # a drain is already scheduled and will see this one
+            self._armed = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            self._armed = False  # anything queued from here on schedules its own drain
+        while self._done:
+            fut, result, exc = self._done.popleft()
+            if fut.cancelled():
+                continue
+            if exc is None:
+                fut.set_result(result)
+            else:
+                fut.set_exception(exc)
+
+
+def _release(semaphore: asyncio.Semaphore, n: int, _fut: asyncio.Future) -> None:
+    for _ in range(n):
+        semaphore.release()
 
 
 def zarr_loop() -> asyncio.AbstractEventLoop:
@@ -190,6 +329,10 @@ class PassDriver:
         self._main: concurrent.futures.Future | None = None
         self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
         self._prototype = default_buffer_prototype()
+        self._get_sync = _sync_get(store)
+        self._landings = _Landings(self.loop, executor)
+        self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
+        self._pump: asyncio.Task | None = None
         owner.wake = lambda: self.loop.call_soon_threadsafe(self._wake.set)
 
     # -- lifecycle (called from other threads) -----------------------------------
@@ -273,8 +416,51 @@ class PassDriver:
         task.add_done_callback(self._tasks.discard)
 
     def _fetch(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> None:
+        if self._get_sync is not None:
+            self._queued.extend((slot, reader, chunk_index, t) for t in range(reader.geometry.tiles_per_chunk))
+            if self._pump is None or self._pump.done():
+                self._pump = self.loop.create_task(self._pump_tiles())
+                self._tasks.add(self._pump)
+                self._pump.add_done_callback(self._tasks.discard)
+            return
         for t in range(reader.geometry.tiles_per_chunk):
             self._spawn(self._fetch_tile(slot, reader, chunk_index, t))
+
+    async def _pump_tiles(self) -> None:
+        """A store with a synchronous get: queued tiles go to the decode pool in groups of ``TILE_GROUP``.
+
+        Each tile holds one ``max_inflight`` permit from here until its job
+        ended (the permits are given back on the loop when the group lands,
+        cancelled or not). Tiles queue up while the permits are all out, so
+        a group forms whenever the pool is the bottleneck; an idle pool gets
+        them one by one.
+        """
+        queued, semaphore = self._queued, self.semaphore
+        while queued:
+            await semaphore.acquire()
+            group = [queued.popleft()]
+            while queued and len(group) < TILE_GROUP and not semaphore.locked():
+                await semaphore.acquire()  # free: returns without suspending
+                group.append(queued.popleft())
+            try:
+                fut = self._landings.submit(self._group_job, group)
+            except BaseException:
+                for _ in group:
+                    semaphore.release()
+                raise
+            fut.add_done_callback(functools.partial(_release, semaphore, len(group)))
+
+    def _group_job(self, group: list[tuple[Slot, ArrayReader, int, int]]) -> None:
+        """Decode thread: read, decode and place a group of tiles; a tile's failure fails its slot only."""
+        for slot, reader, chunk_index, tile in group:
+            if slot.state == FAILED:
+                continue  # another tile of the chunk already failed it
+            g = reader.geometry
+            coord = g.physical_chunk_coord(chunk_index, tile)
+            try:
+                self._tile_job(slot, reader, chunk_index, tile, coord, g.chunk_key(coord), _GET_IN_JOB)
+            except Exception as exc:  # a store or bad-chunk failure (or a bug): its slot's waiters raise it
+                self.pool.fail(slot, exc)
 
     async def _revive_or_fetch(self, items: list[tuple[Slot, ArrayReader, int]]) -> None:
         """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
@@ -316,67 +502,122 @@ class PassDriver:
         coord = g.physical_chunk_coord(chunk_index, tile)
         key = g.chunk_key(coord)
         async with self.semaphore:
-            try:
-                buf = await self.store.get(key, prototype=self._prototype)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.pool.fail(slot, StoreReadError(
-                    f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
-                ))
-                return
-            counters = self.owner.counters
-            counters.gets += 1
-            if buf is not None:
-                counters.get_bytes += len(buf)
-            try:
-                data = await self.loop.run_in_executor(self.executor, self._decode, reader, chunk_index, tile, coord, buf)
-            except asyncio.CancelledError:
-                raise
-            except BadChunkError as exc:
-                if self.on_bad_chunk == "raise":
-                    self.pool.fail(slot, exc)
+            if self._get_sync is None:
+                try:
+                    buf = await self.store.get(key, prototype=self._prototype)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.pool.fail(slot, self._read_error(g, coord, key, exc))
                     return
-                data = await self.loop.run_in_executor(self.executor, self._bad_tile, reader, chunk_index, tile)
-                slot.bad = True  # never persisted: a later run retries the read
-                self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+                counters = self.owner.counters
+                counters.gets += 1
+                if buf is not None:
+                    counters.get_bytes += len(buf)
+            else:
+                buf = _GET_IN_JOB
+            # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers
+            try:
+                await self._landings.submit(self._tile_job, slot, reader, chunk_index, tile, coord, key, buf)
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
                 self.pool.fail(slot, exc)
-                return
-            counters.decoded_tiles += 1
-            if reader.assembles or self.cache is not None:
-                await self._stage(slot, reader, chunk_index, tile, data)
-            else:
-                self.pool.deliver(slot, tile, data)
+
+    @staticmethod
+    def _read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
+        return StoreReadError(
+            f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
+        )
+
+    def _tile_job(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf) -> None:
+        """Decode thread: one tile from bytes to the pool.
+
+        On a store with a synchronous get the read happens here too, so a tile
+        costs the loop one submit and one completion. A store failure raises
+        ``StoreReadError``; a bad chunk under ``on_bad_chunk="raise"``
+        raises ``BadChunkError`` (the caller fails the slot with either).
+        Counters and bad-chunk records are updated before the tile lands, so
+        a consumer that saw the data sees them too.
+        """
+        g = reader.geometry
+        got = None
+        if buf is _GET_IN_JOB:
+            try:
+                buf = self._get_sync(key, prototype=self._prototype)
+            except Exception as exc:
+                raise self._read_error(g, coord, key, exc) from exc
+            got = 0 if buf is None else len(buf)
+        try:
+            data = self._decode(reader, chunk_index, tile, coord, buf)
+        except BadChunkError:
+            if self.on_bad_chunk == "raise":
+                if got is not None:
+                    self._count(got, decoded=False)
+                raise
+            data = self._bad_tile(reader, chunk_index, tile)
+            slot.bad = True  # never persisted: a later run retries the read
+            self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+        self._count(got, decoded=True)
+        if reader.assembles or self.cache is not None:
+            self._stage(slot, reader, chunk_index, tile, data)
+        else:
+            self.pool.deliver(slot, tile, data)
+
+    def _count(self, got: int | None, *, decoded: bool) -> None:
+        """Decode thread: add a tile to the pass counters (under the pool lock: several threads count)."""
+        counters = self.owner.counters
+        with self.pool.lock:
+            if got is not None:
+                counters.gets += 1
+                counters.get_bytes += got
+            counters.decoded_tiles += decoded
 
     def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
-        """Decode one stored chunk and lay it out sample-first, clipped to the array (decode thread)."""
+        """Decode one stored chunk into a fresh sample-first tile, clipped to the array (decode thread).
+
+        A full tile of a sample-axis-0 array is decoded straight into the
+        tile's own memory; any other is decoded whole and its clipped,
+        sample-first part copied once. Either way the tile owns its memory:
+        it never aliases the store's or a codec's buffers, and is writeable.
+        """
         g = reader.geometry
-        raw = self._decoders[g.path](buf, coord)
-        tile_arr = np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0)
-        tile_arr = np.ascontiguousarray(tile_arr)
+        decoder = self._decoders[g.path]
+        shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        if g.sample_axis == 0 and shape == decoder.shape:
+            data = np.empty(shape, dtype=decoder.dtype)
+            decoder.decode_into(buf, coord, data)
+        else:
+            raw = decoder(buf, coord)
+            data = np.empty(shape, dtype=raw.dtype)
+            np.copyto(data, np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0))
         if reader.pipeline and g.tiles_per_chunk == 1:
-            if not tile_arr.flags.writeable:  # codec output can be a read-only view; transforms may write
-                tile_arr = tile_arr.copy()
-            tile_arr = self._transform(reader, chunk_index, tile_arr)
-        return tile_arr
+            data = self._transform(reader, chunk_index, data)
+        return data
 
     def _transform(self, reader: ArrayReader, chunk_index: int, data: np.ndarray) -> np.ndarray:
         g = reader.geometry
         chunk = DecodedChunk(ChunkRead(g.path, chunk_index), data, chunk_index * g.sample_chunk_size)
         return run_pipeline(reader.pipeline, chunk, reader.stages)
 
-    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray:
-        """A bad tile's stand-in: NaN for floats, else the fill value (then transformed like any tile)."""
+    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray | _BadTile:
+        """A bad tile's stand-in: NaN for floats, else the fill value (then transformed like any tile).
+
+        A tile of a chunk that is assembled before its transforms is only
+        marked; ``_finalize`` fills its rectangle of the chunk in place.
+        """
         g = reader.geometry
+        if reader.assembles:
+            return _BAD_TILE
         shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
-        data = np.full(shape, _fill_value(g), dtype=g.dtype)
+        data = np.empty(shape, dtype=g.dtype)
+        fill_region(data, (0,) * data.ndim, shape, _fill_value(g))
         if reader.pipeline and g.tiles_per_chunk == 1:
             data = self._transform(reader, chunk_index, data)
         return data
 
-    async def _stage(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray) -> None:
-        """Hold a decoded tile until the chunk is complete, then assemble/transform/persist it once."""
+    def _stage(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
+        """Decode thread: hold a tile until the chunk is complete; the last one assembles/transforms/persists it."""
         with self.pool.lock:
             if slot.tiles[tile] is None:
                 slot.remaining -= 1
@@ -384,15 +625,7 @@ class PassDriver:
             last = slot.remaining == 0
         if not last:
             return
-        job = self.executor.submit(self._finalize, slot, reader, chunk_index)
-        try:
-            tiles, origins = await asyncio.wrap_future(job)
-        except asyncio.CancelledError:
-            job.add_done_callback(lambda _: self._forget(reader, chunk_index))
-            raise
-        except Exception as exc:
-            self.pool.fail(slot, exc)
-            return
+        tiles, origins = self._finalize(slot, reader, chunk_index)
         if not self.pool.replace_tiles(slot, tiles, origins):
             self._forget(reader, chunk_index)  # abandoned while it was being finished
 
@@ -407,9 +640,13 @@ class PassDriver:
         tiles = list(slot.tiles)
         origins = slot.origins
         if reader.assembles:
-            full = np.empty((g.chunk_len(chunk_index), *g.inner_shape), dtype=g.dtype)
-            for origin, part in zip(reader.origins, tiles):
-                place_tile(full, part, (0, *origin.tolist()))
+            n = g.chunk_len(chunk_index)
+            full = np.empty((n, *g.inner_shape), dtype=g.dtype)
+            good = [t for t, part in enumerate(tiles) if part is not _BAD_TILE]
+            assemble_tiles(full, [tiles[t] for t in good], reader.origins[good])
+            for t in (t for t, part in enumerate(tiles) if part is _BAD_TILE):
+                fill_region(full, (0, *reader.origins[t].tolist()), (n, *reader.tile_shapes[t].tolist()),
+                            _fill_value(g))
             tiles = [self._transform(reader, chunk_index, full)]
             origins = reader.single_origin
         if self.cache is not None and not slot.bad:

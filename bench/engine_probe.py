@@ -1,0 +1,85 @@
+"""The engine against its decode ceiling on a local store, with context switches per tile.
+
+``python -m bench.engine_probe [--n-time N] [--threads 2 4 ...] [--out DIR]``
+writes the ERA5-like dataset of the report (``bench.data``), then in this one
+process measures, each run a fresh ``InSituDataset`` cold pass over the local
+directory (no network, so the engine's own cost is what shows):
+
+* the **decode ceiling** (``bench.baselines``: the split's stored chunks
+  decoded from memory on every core, best round);
+* **insitubatch local cold** at each ``decode_threads`` value, with the
+  process's voluntary + involuntary context switches (``getrusage``) divided
+  by the stored tiles the pass decoded — the per-tile orchestration cost.
+
+It prints one table; ratios are to the ceiling measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .baselines import run_config
+from .data import wb2_64x32, write_era5_like
+from .run import SPLIT_FRACTIONS
+
+__all__ = ["main", "measure"]
+
+# The report's full profile: two years of 6-hourly steps, 8 steps per chunk, batch 32.
+DEFAULT_N_TIME = 2920
+DEFAULT_SPC = 8
+DEFAULT_BATCH = 32
+
+
+def _switches() -> int:
+    ru = resource.getrusage(resource.RUSAGE_SELF)  # every thread of the process, ended ones included
+    return ru.ru_nvcsw + ru.ru_nivcsw
+
+
+def measure(path: Path, variables: list[str], *, threads: list[int | None], repeats: int = 1,
+            batch_size: int = DEFAULT_BATCH) -> list[dict[str, Any]]:
+    """Rows for the decode ceiling and one local cold pass per ``decode_threads`` value."""
+    common = {"local_path": str(path), "url": str(path), "variables": variables, "fractions": list(SPLIT_FRACTIONS),
+              "batch_size": batch_size, "seed": 0, "window_s": float("inf")}
+    rows = [run_config({**common, "name": "decode-ceiling", "loader": "decode_ceiling"})]
+    for n in threads:
+        best: dict[str, Any] | None = None
+        for _ in range(repeats):
+            before = _switches()
+            row = run_config({**common, "name": f"insitu-local-t{n or 'default'}", "loader": "insitu",
+                              "decode_threads": n})
+            row["switches_per_tile"] = (_switches() - before) / max(row["insitu_gets"], 1)
+            if best is None or row["rate_samples_per_s"] > best["rate_samples_per_s"]:
+                best = row
+        rows.append(best)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.engine_probe", description=__doc__.splitlines()[0])
+    parser.add_argument("--n-time", type=int, default=DEFAULT_N_TIME)
+    parser.add_argument("--samples-per-chunk", type=int, default=DEFAULT_SPC)
+    parser.add_argument("--threads", type=int, nargs="*", default=[0],
+                        help="decode_threads values to run (0: the default)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per value; the best is kept")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "insitubatch-engine-probe")
+    args = parser.parse_args(argv)
+    spec = wb2_64x32(args.n_time, samples_per_chunk=args.samples_per_chunk)
+    path = write_era5_like(args.out / spec.name, spec)
+    rows = measure(path, list(spec.variables), threads=[t or None for t in args.threads], repeats=args.repeats)
+    ceiling = rows[0]["rate_samples_per_s"]
+    print(f"cpus={os.cpu_count()}  dataset={spec.name}")
+    print(f"{'run':<24}{'samples/s':>12}{'x ceiling':>11}{'switches/tile':>15}")
+    for row in rows:
+        rate = row["rate_samples_per_s"]
+        sw = row.get("switches_per_tile")
+        print(f"{row['name']:<24}{rate:>12.0f}{rate / ceiling:>11.2f}{'' if sw is None else f'{sw:.1f}':>15}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
