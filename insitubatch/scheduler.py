@@ -176,7 +176,22 @@ class _Landings:
                 fut.set_exception(exc)
 
 
-def _release(semaphore: asyncio.Semaphore, n: int, _fut: asyncio.Future) -> None:
+@dataclass
+class _Tally:
+    """What one decode job adds to a pass's counters, added under the pool lock in one go."""
+
+    gets: int = 0
+    get_bytes: int = 0
+    decoded_tiles: int = 0
+
+    def add_to(self, counters, lock: threading.Lock) -> None:
+        with lock:
+            counters.gets += self.gets
+            counters.get_bytes += self.get_bytes
+            counters.decoded_tiles += self.decoded_tiles
+
+
+def _release(semaphore: asyncio.Semaphore, n: int) -> None:
     for _ in range(n):
         semaphore.release()
 
@@ -333,6 +348,7 @@ class PassDriver:
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
         self._pump: asyncio.Task | None = None
+        self._halted = False  # set once the pass is stopping: queued group jobs skip their tiles
         owner.wake = lambda: self.loop.call_soon_threadsafe(self._wake.set)
 
     # -- lifecycle (called from other threads) -----------------------------------
@@ -430,14 +446,18 @@ class PassDriver:
         """A store with a synchronous get: queued tiles go to the decode pool in groups of ``TILE_GROUP``.
 
         Each tile holds one ``max_inflight`` permit from here until its job
-        ended (the permits are given back on the loop when the group lands,
-        cancelled or not). Tiles queue up while the permits are all out, so
-        a group forms whenever the pool is the bottleneck; an idle pool gets
-        them one by one.
+        ended. Tiles queue up while the permits are all out; with permits
+        free, the pump waits up to ``TILE_GROUP - 1`` loop turns for the
+        driver to admit more, so a group costs one submit and one wake-up
+        even when the decode pool keeps up.
         """
         queued, semaphore = self._queued, self.semaphore
         while queued:
             await semaphore.acquire()
+            for _ in range(TILE_GROUP - 1):
+                if len(queued) >= TILE_GROUP:
+                    break
+                await asyncio.sleep(0)  # one more admission turn of the driver: a fuller group
             group = [queued.popleft()]
             while queued and len(group) < TILE_GROUP and not semaphore.locked():
                 await semaphore.acquire()  # free: returns without suspending
@@ -445,22 +465,26 @@ class PassDriver:
             try:
                 fut = self._landings.submit(self._group_job, group)
             except BaseException:
-                for _ in group:
-                    semaphore.release()
+                _release(semaphore, len(group))
                 raise
-            fut.add_done_callback(functools.partial(_release, semaphore, len(group)))
+            self._spawn(self._land_group(fut, len(group)))
 
-    def _group_job(self, group: list[tuple[Slot, ArrayReader, int, int]]) -> None:
-        """Decode thread: read, decode and place a group of tiles; a tile's failure fails its slot only."""
-        for slot, reader, chunk_index, tile in group:
-            if slot.state == FAILED:
-                continue  # another tile of the chunk already failed it
-            g = reader.geometry
-            coord = g.physical_chunk_coord(chunk_index, tile)
-            try:
-                self._tile_job(slot, reader, chunk_index, tile, coord, g.chunk_key(coord), _GET_IN_JOB)
-            except Exception as exc:  # a store or bad-chunk failure (or a bug): its slot's waiters raise it
-                self.pool.fail(slot, exc)
+    async def _land_group(self, fut: asyncio.Future, n: int) -> None:
+        """Hold a group's ``n`` permits until its job ended.
+
+        Cancelled (the pass is stopping), it tells the decode jobs to skip
+        the tiles they have not started and waits for this one to end, so
+        no read of a stopped pass is still open once ``stop`` returned.
+        """
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self._halted = True
+            if not fut.done():
+                await asyncio.wait([fut])
+            raise
+        finally:
+            _release(self.semaphore, n)
 
     async def _revive_or_fetch(self, items: list[tuple[Slot, ArrayReader, int]]) -> None:
         """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
@@ -531,47 +555,69 @@ class PassDriver:
         )
 
     def _tile_job(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf) -> None:
-        """Decode thread: one tile from bytes to the pool.
+        """Decode thread: one tile from its bytes (or its key, on a sync store) into the pool."""
+        tally = _Tally()
+        try:
+            data = self._tile(slot, reader, chunk_index, tile, coord, key, buf, tally)
+        finally:
+            tally.add_to(self.owner.counters, self.pool.lock)
+        if data is not None:
+            self.pool.deliver(slot, tile, data)
 
-        On a store with a synchronous get the read happens here too, so a tile
-        costs the loop one submit and one completion. A store failure raises
-        ``StoreReadError``; a bad chunk under ``on_bad_chunk="raise"``
-        raises ``BadChunkError`` (the caller fails the slot with either).
-        Counters and bad-chunk records are updated before the tile lands, so
-        a consumer that saw the data sees them too.
+    def _group_job(self, group: list[tuple[Slot, ArrayReader, int, int]]) -> None:
+        """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
+
+        A tile's failure fails its slot only.
+        """
+        tally = _Tally()
+        landed = []
+        for slot, reader, chunk_index, tile in group:
+            if self._halted or slot.state == FAILED:
+                continue  # the pass is stopping, or another tile of the chunk already failed it
+            g = reader.geometry
+            coord = g.physical_chunk_coord(chunk_index, tile)
+            try:
+                data = self._tile(slot, reader, chunk_index, tile, coord, g.chunk_key(coord), _GET_IN_JOB, tally)
+            except Exception as exc:  # a store or bad-chunk failure (or a bug): its slot's waiters raise it
+                self.pool.fail(slot, exc)
+                continue
+            if data is not None:
+                landed.append((slot, tile, data))
+        tally.add_to(self.owner.counters, self.pool.lock)
+        self.pool.deliver_many(landed)
+
+    def _tile(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf,
+              tally: _Tally) -> np.ndarray | None:
+        """Decode thread: read (``buf`` is ``_GET_IN_JOB``), decode and transform one tile.
+
+        Returns the tile for the caller to deliver, or None when it was staged
+        (a chunk assembled before its transforms, or one persisted). A store
+        failure raises ``StoreReadError``; a bad chunk under
+        ``on_bad_chunk="raise"`` raises ``BadChunkError``. The caller adds
+        ``tally`` to the counters before the tile lands, so a consumer that
+        saw the data sees them too.
         """
         g = reader.geometry
-        got = None
         if buf is _GET_IN_JOB:
             try:
                 buf = self._get_sync(key, prototype=self._prototype)
             except Exception as exc:
                 raise self._read_error(g, coord, key, exc) from exc
-            got = 0 if buf is None else len(buf)
+            tally.gets += 1
+            tally.get_bytes += 0 if buf is None else len(buf)
         try:
             data = self._decode(reader, chunk_index, tile, coord, buf)
         except BadChunkError:
             if self.on_bad_chunk == "raise":
-                if got is not None:
-                    self._count(got, decoded=False)
                 raise
             data = self._bad_tile(reader, chunk_index, tile)
             slot.bad = True  # never persisted: a later run retries the read
             self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
-        self._count(got, decoded=True)
+        tally.decoded_tiles += 1
         if reader.assembles or self.cache is not None:
             self._stage(slot, reader, chunk_index, tile, data)
-        else:
-            self.pool.deliver(slot, tile, data)
-
-    def _count(self, got: int | None, *, decoded: bool) -> None:
-        """Decode thread: add a tile to the pass counters (under the pool lock: several threads count)."""
-        counters = self.owner.counters
-        with self.pool.lock:
-            if got is not None:
-                counters.gets += 1
-                counters.get_bytes += got
-            counters.decoded_tiles += decoded
+            return None
+        return data
 
     def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
         """Decode one stored chunk into a fresh sample-first tile, clipped to the array (decode thread).
