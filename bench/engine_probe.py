@@ -30,7 +30,8 @@ from typing import Any
 
 from .baselines import run_config
 from .data import wb2_64x32, write_era5_like
-from .run import SPLIT_FRACTIONS
+from .emulator import DEFAULT_JITTER_S, EmulatorProcess
+from .run import DEFAULT_BANDWIDTH_MB_S, MB, SPLIT_FRACTIONS
 
 __all__ = ["main", "measure"]
 
@@ -72,6 +73,22 @@ def measure(path: Path, variables: list[str], *, threads: list[int | None], repe
     return rows
 
 
+def measure_remote(path: Path, variables: list[str], *, latency_s: float, inflight: list[int], repeats: int = 1,
+                   batch_size: int = DEFAULT_BATCH) -> list[dict[str, Any]]:
+    """insitubatch cold and the raw-GET ceiling at each ``max_inflight``, over the emulated store."""
+    rows = []
+    with EmulatorProcess(path.parent, latency_s=latency_s, jitter_s=DEFAULT_JITTER_S,
+                         bandwidth_bytes_per_s=DEFAULT_BANDWIDTH_MB_S * MB) as emu:
+        common = {"local_path": str(path), "url": emu.url_for(path.name), "variables": variables,
+                  "fractions": list(SPLIT_FRACTIONS), "batch_size": batch_size, "seed": 0, "window_s": float("inf")}
+        for mi in inflight:
+            for name, cfg in ((f"get-ceiling-c{mi}", {"loader": "get_ceiling", "concurrency": mi}),
+                              (f"insitu-remote-mi{mi}", {"loader": "insitu", "max_inflight": mi})):
+                runs = [_run({**common, "name": name, **cfg}) for _ in range(repeats)]
+                rows.append(max(runs, key=lambda r: r["rate_samples_per_s"]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--n-time", type=int, default=DEFAULT_N_TIME)
@@ -79,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, nargs="*", default=[0],
                         help="decode_threads values to run (0: the default)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per value; the best is kept")
+    parser.add_argument("--latency-ms", type=float, default=None,
+                        help="also measure over the emulated object store with this latency")
+    parser.add_argument("--inflight", type=int, nargs="*", default=[32], help="max_inflight values (remote)")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "insitubatch-engine-probe")
     args = parser.parse_args(argv)
     spec = wb2_64x32(args.n_time, samples_per_chunk=args.samples_per_chunk)
@@ -92,6 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         sw = row.get("switches_per_tile")
         print(f"{row['name']:<24}{rate:>12.0f}{rate / ceiling:>11.2f}{ceiling_cpu / row['cpu_s_per_sample']:>15.2f}"
               f"{'' if sw is None else f'{sw:.1f}':>15}")
+    if args.latency_ms is not None:
+        rows = measure_remote(path, list(spec.variables), latency_s=args.latency_ms / 1e3, inflight=args.inflight,
+                              repeats=args.repeats)
+        print(f"\nemulated store, {args.latency_ms:g} ms latency")
+        print(f"{'run':<24}{'samples/s':>12}{'x GETs':>11}{'switches/tile':>15}")
+        for gets, row in zip(rows[::2], rows[1::2]):
+            for r in (gets, row):
+                sw = r["switches"] / max(r.get("insitu_gets", 0), 1) if r["loader"] == "insitu" else None
+                print(f"{r['name']:<24}{r['rate_samples_per_s']:>12.0f}"
+                      f"{r['rate_samples_per_s'] / gets['rate_samples_per_s']:>11.2f}{'' if sw is None else f'{sw:.1f}':>15}")
     return 0
 
 

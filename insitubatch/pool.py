@@ -216,15 +216,7 @@ class ChunkPool:
     # -- delivery (decode side) ---------------------------------------------
     def deliver(self, slot: Slot, tile_index: int, tile: np.ndarray) -> None:
         """Adopt a decoded tile by reference; the slot is ready once every tile landed."""
-        with self.lock:
-            if slot.state != PENDING:
-                return
-            if slot.tiles[tile_index] is None:
-                slot.remaining -= 1
-            slot.tiles[tile_index] = tile
-            if slot.remaining == 0:
-                slot.state = READY
-                self.cond.notify_all()
+        self.deliver_many(((slot, tile_index, tile),))
 
     def deliver_many(self, landed: Sequence[tuple[Slot, int, np.ndarray]]) -> None:
         """``deliver`` for several ``(slot, tile_index, tile)`` under one lock, with one wake-up.

@@ -2,11 +2,14 @@
 
 The driver walks the plan's reads in admission order. A read already in the
 pool is pinned and costs nothing; a miss is admitted under the pass's
-read-ahead limit and its tiles are fetched with one ``max_inflight``
-semaphore over every tile, awaited inline on the store, decoded on the
-process-wide ``insitu-dec`` pool (passed explicitly, never the loop's
-default executor) and adopted into the slot by reference. Teardown cancels
-only the tasks this driver started.
+read-ahead limit and its tiles are fetched under one ``max_inflight``
+semaphore over every tile. The loop decides what and when; each tile then
+costs one hop to the process-wide ``insitu-dec`` pool (passed explicitly,
+never the loop's default executor), whose job decodes it straight into the
+tile's own memory, transforms it and hands it to the pool. A network store's
+GET is awaited on the loop first; a local or memory store is read inside the
+job, with tiles grouped per job. Finished jobs return to the loop in bursts.
+Teardown cancels only the tasks this driver started.
 """
 
 from __future__ import annotations
@@ -77,9 +80,9 @@ def _sync_get(store: Store) -> Callable[..., Buffer | None] | None:
     cls = type(store)
     if cls is ObjectStore:
         raw = store.store
-        if isinstance(raw, obstore.store.LocalStore):
+        if isinstance(raw, obstore.store.LocalStore) and raw.prefix is not None:
             return _LocalFiles(raw)
-        if isinstance(raw, obstore.store.MemoryStore):
+        if isinstance(raw, (obstore.store.LocalStore, obstore.store.MemoryStore)):
             return functools.partial(_obstore_get_sync, raw)
         return None
     if not isinstance(store, SupportsGetSync):
