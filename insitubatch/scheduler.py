@@ -164,7 +164,12 @@ class _Landings:
             if self._armed:
                 return  # a drain is already scheduled and will see this one
             self._armed = True
-        self.loop.call_soon_threadsafe(self._drain)
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed (interpreter exit): nobody awaits these any more
+            with self._lock:
+                self._armed = False
+            raise
 
     def _drain(self) -> None:
         with self._lock:
