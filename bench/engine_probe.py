@@ -116,12 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = measure_remote(path, list(spec.variables), latency_s=args.latency_ms / 1e3, inflight=args.inflight,
                               repeats=args.repeats)
         print(f"\nemulated store, {args.latency_ms:g} ms latency")
-        print(f"{'run':<24}{'samples/s':>12}{'x GETs':>11}{'switches/tile':>15}")
+        print(f"{'run':<24}{'samples/s':>12}{'x GETs':>11}{'cpu ms/1k':>11}{'switches/tile':>15}")
         for gets, row in zip(rows[::2], rows[1::2]):
             for r in (gets, row):
                 sw = r["switches"] / max(r.get("insitu_gets", 0), 1) if r["loader"] == "insitu" else None
                 print(f"{r['name']:<24}{r['rate_samples_per_s']:>12.0f}"
-                      f"{r['rate_samples_per_s'] / gets['rate_samples_per_s']:>11.2f}{'' if sw is None else f'{sw:.1f}':>15}")
+                      f"{r['rate_samples_per_s'] / gets['rate_samples_per_s']:>11.2f}"
+                      f"{r['cpu_s_per_sample'] * 1e6:>11.0f}{'' if sw is None else f'{sw:.1f}':>15}")
     return 0
 
 
