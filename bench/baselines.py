@@ -520,7 +520,7 @@ def _insitu_bounds(ds: Any, plan: Any) -> dict[str, Any]:
     return {
         "working_set_mb": plan.working_set_bytes / MB,
         "budget_mb": (ds.pool.explicit_budget or plan.working_set_bytes) / MB,
-        "queue_mb": (ds.prefetch_depth + 1) * batch_bytes / MB,  # queued + the one being gathered
+        "queue_mb": (ds.prefetch_depth + 2) * batch_bytes / MB,  # queued + the one being gathered + the consumer's
         "inflight_mb": 2 * ds.max_inflight * tile / MB,  # encoded + decoded, as an upper bound
     }
 
@@ -541,13 +541,33 @@ def _run_insitu(cfg: dict[str, Any]) -> dict[str, Any]:
     ds, it = holder["ds"], holder["it"]
     out = _result(cfg, m, holder["geoms"])
     out.update(_insitu_counters(it), **_insitu_bounds(ds, it.plan))
+    if cfg.get("memory_probe"):
+        out.update(_inspect_bound(ds, it.plan, cfg))
     ds.close()
     return out
 
 
+def _inspect_bound(ds: Any, plan: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """What ``insitubatch inspect`` prints for this pass's knobs (its memory line), and the split/budget ratio."""
+    import re
+
+    from insitubatch.inspect import inspect_store
+
+    text = inspect_store(ds.store, batch_size=ds.batch_size, block_chunks=ds.block_chunks,
+                         max_inflight=ds.max_inflight, prefetch_depth=ds.prefetch_depth,
+                         fractions=tuple(cfg["fractions"]), probe=False)
+    bound = re.search(r"^memory\s+≈ ([\d.]+) MB", text, re.MULTILINE)
+    return {
+        "inspect_bound_mb": float(bound.group(1)) if bound else float("nan"),
+        "split_mb": float(plan.read_nbytes.sum()) / MB,
+        "split_over_budget": float(plan.read_nbytes.sum()) / max(plan.working_set_bytes, 1),
+    }
+
+
 def _insitu_counters(it: Any) -> dict[str, Any]:
     c = it.counters
-    return {"insitu_gets": c.gets, "insitu_get_bytes": c.get_bytes, "hits": c.hits, "misses": c.misses}
+    return {"insitu_gets": c.gets, "insitu_get_bytes": c.get_bytes, "hits": c.hits, "misses": c.misses,
+            "limiting_stage": it.stats.limiting_stage}
 
 
 def _run_insitu_warm(cfg: dict[str, Any]) -> dict[str, Any]:

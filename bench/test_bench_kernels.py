@@ -37,13 +37,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitubatch.kernels import (
-    assemble_tiles,
-    coalesce_runs,
-    create_slot_file,
-    gather,
-    write_tile,
-)
+from insitubatch.cache.tilefile import create_tile_file, write_tile
+from insitubatch.kernels import assemble_tiles, coalesce_runs, gather
 
 
 @dataclass(frozen=True)
@@ -231,7 +226,7 @@ def test_persist(benchmark, tmp_path: Path, name: str, role: str) -> None:
     benchmark.group = f"persist {name}"
     benchmark.extra_info.update(role=role, bytes=tile.nbytes)
     if role == "persist":
-        with create_slot_file(tmp_path / "slot.npy", 2, shape, dtype) as slots:
+        with create_tile_file(tmp_path / "slot.npy", 2, shape, dtype) as slots:
             write_tile(slots, 1, tile)  # first touch of the file's pages is not the steady state
             view = benchmark(write_tile, slots, 1, tile)
             np.testing.assert_array_equal(view, tile)

@@ -4,7 +4,8 @@
 
 ``ds.infer`` validates the range (a window that would read off the archive
 raises instead of being dropped) and each batch carries the time coordinate
-of its samples; ``to_jax`` hands the batch buffers to JAX by DLPack.
+of its samples; ``to_jax`` hands the batch buffers to JAX by DLPack and, on
+an inference view, yields ``(arrays, coords)`` pairs.
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     variables = {"now": t2m, "later": t2m.shift(args.lead)}
     with InSituDataset(store, split_by_chunk(t2m, fractions=(1.0,)), variables, batch_size=64) as ds:
         view = ds.infer((args.start, args.stop))
-        errors = [np.asarray(persistence_error(a["now"], a["later"])) for a in to_jax(view)]
-        times = ds.sample_coords()["time"][args.start : args.stop]  # what batch.coords carries, per batch
-    err = np.concatenate(errors)
+        errors, times = [], []
+        for arrays, coords in to_jax(view):
+            errors.append(np.asarray(persistence_error(arrays["now"], arrays["later"])))
+            times.append(coords["time"])  # the time of each sample of this batch
+    err, times = np.concatenate(errors), np.concatenate(times)
     print(f"{len(err)} samples on {jax.devices()[0]}: persistence RMSE at lead {args.lead} "
           f"mean {err.mean():.3f} K, max {err.max():.3f} K (times {int(times[0])}..{int(times[-1])})")
     return 0

@@ -41,8 +41,8 @@ from zarr.storage import LocalStore
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch.write import (
-    ArraySpec,
     LayoutSpec,
+    OutputArray,
     SlotWriter,
     create_layout,
     plan_slots,
@@ -122,12 +122,12 @@ def output_spec() -> LayoutSpec:
     anchors = TIMES - WINDOW + 1  # 94: the last shard is partial
     return LayoutSpec(
         (
-            ArraySpec(
+            OutputArray(
                 "pred", (anchors, LAT, LON), (OUT_CHUNK, LAT, LON), "float32",
                 shards=(OUT_SHARD, LAT, LON), dimension_names=("anchor", "lat", "lon"), fill_value=float("nan"),
             ),
-            ArraySpec("anchor_time", (anchors,), (OUT_SHARD,), "int64", dimension_names=("anchor",)),
-            ArraySpec("lat", (LAT,), (LAT,), "float64", index_axis=None, dimension_names=("lat",)),
+            OutputArray("anchor_time", (anchors,), (OUT_SHARD,), "int64", dimension_names=("anchor",)),
+            OutputArray("lat", (LAT,), (LAT,), "float64", index_axis=None, dimension_names=("lat",)),
         )
     )
 

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("insitubatch")
+except _metadata.PackageNotFoundError:  # pragma: no cover - an unbuilt source tree on sys.path
+    # no installed distribution to ask: say so rather than guess a release number
+    __version__ = "0+unknown"
+
 try:
     from ._ext import assemble as _assemble  # noqa: F401  (proves the kernels were built)
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
@@ -16,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 from .batch import Batch
 from .dataset import InSituDataset
 from .views import DatasetView
+from .debug import print_debug_info
 from .decode import read_stored_chunk
 from .errors import (
     BadChunkError,
@@ -26,10 +35,11 @@ from .errors import (
 from .geometry import ArrayGeometry, open_geometries
 from .plan import shuffle_quality
 from .splits import SplitManifest, split_by_chunk
+from .stats import PassStats
 from .stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
 from .transforms import DecodedChunk, applies
 
-_LAZY = {"as_torch": "adapters", "to_jax": "adapters", "TorchView": "adapters"}
+_LAZY = {"as_torch": "adapters", "to_jax": "adapters", "to_torch": "adapters", "TorchView": "adapters"}
 
 
 def __getattr__(name: str):
@@ -50,6 +60,7 @@ __all__ = [
     "DecodedChunk",
     "InSituDataset",
     "InSituError",
+    "PassStats",
     "SplitManifest",
     "StoreReadError",
     "TorchView",
@@ -61,8 +72,10 @@ __all__ = [
     "icechunk_store",
     "obstore_store",
     "open_geometries",
+    "print_debug_info",
     "read_stored_chunk",
     "shuffle_quality",
     "split_by_chunk",
     "to_jax",
+    "to_torch",
 ]

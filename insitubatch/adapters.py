@@ -8,12 +8,13 @@ copied on a side stream one batch ahead, so the copy overlaps the step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from .views import DatasetView
+from .batch import Batch
+from .views import DatasetView, InferView
 
-__all__ = ["TorchView", "as_torch", "to_jax"]
+__all__ = ["TorchView", "as_torch", "to_jax", "to_torch"]
 
 _WORKERS_MESSAGE = (
     "insitubatch views cannot run inside DataLoader worker processes (num_workers > 0): the engine's "
@@ -38,7 +39,10 @@ except ImportError:  # pragma: no cover
 
 
 class TorchView(_IterableBase):
-    """An ``IterableDataset`` of ``dict[label, torch.Tensor]``; use it with ``batch_size=None``."""
+    """An ``IterableDataset`` of ``dict[label, torch.Tensor]``; use it with ``batch_size=None``.
+
+    Over an inference view (``ds.infer(...)``) each item is ``(tensors, coords)``.
+    """
 
     def __init__(
         self,
@@ -57,6 +61,7 @@ class TorchView(_IterableBase):
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
         self.device_transform = device_transform
+        self._coords = isinstance(view, InferView)  # inference items are (tensors, coords) pairs
         self._cuda = self.device is not None and self.device.type == "cuda"
         if self._cuda:
             if not torch.cuda.is_available():
@@ -87,7 +92,7 @@ class TorchView(_IterableBase):
                 tensors = {k: t.to(self.device) for k, t in tensors.items()}
             if self.device_transform is not None:
                 tensors = self.device_transform(tensors)
-            yield tensors
+            yield (tensors, batch.coords) if self._coords else tensors
 
     def _iter_cuda(self, torch) -> Iterator[dict[str, Any]]:
         side = torch.cuda.Stream(device=self.device)
@@ -107,6 +112,7 @@ class TorchView(_IterableBase):
 
     def _finish(self, torch, staged) -> dict[str, Any]:
         dev, done, host, batch = staged
+        coords = batch.coords
         current = torch.cuda.current_stream(self.device)
         current.wait_event(done)
         for t in dev.values():
@@ -114,7 +120,8 @@ class TorchView(_IterableBase):
         # the host buffer may be reused only once its copy has landed
         done.synchronize()
         del host, batch
-        return self.device_transform(dev) if self.device_transform is not None else dev
+        tensors = self.device_transform(dev) if self.device_transform is not None else dev
+        return (tensors, coords) if self._coords else tensors
 
 
 def as_torch(
@@ -127,13 +134,35 @@ def as_torch(
 
     The result is a ``torch.utils.data.IterableDataset``; wrap it as
     ``DataLoader(tv, batch_size=None, num_workers=0)`` if a DataLoader is
-    wanted. ``device_transform`` runs on the device tensors.
+    wanted. ``device_transform`` runs on the device tensors. Over an
+    inference view each item is ``(tensors, coords)``: the batch's
+    coordinate mapping beside the tensors.
     """
     return TorchView(view, device=device, device_transform=device_transform)
 
 
-def to_jax(view: DatasetView, *, device: Any = None) -> Iterator[dict[str, Any]]:
-    """``jax.Array`` batches over ``view`` by DLPack, placed on ``device`` (default ``jax.devices()[0]``)."""
+def to_torch(batch: Batch, *, device: Any = None) -> dict[str, Any]:
+    """One batch as ``{label: torch.Tensor}`` by DLPack (zero-copy on the CPU), moved to ``device`` if given."""
+    torch = _torch()
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be an insitubatch Batch, got {type(batch).__name__}")
+    try:
+        target = torch.device(device) if device is not None else None
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
+    tensors: dict[str, Any] = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+    if target is not None:
+        tensors = {k: t.to(target) for k, t in tensors.items()}
+    return tensors
+
+
+def to_jax(
+    view: DatasetView, *, device: Any = None
+) -> Iterator[dict[str, Any] | tuple[dict[str, Any], Mapping[str, Any]]]:
+    """``jax.Array`` batches over ``view`` by DLPack, placed on ``device`` (default ``jax.devices()[0]``).
+
+    On an inference view each item is ``(arrays, coords)``: the batch's coordinate mapping beside the arrays.
+    """
     try:
         import jax
         import jax.numpy as jnp
@@ -142,9 +171,11 @@ def to_jax(view: DatasetView, *, device: Any = None) -> Iterator[dict[str, Any]]
     if not isinstance(view, DatasetView):
         raise TypeError(f"view must be a DatasetView, got {type(view).__name__}")
     target = device if device is not None else jax.devices()[0]
+    coords = isinstance(view, InferView)
 
-    def batches() -> Iterator[dict[str, Any]]:
+    def batches() -> Iterator[dict[str, Any] | tuple[dict[str, Any], Mapping[str, Any]]]:
         for batch in view:
-            yield {label: jax.device_put(jnp.from_dlpack(arr), target) for label, arr in batch.arrays.items()}
+            arrays = {label: jax.device_put(jnp.from_dlpack(arr), target) for label, arr in batch.arrays.items()}
+            yield (arrays, batch.coords) if coords else arrays
 
     return batches()

@@ -15,6 +15,7 @@ from typing import Any
 from zarr.abc.store import Store
 
 from .errors import InSituError
+from .progress import progress
 
 __all__ = ["build_parser", "main"]
 
@@ -112,13 +113,19 @@ def _run_write_status(args: argparse.Namespace) -> int:
     writes = args.clear_stale or args.clear_coverage is not None
     store = _open_store(args, read_only=not writes)
     notes = []
-    if args.clear_stale:
-        cleared = clear_stale_claims(store, args.group)
-        notes.append(f"cleared {len(cleared)} stale claim(s): " + ", ".join(f"[{c.start}, {c.stop})" for c in cleared))
-    if args.clear_coverage is not None:
-        gone = clear_coverage(store, *args.clear_coverage, group=args.group)
-        notes.append(f"cleared {len(gone)} coverage record(s): " + ", ".join(f"[{c.start}, {c.stop})" for c in gone))
-    status = write_status(store, args.group)
+    # each step lists (and may delete) records in the store: seconds apiece on a remote bucket
+    with progress(total=1 + bool(args.clear_stale) + (args.clear_coverage is not None), desc="write-status",
+                  unit="step") as bar:
+        if args.clear_stale:
+            cleared = clear_stale_claims(store, args.group)
+            notes.append(f"cleared {len(cleared)} stale claim(s): " + ", ".join(f"[{c.start}, {c.stop})" for c in cleared))
+            bar.update()
+        if args.clear_coverage is not None:
+            gone = clear_coverage(store, *args.clear_coverage, group=args.group)
+            notes.append(f"cleared {len(gone)} coverage record(s): " + ", ".join(f"[{c.start}, {c.stop})" for c in gone))
+            bar.update()
+        status = write_status(store, args.group)
+        bar.update()
     if args.json:
         print(json.dumps({**status.to_dict(), "actions": notes}, indent=2))
         return 0
@@ -135,6 +142,26 @@ def _run_write_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- debug-info ----------------------------------------------------------------
+def _add_debug_info(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "debug-info",
+        help="print versions, built kernels and their flags, CPU count and free-threading state (for bug reports)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the facts as JSON")
+    parser.set_defaults(run=_run_debug_info)
+
+
+def _run_debug_info(args: argparse.Namespace) -> int:
+    from .debug import debug_info, print_debug_info
+
+    if args.json:
+        print(json.dumps(debug_info(), indent=2))
+    else:
+        print_debug_info()
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------
 def _add_inspect(subparsers: Any) -> None:
     from .inspect import add_inspect_parser
@@ -142,7 +169,7 @@ def _add_inspect(subparsers: Any) -> None:
     add_inspect_parser(subparsers)
 
 
-_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_inspect, _add_slots, _add_write_status)
+_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_inspect, _add_slots, _add_write_status, _add_debug_info)
 
 
 def build_parser() -> argparse.ArgumentParser:

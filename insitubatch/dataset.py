@@ -22,6 +22,7 @@ import numpy as np
 from ._validate import callables, flag, positive_int
 from .batch import Batch, BufferPool
 from .cache import DiskCache
+from .describe import KNOBS, describe_loader, format_summary
 from .errors import DatasetClosedError
 from .geometry import ArrayGeometry, open_geometries
 from .distributed import REMAINDER_POLICIES, rank_streams, resolve_world
@@ -30,7 +31,7 @@ from .pool import ChunkPool, PassCounters
 from .scheduler import ArrayReader, BadChunkRecord, decode_pool
 from .splits import SplitManifest
 from .stores import as_store, close_store
-from .fingerprint import array_fingerprints
+from .cache.fingerprint import array_fingerprints
 from .transforms import ChunkTransform, check_scopes, pipeline_for
 from .views import DatasetView, InferView, _read_sample_coords
 
@@ -39,6 +40,7 @@ __all__ = ["InSituDataset"]
 logger = logging.getLogger("insitubatch")
 BatchTransform = Callable[[Batch], Batch]
 ON_BAD_CHUNK = ("raise", "nan")
+ALL_SPLIT = "__all__"  # the pseudo-split of ``ds.all``: every chunk, sequential
 
 class InSituDataset:
     """Train/val/test views over a zarr store, read in place.
@@ -70,7 +72,11 @@ class InSituDataset:
         Pool byte budget; ``None`` is the working set of the open passes.
     on_bad_chunk
         ``"raise"`` or ``"nan"`` (a tile that fails to decode becomes NaN or
-        the fill value, and is listed in ``bad_chunks``).
+        the fill value, and is listed in ``bad_chunks`` for the current
+        epoch). A fetch that still fails after the store's retries is not a
+        bad chunk under either policy: it raises ``StoreReadError``, because
+        an outage or a denied key is not data, and filling it would train on
+        holes whenever the network fails (a resumed pass fetches it again).
     chunk_transforms, batch_transforms
         Per-chunk transforms (decode pool, cached) and per-batch ones (producer thread).
     decode_threads
@@ -166,10 +172,12 @@ class InSituDataset:
         self._warned_epochs: set[int] = set()
         self.buffers = BufferPool()
         self.executor = decode_pool(decode_threads)
+        self.decode_threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
         self._semaphore: asyncio.Semaphore | None = None
         self.bad_chunks: list[BadChunkRecord] = []
         self._epoch = 0
         self._epoch_counters: list[PassCounters] = []
+        self._fetched_keys: set = set()  # every read key a pass admitted: admitting one again is a re-read
         self._passes: weakref.WeakSet = weakref.WeakSet()  # open passes (prefetch._PassState), closed on close()
         self._plans: dict[tuple[str, int], EpochPlan] = {}
         self._views: dict[str, DatasetView] = {}
@@ -262,6 +270,14 @@ class InSituDataset:
         return self.split("test")
 
     @property
+    def all(self) -> DatasetView:
+        """Every chunk of the store, whatever its split, in storage order: a deterministic sequential view."""
+        view = self._views.get(ALL_SPLIT)
+        if view is None:
+            view = self._views[ALL_SPLIT] = DatasetView(self, ALL_SPLIT)
+        return view
+
+    @property
     def geometries(self) -> dict[str, ArrayGeometry]:
         """Each label's geometry after chunk transforms (what ``batch.arrays[label]`` rows are)."""
         return dict(self.outputs)
@@ -276,6 +292,7 @@ class InSituDataset:
         with self._lock:
             if epoch != self._epoch:
                 self._epoch_counters = []
+                self.bad_chunks = []  # per epoch: an earlier epoch's passes keep appending to their own list
             self._epoch = epoch
 
     def plan(self, split: str, epoch: int | None = None, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
@@ -297,8 +314,10 @@ class InSituDataset:
     def _make_plan(self, split, epoch, history, anchor_range, batch_size) -> EpochPlan:
         manifest = self.manifest
         shuffle = self.shuffle and split == "train"
-        if split not in manifest.names:  # an inference range: its own sequential "split"
+        if split not in manifest.names:  # an inference range, or every chunk (``all``): its own sequential "split"
             size = manifest.sample_chunk_size
+            if anchor_range is None:
+                anchor_range = (0, manifest.n_samples)
             chunks = tuple(range(anchor_range[0] // size, -(-anchor_range[1] // size)))
             manifest = dataclasses.replace(manifest, splits=((split, chunks),))
         if self.world_size == 1 and not history:
@@ -360,6 +379,36 @@ class InSituDataset:
         if self._coords is None:
             self._coords = _read_sample_coords(self.store, self.variables, self.manifest.n_samples)
         return self._coords
+
+    # -- cost before the first byte --------------------------------------------
+    def describe(self, iterations: int = 1) -> dict[str, Any]:
+        """What this configuration will cost, from metadata alone, as a JSON-able dict.
+
+        Geometry per label, the resolved knobs, every split's samples,
+        batches, GETs and working set (this rank's share), and the memory plan
+        term by term for ``iterations`` passes open at once (train and val
+        zipped is 2), sized for the split with the largest working set; plus
+        notes. The same arithmetic as ``insitubatch inspect``; nothing is fetched.
+        """
+        iterations = positive_int("iterations", iterations)
+        plans = {name: self.plan(name) for name in self.manifest.names}
+        split = max(plans, key=lambda name: plans[name].working_set_bytes)
+        stored = {lb: self.readers[g.path].geometry for lb, g in self.variables.items()}
+        info = describe_loader(stored, plans, {k: getattr(self, k) for k in KNOBS}, split=split,
+                               store=type(self.store).__name__, iterations=iterations,
+                               budget_bytes=self.pool.explicit_budget, batch_geometries=self.outputs)
+        info["resolved"] = {
+            "shuffle": self.shuffle, "seed": self.seed, "epoch": self.epoch, "rank": self.rank,
+            "world_size": self.world_size, "remainder": self.remainder, "on_bad_chunk": self.on_bad_chunk,
+            "decode_threads": self.decode_threads, "cache_dir": None if self.cache is None else
+            str(self.cache.cache_dir), "persist": self.persist,
+            "chunk_transforms": len(self.chunk_transforms), "batch_transforms": len(self.batch_transforms),
+        }
+        return info
+
+    def print_summary(self, iterations: int = 1) -> None:
+        """Print :meth:`describe` as the text ``insitubatch inspect`` shows."""
+        print(format_summary(self.describe(iterations)))
 
     # -- counters -------------------------------------------------------------
     @property

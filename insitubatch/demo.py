@@ -17,6 +17,7 @@ import zarr
 
 from .dataset import InSituDataset
 from .geometry import open_geometries
+from .progress import progress
 from .splits import split_by_chunk
 from .stores import obstore_store
 
@@ -89,13 +90,13 @@ def main(argv: list[str] | None = None) -> int:
             it = iter(ds.train)
             first = next(it)
             ttfb = time.perf_counter() - t0
-            for _ in it:
+            for _ in progress(it, total=len(ds.train) - 1, desc=f"train epoch {epoch}", unit="batch"):
                 pass
             _report(f"train epoch {epoch}", it, time.perf_counter() - t0, sample_nbytes)
             print(f"{'':<14} first batch after {ttfb * 1e3:.1f} ms; t2m batch {first.arrays['t2m'].shape}")
         t0 = time.perf_counter()
         it = iter(ds.val)
-        for _ in it:
+        for _ in progress(it, total=len(ds.val), desc="val", unit="batch"):
             pass
         _report("val", it, time.perf_counter() - t0, sample_nbytes)
     return 0

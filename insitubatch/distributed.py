@@ -3,9 +3,13 @@
 The global order of an epoch (``plan.epoch_order``) depends on (seed, epoch)
 only. Ranks split it without talking to each other:
 
-* training passes deal the epoch's shuffle blocks round-robin (block ``j``
-  to rank ``j % world_size``), so every chunk is read by exactly one rank
-  and each rank's batches are drawn from whole shuffled blocks;
+* training passes cut the epoch's sequence of shuffled blocks into
+  ``world_size`` consecutive runs of near-equal sample counts, at chunk
+  boundaries: every chunk is read by exactly one rank, ranks' sample counts
+  differ by at most one chunk, and each rank's batches are drawn from whole
+  shuffled blocks (a block straddling a cut gives each side its own chunks,
+  in the block's shuffled order). The blocks are a random permutation of the
+  chunks, so a run of them is as well mixed as any other choice of blocks;
 * evaluation and inference passes cut the sequential order into
   ``world_size`` contiguous, chunk-aligned ranges and are exactly complete
   when gathered (batch counts may differ by one or two).
@@ -14,13 +18,15 @@ A training pass must give every rank the same number of batches or DDP
 hangs. ``remainder="pad"`` (default) extends each rank's stream to the
 longest rank's batch count by repeating that rank's own samples (marked in
 ``batch.extras["padded"]``); ``remainder="drop"`` cuts every rank to the
-shortest rank's count of full batches. ``len(view)`` reports the result.
+shortest rank's count of full batches. Counts being within one chunk, that
+pads or drops less than one chunk plus one batch per rank, like
+``DistributedSampler``'s one round. ``len(view)`` reports the result.
 
 Elastic resume: a checkpoint records the world size and the batches every
 rank consumed (all ranks consume in lockstep). Resuming at another world
 size replays that history to find the consumed samples, then deals the
 remaining ones (the tails of partly consumed blocks, then whole blocks) to
-the new ranks: no sample is seen twice and none is skipped.
+the new ranks, cut the same way: no sample is seen twice and none is skipped.
 """
 
 from __future__ import annotations
@@ -112,6 +118,74 @@ def _contiguous(eo: EpochOrder, pieces: list[np.ndarray], world_size: int) -> li
     return streams
 
 
+def _chunk_runs(eo: EpochOrder, pieces: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """The units a training cut may fall between: each piece's chunks in order of first appearance.
+
+    Returns each unit's piece index and sample count, and each piece's chunk ids in that order.
+    """
+    unit_piece, unit_size, piece_chunks = [], [], []
+    for p, rows in enumerate(pieces):
+        ids, first, counts = np.unique(eo.order[rows, 0], return_index=True, return_counts=True)
+        by_first = np.argsort(first, kind="stable")
+        piece_chunks.append(ids[by_first])
+        unit_piece.append(np.full(len(ids), p, dtype=np.int64))
+        unit_size.append(counts[by_first])
+    if not pieces:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), []
+    return np.concatenate(unit_piece), np.concatenate(unit_size).astype(np.int64), piece_chunks
+
+
+def _cuts(sizes: np.ndarray, world_size: int, round_up: bool) -> np.ndarray:
+    """Unit boundaries splitting ``sizes`` into ``world_size`` consecutive runs of near-equal sums.
+
+    Each cut is the boundary nearest to an even share of what is left (ties
+    down, or up with ``round_up``), so every run is within about one unit of
+    the mean.
+    """
+    prefix = np.concatenate([[0], np.cumsum(sizes)])
+    total = int(prefix[-1])
+    cuts = [0]
+    for r in range(world_size - 1):
+        lo = cuts[-1]
+        target = prefix[lo] + (total - prefix[lo]) / (world_size - r)
+        j = int(np.searchsorted(prefix, target, side="left"))
+        j = min(max(j, lo), len(prefix) - 1)
+        if j > lo:
+            below, above = target - prefix[j - 1], prefix[j] - target
+            if below < above or (below == above and not round_up):
+                j -= 1
+        cuts.append(j)
+    cuts.append(len(sizes))
+    return np.asarray(cuts, dtype=np.int64)
+
+
+def _balanced(eo: EpochOrder, pieces: list[np.ndarray], world_size: int) -> list[RankStream]:
+    """Cut the shuffled blocks into ``world_size`` runs whose sample counts differ by at most one chunk."""
+    unit_piece, sizes, piece_chunks = _chunk_runs(eo, pieces)
+    best = None
+    for round_up in (False, True):
+        cuts = _cuts(sizes, world_size, round_up)
+        counts = np.add.reduceat(np.append(sizes, 0), cuts[:-1]) * (cuts[1:] > cuts[:-1])
+        spread = int(counts.max() - counts.min()) if len(counts) else 0
+        if best is None or spread < best[0]:
+            best = (spread, cuts)
+    cuts = best[1]
+    piece_start = np.concatenate([[0], np.cumsum([len(c) for c in piece_chunks])]).astype(np.int64)
+    streams = []
+    for r in range(world_size):
+        u0, u1 = int(cuts[r]), int(cuts[r + 1])
+        mine = []
+        for p in range(int(unit_piece[u0]), int(unit_piece[u1 - 1]) + 1) if u1 > u0 else ():
+            rows = pieces[p]
+            lo, hi = max(u0, int(piece_start[p])), min(u1, int(piece_start[p + 1]))
+            if hi - lo < len(piece_chunks[p]):  # a block straddling a cut: this side's chunks
+                chunks = piece_chunks[p][lo - piece_start[p] : hi - piece_start[p]]
+                rows = rows[np.isin(eo.order[rows, 0], chunks)]
+            mine.append(rows)
+        streams.append(_stream(mine))
+    return streams
+
+
 def _equalize(streams: list[RankStream], batch_size: int, remainder: str, fallback: np.ndarray) -> None:
     """Give every rank the same number of batches (``pad`` repeats a rank's own rows; ``drop`` cuts)."""
     counts = [len(s.rows) for s in streams]
@@ -151,8 +225,8 @@ def rank_streams(
     """Every rank's stream of an epoch after the consumed ``history`` of ``(world_size, batches)``.
 
     ``contiguous=True`` is the evaluation partition (exactly complete, no
-    equalization); otherwise blocks are dealt round-robin and the batch
-    counts evened out by ``remainder``.
+    equalization); otherwise the blocks are cut into balanced runs at chunk
+    boundaries and the batch counts evened out by ``remainder``.
     """
     if remainder not in REMAINDER_POLICIES:
         raise ValueError(f"{remainder=} must be one of {REMAINDER_POLICIES}")
@@ -167,8 +241,9 @@ def _deal(eo, consumed, world_size, batch_size, remainder, contiguous) -> list[R
     pieces = _pieces(eo, consumed)
     if contiguous:
         return _contiguous(eo, pieces, world_size)
-    streams = [_stream(pieces[r::world_size]) for r in range(world_size)]
-    if world_size > 1:
-        fallback = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
-        _equalize(streams, batch_size, remainder, fallback)
+    if world_size == 1:
+        return [_stream(pieces)]
+    streams = _balanced(eo, pieces, world_size)
+    fallback = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+    _equalize(streams, batch_size, remainder, fallback)
     return streams

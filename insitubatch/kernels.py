@@ -10,38 +10,26 @@ C-contiguous ``(n_rows, *tile_inner)`` block whose inner rectangle starts at an
 - ``gather`` copies runs of tile rows into a ``(batch, *inner)`` buffer — the
   loader's one call per batch and label; ``coalesce_runs`` builds its run table.
 - ``assemble_tiles`` / ``place_tile`` / ``fill_region`` build a whole chunk slot.
-- ``create_slot_file`` / ``open_slot_file`` / ``write_tile`` / ``tile_view``
-  keep tiles in a tile-major ``.npy`` file on disk (the mmap cache tier).
+
+The tile-major ``.npy`` files of the disk cache live in ``cache.tilefile``.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import re
-import secrets
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from ._ext import assemble as _assemble
 from ._ext import gather as _gather
-from ._ext import persist as _persist
-from .errors import CacheCorruptError
 
 __all__ = [
-    "SlotFile",
     "assemble_tiles",
     "coalesce_runs",
-    "create_slot_file",
     "fill_region",
     "gather",
-    "open_slot_file",
     "place_tile",
     "rect_geometry",
-    "tile_view",
-    "write_tile",
 ]
 
 _STATUS = _gather.STATUS
@@ -326,236 +314,3 @@ def assemble_tiles(slot: np.ndarray, tiles: Sequence[np.ndarray], origins: objec
     status, index = _assemble.assemble_tiles(slot, tiles, origins, _STREAM_MIN_BYTES)
     if status:
         raise _kernel_error(status, index, "slot", slot, tiles, origins)
-
-
-# ---------------------------------------------------------------------------
-# tile-major slot files
-
-_NPY_MAGIC = b"\x93NUMPY"
-# numpy pads a .npy header so the data starts on this boundary (numpy.lib.format.ARRAY_ALIGN)
-_NPY_ALIGN = 64
-
-
-def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
-    """A complete ``.npy`` header (format 1.0, or 2.0 when it outgrows 64 KiB) for C order."""
-    descr = dtype.str if dtype.names is None else dtype.descr
-    text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {tuple(shape)!r}, }}"
-    for version, len_bytes in ((b"\x01\x00", 2), (b"\x02\x00", 4)):
-        prefix = len(_NPY_MAGIC) + len(version) + len_bytes
-        body_len = len(text) + 1  # the header ends with a newline
-        body_len += -(prefix + body_len) % _NPY_ALIGN
-        if body_len < 1 << (8 * len_bytes):
-            body = text.ljust(body_len - 1) + "\n"
-            return _NPY_MAGIC + version + body_len.to_bytes(len_bytes, "little") + body.encode("latin1")
-    raise ValueError(f"a .npy header for shape {shape} and dtype {dtype} is too long")
-
-
-_OWN_HEADER = re.compile(rb"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), \} *\n")
-
-
-def _parse_own_header(f) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
-    """Parse a version-1 header exactly as ``_npy_header`` writes it (reviving is per chunk: keep it cheap)."""
-    head = f.read(10)
-    if len(head) != 10 or head[:8] != _NPY_MAGIC + b"\x01\x00":
-        return None
-    length = int.from_bytes(head[8:10], "little")
-    match = _OWN_HEADER.fullmatch(f.read(length))
-    if match is None:
-        return None
-    shape = tuple(int(x) for x in match.group(2).split(b",") if x.strip())
-    return shape, False, np.dtype(match.group(1).decode("ascii")), 10 + length
-
-
-class SlotFile:
-    """A tile-major ``.npy`` file of shape ``(n_tiles, *tile_shape)``, mapped shared.
-
-    Tile ``i`` of a chunk lives in slot ``i``, contiguous. An edge tile, smaller
-    than ``tile_shape``, is stored *packed*: its own C-order bytes at the start
-    of its slot, the rest of the slot unused (zero). Reading it back therefore
-    needs its shape — ``tile_view(f, i, shape)`` returns the C-contiguous view
-    that ``gather`` takes, exactly like a freshly decoded tile. The file is a
-    valid ``.npy``: ``numpy.load(path, mmap_mode="r")`` opens it (an edge
-    slot's raw bytes then read as the packed tile, not as a padded rectangle).
-
-    Build one with ``create_slot_file`` or ``open_slot_file``; ``close()``
-    unmaps (deferred until the last view returned by ``write_tile`` /
-    ``tile_view`` dies). The object is also a context manager.
-    """
-
-    def __init__(
-        self, path: Path, file_path: Path, mapping: _persist.FileMapping, header_bytes: int,
-        n_tiles: int, tile_shape: tuple[int, ...], dtype: np.dtype,
-    ) -> None:
-        self.path = path
-        self.n_tiles = n_tiles
-        self.tile_shape = tile_shape
-        self.dtype = dtype
-        self.slot_bytes = math.prod(tile_shape) * dtype.itemsize
-        self._file_path = file_path
-        self._mapping = mapping
-        self._header_bytes = header_bytes
-
-    @property
-    def file_path(self) -> Path:
-        """Where the bytes are now: a temporary name next to ``path`` until ``publish()``."""
-        return self._file_path
-
-    @property
-    def writable(self) -> bool:
-        return self._mapping.writable
-
-    @property
-    def closed(self) -> bool:
-        return self._mapping.closed
-
-    def tiles(self) -> np.ndarray:
-        """A view of every slot, ``(n_tiles, *tile_shape)`` (edge slots hold packed bytes)."""
-        count = self.n_tiles * math.prod(self.tile_shape)
-        flat = np.frombuffer(memoryview(self._mapping), self.dtype, count, self._header_bytes)
-        return flat.reshape((self.n_tiles, *self.tile_shape))
-
-    def publish(self) -> Path:
-        """Rename the temporary file to ``path`` atomically (replacing any file there).
-
-        A mapping another process already holds of an older file keeps its inode
-        and its bytes. No-op when the file was created in place.
-        """
-        if self._file_path != self.path:
-            os.replace(self._file_path, self.path)
-            self._file_path = self.path
-        return self.path
-
-    def close(self) -> None:
-        """Unmap the file; an unpublished temporary file is deleted. Idempotent."""
-        self._mapping.close()
-        if self._file_path != self.path:
-            self._file_path.unlink(missing_ok=True)
-            self._file_path = self.path
-
-    def __enter__(self) -> SlotFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self.closed else ("rw" if self.writable else "r")
-        return f"SlotFile({str(self.path)!r}, n_tiles={self.n_tiles}, tile_shape={self.tile_shape}, dtype={self.dtype}, {state})"
-
-
-def _slot_geometry(n_tiles: int, tile_shape: Sequence[int], dtype: object) -> tuple[int, tuple[int, ...], np.dtype]:
-    dtype = np.dtype(dtype)
-    if dtype.hasobject or dtype.itemsize == 0:
-        raise ValueError(f"dtype {dtype} cannot live in a slot file; only fixed-size dtypes can")
-    n_tiles = int(n_tiles)
-    tile_shape = tuple(int(x) for x in tile_shape)
-    if n_tiles < 0 or any(x < 0 for x in tile_shape):
-        raise ValueError(f"{n_tiles=} and {tile_shape=} must be >= 0")
-    return n_tiles, tile_shape, dtype
-
-
-def create_slot_file(
-    path: str | os.PathLike, n_tiles: int, tile_shape: Sequence[int], dtype: object, *, temp: bool = False
-) -> SlotFile:
-    """Create a writable slot file ``(n_tiles, *tile_shape)`` of ``dtype`` and map it.
-
-    The file is sized with ``ftruncate`` and its blocks reserved with
-    ``posix_fallocate`` where the platform has it, so a full disk fails here
-    rather than as a ``SIGBUS`` during a later ``write_tile``. With
-    ``temp=True`` the bytes go to a unique temporary name next to ``path``;
-    ``publish()`` renames it into place and ``close()`` without ``publish()``
-    deletes it.
-    """
-    n_tiles, tile_shape, dtype = _slot_geometry(n_tiles, tile_shape, dtype)
-    path = Path(path)
-    file_path = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp") if temp else path
-    header = _npy_header((n_tiles, *tile_shape), dtype)
-    total = len(header) + n_tiles * math.prod(tile_shape) * dtype.itemsize
-    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if temp else os.O_TRUNC)
-    fd = os.open(file_path, flags, 0o644)
-    try:
-        os.pwrite(fd, header, 0)
-        os.ftruncate(fd, total)
-        if hasattr(os, "posix_fallocate"):
-            os.posix_fallocate(fd, 0, total)
-        mapping = _persist.FileMapping(fd, total, True)
-    except BaseException:
-        os.close(fd)
-        file_path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    return SlotFile(path, file_path, mapping, len(header), n_tiles, tile_shape, dtype)
-
-
-def open_slot_file(path: str | os.PathLike, *, writable: bool = False) -> SlotFile:
-    """Map an existing slot file (revive a persisted chunk), read-only unless ``writable``.
-
-    Raises
-    ------
-    CacheCorruptError
-        When the header is not a C-order ``.npy`` header of at least one dim, or
-        the file size disagrees with it.
-    """
-    path = Path(path)
-    with open(path, "r+b" if writable else "rb") as f:
-        parsed = _parse_own_header(f)
-        if parsed is None:  # not in the exact form _npy_header writes: let numpy judge it
-            f.seek(0)
-            try:
-                version = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                parsed = (*read(f), f.tell())
-            except ValueError as exc:
-                raise CacheCorruptError(f"{path} is not a readable .npy slot file: {exc}") from exc
-        shape, fortran_order, dtype, header_bytes = parsed
-        size = os.fstat(f.fileno()).st_size
-        if fortran_order or len(shape) == 0 or dtype.hasobject:
-            raise CacheCorruptError(f"{path} holds shape {shape}, dtype {dtype}, fortran_order={fortran_order}; not a slot file")
-        expected = header_bytes + math.prod(shape) * dtype.itemsize
-        if size != expected:
-            raise CacheCorruptError(f"{path} is {size} bytes but its header {shape} {dtype} says {expected}")
-        mapping = _persist.FileMapping(f.fileno(), size, writable)
-    return SlotFile(path, path, mapping, header_bytes, shape[0], tuple(shape[1:]), dtype)
-
-
-def _slot_offset(slot_file: SlotFile, tile_index: int, shape: Sequence[int]) -> int:
-    if slot_file.closed:
-        raise ValueError(f"{slot_file!r} is closed")
-    i = int(tile_index)
-    if not 0 <= i < slot_file.n_tiles:
-        raise ValueError(f"tile_index={i} is outside [0, {slot_file.n_tiles}) of {slot_file.path}")
-    if len(shape) != len(slot_file.tile_shape) or any(
-        not 0 <= int(a) <= b for a, b in zip(shape, slot_file.tile_shape)
-    ):
-        raise ValueError(f"tile shape {tuple(shape)} does not fit the slot shape {slot_file.tile_shape} of {slot_file.path}")
-    return slot_file._header_bytes + i * slot_file.slot_bytes
-
-
-def _slot_view(slot_file: SlotFile, offset: int, shape: tuple[int, ...]) -> np.ndarray:
-    # the memoryview is the export that keeps the mapping alive (and mapped) under the view
-    flat = np.frombuffer(memoryview(slot_file._mapping), slot_file.dtype, math.prod(shape), offset)
-    return flat.reshape(shape)
-
-
-def tile_view(slot_file: SlotFile, tile_index: int, shape: Sequence[int] | None = None) -> np.ndarray:
-    """The zero-copy C-contiguous view of tile ``tile_index`` (``shape`` for an edge tile)."""
-    shape = slot_file.tile_shape if shape is None else tuple(int(x) for x in shape)
-    return _slot_view(slot_file, _slot_offset(slot_file, tile_index, shape), shape)
-
-
-def write_tile(slot_file: SlotFile, tile_index: int, tile: np.ndarray) -> np.ndarray:
-    """Copy a decoded ``tile`` into its slot (GIL released) and return the zero-copy view of it.
-
-    ``tile`` must be C-contiguous with the file's dtype and fit ``tile_shape``
-    in every dim; an edge tile is stored packed (see ``SlotFile``).
-    """
-    _require_c_contiguous("tile", tile)
-    if tile.dtype != slot_file.dtype:
-        raise ValueError(f"tile dtype {tile.dtype} does not match the slot file's dtype {slot_file.dtype}")
-    if not slot_file.writable:
-        raise ValueError(f"{slot_file!r} was opened read-only")
-    offset = _slot_offset(slot_file, tile_index, tile.shape)
-    status = slot_file._mapping.write(offset, tile)
-    if status:  # unreachable after the checks above; kept so a kernel refusal is never silent
-        raise ValueError(f"write_tile refused the copy into {slot_file.path} (status {status})")
-    return _slot_view(slot_file, offset, tile.shape)

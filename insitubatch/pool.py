@@ -5,11 +5,17 @@ tiles, adopted by reference. Slots are pinned while a pass still needs them
 and evicted least-recently-used once unpinned and the budget needs room.
 Every open iteration is an owner with its own reservation (its working set)
 and counters; the pool keeps the cumulative totals.
+
+A slot in flight is fetched by one owner (``fetcher``) but may be pinned by
+several. When the fetcher closes first, the slot is handed to an owner that
+still pins it, which fetches it again (``Owner.refetch``): no iteration ever
+waits on a fetch nobody is doing.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -17,11 +23,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import InSituError
 from .plan import ReadKey
+from .stats import PassTrace
 
 __all__ = ["ChunkPool", "Owner", "PassCounters", "PoolTotals", "Slot"]
 
 PENDING, READY, FAILED = "pending", "ready", "failed"
+
+logger = logging.getLogger("insitubatch")
 
 
 @dataclass
@@ -36,6 +46,7 @@ class PassCounters:
     decoded_tiles: int = 0
     samples: int = 0
     batches: int = 0
+    trace: PassTrace = field(default_factory=PassTrace, repr=False, compare=False)  # stage times, waits, depths
 
 
 @dataclass
@@ -62,11 +73,16 @@ class Slot:
     remaining: int = 0
     pins: dict[int, int] = field(default_factory=dict)
     fetcher: int | None = None
-    bad: bool = False
+    # tiles replaced under on_bad_chunk="nan" (the driver's records), listed again by every pass that hits it
+    bad_records: list = field(default_factory=list)
 
     @property
     def pinned(self) -> bool:
         return bool(self.pins)
+
+    @property
+    def bad(self) -> bool:
+        return bool(self.bad_records)
 
 
 @dataclass(eq=False)
@@ -80,6 +96,8 @@ class Owner:
     pinned_reads: int = 0
     counters: PassCounters = field(default_factory=PassCounters)
     wake: Callable[[], None] | None = None
+    # re-admit a slot this owner adopted from an owner that closed mid-fetch (called off the lock)
+    refetch: Callable[[Slot], None] | None = None
     closed: bool = False
 
 
@@ -87,8 +105,12 @@ class ChunkPool:
     """Byte-budgeted slots with pin/unpin and LRU eviction of unpinned slots.
 
     ``budget=None`` is the automatic budget: the sum of the open owners'
-    working sets. An explicit budget that cannot hold a new owner's working
-    set next to the others makes ``open_owner`` raise.
+    working sets, so each iteration open at once (``zip(ds.train, ds.val)``,
+    ``ds.infer()`` beside a pass) adds its own working set, as
+    ``insitubatch inspect --iterations N`` prints. Growing past one
+    iteration's working set is logged (a WARNING naming the bytes), never
+    silent. An explicit budget that cannot hold a new owner's working set
+    next to the others makes ``open_owner`` raise.
     """
 
     def __init__(self, budget: int | None = None, on_evict: Callable[[Slot], None] | None = None) -> None:
@@ -112,6 +134,13 @@ class ChunkPool:
             reserved = sum(o.reservation for o in self._owners.values())
             need = reserved + working_set_bytes
             if self.explicit_budget is None:
+                if self._owners and need > self.budget:
+                    logger.warning(
+                        "insitubatch: %d iterations open at once: the automatic pool budget grows from %d to %d "
+                        "bytes (the sum of their working sets; `insitubatch inspect --iterations %d` prints this "
+                        "bound); pass cache_budget_bytes to cap it, then an iteration that does not fit raises",
+                        len(self._owners) + 1, self.budget, need, len(self._owners) + 1,
+                    )
                 self.budget = max(self.budget, need)
             elif need > self.explicit_budget:
                 others = f" next to {len(self._owners)} open iteration(s) reserving {reserved} bytes" if self._owners else ""
@@ -125,8 +154,14 @@ class ChunkPool:
             return owner
 
     def close_owner(self, owner: Owner) -> list[Slot]:
-        """Drop every pin ``owner`` holds; return its in-flight slots nobody else needs (to cancel)."""
+        """Drop every pin ``owner`` holds; return its in-flight slots nobody else needs (to cancel).
+
+        Call it once the owner's own fetches are stopped. An in-flight slot it
+        was fetching that another owner still pins is reset and handed over:
+        the adopter becomes its fetcher and its ``refetch`` re-admits it.
+        """
         abandoned: list[Slot] = []
+        adopted: list[tuple[Owner, Slot]] = []
         with self.lock:
             if owner.closed:
                 return abandoned
@@ -134,14 +169,40 @@ class ChunkPool:
             for slot in list(self._slots.values()):
                 if owner.id in slot.pins:
                     del slot.pins[owner.id]
-                if slot.state == PENDING and slot.fetcher == owner.id and not slot.pins:
+                if slot.state != PENDING or slot.fetcher != owner.id:
+                    continue
+                adopter = next((self._owners[i] for i in slot.pins if i in self._owners), None)
+                if adopter is None:
                     abandoned.append(slot)
                     self._drop(slot)
+                else:
+                    slot.tiles = [None] * slot.n_tiles  # rebound: a finishing decode thread keeps its copy
+                    slot.remaining = slot.n_tiles
+                    slot.bad_records = []
+                    slot.fetcher = adopter.id
+                    adopted.append((adopter, slot))
             self._owners.pop(owner.id, None)
             if self.explicit_budget is None:
                 self.budget = max(sum(o.reservation for o in self._owners.values()), self._pinned_bytes())
             self.cond.notify_all()
+        for adopter, slot in adopted:
+            if adopter.refetch is not None:
+                adopter.refetch(slot)
+            else:  # an owner that cannot fetch: its waiters get an error, never a hang
+                self.fail(slot, InSituError(
+                    f"array {slot.key[0]!r} chunk {slot.key[1]} was being fetched by an iteration that closed, "
+                    "and the iteration still waiting on it cannot fetch"
+                ))
         return abandoned
+
+    def kept_for_others(self, key: ReadKey, owner: Owner) -> bool:
+        """Whether a slot of ``key`` lives on past ``owner``: its disk-cache mapping is not ``owner``'s to drop.
+
+        True when another owner fetches the slot or still pins it (it will be handed over).
+        """
+        with self.lock:
+            slot = self._slots.get(key)
+            return slot is not None and (slot.fetcher != owner.id or any(i != owner.id for i in slot.pins))
 
     def _pinned_bytes(self) -> int:
         return sum(s.nbytes for s in self._slots.values() if s.pinned)
@@ -202,11 +263,17 @@ class ChunkPool:
         return True
 
     def _drop(self, slot: Slot) -> None:
+        """Forget a slot and let go of its tiles at once (only unpinned or unfinished slots are dropped).
+
+        The tiles list is rebound, not cleared in place, so a decode thread
+        still finishing an abandoned slot keeps the list it copied.
+        """
         if self._slots.get(slot.key) is slot:
             del self._slots[slot.key]
             self.resident_bytes -= slot.nbytes
             if self.on_evict is not None and slot.state == READY:
                 self.on_evict(slot)
+            slot.tiles = [None] * slot.n_tiles
 
     def _pin(self, slot: Slot, owner: Owner) -> None:
         slot.pins[owner.id] = slot.pins.get(owner.id, 0) + 1

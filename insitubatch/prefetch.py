@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,6 +25,7 @@ from .gather import gather_label
 from .plan import EpochPlan
 from .pool import FAILED, PENDING, Owner, PassCounters
 from .scheduler import PassDriver
+from .stats import PassStats, log_pass
 
 if TYPE_CHECKING:
     from .dataset import InSituDataset
@@ -66,6 +69,10 @@ class _PassState:
         self.consumed = start_batch
         self.history: tuple[tuple[int, int], ...] = ()
         self.coords = ds.sample_coords() if split == "__infer__" else None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.evictions_at_start = 0
+        self.on_stats: Callable[[PassStats], None] | None = None  # told the final stats when the pass closes
         release_order = np.argsort(plan.read_last, kind="stable")
         bounds = np.searchsorted(plan.read_last[release_order], np.arange(plan.n_blocks + 1))
         self.release_after = [release_order[bounds[b] : bounds[b + 1]].tolist() for b in range(plan.n_blocks)]
@@ -81,8 +88,22 @@ class _PassState:
             return plan.n_blocks
         return plan.batch_blocks(self.start_batch)[0]
 
+    def stats(self) -> PassStats:
+        """This pass's stats so far (final once it has closed)."""
+        ds, now = self.ds, time.perf_counter()
+        started = self.started_at if self.started_at is not None else now
+        ended = self.ended_at if self.ended_at is not None else now
+        return PassStats._from_trace(
+            self.counters.trace, self.counters, split=self.split, epoch=self.epoch, wall_s=ended - started,
+            evictions=ds.pool.totals.evictions - self.evictions_at_start, max_inflight=ds.max_inflight,
+            decode_threads=ds.decode_threads, cache_budget_bytes=ds.pool.explicit_budget,
+            finished=self.ended_at is not None,
+        )
+
     def start(self) -> None:
         ds = self.ds
+        self.started_at = time.perf_counter()
+        self.evictions_at_start = ds.pool.totals.evictions
         self.owner = ds.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
         with ds._lock:
             ds._epoch_counters.append(self.owner.counters)
@@ -91,6 +112,7 @@ class _PassState:
             semaphore=ds._semaphore_for_loop(), executor=ds.executor, on_bad_chunk=ds.on_bad_chunk,
             bad_chunks=ds.bad_chunks, first_block=self._first_block(), cache=ds.cache,
         )
+        self.driver.seen_keys = ds._fetched_keys
         self.driver.start()
         self.thread = threading.Thread(target=self._produce, name="insitu-prefetch", daemon=True)
         self.thread.start()
@@ -136,9 +158,15 @@ class _PassState:
                 pool.cond.wait(POLL_S)
 
     def _release_block(self, b: int) -> None:
+        """Unpin the reads whose last use is block ``b`` and stop referencing them.
+
+        From here on only the pool holds such a slot, so evicting it frees its tiles.
+        """
+        slots = self.driver.slots
         for i in self.release_after[b]:
-            slot = self.driver.slots[i]
+            slot = slots[i]
             if slot is not None:
+                slots[i] = None
                 self.ds.pool.unpin(slot, self.owner)
 
     def _produce_batches(self) -> None:
@@ -156,7 +184,10 @@ class _PassState:
             while ready_upto < b1:
                 ready_upto += 1
                 if ready_upto > released_upto:
+                    t0 = time.perf_counter()
                     self._wait_block(ready_upto)
+                    self.owner.counters.trace.add("data_wait_s", time.perf_counter() - t0)
+            t0 = time.perf_counter()
             anchors = plan.anchors[start:stop]
             # the slots this batch's blocks read (a key may have one read per block when blocks release)
             slots = self.driver.slots
@@ -182,13 +213,17 @@ class _PassState:
                 if not isinstance(batch, Batch):
                     raise TypeError(f"batch transform {t!r} returned {type(batch).__name__}, not a Batch")
             counters = self.owner.counters
+            counters.trace.add("gather_s", time.perf_counter() - t0)
+            counters.trace.sample(self.queue.qsize())
             counters.batches += 1
             counters.samples += len(anchors)
             # blocks whose last row is in this batch are drained: unpin their last-use reads
             while released_upto + 1 < plan.n_blocks and plan.block_starts[released_upto + 2] <= stop:
                 released_upto += 1
                 self._release_block(released_upto)
+            t0 = time.perf_counter()
             self._put(batch)
+            counters.trace.add("producer_wait_s", time.perf_counter() - t0)
             del batch, arrays, out, buf
 
     # -- teardown ---------------------------------------------------------------
@@ -197,6 +232,7 @@ class _PassState:
             if self._closed:
                 return
             self._closed = True
+        self.ended_at = time.perf_counter()
         self.stop_event.set()
         with self.ds.pool.cond:
             self.ds.pool.cond.notify_all()
@@ -213,6 +249,11 @@ class _PassState:
             self.driver.slots = [None] * len(self.driver.slots)
         if self.owner is not None:
             self.ds.pool.close_owner(self.owner)
+        if self.started_at is not None:
+            stats = self.stats()
+            log_pass(stats)
+            if self.on_stats is not None:
+                self.on_stats(stats)
 
 
 class PassIterator:
@@ -228,6 +269,11 @@ class PassIterator:
         return self._state.counters
 
     @property
+    def stats(self) -> PassStats:
+        """This pass's :class:`~insitubatch.stats.PassStats` so far (final once it ended)."""
+        return self._state.stats()
+
+    @property
     def plan(self) -> EpochPlan:
         return self._state.plan
 
@@ -236,6 +282,7 @@ class PassIterator:
 
     def __next__(self) -> Batch:
         state = self._state
+        t0 = time.perf_counter()
         while True:
             if state._closed:
                 self._ended()
@@ -246,6 +293,7 @@ class PassIterator:
                 if state.thread is not None and not state.thread.is_alive() and state.queue.empty():
                     self.close()
                     self._ended()
+        state.counters.trace.add("consumer_wait_s", time.perf_counter() - t0)
         if item is _END:
             self.close()
             state.ds._warn_if_cache_useless(state.counters, state.epoch)

@@ -9,7 +9,9 @@ never the loop's default executor), whose job decodes it straight into the
 tile's own memory, transforms it and hands it to the pool. A network store's
 GET is awaited on the loop first; a local or memory store is read inside the
 job, with tiles grouped per job. Finished jobs return to the loop in bursts.
-Teardown cancels only the tasks this driver started.
+Teardown cancels only the tasks this driver started, waits for the decode-pool
+jobs they left behind, and only then lets the pool hand this pass's unfinished
+fetches to a pass still waiting on them (``Owner.refetch``, re-admitted on the loop).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import functools
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +42,7 @@ from .errors import BadChunkError, StoreReadError
 from .geometry import ArrayGeometry
 from .kernels import assemble_tiles, fill_region
 from .plan import EpochPlan
-from .pool import FAILED, ChunkPool, Owner, Slot
+from .pool import FAILED, PENDING, ChunkPool, Owner, Slot
 from .transforms import ChunkRead, ChunkTransform, DecodedChunk, output_geometry, run_pipeline, stage_outputs
 
 __all__ = ["BadChunkRecord", "PassDriver", "decode_pool", "zarr_loop"]
@@ -148,11 +151,14 @@ class _Landings:
         self._lock = threading.Lock()
         self._armed = False
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future:
-        """Run ``fn(*args)`` on the decode pool; the returned loop future gets its result or exception."""
+    def submit(self, fn: Callable[..., Any], *args: Any) -> tuple[asyncio.Future, concurrent.futures.Future]:
+        """Run ``fn(*args)`` on the decode pool: a loop future for its outcome, and the pool's own job.
+
+        A task cancelled while awaiting the loop future leaves the job running;
+        the job future is what a teardown waits on.
+        """
         fut = self.loop.create_future()
-        self.executor.submit(self._run, fut, fn, args)
-        return fut
+        return fut, self.executor.submit(self._run, fut, fn, args)
 
     def _run(self, fut: asyncio.Future, fn: Callable[..., Any], args: tuple) -> None:
         try:
@@ -348,6 +354,9 @@ class PassDriver:
         self.error: BaseException | None = None
         self.loop = zarr_loop()
         self._tasks: set[asyncio.Task] = set()
+        # decode-pool jobs a cancelled task left running, and what to undo once each ends
+        self._orphans: list[tuple[concurrent.futures.Future, Callable[[], None]]] = []
+        self._stopping = False
         self._wake = asyncio.Event()
         self._main: concurrent.futures.Future | None = None
         self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
@@ -356,34 +365,70 @@ class PassDriver:
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
         self._pump: asyncio.Task | None = None
-        self._halted = False  # set once the pass is stopping: queued group jobs skip their tiles
+        self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
+        self._jobs_lock = threading.Lock()
+        self.seen_keys: set | None = None  # keys fetched before (any pass): an admission of one is a re-read
+        self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
+        self._waiting = False
+        self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
         owner.wake = lambda: self.loop.call_soon_threadsafe(self._wake.set)
+        owner.refetch = lambda slot: self.loop.call_soon_threadsafe(self._readmit, slot)
 
     # -- lifecycle (called from other threads) -----------------------------------
     def start(self) -> None:
         self._main = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel this driver's own tasks (never anyone else's) and wait for them to end."""
+        """Cancel this driver's own tasks (never anyone else's) and wait for them and their jobs to end."""
+        self._stopping = True
         if self._main is None:
             return
         fut = asyncio.run_coroutine_threadsafe(self._cancel_own(), self.loop)
+        if asyncio._get_running_loop() is self.loop:  # closed from a callback on the loop (a collected pass)
+            return
         try:
             fut.result(timeout)
         except concurrent.futures.TimeoutError:  # pragma: no cover - a wedged store
             pass
 
     async def _cancel_own(self) -> None:
-        tasks = [t for t in self._tasks if not t.done()]
-        main = asyncio.wrap_future(self._main) if self._main is not None else None
-        for t in tasks:
-            t.cancel()
-        if self._main is not None:
+        if self._main is not None:  # first the driver, so it admits and spawns nothing more
             self._main.cancel()
-        if tasks:
+            await asyncio.gather(asyncio.wrap_future(self._main), return_exceptions=True)
+        while tasks := [t for t in self._tasks if not t.done()]:  # a cancelled task may not spawn, but be safe
+            for t in tasks:
+                t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        if main is not None:
-            await asyncio.gather(main, return_exceptions=True)
+        with self._jobs_lock:
+            jobs = list(self._jobs)
+        if jobs:  # no read or decode of a stopped pass is still running once stop returns
+            await asyncio.gather(*(asyncio.wrap_future(j) for j in jobs), return_exceptions=True)
+        orphans, self._orphans = self._orphans, []
+        for job, cleanup in orphans:
+            await asyncio.gather(asyncio.wrap_future(job), return_exceptions=True)
+            cleanup()
+
+    def _record_bad(self, slot: Slot | None, record: BadChunkRecord) -> None:
+        """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its slot for later hits."""
+        with self.pool.lock:  # from the loop (hits) and the decode threads (replaced tiles)
+            if slot is not None:
+                slot.bad_records.append(record)
+            if record not in self.bad_chunks:
+                self.bad_chunks.append(record)
+
+    def _orphan(self, job: concurrent.futures.Future, cleanup: Callable[[], None]) -> None:
+        """A cancelled task's decode-pool job still runs: ``stop`` waits for it, then runs ``cleanup``."""
+        self._orphans.append((job, cleanup))
+
+    def _readmit(self, slot: Slot) -> None:
+        """Loop: fetch again a slot adopted from a pass that closed while fetching it."""
+        if self._stopping or slot.fetcher != self.owner.id or slot.state != PENDING:
+            return  # closing too: the pool hands it on or abandons it when this owner closes
+        reader = self.readers[slot.key[0]]
+        if self.cache is not None:
+            self._spawn(self._revive_or_fetch([(slot, reader, slot.key[1])]))
+        else:
+            self._fetch(slot, reader, slot.key[1])
 
     # -- the driver ----------------------------------------------------------------
     async def _run(self) -> None:
@@ -413,12 +458,18 @@ class PassDriver:
                 while not pool.can_take(owner, nbytes):
                     await self._wait()
             slot = pool.pin_existing(key, owner)
+            if slot is not None and slot.bad:  # a hit on a replaced tile is listed for this epoch too
+                for record in list(slot.bad_records):
+                    self._record_bad(None, record)
             if slot is None:
                 reader = self.readers[key[0]]
                 if (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
                     self._flush(revivals)
                     while (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
                         await self._wait()
+                if self.seen_keys is not None:
+                    owner.counters.trace.re_reads += key in self.seen_keys
+                    self.seen_keys.add(key)
                 if self.cache is not None:
                     revivals.append((slot, reader, key[1]))
                 else:
@@ -431,13 +482,16 @@ class PassDriver:
 
     def _flush(self, revivals: list[tuple[Slot, ArrayReader, int]]) -> None:
         if revivals:
-            self._spawn(self._revive_or_fetch(list(revivals)))
+            self._spawn(self._revive_or_fetch(list(revivals)), work=True)
             revivals.clear()
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro, work: bool = False) -> None:
         task = self.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if work:  # a fetch or revival: this pass has work in flight until the task ends
+            self._work_started()
+            task.add_done_callback(self._work_ended)
 
     def _fetch(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> None:
         if self._get_sync is not None:
@@ -448,7 +502,7 @@ class PassDriver:
                 self._pump.add_done_callback(self._tasks.discard)
             return
         for t in range(reader.geometry.tiles_per_chunk):
-            self._spawn(self._fetch_tile(slot, reader, chunk_index, t))
+            self._spawn(self._fetch_tile(slot, reader, chunk_index, t), work=True)
 
     async def _pump_tiles(self) -> None:
         """A store with a synchronous get: queued tiles go to the decode pool in groups of ``TILE_GROUP``.
@@ -462,37 +516,39 @@ class PassDriver:
         queued, semaphore = self._queued, self.semaphore
         while queued:
             await semaphore.acquire()
-            for _ in range(TILE_GROUP - 1):
-                if len(queued) >= TILE_GROUP:
-                    break
-                await asyncio.sleep(0)  # one more admission turn of the driver: a fuller group
-            group = [queued.popleft()]
-            while queued and len(group) < TILE_GROUP and not semaphore.locked():
-                await semaphore.acquire()  # free: returns without suspending
-                group.append(queued.popleft())
+            held = 1
             try:
-                fut = self._landings.submit(self._group_job, group)
-            except BaseException:
-                _release(semaphore, len(group))
+                for _ in range(TILE_GROUP - 1):
+                    if len(queued) >= TILE_GROUP:
+                        break
+                    await asyncio.sleep(0)  # one more admission turn of the driver: a fuller group
+                group = [queued.popleft()]
+                while queued and len(group) < TILE_GROUP and not semaphore.locked():
+                    await semaphore.acquire()  # free: returns without suspending
+                    held += 1
+                    group.append(queued.popleft())
+                fut, job = self._landings.submit(self._group_job, group)
+            except BaseException:  # cancelled while gathering a group: its permits go back
+                _release(semaphore, held)
                 raise
-            self._spawn(self._land_group(fut, len(group)))
+            # the permits go back when the job's outcome lands, whatever happens to the tasks
+            fut.add_done_callback(lambda _fut, n=held: _release(semaphore, n))
+            self._track(job)
+            self._spawn(self._land_group(fut), work=True)
 
-    async def _land_group(self, fut: asyncio.Future, n: int) -> None:
-        """Hold a group's ``n`` permits until its job ended.
+    async def _land_group(self, fut: asyncio.Future) -> None:
+        """A group job in flight, as a task: this pass has work active until it lands."""
+        await asyncio.shield(fut)
 
-        Cancelled (the pass is stopping), it tells the decode jobs to skip
-        the tiles they have not started and waits for this one to end, so
-        no read of a stopped pass is still open once ``stop`` returned.
-        """
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            self._halted = True
-            if not fut.done():
-                await asyncio.wait([fut])
-            raise
-        finally:
-            _release(self.semaphore, n)
+    def _track(self, job: concurrent.futures.Future) -> None:
+        """Remember a decode-pool job until it ends: ``stop`` waits for every one still running."""
+        with self._jobs_lock:
+            self._jobs.add(job)
+        job.add_done_callback(self._job_ended)
+
+    def _job_ended(self, job: concurrent.futures.Future) -> None:
+        with self._jobs_lock:  # called on the decode thread that ran it
+            self._jobs.discard(job)
 
     async def _revive_or_fetch(self, items: list[tuple[Slot, ArrayReader, int]]) -> None:
         """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
@@ -509,7 +565,7 @@ class PassDriver:
                 results = await asyncio.wrap_future(job)
             except asyncio.CancelledError:
                 # the lookups still finish in their thread: let go of mappings nobody will adopt
-                job.add_done_callback(lambda _: [cache.evict(path, c) for path, c, _s, _d in requests])
+                self._orphan(job, lambda: [self._forget(r, c) for _, r, c in items])
                 raise
         for (slot, reader, chunk_index), result in zip(items, results):
             path = reader.geometry.path
@@ -519,7 +575,7 @@ class PassDriver:
                 if self.pool.replace_tiles(slot, result, reader.ready_origins()):
                     self.pool.count_revival(self.owner)
                 else:
-                    cache.evict(path, chunk_index)  # abandoned while we looked it up
+                    self._forget(reader, chunk_index)  # abandoned while we looked it up
             elif cache.readonly:
                 self.pool.fail(slot, cache.miss_error(path, chunk_index))
             else:
@@ -527,7 +583,30 @@ class PassDriver:
 
     async def _wait(self) -> None:
         self._wake.clear()
-        await self._wake.wait()
+        self._waiting = True
+        if self._active == 0:
+            self._stall_from = time.perf_counter()
+        try:
+            await self._wake.wait()
+        finally:
+            self._waiting = False
+            self._end_stall()
+
+    def _end_stall(self) -> None:
+        if self._stall_from is not None:
+            self.owner.counters.trace.add("budget_wait_s", time.perf_counter() - self._stall_from)
+            self._stall_from = None
+
+    # a driver waiting for room while none of its work is active is held back by the budget alone
+    def _work_started(self) -> None:
+        if self._active == 0:
+            self._end_stall()
+        self._active += 1
+
+    def _work_ended(self, _task: asyncio.Task) -> None:
+        self._active -= 1
+        if self._active == 0 and self._waiting:
+            self._stall_from = time.perf_counter()
 
     async def _fetch_tile(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int) -> None:
         g = reader.geometry
@@ -535,6 +614,9 @@ class PassDriver:
         key = g.chunk_key(coord)
         async with self.semaphore:
             if self._get_sync is None:
+                trace = self.owner.counters.trace
+                trace.inflight_reads += 1
+                t0 = time.perf_counter()
                 try:
                     buf = await self.store.get(key, prototype=self._prototype)
                 except asyncio.CancelledError:
@@ -542,6 +624,9 @@ class PassDriver:
                 except Exception as exc:
                     self.pool.fail(slot, self._read_error(g, coord, key, exc))
                     return
+                finally:
+                    trace.inflight_reads -= 1
+                    trace.add("fetch_s", time.perf_counter() - t0)
                 counters = self.owner.counters
                 counters.gets += 1
                 if buf is not None:
@@ -549,10 +634,10 @@ class PassDriver:
             else:
                 buf = _GET_IN_JOB
             # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers
+            landed, job = self._landings.submit(self._tile_job, slot, reader, chunk_index, tile, coord, key, buf)
+            self._track(job)
             try:
-                await self._landings.submit(self._tile_job, slot, reader, chunk_index, tile, coord, key, buf)
-            except asyncio.CancelledError:
-                raise
+                await landed
             except Exception as exc:
                 self.pool.fail(slot, exc)
 
@@ -580,7 +665,7 @@ class PassDriver:
         tally = _Tally()
         landed = []
         for slot, reader, chunk_index, tile in group:
-            if self._halted or slot.state == FAILED:
+            if self._stopping or slot.state == FAILED:
                 continue  # the pass is stopping, or another tile of the chunk already failed it
             g = reader.geometry
             coord = g.physical_chunk_coord(chunk_index, tile)
@@ -607,10 +692,13 @@ class PassDriver:
         """
         g = reader.geometry
         if buf is _GET_IN_JOB:
+            t0 = time.perf_counter()
             try:
                 buf = self._get_sync(key, prototype=self._prototype)
             except Exception as exc:
                 raise self._read_error(g, coord, key, exc) from exc
+            finally:
+                self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
         try:
@@ -619,8 +707,9 @@ class PassDriver:
             if self.on_bad_chunk == "raise":
                 raise
             data = self._bad_tile(reader, chunk_index, tile)
-            slot.bad = True  # never persisted: a later run retries the read
-            self.bad_chunks.append(BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+            # never persisted: a later run retries the read
+            self._record_bad(slot, BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+            self.owner.counters.trace.add("bad_tiles", 1)
         tally.decoded_tiles += 1
         if reader.assembles or self.cache is not None:
             self._stage(slot, reader, chunk_index, tile, data)
@@ -636,6 +725,7 @@ class PassDriver:
         it never aliases the store's or a codec's buffers, and is writeable.
         """
         g = reader.geometry
+        t0 = time.perf_counter()
         decoder = self._decoders[g.path]
         shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
         if g.sample_axis == 0 and shape == decoder.shape:
@@ -645,6 +735,7 @@ class PassDriver:
             raw = decoder(buf, coord)
             data = np.empty(shape, dtype=raw.dtype)
             np.copyto(data, np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0))
+        self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
         if reader.pipeline and g.tiles_per_chunk == 1:
             data = self._transform(reader, chunk_index, data)
         return data
@@ -652,7 +743,11 @@ class PassDriver:
     def _transform(self, reader: ArrayReader, chunk_index: int, data: np.ndarray) -> np.ndarray:
         g = reader.geometry
         chunk = DecodedChunk(ChunkRead(g.path, chunk_index), data, chunk_index * g.sample_chunk_size)
-        return run_pipeline(reader.pipeline, chunk, reader.stages)
+        t0 = time.perf_counter()
+        try:
+            return run_pipeline(reader.pipeline, chunk, reader.stages)
+        finally:
+            self.owner.counters.trace.add("transform_s", time.perf_counter() - t0)
 
     def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray | _BadTile:
         """A bad tile's stand-in: NaN for floats, else the fill value (then transformed like any tile).
@@ -684,9 +779,13 @@ class PassDriver:
             self._forget(reader, chunk_index)  # abandoned while it was being finished
 
     def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
-        """Unmap a chunk the cache committed for a slot nobody adopted (its file stays if persisted)."""
-        if self.cache is not None:
-            self.cache.evict(reader.geometry.path, chunk_index)
+        """Unmap a chunk the cache committed for a slot nobody adopted (its file stays if persisted).
+
+        A slot another pass fetches or will adopt keeps the mapping: it is that pass's now.
+        """
+        path = reader.geometry.path
+        if self.cache is not None and not self.pool.kept_for_others((path, chunk_index), self.owner):
+            self.cache.evict(path, chunk_index)
 
     def _finalize(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""

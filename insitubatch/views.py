@@ -20,6 +20,7 @@ from .batch import Batch
 from .geometry import ArrayGeometry
 from .plan import EpochPlan
 from .prefetch import PassIterator, _PassState
+from .stats import PassStats
 
 if TYPE_CHECKING:
     from .dataset import InSituDataset
@@ -43,6 +44,7 @@ class DatasetView:
         self._pass: weakref.ref[_PassState] | None = None
         # (epoch, batch, history) where the next pass starts, set by load_state_dict
         self._resume_at: tuple[int, int, tuple[tuple[int, int], ...]] | None = None
+        self._last_stats: PassStats | None = None
 
     @property
     def batch_size(self) -> int:
@@ -77,6 +79,7 @@ class DatasetView:
         start_batch = positive_int("start_batch", start_batch, minimum=0)
         state = _PassState(ds, self.split, self._plan_for_pass(history), ds.epoch, start_batch)
         state.history = history
+        state.on_stats = self._record_stats
         ds._passes.add(state)
         self._pass = weakref.ref(state)
         state.start()
@@ -84,6 +87,17 @@ class DatasetView:
 
     def _plan_for_pass(self, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
         return self.dataset.plan(self.split, history=history)
+
+    def _record_stats(self, stats: PassStats) -> None:
+        self._last_stats = stats
+
+    @property
+    def last_pass(self) -> PassStats | None:
+        """Stats of this view's latest pass: live while it runs, final once it ended; ``None`` before any."""
+        state = self._pass() if self._pass is not None else None
+        if state is not None and not state._closed:
+            return state.stats()
+        return self._last_stats
 
     # -- resume -------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:

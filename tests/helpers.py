@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -14,11 +16,16 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
+# how often a held GET looks whether the store was released
+HOLD_POLL_S = 0.002
+
 
 class CountingStore(WrapperStore):
     """Counts GETs per key and the peak number in flight; optionally sleeps per GET.
 
     ``fail_keys`` raise ``OSError`` on GET (a store outage for those keys).
+    ``hold(after=n)`` parks every GET after the next ``n`` until
+    ``release()``: fetches stay in flight for as long as a test needs them to.
     """
 
     def __init__(self, store: Store, *, latency_s: float = 0.0, fail_keys: set[str] | None = None) -> None:
@@ -29,6 +36,26 @@ class CountingStore(WrapperStore):
         self.inflight = 0
         self.peak_inflight = 0
         self._lock = threading.Lock()
+        self._open = threading.Event()
+        self._open.set()
+        self._passes = 0  # GETs still let through while held
+
+    def hold(self, after: int = 0) -> None:
+        with self._lock:
+            self._passes = after
+            self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    def _let_through(self) -> bool:
+        with self._lock:
+            if self._open.is_set():
+                return True
+            if self._passes > 0:
+                self._passes -= 1
+                return True
+            return False
 
     def _with_store(self, store: Store) -> CountingStore:  # zarr calls this for read-only copies
         return type(self)(store, latency_s=self.latency_s, fail_keys=self.fail_keys)
@@ -39,6 +66,9 @@ class CountingStore(WrapperStore):
             self.inflight += 1
             self.peak_inflight = max(self.peak_inflight, self.inflight)
         try:
+            if not self._let_through():
+                while not self._open.is_set():
+                    await asyncio.sleep(HOLD_POLL_S)
             if self.latency_s:
                 await asyncio.sleep(self.latency_s)
             if key in self.fail_keys:
@@ -101,3 +131,41 @@ def assert_batch_matches(batch, variables, data) -> None:
     for label, g in variables.items():
         expected = data[g.path][batch.read_indices(label)]
         np.testing.assert_array_equal(batch.arrays[label], expected, err_msg=f"label {label!r} of batch {batch.index}")
+
+
+class EvictionWatch:
+    """Weak references to the tiles of every slot a pool evicts, to prove nothing else keeps them.
+
+    Install it as the pool's ``on_evict`` (chaining the one already there):
+    ``alive()`` lists evicted tiles some object still references, and
+    ``holders()`` names who does, for an assertion message.
+    """
+
+    def __init__(self, pool) -> None:
+        self.evicted = 0
+        self._refs: list[tuple[tuple, weakref.ref]] = []
+        self._chained = pool.on_evict
+        pool.on_evict = self._on_evict
+
+    def _on_evict(self, slot) -> None:
+        if self._chained is not None:
+            self._chained(slot)
+        self.evicted += 1
+        self._refs.extend((slot.key, weakref.ref(t)) for t in slot.tiles if t is not None)
+
+    def alive(self) -> list[tuple[tuple, np.ndarray]]:
+        return [(key, t) for key, ref in self._refs if (t := ref()) is not None]
+
+    def holders(self) -> str:
+        """The types of the objects that still reference the first live evicted tile (and theirs)."""
+        live = self.alive()
+        if not live:
+            return "none"
+        key, tile = live[0]
+        lines = [f"tile of {key}:"]
+        for ref in gc.get_referrers(tile):
+            if ref is live:
+                continue
+            lines.append(f"  {type(ref).__name__} <- " + ", ".join(
+                type(r).__name__ for r in gc.get_referrers(ref) if r is not lines))
+        return "\n".join(lines)

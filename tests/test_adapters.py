@@ -7,7 +7,7 @@ import pytest
 import torch
 import zarr
 
-from insitubatch import InSituDataset, as_torch, open_geometries, split_by_chunk, to_jax
+from insitubatch import Batch, InSituDataset, as_torch, open_geometries, split_by_chunk, to_jax, to_torch
 
 
 @pytest.fixture
@@ -88,3 +88,75 @@ def test_jax_arrays_match(ds) -> None:
     for idx, arrays in zip(numpy_batches, to_jax(d.train)):
         np.testing.assert_array_equal(np.asarray(arrays["x"]), x[idx])
         np.testing.assert_array_equal(np.asarray(arrays["y"]), x[idx + 2])
+
+
+def test_inference_items_carry_coords_beside_the_tensors(ds) -> None:
+    d, x = ds
+    view = d.infer((0, 20), batch_size=6)
+    seen = []
+    for tensors, coords in as_torch(view):
+        assert set(tensors) == {"x", "y"}
+        idx = coords["sample"]  # no coordinate array in this store: the indices
+        np.testing.assert_array_equal(tensors["x"].numpy(), x[idx])
+        np.testing.assert_array_equal(tensors["y"].numpy(), x[idx + 2])
+        seen.extend(idx.tolist())
+    assert seen == list(range(20))
+    doubled = as_torch(view, device_transform=lambda t: {k: 2 * v for k, v in t.items()})
+    for tensors, coords in doubled:
+        np.testing.assert_array_equal(tensors["x"].numpy(), 2 * x[coords["sample"]])
+    jax = pytest.importorskip("jax")
+    for (arrays, coords), batch in zip(to_jax(view), view):
+        assert isinstance(arrays["x"], jax.Array)
+        np.testing.assert_array_equal(coords["sample"], batch.coords["sample"])
+        np.testing.assert_array_equal(np.asarray(arrays["x"]), x[batch.sample_indices])
+    # training items stay {label: tensor}
+    assert set(next(iter(as_torch(d.train)))) == {"x", "y"}
+
+
+def test_to_torch_converts_one_batch_zero_copy(ds) -> None:
+    d, x = ds
+    it = iter(d.infer((0, 10), batch_size=5))
+    batch = next(it)
+    tensors = to_torch(batch)
+    assert set(tensors) == {"x", "y"}
+    assert tensors["x"].data_ptr() == batch.arrays["x"].ctypes.data
+    np.testing.assert_array_equal(tensors["y"].numpy(), x[batch.sample_indices + 2])
+    assert to_torch(batch, device="cpu")["x"].device.type == "cpu"
+    it.close()
+    with pytest.raises(TypeError, match="Batch"):
+        to_torch({"x": np.zeros(3)})
+    with pytest.raises(ValueError, match="device"):
+        to_torch(batch, device="nonsense")
+    train_batch = next(iter(d.train))
+    assert isinstance(train_batch, Batch) and set(to_torch(train_batch)) == {"x", "y"}
+
+
+def test_all_view_is_every_chunk_in_order(ds) -> None:
+    d, x = ds
+    assert d.all is d.all
+    order = [b.sample_indices for b in d.all]
+    flat = np.concatenate(order)
+    np.testing.assert_array_equal(flat, np.arange(46))  # every anchor whose y window fits, in storage order
+    assert len(d.all) == len(order) == -(-46 // 5)
+    again = np.concatenate([b.sample_indices for b in d.all])
+    np.testing.assert_array_equal(again, flat)
+    for batch in d.all:
+        np.testing.assert_array_equal(batch.arrays["x"], x[batch.sample_indices])
+        break
+    assert d.all.state_dict()["split"] == "__all__"
+
+
+def test_all_view_spans_every_split(tmp_path) -> None:
+    root = zarr.open_group(tmp_path / "s.zarr", mode="w")
+    x = np.arange(40 * 3, dtype="f4").reshape(40, 3)
+    root.create_array("x", shape=x.shape, chunks=(4, 3), dtype="f4")[:] = x
+    g = open_geometries(str(tmp_path / "s.zarr"))["x"]
+    manifest = split_by_chunk(g, fractions=(0.5, 0.25, 0.25), contiguous=False, seed=3)
+    with InSituDataset(str(tmp_path / "s.zarr"), manifest, batch_size=7, shuffle=True) as d:
+        train = np.concatenate([b.sample_indices for b in d.train])
+        everything = [b for b in d.all]
+        flat = np.concatenate([b.sample_indices for b in everything])
+        np.testing.assert_array_equal(flat, np.arange(40))
+        for b in everything:
+            np.testing.assert_array_equal(b.arrays["x"], x[b.sample_indices])
+    assert len(train) == 20 and not np.array_equal(train, np.sort(train))  # train alone is a shuffled half

@@ -314,6 +314,10 @@ def test_bad_chunk_raise_and_nan_policies(tmp_path) -> None:
     with InSituDataset(str(tmp_path / "bad.zarr"), manifest, ["v"], batch_size=4, on_bad_chunk="nan") as ds:
         batches = list(ds.train)
         assert [(r.array, r.chunk_index, r.inner_coord) for r in ds.bad_chunks] == [("v", 2, (0, 1))]
+        ds.set_epoch(1)  # bad_chunks are per epoch: the next epoch starts empty and lists its own
+        assert ds.bad_chunks == []
+        list(ds.train)
+        assert [(r.array, r.chunk_index, r.inner_coord) for r in ds.bad_chunks] == [("v", 2, (0, 1))]
     for b in batches:
         expected = data[b.sample_indices].copy()
         expected[(b.sample_indices >= 10) & (b.sample_indices < 15), :, 3:] = np.nan

@@ -72,9 +72,13 @@ URL_ENV = "INSITUBATCH_DOCS_URL"
 
 # Namespaces whose ``__all__`` is the public API, in the order a name is attributed
 # to (a name exported by two is documented under the first).
-API_NAMESPACES = ("insitubatch", "insitubatch.write", "insitubatch.builtin_transforms", "insitubatch.errors")
+API_NAMESPACES = ("insitubatch", "insitubatch.write", "insitubatch.errors")
 # Public helpers outside any ``__all__`` above that users call directly.
-API_EXTRAS = {"insitubatch.inspect": ("inspect_store",), "insitubatch.demo": ("write_demo_dataset",)}
+API_EXTRAS = {
+    "insitubatch.transforms": ("Coarsen", "KelvinToCelsius", "Regrid", "StandardScaler", "kelvin_to_celsius"),
+    "insitubatch.inspect": ("inspect_store",),
+    "insitubatch.demo": ("write_demo_dataset",),
+}
 
 PREAMBLE = f"""
 import os
@@ -242,7 +246,8 @@ def api_entries() -> list[Entry]:
 
 def cli_parsers() -> dict[str, argparse.ArgumentParser]:
     """``{"insitubatch <command>": parser, "insitubatch-check-transform": parser}``."""
-    from insitubatch import check_transform, cli
+    from insitubatch import cli
+    from insitubatch.tools import check_transform
 
     parsers: dict[str, argparse.ArgumentParser] = {}
     top = cli.build_parser()
@@ -406,7 +411,7 @@ def _commands(source: str) -> Iterator[list[str]]:
         argv = shlex.split(line)
         while argv and re.match(r"^[A-Z_][A-Z0-9_]*=", argv[0]):
             argv = argv[1:]
-        if argv[:3] == ["python", "-m", "insitubatch.check_transform"]:
+        if argv[:3] == ["python", "-m", "insitubatch.tools.check_transform"]:
             argv = ["insitubatch-check-transform", *argv[3:]]
         if argv and argv[0] in ("insitubatch", "insitubatch-check-transform"):
             yield argv

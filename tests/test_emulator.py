@@ -244,6 +244,10 @@ def test_quick_report_smoke(tmp_path: Path) -> None:
     assert ratios["over_best_dataloader"] > 0 and 0 < ratios["fraction_of_decode_ceiling"]
     assert results["findings"]["fork"] and results["findings"]["fork"][0]["outcome"] in ("hang", "raised", "ok")
     assert {b["bar"] for b in results["bars"]}
+    memory = results["memory"]  # a cold pass over a split several times the budget, beside inspect's bound
+    assert not memory.get("error"), memory
+    assert memory["inspect_bound_mb"] > 0 and memory["peak_rss_mb"] > 0 and memory["complete_epoch"]
+    assert "## Memory: a cold pass over a split many times the pool budget" in (out / "report.md").read_text()
     assert results["sweeps"]["samples_per_chunk"] and results["sweeps"]["max_inflight"]
     try:
         import matplotlib  # noqa: F401

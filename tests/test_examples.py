@@ -22,7 +22,9 @@ def demo_path(tmp_path_factory) -> str:
 
 
 def _run(args: list[str], cwd: Path, timeout: float = 300) -> str:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # the tree under test, not whatever insitubatch the interpreter has installed
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"{args} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout

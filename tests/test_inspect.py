@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from bench.data import DatasetSpec, write_era5_like
 from bench.emulator import Emulator
+from insitubatch.dataset import InSituDataset
 from insitubatch.geometry import open_geometries
 from insitubatch.inspect import add_inspect_parser, inspect_store, run_inspect
 from insitubatch.plan import plan_epoch
@@ -55,6 +57,27 @@ def test_working_set_and_concurrency_follow_the_knobs(dataset: Path) -> None:
     assert _value(text, "in flight").startswith("4 tiles at once")
     assert f"{plan.n_samples} samples, {plan.n_batches} batches" in text
     assert "chunks are split into 2 tiles" in text
+
+
+def test_concurrent_iterations_bound_is_the_automatic_budget_and_its_growth_is_logged(
+    dataset: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = obstore_store(dataset, read_only=True)
+    geoms = open_geometries(store)
+    knobs = {"batch_size": 8, "block_chunks": 2, "max_inflight": 4, "prefetch_depth": 2}
+    text = inspect_store(store, iterations=2, **knobs)
+    printed = float(re.search(r"pool budget 2 × working = ([\d.]+) MB", text).group(1))
+    with InSituDataset(store, split_by_chunk(next(iter(geoms.values()))), **knobs, seed=0) as ds:
+        with caplog.at_level(logging.WARNING, logger="insitubatch"):
+            with ds.train.iterate() as a, ds.train.iterate() as b:
+                budget = ds.pool.budget
+                next(a), next(b)
+        assert budget == 2 * ds.train.plan().working_set_bytes
+        assert budget / 1e6 == pytest.approx(printed, abs=1e-3)
+        grew = [r.getMessage() for r in caplog.records if "automatic pool budget grows" in r.getMessage()]
+        assert len(grew) == 1 and f"to {budget} bytes" in grew[0] and "--iterations 2" in grew[0]
+    with pytest.raises(ValueError, match="iterations=0"):
+        inspect_store(store, iterations=0, probe=False)
 
 
 def test_defaults_come_from_the_dataset(dataset: Path) -> None:

@@ -6,6 +6,7 @@ arrays; every pass must see each of its samples exactly once.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import warnings
@@ -229,3 +230,134 @@ def test_many_threads_each_with_its_own_dataset_over_one_store(local) -> None:
         return run
 
     _run_threads([one(seed) for seed in range(4)])
+
+
+# -- abandoned overlapping passes ------------------------------------------------------------------
+# a store this slow per GET keeps the first pass's fetches in flight while the second pins them
+ABANDON_STORE_S = 0.05
+# the hard limit on a pass left waiting on a chunk another pass was fetching
+ABANDON_TIMEOUT_S = 120
+
+
+def _shares_pending(second, first) -> bool:
+    """Whether pass ``second`` pins a chunk pass ``first`` is still fetching (the case that used to hang)."""
+    fetcher = first.owner.id
+    return any(s is not None and s.state == "pending" and s.fetcher == fetcher for s in second.driver.slots)
+
+
+def _wait_shared(second, first) -> None:
+    """Wait until iterator ``second`` pins a chunk that the pass ``first`` (an iterator or its state) fetches."""
+    first = getattr(first, "_state", first)
+    deadline = time.monotonic() + FILL_DEADLINE_S
+    while not _shares_pending(second._state, first):
+        assert time.monotonic() < deadline, (
+            "the second pass never pinned a chunk the first was fetching: "
+            f"{[(s.state, s.fetcher) if s else None for s in second._state.driver.slots]} (first is {first.owner.id})")
+        time.sleep(0.002)
+
+
+def _finish(it, ds, data, expected: list[int]) -> None:
+    """Drain ``it`` in a thread that must end within the hard timeout; every sample once, equal to zarr's."""
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for batch in it:
+                assert_batch_matches(batch, ds.variables, data)
+                seen.extend(batch.sample_indices.tolist())
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    t = threading.Thread(target=run, name="survivor")
+    t.start()
+    t.join(JOIN_S)
+    assert not t.is_alive(), "the surviving pass hung on a chunk the abandoned pass was fetching"
+    if errors:
+        raise errors[0]
+    assert sorted(seen) == sorted(expected)
+
+
+def _slow_ds(path, **kw) -> InSituDataset:
+    store = CountingStore(local_store(path), latency_s=ABANDON_STORE_S)
+    g = open_geometries(store)["t2m"]
+    manifest = split_by_chunk(g, fractions=(0.7, 0.15, 0.15))
+    # blocks of several batches: a pass that yielded its first batch still fetches its next block
+    return InSituDataset(store, manifest, batch_size=4, block_chunks=4, max_inflight=2, **kw)
+
+
+def _abandon_first(ds, how: str):
+    """Start a train pass, start a second that shares its fetches, abandon the first; return the second.
+
+    The store holds every GET from the second pass's start until the first is gone, so the chunks
+    they share are certainly still in flight when the first is abandoned.
+    """
+    store = ds.store
+    if how == "break":
+        plan = ds.train.plan()
+        first_block_gets = sum(ds.readers[plan.reads[i][0]].geometry.tiles_per_chunk for i in plan.block_reads[0])
+        store.hold(after=first_block_gets)  # the first batch arrives, the next block stays in flight
+        for _ in ds.train:  # the loop's iterator dies with this frame after the break
+            first = ds.train._pass()
+            second = iter(ds.train)
+            _wait_shared(second, first)
+            del first
+            break
+        store.release()
+        return second
+    first = iter(ds.train)
+    store.hold()
+    second = iter(ds.train)
+    _wait_shared(second, first)
+    if how == "close":
+        first.close()
+    else:  # garbage collection
+        del first
+        gc.collect()
+    store.release()
+    return second
+
+
+@pytest.mark.timeout(ABANDON_TIMEOUT_S)
+@pytest.mark.parametrize("how", ["close", "break", "gc"])
+@pytest.mark.parametrize("cache", [False, True], ids=["memory", "disk-cache"])
+def test_abandoning_a_pass_never_hangs_one_that_shares_its_fetches(local, tmp_path, how, cache) -> None:
+    path, data = local
+    kw = {"cache_dir": tmp_path / "cache", "persist": True} if cache else {}
+    with _slow_ds(path, **kw) as ds:
+        second = _abandon_first(ds, how)
+        _finish(second, ds, data, ds.train.plan().anchors.tolist())
+
+
+@pytest.mark.timeout(ABANDON_TIMEOUT_S)
+def test_a_zip_of_train_and_val_abandoned_beside_a_train_pass(local) -> None:
+    path, data = local
+    with _slow_ds(path) as ds:
+        ds.store.hold()
+        pair = zip(ds.train, ds.val)
+        train_pass = ds.train._pass()
+        second = iter(ds.train)
+        _wait_shared(second, train_pass)
+        del pair, train_pass  # what a finished `for a, b in zip(...)` does with its iterators
+        gc.collect()
+        ds.store.release()
+        _finish(second, ds, data, ds.train.plan().anchors.tolist())
+
+
+@pytest.mark.timeout(ABANDON_TIMEOUT_S)
+@pytest.mark.parametrize("closed", ["train", "infer"])
+def test_infer_beside_a_train_pass_either_closed(local, closed) -> None:
+    path, data = local
+    with _slow_ds(path) as ds:
+        view = ds.infer()
+        if closed == "train":  # the second pass pins chunks the first is fetching, then the first closes
+            first, second = iter(ds.train), iter(view)
+            expected = view.plan().anchors.tolist()
+        else:
+            first, second = iter(view), iter(ds.train)
+            expected = ds.train.plan().anchors.tolist()
+        ds.store.hold()
+        _wait_shared(second, first)
+        first.close()
+        ds.store.release()
+        _finish(second, ds, data, expected)

@@ -267,6 +267,37 @@ def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, 
 
 
 @SETTINGS
+@given(layout=layouts(), world=st.integers(1, 8), history=st.booleans(), data=st.data())
+def test_training_ranks_are_balanced_to_one_chunk(layout: Layout, world: int, history: bool, data) -> None:
+    """Sample counts differ by at most one chunk, so pad/drop is under one chunk plus one batch per rank."""
+    eo = epoch_order(layout.manifest, layout.split, layout.variables, block_chunks=layout.block_chunks,
+                     shuffle=True, seed=layout.seed, epoch=layout.epoch, anchor_range=layout.anchor_range)
+    bs = layout.batch_size
+    segments = []
+    if history:  # balance holds for what is left after an elastic resume too
+        old = data.draw(st.integers(1, 8))
+        n_old = len(rank_streams(eo, old, batch_size=bs)[0].rows) // bs
+        segments = [(old, data.draw(st.integers(0, n_old)))]
+    padded = rank_streams(eo, world, batch_size=bs, remainder="pad", history=segments)
+    dropped = rank_streams(eo, world, batch_size=bs, remainder="drop", history=segments)
+    dealt = [int((~s.padded).sum()) for s in padded]
+    chunk_rows = np.bincount(eo.order[:, 0]) if len(eo.order) else np.zeros(1, dtype=np.int64)
+    one_chunk = int(chunk_rows.max())
+    assert max(dealt) - min(dealt) <= one_chunk, f"rank sample counts {dealt} differ by more than a chunk"
+    for s, d, cut in zip(padded, dealt, dropped):
+        assert int(s.padded.sum()) <= one_chunk + bs - 1, "padding exceeds one chunk plus one batch"
+        assert d - len(cut.rows) <= one_chunk + bs - 1, "dropping exceeds one chunk plus one batch"
+    block_of = np.searchsorted(eo.block_starts, np.arange(len(eo.order)), side="right") - 1
+    for s in padded:
+        real = s.rows[~s.padded]
+        for b in range(len(s.block_starts) - 1):
+            rows = real[s.block_starts[b] : min(s.block_starts[b + 1], len(real))]
+            # a rank's shuffle block is a global block or part of one, its rows in that block's shuffled order
+            assert len(set(block_of[rows].tolist())) <= 1
+            assert np.all(np.diff(rows) > 0) if len(rows) else True
+
+
+@SETTINGS
 @given(layout=layouts(), world=st.integers(1, 5))
 def test_evaluation_ranks_are_exactly_complete_and_chunk_aligned(layout: Layout, world: int) -> None:
     eo = epoch_order(layout.manifest, layout.split, layout.variables, block_chunks=layout.block_chunks,

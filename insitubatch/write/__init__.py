@@ -7,9 +7,15 @@ scheduler or :func:`run_plan` hands each range to a worker, which writes it
 through a :class:`SlotWriter` (validated writes under an atomic claim, with
 completed coverage recorded at the end). :func:`write_status` shows claims,
 stale claims, coverage and what remains.
+
+A *slot* is a writer's range: one aligned, half-open ``[start, stop)`` of the
+indexed axis that one :class:`SlotWriter` claims, writes and records as covered.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any
 
 from .claims import (
     DEFAULT_HEARTBEAT_S,
@@ -21,37 +27,48 @@ from .claims import (
     clear_stale_claims,
     write_status,
 )
-from .layout import ArraySpec, IndexedArray, LayoutSpec, WriteLayout, create_layout, diff_layout, read_layout
+from .layout import IndexedArray, LayoutSpec, OutputArray, WriteLayout, create_layout, diff_layout, read_layout
 from .runner import RunReport, SlotOutcome, run_plan, run_slot
 from .slots import SlotPlan, SlotRange, assigned_ranges, plan_slots, task_index_from_env
 from .writer import SlotWriter
 
-__all__ = sorted(
-    [
-        "DEFAULT_HEARTBEAT_S",
-        "DEFAULT_STALE_AFTER_S",
-        "ArraySpec",
-        "ClaimInfo",
-        "CoverageRecord",
-        "IndexedArray",
-        "LayoutSpec",
-        "RunReport",
-        "SlotOutcome",
-        "SlotPlan",
-        "SlotRange",
-        "SlotWriter",
-        "WriteLayout",
-        "WriteStatus",
-        "assigned_ranges",
-        "clear_coverage",
-        "clear_stale_claims",
-        "create_layout",
-        "diff_layout",
-        "plan_slots",
-        "read_layout",
-        "run_plan",
-        "run_slot",
-        "task_index_from_env",
-        "write_status",
-    ]
-)
+__all__ = [  # sorted
+    "ClaimInfo",
+    "CoverageRecord",
+    "DEFAULT_HEARTBEAT_S",
+    "DEFAULT_STALE_AFTER_S",
+    "IndexedArray",
+    "LayoutSpec",
+    "OutputArray",
+    "RunReport",
+    "SlotOutcome",
+    "SlotPlan",
+    "SlotRange",
+    "SlotWriter",
+    "WriteLayout",
+    "WriteStatus",
+    "assigned_ranges",
+    "clear_coverage",
+    "clear_stale_claims",
+    "create_layout",
+    "diff_layout",
+    "plan_slots",
+    "read_layout",
+    "run_plan",
+    "run_slot",
+    "task_index_from_env",
+    "write_status",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # 0.1.0 called OutputArray ArraySpec, which shadowed zarr's own ArraySpec; the old name
+    # still imports (with a warning) so scripts written against 0.1.0 keep running.
+    if name == "ArraySpec":
+        warnings.warn(
+            "insitubatch.write.ArraySpec is deprecated: use insitubatch.write.OutputArray",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return OutputArray
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,9 +27,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from zarr.abc.store import Store
 
@@ -64,6 +64,11 @@ _NAME_DIGITS = 12
 
 CLAIMS = "claims"
 COVERAGE = "coverage"
+
+# Unix seconds now; claims take one so tests can age a claim without sleeping.
+Clock = Callable[[], float]
+# A claim is live while its holder heartbeats, stale once it stopped for longer than stale_after_s.
+ClaimState = Literal["live", "stale"]
 
 
 def range_name(start: int, stop: int) -> str:
@@ -113,9 +118,13 @@ class ClaimInfo:
         except (KeyError, TypeError) as exc:
             raise WriteClaimError(f"malformed claim record {dict(payload)!r}: {exc}") from exc
 
+    def state(self, now: float | None = None) -> ClaimState:
+        """``"stale"`` once the holder missed heartbeats for longer than ``stale_after_s``, else ``"live"``."""
+        return "stale" if self.is_stale(now) else "live"
+
     def describe(self, now: float | None = None) -> str:
-        """One line for messages: range, holder, heartbeat age."""
-        state = "stale" if self.is_stale(now) else "live"
+        """One line for messages: slot, holder, heartbeat age."""
+        state = self.state(now)
         return (
             f"[{self.start}, {self.stop}) claimed by {self.worker_id!r} (host {self.host}, pid {self.pid}); "
             f"last heartbeat {self.age(now):.1f}s ago, stale after {self.stale_after_s:g}s: {state}"
@@ -166,8 +175,11 @@ def _conflict(mine: Interval, other: ClaimInfo, group: str, now: float) -> Write
 class SlotClaim:
     """A held claim on ``[start, stop)`` with its heartbeat thread. Made by :meth:`acquire`."""
 
-    def __init__(self, claims: RecordStore, coverage: RecordStore, info: ClaimInfo, version: Version) -> None:
+    def __init__(
+        self, claims: RecordStore, coverage: RecordStore, info: ClaimInfo, version: Version, clock: Clock = time.time
+    ) -> None:
         self._claims = claims
+        self._clock = clock
         self._coverage = coverage
         self.info = info
         self._name = range_name(info.start, info.stop)
@@ -195,6 +207,7 @@ class SlotClaim:
         stale_after_s: float = DEFAULT_STALE_AFTER_S,
         force: bool = False,
         take_over_stale: bool = False,
+        clock: Clock = time.time,
     ) -> SlotClaim:
         """Claim ``[start, stop)`` of ``group`` atomically and start heartbeating.
 
@@ -219,6 +232,9 @@ class SlotClaim:
             for a writer that knows the others are dead.
         take_over_stale
             Replace stale overlapping claims instead of refusing.
+        clock
+            Unix seconds now: stamps the claim and its heartbeats and judges
+            staleness (the heartbeat *interval* is still real time).
 
         Raises
         ------
@@ -238,7 +254,7 @@ class SlotClaim:
         coverage = RecordStore(store, group, COVERAGE)
         claims.ensure_containers()
         coverage.ensure_containers()
-        now = time.time()
+        now = clock()
         info = ClaimInfo(
             start=int(start),
             stop=int(stop),
@@ -253,18 +269,25 @@ class SlotClaim:
         )
         mine = (info.start, info.stop)
         name = range_name(*mine)
-        version = cls._create(claims, name, info, group, force=force, take_over_stale=take_over_stale)
+        version = cls._create(claims, name, info, group, clock, force=force, take_over_stale=take_over_stale)
         try:
             if not force:
-                cls._check_overlaps(claims, coverage, name, mine, group, take_over_stale)
+                cls._check_overlaps(claims, coverage, name, mine, group, take_over_stale, clock())
         except BaseException:
             claims.delete(name)
             raise
-        return cls(claims, coverage, info, version)
+        return cls(claims, coverage, info, version, clock)
 
     @staticmethod
     def _create(
-        claims: RecordStore, name: str, info: ClaimInfo, group: str, *, force: bool, take_over_stale: bool
+        claims: RecordStore,
+        name: str,
+        info: ClaimInfo,
+        group: str,
+        clock: Clock,
+        *,
+        force: bool,
+        take_over_stale: bool,
     ) -> Version:
         for _ in range(_CREATE_ATTEMPTS):
             version = claims.create(name, info.payload())
@@ -274,7 +297,7 @@ class SlotClaim:
             if existing is None:
                 continue  # released between our create and our read: try again
             other = ClaimInfo.from_payload(existing[0])
-            now = time.time()
+            now = clock()
             if not (force or (take_over_stale and other.is_stale(now))):
                 raise _conflict((info.start, info.stop), other, group, now)
             # Conditional: of two writers taking over the same dead claim, one wins.
@@ -298,8 +321,8 @@ class SlotClaim:
         mine: Interval,
         group: str,
         take_over_stale: bool,
+        now: float,
     ) -> None:
-        now = time.time()
         for other_name, payload in claims.payloads().items():
             if other_name == name:
                 continue
@@ -325,7 +348,7 @@ class SlotClaim:
     def _beat(self) -> None:
         interval = self.info.heartbeat_s
         while not self._stop.wait(interval):
-            now = time.time()
+            now = self._clock()
             beat = ClaimInfo(**{**self.info.payload(), "heartbeat_at": now})
             with self._lock:
                 if self._stop.is_set():
@@ -361,7 +384,7 @@ class SlotClaim:
             raise WriteClaimError(f"the claim on [{self.info.start}, {self.info.stop}) was already released")
         if self._lost is not None:
             raise WriteClaimError(f"lost the claim on [{self.info.start}, {self.info.stop}): {self._lost}")
-        silent = time.time() - self._last_beat
+        silent = self._clock() - self._last_beat
         if silent > self.info.stale_after_s:
             # This process stalled (or its heartbeats failed) long enough for others to see the
             # claim as stale and take it over; writing now could clobber the new owner.
@@ -408,7 +431,7 @@ class SlotClaim:
             worker_id=self.info.worker_id,
             host=self.info.host,
             pid=self.info.pid,
-            completed_at=time.time(),
+            completed_at=self._clock(),
             token=self.info.token,
         )
         if self._coverage.create(self._name, record.payload()) is None:

@@ -14,7 +14,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import zarr
@@ -24,7 +24,7 @@ from zarr.storage import MemoryStore
 
 from ..errors import LayoutMismatchError, SlotAlignmentError
 
-__all__ = ["ArraySpec", "IndexedArray", "LayoutSpec", "WriteLayout", "create_layout", "diff_layout", "read_layout"]
+__all__ = ["OutputArray", "IndexedArray", "LayoutSpec", "WriteLayout", "create_layout", "diff_layout", "read_layout"]
 
 # Group attribute holding the layout record (which arrays are indexed, the extent).
 LAYOUT_ATTRIBUTE = "insitubatch.write"
@@ -45,7 +45,7 @@ def _ints(name: str, value: Sequence[int], *, minimum: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class ArraySpec:
+class OutputArray:
     """One array of a write layout.
 
     Parameters
@@ -154,13 +154,13 @@ class LayoutSpec:
         The arrays, at least one of them indexed.
     """
 
-    arrays: tuple[ArraySpec, ...]
+    arrays: tuple[OutputArray, ...]
 
     def __post_init__(self) -> None:
         arrays = tuple(self.arrays)
         object.__setattr__(self, "arrays", arrays)
-        if not all(isinstance(a, ArraySpec) for a in arrays):
-            raise TypeError("arrays must hold ArraySpec objects")
+        if not all(isinstance(a, OutputArray) for a in arrays):
+            raise TypeError("arrays must hold OutputArray objects")
         names = [a.name for a in arrays]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -288,7 +288,7 @@ def _summary(arr: Any) -> dict[str, Any]:
     }
 
 
-def _expected_summary(spec: ArraySpec) -> dict[str, Any]:
+def _expected_summary(spec: OutputArray) -> dict[str, Any]:
     # Let zarr resolve "auto" codecs and defaults exactly as it will on creation.
     scratch = zarr.open_group(MemoryStore(), mode="w", zarr_format=3)
     try:
@@ -310,7 +310,7 @@ def _compare(name: str, stored: dict[str, Any], expected: dict[str, Any]) -> lis
     ]
 
 
-def _open_group(store: Store, group: str, mode: str) -> zarr.Group:
+def _open_group(store: Store, group: str, mode: Literal["r", "a"]) -> zarr.Group:
     try:
         root = zarr.open_group(store, path=group, mode=mode)
     except (FileNotFoundError, zarr.errors.GroupNotFoundError) as exc:
@@ -325,10 +325,10 @@ def _open_group(store: Store, group: str, mode: str) -> zarr.Group:
     return root
 
 
-def _diff(root: zarr.Group, spec: LayoutSpec) -> tuple[list[str], list[ArraySpec]]:
+def _diff(root: zarr.Group, spec: LayoutSpec) -> tuple[list[str], list[OutputArray]]:
     """Differences between ``root`` and ``spec``, and the spec arrays not yet created."""
     lines: list[str] = []
-    missing: list[ArraySpec] = []
+    missing: list[OutputArray] = []
     for array_spec in spec.arrays:
         node = root.get(array_spec.name)
         if node is None:

@@ -22,6 +22,7 @@ from zarr.abc.store import Store
 from zarr.storage import MemoryStore
 
 from ..errors import SlotRunError
+from ..progress import progress
 from .slots import SlotPlan
 from .writer import SlotWriter
 
@@ -177,13 +178,13 @@ def run_plan(
             "a MemoryStore lives in this process only; run it with executor=None or a ThreadPoolExecutor"
         )
     args = [(store, r.start, r.stop, work) for r in plan.ranges]
-    kwargs = {"group": plan.group, "writer_options": dict(writer_options or {})}
+    kwargs: dict[str, Any] = {"group": plan.group, "writer_options": dict(writer_options or {})}
     outcomes: list[SlotOutcome] = []
     if pool is None:
-        outcomes = [run_slot(*a, **kwargs) for a in args]
+        outcomes = [run_slot(*a, **kwargs) for a in progress(args, desc="slots", unit="range")]
     else:
         futures = {pool.submit(run_slot, *a, **kwargs): a for a in args}
-        for future in cf.as_completed(futures):
+        for future in progress(cf.as_completed(futures), total=len(futures), desc="slots", unit="range"):
             _, start, stop, _ = futures[future]
             try:
                 outcomes.append(future.result())

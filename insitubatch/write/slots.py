@@ -11,7 +11,6 @@ its scheduler's index variable (:func:`assigned_ranges`).
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field

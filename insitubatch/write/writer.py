@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -61,6 +62,9 @@ class SlotWriter:
         coverage record). Only when the other writers are known to be dead.
     take_over_stale
         Replace stale overlapping claims instead of refusing.
+    clock
+        Unix seconds now, for the claim's timestamps and staleness; tests pass
+        a manual clock to age a claim without sleeping.
 
     Raises
     ------
@@ -84,6 +88,7 @@ class SlotWriter:
         stale_after_s: float = DEFAULT_STALE_AFTER_S,
         force: bool = False,
         take_over_stale: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.start = start
@@ -95,6 +100,7 @@ class SlotWriter:
             "stale_after_s": stale_after_s,
             "force": force,
             "take_over_stale": take_over_stale,
+            "clock": clock,
         }
         self._force = force
         self._layout: WriteLayout | None = None

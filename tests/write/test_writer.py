@@ -13,15 +13,15 @@ from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
 from insitubatch.errors import SlotAlignmentError, WriteClaimError, WriteIntentRangeError
 from insitubatch.write import (
-    ArraySpec,
     LayoutSpec,
+    OutputArray,
     SlotWriter,
     clear_coverage,
     clear_stale_claims,
     create_layout,
     write_status,
 )
-from write_helpers import ALIGNMENT, EXTENT, GROUP, layout_spec, predictions, store_bytes, write_batches
+from write_helpers import ALIGNMENT, EXTENT, GROUP, ManualClock, layout_spec, predictions, store_bytes, write_batches
 
 # No heartbeat fires during a test that compares store bytes.
 QUIET_HEARTBEAT_S = 600.0
@@ -90,7 +90,7 @@ def test_partial_final_chunk_range_is_accepted(store) -> None:
 def test_shard_sharing_ranges_are_rejected_by_the_writer() -> None:
     """Aligned to the inner chunk (2) but not to the shard (6): two writers would rewrite one shard."""
     store = MemoryStore()
-    create_layout(store, LayoutSpec((ArraySpec("pred", (24, 4), (2, 4), "f4", shards=(6, 4)),)))
+    create_layout(store, LayoutSpec((OutputArray("pred", (24, 4), (2, 4), "f4", shards=(6, 4)),)))
     for start, stop in [(0, 2), (2, 4), (4, 8), (8, 12)]:
         with pytest.raises(SlotAlignmentError, match="shard 6"):
             SlotWriter(store, start, stop).open()
@@ -133,7 +133,7 @@ def test_write_intent_error_is_an_index_error(store) -> None:
 
 def test_write_on_an_axis_other_than_zero(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "o.zarr")
-    create_layout(store, LayoutSpec((ArraySpec("t", (2, 30), (2, 5), "i4", shards=(2, 10), index_axis=1),)))
+    create_layout(store, LayoutSpec((OutputArray("t", (2, 30), (2, 5), "i4", shards=(2, 10), index_axis=1),)))
     with SlotWriter(store, 10, 20) as writer:
         writer.write("t", (10, 20), np.arange(20).reshape(2, 10))
         with pytest.raises(WriteIntentRangeError):
@@ -227,11 +227,13 @@ def test_claim_cleared_under_a_writer_is_noticed(claim_store) -> None:
 
 def test_stalled_writer_refuses_to_write(claim_store) -> None:
     """A process that stalled past its staleness threshold may have been taken over: it stops."""
-    writer = SlotWriter(claim_store, 0, 12, group=GROUP, heartbeat_s=FAST_HEARTBEAT_S, stale_after_s=FAST_STALE_AFTER_S)
+    clock = ManualClock()
+    writer = _quiet(claim_store, 0, 12, clock=clock)
     writer.open()
     writer.write("count", (0, 1), np.zeros(1, "i4"))
-    writer._claim._stop_heartbeat()  # stands for a long GC pause or a frozen VM
-    time.sleep(2 * FAST_STALE_AFTER_S)
+    clock.advance(QUIET_STALE_AFTER_S - 1)
+    writer.write("count", (1, 2), np.zeros(1, "i4"))  # silent, but not yet for stale_after_s
+    clock.advance(2)  # a long GC pause or a frozen VM: no heartbeat could land
     with pytest.raises(WriteClaimError, match="no heartbeat landed"):
         writer.write("count", (1, 2), np.zeros(1, "i4"))
     writer.close()
@@ -239,25 +241,27 @@ def test_stalled_writer_refuses_to_write(claim_store) -> None:
 
 
 def test_take_over_stale_claim(claim_store) -> None:
-    dead = SlotWriter(claim_store, 0, 24, group=GROUP, heartbeat_s=FAST_HEARTBEAT_S, stale_after_s=FAST_STALE_AFTER_S)
-    dead.open()
-    dead._claim._stop_heartbeat()  # simulate a hung process: no more heartbeats
-    time.sleep(2 * FAST_STALE_AFTER_S)
+    clock = ManualClock()
+    dead = _quiet(claim_store, 0, 24, clock=clock).open()
+    dead._claim._stop_heartbeat()  # a hung process: no more heartbeats
+    with pytest.raises(WriteClaimError, match="live.*wait for it to finish"):
+        _quiet(claim_store, 0, 24, clock=clock).open()
+    clock.advance(QUIET_STALE_AFTER_S + 1)
     with pytest.raises(WriteClaimError, match="stale.*clear-stale"):
-        _quiet(claim_store, 0, 24).open()
+        _quiet(claim_store, 0, 24, clock=clock).open()
     with pytest.raises(WriteClaimError, match="stale"):
-        _quiet(claim_store, 0, 12).open()
-    with _quiet(claim_store, 0, 12, take_over_stale=True, worker_id="new"):  # overlapping, different range
+        _quiet(claim_store, 0, 12, clock=clock).open()
+    with _quiet(claim_store, 0, 12, take_over_stale=True, worker_id="new", clock=clock):  # overlapping, different range
         assert [c.worker_id for c in write_status(claim_store, GROUP).claims] == ["new"]
     assert write_status(claim_store, GROUP).completed == ((0, 12),)
 
 
 def test_same_range_stale_claim_take_over(claim_store) -> None:
-    dead = SlotWriter(claim_store, 12, 24, group=GROUP, heartbeat_s=FAST_HEARTBEAT_S, stale_after_s=FAST_STALE_AFTER_S)
-    dead.open()
+    clock = ManualClock()
+    dead = _quiet(claim_store, 12, 24, clock=clock).open()
     dead._claim._stop_heartbeat()
-    time.sleep(2 * FAST_STALE_AFTER_S)
-    with _quiet(claim_store, 12, 24, take_over_stale=True):
+    clock.advance(QUIET_STALE_AFTER_S + 1)
+    with _quiet(claim_store, 12, 24, take_over_stale=True, clock=clock):
         pass
     assert write_status(claim_store, GROUP).completed == ((12, 24),)
 

@@ -1,4 +1,4 @@
-"""Tile-major ``.npy`` slot files: header, packed edge tiles, zero-copy views, clean closing."""
+"""Tile-major ``.npy`` tile files (cache.tilefile): header, packed edge tiles, zero-copy views, clean closing."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from insitubatch.cache.tilefile import create_tile_file, open_tile_file, tile_view, write_tile
 from insitubatch.errors import CacheCorruptError
-from insitubatch.kernels import create_slot_file, open_slot_file, tile_view, write_tile
 
 
 def _fds() -> int:
@@ -25,7 +25,7 @@ def _mapped(path: Path) -> bool:
 @pytest.mark.parametrize("tile_shape", [(3,), (2, 5), (4, 3, 2), (1, 2, 1, 3, 1)])
 def test_numpy_reads_back_what_write_tile_wrote(tmp_path: Path, dtype: object, tile_shape: tuple) -> None:
     rng = np.random.default_rng(len(tile_shape))
-    path = tmp_path / "slot.npy"
+    path = tmp_path / "tiles.npy"
     n_tiles = 4
     tiles = [
         rng.integers(0, 2 if np.dtype(dtype) == np.bool_ else 200, size=(*tile_shape, np.dtype(dtype).itemsize))
@@ -34,11 +34,11 @@ def test_numpy_reads_back_what_write_tile_wrote(tmp_path: Path, dtype: object, t
         .reshape(tile_shape)
         for _ in range(n_tiles)
     ]
-    with create_slot_file(path, n_tiles, tile_shape, dtype) as slots:
+    with create_tile_file(path, n_tiles, tile_shape, dtype) as tiles_file:
         for i in rng.permutation(n_tiles):
-            view = write_tile(slots, i, tiles[i])
+            view = write_tile(tiles_file, i, tiles[i])
             assert view.flags.c_contiguous and view.shape == tile_shape
-            assert np.shares_memory(view, slots.tiles())
+            assert np.shares_memory(view, tiles_file.tiles())
     header = path.read_bytes()[:256]
     header_len = 10 + int.from_bytes(header[8:10], "little")
     assert header_len % 64 == 0
@@ -54,50 +54,50 @@ def test_edge_tiles_are_stored_packed_and_viewed_by_shape(tmp_path: Path) -> Non
     full = rng.random((2, 181, 360), dtype=np.float32)
     edge = rng.random((2, 178, 360), dtype=np.float32)  # bottom row of a 4x4-tiled 721x1440 field
     corner = rng.random((1, 178, 7), dtype=np.float32)  # and a final partial chunk on top
-    with create_slot_file(tmp_path / "c.npy", 3, full.shape, "f4") as slots:
+    with create_tile_file(tmp_path / "c.npy", 3, full.shape, "f4") as tiles_file:
         for i, tile in enumerate((full, edge, corner)):
-            view = write_tile(slots, i, tile)
+            view = write_tile(tiles_file, i, tile)
             np.testing.assert_array_equal(view, tile)
             assert view.flags.c_contiguous
-        np.testing.assert_array_equal(tile_view(slots, 1, edge.shape), edge)
-        raw = slots.tiles()[2].reshape(-1)
+        np.testing.assert_array_equal(tile_view(tiles_file, 1, edge.shape), edge)
+        raw = tiles_file.tiles()[2].reshape(-1)
         np.testing.assert_array_equal(raw[: corner.size], corner.reshape(-1))
-        assert not raw[corner.size :].any()  # the rest of the slot is untouched zeros
+        assert not raw[corner.size :].any()  # the rest of the position is untouched zeros
         del raw
 
 
 def test_reopened_file_gives_read_only_zero_copy_views(tmp_path: Path) -> None:
     path = tmp_path / "r.npy"
     tile = np.arange(24, dtype="<u2").reshape(2, 3, 4)
-    with create_slot_file(path, 2, (2, 3, 4), "<u2") as slots:
-        write_tile(slots, 1, np.ascontiguousarray(tile[:, :2]))
-    with open_slot_file(path) as slots:
-        assert (slots.n_tiles, slots.tile_shape, slots.dtype) == (2, (2, 3, 4), np.dtype("<u2"))
-        view = tile_view(slots, 1, (2, 2, 4))
+    with create_tile_file(path, 2, (2, 3, 4), "<u2") as tiles_file:
+        write_tile(tiles_file, 1, np.ascontiguousarray(tile[:, :2]))
+    with open_tile_file(path) as tiles_file:
+        assert (tiles_file.n_tiles, tiles_file.tile_shape, tiles_file.dtype) == (2, (2, 3, 4), np.dtype("<u2"))
+        view = tile_view(tiles_file, 1, (2, 2, 4))
         np.testing.assert_array_equal(view, tile[:, :2])
         assert not view.flags.writeable
         with pytest.raises(ValueError, match="opened read-only"):
-            write_tile(slots, 0, tile)
+            write_tile(tiles_file, 0, tile)
         del view
-    with open_slot_file(path, writable=True) as slots:
-        write_tile(slots, 0, tile)
+    with open_tile_file(path, writable=True) as tiles_file:
+        write_tile(tiles_file, 0, tile)
     np.testing.assert_array_equal(np.load(path)[0], tile)
 
 
 def test_temp_file_is_published_by_rename_or_removed_on_close(tmp_path: Path) -> None:
     path = tmp_path / "chunk.npy"
     tile = np.ones((4,), "f8")
-    slots = create_slot_file(path, 1, (4,), "f8", temp=True)
-    write_tile(slots, 0, tile)
-    assert not path.exists() and slots.file_path.exists() and slots.file_path.parent == tmp_path
-    assert slots.publish() == path and slots.file_path == path
-    slots.close()
+    tiles_file = create_tile_file(path, 1, (4,), "f8", temp=True)
+    write_tile(tiles_file, 0, tile)
+    assert not path.exists() and tiles_file.file_path.exists() and tiles_file.file_path.parent == tmp_path
+    assert tiles_file.publish() == path and tiles_file.file_path == path
+    tiles_file.close()
     np.testing.assert_array_equal(np.load(path)[0], tile)
 
     # a reader of the published file keeps its bytes when a new version replaces it
-    reader = open_slot_file(path)
+    reader = open_tile_file(path)
     old = tile_view(reader, 0)
-    with create_slot_file(path, 1, (4,), "f8", temp=True) as newer:
+    with create_tile_file(path, 1, (4,), "f8", temp=True) as newer:
         write_tile(newer, 0, tile * 2)
         newer.publish()
     np.testing.assert_array_equal(old, tile)
@@ -105,7 +105,7 @@ def test_temp_file_is_published_by_rename_or_removed_on_close(tmp_path: Path) ->
     del old
     reader.close()
 
-    abandoned = create_slot_file(path, 1, (4,), "f8", temp=True)
+    abandoned = create_tile_file(path, 1, (4,), "f8", temp=True)
     temp = abandoned.file_path
     abandoned.close()
     assert not temp.exists()
@@ -115,66 +115,66 @@ def test_temp_file_is_published_by_rename_or_removed_on_close(tmp_path: Path) ->
 def test_close_unmaps_now_or_when_the_last_view_dies(tmp_path: Path) -> None:
     path = tmp_path / "m.npy"
     fds = _fds()
-    slots = create_slot_file(path, 2, (8,), "i4")
+    tiles_file = create_tile_file(path, 2, (8,), "i4")
     assert _fds() == fds  # the descriptor is closed once the file is mapped
-    view = write_tile(slots, 0, np.arange(8, dtype="i4"))
+    view = write_tile(tiles_file, 0, np.arange(8, dtype="i4"))
     assert _mapped(path)
-    slots.close()
-    assert slots.closed and _mapped(path)  # a live view keeps the bytes mapped
+    tiles_file.close()
+    assert tiles_file.closed and _mapped(path)  # a live view keeps the bytes mapped
     np.testing.assert_array_equal(view, np.arange(8))
     del view
     assert not _mapped(path)
-    slots.close()  # idempotent
+    tiles_file.close()  # idempotent
     with pytest.raises(ValueError, match="is closed"):
-        tile_view(slots, 0)
+        tile_view(tiles_file, 0)
     with pytest.raises(ValueError, match="is closed"):
-        write_tile(slots, 0, np.zeros(8, "i4"))
+        write_tile(tiles_file, 0, np.zeros(8, "i4"))
 
     for _ in range(50):
-        with create_slot_file(path, 1, (8,), "i4") as slots:
-            write_tile(slots, 0, np.zeros(8, "i4"))
+        with create_tile_file(path, 1, (8,), "i4") as tiles_file:
+            write_tile(tiles_file, 0, np.zeros(8, "i4"))
     assert _fds() == fds and not _mapped(path)
 
 
-def test_empty_slot_file(tmp_path: Path) -> None:
+def test_empty_tile_file(tmp_path: Path) -> None:
     path = tmp_path / "e.npy"
-    with create_slot_file(path, 0, (3, 2), "f4") as slots:
-        assert slots.tiles().shape == (0, 3, 2)
+    with create_tile_file(path, 0, (3, 2), "f4") as tiles_file:
+        assert tiles_file.tiles().shape == (0, 3, 2)
     assert np.load(path).shape == (0, 3, 2)
-    with create_slot_file(path, 2, (0, 2), "f4") as slots:
-        assert write_tile(slots, 1, np.zeros((0, 2), "f4")).shape == (0, 2)
+    with create_tile_file(path, 2, (0, 2), "f4") as tiles_file:
+        assert write_tile(tiles_file, 1, np.zeros((0, 2), "f4")).shape == (0, 2)
 
 
 @pytest.mark.parametrize(
     ("index", "tile", "match"),
     [
-        (0, np.zeros((3, 5), "f4"), r"tile shape \(3, 5\) does not fit the slot shape \(2, 4\)"),
+        (0, np.zeros((3, 5), "f4"), r"tile shape \(3, 5\) does not fit the tile shape \(2, 4\)"),
         (0, np.zeros((2,), "f4"), r"tile shape \(2,\) does not fit"),
-        (0, np.zeros((2, 4), "f8"), "tile dtype float64 does not match the slot file's dtype float32"),
+        (0, np.zeros((2, 4), "f8"), "tile dtype float64 does not match the tile file's dtype float32"),
         (2, np.zeros((2, 4), "f4"), r"tile_index=2 is outside \[0, 2\)"),
         (-1, np.zeros((2, 4), "f4"), r"tile_index=-1 is outside"),
         (0, np.zeros((2, 8), "f4")[:, ::2], "tile must be C-contiguous"),
     ],
 )
 def test_write_tile_names_what_does_not_fit(tmp_path: Path, index: int, tile: np.ndarray, match: str) -> None:
-    with create_slot_file(tmp_path / "x.npy", 2, (2, 4), "f4") as slots:
+    with create_tile_file(tmp_path / "x.npy", 2, (2, 4), "f4") as tiles_file:
         with pytest.raises(ValueError, match=match):
-            write_tile(slots, index, tile)
+            write_tile(tiles_file, index, tile)
 
 
 def test_damaged_files_raise_cache_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "d.npy"
-    with create_slot_file(path, 2, (4,), "f4"):
+    with create_tile_file(path, 2, (4,), "f4"):
         pass
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 4)
     with pytest.raises(CacheCorruptError, match="bytes but its header"):
-        open_slot_file(path)
+        open_tile_file(path)
     path.write_bytes(b"not a numpy file at all")
     with pytest.raises(CacheCorruptError, match="not a readable .npy"):
-        open_slot_file(path)
+        open_tile_file(path)
     np.save(path, np.zeros((2, 3), order="F"))
     with pytest.raises(CacheCorruptError, match="fortran_order=True"):
-        open_slot_file(path)
+        open_tile_file(path)
     with pytest.raises(ValueError, match="only fixed-size dtypes"):
-        create_slot_file(tmp_path / "o.npy", 1, (2,), object)
+        create_tile_file(tmp_path / "o.npy", 1, (2,), object)

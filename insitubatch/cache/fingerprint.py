@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .transforms import ChunkTransform, Scoped, pipeline_for
+from ..transforms import ChunkTransform, Scoped, pipeline_for
 
 __all__ = [
     "FINGERPRINT_FORMAT",

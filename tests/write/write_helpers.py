@@ -19,7 +19,7 @@ from zarr.core.sync import sync
 from zarr.storage import MemoryStore
 
 from insitubatch.errors import WriteClaimError
-from insitubatch.write import ArraySpec, LayoutSpec, SlotWriter, create_layout
+from insitubatch.write import LayoutSpec, OutputArray, SlotWriter, create_layout
 
 GROUP = "out"
 EXTENT = 44  # not a multiple of the alignment: the last slot ends in a partial chunk
@@ -32,11 +32,24 @@ WORKER_TIMEOUT_S = 90.0
 EXIT_LOST = 3
 
 
+
+class ManualClock:
+    """A clock that moves only when told: ages a claim without sleeping."""
+
+    def __init__(self, start: float | None = None) -> None:
+        self.now = time.time() if start is None else start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
 def layout_spec(extent: int = EXTENT) -> LayoutSpec:
     """The output layout every parallel-write test writes."""
     return LayoutSpec(
         (
-            ArraySpec(
+            OutputArray(
                 "pred",
                 (extent, 3, 8),
                 (2, 3, 8),
@@ -45,8 +58,8 @@ def layout_spec(extent: int = EXTENT) -> LayoutSpec:
                 dimension_names=("time", "channel", "x"),
                 fill_value=float("nan"),
             ),
-            ArraySpec("count", (extent,), (4,), "int32", dimension_names=("time",)),
-            ArraySpec("x", (8,), (8,), "float64", index_axis=None, dimension_names=("x",)),
+            OutputArray("count", (extent,), (4,), "int32", dimension_names=("time",)),
+            OutputArray("x", (8,), (8,), "float64", index_axis=None, dimension_names=("x",)),
         )
     )
 

@@ -13,7 +13,7 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.storage import LocalStore, MemoryStore
 
 from insitubatch.errors import LayoutMismatchError
-from insitubatch.write import ArraySpec, LayoutSpec, create_layout, diff_layout, read_layout
+from insitubatch.write import LayoutSpec, OutputArray, create_layout, diff_layout, read_layout
 from write_helpers import ALIGNMENT, EXTENT, GROUP, layout_spec, store_bytes
 
 
@@ -132,18 +132,18 @@ def test_v2_group_is_refused() -> None:
 def test_array_spec_validation_names_the_parameter(kwargs: dict[str, object], message: str) -> None:
     base = {"name": "a", "shape": (10, 3, 8), "chunks": (2, 3, 8), "dtype": "f4", "shards": (6, 3, 8)}
     with pytest.raises(ValueError, match=message):
-        ArraySpec(**{**base, **kwargs})
+        OutputArray(**{**base, **kwargs})
 
 
 def test_layout_spec_requires_one_shared_indexed_extent() -> None:
-    a = ArraySpec("a", (10,), (2,), "f4")
+    a = OutputArray("a", (10,), (2,), "f4")
     with pytest.raises(ValueError, match="share one extent"):
-        LayoutSpec((a, ArraySpec("b", (12,), (2,), "f4")))
+        LayoutSpec((a, OutputArray("b", (12,), (2,), "f4")))
     with pytest.raises(ValueError, match="at least one array must be indexed"):
-        LayoutSpec((ArraySpec("c", (10,), (2,), "f4", index_axis=None),))
+        LayoutSpec((OutputArray("c", (10,), (2,), "f4", index_axis=None),))
     with pytest.raises(ValueError, match="unique"):
         LayoutSpec((a, a))
-    spec = LayoutSpec((a, ArraySpec("b", (4, 10), (4, 5), "f4", index_axis=-1)))
+    spec = LayoutSpec((a, OutputArray("b", (4, 10), (4, 5), "f4", index_axis=-1)))
     assert spec.indexed == {"a": 0, "b": 1} and spec.extent == 10
 
 
@@ -173,3 +173,15 @@ def test_spec_zarr_cannot_create_is_a_value_error() -> None:
     create_layout(store, layout_spec(), group=GROUP)
     with pytest.raises(ValueError, match="count: zarr cannot create"):
         diff_layout(store, _with(layout_spec(), "count", fill_value=float("nan")), group=GROUP)
+        diff_layout(store, _with(layout_spec(), "count", fill_value=float("nan")), group=GROUP)
+
+
+def test_the_old_arrayspec_name_still_imports_with_a_deprecation_warning() -> None:
+    import insitubatch.write
+
+    with pytest.warns(DeprecationWarning, match="use insitubatch.write.OutputArray"):
+        from insitubatch.write import ArraySpec
+    assert ArraySpec is OutputArray
+    assert "ArraySpec" not in insitubatch.write.__all__
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        insitubatch.write.NoSuchName  # noqa: B018

@@ -11,13 +11,15 @@ from zarr.storage import LocalStore
 
 from insitubatch.cli import build_parser, main
 from insitubatch.write import SlotPlan, SlotWriter, create_layout
-from write_helpers import ALIGNMENT, EXTENT, GROUP, layout_spec
+from write_helpers import ALIGNMENT, EXTENT, GROUP, ManualClock, layout_spec
 
 pytest.importorskip("insitubatch.stores")  # the CLI opens URLs with obstore_store
 
-# A claim that goes stale almost at once, for the --clear-stale tests.
-FAST_HEARTBEAT_S = 0.01
-FAST_STALE_AFTER_S = 0.05
+# A stale claim for the --clear-stale tests: its heartbeat never fires during a test, and
+# its claimant's clock ran this far behind, past the staleness threshold.
+QUIET_HEARTBEAT_S = 600.0
+STALE_AFTER_S = 1200.0
+STALE_BY_S = 2 * STALE_AFTER_S
 
 
 @pytest.fixture
@@ -28,12 +30,12 @@ def path(tmp_path: Path) -> Path:
 
 
 def _stale_claim(path: Path, start: int, stop: int) -> None:
-    writer = SlotWriter(
-        LocalStore(path), start, stop, group=GROUP, heartbeat_s=FAST_HEARTBEAT_S, stale_after_s=FAST_STALE_AFTER_S
-    )
+    # the claimant's clock ran behind: its last heartbeat is already older than stale_after_s
+    past = ManualClock(time.time() - STALE_BY_S)
+    options = {"heartbeat_s": QUIET_HEARTBEAT_S, "stale_after_s": STALE_AFTER_S, "clock": past}
+    writer = SlotWriter(LocalStore(path), start, stop, group=GROUP, **options)
     writer.open()
     writer._claim._stop_heartbeat()  # the process "dies": heartbeats stop, the claim stays
-    time.sleep(2 * FAST_STALE_AFTER_S)
 
 
 def test_slots_prints_the_plan(path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

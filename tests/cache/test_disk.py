@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitubatch import cache as cache_mod
-from insitubatch import fingerprint as fp_mod
-from insitubatch.cache import LOCK_NAME, LOG_NAME, DiskCache, network_filesystem, slot_basename
+from insitubatch.cache import LOCK_NAME, LOG_NAME, DiskCache, network_filesystem, tile_file_basename
+from insitubatch.cache import fingerprint as fp_mod
+from insitubatch.cache import lock as lock_mod
+from insitubatch.cache.fingerprint import array_fingerprints, pipeline_fingerprint
 from insitubatch.errors import CacheCorruptError, CacheLockedError, CacheMissError, StaleCacheError
-from insitubatch.fingerprint import array_fingerprints, pipeline_fingerprint
 from insitubatch.transforms import applies
 
 FP_A, FP_B = "0123456789abcdef", "fedcba9876543210"
@@ -83,9 +83,9 @@ def test_commit_and_revive_are_zero_copy_read_only_views(tmp_path: Path) -> None
         with pytest.raises(ValueError):
             got[0][0, 0, 0] = 1.0
         # zero copy: a write through another shared mapping of the file shows in the views
-        mm = np.load(tmp_path / slot_basename(PATH, 0, persist=True), mmap_mode="r+")
+        mm = np.load(tmp_path / tile_file_basename(PATH, 0, persist=True), mmap_mode="r+")
         mm[0, 1, 2, 3] = 999.0
-        mm[1].reshape(-1)[0] = 123.0  # an edge tile is packed at the start of its slot
+        mm[1].reshape(-1)[0] = 123.0  # an edge tile is packed at the start of its position
         mm.flush()
         del mm
         assert got[0][1, 2, 3] == 999.0 and got[1].reshape(-1)[0] == 123.0
@@ -124,7 +124,7 @@ def test_missing_file_is_a_miss_and_commit_checks_its_tiles(tmp_path: Path) -> N
         c.abort(h)
         c.abort(h)
         assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    (tmp_path / slot_basename(PATH, 0, persist=True)).unlink()
+    (tmp_path / tile_file_basename(PATH, 0, persist=True)).unlink()
     with _writer(tmp_path) as c:
         assert c.lookup(PATH, 0, SHAPES, np.float32) is None
         assert c.rejected == {"missing": 1}
@@ -143,7 +143,7 @@ def test_log_line_lands_at_each_commit_and_deduplicates(tmp_path: Path) -> None:
         assert len(lines) == 2
         entry = json.loads(lines[1])
         assert entry == {
-            "path": PATH, "chunk": 7, "file": slot_basename(PATH, 7, persist=True), "n_tiles": 2,
+            "path": PATH, "chunk": 7, "file": tile_file_basename(PATH, 7, persist=True), "n_tiles": 2,
             "tile_shapes": [list(s) for s in SHAPES], "dtype": "<f4", "fingerprint": FP_A,
         }
         _put(c, PATH, 8, tiles)
@@ -206,7 +206,7 @@ def _valid_log(tmp_path: Path) -> list[bytes]:
 
 
 def _entry(**changes) -> bytes:
-    rec = {"path": PATH, "chunk": 3, "file": slot_basename(PATH, 3, persist=True), "n_tiles": 1,
+    rec = {"path": PATH, "chunk": 3, "file": tile_file_basename(PATH, 3, persist=True), "n_tiles": 1,
            "tile_shapes": [[4, 5, 4]], "dtype": "<f4", "fingerprint": FP_A}
     rec.update(changes)
     return json.dumps(rec).encode()
@@ -224,7 +224,7 @@ def _entry(**changes) -> bytes:
         ("relative escape", lambda h, e: [h, *e, _entry(file="../escape.npy")]),
         ("subdirectory", lambda h, e: [h, *e, _entry(file="sub/x.npy")]),
         ("absolute", lambda h, e: [h, *e, _entry(file="/etc/passwd")]),
-        ("not a slot file", lambda h, e: [h, *e, _entry(file=LOG_NAME)]),
+        ("not a tile file", lambda h, e: [h, *e, _entry(file=LOG_NAME)]),
         ("shared file", lambda h, e: [h, *e, _entry(file=json.loads(e[0])["file"])]),
     ],
 )
@@ -304,7 +304,7 @@ def test_editing_a_scoped_transform_invalidates_only_its_array(tmp_path: Path) -
         assert c.dropped == {"stale": 2}
         assert set(c.entries()) == {("u10", 0), ("u10", 1)}
         assert c.lookup("u10", 1, SHAPES, np.float32) is not None
-    assert _npy_files(tmp_path) == {slot_basename("u10", i, persist=True) for i in range(2)}
+    assert _npy_files(tmp_path) == {tile_file_basename("u10", i, persist=True) for i in range(2)}
     assert len(_log_lines(tmp_path)) == 3
     with DiskCache(tmp_path, persist=True, fingerprints=new) as c:  # the reset is not re-read
         assert c.dropped == {}
@@ -340,7 +340,7 @@ def test_fingerprint_rules() -> None:
 
 _STABILITY_SCRIPT = """
 import numpy as np
-from insitubatch.fingerprint import pipeline_fingerprint
+from insitubatch.cache.fingerprint import pipeline_fingerprint
 TAGS = {"alpha", "beta", "gamma", "delta"}
 class Norm:  # defined in __main__: cloudpickle pickles it by value
     def __init__(self):
@@ -492,10 +492,10 @@ def test_spill_files_go_on_evict_and_close_persisted_ones_stay(tmp_path: Path) -
     with DiskCache(spill_dir, persist=False, fingerprints={}) as c:
         _put(c, PATH, 0, _tiles(SHAPES))
         view = _put(c, PATH, 1, _tiles(SHAPES, seed=5))[0]
-        assert _npy_files(spill_dir) == {slot_basename(PATH, i, persist=False) for i in range(2)}
+        assert _npy_files(spill_dir) == {tile_file_basename(PATH, i, persist=False) for i in range(2)}
         c.evict(PATH, 0)
         c.evict(PATH, 0)
-        assert _npy_files(spill_dir) == {slot_basename(PATH, 1, persist=False)}
+        assert _npy_files(spill_dir) == {tile_file_basename(PATH, 1, persist=False)}
         assert c.lookup(PATH, 0, SHAPES, np.float32) is None
         assert not (spill_dir / LOG_NAME).exists()
     assert _npy_files(spill_dir) == set()
@@ -505,7 +505,7 @@ def test_spill_files_go_on_evict_and_close_persisted_ones_stay(tmp_path: Path) -
         c.evict(PATH, 0)
         assert c.mapped_bytes == 0
         assert c.lookup(PATH, 0, SHAPES, np.float32) is not None and c.revived == 1
-    assert _npy_files(keep_dir) == {slot_basename(PATH, 0, persist=True)}
+    assert _npy_files(keep_dir) == {tile_file_basename(PATH, 0, persist=True)}
 
 
 def test_argument_errors(tmp_path: Path) -> None:
@@ -539,7 +539,7 @@ def test_network_filesystem_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert network_filesystem(tmp_path / "fuse" / "x", mounts) == "fuse.sshfs"
     assert network_filesystem(tmp_path / "local", mounts) is None
     assert network_filesystem(tmp_path / "with space", mounts) is None
-    monkeypatch.setattr(cache_mod, "_MOUNTS", mounts)
+    monkeypatch.setattr(lock_mod, "_MOUNTS", mounts)
     with pytest.warns(UserWarning, match="nfs4 filesystem"):
         DiskCache(tmp_path / "c", persist=True, fingerprints={}).close()
 

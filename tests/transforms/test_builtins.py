@@ -10,20 +10,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-
 from helpers import smooth_field, write_array
-from insitubatch.builtin_transforms import (
-    Coarsen,
-    KelvinToCelsius,
-    Regrid,
-    StandardScaler,
-    kelvin_to_celsius,
-)
-from insitubatch.check_transform import SCHEDSTAT_PATH, _usable_cpus, gil_probe, read_chunk
+
 from insitubatch.dataset import InSituDataset
 from insitubatch.geometry import open_geometries
 from insitubatch.splits import split_by_chunk
-from insitubatch.transforms import ChunkRead, DecodedChunk, applies
+from insitubatch.tools.check_transform import read_chunk
+from insitubatch.tools.gil_probe import SCHEDSTAT_PATH, _usable_cpus, gil_probe
+from insitubatch.transforms import (
+    ChunkRead,
+    Coarsen,
+    DecodedChunk,
+    KelvinToCelsius,
+    Regrid,
+    StandardScaler,
+    applies,
+    kelvin_to_celsius,
+)
 
 # the probe measures with the kernel's per-thread accounting, or with several cores
 _CAN_PROBE = Path(SCHEDSTAT_PATH).exists() or _usable_cpus() > 1
@@ -430,7 +433,7 @@ def test_builtins_release_the_gil(make) -> None:
 
 
 # -- the runnable examples --------------------------------------------------------------
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize(

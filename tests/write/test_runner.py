@@ -16,7 +16,7 @@ from insitubatch.errors import SlotRunError
 from insitubatch.write import create_layout, plan_slots, run_plan, run_slot, write_status
 from write_helpers import ALIGNMENT, GROUP, array_bytes, failing_work, layout_spec, reference_store, write_batches
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Seconds the example may take on a loaded 2-core machine (it aims for a few).
 EXAMPLE_TIMEOUT_S = 120
 
@@ -114,6 +114,8 @@ def test_example_inference_write_runs(tmp_path: Path) -> None:
         text=True,
         timeout=EXAMPLE_TIMEOUT_S,
         cwd=REPO,
+        # this tree's insitubatch, not an installed one (the script's folder comes first on sys.path)
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bit-identical" in result.stdout

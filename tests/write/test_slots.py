@@ -13,8 +13,8 @@ from zarr.storage import MemoryStore
 from insitubatch.errors import LayoutMismatchError, SlotAlignmentError, SlotPlanBlockedError
 from insitubatch.write.records import RecordStore
 from insitubatch.write import (
-    ArraySpec,
     LayoutSpec,
+    OutputArray,
     SlotPlan,
     SlotRange,
     SlotWriter,
@@ -71,7 +71,7 @@ def test_explicit_slot_size_must_be_a_multiple_of_the_lcm(store: MemoryStore) ->
 def test_shard_sharing_ranges_are_rejected_by_the_planner() -> None:
     """Ranges aligned to the inner chunk (2) but not the shard (6) would share shard objects."""
     store = MemoryStore()
-    spec = LayoutSpec((ArraySpec("pred", (24, 4), (2, 4), "f4", shards=(6, 4)),))
+    spec = LayoutSpec((OutputArray("pred", (24, 4), (2, 4), "f4", shards=(6, 4)),))
     create_layout(store, spec)
     with pytest.raises(SlotAlignmentError, match="multiple of 6"):
         plan_slots(store, slot_size=2)
@@ -191,7 +191,7 @@ def _layouts(draw: st.DrawFn) -> tuple[LayoutSpec, list[int]]:
         chunk = draw(st.integers(1, 7))
         shards = draw(st.one_of(st.none(), st.integers(1, 4)))
         arrays.append(
-            ArraySpec(
+            OutputArray(
                 f"a{i}",
                 (extent, 2),
                 (chunk, 2),

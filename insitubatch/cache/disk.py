@@ -1,61 +1,35 @@
 """``DiskCache``: the mmap tier of the chunk pool, optionally persisted across runs.
 
-One ``DiskCache`` serves one dataset over one ``cache_dir``. Every chunk slot
-it holds is a tile-major ``.npy`` file (see ``kernels.SlotFile``) written under
-a temporary name and renamed into place, so a file under its final name is
-always complete, and a mapping another process holds keeps its own inode.
+One ``DiskCache`` serves one dataset over one ``cache_dir``. Every chunk it
+holds is a tile-major ``.npy`` file (``tilefile.TileFile``) written under a
+temporary name and renamed into place, so a file under its final name is always
+complete, and a mapping another process holds keeps its own inode.
 
 Without ``persist`` the directory is ephemeral spill: files are unlinked on
-eviction and on close. With ``persist`` an append-only log records each
-completed chunk the moment it lands, and a later ``DiskCache`` over the same
-directory revives those chunks as zero-copy read-only views.
+eviction and on close. With ``persist`` an append-only log (``log``) records
+each completed chunk the moment it lands, and a later ``DiskCache`` over the
+same directory revives those chunks as zero-copy read-only views.
 
 Files in ``cache_dir``
 ----------------------
 ``insitu_cache.lock``
-    The advisory ``flock`` target, held for the object's lifetime: exclusive
-    for a writer (which records its PID and host in the file), shared for a
-    ``readonly`` reader. Never deleted: deleting it would make the next two
-    processes lock different inodes. The kernel drops the lock when its holder
-    dies, SIGKILL included, so there is no stale lock to clean up. The fd is
-    close-on-exec, but a *forked* child shares the lock until it exits.
+    The ``flock`` target (``lock``): one writer or many readonly readers.
 ``insitu_cache.jsonl``
-    The log (``persist`` only). Line 1 is the header
-    ``{"format": "insitubatch-cache", "version": 1}``; each further line is
-    one completed chunk::
-
-        {"path": "t2m", "chunk": 5, "file": "cache-1a2b3c4d-5-t2m.npy",
-         "n_tiles": 2, "tile_shapes": [[24, 10, 16], [24, 10, 4]],
-         "dtype": "<f4", "fingerprint": "0123456789abcdef"}
-
-    ``chunk`` is the global sample-axis chunk index, ``file`` a bare basename in
-    ``cache_dir``, ``tile_shapes`` each tile's real (packed) shape, ``dtype``
-    numpy's ``.npy`` descr and ``fingerprint`` the 16-hex hash of the chunk
-    transforms scoped to the array (``fingerprint.pipeline_fingerprint``).
-    A later line for the same ``(path, chunk)`` supersedes an earlier one.
+    The log (``persist`` only; format in ``log``).
 ``cache-<hash>-<chunk>-<slug>.npy`` / ``spill-…npy``
-    Slot files of persisted / ephemeral chunks. Ephemeral files have their own
+    Tile files of persisted / ephemeral chunks. Ephemeral files have their own
     names, so a spill run never clobbers a persisted entry.
 
-Log rules
----------
-Each entry is appended with one ``write()`` of the whole line, newline last,
-before ``commit`` returns — it is in the OS page cache, so it survives the
-death of the process (not a power cut: nothing is fsynced per chunk).
-
-On open, a *final* line without its newline is a torn append from a process
-killed mid-write: it is dropped (its chunk is simply re-made) and the log is
-compacted. Anything else that does not parse — the header, an interior line,
-a newline-terminated final line, an entry naming a file that is not a bare
-``.npy`` basename, two entries sharing a file — raises ``CacheCorruptError``,
-whatever ``reset_stale`` says. A well-formed header of another format
-version makes every entry stale.
-
-Entries whose fingerprint differs from ``fingerprints[path]`` are stale:
-``StaleCacheError`` names the arrays unless ``reset_stale=True``, which
-deletes those arrays' files and entries. Entries for arrays missing from
-``fingerprints`` are kept untouched. The log is rewritten (temp + rename) only
-when a load dropped entries (stale, superseded, torn).
+Loading the log
+---------------
+A torn final append is dropped (its chunk is simply re-made) and the log is
+compacted; any other damage raises ``CacheCorruptError``, whatever
+``reset_stale`` says. A well-formed header of another format version makes
+every entry stale. Entries whose fingerprint differs from
+``fingerprints[path]`` are stale: ``StaleCacheError`` names the arrays unless
+``reset_stale=True``, which deletes those arrays' files and entries. Entries
+for arrays missing from ``fingerprints`` are kept untouched. The log is
+rewritten only when a load dropped entries (stale, superseded, torn).
 
 Views and ``close()``
 ---------------------
@@ -69,17 +43,11 @@ itself holds no mapping and no file descriptor after ``close()``.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
-import json
 import operator
 import os
 import re
-import secrets
-import socket
 import threading
-import time
 import warnings
 import weakref
 from collections import Counter
@@ -89,9 +57,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CacheCorruptError, CacheLockedError, CacheMissError, StaleCacheError
+from ..errors import CacheCorruptError, CacheMissError, StaleCacheError
 from .fingerprint import is_fingerprint
-from .kernels import SlotFile, create_slot_file, open_slot_file, tile_view, write_tile
+from .lock import LOCK_NAME, acquire_lock, network_filesystem
+from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, Key, LogEntry, append_entry, open_log, read_log, write_log
+from .tilefile import TileFile, create_tile_file, open_tile_file, tile_view, write_tile
 
 __all__ = [
     "DROP_STALE",
@@ -109,43 +79,26 @@ __all__ = [
     "LogEntry",
     "WriteHandle",
     "network_filesystem",
-    "slot_basename",
+    "tile_file_basename",
 ]
 
-LOG_NAME = "insitu_cache.jsonl"
-LOCK_NAME = "insitu_cache.lock"
-LOG_FORMAT = "insitubatch-cache"
-# Bump when an entry's fields change meaning; an older log then goes stale as a whole.
-LOG_VERSION = 1
 _PERSIST_PREFIX, _SPILL_PREFIX = "cache", "spill"
-# Bytes of the array path's hash in a slot file name (8 hex digits; the slug keeps names readable).
+# Bytes of the array path's hash in a tile file name (8 hex digits; the slug keeps names readable).
 _NAME_HASH_BYTES = 4
-# Longest array-path slug in a slot file name, well inside NAME_MAX (255).
+# Longest array-path slug in a tile file name, well inside NAME_MAX (255).
 _SLUG_MAX = 64
-_OWNED_SLOT = re.compile(rf"^({_PERSIST_PREFIX}|{_SPILL_PREFIX})-[0-9a-f]{{8}}-\d+-[A-Za-z0-9_.-]+\.npy$")
-# create_slot_file(temp=True) and our compaction write ".<name>.<pid>-<hex>.tmp" next to the target.
+_OWNED_TILE_FILE = re.compile(rf"^({_PERSIST_PREFIX}|{_SPILL_PREFIX})-[0-9a-f]{{8}}-\d+-[A-Za-z0-9_.-]+\.npy$")
+# create_tile_file(temp=True) and our compaction write ".<name>.<pid>-<hex>.tmp" next to the target.
 _OWNED_TEMP = re.compile(
     rf"^\.(({_PERSIST_PREFIX}|{_SPILL_PREFIX})-.*\.npy|{re.escape(LOG_NAME)})\.\d+-[0-9a-f]+\.tmp$"
 )
-_ENTRY_KEYS = ("path", "chunk", "file", "n_tiles", "tile_shapes", "dtype", "fingerprint")
-_MOUNTS = Path("/proc/mounts")
-# Filesystems where flock is per client (or emulated), so two hosts can both "hold" it.
-_NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "afs", "gpfs",
-                         "beegfs", "fuse"})
-_NETWORK_FS_PREFIXES = ("fuse.",)
 # Reasons ``lookup`` turns a logged entry away (``rejected``) and a load drops one (``dropped``).
 REJECT_SHAPE, REJECT_DTYPE, REJECT_MISSING, REJECT_FILE = "shape", "dtype", "missing", "file"
 DROP_STALE, DROP_SUPERSEDED, DROP_TORN = "stale", "superseded", "torn"
 
-Key = tuple[str, int]
 
-
-# ---------------------------------------------------------------------------
-# names and the log entry
-
-
-def slot_basename(path: str, chunk_index: int, *, persist: bool) -> str:
-    """The slot file name of ``(path, chunk_index)``: deterministic, a bare basename.
+def tile_file_basename(path: str, chunk_index: int, *, persist: bool) -> str:
+    """The tile file name of ``(path, chunk_index)``: deterministic, a bare basename.
 
     ``cache-…`` for persisted chunks, ``spill-…`` for ephemeral ones. The array
     path's hash keeps two paths with the same slug apart.
@@ -155,160 +108,27 @@ def slot_basename(path: str, chunk_index: int, *, persist: bool) -> str:
     return f"{_PERSIST_PREFIX if persist else _SPILL_PREFIX}-{digest}-{int(chunk_index)}-{slug}.npy"
 
 
-def _is_bare_npy_basename(name: str) -> bool:
-    return (
-        bool(name)
-        and name not in (".", "..")
-        and "/" not in name
-        and "\\" not in name
-        and "\0" not in name
-        and os.path.basename(name) == name
-        and name.endswith(".npy")
-    )
-
-
-def _nonneg_int(v: object) -> bool:
-    return type(v) is int and v >= 0
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    """One completed chunk as the log records it (see the module docstring for the line format)."""
-
-    path: str
-    chunk_index: int
-    file: str
-    tile_shapes: tuple[tuple[int, ...], ...]
-    dtype: np.dtype
-    fingerprint: str
-
-    @property
-    def key(self) -> Key:
-        return (self.path, self.chunk_index)
-
-    @property
-    def n_tiles(self) -> int:
-        return len(self.tile_shapes)
-
-    def to_line(self) -> bytes:
-        """The entry as one newline-terminated JSON line."""
-        record = {
-            "path": self.path,
-            "chunk": self.chunk_index,
-            "file": self.file,
-            "n_tiles": self.n_tiles,
-            "tile_shapes": [list(s) for s in self.tile_shapes],
-            "dtype": np.lib.format.dtype_to_descr(self.dtype),
-            "fingerprint": self.fingerprint,
-        }
-        return (json.dumps(record, separators=(",", ":")) + "\n").encode()
-
-    @classmethod
-    def from_line(cls, line: bytes, where: str) -> LogEntry:
-        """Parse and validate one log line; ``where`` names it in the error.
-
-        Raises
-        ------
-        CacheCorruptError
-            When the line is not a JSON object with exactly the entry's fields,
-            each of the right type, or its file is not a bare ``.npy`` basename.
-        """
-
-        def bad(why: str) -> CacheCorruptError:
-            text = line[:200].decode("utf-8", "replace")
-            return CacheCorruptError(f"{where} is malformed ({why}): {text!r}")
-
-        try:
-            rec = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise bad(f"not JSON: {exc}") from None
-        if not isinstance(rec, dict) or sorted(rec) != sorted(_ENTRY_KEYS):
-            got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
-            raise bad(f"an entry is an object with keys {sorted(_ENTRY_KEYS)}, got {got}")
-        path, chunk, name, n_tiles, shapes, descr, fp = (rec[k] for k in _ENTRY_KEYS)
-        if not isinstance(path, str) or not path:
-            raise bad(f"path must be a non-empty string, got {path!r}")
-        if not _nonneg_int(chunk):
-            raise bad(f"chunk must be an integer >= 0, got {chunk!r}")
-        if not isinstance(name, str) or not _is_bare_npy_basename(name):
-            raise bad(f"file must be a bare .npy basename inside the cache directory, got {name!r}")
-        if not _nonneg_int(n_tiles):
-            raise bad(f"n_tiles must be an integer >= 0, got {n_tiles!r}")
-        if (
-            not isinstance(shapes, list)
-            or len(shapes) != n_tiles
-            or not all(isinstance(s, list) and s and all(_nonneg_int(x) for x in s) for s in shapes)
-            or len({len(s) for s in shapes}) > 1
-        ):
-            raise bad(f"tile_shapes must be {n_tiles} lists of equally many integers >= 0, got {shapes!r}")
-        try:
-            dtype = np.lib.format.descr_to_dtype(descr)
-        except (TypeError, ValueError, KeyError) as exc:
-            raise bad(f"dtype {descr!r} is not a numpy descr: {exc}") from None
-        if dtype.hasobject or dtype.itemsize == 0:
-            raise bad(f"dtype {dtype} cannot live in a slot file")
-        if not is_fingerprint(fp):
-            raise bad(f"fingerprint must be 16 lowercase hex digits, got {fp!r}")
-        return cls(path, chunk, name, tuple(tuple(s) for s in shapes), dtype, fp)
-
-
-def _header_line() -> bytes:
-    return (json.dumps({"format": LOG_FORMAT, "version": LOG_VERSION}, separators=(",", ":")) + "\n").encode()
-
-
-# ---------------------------------------------------------------------------
-# network filesystems
-
-
-def network_filesystem(path: str | os.PathLike, mounts: str | os.PathLike | None = None) -> str | None:
-    """The filesystem type of ``path``'s mount when it is a network or FUSE one, else ``None``.
-
-    Reads the mount table (``mounts``, default ``/proc/mounts``); ``None`` where there is none.
-    """
-    target = os.path.realpath(path)
-    try:
-        text = Path(_MOUNTS if mounts is None else mounts).read_text()
-    except OSError:
-        return None
-    best, best_type = "", None
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        # the mount table escapes space, tab, newline and backslash as octal
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, best_type = point, fields[2]
-    if best_type is not None and (best_type in _NETWORK_FS or best_type.startswith(_NETWORK_FS_PREFIXES)):
-        return best_type
-    return None
-
-
-# ---------------------------------------------------------------------------
-# the cache
-
 
 @dataclass(eq=False)
 class WriteHandle:
-    """A chunk being written by ``DiskCache.begin``: its slot file under a temporary name."""
+    """A chunk being written by ``DiskCache.begin``: its tile file under a temporary name."""
 
     key: Key
-    slot_file: SlotFile
+    tile_file: TileFile
     written: set[int] = field(default_factory=set)
     done: bool = False
 
 
 @dataclass(eq=False)
 class _Mapped:
-    """A slot file this cache holds mapped, with the tile shapes it was mapped for."""
+    """A tile file this cache holds mapped, with the tile shapes it was mapped for."""
 
-    slot_file: SlotFile
+    tile_file: TileFile
     tile_shapes: tuple[tuple[int, ...], ...]
 
     @property
     def nbytes(self) -> int:
-        return self.slot_file.n_tiles * self.slot_file.slot_bytes
+        return self.tile_file.n_tiles * self.tile_file.tile_bytes
 
 
 def _release_fds(fds: list[int]) -> None:
@@ -326,7 +146,7 @@ class DiskCache:
     Parameters
     ----------
     cache_dir
-        Directory of the slot files, the log and the lock file; created for a
+        Directory of the tile files, the log and the lock file; created for a
         writer. It is the dataset's identity: one directory per source dataset.
     persist
         Keep files across runs and record each completed chunk in the log.
@@ -416,7 +236,7 @@ class DiskCache:
                 stacklevel=2,
             )
         try:
-            self._acquire_lock()
+            acquire_lock(self.cache_dir, self._fds, readonly=self.readonly)
             if not self.readonly:
                 self._remove_temp_files()
             if self.persist:
@@ -427,95 +247,21 @@ class DiskCache:
             self._finalizer()
             raise
 
-    # -- lock ---------------------------------------------------------------
-
-    def _acquire_lock(self) -> None:
-        flags = os.O_CLOEXEC | (os.O_RDONLY if self.readonly else os.O_RDWR)
-        try:
-            fd = os.open(self.lock_path, flags)
-        except FileNotFoundError:
-            # the one file a readonly cache may create: without it, no writer could be excluded
-            fd = os.open(self.lock_path, flags | os.O_CREAT, 0o644)
-        self._fds.append(fd)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if self.readonly else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                raise
-            raise CacheLockedError(exc.errno, self._holder_message(fd)) from None
-        if not self.readonly:
-            record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            data = (json.dumps(record) + "\n").encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-
-    def _holder_message(self, fd: int) -> str:
-        """Who holds the lock: a writer (from the lock file) or readonly readers."""
-        where = str(self.cache_dir)
-        if not self.readonly:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError:
-                pass  # an exclusive holder: a writer
-            else:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return (
-                    f"cache_dir {where!r} is open by readonly readers (readonly_cache=True), which exclude "
-                    "writers; wait for them to finish or write to another cache_dir"
-                )
-        try:
-            holder = json.loads(os.pread(fd, 4096, 0))
-            who = f"PID {holder['pid']} on host {holder['host']} (since {holder.get('since', '?')})"
-        except (OSError, ValueError, KeyError, TypeError):
-            who = "a process that has not recorded its PID and host yet"
-        want = "read it" if self.readonly else "write it"
-        return (
-            f"cache_dir {where!r} is locked by a writer: {who}. Only one process may write a cache_dir, and "
-            f"no reader may open it while it is written; cannot {want}. Use another cache_dir or wait for it to exit."
-        )
-
     # -- log ----------------------------------------------------------------
 
     def _load_log(self) -> None:
-        try:
-            data = self.log_path.read_bytes()
-        except FileNotFoundError:
+        contents = read_log(self.log_path)
+        if contents is None:
             if not self.readonly:
                 self._rewrite_log()
             return
-        where = str(self.log_path)
-        lines = data.split(b"\n")
-        torn = lines.pop()  # b"" when the file ends with a newline
-        if not lines:
-            raise CacheCorruptError(f"{where} has no complete header line; it is not an insitubatch cache log")
-        try:
-            header = json.loads(lines[0])
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            header = None
-        is_header = isinstance(header, dict) and header.get("format") == LOG_FORMAT
-        if not is_header or not _nonneg_int(header.get("version")):
-            raise CacheCorruptError(
-                f"{where} line 1 is not an insitubatch cache header (want {_header_line().decode().strip()}): "
-                f"{lines[0][:200].decode('utf-8', 'replace')!r}"
-            )
-        if header["version"] != LOG_VERSION:
-            self._reset_other_version(header["version"])
+        if contents.version != LOG_VERSION:
+            self._reset_other_version(contents.version)
             return
-        entries: dict[Key, LogEntry] = {}
-        files: dict[str, Key] = {}
-        for lineno, line in enumerate(lines[1:], start=2):
-            entry = LogEntry.from_line(line, f"{where} line {lineno}")
-            if files.get(entry.file, entry.key) != entry.key:
-                raise CacheCorruptError(
-                    f"{where} line {lineno}: file {entry.file!r} is claimed by both "
-                    f"{files[entry.file]} and {entry.key}"
-                )
-            files[entry.file] = entry.key
-            if entry.key in entries:
-                self._dropped[DROP_SUPERSEDED] += 1
-                del entries[entry.key]  # re-insert so the order is that of the latest completion
-            entries[entry.key] = entry
-        if torn:
+        entries = contents.entries
+        if contents.superseded:
+            self._dropped[DROP_SUPERSEDED] += contents.superseded
+        if contents.torn:
             self._dropped[DROP_TORN] += 1
         stale: dict[str, tuple[str, int]] = {}
         for e in entries.values():
@@ -551,32 +297,21 @@ class DiskCache:
                 "use another cache_dir."
             )
         for name in os.listdir(self.cache_dir):
-            if _OWNED_SLOT.match(name):
+            if _OWNED_TILE_FILE.match(name):
                 self._remove_file(name)
         self._dropped[DROP_STALE] += 1
         self._entries = {}
         self._rewrite_log()
 
     def _rewrite_log(self) -> None:
-        """Write the header and every live entry to a temporary file and rename it over the log."""
+        """Compact: the header and every live entry replace the log, then reopen it for appends."""
         if self._log_fd is not None:
             self._close_log_fd()
-        body = _header_line() + b"".join(e.to_line() for e in self._entries.values())
-        tmp = self.cache_dir / f".{LOG_NAME}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            _write_all(fd, body)
-            os.fsync(fd)  # a rewrite drops lines, so it must not be half there after a crash
-        except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        os.replace(tmp, self.log_path)
+        write_log(self.log_path, list(self._entries.values()))
         self._open_log()
 
     def _open_log(self) -> None:
-        self._log_fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        self._log_fd = open_log(self.log_path)
         self._fds.append(self._log_fd)
 
     def _close_log_fd(self) -> None:
@@ -599,7 +334,7 @@ class DiskCache:
         """Spill files of crashed runs, and persisted files no log entry names (a torn or lost append)."""
         logged = {e.file for e in self._entries.values()}
         for name in os.listdir(self.cache_dir):
-            m = _OWNED_SLOT.match(name)
+            m = _OWNED_TILE_FILE.match(name)
             if m is None:
                 continue
             if m.group(1) == _SPILL_PREFIX or (self.persist and name not in logged):
@@ -636,7 +371,7 @@ class DiskCache:
         tile_shapes
             Each tile's real shape, ``(chunk_len, *tile_extent)``.
         dtype
-            The slot dtype (after chunk transforms).
+            The tiles' dtype (after chunk transforms).
         """
         key = (path, operator.index(chunk_index))
         shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
@@ -645,7 +380,7 @@ class DiskCache:
             self._check_open()
             held = self._mapped.get(key)
             if held is not None:
-                mismatch = _mismatch(held.tile_shapes, held.slot_file.dtype, shapes, dtype)
+                mismatch = _mismatch(held.tile_shapes, held.tile_file.dtype, shapes, dtype)
                 return self._views(held) if mismatch is None else self._reject(key, *mismatch)
             if not self.persist:
                 return None
@@ -658,26 +393,26 @@ class DiskCache:
             if mismatch is not None:
                 return self._reject(key, *mismatch)
             try:
-                slot_file = open_slot_file(self.cache_dir / entry.file)
+                tile_file = open_tile_file(self.cache_dir / entry.file)
             except FileNotFoundError:
                 return self._reject(key, REJECT_MISSING, f"its file {entry.file} is missing")
             except CacheCorruptError as exc:
-                # a damaged slot file is re-made from the store, not a reason to stop the run
+                # a damaged tile file is re-made from the store, not a reason to stop the run
                 return self._reject(key, REJECT_FILE, str(exc))
             fits = (
-                slot_file.dtype == dtype
-                and slot_file.n_tiles == len(shapes)
-                and all(len(s) == len(slot_file.tile_shape) and all(a <= b for a, b in zip(s, slot_file.tile_shape))
+                tile_file.dtype == dtype
+                and tile_file.n_tiles == len(shapes)
+                and all(len(s) == len(tile_file.tile_shape) and all(a <= b for a, b in zip(s, tile_file.tile_shape))
                         for s in shapes)
             )
             if not fits:
-                slot_file.close()
+                tile_file.close()
                 return self._reject(
                     key, REJECT_FILE,
-                    f"its file {entry.file} holds {slot_file.n_tiles} tiles of "
-                    f"{slot_file.tile_shape} {slot_file.dtype}",
+                    f"its file {entry.file} holds {tile_file.n_tiles} tiles of "
+                    f"{tile_file.tile_shape} {tile_file.dtype}",
                 )
-            held = self._mapped[key] = _Mapped(slot_file, shapes)
+            held = self._mapped[key] = _Mapped(tile_file, shapes)
             self._revived += 1
             self._miss_reasons.pop(key, None)
             return self._views(held)
@@ -689,7 +424,7 @@ class DiskCache:
 
     @staticmethod
     def _views(held: _Mapped) -> list[np.ndarray]:
-        return [tile_view(held.slot_file, i, s) for i, s in enumerate(held.tile_shapes)]
+        return [tile_view(held.tile_file, i, s) for i, s in enumerate(held.tile_shapes)]
 
     def miss_error(self, path: str, chunk_index: int) -> CacheMissError:
         """The error a readonly pass raises for a chunk ``lookup`` could not serve."""
@@ -704,7 +439,7 @@ class DiskCache:
     def begin(
         self, path: str, chunk_index: int, n_tiles: int, stored_tile_shape: Sequence[int], dtype: object
     ) -> WriteHandle:
-        """Start writing a chunk: a slot file of ``n_tiles`` × ``stored_tile_shape`` under a temporary name.
+        """Start writing a chunk: a tile file of ``n_tiles`` × ``stored_tile_shape`` under a temporary name.
 
         Raises
         ------
@@ -725,17 +460,17 @@ class DiskCache:
                 self._fingerprint(path)
             if key in self._pending:
                 raise ValueError(f"array {path!r} chunk {key[1]} is already being written; commit or abort it first")
-            target = self.cache_dir / slot_basename(path, key[1], persist=self.persist)
-            handle = WriteHandle(key, create_slot_file(target, n_tiles, stored_tile_shape, dtype, temp=True))
+            target = self.cache_dir / tile_file_basename(path, key[1], persist=self.persist)
+            handle = WriteHandle(key, create_tile_file(target, n_tiles, stored_tile_shape, dtype, temp=True))
             self._pending[key] = handle
             return handle
 
     def write(self, handle: WriteHandle, tile_index: int, tile: np.ndarray) -> np.ndarray:
-        """Copy one decoded tile into its slot (GIL released); returns the writable view of it."""
+        """Copy one decoded tile into its position (GIL released); returns the writable view of it."""
         if handle.done:
             path, chunk = handle.key
             raise ValueError(f"the write of array {path!r} chunk {chunk} was already committed or aborted")
-        view = write_tile(handle.slot_file, tile_index, tile)
+        view = write_tile(handle.tile_file, tile_index, tile)
         handle.written.add(int(tile_index))
         return view
 
@@ -749,10 +484,10 @@ class DiskCache:
         Raises
         ------
         ValueError
-            When a tile was never written or ``tile_shapes`` does not fit the slot.
+            When a tile was never written or ``tile_shapes`` does not fit the file.
         """
         shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
-        sf = handle.slot_file
+        sf = handle.tile_file
         path, chunk = handle.key
         if handle.done:
             raise ValueError(f"the write of array {path!r} chunk {chunk} was already committed or aborted")
@@ -772,10 +507,10 @@ class DiskCache:
             sf.close()  # the writable mapping goes once write()'s views die
             handle.done = True
             del self._pending[handle.key]
-            readable = open_slot_file(final)
+            readable = open_tile_file(final)
             old = self._mapped.pop(handle.key, None)
             if old is not None:
-                old.slot_file.close()
+                old.tile_file.close()
             held = self._mapped[handle.key] = _Mapped(readable, shapes)
             self._written += 1
             self._miss_reasons.pop(handle.key, None)
@@ -783,7 +518,7 @@ class DiskCache:
                 entry = LogEntry(path, chunk, final.name, shapes, sf.dtype, self.fingerprints[path])
                 if self._entries.get(handle.key) != entry:
                     assert self._log_fd is not None
-                    _write_all(self._log_fd, entry.to_line())
+                    append_entry(self._log_fd, entry)
                     self._entries[handle.key] = entry
             else:
                 self._spilled.add(final)
@@ -795,7 +530,7 @@ class DiskCache:
             if not handle.done:
                 handle.done = True
                 self._pending.pop(handle.key, None)
-                handle.slot_file.close()
+                handle.tile_file.close()
 
     def evict(self, path: str, chunk_index: int) -> None:
         """Release a chunk's mapping; an ephemeral chunk's file is deleted, a persisted one stays.
@@ -807,19 +542,19 @@ class DiskCache:
             held = self._mapped.pop(key, None)
             if held is None:
                 return
-            held.slot_file.close()
+            held.tile_file.close()
             if not self.persist:
-                held.slot_file.path.unlink(missing_ok=True)
-                self._spilled.discard(held.slot_file.path)
+                held.tile_file.path.unlink(missing_ok=True)
+                self._spilled.discard(held.tile_file.path)
 
     # -- observability ------------------------------------------------------
 
     @property
     def mapped_bytes(self) -> int:
-        """Slot bytes this cache holds mapped now (held chunks and writes in progress)."""
+        """Tile-file bytes this cache holds mapped now (held chunks and writes in progress)."""
         with self._lock:
             held = sum(m.nbytes for m in self._mapped.values())
-            return held + sum(h.slot_file.n_tiles * h.slot_file.slot_bytes for h in self._pending.values())
+            return held + sum(h.tile_file.n_tiles * h.tile_file.tile_bytes for h in self._pending.values())
 
     @property
     def revived(self) -> int:
@@ -865,7 +600,7 @@ class DiskCache:
             for handle in list(self._pending.values()):
                 self.abort(handle)
             for held in self._mapped.values():
-                held.slot_file.close()
+                held.tile_file.close()
             self._mapped.clear()
             for p in self._spilled:
                 p.unlink(missing_ok=True)
@@ -897,10 +632,3 @@ def _mismatch(
     if have_dtype != dtype:
         return REJECT_DTYPE, f"its cached dtype {have_dtype} differs from the requested {dtype}"
     return None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """``write`` until every byte is out (a regular file takes it in one call unless the disk fills)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

@@ -14,13 +14,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .geometry import ArrayGeometry
+from ..geometry import ArrayGeometry
 
 __all__ = [
     "ChunkRead",
+    "ChunkTransform",
     "DecodedChunk",
     "Scoped",
     "applies",
+    "check_scopes",
     "output_geometry",
     "pipeline_for",
     "run_pipeline",
@@ -190,9 +192,3 @@ def run_pipeline(
 def _name(t: object) -> str:
     inner = t.transform if isinstance(t, Scoped) else t
     return getattr(inner, "__qualname__", None) or type(inner).__qualname__
-
-
-# the built-in transforms live in their own module; they are part of this one's public surface
-from .builtin_transforms import Coarsen, KelvinToCelsius, Regrid, StandardScaler, kelvin_to_celsius  # noqa: E402
-
-__all__ = sorted([*__all__, "Coarsen", "KelvinToCelsius", "Regrid", "StandardScaler", "kelvin_to_celsius"])
