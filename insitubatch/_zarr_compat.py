@@ -52,6 +52,7 @@ __all__ = [
     "codec_decoder",
     "io_loop",
     "memory_store_dict",
+    "numcodec_behind",
     "shard_index_at_start",
     "sync",
     "unwrap_store",
@@ -124,6 +125,25 @@ def wrapped_numcodec(codec: Any) -> Any:
     except Exception:  # a wrapper whose codec cannot be built: not one we can run
         return None
     return inner if hasattr(inner, "decode") and hasattr(inner, "get_config") else None
+
+
+# zarr's built-in compressors build their numcodecs codec lazily under these attribute names
+_BUILTIN_NUMCODEC_ATTRS = ("_zstd_codec", "_blosc_codec", "_gzip_codec")
+
+
+def numcodec_behind(codec: Any) -> Any:
+    """The numcodecs codec doing a zarr codec's work (a built-in's or a wrapper's), else ``codec`` itself.
+
+    A built-in whose numcodecs codec cannot be built returns None: no direct decode goes through it.
+    """
+    for name in _BUILTIN_NUMCODEC_ATTRS:
+        try:
+            inner = getattr(codec, name, None)
+        except Exception:  # a cached property that cannot be built
+            return None
+        if inner is not None:
+            return inner
+    return wrapped_numcodec(codec) or codec
 
 
 def codec_decoder(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
