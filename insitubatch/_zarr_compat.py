@@ -43,6 +43,7 @@ from zarr.storage import MemoryStore, WrapperStore
 
 __all__ = [
     "ZARR_VERSION",
+    "bytes_codec_endian",
     "ArrayConfig",
     "ArraySpec",
     "ArrayV2Metadata",
@@ -125,6 +126,15 @@ def wrapped_numcodec(codec: Any) -> Any:
     except Exception:  # a wrapper whose codec cannot be built: not one we can run
         return None
     return inner if hasattr(inner, "decode") and hasattr(inner, "get_config") else None
+
+
+def bytes_codec_endian(codec: Any) -> str | None:
+    """The ``bytes`` codec's byte order as ``"little"``/``"big"``, or None (single-byte dtypes).
+
+    zarr 3.1 holds an ``Endian`` enum; later lines may hold the plain string.
+    """
+    endian = codec.endian
+    return None if endian is None else str(getattr(endian, "value", endian))
 
 
 # zarr's built-in compressors build their numcodecs codec lazily under these attribute names

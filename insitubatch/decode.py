@@ -74,6 +74,7 @@ from ._zarr_compat import (
     ArrayConfig,
     ArraySpec,
     ArrayV2Metadata,
+    bytes_codec_endian,
     chunk_spec,
     codec_decoder,
     numcodec_behind,
@@ -272,7 +273,7 @@ class _Chain:
         codec = self._array_bytes_codec
         if self._array_array or len(self._bytes_bytes) != 1 or type(codec) is not BytesCodec:
             return None
-        if codec.endian is not None and codec.endian.value != sys.byteorder:
+        if bytes_codec_endian(codec) not in (None, sys.byteorder):
             return None
         if self.dtype.hasobject or not self.dtype.isnative:
             return None
