@@ -12,7 +12,7 @@ from zarr.storage import MemoryStore
 from insitubatch import cli
 from insitubatch.progress import progress
 from insitubatch.write import create_layout, plan_slots, run_plan
-from write_helpers import GROUP, layout_spec, write_batches
+from write.write_helpers import GROUP, layout_spec, write_batches  # tests/write, by package path
 
 
 class _Terminal(io.StringIO):
