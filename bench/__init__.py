@@ -2,5 +2,5 @@
 generator, peer baselines and the report (``python -m bench.run``).
 
 Bench-only code: nothing in ``insitubatch`` imports it. Tests import the
-emulator as ``bench.emulator``.
+emulator as ``insitubatch.testing.emulator``.
 """

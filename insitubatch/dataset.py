@@ -20,17 +20,17 @@ from typing import Any
 import numpy as np
 
 from ._validate import callables, flag, positive_int
-from .batch import Batch, BufferPool
+from ._engine.batch import Batch, BufferPool
 from .cache import DiskCache
-from .describe import KNOBS, describe_loader, format_summary
+from .plan.cost import KNOBS, describe_loader, format_summary
 from .errors import DatasetClosedError
-from .geometry import ArrayGeometry, open_geometries
-from .distributed import REMAINDER_POLICIES, rank_streams, resolve_world
-from .plan import EpochPlan, build_plan, epoch_order, valid_anchor_range
-from .pool import ChunkPool, PassCounters
-from .scheduler import ArrayReader, BadChunkRecord, decode_pool
-from .splits import SplitManifest
-from .stores import as_store, close_store
+from .io.geometry import ArrayGeometry, open_geometries
+from .plan.distributed import REMAINDER_POLICIES, rank_streams, resolve_world
+from .plan.epoch import EpochPlan, build_plan, epoch_order, valid_anchor_range
+from ._engine.pool import ChunkPool, PassCounters
+from ._engine.scheduler import ArrayReader, BadChunkRecord, decode_pool
+from .plan.splits import SplitManifest
+from .io.stores import as_store, close_store
 from .cache.fingerprint import array_fingerprints
 from .transforms import ChunkTransform, check_scopes, pipeline_for
 from .views import DatasetView, InferView, _read_sample_coords
@@ -87,7 +87,7 @@ class InSituDataset:
     remainder
         How a multi-rank training pass evens out batch counts: ``"pad"``
         repeats a rank's own samples, ``"drop"`` cuts to the shortest rank
-        (see ``insitubatch.distributed``).
+        (see ``insitubatch.plan.distributed``).
     cache_dir
         Back the pool with mmap'd tile-major ``.npy`` slot files here (local
         NVMe). One writing process per directory (an advisory lock).

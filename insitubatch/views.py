@@ -16,11 +16,11 @@ import zarr
 import zarr.errors
 
 from ._validate import positive_int
-from .batch import Batch
-from .geometry import ArrayGeometry
-from .plan import EpochPlan
-from .prefetch import PassIterator, _PassState
-from .stats import PassStats
+from ._engine.batch import Batch
+from .io.geometry import ArrayGeometry
+from .plan.epoch import EpochPlan
+from ._engine.prefetch import PassIterator, _PassState
+from ._engine.stats import PassStats
 
 if TYPE_CHECKING:
     from .dataset import InSituDataset

@@ -19,8 +19,8 @@ import zarr
 from helpers import CountingStore, local_store
 from insitubatch import InSituDataset, applies, open_geometries, split_by_chunk
 from insitubatch.errors import CacheLockedError, CacheMissError, StaleCacheError
-from insitubatch.geometry import ArrayGeometry
-from insitubatch.plan import build_plan, epoch_order
+from insitubatch.io.geometry import ArrayGeometry
+from insitubatch.plan.epoch import build_plan, epoch_order
 
 TESTS = Path(__file__).parent
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .geometry import ArrayGeometry
+from ..io.geometry import ArrayGeometry
 from .kernels import coalesce_runs, gather
 from .pool import Slot
 

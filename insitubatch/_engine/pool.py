@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InSituError
-from .plan import ReadKey
+from ..errors import InSituError
+from ..plan.epoch import ReadKey
 from .stats import PassTrace
 
 __all__ = ["ChunkPool", "Owner", "PassCounters", "PoolTotals", "Slot"]

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .batch import Batch
-from .errors import DatasetClosedError
+from ..errors import DatasetClosedError
 from .gather import gather_label
-from .plan import EpochPlan
+from ..plan.epoch import EpochPlan
 from .pool import FAILED, PENDING, Owner, PassCounters
 from .scheduler import PassDriver
 from .stats import PassStats, log_pass
 
 if TYPE_CHECKING:
-    from .dataset import InSituDataset
+    from ..dataset import InSituDataset
 
 __all__ = ["PassIterator"]
 
@@ -270,7 +270,7 @@ class PassIterator:
 
     @property
     def stats(self) -> PassStats:
-        """This pass's :class:`~insitubatch.stats.PassStats` so far (final once it ended)."""
+        """This pass's :class:`~insitubatch._engine.stats.PassStats` so far (final once it ended)."""
         return self._state.stats()
 
     @property

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._ext.pinned import HostBuffer
+from .._ext.pinned import HostBuffer
 
 __all__ = ["PAGE_SIZE", "PinnedBufferPool"]
 

@@ -1,4 +1,4 @@
-"""Framework adapters: torch and JAX tensors over a view's batches, by DLPack.
+"""The torch adapter: tensors over a view's batches, by DLPack.
 
 On the CPU a tensor aliases the batch buffer (no copy); the buffer pool sees
 the export as a reference, so a kept tensor is never overwritten. With a CUDA
@@ -8,13 +8,13 @@ copied on a side stream one batch ahead, so the copy overlaps the step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from .batch import Batch
-from .views import DatasetView, InferView
+from .._engine.batch import Batch
+from ..views import DatasetView, InferView
 
-__all__ = ["TorchView", "as_torch", "to_jax", "to_torch"]
+__all__ = ["TorchView", "as_torch", "to_torch"]
 
 _WORKERS_MESSAGE = (
     "insitubatch views cannot run inside DataLoader worker processes (num_workers > 0): the engine's "
@@ -154,28 +154,3 @@ def to_torch(batch: Batch, *, device: Any = None) -> dict[str, Any]:
     if target is not None:
         tensors = {k: t.to(target) for k, t in tensors.items()}
     return tensors
-
-
-def to_jax(
-    view: DatasetView, *, device: Any = None
-) -> Iterator[dict[str, Any] | tuple[dict[str, Any], Mapping[str, Any]]]:
-    """``jax.Array`` batches over ``view`` by DLPack, placed on ``device`` (default ``jax.devices()[0]``).
-
-    On an inference view each item is ``(arrays, coords)``: the batch's coordinate mapping beside the arrays.
-    """
-    try:
-        import jax
-        import jax.numpy as jnp
-    except ImportError as exc:  # pragma: no cover - jax is an optional extra
-        raise ImportError("to_jax needs JAX: pip install 'insitubatch[jax]'") from exc
-    if not isinstance(view, DatasetView):
-        raise TypeError(f"view must be a DatasetView, got {type(view).__name__}")
-    target = device if device is not None else jax.devices()[0]
-    coords = isinstance(view, InferView)
-
-    def batches() -> Iterator[dict[str, Any] | tuple[dict[str, Any], Mapping[str, Any]]]:
-        for batch in view:
-            arrays = {label: jax.device_put(jnp.from_dlpack(arr), target) for label, arr in batch.arrays.items()}
-            yield (arrays, batch.coords) if coords else arrays
-
-    return batches()

@@ -55,7 +55,7 @@ from zarr.core.dtype.npy.int import UInt64
 from zarr.core.metadata.v2 import ArrayV2Metadata
 from zarr.core.sync import sync
 
-from .errors import BadChunkError, StoreReadError
+from ..errors import BadChunkError, StoreReadError
 from .geometry import ArrayGeometry
 
 __all__ = ["ChunkDecoder", "clip_to_array", "make_decoder", "read_stored_chunk"]

@@ -4,7 +4,7 @@
 plain dict (variables, knobs, splits, the memory plan term by term, notes);
 :func:`format_summary` renders that dict as the text ``insitubatch inspect``
 and ``InSituDataset.print_summary()`` print. ``InSituDataset.describe()``
-and :func:`insitubatch.inspect.inspect_store` both call these, so the
+and :func:`insitubatch.tools.inspect_store.inspect_store` both call these, so the
 numbers a user reads before training are the ones the loader plans with.
 Nothing here fetches anything.
 """
@@ -15,8 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .geometry import ArrayGeometry
-from .plan import EpochPlan
+from ..io.geometry import ArrayGeometry
+from .epoch import EpochPlan
 
 __all__ = ["describe_loader", "format_summary"]
 

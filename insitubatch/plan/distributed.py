@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .plan import EpochOrder
+from .epoch import EpochOrder
 
 __all__ = ["REMAINDER_POLICIES", "RankStream", "rank_streams", "resolve_world"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .geometry import ArrayGeometry
+from ..io.geometry import ArrayGeometry
 from .splits import SplitManifest
 
 __all__ = [

@@ -1,7 +1,7 @@
 """A loopback object store: real HTTP on 127.0.0.1 with injected latency, bandwidth and faults.
 
 The emulator serves a local directory tree (zarr groups written by
-``bench.data``) the way a cloud bucket's HTTP endpoint does: ``GET`` with
+``insitubatch.testing.data``) the way a cloud bucket's HTTP endpoint does: ``GET`` with
 optional single ``Range``, ``HEAD``, ``404`` for a missing key. zarr reads it
 through obstore's ``HTTPStore``::
 
@@ -40,7 +40,7 @@ it is written, per key (the URL path without its leading ``/``). Read them
 with :meth:`Emulator.stats`, zero them with :meth:`Emulator.reset_stats`.
 
 :class:`EmulatorProcess` runs the same server in a child process
-(``python -m bench.emulator``) so that a benchmark's loader and the server do
+(``python -m insitubatch.testing.emulator``) so that a benchmark's loader and the server do
 not share an interpreter; it is driven through two control endpoints the
 server answers without counting them: ``GET /_emulator/stats`` (JSON) and
 ``POST /_emulator/reset``, plus ``POST /_emulator/config`` (JSON with any of
@@ -601,7 +601,7 @@ class EmulatorProcess:
     ) -> None:
         self.root = Path(root).resolve()
         cmd = [
-            sys.executable, "-m", "bench.emulator", "--root", str(self.root), "--latency-s", str(latency_s),
+            sys.executable, "-m", "insitubatch.testing.emulator", "--root", str(self.root), "--latency-s", str(latency_s),
             "--jitter-s", str(jitter_s), "--seed", str(seed),
         ]
         if bandwidth_bytes_per_s is not None:

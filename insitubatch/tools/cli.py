@@ -14,8 +14,8 @@ from typing import Any
 
 from zarr.abc.store import Store
 
-from .errors import InSituError
-from .progress import progress
+from ..errors import InSituError
+from ..progress import progress
 
 __all__ = ["build_parser", "main"]
 
@@ -31,7 +31,7 @@ def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _open_store(args: argparse.Namespace, *, read_only: bool) -> Store:
-    from .stores import obstore_store
+    from ..io.stores import obstore_store
 
     options: dict[str, Any] = {}
     if args.endpoint is not None:
@@ -63,7 +63,7 @@ def _add_slots(subparsers: Any) -> None:
 
 
 def _run_slots(args: argparse.Namespace) -> int:
-    from .write import plan_slots
+    from ..write import plan_slots
 
     store = _open_store(args, read_only=True)
     plan = plan_slots(
@@ -108,7 +108,7 @@ def _add_write_status(subparsers: Any) -> None:
 
 
 def _run_write_status(args: argparse.Namespace) -> int:
-    from .write import clear_coverage, clear_stale_claims, write_status
+    from ..write import clear_coverage, clear_stale_claims, write_status
 
     writes = args.clear_stale or args.clear_coverage is not None
     store = _open_store(args, read_only=not writes)
@@ -164,7 +164,7 @@ def _run_debug_info(args: argparse.Namespace) -> int:
 
 # -- entry point ---------------------------------------------------------------
 def _add_inspect(subparsers: Any) -> None:
-    from .inspect import add_inspect_parser
+    from .inspect_store import add_inspect_parser
 
     add_inspect_parser(subparsers)
 

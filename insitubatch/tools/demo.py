@@ -1,6 +1,6 @@
 """The quick-start demo: write a small ERA5-like zarr locally, then train-iterate it.
 
-Run ``python -m insitubatch.demo`` (or ``./dev demo``). It writes the dataset
+Run ``python -m insitubatch.tools.demo`` (or ``./dev demo``). It writes the dataset
 once (smooth fields plus noise, so it compresses like real weather), splits
 it by chunk, iterates two epochs of ``train`` and one of ``val``, and prints
 what each pass did: samples/s, decoded MB/s, store GETs and pool hits.
@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from .dataset import InSituDataset
-from .geometry import open_geometries
-from .progress import progress
-from .splits import split_by_chunk
-from .stores import obstore_store
+from ..dataset import InSituDataset
+from ..io.geometry import open_geometries
+from ..progress import progress
+from ..plan.splits import split_by_chunk
+from ..io.stores import obstore_store
 
 __all__ = ["main", "write_demo_dataset"]
 

@@ -22,17 +22,17 @@ from typing import Any
 from zarr.abc.store import Store
 from zarr.core.sync import sync
 
-from .describe import describe_loader, format_summary
-from .geometry import ArrayGeometry, open_geometries
-from .plan import plan_epoch
-from .splits import DEFAULT_FRACTIONS, split_by_chunk
-from .stores import as_store, close_store, obstore_store
+from ..plan.cost import describe_loader, format_summary
+from ..io.geometry import ArrayGeometry, open_geometries
+from ..plan.epoch import plan_epoch
+from ..plan.splits import DEFAULT_FRACTIONS, split_by_chunk
+from ..io.stores import as_store, close_store, obstore_store
 
 __all__ = ["add_inspect_parser", "inspect_store", "run_inspect"]
 
 def _dataset_defaults() -> dict[str, Any]:
     """The loader's own defaults for the knobs, read from ``InSituDataset`` (one place)."""
-    from .dataset import InSituDataset
+    from ..dataset import InSituDataset
 
     params = _pyinspect.signature(InSituDataset).parameters
     return {k: params[k].default for k in ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")}

@@ -18,7 +18,7 @@ import zarr
 
 from helpers import CountingStore, local_store, smooth_field, write_array
 from insitubatch import InSituDataset, PassStats, open_geometries, split_by_chunk
-from insitubatch.stats import CONSUMER_WAIT_SHARE, MIN_PRESSURE, STAGES
+from insitubatch._engine.stats import CONSUMER_WAIT_SHARE, MIN_PRESSURE, STAGES
 
 # A GET (or a transform, or a step) this slow dwarfs the rest of a pass over a few hundred KB.
 SLOW_S = 0.03

@@ -11,7 +11,7 @@ import torch
 import zarr
 
 from insitubatch import InSituDataset, as_torch, open_geometries, split_by_chunk
-from insitubatch.pinned import _buffer_of
+from insitubatch.adapters.pinned import _buffer_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

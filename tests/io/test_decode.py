@@ -17,9 +17,9 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, Transpos
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
-from insitubatch.decode import ChunkDecoder, clip_to_array, make_decoder, read_stored_chunk
+from insitubatch.io.decode import ChunkDecoder, clip_to_array, make_decoder, read_stored_chunk
 from insitubatch.errors import BadChunkError
-from insitubatch.geometry import ArrayGeometry, geometry_of
+from insitubatch.io.geometry import ArrayGeometry, geometry_of
 
 # name -> (create_array kwargs, region written or None for all). Shapes are not
 # multiples of the stored chunk, so every array has edge chunks.

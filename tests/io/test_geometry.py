@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
-from insitubatch.geometry import geometry_of, open_geometries
+from insitubatch.io.geometry import geometry_of, open_geometries
 
 
 @pytest.fixture

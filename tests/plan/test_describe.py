@@ -10,8 +10,8 @@ import zarr
 
 from helpers import CountingStore, local_store, smooth_field, write_array
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
-from insitubatch.describe import format_summary
-from insitubatch.inspect import inspect_store
+from insitubatch.plan.cost import format_summary
+from insitubatch.tools.inspect_store import inspect_store
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import zarr
 
 from helpers import CountingStore, local_store
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
-from insitubatch.distributed import resolve_world
+from insitubatch.plan.distributed import resolve_world
 
 N = 203  # not a multiple of anything, so the tail is ragged
 

@@ -8,8 +8,8 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from insitubatch.geometry import ArrayGeometry, geometry_of
-from insitubatch.splits import SplitManifest, split_by_chunk
+from insitubatch.io.geometry import ArrayGeometry, geometry_of
+from insitubatch.plan.splits import SplitManifest, split_by_chunk
 
 
 def _geom(n: int, size: int) -> ArrayGeometry:

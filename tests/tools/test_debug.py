@@ -11,8 +11,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from insitubatch import print_debug_info
-from insitubatch.cli import main
-from insitubatch.debug import debug_info
+from insitubatch.tools.cli import main
+from insitubatch.tools.debug import debug_info
 
 ROOT = Path(__file__).resolve().parents[1]
 

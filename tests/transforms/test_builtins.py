@@ -13,8 +13,8 @@ import zarr
 from helpers import smooth_field, write_array
 
 from insitubatch.dataset import InSituDataset
-from insitubatch.geometry import open_geometries
-from insitubatch.splits import split_by_chunk
+from insitubatch.io.geometry import open_geometries
+from insitubatch.plan.splits import split_by_chunk
 from insitubatch.tools.check_transform import read_chunk
 from insitubatch.tools.gil_probe import SCHEDSTAT_PATH, _usable_cpus, gil_probe
 from insitubatch.transforms import (
