@@ -246,8 +246,7 @@ def api_entries() -> list[Entry]:
 
 def cli_parsers() -> dict[str, argparse.ArgumentParser]:
     """``{"insitubatch <command>": parser, "insitubatch-check-transform": parser}``."""
-    from insitubatch import cli
-    from insitubatch.tools import check_transform
+    from insitubatch.tools import check_transform, cli
 
     parsers: dict[str, argparse.ArgumentParser] = {}
     top = cli.build_parser()

@@ -606,7 +606,7 @@ class EmulatorProcess:
         ]
         if bandwidth_bytes_per_s is not None:
             cmd += ["--bandwidth-bytes-per-s", str(bandwidth_bytes_per_s)]
-        repo_root = Path(__file__).resolve().parent.parent
+        repo_root = Path(__file__).resolve().parents[2]  # the tree this package was imported from
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
         self.url = self._read_url()

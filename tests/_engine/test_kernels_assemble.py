@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from insitubatch import kernels
+from insitubatch._engine import kernels
 from insitubatch._engine.kernels import assemble_tiles, fill_region, place_tile
 
 DTYPES = ["u1", "i2", "<f4", ">f8", "c8", "bool", "M8[s]"]
@@ -152,7 +152,7 @@ def test_unbuilt_source_tree_says_how_to_build(tmp_path) -> None:
     import sys
     from pathlib import Path
 
-    src = Path(__file__).resolve().parents[1] / "insitubatch"
+    src = Path(__file__).resolve().parents[2] / "insitubatch"
     shutil.copytree(src, tmp_path / "insitubatch", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     proc = subprocess.run(
         [sys.executable, "-c", "import insitubatch"], cwd=tmp_path, capture_output=True, text=True

@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
-from insitubatch import kernels
+from insitubatch._engine import kernels
 from insitubatch._ext import gather as _gather
 from insitubatch._engine.kernels import coalesce_runs, gather
 

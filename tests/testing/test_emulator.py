@@ -20,7 +20,7 @@ from insitubatch.testing.emulator import FAULT_KINDS, Emulator, EmulatorProcess
 from insitubatch.io.geometry import open_geometries
 from insitubatch.io.stores import obstore_store
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BLOB = "data/blob.bin"
 BLOB_NBYTES = 200_000
 LATENCY_S = 0.05

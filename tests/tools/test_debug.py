@@ -14,7 +14,7 @@ from insitubatch import print_debug_info
 from insitubatch.tools.cli import main
 from insitubatch.tools.debug import debug_info
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_reports_versions_kernels_cpus_and_gil() -> None:

@@ -9,7 +9,7 @@ import types
 import pytest
 from zarr.storage import MemoryStore
 
-from insitubatch import cli
+from insitubatch.tools import cli
 from insitubatch.progress import progress
 from insitubatch.write import create_layout, plan_slots, run_plan
 from write_helpers import GROUP, layout_spec, write_batches
