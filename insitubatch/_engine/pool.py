@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -29,7 +30,11 @@ from .stats import PassTrace
 
 __all__ = ["ChunkPool", "Owner", "PassCounters", "PoolTotals", "Slot"]
 
-PENDING, READY, FAILED = "pending", "ready", "failed"
+# a slot's life: tiles arriving, every tile placed, or the fetch/decode failed (``Slot.error``)
+SlotState = Literal["pending", "ready", "failed"]
+PENDING: SlotState = "pending"
+READY: SlotState = "ready"
+FAILED: SlotState = "failed"
 
 logger = logging.getLogger("insitubatch")
 
@@ -68,7 +73,7 @@ class Slot:
     n_tiles: int
     origins: np.ndarray
     tiles: list[np.ndarray | None]
-    state: str = PENDING
+    state: SlotState = PENDING
     error: BaseException | None = None
     remaining: int = 0
     pins: dict[int, int] = field(default_factory=dict)

@@ -15,20 +15,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from .batch import Batch
 from ..errors import DatasetClosedError
 from .gather import gather_label
 from ..plan.epoch import EpochPlan
+from .context import PassContext
 from .pool import FAILED, PENDING, Owner, PassCounters
 from .scheduler import PassDriver
 from .stats import PassStats, log_pass
-
-if TYPE_CHECKING:
-    from ..dataset import InSituDataset
 
 __all__ = ["PassIterator"]
 
@@ -51,15 +47,15 @@ class _Stopped(Exception):
 class _PassState:
     """Everything one pass owns: pool owner, driver, producer thread, queue."""
 
-    def __init__(self, ds: InSituDataset, split: str, plan: EpochPlan, epoch: int, start_batch: int) -> None:
+    def __init__(self, ctx: PassContext, split: str, plan: EpochPlan, epoch: int, start_batch: int) -> None:
         if not 0 <= start_batch <= plan.n_batches:
             raise ValueError(f"{start_batch=} must be in [0, {plan.n_batches}] for split {split!r}")
-        self.ds = ds
+        self.ctx = ctx
         self.split = split
         self.plan = plan
         self.epoch = epoch
         self.start_batch = start_batch
-        self.queue: queue.Queue = queue.Queue(maxsize=ds.prefetch_depth)
+        self.queue: queue.Queue = queue.Queue(maxsize=ctx.prefetch_depth)
         self.stop_event = threading.Event()
         self.owner: Owner | None = None
         self.driver: PassDriver | None = None
@@ -68,7 +64,7 @@ class _PassState:
         self._close_lock = threading.Lock()
         self.consumed = start_batch
         self.history: tuple[tuple[int, int], ...] = ()
-        self.coords = ds.sample_coords() if split == "__infer__" else None
+        self.coords = ctx.sample_coords() if split == "__infer__" else None
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.evictions_at_start = 0
@@ -90,29 +86,28 @@ class _PassState:
 
     def stats(self) -> PassStats:
         """This pass's stats so far (final once it has closed)."""
-        ds, now = self.ds, time.perf_counter()
+        ctx, now = self.ctx, time.perf_counter()
         started = self.started_at if self.started_at is not None else now
         ended = self.ended_at if self.ended_at is not None else now
         return PassStats._from_trace(
             self.counters.trace, self.counters, split=self.split, epoch=self.epoch, wall_s=ended - started,
-            evictions=ds.pool.totals.evictions - self.evictions_at_start, max_inflight=ds.max_inflight,
-            decode_threads=ds.decode_threads, cache_budget_bytes=ds.pool.explicit_budget,
+            evictions=ctx.pool.totals.evictions - self.evictions_at_start, max_inflight=ctx.max_inflight,
+            decode_threads=ctx.decode_threads, cache_budget_bytes=ctx.pool.explicit_budget,
             finished=self.ended_at is not None,
         )
 
     def start(self) -> None:
-        ds = self.ds
+        ctx = self.ctx
         self.started_at = time.perf_counter()
-        self.evictions_at_start = ds.pool.totals.evictions
-        self.owner = ds.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
-        with ds._lock:
-            ds._epoch_counters.append(self.owner.counters)
+        self.evictions_at_start = ctx.pool.totals.evictions
+        self.owner = ctx.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
+        ctx.track(self.owner.counters)
         self.driver = PassDriver(
-            store=ds.store, pool=ds.pool, owner=self.owner, plan=self.plan, readers=ds.readers,
-            semaphore=ds._semaphore_for_loop(), executor=ds.executor, on_bad_chunk=ds.on_bad_chunk,
-            bad_chunks=ds.bad_chunks, first_block=self._first_block(), cache=ds.cache,
+            store=ctx.store, pool=ctx.pool, owner=self.owner, plan=self.plan, readers=ctx.readers,
+            semaphore=ctx.semaphore(), executor=ctx.executor, on_bad_chunk=ctx.on_bad_chunk,
+            bad_chunks=ctx.bad_chunks, first_block=self._first_block(), cache=ctx.cache,
         )
-        self.driver.seen_keys = ds._fetched_keys
+        self.driver.seen_keys = ctx.fetched_keys
         self.driver.start()
         self.thread = threading.Thread(target=self._produce, name="insitu-prefetch", daemon=True)
         self.thread.start()
@@ -137,7 +132,7 @@ class _PassState:
         raise _Stopped
 
     def _wait_block(self, b: int) -> None:
-        pool, driver = self.ds.pool, self.driver
+        pool, driver = self.ctx.pool, self.driver
         wanted = self.plan.block_reads[b]
         with pool.cond:
             while True:
@@ -167,10 +162,10 @@ class _PassState:
             slot = slots[i]
             if slot is not None:
                 slots[i] = None
-                self.ds.pool.unpin(slot, self.owner)
+                self.ctx.pool.unpin(slot, self.owner)
 
     def _produce_batches(self) -> None:
-        ds, plan = self.ds, self.plan
+        ctx, plan = self.ctx, self.plan
         ready_upto = -1
         released_upto = -1
         if self.start_batch > 0:
@@ -193,9 +188,9 @@ class _PassState:
             slots = self.driver.slots
             held = {plan.reads[i]: slots[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
             arrays = {}
-            for label, g in ds.outputs.items():
+            for label, g in ctx.outputs.items():
                 # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
-                buf = ds.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
+                buf = ctx.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
                 out = buf[: len(anchors)]
                 gather_label(out, anchors, g, lambda c, path=g.path: held[(path, c)])
                 arrays[label] = out
@@ -204,11 +199,11 @@ class _PassState:
                 coords = {name: values[anchors] for name, values in self.coords.items()}
             batch = Batch(
                 arrays=arrays, sample_indices=anchors.copy(),
-                offsets={lb: g.offset for lb, g in ds.variables.items()}, coords=coords, epoch=self.epoch, index=k,
+                offsets=dict(ctx.offsets), coords=coords, epoch=self.epoch, index=k,
             )
             if plan.padded is not None:
                 batch.extras["padded"] = plan.padded[start:stop].copy()
-            for t in ds.batch_transforms:
+            for t in ctx.batch_transforms:
                 batch = t(batch)
                 if not isinstance(batch, Batch):
                     raise TypeError(f"batch transform {t!r} returned {type(batch).__name__}, not a Batch")
@@ -234,8 +229,8 @@ class _PassState:
             self._closed = True
         self.ended_at = time.perf_counter()
         self.stop_event.set()
-        with self.ds.pool.cond:
-            self.ds.pool.cond.notify_all()
+        with self.ctx.pool.cond:
+            self.ctx.pool.cond.notify_all()
         while True:  # unblock a producer parked on a full queue
             try:
                 self.queue.get_nowait()
@@ -248,7 +243,7 @@ class _PassState:
             # the pass no longer holds its slots: an evicted chunk's memory (or mapping) goes with the pool's
             self.driver.slots = [None] * len(self.driver.slots)
         if self.owner is not None:
-            self.ds.pool.close_owner(self.owner)
+            self.ctx.pool.close_owner(self.owner)
         if self.started_at is not None:
             stats = self.stats()
             log_pass(stats)
@@ -296,7 +291,7 @@ class PassIterator:
         state.counters.trace.add("consumer_wait_s", time.perf_counter() - t0)
         if item is _END:
             self.close()
-            state.ds._warn_if_cache_useless(state.counters, state.epoch)
+            state.ctx.warn_if_cache_useless(state.counters, state.epoch)
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
@@ -306,7 +301,7 @@ class PassIterator:
 
     def _ended(self) -> None:
         """The pass is closed: a closed dataset is an error, a pass the caller closed simply ends."""
-        if self._state.ds._closed:
+        if self._state.ctx.closed:
             raise DatasetClosedError(
                 "the InSituDataset was closed while this pass was open; its remaining batches are gone"
             ) from None

@@ -15,13 +15,14 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-__all__ = ["STAGES", "PassStats", "PassTrace"]
+__all__ = ["STAGES", "PassStats", "PassTrace", "Stage"]
 
 logger = logging.getLogger("insitubatch")
 
-STAGES = ("store", "decode", "budget", "consumer", "unknown")
+Stage = Literal["store", "decode", "budget", "consumer", "unknown"]
+STAGES: tuple[Stage, ...] = get_args(Stage)
 # Fewer batches than this say nothing about a steady state.
 MIN_BATCHES = 2
 # The consumer limits when it spent at most this share of the pass waiting for
@@ -145,7 +146,7 @@ class PassStats:
         }
 
     @property
-    def limiting_stage(self) -> str:
+    def limiting_stage(self) -> Stage:
         """The one stage that limited this pass: ``store``, ``decode``, ``budget``, ``consumer`` or ``unknown``.
 
         The rule, in order:

@@ -69,7 +69,7 @@ class TorchView(_IterableBase):
             from .pinned import PinnedBufferPool
 
             self._pinned = PinnedBufferPool()
-            view.dataset.buffers.set_allocator(lambda shape, dtype: self._pinned.acquire(shape, dtype))
+            view.context.buffers.set_allocator(lambda shape, dtype: self._pinned.acquire(shape, dtype))
 
     def __len__(self) -> int:
         return len(self.view)

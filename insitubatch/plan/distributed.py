@@ -34,14 +34,16 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 import numpy as np
 
 from .epoch import EpochOrder
 
-__all__ = ["REMAINDER_POLICIES", "RankStream", "rank_streams", "resolve_world"]
+__all__ = ["REMAINDER_POLICIES", "RankStream", "Remainder", "rank_streams", "resolve_world"]
 
-REMAINDER_POLICIES = ("pad", "drop")
+Remainder = Literal["pad", "drop"]
+REMAINDER_POLICIES: tuple[Remainder, ...] = get_args(Remainder)
 
 
 def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -186,7 +188,7 @@ def _balanced(eo: EpochOrder, pieces: list[np.ndarray], world_size: int) -> list
     return streams
 
 
-def _equalize(streams: list[RankStream], batch_size: int, remainder: str, fallback: np.ndarray) -> None:
+def _equalize(streams: list[RankStream], batch_size: int, remainder: Remainder, fallback: np.ndarray) -> None:
     """Give every rank the same number of batches (``pad`` repeats a rank's own rows; ``drop`` cuts)."""
     counts = [len(s.rows) for s in streams]
     if remainder == "pad":
@@ -218,7 +220,7 @@ def rank_streams(
     world_size: int,
     *,
     batch_size: int,
-    remainder: str = "pad",
+    remainder: Remainder = "pad",
     contiguous: bool = False,
     history: Sequence[tuple[int, int]] = (),
 ) -> list[RankStream]:

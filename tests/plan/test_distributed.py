@@ -148,6 +148,7 @@ WORKER = textwrap.dedent(
     import numpy as np
     import torch, torch.distributed as dist
     sys.path.insert(0, sys.argv[3])
+    sys.path.insert(0, os.path.dirname(sys.argv[3]))  # this tree's insitubatch, not an installed one
     from helpers import CountingStore, local_store
     from insitubatch import InSituDataset, open_geometries, split_by_chunk
 
