@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from insitubatch.progress import progress
-
-from .baselines import RESULT_PREFIX, data_key_predicate, run_config, supports_persist
 from insitubatch.testing.data import DatasetSpec, wb2_64x32, write_era5_like
 from insitubatch.testing.emulator import DEFAULT_JITTER_S, DEFAULT_LATENCY_S, EmulatorProcess
+
+from .baselines import RESULT_PREFIX, data_key_predicate, run_config, supports_persist
 
 __all__ = ["FULL", "QUICK", "Profile", "main"]
 

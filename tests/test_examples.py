@@ -57,7 +57,8 @@ def test_infer_jax(demo_path, tmp_path) -> None:
 @pytest.mark.slow
 def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # the tree under test
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     proc = subprocess.run(
         [torchrun, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
          str(EXAMPLES / "ddp_train.py"), "--path", demo_path, "--batch-size", "128"],

@@ -15,13 +15,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+
 import numpy as np
 
-from .batch import Batch
 from ..errors import DatasetClosedError
-from .gather import gather_label
 from ..plan.epoch import EpochPlan
+from .batch import Batch
 from .context import PassContext
+from .gather import gather_label
 from .pool import FAILED, PENDING, Owner, PassCounters
 from .scheduler import PassDriver
 from .stats import PassStats, log_pass

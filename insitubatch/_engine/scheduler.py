@@ -28,13 +28,13 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 
 from ..cache import DiskCache
-from ..io.decode import make_decoder
 from ..errors import BadChunkError, StoreReadError
+from ..io.decode import make_decoder
 from ..io.geometry import ArrayGeometry
-from .kernels import place_tile
 from ..plan.epoch import EpochPlan
-from .pool import PENDING, ChunkPool, Owner, Slot
 from ..transforms import ChunkRead, ChunkTransform, DecodedChunk, output_geometry, run_pipeline, stage_outputs
+from .kernels import place_tile
+from .pool import PENDING, ChunkPool, Owner, Slot
 
 __all__ = ["BadChunkRecord", "PassDriver", "decode_pool", "zarr_loop"]
 

@@ -17,9 +17,9 @@ import zarr
 
 from ..dataset import InSituDataset
 from ..io.geometry import open_geometries
-from ..progress import progress
-from ..plan.splits import split_by_chunk
 from ..io.stores import obstore_store
+from ..plan.splits import split_by_chunk
+from ..progress import progress
 
 __all__ = ["main", "write_demo_dataset"]
 

@@ -22,11 +22,11 @@ from typing import Any
 from zarr.abc.store import Store
 from zarr.core.sync import sync
 
-from ..plan.cost import describe_loader, format_summary
 from ..io.geometry import ArrayGeometry, open_geometries
+from ..io.stores import as_store, close_store, obstore_store
+from ..plan.cost import describe_loader, format_summary
 from ..plan.epoch import plan_epoch
 from ..plan.splits import DEFAULT_FRACTIONS, split_by_chunk
-from ..io.stores import as_store, close_store, obstore_store
 
 __all__ = ["add_inspect_parser", "inspect_store", "run_inspect"]
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import zarr
-
 from helpers import CountingStore, local_store, smooth_field, write_array
+
 from insitubatch._engine.buffers import BufferPool
 from insitubatch._engine.context import PassContext
 from insitubatch._engine.pool import ChunkPool

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from insitubatch._engine import kernels
-from insitubatch._ext import gather as _gather
 from insitubatch._engine.kernels import coalesce_runs, gather
+from insitubatch._ext import gather as _gather
 
 DTYPES = ["u1", "i2", "<f4", ">f8", "c16", "bool", "M8[s]", "S3", [("a", "u1"), ("b", "<f4")]]
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import zarr
 
-from insitubatch.testing.data import DatasetSpec, write_era5_like
-from insitubatch.testing.emulator import FAULT_KINDS, Emulator, EmulatorProcess
 from insitubatch.io.geometry import open_geometries
 from insitubatch.io.stores import obstore_store
+from insitubatch.testing.data import DatasetSpec, write_era5_like
+from insitubatch.testing.emulator import FAULT_KINDS, Emulator, EmulatorProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BLOB = "data/blob.bin"

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from insitubatch.testing.data import DatasetSpec, write_era5_like
-from insitubatch.testing.emulator import Emulator
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.geometry import open_geometries
-from insitubatch.tools.inspect_store import add_inspect_parser, inspect_store, run_inspect
+from insitubatch.io.stores import obstore_store
 from insitubatch.plan.epoch import plan_epoch
 from insitubatch.plan.splits import split_by_chunk
-from insitubatch.io.stores import obstore_store
+from insitubatch.testing.data import DatasetSpec, write_era5_like
+from insitubatch.testing.emulator import Emulator
+from insitubatch.tools.inspect_store import add_inspect_parser, inspect_store, run_inspect
 
 SPEC = DatasetSpec(n_time=64, n_lat=8, n_lon=16, variables=("2m_temperature", "10m_u_component_of_wind"),
                    samples_per_chunk=4, inner_tiles=(1, 2))

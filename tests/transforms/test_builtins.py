@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -447,6 +448,7 @@ def test_examples_run_offline(tmp_path, script, expect) -> None:
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / script), "--path", str(tmp_path / "demo.zarr")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(EXAMPLES.parent), os.environ.get("PYTHONPATH")]))),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert expect in done.stdout
