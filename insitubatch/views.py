@@ -63,7 +63,8 @@ class DatasetView:
         return self.plan().n_batches
 
     def __iter__(self) -> Iterator[Batch]:
-        start, history = 0, ()
+        start: int = 0
+        history: History = ()
         if self._resume_at is not None:
             epoch, start, history = self._resume_at
             self._resume_at = None
