@@ -506,7 +506,8 @@ def _insitu_dataset(cfg: dict[str, Any], store: Any, geoms: dict[str, Any], **ex
     from insitubatch.plan.splits import split_by_chunk
 
     manifest = split_by_chunk(next(iter(geoms.values())), fractions=tuple(cfg["fractions"]))
-    knobs = {k: cfg[k] for k in ("max_inflight", "block_chunks", "prefetch_depth") if cfg.get(k) is not None}
+    knobs = {k: cfg[k] for k in ("max_inflight", "block_chunks", "prefetch_depth", "decode_threads")
+             if cfg.get(k) is not None}
     return InSituDataset(store, manifest, geoms, batch_size=int(cfg["batch_size"]), seed=int(cfg.get("seed", 0)),
                          **knobs, **extra)
 

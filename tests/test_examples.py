@@ -39,6 +39,7 @@ def test_demo_main_command(demo_path, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_train_torch_checkpoint_and_resume(demo_path, tmp_path) -> None:
+    pytest.importorskip("torch")
     ckpt = str(tmp_path / "ckpt")
     out = _run([str(EXAMPLES / "train_torch.py"), "--path", demo_path, "--checkpoint", ckpt, "--stop-after", "3",
                 "--batch-size", "128"], tmp_path)
@@ -56,6 +57,7 @@ def test_infer_jax(demo_path, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
+    pytest.importorskip("torch")
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # the tree under test
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
@@ -83,5 +85,6 @@ def _free_port() -> int:
 
 
 def test_wb2_dataloader_against_the_local_emulator(tmp_path) -> None:
+    pytest.importorskip("torch")
     out = _run([str(EXAMPLES / "wb2_dataloader.py"), "--local", "--local-dir", str(tmp_path / "wb2")], tmp_path)
     assert "epoch 0: first batch" in out and "epoch 1" in out

@@ -18,7 +18,7 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -288,14 +288,28 @@ class ChunkPool:
     # -- delivery (decode side) ---------------------------------------------
     def deliver(self, slot: Slot, tile_index: int, tile: np.ndarray) -> None:
         """Adopt a decoded tile by reference; the slot is ready once every tile landed."""
+        self.deliver_many(((slot, tile_index, tile),))
+
+    def deliver_many(self, landed: Sequence[tuple[Slot, int, np.ndarray]]) -> None:
+        """``deliver`` for several ``(slot, tile_index, tile)`` under one lock, with one wake-up.
+
+        A decode job that placed a group of tiles lands them together, so the
+        consumer waiting on ``cond`` is woken once per group, not per tile.
+        """
+        if not landed:
+            return
+        ready = False
         with self.lock:
-            if slot.state != PENDING:
-                return
-            if slot.tiles[tile_index] is None:
-                slot.remaining -= 1
-            slot.tiles[tile_index] = tile
-            if slot.remaining == 0:
-                slot.state = READY
+            for slot, tile_index, tile in landed:
+                if slot.state != PENDING:
+                    continue
+                if slot.tiles[tile_index] is None:
+                    slot.remaining -= 1
+                slot.tiles[tile_index] = tile
+                if slot.remaining == 0:
+                    slot.state = READY
+                    ready = True
+            if ready:
                 self.cond.notify_all()
 
     def replace_tiles(self, slot: Slot, tiles: list[np.ndarray], origins: np.ndarray) -> bool:

@@ -10,9 +10,9 @@ plain calls:
   endianness), then bytes→bytes codecs (zstd, gzip, blosc, crc32c, ...). Each
   codec is handed the ``ArraySpec`` it saw when encoding (array→array codecs
   change it, so it is walked through their ``resolve_metadata`` once, up
-  front). Decoding runs the list backwards through each codec's
-  ``_decode_sync``; codecs wrapped from numcodecs, which lack it, call their
-  numcodecs codec directly.
+  front). Decoding runs the list backwards through each codec's synchronous
+  decode (``_zarr_compat.codec_decoder``: zarr's own, or the numcodecs codec
+  a wrapper carries).
 * **sharded v3** — the stored chunk is the whole shard. Its index (at the
   start or the end) is itself a small chain (normally ``bytes`` + ``crc32c``,
   so the checksum is verified); each present inner chunk is decoded with the
@@ -20,6 +20,19 @@ plain calls:
   2**64-1) read as the fill value. Nested shards work the same way.
 * **v2** — the numcodecs compressor, then the filters in reverse, then a view
   as the array's dtype laid out in its ``order``.
+
+**Decode into the destination.** ``ChunkDecoder.decode_into`` writes a
+chunk into memory the caller owns (a pool slot's tile). When the chain is
+one compressor that numcodecs can decompress straight into a buffer —
+blosc, zstd, lz4, gzip or zlib, behind a native-endian ``bytes`` codec (v3),
+inner shard chunks included, or as a filterless C-order v2 compressor — it
+does, with no intermediate array. numcodecs accepts an ``out`` larger than
+the data and leaves its tail untouched, so the size the frame declares
+(blosc and zstd headers, the lz4 prefix, the gzip trailer) is checked
+against ``out`` first; a frame of any other size takes the generic path,
+which refuses it by its real size: a short frame is a bad chunk, never a
+half-written tile. Every other chain decodes as usual and is copied into
+``out``.
 
 The codecs themselves (numcodecs' blosc, zstd, zlib) release the GIL; the
 glue here is O(codecs + inner chunks) Python per stored chunk, never per
@@ -32,9 +45,10 @@ garbage is never returned as data.
 
 from __future__ import annotations
 
-import math
 import functools
+import math
 import struct
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,19 +56,31 @@ from typing import Any
 import numpy as np
 from numcodecs.blosc import Blosc as _NumcodecsBlosc
 from numcodecs.compat import ensure_ndarray_like
-from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, SupportsSyncCodec
+from numcodecs.gzip import GZip as _NumcodecsGZip
+from numcodecs.lz4 import LZ4 as _NumcodecsLZ4
+from numcodecs.zlib import Zlib as _NumcodecsZlib
+from numcodecs.zstd import Zstd as _NumcodecsZstd
+from zarr.abc.buffer import Buffer
+from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
 from zarr.abc.store import Store
+from zarr.buffer import default_buffer_prototype
+from zarr.buffer.cpu import numpy_buffer_prototype
 from zarr.codecs.blosc import BloscCodec
-from zarr.codecs.sharding import ShardingCodec, ShardingCodecIndexLocation
-from zarr.core.array_spec import ArrayConfig, ArraySpec
-from zarr.core.buffer import Buffer, default_buffer_prototype
-from zarr.core.buffer.cpu import Buffer as _CpuBuffer
-from zarr.core.buffer.cpu import NDBuffer as _CpuNDBuffer
-from zarr.core.buffer.cpu import numpy_buffer_prototype
-from zarr.core.dtype.npy.int import UInt64
-from zarr.core.metadata.v2 import ArrayV2Metadata
-from zarr.core.sync import sync
+from zarr.codecs.bytes import BytesCodec
+from zarr.codecs.sharding import ShardingCodec
+from zarr.dtype import UInt64
 
+from .._zarr_compat import (
+    ArrayConfig,
+    ArraySpec,
+    ArrayV2Metadata,
+    chunk_spec,
+    codec_decoder,
+    numcodec_behind,
+    shard_index_at_start,
+    sync,
+    wrapped_numcodec,
+)
 from ..errors import BadChunkError, StoreReadError
 from .geometry import ArrayGeometry
 
@@ -81,7 +107,7 @@ class _DecodeFailure(Exception):
 
 
 def _is_blosc(codec: Any) -> bool:
-    return isinstance(codec, (BloscCodec, _NumcodecsBlosc)) or isinstance(getattr(codec, "_codec", None), _NumcodecsBlosc)
+    return isinstance(codec, (BloscCodec, _NumcodecsBlosc)) or isinstance(wrapped_numcodec(codec), _NumcodecsBlosc)
 
 
 def _check_blosc_frame(data: Any) -> None:
@@ -103,6 +129,81 @@ def _check_blosc_frame(data: Any) -> None:
         raise _DecodeFailure(f"blosc header says {nbytes} bytes are stored uncompressed in a {cbytes}-byte frame")
 
 
+# zstd frame header (RFC 8878 §3.1.1): magic, then a descriptor byte whose top two
+# bits size the frame-content-size field, bit 5 marks a single segment (no window
+# byte) and the low two bits size the dictionary id.
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_FCS_BYTES = (0, 2, 4, 8)
+_ZSTD_DICT_BYTES = (0, 1, 2, 4)
+# gzip members end in ISIZE: the uncompressed length modulo 2**32 (RFC 1952 §2.3.1).
+_GZIP_MIN_BYTES = 18
+
+
+def _zstd_content_size(raw: np.ndarray) -> int | None:
+    """The decompressed size a zstd frame header declares; None when absent or unreadable."""
+    if raw.nbytes < 6 or int.from_bytes(raw[:4].tobytes(), "little") != _ZSTD_MAGIC:
+        return None
+    fhd = int(raw[4])
+    single = bool(fhd & 0x20)
+    fcs_code = fhd >> 6
+    size = _ZSTD_FCS_BYTES[fcs_code] or (1 if single else 0)
+    if size == 0:
+        return None
+    pos = 5 + (0 if single else 1) + _ZSTD_DICT_BYTES[fhd & 0x03]
+    if raw.nbytes < pos + size:
+        return None
+    value = int.from_bytes(raw[pos : pos + size].tobytes(), "little")
+    return value + 256 if size == 2 else value
+
+
+def _declared_size(codec: Any, raw: np.ndarray) -> int | None:
+    """What the frame says it decompresses to; None when it does not say (then no direct decode)."""
+    if isinstance(codec, _NumcodecsBlosc):
+        _check_blosc_frame(raw)
+        return _BLOSC_HEADER.unpack_from(raw)[4]
+    if isinstance(codec, _NumcodecsZstd):
+        return _zstd_content_size(raw)
+    if isinstance(codec, _NumcodecsLZ4):
+        return int.from_bytes(raw[:4].tobytes(), "little") if raw.nbytes >= 4 else None
+    if isinstance(codec, _NumcodecsGZip):
+        return int.from_bytes(raw[-4:].tobytes(), "little") if raw.nbytes >= _GZIP_MIN_BYTES else None
+    return None  # zlib: numcodecs itself refuses an ``out`` of any other size
+
+
+_DIRECT_CODECS = (_NumcodecsBlosc, _NumcodecsZstd, _NumcodecsLZ4, _NumcodecsGZip, _NumcodecsZlib)
+
+
+class _Direct:
+    """One numcodecs compressor that decompresses straight into the caller's buffer."""
+
+    def __init__(self, codec: Any) -> None:
+        self.codec = codec
+        self.sized = not isinstance(codec, _NumcodecsZlib)
+
+    @staticmethod
+    def of(codec: Any) -> _Direct | None:
+        inner = numcodec_behind(codec)
+        return _Direct(inner) if isinstance(inner, _DIRECT_CODECS) else None
+
+    def __call__(self, raw: np.ndarray, out: np.ndarray) -> bool:
+        """Decode ``raw`` into ``out`` (C-contiguous); False, untouched, unless the frame declares out's size.
+
+        A frame of another (or no) declared size goes the generic way, which
+        decodes it whole and refuses it by its real size (or takes a frame
+        layout this check does not know, such as several zstd frames).
+        """
+        dest = out.reshape(-1).view(np.uint8)
+        if self.sized:
+            expected = dest.nbytes % 2**32 if isinstance(self.codec, _NumcodecsGZip) else dest.nbytes
+            if _declared_size(self.codec, raw) != expected:
+                return False
+        try:
+            self.codec.decode(raw, out=dest)
+        except Exception as exc:  # every codec has its own failure types
+            raise _DecodeFailure(f"{type(self.codec).__name__} failed: {exc}") from exc
+        return True
+
+
 def _fill_value(spec: ArraySpec) -> Any:
     # zarr v2 allows a null fill value; zarr then reads missing chunks as the dtype default.
     return spec.dtype.default_scalar() if spec.fill_value is None else spec.fill_value
@@ -118,28 +219,14 @@ def _as_uint8(data: ChunkData) -> np.ndarray:
 def _stage(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
     """One codec's decode as ``numpy -> numpy``, with no event loop."""
     if _is_blosc(codec):
-        decode = _stage_unchecked(codec)
+        decode = codec_decoder(codec)
 
         def checked(a: np.ndarray, spec: ArraySpec) -> np.ndarray:
             _check_blosc_frame(a)
             return decode(a, spec)
 
         return checked
-    return _stage_unchecked(codec)
-
-
-def _stage_unchecked(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
-    if isinstance(codec, SupportsSyncCodec):
-        if isinstance(codec, ArrayArrayCodec):
-            return lambda a, spec: codec._decode_sync(_CpuNDBuffer.from_numpy_array(a), spec).as_numpy_array()
-        return lambda a, spec: codec._decode_sync(_CpuBuffer.from_array_like(a), spec).as_numpy_array()
-    # zarr.codecs.numcodecs wrappers (Delta, Shuffle, LZ4, ...) carry their numcodecs codec.
-    numcodec = getattr(codec, "_codec", None)
-    if numcodec is not None and hasattr(numcodec, "decode"):
-        if isinstance(codec, BytesBytesCodec):
-            return lambda a, spec: ensure_ndarray_like(numcodec.decode(a)).reshape(-1).view(np.uint8)
-        return lambda a, spec: ensure_ndarray_like(numcodec.decode(a)).reshape(spec.shape)
-    raise TypeError(f"codec {codec!r} has no synchronous decode (_decode_sync) and wraps no numcodecs codec")
+    return codec_decoder(codec)
 
 
 def _run(codec: Any, decode: Callable[[np.ndarray, ArraySpec], np.ndarray], data: np.ndarray, spec: ArraySpec) -> np.ndarray:
@@ -178,6 +265,27 @@ class _Chain:
         # Raw size of the array→bytes input for fixed-size serializers (the `bytes` codec).
         raw = self._array_bytes_spec
         self._raw_nbytes = math.prod(raw.shape) * raw.dtype.to_native_dtype().itemsize
+        self._direct = self._direct_stage()
+
+    def _direct_stage(self) -> _Direct | None:
+        """The compressor to decode straight into a caller's buffer, when the chain is just that."""
+        codec = self._array_bytes_codec
+        if self._array_array or len(self._bytes_bytes) != 1 or type(codec) is not BytesCodec:
+            return None
+        if codec.endian is not None and codec.endian.value != sys.byteorder:
+            return None
+        if self.dtype.hasobject or not self.dtype.isnative:
+            return None
+        return _Direct.of(self._bytes_bytes[0][0])
+
+    def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
+        """Decode into ``out`` (this chain's shape, C-contiguous, writeable)."""
+        if self._direct is not None and out.dtype == self.dtype and self._direct(raw, out):
+            return
+        if isinstance(self._array_bytes, _ShardStage) and not self._array_array and not self._bytes_bytes:
+            self._array_bytes.decode_into(raw, out)
+            return
+        out[...] = self(raw)
 
     def encoded_nbytes(self) -> int:
         """Encoded size of one chunk; only for fixed-size chains such as a shard index."""
@@ -221,7 +329,7 @@ class _ShardStage:
         )
         self._index = _Chain(codec.index_codecs, index_spec)
         self.index_nbytes = self._index.encoded_nbytes()
-        self.index_at_start = codec.index_location == ShardingCodecIndexLocation.start
+        self.index_at_start = shard_index_at_start(codec)
         inner_spec = ArraySpec(
             shape=self.inner_shape, dtype=spec.dtype, fill_value=spec.fill_value, config=_CONFIG, prototype=_PROTOTYPE
         )
@@ -255,20 +363,25 @@ class _ShardStage:
         return offsets, lengths, ~absent
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype)
+        self.decode_into(raw, out)
+        return out
+
+    def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
+        """Each present inner chunk straight into its region of ``out``; absent ones as the fill value."""
         offsets, lengths, present = self._read_index(raw)
-        if present.all():
-            out = np.empty(self.shape, dtype=self.dtype)
-        else:
-            out = np.full(self.shape, self.fill, dtype=self.dtype)
+        if not present.all():
+            out[...] = self.fill
         for where in zip(*np.nonzero(present)):
             start = int(offsets[where])
+            region = out[tuple(slice(int(i) * c, (int(i) + 1) * c) for i, c in zip(where, self.inner_shape))]
             try:
-                chunk = self._inner(raw[start : start + int(lengths[where])])
+                if region.flags.c_contiguous:
+                    self._inner.decode_into(raw[start : start + int(lengths[where])], region)
+                else:
+                    region[...] = self._inner(raw[start : start + int(lengths[where])])
             except _DecodeFailure as exc:
                 raise _DecodeFailure(f"inner chunk {tuple(int(i) for i in where)}: {exc}") from exc.__cause__
-            region = tuple(slice(int(i) * c, (int(i) + 1) * c) for i, c in zip(where, self.inner_shape))
-            out[region] = chunk
-        return out
 
 
 class _V2Chain:
@@ -281,6 +394,15 @@ class _V2Chain:
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
         self._compressor = metadata.compressor
         self._filters = tuple(reversed(metadata.filters or ()))
+        plain = not self._filters and (self.order == "C" or len(self.shape) <= 1)
+        native = not self.dtype.hasobject and self.dtype.isnative
+        self._direct = _Direct.of(self._compressor) if self._compressor and plain and native else None
+
+    def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
+        """Decode into ``out`` (the chunk's shape, C-contiguous, writeable)."""
+        if self._direct is not None and out.dtype == self.dtype and self._direct(raw, out):
+            return
+        out[...] = self(raw)
 
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         data: Any = raw
@@ -311,7 +433,7 @@ class ChunkDecoder:
         self.geometry = geometry
         self.shape = tuple(geometry.stored_chunks)
         self.dtype = np.dtype(geometry.dtype)
-        spec = metadata.get_chunk_spec((0,) * geometry.ndim, _CONFIG, _PROTOTYPE)
+        spec = chunk_spec(metadata, self.shape, _CONFIG, _PROTOTYPE)
         self.fill_value = _fill_value(spec)
         self._chain: Callable[[np.ndarray], np.ndarray]
         if isinstance(metadata, ArrayV2Metadata):
@@ -346,6 +468,28 @@ class ChunkDecoder:
             raise self._bad(coord, str(exc)) from exc
         # One conversion at most: to the array's dtype (byte order) and C order.
         return np.asarray(decoded, dtype=self.dtype, order="C")
+
+    def decode_into(self, data: ChunkData | None, coord: Sequence[int], out: np.ndarray) -> None:
+        """Decode the stored chunk at ``coord`` straight into ``out``, memory the caller owns.
+
+        ``out`` is C-contiguous and writeable, with the full ``stored_chunks``
+        shape and this array's dtype. Nothing in it aliases ``data``. On
+        ``BadChunkError`` its contents are undefined.
+        """
+        if out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(
+                f"out must be a writeable C-contiguous {self.dtype} array of shape {self.shape} for array "
+                f"{self.geometry.path!r}, got {out.dtype} {out.shape}"
+            )
+        if data is None:
+            out[...] = self.fill_value
+            return
+        try:
+            self._chain.decode_into(_as_uint8(data), out)
+        except _DecodeFailure as exc:
+            raise self._bad(coord, str(exc)) from exc.__cause__
+        except (TypeError, ValueError) as exc:  # bytes that no buffer view accepts, shapes that do not fit
+            raise self._bad(coord, str(exc)) from exc
 
     def _bad(self, coord: Sequence[int], why: str) -> BadChunkError:
         coord = tuple(int(c) for c in coord)

@@ -17,9 +17,8 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.core.indexing import ChunkProjection
-from zarr.core.metadata.v2 import ArrayV2Metadata
-from zarr.core.metadata.v3 import ArrayV3Metadata
+
+from .._zarr_compat import ArrayV2Metadata, ArrayV3Metadata, ChunkProjection
 
 __all__ = [
     "MAX_CHUNK_BYTES",

@@ -5,7 +5,7 @@ GET), tiles per sample-axis chunk, samples per chunk, and the decoded MB of
 a chunk and of a tile (plus the stored, encoded size of the first tile when
 ``probe`` is on: one ``HEAD``-sized request per variable). For the knobs
 (``batch_size``, ``block_chunks``, ``max_inflight``, ``prefetch_depth``) it
-plans one shuffled epoch of a split with :func:`insitubatch.plan.plan_epoch`
+plans one shuffled epoch of a split with :func:`insitubatch.plan.epoch.plan_epoch`
 and prints the working set (the pool's floor), the read-ahead bound,
 GETs per epoch, the read concurrency and the memory they add up to, for
 ``iterations`` passes open at once (the automatic pool budget is the sum of
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zarr.abc.store import Store
-from zarr.core.sync import sync
 
+from .._zarr_compat import sync
 from ..io.geometry import ArrayGeometry, open_geometries
 from ..io.stores import as_store, close_store, obstore_store
 from ..plan.cost import describe_loader, format_summary

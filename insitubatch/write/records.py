@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from zarr.abc.store import Store
-from zarr.core.buffer import default_buffer_prototype
-from zarr.storage import LocalStore, MemoryStore, ObjectStore, WrapperStore
+from zarr.buffer import default_buffer_prototype
+from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
+from .._zarr_compat import memory_store_dict, unwrap_store
 from ..errors import WriteClaimError
 
 __all__ = ["RecordStore", "records_for"]
@@ -268,9 +269,9 @@ class _MemoryBackend(_Backend):
     """Records in a ``MemoryStore``'s dict; create is a check-and-set under a lock."""
 
     def __init__(self, store: MemoryStore) -> None:
-        # zarr keeps a MemoryStore's contents in ``_store_dict``; there is no
+        # zarr keeps a MemoryStore's contents in a private dict; there is no
         # public synchronous create-if-absent that reports whether it created.
-        self._dict = store._store_dict
+        self._dict = memory_store_dict(store)
         self._buffer = default_buffer_prototype().buffer
 
     def create(self, key: str, data: bytes) -> Version | None:
@@ -312,9 +313,7 @@ class _MemoryBackend(_Backend):
 
 
 def _unwrap(store: Store) -> Store:
-    while isinstance(store, WrapperStore):
-        store = store._store
-    return store
+    return unwrap_store(store)
 
 
 def _backend_for(store: Store) -> _Backend:

@@ -180,6 +180,7 @@ WORKER = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_ddp_under_a_real_gloo_group(path, tmp_path, world) -> None:
+    pytest.importorskip("torch")
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     port = _free_port()

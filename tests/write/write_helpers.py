@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 from zarr.abc.store import Store
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
+from zarr.buffer import default_buffer_prototype
 from zarr.storage import MemoryStore
 
+from insitubatch._zarr_compat import sync
 from insitubatch.errors import WriteClaimError
 from insitubatch.write import LayoutSpec, OutputArray, SlotWriter, create_layout
 
