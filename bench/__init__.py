@@ -1,6 +1,5 @@
-"""The end-to-end benchmark: a loopback cloud-store emulator, an ERA5-like data
-generator, peer baselines and the report (``python -m bench.run``).
+"""The end-to-end benchmark: peer baselines and the report (``python -m bench.run``).
 
-Bench-only code: nothing in ``insitubatch`` imports it. Tests import the
-emulator as ``bench.emulator``.
+The loopback cloud-store emulator and the ERA5-like data generator it serves
+live in ``insitubatch.testing`` (tests and examples use them too).
 """

@@ -38,7 +38,7 @@ Loaders (``config["loader"]``):
     in a new process.
 ``decode_ceiling``
     The split's stored chunks, read from disk into memory, decoded with
-    ``insitubatch.decode.make_decoder`` on a thread pool of every core.
+    ``insitubatch.io.decode.make_decoder`` on a thread pool of every core.
 ``get_ceiling``
     The split's stored-chunk GETs alone, ``concurrency`` at a time, through
     obstore, no decode.
@@ -242,20 +242,20 @@ def data_key_predicate(dataset: str, variables: Sequence[str]) -> Callable[[str]
 
 
 def _open_store(url: str) -> Any:
-    from insitubatch.stores import obstore_store
+    from insitubatch.io.stores import obstore_store
 
     return obstore_store(url, read_only=True)
 
 
 def _geometries(store: Any, variables: Sequence[str]) -> dict[str, Any]:
-    from insitubatch.geometry import open_geometries
+    from insitubatch.io.geometry import open_geometries
 
     return open_geometries(store, variables=list(variables))
 
 
 def _train_indices(geoms: dict[str, Any], fractions: Sequence[float]) -> np.ndarray:
     """The train split's sample indices — the same split insitubatch iterates."""
-    from insitubatch.splits import split_by_chunk
+    from insitubatch.plan.splits import split_by_chunk
 
     manifest = split_by_chunk(next(iter(geoms.values())), fractions=tuple(fractions))
     return manifest.sample_indices("train")
@@ -503,7 +503,7 @@ def _run_zarr(cfg: dict[str, Any]) -> dict[str, Any]:
 # -- insitubatch ---------------------------------------------------------------------------
 def _insitu_dataset(cfg: dict[str, Any], store: Any, geoms: dict[str, Any], **extra: Any) -> Any:
     from insitubatch.dataset import InSituDataset
-    from insitubatch.splits import split_by_chunk
+    from insitubatch.plan.splits import split_by_chunk
 
     manifest = split_by_chunk(next(iter(geoms.values())), fractions=tuple(cfg["fractions"]))
     knobs = {k: cfg[k] for k in ("max_inflight", "block_chunks", "prefetch_depth", "decode_threads")
@@ -551,7 +551,7 @@ def _inspect_bound(ds: Any, plan: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     """What ``insitubatch inspect`` prints for this pass's knobs (its memory line), and the split/budget ratio."""
     import re
 
-    from insitubatch.inspect import inspect_store
+    from insitubatch.tools.inspect_store import inspect_store
 
     text = inspect_store(ds.store, batch_size=ds.batch_size, block_chunks=ds.block_chunks,
                          max_inflight=ds.max_inflight, prefetch_depth=ds.prefetch_depth,
@@ -635,7 +635,7 @@ def _run_insitu_persist(cfg: dict[str, Any]) -> dict[str, Any]:
 # -- ceilings ---------------------------------------------------------------------------------
 def _run_decode_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
     """Decode the split's stored chunks from memory on every core: the CPU's bound on the loader."""
-    from insitubatch.decode import make_decoder
+    from insitubatch.io.decode import make_decoder
 
     store = _open_store(cfg["local_path"])
     geoms = _geometries(store, cfg["variables"])

@@ -1,7 +1,7 @@
 """The engine against its decode ceiling on a local store, with context switches per tile.
 
 ``python -m bench.engine_probe [--n-time N] [--threads 2 4 ...] [--out DIR]``
-writes the ERA5-like dataset of the report (``bench.data``), then in this one
+writes the ERA5-like dataset of the report (``insitubatch.testing.data``), then in this one
 process measures, each run a fresh ``InSituDataset`` cold pass over the local
 directory (no network, so the engine's own cost is what shows):
 
@@ -28,9 +28,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from insitubatch.testing.data import wb2_64x32, write_era5_like
+from insitubatch.testing.emulator import DEFAULT_JITTER_S, EmulatorProcess
+
 from .baselines import run_config
-from .data import wb2_64x32, write_era5_like
-from .emulator import DEFAULT_JITTER_S, EmulatorProcess
 from .run import DEFAULT_BANDWIDTH_MB_S, MB, SPLIT_FRACTIONS
 
 __all__ = ["main", "measure"]

@@ -1,7 +1,7 @@
 """The end-to-end report: insitubatch against its peers on an emulated 30 ms object store.
 
 ``python -m bench.run [--quick] [--out DIR]`` writes ERA5-like datasets (one
-per samples-per-chunk value), serves them from :class:`bench.emulator.EmulatorProcess`,
+per samples-per-chunk value), serves them from :class:`insitubatch.testing.emulator.EmulatorProcess`,
 and measures, one fresh child process per run (``bench.baselines``), every
 loader on the same data in the same run:
 
@@ -42,10 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from insitubatch.progress import progress
+from insitubatch.testing.data import DatasetSpec, wb2_64x32, write_era5_like
+from insitubatch.testing.emulator import DEFAULT_JITTER_S, DEFAULT_LATENCY_S, EmulatorProcess
 
 from .baselines import RESULT_PREFIX, data_key_predicate, run_config, supports_persist
-from .data import DatasetSpec, wb2_64x32, write_era5_like
-from .emulator import DEFAULT_JITTER_S, DEFAULT_LATENCY_S, EmulatorProcess
 
 __all__ = ["FULL", "QUICK", "Profile", "main"]
 
@@ -64,15 +64,15 @@ MEMORY_SPLIT_OVER_BUDGET = 8
 WORKING_SET_BLOCKS = 3
 # What a child imports before its clock starts, per loader (a training script's imports).
 _PRELOAD = {
-    "dataloader": ["torch", "zarr", "insitubatch.stores"],
-    "fork_probe": ["torch", "zarr", "insitubatch.stores"],
-    "xbatcher": ["torch", "xarray", "xbatcher", "insitubatch.stores"],
-    "zarr": ["zarr", "insitubatch.stores"],
+    "dataloader": ["torch", "zarr", "insitubatch.io.stores"],
+    "fork_probe": ["torch", "zarr", "insitubatch.io.stores"],
+    "xbatcher": ["torch", "xarray", "xbatcher", "insitubatch.io.stores"],
+    "zarr": ["zarr", "insitubatch.io.stores"],
     "insitu": ["insitubatch.dataset"],
     "insitu_warm": ["insitubatch.dataset"],
     "insitu_persist": ["insitubatch.dataset"],
-    "decode_ceiling": ["insitubatch.decode"],
-    "get_ceiling": ["obstore", "insitubatch.stores"],
+    "decode_ceiling": ["insitubatch.io.decode"],
+    "get_ceiling": ["obstore", "insitubatch.io.stores"],
 }
 WORKER_LOADERS = ("dataloader", "xbatcher")
 FORK_PROBE_BATCH = 4

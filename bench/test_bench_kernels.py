@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from insitubatch._engine.kernels import assemble_tiles, coalesce_runs, gather
 from insitubatch.cache.tilefile import create_tile_file, write_tile
-from insitubatch.kernels import assemble_tiles, coalesce_runs, gather
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from .data import wb2_64x32, write_era5_like
-from .emulator import EmulatorProcess
+from insitubatch.testing.data import wb2_64x32, write_era5_like
+from insitubatch.testing.emulator import EmulatorProcess
 
 __all__ = ["local_wb2"]
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from insitubatch import InSituDataset, as_torch, obstore_store, open_geometries, split_by_chunk
-from insitubatch.demo import DEFAULT_PATH, write_demo_dataset
+from insitubatch.tools.demo import DEFAULT_PATH, write_demo_dataset
 
 
 def main(argv: list[str] | None = None) -> int:

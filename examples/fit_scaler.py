@@ -32,7 +32,7 @@ import numpy as np
 
 from insitubatch import InSituDataset, applies, obstore_store, open_geometries, split_by_chunk
 from insitubatch.transforms import StandardScaler
-from insitubatch.demo import write_demo_dataset
+from insitubatch.tools.demo import write_demo_dataset
 
 __all__ = ["RunningMoments", "fit", "main"]
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk, to_jax
-from insitubatch.demo import DEFAULT_PATH, write_demo_dataset
+from insitubatch.tools.demo import DEFAULT_PATH, write_demo_dataset
 
 
 @jax.jit

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from insitubatch import InSituDataset, as_torch, obstore_store, open_geometries, split_by_chunk
-from insitubatch.demo import DEFAULT_PATH, write_demo_dataset
+from insitubatch.tools.demo import DEFAULT_PATH, write_demo_dataset
 
 CHECKPOINT = "demo_data/train_torch.ckpt"
 LEAD = 4  # predict t2m four steps (one day) ahead

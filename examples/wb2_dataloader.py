@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
-from insitubatch.inspect import inspect_store
+from insitubatch.tools.inspect_store import inspect_store
 
 WB2_ERA5_URL = "gs://weatherbench2/datasets/era5/1959-2023_01_10-6h-64x32_equiangular_conservative.zarr"
 SURFACE_VARIABLES = ["2m_temperature", "10m_u_component_of_wind", "10m_v_component_of_wind", "mean_sea_level_pressure"]

@@ -21,22 +21,22 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         f"(underlying error: {exc})"
     ) from exc
 
-from .batch import Batch
+from ._engine.batch import Batch
 from .dataset import InSituDataset
 from .views import DatasetView
-from .debug import print_debug_info
-from .decode import read_stored_chunk
+from .tools.debug import print_debug_info
+from .io.decode import read_stored_chunk
 from .errors import (
     BadChunkError,
     DatasetClosedError,
     InSituError,
     StoreReadError,
 )
-from .geometry import ArrayGeometry, open_geometries
-from .plan import shuffle_quality
-from .splits import SplitManifest, split_by_chunk
-from .stats import PassStats
-from .stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
+from .io.geometry import ArrayGeometry, open_geometries
+from .plan.epoch import shuffle_quality
+from .plan.splits import SplitManifest, split_by_chunk
+from ._engine.stats import PassStats
+from .io.stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
 from .transforms import DecodedChunk, applies
 
 _LAZY = {"as_torch": "adapters", "to_jax": "adapters", "to_torch": "adapters", "TorchView": "adapters"}

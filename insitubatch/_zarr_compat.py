@@ -18,7 +18,7 @@ Lines and what differs between them:
   internal). It is not used: ``python -m bench.compat_decode`` puts it level
   with insitubatch's chain on 1 MB chunks (within the noise) and a few
   microseconds ahead on 64 KB ones, and it would skip the checks
-  ``insitubatch.decode`` runs between stages (blosc frame headers that would
+  ``insitubatch.io.decode`` runs between stages (blosc frame headers that would
   make c-blosc read past a truncated chunk, decoded sizes, shard index bounds).
 
 What stays the same on every line is written once: the chunk spec is built

@@ -1,45 +1,40 @@
 """``InSituDataset``: a zarr store's splits as views of shuffled batches, read in place.
 
-The dataset owns what every pass shares: the resolved variables and their
-readers, the ``ChunkPool`` (and its disk cache), the batch-buffer pool, the
-decode pool and the ``max_inflight`` semaphore. Views (``views.py``) plan
-and start passes (``prefetch.py``).
+The dataset resolves the variables and builds, once, what every pass
+shares: a ``PassContext`` (readers, the ``ChunkPool`` and its disk cache,
+batch buffers, the decode pool, the ``max_inflight`` semaphore, the epoch's
+counters) and an ``EpochPlanner``. Views (``views.py``) read only those two
+to plan and start passes (``_engine/prefetch.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import logging
 import os
-import threading
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ._engine.buffers import BufferPool
+from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext
+from ._engine.pool import ChunkPool
+from ._engine.scheduler import ArrayReader, BadChunkRecord, decode_pool
 from ._validate import callables, flag, positive_int
-from .batch import Batch, BufferPool
 from .cache import DiskCache
-from .describe import KNOBS, describe_loader, format_summary
-from .errors import DatasetClosedError
-from .geometry import ArrayGeometry, open_geometries
-from .distributed import REMAINDER_POLICIES, rank_streams, resolve_world
-from .plan import EpochPlan, build_plan, epoch_order, valid_anchor_range
-from .pool import ChunkPool, PassCounters
-from .scheduler import ArrayReader, BadChunkRecord, decode_pool
-from .splits import SplitManifest
-from .stores import as_store, close_store
 from .cache.fingerprint import array_fingerprints
+from .io.coords import read_sample_coords
+from .io.geometry import ArrayGeometry, open_geometries
+from .io.stores import as_store, close_store
+from .plan.cost import KNOBS, describe_loader, format_summary
+from .plan.distributed import REMAINDER_POLICIES, Remainder, resolve_world
+from .plan.epoch import EpochPlan, valid_anchor_range
+from .plan.planner import EpochPlanner
+from .plan.splits import SplitManifest
 from .transforms import ChunkTransform, check_scopes, pipeline_for
-from .views import DatasetView, InferView, _read_sample_coords
+from .views import DatasetView, InferView
 
 __all__ = ["InSituDataset"]
 
-logger = logging.getLogger("insitubatch")
-BatchTransform = Callable[[Batch], Batch]
-ON_BAD_CHUNK = ("raise", "nan")
 ALL_SPLIT = "__all__"  # the pseudo-split of ``ds.all``: every chunk, sequential
 
 class InSituDataset:
@@ -87,7 +82,7 @@ class InSituDataset:
     remainder
         How a multi-rank training pass evens out batch counts: ``"pad"``
         repeats a rank's own samples, ``"drop"`` cuts to the shortest rank
-        (see ``insitubatch.distributed``).
+        (see ``insitubatch.plan.distributed``).
     cache_dir
         Back the pool with mmap'd tile-major ``.npy`` slot files here (local
         NVMe). One writing process per directory (an advisory lock).
@@ -114,13 +109,13 @@ class InSituDataset:
         prefetch_depth: int = 2,
         cache_budget_bytes: int | None = None,
         seed: int = 0,
-        on_bad_chunk: str = "raise",
+        on_bad_chunk: OnBadChunk = "raise",
         chunk_transforms: Sequence[ChunkTransform] = (),
         batch_transforms: Sequence[BatchTransform] = (),
         decode_threads: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        remainder: str = "pad",
+        remainder: Remainder = "pad",
         cache_dir: str | os.PathLike | None = None,
         persist: bool = False,
         reset_stale_cache: bool = False,
@@ -169,21 +164,23 @@ class InSituDataset:
         self.cache = self._open_cache(cache_dir, persist, reset_stale_cache, readonly_cache)
         self.persist = bool(persist)
         self.pool = ChunkPool(cache_budget_bytes, on_evict=self._evicted if self.cache is not None else None)
-        self._warned_epochs: set[int] = set()
         self.buffers = BufferPool()
         self.executor = decode_pool(decode_threads)
         self.decode_threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
-        self._semaphore: asyncio.Semaphore | None = None
-        self.bad_chunks: list[BadChunkRecord] = []
-        self._epoch = 0
-        self._epoch_counters: list[PassCounters] = []
-        self._fetched_keys: set = set()  # every read key a pass admitted: admitting one again is a re-read
-        self._passes: weakref.WeakSet = weakref.WeakSet()  # open passes (prefetch._PassState), closed on close()
-        self._plans: dict[tuple[str, int], EpochPlan] = {}
+        self.context = PassContext(
+            store=self.store, readers=self.readers, outputs=self.outputs,
+            offsets={lb: g.offset for lb, g in self.variables.items()}, pool=self.pool, buffers=self.buffers,
+            executor=self.executor, max_inflight=self.max_inflight, decode_threads=self.decode_threads,
+            prefetch_depth=self.prefetch_depth, on_bad_chunk=on_bad_chunk, cache=self.cache, persist=self.persist,
+            batch_transforms=self.batch_transforms, sample_coords=self.sample_coords,
+        )
+        self.planner = EpochPlanner(
+            manifest=manifest, outputs=self.outputs, batch_size=self.batch_size, block_chunks=self.block_chunks,
+            shuffle=self.shuffle, seed=self.seed, rank=self.rank, world_size=self.world_size, remainder=remainder,
+            release_per_block=self.persist,
+        )
         self._views: dict[str, DatasetView] = {}
         self._coords: dict[str, np.ndarray] | None = None
-        self._closed = False
-        self._lock = threading.Lock()
 
     # -- construction helpers ---------------------------------------------------
     def _resolve_variables(self, variables) -> dict[str, ArrayGeometry]:
@@ -234,27 +231,13 @@ class InSituDataset:
     def _evicted(self, slot) -> None:
         self.cache.evict(*slot.key)
 
-    def _warn_if_cache_useless(self, counters: PassCounters, epoch: int) -> None:
-        """One WARNING per epoch when a persisted cache was consulted, rejected entries, and served nothing."""
-        cache = self.cache
-        if cache is None or not self.persist or counters.hits or epoch in self._warned_epochs:
-            return
-        rejected = cache.rejected
-        if sum(rejected.values()):
-            self._warned_epochs.add(epoch)
-            logger.warning(
-                "insitubatch: the persisted cache in %s served no chunk this epoch although it holds entries; "
-                "rejected: %s (a changed array shape/dtype or output_inner makes entries misses)",
-                cache.cache_dir, dict(rejected),
-            )
-
     # -- views --------------------------------------------------------------
     def split(self, name: str) -> DatasetView:
         """The view of split ``name`` (``train``/``val``/``test`` or a custom name)."""
         view = self._views.get(name)
         if view is None:
             self.manifest.chunks(name)  # raises KeyError naming the splits
-            view = self._views[name] = DatasetView(self, name)
+            view = self._views[name] = DatasetView(self.context, self.planner, name, dataset=self)
         return view
 
     @property
@@ -274,7 +257,7 @@ class InSituDataset:
         """Every chunk of the store, whatever its split, in storage order: a deterministic sequential view."""
         view = self._views.get(ALL_SPLIT)
         if view is None:
-            view = self._views[ALL_SPLIT] = DatasetView(self, ALL_SPLIT)
+            view = self._views[ALL_SPLIT] = DatasetView(self.context, self.planner, ALL_SPLIT, dataset=self)
         return view
 
     @property
@@ -284,16 +267,16 @@ class InSituDataset:
 
     @property
     def epoch(self) -> int:
-        return self._epoch
+        return self.context.epoch
+
+    @property
+    def bad_chunks(self) -> list[BadChunkRecord]:
+        """Tiles replaced under ``on_bad_chunk="nan"`` in the current epoch's passes."""
+        return self.context.bad_chunks
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the next passes draw (order depends on seed and epoch only)."""
-        epoch = positive_int("epoch", epoch, minimum=0)
-        with self._lock:
-            if epoch != self._epoch:
-                self._epoch_counters = []
-                self.bad_chunks = []  # per epoch: an earlier epoch's passes keep appending to their own list
-            self._epoch = epoch
+        self.context.set_epoch(positive_int("epoch", epoch, minimum=0))
 
     def plan(self, split: str, epoch: int | None = None, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
         """This rank's (cached) plan of ``split`` for ``epoch`` (default: the current one).
@@ -301,38 +284,7 @@ class InSituDataset:
         ``history`` lists ``(world_size, batches)`` segments of the epoch
         already consumed by an earlier run (elastic resume).
         """
-        epoch = self._epoch if epoch is None else epoch
-        key = (split, epoch, tuple(history))
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._make_plan(split, epoch, tuple(history), None, self.batch_size)
-            if len(self._plans) > 8:
-                self._plans.clear()
-            self._plans[key] = plan
-        return plan
-
-    def _make_plan(self, split, epoch, history, anchor_range, batch_size) -> EpochPlan:
-        manifest = self.manifest
-        shuffle = self.shuffle and split == "train"
-        if split not in manifest.names:  # an inference range, or every chunk (``all``): its own sequential "split"
-            size = manifest.sample_chunk_size
-            if anchor_range is None:
-                anchor_range = (0, manifest.n_samples)
-            chunks = tuple(range(anchor_range[0] // size, -(-anchor_range[1] // size)))
-            manifest = dataclasses.replace(manifest, splits=((split, chunks),))
-        if self.world_size == 1 and not history:
-            eo = epoch_order(manifest, split, self.outputs, block_chunks=self.block_chunks, shuffle=shuffle,
-                             seed=self.seed, epoch=epoch, anchor_range=anchor_range)
-            return build_plan(manifest, self.outputs, eo.order, eo.block_starts, batch_size,
-                              release_per_block=self.persist)
-        eo = epoch_order(manifest, split, self.outputs, block_chunks=self.block_chunks, shuffle=shuffle,
-                         seed=self.seed, epoch=epoch, anchor_range=anchor_range)
-        streams = rank_streams(eo, self.world_size, batch_size=batch_size, remainder=self.remainder,
-                               contiguous=split != "train", history=history)
-        mine = streams[self.rank]
-        padded = mine.padded if mine.padded.any() else None
-        return build_plan(manifest, self.outputs, eo.order[mine.rows], mine.block_starts, batch_size, padded=padded,
-                          release_per_block=self.persist)
+        return self.planner.plan(split, self.epoch if epoch is None else epoch, history)
 
     def infer(self, sample_range: tuple[int, int] | None = None, *, batch_size: int | None = None) -> InferView:
         """A sequential, deterministic pass over anchors ``[start, stop)``, across splits.
@@ -372,12 +324,12 @@ class InSituDataset:
                         f"anchors with every window inside the arrays are [{lo}, {hi})"
                     )
         bs = self.batch_size if batch_size is None else positive_int("batch_size", batch_size)
-        return InferView(self, (start, stop), bs)
+        return InferView(self.context, self.planner, (start, stop), bs, dataset=self)
 
     def sample_coords(self) -> dict[str, np.ndarray]:
         """The sample-axis coordinate values, read once from the store (or the indices)."""
         if self._coords is None:
-            self._coords = _read_sample_coords(self.store, self.variables, self.manifest.n_samples)
+            self._coords = read_sample_coords(self.store, self.variables, self.manifest.n_samples)
         return self._coords
 
     # -- cost before the first byte --------------------------------------------
@@ -414,36 +366,26 @@ class InSituDataset:
     @property
     def cache_hits(self) -> int:
         """Reads served from the pool (no fetch, no decode) in the current epoch's passes."""
-        return sum(c.hits for c in self._epoch_counters)
+        return sum(c.hits for c in self.context.epoch_counters)
 
     @property
     def cache_misses(self) -> int:
-        return sum(c.misses for c in self._epoch_counters)
+        return sum(c.misses for c in self.context.epoch_counters)
 
     @property
     def gets(self) -> int:
         """Store GETs issued by the current epoch's passes."""
-        return sum(c.gets for c in self._epoch_counters)
+        return sum(c.gets for c in self.context.epoch_counters)
 
     # -- lifecycle -------------------------------------------------------------
-    def _semaphore_for_loop(self) -> asyncio.Semaphore:
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.max_inflight)
-        return self._semaphore
-
     def _check_open(self) -> None:
-        if self._closed:
-            raise DatasetClosedError("this InSituDataset is closed; create a new one to iterate again")
+        self.context.check_open()
 
     def close(self) -> None:
         """Stop every open pass, drop the pool, and close a store this dataset opened. Idempotent."""
-        if self._closed:
+        if self.context.closed:
             return
-        self._closed = True
-        for state in list(self._passes):
-            state.close()
-        self.pool.clear()
-        self.buffers.clear()
+        self.context.close()
         if self.cache is not None:
             self.cache.close()
         if self._opened_store:

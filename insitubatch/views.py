@@ -1,6 +1,7 @@
 """Views: one split of a dataset (or an inference range) as an iterable of batches.
 
-A view plans its epoch (this rank's share of it), starts passes, and can
+A view plans its epoch (this rank's share of it, from the dataset's
+``EpochPlanner``), starts passes on the dataset's ``PassContext``, and can
 save and restore where it stands (``state_dict``/``load_state_dict``), so a
 preempted job resumes without re-reading what it consumed.
 """
@@ -9,21 +10,16 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
-import zarr
-import zarr.errors
-
+from ._engine.batch import Batch
+from ._engine.context import PassContext
+from ._engine.prefetch import PassIterator, _PassState
+from ._engine.stats import PassStats
 from ._validate import positive_int
-from .batch import Batch
-from .geometry import ArrayGeometry
-from .plan import EpochPlan
-from .prefetch import PassIterator, _PassState
-from .stats import PassStats
-
-if TYPE_CHECKING:
-    from .dataset import InSituDataset
+from .io.geometry import ArrayGeometry
+from .plan.epoch import EpochPlan
+from .plan.planner import EpochPlanner, History
 
 __all__ = ["DatasetView", "InferView"]
 
@@ -38,8 +34,10 @@ class DatasetView:
     would have yielded next, and fetches only what those batches need.
     """
 
-    def __init__(self, dataset: InSituDataset, split: str) -> None:
-        self.dataset = dataset
+    def __init__(self, context: PassContext, planner: EpochPlanner, split: str, *, dataset: Any = None) -> None:
+        self.context = context
+        self.planner = planner
+        self.dataset = dataset  # the InSituDataset that made this view (views read only context and planner)
         self.split = split
         self._pass: weakref.ref[_PassState] | None = None
         # (epoch, batch, history) where the next pass starts, set by load_state_dict
@@ -48,45 +46,46 @@ class DatasetView:
 
     @property
     def batch_size(self) -> int:
-        return self.dataset.batch_size
+        return self.planner.batch_size
 
     @property
     def geometries(self) -> dict[str, ArrayGeometry]:
         """Each label's geometry after chunk transforms (batch rows are ``(*inner_shape,)`` of ``dtype``)."""
-        return self.dataset.geometries
+        return dict(self.context.outputs)
 
     def set_epoch(self, epoch: int) -> None:
-        self.dataset.set_epoch(epoch)
+        self.context.set_epoch(positive_int("epoch", epoch, minimum=0))
 
     def plan(self) -> EpochPlan:
-        return self.dataset.plan(self.split)
+        return self.planner.plan(self.split, self.context.epoch)
 
     def __len__(self) -> int:
         return self.plan().n_batches
 
     def __iter__(self) -> Iterator[Batch]:
-        start, history = 0, ()
+        start: int = 0
+        history: History = ()
         if self._resume_at is not None:
             epoch, start, history = self._resume_at
             self._resume_at = None
-            self.dataset.set_epoch(epoch)
+            self.set_epoch(epoch)
         return self.iterate(start, history=history)
 
     def iterate(self, start_batch: int = 0, *, history: tuple[tuple[int, int], ...] = ()) -> PassIterator:
         """Start a pass at batch ``start_batch`` of the current epoch."""
-        ds = self.dataset
-        ds._check_open()
+        ctx = self.context
+        ctx.check_open()
         start_batch = positive_int("start_batch", start_batch, minimum=0)
-        state = _PassState(ds, self.split, self._plan_for_pass(history), ds.epoch, start_batch)
+        state = _PassState(ctx, self.split, self._plan_for_pass(history), ctx.epoch, start_batch)
         state.history = history
         state.on_stats = self._record_stats
-        ds._passes.add(state)
+        ctx.passes.add(state)
         self._pass = weakref.ref(state)
         state.start()
         return PassIterator(state)
 
-    def _plan_for_pass(self, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
-        return self.dataset.plan(self.split, history=history)
+    def _plan_for_pass(self, history: History = ()) -> EpochPlan:
+        return self.planner.plan(self.split, self.context.epoch, history)
 
     def _record_stats(self, stats: PassStats) -> None:
         self._last_stats = stats
@@ -101,15 +100,7 @@ class DatasetView:
 
     # -- resume -------------------------------------------------------------------
     def _identity(self) -> dict[str, Any]:
-        ds = self.dataset
-        return {
-            "split": self.split,
-            "seed": ds.seed,
-            "batch_size": ds.batch_size,
-            "block_chunks": ds.block_chunks,
-            "shuffle": ds.shuffle,
-            "manifest": ds.manifest.fingerprint(),
-        }
+        return self.planner.identity(self.split)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this view stands: a small JSON-able dict (epoch, batches consumed, identity).
@@ -122,15 +113,15 @@ class DatasetView:
             epoch, consumed, history = self._resume_at
         else:
             state = self._pass() if self._pass is not None else None
-            if state is not None and state.epoch == self.dataset.epoch:
+            if state is not None and state.epoch == self.context.epoch:
                 epoch, consumed, history = state.epoch, state.consumed, state.history
             else:
-                epoch, consumed = self.dataset.epoch, 0
+                epoch, consumed = self.context.epoch, 0
         return {
             "format": STATE_FORMAT,
             "epoch": epoch,
             "batches_consumed": consumed,
-            "world_size": self.dataset.world_size,
+            "world_size": self.planner.world_size,
             "history": [list(h) for h in history],
             **self._identity(),
         }
@@ -162,13 +153,13 @@ class DatasetView:
             history = tuple((int(w), int(k)) for w, k in state.get("history", ()))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"state['history']={state.get('history')!r} must be a list of [world_size, batches]") from exc
-        if saved_world != self.dataset.world_size:
+        if saved_world != self.planner.world_size:
             # another world size: the consumed part becomes history, the rest is dealt anew
             if consumed:
                 history = (*history, (saved_world, consumed))
             consumed = 0
         else:
-            saved_n = self.dataset.plan(self.split, epoch, history).n_batches
+            saved_n = self.planner.plan(self.split, epoch, history).n_batches
             if consumed > saved_n:
                 raise ValueError(f"state['batches_consumed']={consumed} exceeds the {saved_n} batches of epoch {epoch}")
         self._resume_at = (epoch, consumed, history)
@@ -177,8 +168,9 @@ class DatasetView:
 class InferView(DatasetView):
     """A sequential pass over an anchor range, across splits; batches carry ``coords``."""
 
-    def __init__(self, dataset: InSituDataset, sample_range: tuple[int, int], batch_size: int) -> None:
-        super().__init__(dataset, "__infer__")
+    def __init__(self, context: PassContext, planner: EpochPlanner, sample_range: tuple[int, int], batch_size: int,
+                 *, dataset: Any = None) -> None:
+        super().__init__(context, planner, "__infer__", dataset=dataset)
         self.sample_range = sample_range
         self._batch_size = batch_size
         self._plan: EpochPlan | None = None
@@ -189,29 +181,11 @@ class InferView(DatasetView):
 
     def plan(self) -> EpochPlan:
         if self._plan is None:
-            self._plan = self.dataset._make_plan(self.split, 0, (), self.sample_range, self._batch_size)
+            self._plan = self.planner.make(self.split, 0, (), self.sample_range, self._batch_size)
         return self._plan
 
-    def _plan_for_pass(self, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
+    def _plan_for_pass(self, history: History = ()) -> EpochPlan:
         return self.plan()
 
     def _identity(self) -> dict[str, Any]:
         return {**super()._identity(), "batch_size": self._batch_size, "sample_range": list(self.sample_range)}
-
-
-def _read_sample_coords(store: Any, variables: Mapping[str, ArrayGeometry], n: int) -> dict[str, np.ndarray]:
-    """The sample axis's coordinate array (by dimension name) when the store has one, else indices."""
-    for g in variables.values():
-        dims = g.dimension_names
-        name = dims[g.sample_axis] if dims else None
-        if not name:
-            continue
-        parent = g.path.rsplit("/", 1)[0] if "/" in g.path else ""
-        for path in ([f"{parent}/{name}"] if parent else []) + [name]:
-            try:
-                arr = zarr.open_array(store=store, path=path, mode="r")
-            except (FileNotFoundError, KeyError, ValueError, TypeError, zarr.errors.NodeTypeValidationError):
-                continue
-            if arr.ndim == 1 and arr.shape[0] == n:
-                return {name: np.asarray(arr[...])}
-    return {"sample": np.arange(n)}

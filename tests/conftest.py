@@ -158,13 +158,13 @@ def write_s3_store(s3_server: S3Server, s3_bucket: str) -> zarr.storage.ObjectSt
 
 @pytest.fixture
 def emulator(tmp_path: Path):
-    """``bench.emulator.Emulator`` over a fresh directory (``.root``) on 127.0.0.1, no added latency.
+    """``insitubatch.testing.emulator.Emulator`` over a fresh directory (``.root``) on 127.0.0.1, no added latency.
 
     The same server the benchmarks measure against: write a zarr under
     ``.root``, read it at ``.url_for(name)``, and ``.inject(kind, key_glob, ...)``
     faults (500/503/403/404, retry-after, reset, truncate, stall).
     """
-    from bench.emulator import Emulator
+    from insitubatch.testing.emulator import Emulator
 
     root = tmp_path / "emulator-root"
     root.mkdir()

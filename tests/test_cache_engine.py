@@ -19,8 +19,8 @@ import zarr
 from helpers import CountingStore, local_store
 from insitubatch import InSituDataset, applies, open_geometries, split_by_chunk
 from insitubatch.errors import CacheLockedError, CacheMissError, StaleCacheError
-from insitubatch.geometry import ArrayGeometry
-from insitubatch.plan import build_plan, epoch_order
+from insitubatch.io.geometry import ArrayGeometry
+from insitubatch.plan.epoch import build_plan, epoch_order
 
 TESTS = Path(__file__).parent
 
@@ -65,6 +65,7 @@ def test_warm_run_in_a_new_process_fetches_and_decodes_nothing(data, tmp_path) -
     script = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {str(TESTS)!r})
+        sys.path.insert(0, {str(TESTS.parent)!r})  # this tree's insitubatch, not an installed one
         from helpers import CountingStore, local_store
         from test_cache_engine import _make, _epoch
         store = CountingStore(local_store({str(path)!r}))

@@ -13,9 +13,9 @@ import zarr
 from helpers import CountingStore, local_store, open_fds, smooth_field, write_array
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, DatasetClosedError, StoreReadError
-from insitubatch.geometry import open_geometries
-from insitubatch.plan import plan_epoch
-from insitubatch.splits import split_by_chunk
+from insitubatch.io.geometry import open_geometries
+from insitubatch.plan.epoch import plan_epoch
+from insitubatch.plan.splits import split_by_chunk
 
 
 def _oracle_pass(view, arrays: dict[str, zarr.Array], sample_axis: int = 0) -> list[int]:

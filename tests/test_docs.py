@@ -5,7 +5,7 @@
 * Every ```` ```python ```` block runs. A page's blocks run in order, in one
   fresh interpreter per page (``-W error``, a temporary working directory),
   after a hidden preamble that defines ``url``: the demo dataset served over
-  HTTP by the loopback emulator (``bench.emulator``), i.e. a real zarr group
+  HTTP by the loopback emulator (``insitubatch.testing.emulator``), i.e. a real zarr group
   behind a real, slightly slow HTTP server on 127.0.0.1.
 * ```` ```python signature ```` blocks in ``docs/api.md`` are compared with what
   :func:`api_entries` derives from the code with ``inspect.signature``: every
@@ -76,8 +76,8 @@ API_NAMESPACES = ("insitubatch", "insitubatch.write", "insitubatch.errors")
 # Public helpers outside any ``__all__`` above that users call directly.
 API_EXTRAS = {
     "insitubatch.transforms": ("Coarsen", "KelvinToCelsius", "Regrid", "StandardScaler", "kelvin_to_celsius"),
-    "insitubatch.inspect": ("inspect_store",),
-    "insitubatch.demo": ("write_demo_dataset",),
+    "insitubatch.tools.inspect_store": ("inspect_store",),
+    "insitubatch.tools.demo": ("write_demo_dataset",),
 }
 
 PREAMBLE = f"""
@@ -246,8 +246,7 @@ def api_entries() -> list[Entry]:
 
 def cli_parsers() -> dict[str, argparse.ArgumentParser]:
     """``{"insitubatch <command>": parser, "insitubatch-check-transform": parser}``."""
-    from insitubatch import cli
-    from insitubatch.tools import check_transform
+    from insitubatch.tools import check_transform, cli
 
     parsers: dict[str, argparse.ArgumentParser] = {}
     top = cli.build_parser()
@@ -260,12 +259,12 @@ def cli_parsers() -> dict[str, argparse.ArgumentParser]:
 
 
 def unregistered_parsers(registered: dict[str, argparse.ArgumentParser]) -> dict[str, argparse.ArgumentParser]:
-    """Documented subcommands whose parser exists but that ``insitubatch.cli`` does not register yet.
+    """Documented subcommands whose parser exists but that ``insitubatch.tools.cli`` does not register yet.
 
     The docs are checked against them all the same; the tests then report the
     missing registration as an expected failure, which disappears once it is made.
     """
-    from insitubatch.inspect import add_inspect_parser
+    from insitubatch.tools.inspect_store import add_inspect_parser
 
     pending: dict[str, argparse.ArgumentParser] = {}
     if "insitubatch inspect" not in registered:
@@ -276,7 +275,7 @@ def unregistered_parsers(registered: dict[str, argparse.ArgumentParser]) -> dict
 
 def _xfail_if_unregistered(pending: dict[str, argparse.ArgumentParser]) -> None:
     if pending:
-        pytest.xfail(f"documented but not registered in insitubatch.cli (_SUBCOMMANDS): {sorted(pending)}")
+        pytest.xfail(f"documented but not registered in insitubatch.tools.cli (_SUBCOMMANDS): {sorted(pending)}")
 
 
 # -- fixtures -----------------------------------------------------------------------------
@@ -286,11 +285,11 @@ def served_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import zarr
     from zarr.errors import ZarrUserWarning
 
-    from insitubatch.demo import write_demo_dataset
+    from insitubatch.tools.demo import write_demo_dataset
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from bench.emulator import Emulator
+    from insitubatch.testing.emulator import Emulator
 
     root = tmp_path_factory.mktemp("docs-data")
     path = write_demo_dataset(root / "era5.zarr", shape=DEMO_SHAPE)

@@ -9,16 +9,15 @@ import numpy as np
 import obstore.store
 import pytest
 import zarr
+from helpers import CountingStore, assert_batch_matches, smooth_field, write_array
 from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
-from insitubatch.errors import BadChunkError
+from insitubatch._engine.scheduler import _sync_get
 from insitubatch._zarr_compat import sync
-from insitubatch.scheduler import _sync_get
+from insitubatch.errors import BadChunkError
 from insitubatch.transforms import DecodedChunk, applies
-
-from helpers import CountingStore, assert_batch_matches, smooth_field, write_array
 
 SHAPE = (30, 6, 10)
 # 5 samples per chunk, inner tiles 2 x 2 with short edge tiles

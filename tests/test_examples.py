@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from insitubatch.demo import write_demo_dataset
+from insitubatch.tools.demo import write_demo_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -31,7 +31,7 @@ def _run(args: list[str], cwd: Path, timeout: float = 300) -> str:
 
 
 def test_demo_main_command(demo_path, tmp_path) -> None:
-    out = _run(["-m", "insitubatch.demo", "--path", demo_path], tmp_path)
+    out = _run(["-m", "insitubatch.tools.demo", "--path", demo_path], tmp_path)
     assert "train epoch 0" in out and "train epoch 1" in out and "val" in out
     epoch1 = next(line for line in out.splitlines() if line.startswith("train epoch 1"))
     assert "GETs    0" in epoch1  # the second epoch is served from the pool
@@ -59,7 +59,8 @@ def test_infer_jax(demo_path, tmp_path) -> None:
 def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
     pytest.importorskip("torch")
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # the tree under test
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     proc = subprocess.run(
         [torchrun, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
          str(EXAMPLES / "ddp_train.py"), "--path", demo_path, "--batch-size", "128"],

@@ -20,9 +20,9 @@ from zarr.errors import ZarrUserWarning
 
 from helpers import CountingStore, assert_batch_matches, local_store, smooth_field, write_array
 from insitubatch.dataset import InSituDataset
-from insitubatch.geometry import open_geometries
-from insitubatch.splits import split_by_chunk
-from insitubatch.stores import close_store, obstore_store
+from insitubatch.io.geometry import open_geometries
+from insitubatch.plan.splits import split_by_chunk
+from insitubatch.io.stores import close_store, obstore_store
 
 N = 72
 JOIN_S = 60.0

@@ -26,8 +26,8 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 from helpers import CountingStore, assert_batch_matches, local_store, smooth_field, write_array
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, StoreReadError
-from insitubatch.geometry import MAX_CHUNK_BYTES, MAX_CHUNKS_PER_READ, ArrayGeometry, open_geometries
-from insitubatch.splits import split_by_chunk
+from insitubatch.io.geometry import MAX_CHUNK_BYTES, MAX_CHUNKS_PER_READ, ArrayGeometry, open_geometries
+from insitubatch.plan.splits import split_by_chunk
 
 SHAPE = (24, 4, 6)
 BATCH_SIZE = 5

@@ -27,9 +27,9 @@ from zarr.errors import ZarrUserWarning
 from helpers import assert_batch_matches, smooth_field, write_array
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
-from insitubatch.geometry import ArrayGeometry, open_geometries
-from insitubatch.splits import SplitManifest, split_by_chunk
-from insitubatch.stores import DEFAULT_CLIENT_OPTIONS, DEFAULT_RETRY, close_store, obstore_store
+from insitubatch.io.geometry import ArrayGeometry, open_geometries
+from insitubatch.plan.splits import SplitManifest, split_by_chunk
+from insitubatch.io.stores import DEFAULT_CLIENT_OPTIONS, DEFAULT_RETRY, close_store, obstore_store
 
 GROUP = "x.zarr"
 SHAPE = (48, 6, 8)

@@ -11,8 +11,8 @@ import zarr
 
 from helpers import smooth_field, write_array
 from insitubatch.dataset import InSituDataset
-from insitubatch.geometry import open_geometries
-from insitubatch.splits import split_by_chunk
+from insitubatch.io.geometry import open_geometries
+from insitubatch.plan.splits import split_by_chunk
 from insitubatch.transforms import applies
 
 N = 30

@@ -25,10 +25,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from insitubatch.distributed import rank_streams
-from insitubatch.geometry import ArrayGeometry
-from insitubatch.plan import EpochPlan, build_plan, epoch_order, plan_epoch
-from insitubatch.splits import SplitManifest, split_by_chunk
+from insitubatch.plan.distributed import rank_streams
+from insitubatch.io.geometry import ArrayGeometry
+from insitubatch.plan.epoch import EpochPlan, build_plan, epoch_order, plan_epoch
+from insitubatch.plan.splits import SplitManifest, split_by_chunk
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -14,8 +14,8 @@ import zarr
 from helpers import CountingStore, assert_batch_matches, local_store, open_fds, smooth_field, write_array
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import DatasetClosedError
-from insitubatch.geometry import open_geometries
-from insitubatch.splits import split_by_chunk
+from insitubatch.io.geometry import open_geometries
+from insitubatch.plan.splits import split_by_chunk
 
 EPOCHS = 30
 # Epochs before measuring: the decode pool, the batch buffers and glibc's

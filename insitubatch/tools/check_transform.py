@@ -31,9 +31,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..decode import read_stored_chunk
-from ..geometry import ArrayGeometry, open_geometries
-from ..stores import obstore_store
+from ..io.decode import read_stored_chunk
+from ..io.geometry import ArrayGeometry, open_geometries
+from ..io.stores import obstore_store
 from ..transforms import ChunkRead, DecodedChunk, Scoped
 from .gil_probe import PROBE_THREADS, gil_probe
 

@@ -10,7 +10,7 @@ import numpy as np
 from ._common import is_float_kind, with_data
 
 if TYPE_CHECKING:
-    from ..geometry import ArrayGeometry
+    from ..io.geometry import ArrayGeometry
     from .core import DecodedChunk
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..geometry import ArrayGeometry
+from ..io.geometry import ArrayGeometry
 
 __all__ = [
     "ChunkRead",

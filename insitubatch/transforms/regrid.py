@@ -10,7 +10,7 @@ import numpy as np
 from ._common import digest, is_derived, readonly, with_data
 
 if TYPE_CHECKING:
-    from ..geometry import ArrayGeometry
+    from ..io.geometry import ArrayGeometry
     from .core import DecodedChunk
 
 # A regrid target this close to the edge of the source grid, as a fraction of

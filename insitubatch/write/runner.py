@@ -64,7 +64,7 @@ class RunReport:
 
 def _resolve(store: Store | str) -> Store:
     if isinstance(store, str):
-        from ..stores import obstore_store
+        from ..io.stores import obstore_store
 
         return obstore_store(store, read_only=False)
     return store

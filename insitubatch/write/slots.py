@@ -21,8 +21,8 @@ from zarr.abc.store import Store
 
 from ..errors import SlotAlignmentError, SlotPlanBlockedError
 from ._intervals import Interval, merge, overlaps, subtract
-from .claims import write_status
 from .layout import WriteLayout, read_layout
+from .status import write_status
 
 __all__ = [
     "ENV_PLAN",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,8 @@ import zarr
 from helpers import smooth_field, write_array
 
 from insitubatch.dataset import InSituDataset
-from insitubatch.geometry import open_geometries
-from insitubatch.splits import split_by_chunk
+from insitubatch.io.geometry import open_geometries
+from insitubatch.plan.splits import split_by_chunk
 from insitubatch.tools.check_transform import read_chunk
 from insitubatch.tools.gil_probe import SCHEDSTAT_PATH, _usable_cpus, gil_probe
 from insitubatch.transforms import (
@@ -447,6 +448,7 @@ def test_examples_run_offline(tmp_path, script, expect) -> None:
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / script), "--path", str(tmp_path / "demo.zarr")],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(EXAMPLES.parent), os.environ.get("PYTHONPATH")]))),
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert expect in done.stdout

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from zarr.storage import LocalStore
 
-from insitubatch.cli import build_parser, main
+from insitubatch.tools.cli import build_parser, main
 from insitubatch.write import SlotPlan, SlotWriter, create_layout
 from write_helpers import ALIGNMENT, EXTENT, GROUP, ManualClock, layout_spec
 
-pytest.importorskip("insitubatch.stores")  # the CLI opens URLs with obstore_store
+pytest.importorskip("insitubatch.io.stores")  # the CLI opens URLs with obstore_store
 
 # A stale claim for the --clear-stale tests: its heartbeat never fires during a test, and
 # its claimant's clock ran this far behind, past the staleness threshold.

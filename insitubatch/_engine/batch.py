@@ -1,0 +1,44 @@
+"""``Batch``: what a pass yields (arrays per label, anchors, offsets, coords); buffers come from ``buffers``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Batch"]
+
+
+@dataclass
+class Batch:
+    """One batch: ``arrays[label]`` is ``(len(batch), *inner)`` for every label.
+
+    ``sample_indices`` are the anchors on the manifest's grid; label ``L``
+    read ``sample_indices + offsets[L]`` along its sample axis.
+    """
+
+    arrays: dict[str, np.ndarray]
+    sample_indices: np.ndarray
+    offsets: dict[str, int]
+    coords: Mapping[str, np.ndarray] | None = None
+    epoch: int = 0
+    index: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sample_indices)
+
+    def read_indices(self, label: str) -> np.ndarray:
+        """The sample-axis indices ``label`` was read at (``sample_indices + offset``)."""
+        if label not in self.offsets:
+            raise KeyError(f"label {label!r} is not in this batch; labels are {sorted(self.offsets)}")
+        return self.sample_indices + self.offsets[label]
+
+    def stack(self, labels: Sequence[str], axis: int = 1) -> np.ndarray:
+        """Stack several labels' arrays along a new ``axis`` (e.g. channels)."""
+        missing = [lb for lb in labels if lb not in self.arrays]
+        if missing:
+            raise KeyError(f"labels {missing} are not in this batch; labels are {sorted(self.arrays)}")
+        return np.stack([self.arrays[lb] for lb in labels], axis=axis)

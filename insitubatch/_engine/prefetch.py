@@ -1,0 +1,318 @@
+"""One pass of a view: the producer thread that gathers batches ahead of the consumer.
+
+A pass owns a pool owner, a ``PassDriver`` on zarr's loop and a producer
+thread. The producer waits each block its next batch draws from, gathers
+the batch in C, runs batch transforms, releases the blocks that drained and
+hands the batch over through a bounded queue of ``prefetch_depth``. Leaving
+the loop early (``break``, an exception, garbage collection) stops the
+producer and cancels this pass's tasks; nothing outlives the pass.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import DatasetClosedError
+from ..plan.epoch import EpochPlan
+from .batch import Batch
+from .context import PassContext
+from .gather import gather_label
+from .pool import FAILED, PENDING, Owner, PassCounters
+from .scheduler import PassDriver
+from .stats import PassStats, log_pass
+
+__all__ = ["PassIterator"]
+
+# how often a blocked producer or consumer re-checks for a stop or a dead peer
+POLL_S = 0.05
+
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Stopped(Exception):
+    """The pass was closed while the producer waited."""
+
+
+class _PassState:
+    """Everything one pass owns: pool owner, driver, producer thread, queue."""
+
+    def __init__(self, ctx: PassContext, split: str, plan: EpochPlan, epoch: int, start_batch: int) -> None:
+        if not 0 <= start_batch <= plan.n_batches:
+            raise ValueError(f"{start_batch=} must be in [0, {plan.n_batches}] for split {split!r}")
+        self.ctx = ctx
+        self.split = split
+        self.plan = plan
+        self.epoch = epoch
+        self.start_batch = start_batch
+        self.queue: queue.Queue = queue.Queue(maxsize=ctx.prefetch_depth)
+        self.stop_event = threading.Event()
+        self.owner: Owner | None = None
+        self.driver: PassDriver | None = None
+        self.thread: threading.Thread | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self.consumed = start_batch
+        self.history: tuple[tuple[int, int], ...] = ()
+        self.coords = ctx.sample_coords() if split == "__infer__" else None
+        self.started_at: float | None = None
+        self.ended_at: float | None = None
+        self.evictions_at_start = 0
+        self.on_stats: Callable[[PassStats], None] | None = None  # told the final stats when the pass closes
+        release_order = np.argsort(plan.read_last, kind="stable")
+        bounds = np.searchsorted(plan.read_last[release_order], np.arange(plan.n_blocks + 1))
+        self.release_after = [release_order[bounds[b] : bounds[b + 1]].tolist() for b in range(plan.n_blocks)]
+
+    @property
+    def counters(self) -> PassCounters:
+        return self.owner.counters if self.owner is not None else PassCounters()
+
+    def _first_block(self) -> int:
+        """The block of the first row this pass yields (reads used only before it are skipped)."""
+        plan = self.plan
+        if self.start_batch >= plan.n_batches:
+            return plan.n_blocks
+        return plan.batch_blocks(self.start_batch)[0]
+
+    def stats(self) -> PassStats:
+        """This pass's stats so far (final once it has closed)."""
+        ctx, now = self.ctx, time.perf_counter()
+        started = self.started_at if self.started_at is not None else now
+        ended = self.ended_at if self.ended_at is not None else now
+        return PassStats._from_trace(
+            self.counters.trace, self.counters, split=self.split, epoch=self.epoch, wall_s=ended - started,
+            evictions=ctx.pool.totals.evictions - self.evictions_at_start, max_inflight=ctx.max_inflight,
+            decode_threads=ctx.decode_threads, cache_budget_bytes=ctx.pool.explicit_budget,
+            finished=self.ended_at is not None,
+        )
+
+    def start(self) -> None:
+        ctx = self.ctx
+        self.started_at = time.perf_counter()
+        self.evictions_at_start = ctx.pool.totals.evictions
+        self.owner = ctx.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
+        ctx.track(self.owner.counters)
+        self.driver = PassDriver(
+            store=ctx.store, pool=ctx.pool, owner=self.owner, plan=self.plan, readers=ctx.readers,
+            semaphore=ctx.semaphore(), executor=ctx.executor, on_bad_chunk=ctx.on_bad_chunk,
+            bad_chunks=ctx.bad_chunks, first_block=self._first_block(), cache=ctx.cache,
+        )
+        self.driver.seen_keys = ctx.fetched_keys
+        self.driver.start()
+        self.thread = threading.Thread(target=self._produce, name="insitu-prefetch", daemon=True)
+        self.thread.start()
+
+    # -- producer thread ----------------------------------------------------------
+    def _produce(self) -> None:
+        try:
+            self._produce_batches()
+            self._put(_END)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # delivered to the consumer, raised there
+            self._put(_Failure(exc))
+
+    def _put(self, item: object) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.queue.put(item, timeout=POLL_S)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def _wait_block(self, b: int) -> None:
+        pool, driver = self.ctx.pool, self.driver
+        wanted = self.plan.block_reads[b]
+        with pool.cond:
+            while True:
+                if self.stop_event.is_set():
+                    raise _Stopped
+                if driver.error is not None:
+                    raise driver.error
+                pending = False
+                for i in wanted:
+                    slot = driver.slots[i]
+                    if slot is None or slot.state == PENDING:
+                        pending = True
+                        break
+                    if slot.state == FAILED:
+                        raise slot.error
+                if not pending:
+                    return
+                pool.cond.wait(POLL_S)
+
+    def _release_block(self, b: int) -> None:
+        """Unpin the reads whose last use is block ``b`` and stop referencing them.
+
+        From here on only the pool holds such a slot, so evicting it frees its tiles.
+        """
+        slots = self.driver.slots
+        for i in self.release_after[b]:
+            slot = slots[i]
+            if slot is not None:
+                slots[i] = None
+                self.ctx.pool.unpin(slot, self.owner)
+
+    def _produce_batches(self) -> None:
+        ctx, plan = self.ctx, self.plan
+        ready_upto = -1
+        released_upto = -1
+        if self.start_batch > 0:
+            first_row = plan.batch_rows(self.start_batch)[0] if self.start_batch < plan.n_batches else plan.n_samples
+            while released_upto + 1 < plan.n_blocks and plan.block_starts[released_upto + 2] <= first_row:
+                released_upto += 1
+                self._release_block(released_upto)
+        for k in range(self.start_batch, plan.n_batches):
+            start, stop = plan.batch_rows(k)
+            b0, b1 = plan.batch_blocks(k)
+            while ready_upto < b1:
+                ready_upto += 1
+                if ready_upto > released_upto:
+                    t0 = time.perf_counter()
+                    self._wait_block(ready_upto)
+                    self.owner.counters.trace.add("data_wait_s", time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            anchors = plan.anchors[start:stop]
+            # the slots this batch's blocks read (a key may have one read per block when blocks release)
+            slots = self.driver.slots
+            held = {plan.reads[i]: slots[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
+            arrays = {}
+            for label, g in ctx.outputs.items():
+                # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
+                buf = ctx.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
+                out = buf[: len(anchors)]
+                gather_label(out, anchors, g, lambda c, path=g.path: held[(path, c)])
+                arrays[label] = out
+            coords = None
+            if self.coords is not None:
+                coords = {name: values[anchors] for name, values in self.coords.items()}
+            batch = Batch(
+                arrays=arrays, sample_indices=anchors.copy(),
+                offsets=dict(ctx.offsets), coords=coords, epoch=self.epoch, index=k,
+            )
+            if plan.padded is not None:
+                batch.extras["padded"] = plan.padded[start:stop].copy()
+            for t in ctx.batch_transforms:
+                batch = t(batch)
+                if not isinstance(batch, Batch):
+                    raise TypeError(f"batch transform {t!r} returned {type(batch).__name__}, not a Batch")
+            counters = self.owner.counters
+            counters.trace.add("gather_s", time.perf_counter() - t0)
+            counters.trace.sample(self.queue.qsize())
+            counters.batches += 1
+            counters.samples += len(anchors)
+            # blocks whose last row is in this batch are drained: unpin their last-use reads
+            while released_upto + 1 < plan.n_blocks and plan.block_starts[released_upto + 2] <= stop:
+                released_upto += 1
+                self._release_block(released_upto)
+            t0 = time.perf_counter()
+            self._put(batch)
+            counters.trace.add("producer_wait_s", time.perf_counter() - t0)
+            del batch, arrays, out, buf
+
+    # -- teardown ---------------------------------------------------------------
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.ended_at = time.perf_counter()
+        self.stop_event.set()
+        with self.ctx.pool.cond:
+            self.ctx.pool.cond.notify_all()
+        while True:  # unblock a producer parked on a full queue
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+        if self.driver is not None:
+            self.driver.stop()
+            # the pass no longer holds its slots: an evicted chunk's memory (or mapping) goes with the pool's
+            self.driver.slots = [None] * len(self.driver.slots)
+        if self.owner is not None:
+            self.ctx.pool.close_owner(self.owner)
+        if self.started_at is not None:
+            stats = self.stats()
+            log_pass(stats)
+            if self.on_stats is not None:
+                self.on_stats(stats)
+
+
+class PassIterator:
+    """The consumer's end of a pass: pops finished batches; ``close()`` ends the pass early."""
+
+    def __init__(self, state: _PassState) -> None:
+        self._state = state
+        self._finalizer = weakref.finalize(self, state.close)
+
+    @property
+    def counters(self) -> PassCounters:
+        """This pass's own counters (hits, misses, GETs, batches)."""
+        return self._state.counters
+
+    @property
+    def stats(self) -> PassStats:
+        """This pass's :class:`~insitubatch._engine.stats.PassStats` so far (final once it ended)."""
+        return self._state.stats()
+
+    @property
+    def plan(self) -> EpochPlan:
+        return self._state.plan
+
+    def __iter__(self) -> PassIterator:
+        return self
+
+    def __next__(self) -> Batch:
+        state = self._state
+        t0 = time.perf_counter()
+        while True:
+            if state._closed:
+                self._ended()
+            try:
+                item = state.queue.get(timeout=POLL_S)
+                break
+            except queue.Empty:
+                if state.thread is not None and not state.thread.is_alive() and state.queue.empty():
+                    self.close()
+                    self._ended()
+        state.counters.trace.add("consumer_wait_s", time.perf_counter() - t0)
+        if item is _END:
+            self.close()
+            state.ctx.warn_if_cache_useless(state.counters, state.epoch)
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.error
+        state.consumed += 1
+        return item
+
+    def _ended(self) -> None:
+        """The pass is closed: a closed dataset is an error, a pass the caller closed simply ends."""
+        if self._state.ctx.closed:
+            raise DatasetClosedError(
+                "the InSituDataset was closed while this pass was open; its remaining batches are gone"
+            ) from None
+        raise StopIteration from None
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> PassIterator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,220 @@
+"""What one pass measured, and which stage limited it.
+
+The scheduler and the producer add to a :class:`PassTrace` (seconds per
+stage, waits, depth samples taken once per batch); :class:`PassStats` is the
+frozen summary a user reads as ``view.last_pass`` or ``iterator.stats``,
+with :attr:`PassStats.limiting_stage` naming one of ``"store"``,
+``"decode"``, ``"budget"``, ``"consumer"`` or ``"unknown"`` by the rule
+documented in ``docs/tuning.md`` (and on :attr:`PassStats.limiting_stage`).
+Timing costs two ``perf_counter`` calls per tile and per batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+__all__ = ["STAGES", "PassStats", "PassTrace", "Stage"]
+
+logger = logging.getLogger("insitubatch")
+
+Stage = Literal["store", "decode", "budget", "consumer", "unknown"]
+STAGES: tuple[Stage, ...] = get_args(Stage)
+# Fewer batches than this say nothing about a steady state.
+MIN_BATCHES = 2
+# The consumer limits when it spent at most this share of the pass waiting for
+# batches: the loader had the next one ready most of the time.
+CONSUMER_WAIT_SHARE = 0.5
+# A loader stage is named only when its pressure (mean concurrent work, or the
+# share of the pass it held the driver back) reaches this; below it no stage
+# stands out and the answer is "unknown".
+MIN_PRESSURE = 0.25
+# Under an explicit cache_budget_bytes, a starved pass whose fetches are at
+# least this share re-reads (chunks the pool held before and let go) is
+# limited by the budget, whatever stage the re-reading keeps busy.
+RE_READ_SHARE = 0.5
+
+ADVICE = {
+    "store": "reads wait on the store; raise max_inflight, or store larger chunks or read from a closer region",
+    "decode": "decode and chunk transforms keep the decode threads busy; raise decode_threads, make the transform "
+              "cheaper (or release the GIL), or persist transformed chunks with cache_dir and persist=True",
+    "budget": "the pool's budget: the pass re-reads chunks the pool let go, or waits for room to read ahead while "
+              "nothing is in flight; raise cache_budget_bytes (to keep what later passes reuse) or block_chunks "
+              "(the read-ahead window is the working set)",
+    "consumer": "the loader keeps batches ready; the training step is the bottleneck (prefetch_depth can shrink)",
+    "unknown": "no stage stands out (too few batches, or a balanced pass)",
+}
+
+
+@dataclass(eq=False)
+class PassTrace:
+    """Stage times, waits and depth samples of one pass, added to from several threads."""
+
+    fetch_s: float = 0.0  # summed over concurrent GETs: awaiting store.get
+    decode_s: float = 0.0  # codec work on the decode threads
+    transform_s: float = 0.0  # chunk transforms on the decode threads
+    gather_s: float = 0.0  # producer: gather into the batch + batch transforms
+    consumer_wait_s: float = 0.0  # consumer blocked on an empty batch queue
+    producer_wait_s: float = 0.0  # producer blocked on a full batch queue
+    data_wait_s: float = 0.0  # producer waiting for a block's chunks
+    budget_wait_s: float = 0.0  # driver held back by the budget with nothing of the pass in flight
+    re_reads: int = 0
+    bad_tiles: int = 0
+    inflight_reads: int = 0  # GETs awaiting the store now (event-loop thread only)
+    depth_samples: int = 0
+    inflight_depth_sum: int = 0
+    inflight_depth_max: int = 0
+    queue_depth_sum: int = 0
+    queue_depth_max: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to the time field ``name`` (safe from any thread)."""
+        with self.lock:
+            setattr(self, name, getattr(self, name) + seconds)
+
+    def sample(self, queue_depth: int) -> None:
+        """Record the batch queue's depth and the GETs in flight (once per batch)."""
+        inflight = self.inflight_reads
+        with self.lock:
+            self.depth_samples += 1
+            self.inflight_depth_sum += inflight
+            self.inflight_depth_max = max(self.inflight_depth_max, inflight)
+            self.queue_depth_sum += queue_depth
+            self.queue_depth_max = max(self.queue_depth_max, queue_depth)
+
+
+@dataclass(frozen=True)
+class PassStats:
+    """One pass in numbers: counts, per-stage time, waits, sampled depths, and the limiting stage.
+
+    Stage times are summed over concurrent work, so ``fetch_s / wall_s`` is
+    the mean number of GETs outstanding and ``(decode_s + transform_s) /
+    wall_s`` the mean number of decode threads busy. ``finished`` is False
+    for a pass still running (the numbers so far).
+    """
+
+    split: str
+    epoch: int
+    samples: int
+    batches: int
+    wall_s: float
+    gets: int
+    get_bytes: int
+    hits: int
+    misses: int
+    revived: int
+    evictions: int
+    re_reads: int
+    bad_tiles: int
+    fetch_s: float
+    decode_s: float
+    transform_s: float
+    gather_s: float
+    consumer_wait_s: float
+    producer_wait_s: float
+    data_wait_s: float
+    budget_wait_s: float
+    inflight_depth_mean: float
+    inflight_depth_max: int
+    queue_depth_mean: float
+    queue_depth_max: int
+    max_inflight: int
+    decode_threads: int
+    cache_budget_bytes: int | None
+    finished: bool
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    def pressures(self) -> dict[str, float]:
+        """Each loader stage's pressure: mean GETs outstanding, mean decodes running, budget-stall share.
+
+        A budget stall counts only as far as the producer, too, waited for
+        data (``data_wait_s``): a window full of ready chunks that the
+        producer is still gathering is no stall.
+        """
+        wall = self.wall_s if self.wall_s > 0 else float("inf")
+        return {
+            "store": self.fetch_s / wall,
+            "decode": (self.decode_s + self.transform_s) / wall,
+            "budget": min(self.budget_wait_s, self.data_wait_s) / wall,
+        }
+
+    @property
+    def limiting_stage(self) -> Stage:
+        """The one stage that limited this pass: ``store``, ``decode``, ``budget``, ``consumer`` or ``unknown``.
+
+        The rule, in order:
+
+        1. ``unknown`` below ``MIN_BATCHES`` batches or without elapsed time.
+        2. ``consumer`` when the consumer waited for batches at most
+           ``CONSUMER_WAIT_SHARE`` of the wall time: the loader kept up.
+        3. Otherwise the loader starved the consumer. ``budget`` when an
+           explicit ``cache_budget_bytes`` is set and at least
+           ``RE_READ_SHARE`` of the pass's fetched reads are re-reads (the
+           pool held those chunks before and had to let them go).
+        4. Else the stage with the highest pressure is named: ``store`` (mean
+           GETs outstanding), ``decode`` (mean decode jobs running, chunk
+           transforms included), ``budget`` (share of the pass the driver was
+           held back by the read-ahead window or the pool budget while none of
+           its reads were being fetched or decoded, capped by the share the
+           producer waited for data), provided it reaches
+           ``MIN_PRESSURE``; else ``unknown``.
+        """
+        if self.batches < MIN_BATCHES or self.wall_s <= 0:
+            return "unknown"
+        if self.consumer_wait_s <= CONSUMER_WAIT_SHARE * self.wall_s:
+            return "consumer"
+        if self.cache_budget_bytes is not None and self.misses and self.re_reads >= RE_READ_SHARE * self.misses:
+            return "budget"
+        pressures = self.pressures()
+        stage = max(pressures, key=pressures.__getitem__)
+        return stage if pressures[stage] >= MIN_PRESSURE else "unknown"
+
+    @property
+    def advice(self) -> str:
+        """What to do about :attr:`limiting_stage`, in one sentence."""
+        return ADVICE[self.limiting_stage]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields plus ``samples_per_s`` and ``limiting_stage``, JSON-able."""
+        return {**dataclasses.asdict(self), "samples_per_s": self.samples_per_s, "limiting_stage": self.limiting_stage}
+
+    def summary(self) -> str:
+        """One line: what the pass did, where its time went, and ``limited by: <stage> — <what to do>``."""
+        return (
+            f"pass {self.split!r} epoch {self.epoch}: {self.batches} batches, {self.samples} samples in "
+            f"{self.wall_s:.2f} s ({self.samples_per_s:.0f} samples/s); {self.gets} GETs "
+            f"({self.get_bytes / 1e6:.1f} MB), {self.hits} hits, {self.misses} misses, {self.evictions} evictions, "
+            f"{self.re_reads} re-reads, {self.bad_tiles} bad tiles; stage time fetch {self.fetch_s:.2f} s, "
+            f"decode {self.decode_s:.2f} s, transform {self.transform_s:.2f} s, gather {self.gather_s:.2f} s; "
+            f"waits consumer {self.consumer_wait_s:.2f} s, producer {self.producer_wait_s:.2f} s, "
+            f"budget {self.budget_wait_s:.2f} s; mean depth in flight {self.inflight_depth_mean:.1f}, "
+            f"queue {self.queue_depth_mean:.1f}; limited by: {self.limiting_stage} — {self.advice}"
+        )
+
+    @classmethod
+    def _from_trace(cls, trace: PassTrace, counters: Any, **fields: Any) -> PassStats:
+        """Combine a pass's counters (``PassCounters``) and trace with ``split``, ``epoch``, ``wall_s``, ..."""
+        n = max(trace.depth_samples, 1)
+        return cls(
+            samples=counters.samples, batches=counters.batches, gets=counters.gets, get_bytes=counters.get_bytes,
+            hits=counters.hits, misses=counters.misses, revived=counters.revived, re_reads=trace.re_reads,
+            bad_tiles=trace.bad_tiles, fetch_s=trace.fetch_s, decode_s=trace.decode_s,
+            transform_s=trace.transform_s, gather_s=trace.gather_s, consumer_wait_s=trace.consumer_wait_s,
+            producer_wait_s=trace.producer_wait_s, data_wait_s=trace.data_wait_s,
+            budget_wait_s=trace.budget_wait_s, inflight_depth_mean=trace.inflight_depth_sum / n,
+            inflight_depth_max=trace.inflight_depth_max, queue_depth_mean=trace.queue_depth_sum / n,
+            queue_depth_max=trace.queue_depth_max, **fields,
+        )
+
+
+def log_pass(stats: PassStats) -> None:
+    """The per-pass INFO line on the ``insitubatch`` logger (silent unless the application configures logging)."""
+    if logger.isEnabledFor(logging.INFO):
+        logger.info("insitubatch: %s", stats.summary())

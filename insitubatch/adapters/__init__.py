@@ -1,0 +1,8 @@
+"""Framework adapters: torch and JAX tensors over a view's batches, by DLPack (``pinned``: CUDA host buffers)."""
+
+from __future__ import annotations
+
+from .jax import to_jax
+from .torch import TorchView, as_torch, to_torch
+
+__all__ = ["TorchView", "as_torch", "to_jax", "to_torch"]

@@ -1,0 +1,156 @@
+"""The torch adapter: tensors over a view's batches, by DLPack.
+
+On the CPU a tensor aliases the batch buffer (no copy); the buffer pool sees
+the export as a reference, so a kept tensor is never overwritten. With a CUDA
+``device``, batch buffers come from page-locked memory and each batch is
+copied on a side stream one batch ahead, so the copy overlaps the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._engine.batch import Batch
+from ..views import DatasetView, InferView
+
+__all__ = ["TorchView", "as_torch", "to_torch"]
+
+_WORKERS_MESSAGE = (
+    "insitubatch views cannot run inside DataLoader worker processes (num_workers > 0): the engine's "
+    "parallelism is one event loop with a shared chunk pool in this process, and a forked or spawned "
+    "worker would duplicate the pool and re-read every chunk (an obstore handle inherited across fork "
+    "deadlocks). Use DataLoader(view, batch_size=None, num_workers=0) and raise max_inflight instead."
+)
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - torch is an optional extra
+        raise ImportError("as_torch needs PyTorch: pip install 'insitubatch[torch]'") from exc
+    return torch
+
+
+try:  # torch is optional: without it TorchView still imports, and as_torch explains what to install
+    from torch.utils.data import IterableDataset as _IterableBase
+except ImportError:  # pragma: no cover
+    _IterableBase = object
+
+
+class TorchView(_IterableBase):
+    """An ``IterableDataset`` of ``dict[label, torch.Tensor]``; use it with ``batch_size=None``.
+
+    Over an inference view (``ds.infer(...)``) each item is ``(tensors, coords)``.
+    """
+
+    def __init__(
+        self,
+        view: DatasetView,
+        device: Any = None,
+        device_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    ) -> None:
+        torch = _torch()
+        if not isinstance(view, DatasetView):
+            raise TypeError(f"view must be a DatasetView (ds.train, ds.val, ds.infer(...)), got {type(view).__name__}")
+        if device_transform is not None and not callable(device_transform):
+            raise TypeError(f"device_transform must be callable, got {type(device_transform).__name__}")
+        self.view = view
+        try:
+            self.device = torch.device(device) if device is not None else None
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
+        self.device_transform = device_transform
+        self._coords = isinstance(view, InferView)  # inference items are (tensors, coords) pairs
+        self._cuda = self.device is not None and self.device.type == "cuda"
+        if self._cuda:
+            if not torch.cuda.is_available():
+                raise ValueError(f"device={device!r} needs CUDA, but torch.cuda.is_available() is False")
+            from .pinned import PinnedBufferPool
+
+            self._pinned = PinnedBufferPool()
+            view.context.buffers.set_allocator(lambda shape, dtype: self._pinned.acquire(shape, dtype))
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def __getstate__(self) -> dict:
+        raise TypeError(_WORKERS_MESSAGE)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        torch = _torch()
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError(_WORKERS_MESSAGE)
+        if self._cuda:
+            return self._iter_cuda(torch)
+        return self._iter_host(torch)
+
+    def _iter_host(self, torch) -> Iterator[dict[str, Any]]:
+        for batch in self.view:
+            tensors = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+            if self.device is not None:
+                tensors = {k: t.to(self.device) for k, t in tensors.items()}
+            if self.device_transform is not None:
+                tensors = self.device_transform(tensors)
+            yield (tensors, batch.coords) if self._coords else tensors
+
+    def _iter_cuda(self, torch) -> Iterator[dict[str, Any]]:
+        side = torch.cuda.Stream(device=self.device)
+        pending = None
+        for batch in self.view:
+            host = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+            with torch.cuda.stream(side):
+                dev = {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
+                done = torch.cuda.Event()
+                done.record(side)
+            staged = (dev, done, host, batch)
+            if pending is not None:
+                yield self._finish(torch, pending)
+            pending = staged
+        if pending is not None:
+            yield self._finish(torch, pending)
+
+    def _finish(self, torch, staged) -> dict[str, Any]:
+        dev, done, host, batch = staged
+        coords = batch.coords
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(done)
+        for t in dev.values():
+            t.record_stream(current)
+        # the host buffer may be reused only once its copy has landed
+        done.synchronize()
+        del host, batch
+        tensors = self.device_transform(dev) if self.device_transform is not None else dev
+        return (tensors, coords) if self._coords else tensors
+
+
+def as_torch(
+    view: DatasetView,
+    *,
+    device: Any = None,
+    device_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> TorchView:
+    """Torch tensors over ``view``: zero-copy on CPU; pinned buffers + async copy to a CUDA ``device``.
+
+    The result is a ``torch.utils.data.IterableDataset``; wrap it as
+    ``DataLoader(tv, batch_size=None, num_workers=0)`` if a DataLoader is
+    wanted. ``device_transform`` runs on the device tensors. Over an
+    inference view each item is ``(tensors, coords)``: the batch's
+    coordinate mapping beside the tensors.
+    """
+    return TorchView(view, device=device, device_transform=device_transform)
+
+
+def to_torch(batch: Batch, *, device: Any = None) -> dict[str, Any]:
+    """One batch as ``{label: torch.Tensor}`` by DLPack (zero-copy on the CPU), moved to ``device`` if given."""
+    torch = _torch()
+    if not isinstance(batch, Batch):
+        raise TypeError(f"batch must be an insitubatch Batch, got {type(batch).__name__}")
+    try:
+        target = torch.device(device) if device is not None else None
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
+    tensors: dict[str, Any] = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+    if target is not None:
+        tensors = {k: t.to(target) for k, t in tensors.items()}
+    return tensors

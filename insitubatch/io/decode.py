@@ -1,0 +1,579 @@
+"""Synchronous decode of one stored chunk, built from the array's declared codecs.
+
+zarr 3.1 decodes only through its async codec pipeline, which needs an event
+loop and hops to threads of its own. The engine decodes on a thread pool it
+owns, so this module assembles the same chain once per array and runs it as
+plain calls:
+
+* **v3** — the codec list is split the way zarr splits it: array→array
+  codecs (transpose, ...), one array→bytes codec (``bytes`` with its
+  endianness), then bytes→bytes codecs (zstd, gzip, blosc, crc32c, ...). Each
+  codec is handed the ``ArraySpec`` it saw when encoding (array→array codecs
+  change it, so it is walked through their ``resolve_metadata`` once, up
+  front). Decoding runs the list backwards through each codec's synchronous
+  decode (``_zarr_compat.codec_decoder``: zarr's own, or the numcodecs codec
+  a wrapper carries).
+* **sharded v3** — the stored chunk is the whole shard. Its index (at the
+  start or the end) is itself a small chain (normally ``bytes`` + ``crc32c``,
+  so the checksum is verified); each present inner chunk is decoded with the
+  inner chain and placed in the shard; absent ones (offset and length both
+  2**64-1) read as the fill value. Nested shards work the same way.
+* **v2** — the numcodecs compressor, then the filters in reverse, then a view
+  as the array's dtype laid out in its ``order``.
+
+**Decode into the destination.** ``ChunkDecoder.decode_into`` writes a
+chunk into memory the caller owns (a pool slot's tile). When the chain is
+one compressor that numcodecs can decompress straight into a buffer —
+blosc, zstd, lz4, gzip or zlib, behind a native-endian ``bytes`` codec (v3),
+inner shard chunks included, or as a filterless C-order v2 compressor — it
+does, with no intermediate array. numcodecs accepts an ``out`` larger than
+the data and leaves its tail untouched, so the size the frame declares
+(blosc and zstd headers, the lz4 prefix, the gzip trailer) is checked
+against ``out`` first; a frame of any other size takes the generic path,
+which refuses it by its real size: a short frame is a bad chunk, never a
+half-written tile. Every other chain decodes as usual and is copied into
+``out``.
+
+The codecs themselves (numcodecs' blosc, zstd, zlib) release the GIL; the
+glue here is O(codecs + inner chunks) Python per stored chunk, never per
+element. Any failure — a codec error, a checksum mismatch, a wrong decoded
+size, a shard index pointing outside the shard, a blosc frame whose header
+disagrees with its length (c-blosc would read past the end of a truncated
+one) — becomes ``BadChunkError`` naming the array, the chunk and its key:
+garbage is never returned as data.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+import sys
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numcodecs.blosc import Blosc as _NumcodecsBlosc
+from numcodecs.compat import ensure_ndarray_like
+from numcodecs.gzip import GZip as _NumcodecsGZip
+from numcodecs.lz4 import LZ4 as _NumcodecsLZ4
+from numcodecs.zlib import Zlib as _NumcodecsZlib
+from numcodecs.zstd import Zstd as _NumcodecsZstd
+from zarr.abc.buffer import Buffer
+from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
+from zarr.abc.store import Store
+from zarr.buffer import default_buffer_prototype
+from zarr.buffer.cpu import numpy_buffer_prototype
+from zarr.codecs.blosc import BloscCodec
+from zarr.codecs.bytes import BytesCodec
+from zarr.codecs.sharding import ShardingCodec
+from zarr.dtype import UInt64
+
+from .._zarr_compat import (
+    ArrayConfig,
+    ArraySpec,
+    ArrayV2Metadata,
+    bytes_codec_endian,
+    chunk_spec,
+    codec_decoder,
+    numcodec_behind,
+    shard_index_at_start,
+    sync,
+    wrapped_numcodec,
+)
+from ..errors import BadChunkError, StoreReadError
+from .geometry import ArrayGeometry
+
+__all__ = ["ChunkDecoder", "clip_to_array", "make_decoder", "read_stored_chunk"]
+
+# Shard-index entry of an inner chunk that was never written (zarr sharding spec).
+_ABSENT = 2**64 - 1
+# Decode into host numpy memory whatever zarr's configured default buffer is.
+_PROTOTYPE = numpy_buffer_prototype()
+_CONFIG = ArrayConfig(order="C", write_empty_chunks=False)
+
+ChunkData = bytes | bytearray | memoryview | np.ndarray | Buffer
+
+
+# The c-blosc 1.x frame header that numcodecs' Blosc writes: version,
+# versionlz, flags, typesize (one byte each), then nbytes, blocksize and cbytes
+# (uint32, little-endian). A flag marks a frame stored uncompressed.
+_BLOSC_HEADER = struct.Struct("<BBBBIII")
+_BLOSC_MEMCPYED = 0x02
+
+
+class _DecodeFailure(Exception):
+    """Internal: a stage failed; ``ChunkDecoder`` adds array, chunk and key."""
+
+
+def _is_blosc(codec: Any) -> bool:
+    return isinstance(codec, (BloscCodec, _NumcodecsBlosc)) or isinstance(wrapped_numcodec(codec), _NumcodecsBlosc)
+
+
+def _check_blosc_frame(data: Any) -> None:
+    """Refuse a blosc frame whose header disagrees with its length, before blosc reads it.
+
+    c-blosc 1.x takes the header's word for the frame's size: it reads
+    ``cbytes`` bytes of source however long the buffer is, so a truncated
+    chunk comes back as data with garbage (or zeros) in its tail, and an empty
+    or very short one is read past its end, which can crash the process.
+    """
+    raw = _as_uint8(data)
+    n = raw.nbytes
+    if n < _BLOSC_HEADER.size:
+        raise _DecodeFailure(f"blosc frame is {n} bytes, shorter than its {_BLOSC_HEADER.size}-byte header")
+    _, _, flags, _, nbytes, _, cbytes = _BLOSC_HEADER.unpack_from(raw)
+    if cbytes != n:
+        raise _DecodeFailure(f"blosc header says the frame is {cbytes} bytes, the chunk holds {n}")
+    if flags & _BLOSC_MEMCPYED and nbytes + _BLOSC_HEADER.size != cbytes:
+        raise _DecodeFailure(f"blosc header says {nbytes} bytes are stored uncompressed in a {cbytes}-byte frame")
+
+
+# zstd frame header (RFC 8878 §3.1.1): magic, then a descriptor byte whose top two
+# bits size the frame-content-size field, bit 5 marks a single segment (no window
+# byte) and the low two bits size the dictionary id.
+_ZSTD_MAGIC = 0xFD2FB528
+_ZSTD_FCS_BYTES = (0, 2, 4, 8)
+_ZSTD_DICT_BYTES = (0, 1, 2, 4)
+# gzip members end in ISIZE: the uncompressed length modulo 2**32 (RFC 1952 §2.3.1).
+_GZIP_MIN_BYTES = 18
+
+
+def _zstd_content_size(raw: np.ndarray) -> int | None:
+    """The decompressed size a zstd frame header declares; None when absent or unreadable."""
+    if raw.nbytes < 6 or int.from_bytes(raw[:4].tobytes(), "little") != _ZSTD_MAGIC:
+        return None
+    fhd = int(raw[4])
+    single = bool(fhd & 0x20)
+    fcs_code = fhd >> 6
+    size = _ZSTD_FCS_BYTES[fcs_code] or (1 if single else 0)
+    if size == 0:
+        return None
+    pos = 5 + (0 if single else 1) + _ZSTD_DICT_BYTES[fhd & 0x03]
+    if raw.nbytes < pos + size:
+        return None
+    value = int.from_bytes(raw[pos : pos + size].tobytes(), "little")
+    return value + 256 if size == 2 else value
+
+
+def _declared_size(codec: Any, raw: np.ndarray) -> int | None:
+    """What the frame says it decompresses to; None when it does not say (then no direct decode)."""
+    if isinstance(codec, _NumcodecsBlosc):
+        _check_blosc_frame(raw)
+        return _BLOSC_HEADER.unpack_from(raw)[4]
+    if isinstance(codec, _NumcodecsZstd):
+        return _zstd_content_size(raw)
+    if isinstance(codec, _NumcodecsLZ4):
+        return int.from_bytes(raw[:4].tobytes(), "little") if raw.nbytes >= 4 else None
+    if isinstance(codec, _NumcodecsGZip):
+        return int.from_bytes(raw[-4:].tobytes(), "little") if raw.nbytes >= _GZIP_MIN_BYTES else None
+    return None  # zlib: numcodecs itself refuses an ``out`` of any other size
+
+
+_DIRECT_CODECS = (_NumcodecsBlosc, _NumcodecsZstd, _NumcodecsLZ4, _NumcodecsGZip, _NumcodecsZlib)
+
+
+class _Direct:
+    """One numcodecs compressor that decompresses straight into the caller's buffer."""
+
+    def __init__(self, codec: Any) -> None:
+        self.codec = codec
+        self.sized = not isinstance(codec, _NumcodecsZlib)
+
+    @staticmethod
+    def of(codec: Any) -> _Direct | None:
+        inner = numcodec_behind(codec)
+        return _Direct(inner) if isinstance(inner, _DIRECT_CODECS) else None
+
+    def __call__(self, raw: np.ndarray, out: np.ndarray) -> bool:
+        """Decode ``raw`` into ``out`` (C-contiguous); False, untouched, unless the frame declares out's size.
+
+        A frame of another (or no) declared size goes the generic way, which
+        decodes it whole and refuses it by its real size (or takes a frame
+        layout this check does not know, such as several zstd frames).
+        """
+        dest = out.reshape(-1).view(np.uint8)
+        if self.sized:
+            expected = dest.nbytes % 2**32 if isinstance(self.codec, _NumcodecsGZip) else dest.nbytes
+            if _declared_size(self.codec, raw) != expected:
+                return False
+        try:
+            self.codec.decode(raw, out=dest)
+        except Exception as exc:  # every codec has its own failure types
+            raise _DecodeFailure(f"{type(self.codec).__name__} failed: {exc}") from exc
+        return True
+
+
+def _fill_value(spec: ArraySpec) -> Any:
+    # zarr v2 allows a null fill value; zarr then reads missing chunks as the dtype default.
+    return spec.dtype.default_scalar() if spec.fill_value is None else spec.fill_value
+
+
+def _as_uint8(data: ChunkData) -> np.ndarray:
+    """A flat uint8 view of the chunk bytes (no copy for host memory)."""
+    if isinstance(data, Buffer):
+        return data.as_numpy_array().reshape(-1).view(np.uint8)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def _stage(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
+    """One codec's decode as ``numpy -> numpy``, with no event loop."""
+    if _is_blosc(codec):
+        decode = codec_decoder(codec)
+
+        def checked(a: np.ndarray, spec: ArraySpec) -> np.ndarray:
+            _check_blosc_frame(a)
+            return decode(a, spec)
+
+        return checked
+    return codec_decoder(codec)
+
+
+def _run(codec: Any, decode: Callable[[np.ndarray, ArraySpec], np.ndarray], data: np.ndarray, spec: ArraySpec) -> np.ndarray:
+    try:
+        return decode(data, spec)
+    except _DecodeFailure:
+        raise
+    except Exception as exc:  # every codec has its own failure types
+        raise _DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
+
+
+class _Chain:
+    """A v3 codec list, decoded last to first: bytes→bytes, array→bytes, array→array."""
+
+    def __init__(self, codecs: Sequence[Any], spec: ArraySpec) -> None:
+        array_array = [c for c in codecs if isinstance(c, ArrayArrayCodec)]
+        array_bytes = [c for c in codecs if isinstance(c, ArrayBytesCodec)]
+        bytes_bytes = [c for c in codecs if isinstance(c, BytesBytesCodec)]
+        if len(array_bytes) != 1 or len(array_array) + 1 + len(bytes_bytes) != len(codecs):
+            raise ValueError(f"codec list {list(codecs)!r} needs exactly one array→bytes codec")
+        self.shape = tuple(spec.shape)
+        self.dtype = spec.dtype.to_native_dtype()
+        self._array_array = []
+        for codec in array_array:
+            self._array_array.append((codec, _stage(codec), spec))
+            spec = codec.resolve_metadata(spec)
+        (codec,) = array_bytes
+        self._array_bytes_codec = codec
+        self._array_bytes_spec = spec
+        self._array_bytes = _ShardStage(codec, spec) if isinstance(codec, ShardingCodec) else _stage(codec)
+        spec = codec.resolve_metadata(spec)
+        self._bytes_bytes = []
+        for codec in bytes_bytes:
+            self._bytes_bytes.append((codec, _stage(codec), spec))
+            spec = codec.resolve_metadata(spec)
+        # Raw size of the array→bytes input for fixed-size serializers (the `bytes` codec).
+        raw = self._array_bytes_spec
+        self._raw_nbytes = math.prod(raw.shape) * raw.dtype.to_native_dtype().itemsize
+        self._direct = self._direct_stage()
+
+    def _direct_stage(self) -> _Direct | None:
+        """The compressor to decode straight into a caller's buffer, when the chain is just that."""
+        codec = self._array_bytes_codec
+        if self._array_array or len(self._bytes_bytes) != 1 or type(codec) is not BytesCodec:
+            return None
+        if bytes_codec_endian(codec) not in (None, sys.byteorder):
+            return None
+        if self.dtype.hasobject or not self.dtype.isnative:
+            return None
+        return _Direct.of(self._bytes_bytes[0][0])
+
+    def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
+        """Decode into ``out`` (this chain's shape, C-contiguous, writeable)."""
+        if self._direct is not None and out.dtype == self.dtype and self._direct(raw, out):
+            return
+        if isinstance(self._array_bytes, _ShardStage) and not self._array_array and not self._bytes_bytes:
+            self._array_bytes.decode_into(raw, out)
+            return
+        out[...] = self(raw)
+
+    def encoded_nbytes(self) -> int:
+        """Encoded size of one chunk; only for fixed-size chains such as a shard index."""
+        nbytes = self._array_bytes_codec.compute_encoded_size(self._raw_nbytes, self._array_bytes_spec)
+        for codec, _, spec in self._bytes_bytes:
+            nbytes = codec.compute_encoded_size(nbytes, spec)
+        return nbytes
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        data = raw
+        for codec, decode, spec in reversed(self._bytes_bytes):
+            data = _run(codec, decode, data, spec)
+        if isinstance(self._array_bytes, _ShardStage):
+            data = self._array_bytes(data)
+        else:
+            if getattr(self._array_bytes_codec, "is_fixed_size", False) and data.nbytes != self._raw_nbytes:
+                raise _DecodeFailure(f"decoded {data.nbytes} bytes, expected {self._raw_nbytes}")
+            data = _run(self._array_bytes_codec, self._array_bytes, data, self._array_bytes_spec)
+        for codec, decode, spec in reversed(self._array_array):
+            data = _run(codec, decode, data, spec)
+        if data.shape != self.shape:
+            raise _DecodeFailure(f"decoded shape {data.shape}, expected {self.shape}")
+        return data
+
+
+class _ShardStage:
+    """The sharding codec's decode: index, then each present inner chunk into its place."""
+
+    def __init__(self, codec: ShardingCodec, spec: ArraySpec) -> None:
+        self.shape = tuple(spec.shape)
+        self.dtype = spec.dtype.to_native_dtype()
+        self.fill = _fill_value(spec)
+        self.inner_shape = tuple(codec.chunk_shape)
+        self.grid = tuple(s // c for s, c in zip(self.shape, self.inner_shape))
+        index_spec = ArraySpec(
+            shape=(*self.grid, 2),
+            dtype=UInt64(endianness="little"),
+            fill_value=_ABSENT,
+            config=_CONFIG,
+            prototype=_PROTOTYPE,
+        )
+        self._index = _Chain(codec.index_codecs, index_spec)
+        self.index_nbytes = self._index.encoded_nbytes()
+        self.index_at_start = shard_index_at_start(codec)
+        inner_spec = ArraySpec(
+            shape=self.inner_shape, dtype=spec.dtype, fill_value=spec.fill_value, config=_CONFIG, prototype=_PROTOTYPE
+        )
+        self._inner = _Chain(codec.codecs, inner_spec)
+
+    def _read_index(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = raw.size
+        if n < self.index_nbytes:
+            raise _DecodeFailure(f"shard is {n} bytes, shorter than its {self.index_nbytes}-byte index")
+        if self.index_at_start:
+            index_raw, lo, hi = raw[: self.index_nbytes], self.index_nbytes, n
+        else:
+            index_raw, lo, hi = raw[n - self.index_nbytes :], 0, n - self.index_nbytes
+        try:
+            index = self._index(index_raw)
+        except _DecodeFailure as exc:
+            raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
+        offsets, lengths = index[..., 0], index[..., 1]
+        absent = offsets == _ABSENT
+        if not np.array_equal(absent, lengths == _ABSENT):
+            where = tuple(int(i) for i in np.argwhere(absent != (lengths == _ABSENT))[0])
+            raise _DecodeFailure(f"shard index entry {where} is half empty")
+        # Every present inner chunk must lie in the data region [lo, hi) of the shard.
+        outside = ~absent & ((offsets < lo) | (offsets > hi) | (lengths > hi - np.minimum(offsets, hi)))
+        if outside.any():
+            where = tuple(int(i) for i in np.argwhere(outside)[0])
+            raise _DecodeFailure(
+                f"shard index entry {where} (offset {int(offsets[where])}, length {int(lengths[where])}) "
+                f"points outside the shard's data bytes [{lo}, {hi})"
+            )
+        return offsets, lengths, ~absent
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        out = np.empty(self.shape, dtype=self.dtype)
+        self.decode_into(raw, out)
+        return out
+
+    def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
+        """Each present inner chunk straight into its region of ``out``; absent ones as the fill value."""
+        offsets, lengths, present = self._read_index(raw)
+        if not present.all():
+            out[...] = self.fill
+        for where in zip(*np.nonzero(present)):
+            start = int(offsets[where])
+            region = out[tuple(slice(int(i) * c, (int(i) + 1) * c) for i, c in zip(where, self.inner_shape))]
+            try:
+                if region.flags.c_contiguous:
+                    self._inner.decode_into(raw[start : start + int(lengths[where])], region)
+                else:
+                    region[...] = self._inner(raw[start : start + int(lengths[where])])
+            except _DecodeFailure as exc:
+                raise _DecodeFailure(f"inner chunk {tuple(int(i) for i in where)}: {exc}") from exc.__cause__
+
+
+class _V2Chain:
+    """A v2 array's numcodecs compressor, then its filters in reverse, then a dtype/order view."""
+
+    def __init__(self, metadata: ArrayV2Metadata, spec: ArraySpec) -> None:
+        self.shape = tuple(metadata.chunks)
+        self.dtype = spec.dtype.to_native_dtype()
+        self.order = metadata.order
+        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        self._compressor = metadata.compressor
+        self._filters = tuple(reversed(metadata.filters or ()))
+        plain = not self._filters and (self.order == "C" or len(self.shape) <= 1)
+        native = not self.dtype.hasobject and self.dtype.isnative
+        self._direct = _Direct.of(self._compressor) if self._compressor and plain and native else None
+
+    def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
+        """Decode into ``out`` (the chunk's shape, C-contiguous, writeable)."""
+        if self._direct is not None and out.dtype == self.dtype and self._direct(raw, out):
+            return
+        out[...] = self(raw)
+
+    def __call__(self, raw: np.ndarray) -> np.ndarray:
+        data: Any = raw
+        for codec in ((self._compressor,) if self._compressor else ()) + self._filters:
+            if _is_blosc(codec):
+                _check_blosc_frame(data)
+            try:
+                data = codec.decode(data)
+            except Exception as exc:  # every codec has its own failure types
+                raise _DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
+        flat = ensure_ndarray_like(data).reshape(-1, order="A")
+        if flat.nbytes != self.nbytes:
+            raise _DecodeFailure(f"decoded {flat.nbytes} bytes, expected {self.nbytes}")
+        return flat.view(self.dtype).reshape(self.shape, order=self.order)
+
+
+class ChunkDecoder:
+    """Decodes one array's stored chunks: ``decoder(data, coord) -> ndarray``.
+
+    Build it once per array with ``make_decoder``; calls are thread-safe and
+    need no event loop.
+    """
+
+    def __init__(self, geometry: ArrayGeometry) -> None:
+        metadata = geometry.metadata
+        if metadata is None:
+            raise ValueError(f"geometry of {geometry.path!r} carries no zarr metadata to build a decoder from")
+        self.geometry = geometry
+        self.shape = tuple(geometry.stored_chunks)
+        self.dtype = np.dtype(geometry.dtype)
+        spec = chunk_spec(metadata, self.shape, _CONFIG, _PROTOTYPE)
+        self.fill_value = _fill_value(spec)
+        self._chain: Callable[[np.ndarray], np.ndarray]
+        if isinstance(metadata, ArrayV2Metadata):
+            self._chain = _V2Chain(metadata, spec)
+        else:
+            self._chain = _Chain(metadata.codecs, spec)
+
+    def fill(self) -> np.ndarray:
+        """A stored chunk that was never written: all fill value."""
+        return np.full(self.shape, self.fill_value, dtype=self.dtype)
+
+    def __call__(self, data: ChunkData | None, coord: Sequence[int]) -> np.ndarray:
+        """The decoded stored chunk at ``coord``, full ``stored_chunks`` shape, C order.
+
+        ``data`` is the key's bytes, or None when the key is missing (read as
+        the fill value). The result may be a read-only view of decoded bytes.
+
+        Raises
+        ------
+        BadChunkError
+            The bytes do not decode to this array's chunk.
+        """
+        if data is None:
+            return self.fill()
+        try:
+            decoded = self._chain(_as_uint8(data))
+            if decoded.shape != self.shape:
+                raise _DecodeFailure(f"decoded shape {decoded.shape}, expected {self.shape}")
+        except _DecodeFailure as exc:
+            raise self._bad(coord, str(exc)) from exc.__cause__
+        except (TypeError, ValueError) as exc:  # bytes that no buffer view accepts
+            raise self._bad(coord, str(exc)) from exc
+        # One conversion at most: to the array's dtype (byte order) and C order.
+        return np.asarray(decoded, dtype=self.dtype, order="C")
+
+    def decode_into(self, data: ChunkData | None, coord: Sequence[int], out: np.ndarray) -> None:
+        """Decode the stored chunk at ``coord`` straight into ``out``, memory the caller owns.
+
+        ``out`` is C-contiguous and writeable, with the full ``stored_chunks``
+        shape and this array's dtype. Nothing in it aliases ``data``. On
+        ``BadChunkError`` its contents are undefined.
+        """
+        if out.shape != self.shape or out.dtype != self.dtype or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(
+                f"out must be a writeable C-contiguous {self.dtype} array of shape {self.shape} for array "
+                f"{self.geometry.path!r}, got {out.dtype} {out.shape}"
+            )
+        if data is None:
+            out[...] = self.fill_value
+            return
+        try:
+            self._chain.decode_into(_as_uint8(data), out)
+        except _DecodeFailure as exc:
+            raise self._bad(coord, str(exc)) from exc.__cause__
+        except (TypeError, ValueError) as exc:  # bytes that no buffer view accepts, shapes that do not fit
+            raise self._bad(coord, str(exc)) from exc
+
+    def _bad(self, coord: Sequence[int], why: str) -> BadChunkError:
+        coord = tuple(int(c) for c in coord)
+        return BadChunkError(
+            f"cannot decode chunk {coord} of array {self.geometry.path!r} "
+            f"(key {self.geometry.chunk_key(coord)!r}): {why}"
+        )
+
+
+# Decoders keyed by the identity of the zarr metadata they were built from;
+# an entry goes away with its metadata object.
+_DECODERS: dict[int, tuple[weakref.ref[Any], ChunkDecoder]] = {}
+
+
+def _forget_decoder(key: int, ref: weakref.ref[Any]) -> None:
+    cache = _DECODERS  # None while the interpreter tears module globals down
+    if cache is not None and cache.get(key, (None,))[0] is ref:
+        del cache[key]
+
+
+def make_decoder(geometry: ArrayGeometry) -> ChunkDecoder:
+    """The (cached) ``ChunkDecoder`` for ``geometry``'s array."""
+    metadata = geometry.metadata
+    key = id(metadata)
+    entry = _DECODERS.get(key)
+    if entry is not None and entry[0]() is metadata and entry[1].dtype == geometry.dtype:
+        return entry[1]
+    decoder = ChunkDecoder(geometry)
+    try:
+        ref = weakref.ref(metadata, functools.partial(_forget_decoder, key))
+    except TypeError:  # metadata that cannot be weakly referenced is simply not cached
+        return decoder
+    _DECODERS[key] = (ref, decoder)
+    return decoder
+
+
+def _check_coord(geometry: ArrayGeometry, chunk_coord: Sequence[int]) -> tuple[int, ...]:
+    coord = tuple(int(c) for c in chunk_coord)
+    grid = tuple(-(-s // c) for s, c in zip(geometry.shape, geometry.stored_chunks))
+    if len(coord) != len(grid) or not all(0 <= c < g for c, g in zip(coord, grid)):
+        raise ValueError(f"{chunk_coord=} is outside the stored-chunk grid {grid} of array {geometry.path!r}")
+    return coord
+
+
+def clip_to_array(geometry: ArrayGeometry, coord: Sequence[int], decoded: np.ndarray) -> np.ndarray:
+    """The part of a decoded stored chunk inside the array (a view; edge chunks are short)."""
+    coord = _check_coord(geometry, coord)
+    region = tuple(
+        slice(0, min(size, extent - c * size)) for c, size, extent in zip(coord, geometry.stored_chunks, geometry.shape)
+    )
+    return decoded[region]
+
+
+def read_stored_chunk(store: Store, geometry: ArrayGeometry, chunk_coord: Sequence[int]) -> np.ndarray:
+    """Fetch, decode and clip one stored chunk: equal to zarr's read of that region.
+
+    Parameters
+    ----------
+    store
+        Any zarr ``Store`` holding the array.
+    geometry
+        The array's geometry (``geometry_of`` / ``open_geometries``).
+    chunk_coord
+        Stored-chunk (shard) coordinates in physical axis order.
+
+    Returns
+    -------
+    numpy.ndarray
+        The chunk's values, physical axis order, clipped to the array extent.
+
+    Raises
+    ------
+    ValueError
+        ``chunk_coord`` is outside the array's stored-chunk grid.
+    StoreReadError
+        The store request failed.
+    BadChunkError
+        The stored bytes do not decode.
+    """
+    coord = _check_coord(geometry, chunk_coord)
+    key = geometry.chunk_key(coord)
+    try:
+        data = sync(store.get(key, prototype=default_buffer_prototype()))
+    except Exception as exc:  # any backend's failure, named for the user
+        raise StoreReadError(f"reading chunk {coord} of array {geometry.path!r} (key {key!r}) failed: {exc}") from exc
+    return clip_to_array(geometry, coord, make_decoder(geometry)(data, coord))

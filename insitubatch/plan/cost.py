@@ -1,0 +1,189 @@
+"""What a loader configuration will cost, from metadata alone: one implementation, two faces.
+
+:func:`describe_loader` turns geometries, epoch plans and the knobs into a
+plain dict (variables, knobs, splits, the memory plan term by term, notes);
+:func:`format_summary` renders that dict as the text ``insitubatch inspect``
+and ``InSituDataset.print_summary()`` print. ``InSituDataset.describe()``
+and :func:`insitubatch.tools.inspect_store.inspect_store` both call these, so the
+numbers a user reads before training are the ones the loader plans with.
+Nothing here fetches anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..io.geometry import ArrayGeometry
+from .epoch import EpochPlan
+
+__all__ = ["describe_loader", "format_summary"]
+
+MB = 1e6
+MIB = 1 << 20
+# Below this many samples per shuffle block per batch, consecutive batches
+# draw from few chunks; said as a note, not an error.
+MIN_BLOCK_SAMPLES_PER_BATCH = 4
+# A decoded tile from this size up makes each in-flight read a visible memory
+# cost (the "fat chunks" regime of docs/tuning.md); the note says how much.
+FAT_TILE_BYTES = 16 * MIB
+KNOBS = ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")
+
+
+def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
+    gets = sum(tiles_per_read[path] for path, _ in plan.reads)
+    return {
+        "samples": plan.n_samples,
+        "batches": plan.n_batches,
+        "blocks": plan.n_blocks,
+        "reads": len(plan.reads),
+        "gets": gets,
+        "working_set_bytes": int(plan.working_set_bytes),
+        "read_ahead_bound": int(plan.read_ahead_bound),
+    }
+
+
+def describe_loader(
+    geometries: Mapping[str, ArrayGeometry],
+    plans: Mapping[str, EpochPlan],
+    knobs: Mapping[str, int],
+    *,
+    split: str,
+    store: str = "",
+    iterations: int = 1,
+    budget_bytes: int | None = None,
+    batch_geometries: Mapping[str, ArrayGeometry] | None = None,
+    stored_tile_bytes: Mapping[str, int | None] | None = None,
+) -> dict[str, Any]:
+    """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
+
+    ``geometries`` are the stored arrays by label (what a GET returns);
+    ``batch_geometries`` what a batch row holds (after chunk transforms,
+    default the same); ``plans`` one epoch plan per split; ``split`` the one
+    the memory plan is for, ``iterations`` how many passes are open at once
+    (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
+    sizes, ``None`` where unknown.
+    """
+    rows = batch_geometries if batch_geometries is not None else geometries
+    tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
+    variables = {}
+    for label, g in geometries.items():
+        variables[label] = {
+            "path": g.path,
+            "shape": list(g.shape),
+            "dtype": str(g.dtype),
+            "stored_chunk": list(g.stored_chunks),
+            "tiles": g.tiles_per_chunk,
+            "samples_per_chunk": g.sample_chunk_size,
+            "chunk_bytes": int(g.chunk_nbytes),
+            "tile_bytes": int(g.stored_chunk_nbytes),
+            "stored_tile_bytes": None if stored_tile_bytes is None else stored_tile_bytes.get(label),
+        }
+    splits = {name: _split_row(plan, tiles_per_read) for name, plan in plans.items()}
+    mine = splits[split]
+    batch_bytes = knobs["batch_size"] * sum(g.sample_nbytes for g in rows.values())
+    tile_bytes = max(g.stored_chunk_nbytes for g in geometries.values())
+    inflight_bytes = knobs["max_inflight"] * tile_bytes  # one semaphore over every pass
+    ratios = [v["tile_bytes"] / v["stored_tile_bytes"] for v in variables.values() if v["stored_tile_bytes"]]
+    wire = inflight_bytes / (sum(ratios) / len(ratios)) if ratios else None
+    # queued + the one in assembly + the one the consumer holds (its buffer is not reused before)
+    queue_bytes = iterations * (knobs["prefetch_depth"] + 2) * batch_bytes
+    working = iterations * mine["working_set_bytes"]
+    memory = {
+        "iterations": iterations,
+        "working_set_bytes": working,
+        "budget_bytes": working if budget_bytes is None else int(budget_bytes),
+        "budget": "auto" if budget_bytes is None else "explicit",
+        "inflight_tiles": knobs["max_inflight"],
+        "inflight_bytes": int(inflight_bytes),
+        "inflight_wire_bytes": None if wire is None else int(wire),
+        "batch_bytes": int(batch_bytes),
+        "queue_bytes": int(queue_bytes),
+        "total_bytes": int(working + inflight_bytes + queue_bytes),
+    }
+    first = next(iter(geometries.values()))
+    spc = first.sample_chunk_size
+    block_samples = knobs["block_chunks"] * spc
+    notes = []
+    if spc == 1:
+        notes.append("one sample per chunk: every GET serves one sample, so throughput is max_inflight / latency "
+                     "samples per second at best; raise max_inflight")
+    if block_samples < MIN_BLOCK_SAMPLES_PER_BATCH * knobs["batch_size"]:
+        notes.append(f"a shuffle block holds {block_samples} samples, under {MIN_BLOCK_SAMPLES_PER_BATCH} batches: "
+                     "raise block_chunks for a better shuffle")
+    if math.prod(first.tile_grid) > 1:
+        notes.append(f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs that many GETs")
+    if tile_bytes >= FAT_TILE_BYTES:
+        notes.append(f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
+                     f"max_inflight={knobs['max_inflight']} holds up to {inflight_bytes / MIB:.0f} MiB")
+    if budget_bytes is not None and budget_bytes < working:
+        notes.append(f"cache_budget_bytes={budget_bytes} is below the working set of {working} bytes for "
+                     f"{iterations} open iteration(s): such a pass raises when it starts")
+    return {
+        "store": store,
+        "probed": stored_tile_bytes is not None,
+        "variables": variables,
+        "knobs": {k: int(knobs[k]) for k in KNOBS},
+        "split": split,
+        "splits": splits,
+        "memory": memory,
+        "notes": notes,
+    }
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / MB:.3f}" if nbytes < 10 * MB else f"{nbytes / MB:.1f}"
+
+
+def format_summary(info: Mapping[str, Any]) -> str:
+    """The text ``insitubatch inspect`` and ``print_summary()`` print for a :func:`describe_loader` dict."""
+    variables = info["variables"]
+    probe = info["probed"]
+    lines = [f"store      {info['store']}", ""]
+    lines.append(f"{'variable':<28} {'shape':<18} {'dtype':<8} {'stored chunk':<18} {'tiles':>5} "
+                 f"{'samples/chunk':>13} {'chunk MB':>9} {'tile MB':>9}" + (f" {'stored tile MB':>14}" if probe else ""))
+    for label, v in variables.items():
+        row = (f"{label:<28} {str(tuple(v['shape'])):<18} {v['dtype']:<8} {str(tuple(v['stored_chunk'])):<18} "
+               f"{v['tiles']:>5} {v['samples_per_chunk']:>13} {_mb(v['chunk_bytes']):>9} {_mb(v['tile_bytes']):>9}")
+        if probe:
+            stored = v["stored_tile_bytes"]
+            row += f" {(_mb(stored) if stored is not None else '-'):>14}"
+        lines.append(row)
+    knobs, split, mem = info["knobs"], info["split"], info["memory"]
+    s = info["splits"][split]
+    block_samples = knobs["block_chunks"] * next(iter(variables.values()))["samples_per_chunk"]
+    wire = mem["inflight_wire_bytes"]
+    n = mem["iterations"]
+    per = f" × {n} open iterations" if n > 1 else ""
+    lines += [
+        "",
+        "knobs      " + ", ".join(f"{k}={v}" for k, v in knobs.items()),
+        f"epoch      split {split!r}: {s['samples']} samples, {s['batches']} batches, {s['blocks']} shuffle "
+        f"blocks of {knobs['block_chunks']} chunks ({block_samples} samples each)",
+    ]
+    for name, other in info["splits"].items():
+        if name != split:
+            lines.append(f"split      {name!r}: {other['samples']} samples, {other['batches']} batches, "
+                         f"{other['gets']} GETs, working set {_mb(other['working_set_bytes'])} MB")
+    lines += [
+        f"reads      {s['reads']} chunk reads = {s['gets']} GETs per epoch (each stored tile once); "
+        f"{s['samples'] / max(s['gets'], 1):.2f} samples per GET",
+        f"working    {_mb(mem['working_set_bytes'])} MB resident at most ({s['read_ahead_bound']} chunk reads{per}) — "
+        f"the pool's floor and its automatic budget",
+    ]
+    if n > 1:
+        lines.append(f"iterations {n} open at once: pool budget {n} × working = {_mb(mem['working_set_bytes'])} MB, "
+                     f"queues {_mb(mem['queue_bytes'])} MB")
+    if mem["budget"] == "explicit":
+        lines.append(f"budget     cache_budget_bytes = {_mb(mem['budget_bytes'])} MB")
+    lines += [
+        f"in flight  {mem['inflight_tiles']} tiles at once ≤ {_mb(mem['inflight_bytes'])} MB decoded"
+        + (f" (~{_mb(wire)} MB on the wire)" if wire is not None else ""),
+        f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold{per} = {_mb(mem['queue_bytes'])} MB "
+        f"({_mb(mem['batch_bytes'])} MB per batch)",
+        f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
+        "(working set + in flight + queue), before the interpreter",
+    ]
+    lines += [f"hint       {h}" for h in info["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,251 @@
+"""Sharding an epoch across ranks: chunk-aligned, equal batch counts, elastic resume.
+
+The global order of an epoch (``plan.epoch_order``) depends on (seed, epoch)
+only. Ranks split it without talking to each other:
+
+* training passes cut the epoch's sequence of shuffled blocks into
+  ``world_size`` consecutive runs of near-equal sample counts, at chunk
+  boundaries: every chunk is read by exactly one rank, ranks' sample counts
+  differ by at most one chunk, and each rank's batches are drawn from whole
+  shuffled blocks (a block straddling a cut gives each side its own chunks,
+  in the block's shuffled order). The blocks are a random permutation of the
+  chunks, so a run of them is as well mixed as any other choice of blocks;
+* evaluation and inference passes cut the sequential order into
+  ``world_size`` contiguous, chunk-aligned ranges and are exactly complete
+  when gathered (batch counts may differ by one or two).
+
+A training pass must give every rank the same number of batches or DDP
+hangs. ``remainder="pad"`` (default) extends each rank's stream to the
+longest rank's batch count by repeating that rank's own samples (marked in
+``batch.extras["padded"]``); ``remainder="drop"`` cuts every rank to the
+shortest rank's count of full batches. Counts being within one chunk, that
+pads or drops less than one chunk plus one batch per rank, like
+``DistributedSampler``'s one round. ``len(view)`` reports the result.
+
+Elastic resume: a checkpoint records the world size and the batches every
+rank consumed (all ranks consume in lockstep). Resuming at another world
+size replays that history to find the consumed samples, then deals the
+remaining ones (the tails of partly consumed blocks, then whole blocks) to
+the new ranks, cut the same way: no sample is seen twice and none is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+import numpy as np
+
+from .epoch import EpochOrder
+
+__all__ = ["REMAINDER_POLICIES", "RankStream", "Remainder", "rank_streams", "resolve_world"]
+
+Remainder = Literal["pad", "drop"]
+REMAINDER_POLICIES: tuple[Remainder, ...] = get_args(Remainder)
+
+
+def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: explicit values, else torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    if rank is None and world_size is None and "torch" in sys.modules:
+        # a process group can only exist if torch was imported: never pay for importing it here
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+    if rank is None and world_size is None and "WORLD_SIZE" in os.environ:
+        try:
+            rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
+        except ValueError as exc:
+            raise ValueError(
+                f"RANK={os.environ.get('RANK')!r} / WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} must be integers"
+            ) from exc
+    rank = 0 if rank is None else rank
+    world_size = 1 if world_size is None else world_size
+    for name, v in (("rank", rank), ("world_size", world_size)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__} ({v!r})")
+    if world_size < 1:
+        raise ValueError(f"{world_size=} must be >= 1")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"{rank=} must be in [0, world_size={world_size})")
+    return int(rank), int(world_size)
+
+
+class RankStream:
+    """One rank's rows of the epoch order, with the block boundaries of its stream."""
+
+    def __init__(self, rows: np.ndarray, block_starts: np.ndarray, padded: np.ndarray | None = None) -> None:
+        self.rows = rows
+        self.block_starts = block_starts
+        self.padded = padded if padded is not None else np.zeros(len(rows), dtype=bool)
+
+
+def _pieces(eo: EpochOrder, consumed: np.ndarray) -> list[np.ndarray]:
+    """Each block's unconsumed rows (indices into ``eo.order``), in block order, non-empty only."""
+    out = []
+    for b in range(len(eo.block_starts) - 1):
+        rows = np.arange(eo.block_starts[b], eo.block_starts[b + 1])
+        rows = rows[~consumed[rows]]
+        if len(rows):
+            out.append(rows)
+    return out
+
+
+def _stream(pieces: Sequence[np.ndarray]) -> RankStream:
+    rows = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+    starts = np.cumsum([0, *[len(p) for p in pieces]]).astype(np.int64)
+    return RankStream(rows, starts)
+
+
+def _contiguous(eo: EpochOrder, pieces: list[np.ndarray], world_size: int) -> list[RankStream]:
+    """Cut the remaining sequential rows into ranges of near-equal size at chunk boundaries."""
+    rows = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+    block_of = np.searchsorted(eo.block_starts, rows, side="right") - 1
+    chunk = eo.order[rows, 0] if len(rows) else np.empty(0, dtype=np.int64)
+    change = np.flatnonzero(np.diff(chunk)) + 1 if len(rows) else np.empty(0, dtype=np.int64)
+    cuts = np.concatenate([[0], change, [len(rows)]])  # candidate boundaries: chunk starts
+    streams = []
+    prev = 0
+    for r in range(world_size):
+        target = round(len(rows) * (r + 1) / world_size)
+        stop = int(cuts[np.argmin(np.abs(cuts - target))]) if r < world_size - 1 else len(rows)
+        stop = max(stop, prev)
+        mine = rows[prev:stop]
+        blocks = block_of[prev:stop]
+        bounds = np.flatnonzero(np.diff(blocks)) + 1 if len(mine) else np.empty(0, dtype=np.int64)
+        streams.append(RankStream(mine, np.concatenate([[0], bounds, [len(mine)]]).astype(np.int64)))
+        prev = stop
+    return streams
+
+
+def _chunk_runs(eo: EpochOrder, pieces: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """The units a training cut may fall between: each piece's chunks in order of first appearance.
+
+    Returns each unit's piece index and sample count, and each piece's chunk ids in that order.
+    """
+    unit_piece, unit_size, piece_chunks = [], [], []
+    for p, rows in enumerate(pieces):
+        ids, first, counts = np.unique(eo.order[rows, 0], return_index=True, return_counts=True)
+        by_first = np.argsort(first, kind="stable")
+        piece_chunks.append(ids[by_first])
+        unit_piece.append(np.full(len(ids), p, dtype=np.int64))
+        unit_size.append(counts[by_first])
+    if not pieces:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), []
+    return np.concatenate(unit_piece), np.concatenate(unit_size).astype(np.int64), piece_chunks
+
+
+def _cuts(sizes: np.ndarray, world_size: int, round_up: bool) -> np.ndarray:
+    """Unit boundaries splitting ``sizes`` into ``world_size`` consecutive runs of near-equal sums.
+
+    Each cut is the boundary nearest to an even share of what is left (ties
+    down, or up with ``round_up``), so every run is within about one unit of
+    the mean.
+    """
+    prefix = np.concatenate([[0], np.cumsum(sizes)])
+    total = int(prefix[-1])
+    cuts = [0]
+    for r in range(world_size - 1):
+        lo = cuts[-1]
+        target = prefix[lo] + (total - prefix[lo]) / (world_size - r)
+        j = int(np.searchsorted(prefix, target, side="left"))
+        j = min(max(j, lo), len(prefix) - 1)
+        if j > lo:
+            below, above = target - prefix[j - 1], prefix[j] - target
+            if below < above or (below == above and not round_up):
+                j -= 1
+        cuts.append(j)
+    cuts.append(len(sizes))
+    return np.asarray(cuts, dtype=np.int64)
+
+
+def _balanced(eo: EpochOrder, pieces: list[np.ndarray], world_size: int) -> list[RankStream]:
+    """Cut the shuffled blocks into ``world_size`` runs whose sample counts differ by at most one chunk."""
+    unit_piece, sizes, piece_chunks = _chunk_runs(eo, pieces)
+    best = None
+    for round_up in (False, True):
+        cuts = _cuts(sizes, world_size, round_up)
+        counts = np.add.reduceat(np.append(sizes, 0), cuts[:-1]) * (cuts[1:] > cuts[:-1])
+        spread = int(counts.max() - counts.min()) if len(counts) else 0
+        if best is None or spread < best[0]:
+            best = (spread, cuts)
+    cuts = best[1]
+    piece_start = np.concatenate([[0], np.cumsum([len(c) for c in piece_chunks])]).astype(np.int64)
+    streams = []
+    for r in range(world_size):
+        u0, u1 = int(cuts[r]), int(cuts[r + 1])
+        mine = []
+        for p in range(int(unit_piece[u0]), int(unit_piece[u1 - 1]) + 1) if u1 > u0 else ():
+            rows = pieces[p]
+            lo, hi = max(u0, int(piece_start[p])), min(u1, int(piece_start[p + 1]))
+            if hi - lo < len(piece_chunks[p]):  # a block straddling a cut: this side's chunks
+                chunks = piece_chunks[p][lo - piece_start[p] : hi - piece_start[p]]
+                rows = rows[np.isin(eo.order[rows, 0], chunks)]
+            mine.append(rows)
+        streams.append(_stream(mine))
+    return streams
+
+
+def _equalize(streams: list[RankStream], batch_size: int, remainder: Remainder, fallback: np.ndarray) -> None:
+    """Give every rank the same number of batches (``pad`` repeats a rank's own rows; ``drop`` cuts)."""
+    counts = [len(s.rows) for s in streams]
+    if remainder == "pad":
+        n_rows = max(-(-c // batch_size) for c in counts) * batch_size
+        for s in streams:
+            extra = n_rows - len(s.rows)
+            if extra <= 0:
+                continue
+            source = s.rows if len(s.rows) else fallback
+            if not len(source):
+                continue
+            repeat = np.resize(source, extra)
+            s.padded = np.concatenate([s.padded, np.ones(extra, dtype=bool)])
+            s.rows = np.concatenate([s.rows, repeat])
+            s.block_starts = np.concatenate([s.block_starts, [len(s.rows)]]).astype(np.int64)
+    else:
+        n_rows = min(c // batch_size for c in counts) * batch_size
+        for s in streams:
+            s.rows = s.rows[:n_rows]
+            s.padded = s.padded[:n_rows]
+            starts = np.minimum(s.block_starts, n_rows)
+            s.block_starts = np.unique(starts) if n_rows else np.zeros(1, dtype=np.int64)
+            if s.block_starts[-1] != n_rows:
+                s.block_starts = np.concatenate([s.block_starts, [n_rows]])
+
+
+def rank_streams(
+    eo: EpochOrder,
+    world_size: int,
+    *,
+    batch_size: int,
+    remainder: Remainder = "pad",
+    contiguous: bool = False,
+    history: Sequence[tuple[int, int]] = (),
+) -> list[RankStream]:
+    """Every rank's stream of an epoch after the consumed ``history`` of ``(world_size, batches)``.
+
+    ``contiguous=True`` is the evaluation partition (exactly complete, no
+    equalization); otherwise the blocks are cut into balanced runs at chunk
+    boundaries and the batch counts evened out by ``remainder``.
+    """
+    if remainder not in REMAINDER_POLICIES:
+        raise ValueError(f"{remainder=} must be one of {REMAINDER_POLICIES}")
+    consumed = np.zeros(len(eo.order), dtype=bool)
+    for w, k in history:
+        for s in _deal(eo, consumed, int(w), batch_size, remainder, contiguous):
+            consumed[s.rows[: int(k) * batch_size]] = True
+    return _deal(eo, consumed, world_size, batch_size, remainder, contiguous)
+
+
+def _deal(eo, consumed, world_size, batch_size, remainder, contiguous) -> list[RankStream]:
+    pieces = _pieces(eo, consumed)
+    if contiguous:
+        return _contiguous(eo, pieces, world_size)
+    if world_size == 1:
+        return [_stream(pieces)]
+    streams = _balanced(eo, pieces, world_size)
+    fallback = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
+    _equalize(streams, batch_size, remainder, fallback)
+    return streams

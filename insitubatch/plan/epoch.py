@@ -1,0 +1,294 @@
+"""The planner: an epoch's sample order and its deduplicated read plan.
+
+Pure numpy, O(chunks) Python work. An epoch is a seeded permutation of the
+split's chunks, cut into shuffle blocks of ``block_chunks`` chunks whose
+samples are shuffled together; batches are cut over the whole order. Each
+block's reads are deduplicated per array path, so aliased labels (windows of
+one array) decode once. The plan also derives the memory floor
+(``working_set_bytes``) and the read-ahead bound; neither is configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..io.geometry import ArrayGeometry
+from .splits import SplitManifest
+
+__all__ = [
+    "EpochOrder",
+    "EpochPlan",
+    "ReadKey",
+    "build_plan",
+    "epoch_order",
+    "plan_epoch",
+    "shuffle_quality",
+    "valid_anchor_range",
+]
+
+ReadKey = tuple[str, int]
+"""``(array_path, sample-axis chunk index)``: one residency unit (all of a chunk's tiles)."""
+
+
+def valid_anchor_range(manifest: SplitManifest, variables: Mapping[str, ArrayGeometry]) -> tuple[int, int]:
+    """Anchors ``[lo, hi)`` for which every label's ``anchor + offset`` lies inside its array."""
+    n = manifest.n_samples
+    offsets = [g.offset for g in variables.values()]
+    lo = max(0, -min(offsets))
+    hi = min(n, n - max(offsets))
+    return lo, max(lo, hi)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One epoch of one split: the sample ledger, blocks, batches and reads.
+
+    ``order`` is the ``(N, 2)`` ledger ``[chunk_id, within]`` on the manifest's
+    anchor grid; anchor = ``chunk_id * sample_chunk_size + within``.
+    """
+
+    order: np.ndarray
+    anchors: np.ndarray
+    block_starts: np.ndarray  # (n_blocks + 1,) row offsets of each block in ``order``
+    batch_size: int
+    reads: tuple[ReadKey, ...]  # in the order the driver admits them
+    read_first: np.ndarray  # first block that reads each read
+    read_last: np.ndarray  # last block that reads each read
+    read_nbytes: np.ndarray
+    block_reads: tuple[tuple[int, ...], ...]  # per block: indices into ``reads``
+    working_set_bytes: int
+    read_ahead_bound: int
+    padded: np.ndarray | None = None  # rows repeated to even out ranks (distributed "pad" policy)
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.order)
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.block_starts) - 1
+
+    @property
+    def n_batches(self) -> int:
+        return -(-self.n_samples // self.batch_size)
+
+    def batch_rows(self, k: int) -> tuple[int, int]:
+        """Half-open row range of batch ``k`` in ``order``."""
+        start = k * self.batch_size
+        return start, min(start + self.batch_size, self.n_samples)
+
+    def batch_blocks(self, k: int) -> tuple[int, int]:
+        """First and last block (inclusive) batch ``k`` draws from."""
+        start, stop = self.batch_rows(k)
+        b0 = int(np.searchsorted(self.block_starts, start, side="right")) - 1
+        b1 = int(np.searchsorted(self.block_starts, stop - 1, side="right")) - 1
+        return b0, b1
+
+    def reads_released_after(self, block: int) -> list[int]:
+        """Reads whose last use is ``block`` (unpinned once it drains)."""
+        return [int(i) for i in np.flatnonzero(self.read_last == block)]
+
+
+def _block_order(chunks: np.ndarray, block_chunks: int, shuffle: bool, rng: np.random.Generator) -> list[np.ndarray]:
+    if shuffle:
+        chunks = rng.permutation(chunks)
+    return [chunks[i : i + block_chunks] for i in range(0, len(chunks), block_chunks)]
+
+
+@dataclass(frozen=True)
+class EpochOrder:
+    """The world-size-independent order of an epoch: the ledger and its shuffle blocks."""
+
+    order: np.ndarray  # (N, 2) [chunk_id, within]
+    block_starts: np.ndarray  # (n_blocks + 1,)
+
+
+def epoch_order(
+    manifest: SplitManifest,
+    split: str,
+    variables: Mapping[str, ArrayGeometry],
+    *,
+    block_chunks: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    anchor_range: tuple[int, int] | None = None,
+) -> EpochOrder:
+    """The global sample order of one epoch; depends on (seed, epoch) only.
+
+    Every valid anchor of the split appears exactly once; anchors whose window
+    (``anchor + offset`` for some label) would read off its array are dropped.
+    ``anchor_range`` further restricts anchors to ``[start, stop)``.
+    """
+    S = manifest.sample_chunk_size
+    lo, hi = valid_anchor_range(manifest, variables)
+    if anchor_range is not None:
+        lo, hi = max(lo, int(anchor_range[0])), min(hi, int(anchor_range[1]))
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    blocks = _block_order(np.asarray(manifest.chunks(split), dtype=np.int64), block_chunks, shuffle, rng)
+    parts: list[np.ndarray] = []
+    block_starts = [0]
+    for chunk_ids in blocks:
+        rows = []
+        for c in chunk_ids.tolist():
+            w0 = max(0, lo - c * S)
+            w1 = min(manifest.chunk_len(c), hi - c * S)
+            if w1 > w0:
+                within = np.arange(w0, w1, dtype=np.int64)
+                rows.append(np.stack([np.full_like(within, c), within], axis=1))
+        part = np.concatenate(rows) if rows else np.empty((0, 2), dtype=np.int64)
+        if shuffle and len(part):
+            part = part[rng.permutation(len(part))]
+        parts.append(part)
+        block_starts.append(block_starts[-1] + len(part))
+    order = np.concatenate(parts) if parts else np.empty((0, 2), dtype=np.int64)
+    return EpochOrder(order, np.asarray(block_starts, dtype=np.int64))
+
+
+def plan_epoch(
+    manifest: SplitManifest,
+    split: str,
+    variables: Mapping[str, ArrayGeometry],
+    *,
+    batch_size: int,
+    block_chunks: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    anchor_range: tuple[int, int] | None = None,
+) -> EpochPlan:
+    """Plan one epoch of ``split`` for a single process: order, blocks, batches, reads."""
+    eo = epoch_order(manifest, split, variables, block_chunks=block_chunks, shuffle=shuffle, seed=seed,
+                     epoch=epoch, anchor_range=anchor_range)
+    return build_plan(manifest, variables, eo.order, eo.block_starts, batch_size)
+
+
+def build_plan(
+    manifest: SplitManifest,
+    variables: Mapping[str, ArrayGeometry],
+    order: np.ndarray,
+    block_starts: np.ndarray,
+    batch_size: int,
+    *,
+    padded: np.ndarray | None = None,
+    release_per_block: bool = False,
+) -> EpochPlan:
+    """An ``EpochPlan`` over a given ledger and block layout: the reads deduplicated per block.
+
+    ``padded`` marks rows that repeat an earlier sample to even out ranks.
+    ``release_per_block`` gives every block its own reads, so a chunk used by
+    two distant blocks (a windowed label) is released in between and
+    re-admitted later, from the disk cache, instead of pinned throughout.
+    """
+    S = manifest.sample_chunk_size
+    anchors = order[:, 0] * S + order[:, 1]
+    block_starts = np.asarray(block_starts, dtype=np.int64)
+    paths: dict[str, ArrayGeometry] = {}
+    for g in variables.values():
+        paths.setdefault(g.path, g)
+    index: dict[ReadKey, int] = {}
+    reads: list[ReadKey] = []
+    first: list[int] = []
+    last: list[int] = []
+    nbytes: list[int] = []
+    block_reads: list[tuple[int, ...]] = []
+    for b in range(len(block_starts) - 1):
+        a = anchors[block_starts[b] : block_starts[b + 1]]
+        mine: list[int] = []
+        for path, g in paths.items():
+            offsets = sorted({v.offset for v in variables.values() if v.path == path})
+            chunk_ids = np.unique(np.concatenate([(a + off) // g.sample_chunk_size for off in offsets]))
+            for c in chunk_ids.tolist():
+                key = (path, int(c))
+                i = index.get(key)
+                if i is not None and release_per_block and last[i] < b - 1:
+                    i = None  # not used by the previous block: release it and revive it later
+                if i is None:
+                    i = len(reads)
+                    index[key] = i
+                    reads.append(key)
+                    first.append(b)
+                    last.append(b)
+                    nbytes.append(g.chunk_len(int(c)) * g.sample_nbytes)
+                else:
+                    last[i] = b
+                mine.append(i)
+        block_reads.append(tuple(mine))
+    plan = EpochPlan(
+        order=order,
+        anchors=anchors,
+        block_starts=block_starts,
+        batch_size=int(batch_size),
+        reads=tuple(reads),
+        read_first=np.asarray(first, dtype=np.int64),
+        read_last=np.asarray(last, dtype=np.int64),
+        read_nbytes=np.asarray(nbytes, dtype=np.int64),
+        block_reads=tuple(block_reads),
+        working_set_bytes=0,
+        read_ahead_bound=0,
+        padded=padded,
+    )
+    ws, bound = _peak_live(plan)
+    object.__setattr__(plan, "working_set_bytes", ws)
+    object.__setattr__(plan, "read_ahead_bound", bound)
+    return plan
+
+
+def _peak_live(plan: EpochPlan) -> tuple[int, int]:
+    """Peak bytes and count of reads that must be resident at once.
+
+    While batch ``k`` (drawing from blocks ``b0..b1``) is gathered, every read
+    still live at ``b0`` (last use >= b0) that started by ``b1`` is pinned, and
+    the driver may already be admitting block ``b1 + 1``. The peak over
+    batches of that set is the floor below which a pass deadlocks against its
+    own limit.
+    """
+    if not plan.reads or plan.n_samples == 0:
+        return 0, 0
+    k = np.arange(plan.n_batches)
+    starts = k * plan.batch_size
+    stops = np.minimum(starts + plan.batch_size, plan.n_samples) - 1
+    b0 = np.searchsorted(plan.block_starts, starts, side="right") - 1
+    b1 = np.searchsorted(plan.block_starts, stops, side="right") - 1 + 1  # include the read-ahead block
+
+    def excluded(values: np.ndarray, weights: np.ndarray, bounds: np.ndarray, below: bool) -> np.ndarray:
+        order = np.argsort(values, kind="stable")
+        v, cw = values[order], np.concatenate([[0], np.cumsum(weights[order])])
+        if below:  # sum of weights with value < bound
+            return cw[np.searchsorted(v, bounds, side="left")]
+        return cw[-1] - cw[np.searchsorted(v, bounds, side="right")]  # value > bound
+
+    ones = np.ones(len(plan.reads), dtype=np.int64)
+    total_b, total_n = int(plan.read_nbytes.sum()), len(plan.reads)
+    live_b = total_b - excluded(plan.read_last, plan.read_nbytes, b0, True) - excluded(plan.read_first, plan.read_nbytes, b1, False)
+    live_n = total_n - excluded(plan.read_last, ones, b0, True) - excluded(plan.read_first, ones, b1, False)
+    return int(live_b.max()), int(live_n.max())
+
+
+def shuffle_quality(order: np.ndarray, samples_per_chunk: int) -> float:
+    """How close an emitted order is to a perfect global shuffle, in ``[0, 1]``.
+
+    ``order`` is either the ``(N, 2)`` ledger or a 1-D array of sample
+    indices. Two scores, each normalised so a uniform random permutation
+    scores ~1 and sequential order 0, combined by geometric mean:
+    adjacent draws from different chunks, and how far samples move from
+    their sorted position.
+    """
+    order = np.asarray(order)
+    samples = order[:, 0] * samples_per_chunk + order[:, 1] if order.ndim == 2 else order.astype(np.int64)
+    n = len(samples)
+    if n < 3:
+        return 1.0
+    chunk = samples // samples_per_chunk
+    counts = np.bincount(chunk - chunk.min())
+    same_global = float((counts * (counts - 1)).sum()) / (n * (n - 1))
+    same_obs = float(np.mean(chunk[1:] == chunk[:-1]))
+    mixing = (1.0 - same_obs) / (1.0 - same_global) if same_global < 1.0 else 1.0
+    rank = np.argsort(np.argsort(samples, kind="stable"), kind="stable")
+    displacement = float(np.mean(np.abs(rank - np.arange(n))))
+    expected = (n * n - 1) / (3.0 * n)  # E|i - pi(i)| for a uniform permutation
+    moved = displacement / expected
+    return float(np.sqrt(np.clip(mixing, 0.0, 1.0) * np.clip(moved, 0.0, 1.0)))

@@ -1,0 +1,86 @@
+"""``EpochPlanner``: a dataset's order settings, turned into this rank's plan of a split and epoch.
+
+What views need besides the engine context: the plan a pass executes and the
+settings that identify it (seed, batch size, block size, shuffle, manifest),
+so a saved position only resumes the pass it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ..io.geometry import ArrayGeometry
+from .distributed import Remainder, rank_streams
+from .epoch import EpochPlan, build_plan, epoch_order
+from .splits import SplitManifest
+
+__all__ = ["History", "EpochPlanner"]
+
+# (world_size, batches) segments of an epoch consumed by earlier runs (elastic resume)
+History = tuple[tuple[int, int], ...]
+# plans kept per planner: a few splits x the current and next epoch; more is a leak over a long run
+PLAN_CACHE_SIZE = 8
+
+
+@dataclasses.dataclass(eq=False)
+class EpochPlanner:
+    """Plans ``split`` for ``epoch`` on this rank; caches the recent ones."""
+
+    manifest: SplitManifest
+    outputs: Mapping[str, ArrayGeometry]  # each label's post-transform geometry
+    batch_size: int
+    block_chunks: int
+    shuffle: bool
+    seed: int
+    rank: int
+    world_size: int
+    remainder: Remainder
+    release_per_block: bool  # a persisted cache: windowed passes release each block's chunks
+    _plans: dict[tuple[str, int, History], EpochPlan] = dataclasses.field(default_factory=dict, repr=False)
+
+    def plan(self, split: str, epoch: int, history: History = ()) -> EpochPlan:
+        """This rank's (cached) plan of ``split`` for ``epoch``, after ``history``."""
+        key = (split, epoch, tuple(history))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self.make(split, epoch, tuple(history), None, self.batch_size)
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
+
+    def make(self, split: str, epoch: int, history: History, anchor_range: tuple[int, int] | None,
+             batch_size: int) -> EpochPlan:
+        """A fresh plan; a split the manifest lacks is a sequential pass over ``anchor_range`` (or everything)."""
+        manifest = self.manifest
+        shuffle = self.shuffle and split == "train"
+        if split not in manifest.names:  # an inference range, or every chunk (``all``): its own sequential "split"
+            size = manifest.sample_chunk_size
+            if anchor_range is None:
+                anchor_range = (0, manifest.n_samples)
+            chunks = tuple(range(anchor_range[0] // size, -(-anchor_range[1] // size)))
+            manifest = dataclasses.replace(manifest, splits=((split, chunks),))
+        eo = epoch_order(manifest, split, self.outputs, block_chunks=self.block_chunks, shuffle=shuffle,
+                         seed=self.seed, epoch=epoch, anchor_range=anchor_range)
+        if self.world_size == 1 and not history:
+            return build_plan(manifest, self.outputs, eo.order, eo.block_starts, batch_size,
+                              release_per_block=self.release_per_block)
+        streams = rank_streams(eo, self.world_size, batch_size=batch_size, remainder=self.remainder,
+                               contiguous=split != "train", history=history)
+        mine = streams[self.rank]
+        padded = mine.padded if mine.padded.any() else None
+        return build_plan(manifest, self.outputs, eo.order[mine.rows], mine.block_starts, batch_size, padded=padded,
+                          release_per_block=self.release_per_block)
+
+    def identity(self, split: str) -> dict[str, Any]:
+        """What a saved position of ``split`` must match to resume here."""
+        return {
+            "split": split,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "block_chunks": self.block_chunks,
+            "shuffle": self.shuffle,
+            "manifest": self.manifest.fingerprint(),
+        }

@@ -1,0 +1,229 @@
+"""Chunk-granular train/val/test splits along the sample axis (leakage-safe).
+
+Whole stored chunks go to one split each, so no sample straddles a split
+boundary and every read serves exactly one split.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..io.geometry import ArrayGeometry
+
+__all__ = ["SplitManifest", "split_by_chunk"]
+
+DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
+DEFAULT_NAMES = ("train", "val", "test")
+# fractions are floats a user types; this much slack in their sum is rounding, not a mistake
+FRACTION_SUM_TOLERANCE = 1e-6
+MANIFEST_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SplitManifest:
+    """Which sample-axis chunks (global indices) belong to each split.
+
+    ``sample_chunk_size`` and ``n_samples`` describe the reference (anchor)
+    grid the chunk indices refer to: chunk ``c`` holds anchors
+    ``[c * sample_chunk_size, min((c + 1) * sample_chunk_size, n_samples))``.
+    """
+
+    array: str
+    n_samples: int
+    sample_chunk_size: int
+    splits: tuple[tuple[str, tuple[int, ...]], ...]
+    sample_range: tuple[int, int]
+    fractions: tuple[float, ...]
+    contiguous: bool
+    seed: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.splits)
+
+    def chunks(self, name: str) -> tuple[int, ...]:
+        """Global chunk indices of split ``name``, ascending."""
+        for n, chunks in self.splits:
+            if n == name:
+                return chunks
+        raise KeyError(f"split {name!r} is not in the manifest; splits are {list(self.names)}")
+
+    def __getitem__(self, name: str) -> tuple[int, ...]:
+        return self.chunks(name)
+
+    def chunk_len(self, chunk_index: int) -> int:
+        return min(self.sample_chunk_size, self.n_samples - chunk_index * self.sample_chunk_size)
+
+    def sample_indices(self, name: str) -> np.ndarray:
+        """Every sample index (anchor) of split ``name``, ascending."""
+        parts = [
+            np.arange(c * self.sample_chunk_size, c * self.sample_chunk_size + self.chunk_len(c))
+            for c in self.chunks(name)
+        ]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": MANIFEST_FORMAT,
+                "array": self.array,
+                "n_samples": self.n_samples,
+                "sample_chunk_size": self.sample_chunk_size,
+                "splits": {name: list(chunks) for name, chunks in self.splits},
+                "sample_range": list(self.sample_range),
+                "fractions": list(self.fractions),
+                "contiguous": self.contiguous,
+                "seed": self.seed,
+            },
+            sort_keys=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SplitManifest:
+        try:
+            d = json.loads(text)
+            if d.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"manifest format {d.get('format')!r} is not the supported {MANIFEST_FORMAT}")
+            return cls(
+                array=str(d["array"]),
+                n_samples=int(d["n_samples"]),
+                sample_chunk_size=int(d["sample_chunk_size"]),
+                splits=tuple((str(k), tuple(int(c) for c in v)) for k, v in d["splits"].items()),
+                sample_range=(int(d["sample_range"][0]), int(d["sample_range"][1])),
+                fractions=tuple(float(f) for f in d["fractions"]),
+                contiguous=bool(d["contiguous"]),
+                seed=int(d["seed"]),
+            )
+        except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a SplitManifest JSON document: {exc}") from exc
+
+    def save(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+
+    @classmethod
+    def load(cls, path: str) -> SplitManifest:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
+
+    def fingerprint(self) -> str:
+        """16-hex digest of the manifest's content (for resume checks)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
+def _named_fractions(fractions: Sequence[float] | Mapping[str, float]) -> list[tuple[str, float]]:
+    if isinstance(fractions, Mapping):
+        items = [(str(k), v) for k, v in fractions.items()]
+    else:
+        fr = list(fractions)
+        if not 1 <= len(fr) <= len(DEFAULT_NAMES):
+            raise ValueError(
+                f"fractions={tuple(fr)} must have 1 to {len(DEFAULT_NAMES)} entries "
+                f"(for {DEFAULT_NAMES}), or be a mapping of split name to fraction"
+            )
+        items = list(zip(DEFAULT_NAMES, fr))
+    if not items:
+        raise ValueError("fractions must name at least one split")
+    out = []
+    for name, f in items:
+        if isinstance(f, bool) or not isinstance(f, (int, float, np.floating, np.integer)):
+            raise TypeError(f"fraction for split {name!r} must be a number, got {f!r}")
+        f = float(f)
+        if not (math.isfinite(f) and 0.0 <= f <= 1.0):
+            raise ValueError(f"fraction for split {name!r} is {f}; each fraction must be in [0, 1]")
+        out.append((name, f))
+    total = sum(f for _, f in out)
+    if abs(total - 1.0) > FRACTION_SUM_TOLERANCE:
+        raise ValueError(f"fractions {dict(out)} sum to {total}; they must sum to 1")
+    return out
+
+
+def _allocate(n: int, fractions: list[float]) -> list[int]:
+    """Split ``n`` chunks by fraction with the largest-remainder rule (exact total)."""
+    raw = [f * n for f in fractions]
+    counts = [int(math.floor(r)) for r in raw]
+    left = n - sum(counts)
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - counts[i]), i))
+    for i in order[:left]:
+        counts[i] += 1
+    return counts
+
+
+def split_by_chunk(
+    geometry: ArrayGeometry,
+    *,
+    fractions: Sequence[float] | Mapping[str, float] = DEFAULT_FRACTIONS,
+    contiguous: bool = True,
+    sample_range: tuple[int, int] | None = None,
+    seed: int = 0,
+) -> SplitManifest:
+    """Assign whole sample-axis chunks of ``geometry`` to splits.
+
+    Parameters
+    ----------
+    fractions
+        Fractions of chunks (not samples) per split: up to three numbers for
+        ``train``/``val``/``test``, or a ``{name: fraction}`` mapping. Must sum to 1.
+    contiguous
+        Each split is one run of consecutive chunks (safe for autocorrelated
+        series). ``False`` permutes chunks by ``seed`` first (exchangeable samples).
+    sample_range
+        ``(start, stop)`` sample indices; the chunks overlapping it (snapped
+        outward to chunk boundaries) are split.
+    seed
+        Seed of the chunk permutation when ``contiguous=False``.
+
+    Raises
+    ------
+    ValueError
+        Fractions not in [0, 1] or not summing to 1, a range outside the
+        array, or a negative seed.
+    """
+    if not isinstance(geometry, ArrayGeometry):
+        raise TypeError(f"geometry must be an ArrayGeometry, got {type(geometry).__name__}")
+    named = _named_fractions(fractions)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be a non-negative int, got {type(seed).__name__} ({seed!r})")
+    if seed < 0:
+        raise ValueError(f"{seed=} must be a non-negative int")
+    if not isinstance(contiguous, (bool, np.bool_)):
+        raise TypeError(f"contiguous must be True or False, got {type(contiguous).__name__} ({contiguous!r})")
+    n_samples, size = geometry.n_samples, geometry.sample_chunk_size
+    if sample_range is None:
+        start, stop = 0, n_samples
+    else:
+        try:
+            start, stop = (int(x) for x in sample_range)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"sample_range={sample_range!r} must be a (start, stop) pair of ints") from exc
+        if not 0 <= start < stop <= n_samples:
+            raise ValueError(
+                f"sample_range={(start, stop)} must satisfy 0 <= start < stop <= {n_samples} "
+                f"(the length of {geometry.path!r} along its sample axis)"
+            )
+    first, last = start // size, -(-stop // size)
+    chunks = np.arange(first, last, dtype=np.int64)
+    if not contiguous:
+        chunks = np.random.default_rng(int(seed)).permutation(chunks)
+    counts = _allocate(len(chunks), [f for _, f in named])
+    bounds = np.cumsum([0, *counts])
+    splits = tuple(
+        (name, tuple(sorted(int(c) for c in chunks[bounds[i] : bounds[i + 1]])))
+        for i, (name, _) in enumerate(named)
+    )
+    return SplitManifest(
+        array=geometry.path,
+        n_samples=n_samples,
+        sample_chunk_size=size,
+        splits=splits,
+        sample_range=(start, stop),
+        fractions=tuple(f for _, f in named),
+        contiguous=bool(contiguous),
+        seed=int(seed),
+    )

@@ -1,0 +1,691 @@
+"""A loopback object store: real HTTP on 127.0.0.1 with injected latency, bandwidth and faults.
+
+The emulator serves a local directory tree (zarr groups written by
+``insitubatch.testing.data``) the way a cloud bucket's HTTP endpoint does: ``GET`` with
+optional single ``Range``, ``HEAD``, ``404`` for a missing key. zarr reads it
+through obstore's ``HTTPStore``::
+
+    with Emulator(root, latency_s=0.030) as emu:
+        store = obstore_store(emu.url_for("era5.zarr"), read_only=True)
+
+What it injects, all in the server's handler thread so the client sees real
+sockets and real HTTP:
+
+* **latency** — every request waits ``latency_s`` plus a uniform draw in
+  ``[0, jitter_s]`` before the first byte of its response (time to first
+  byte), so ``latency_s`` is a floor.
+* **bandwidth** — with ``bandwidth_bytes_per_s`` set, each body is written
+  in slices of ``PACE_SLICE_BYTES`` no faster than that rate. One handler
+  thread serves one keep-alive connection, so the cap is per connection,
+  like a single object-store stream.
+* **faults** (GET only) — :meth:`Emulator.inject` a :class:`Fault` of one of
+  :data:`FAULT_KINDS` for keys matching a glob, with a probability and an
+  optional count:
+
+  ``"500"``, ``"503"``, ``"403"``, ``"404"``
+      that status with a short text body;
+  ``"retry-after"``
+      503 with a ``Retry-After: retry_after_s`` header;
+  ``"reset"``
+      the full ``Content-Length`` announced, half the body sent, then a TCP
+      reset (``SO_LINGER`` 0);
+  ``"truncate"``
+      the same, then a clean close (the client sees a short body);
+  ``"stall"``
+      half the body, then nothing for ``stall_s`` (or until the emulator
+      closes), then a close — a client timeout shorter than ``stall_s`` fires.
+
+Counters are exact: every request is counted on arrival, every body byte as
+it is written, per key (the URL path without its leading ``/``). Read them
+with :meth:`Emulator.stats`, zero them with :meth:`Emulator.reset_stats`.
+
+:class:`EmulatorProcess` runs the same server in a child process
+(``python -m insitubatch.testing.emulator``) so that a benchmark's loader and the server do
+not share an interpreter; it is driven through two control endpoints the
+server answers without counting them: ``GET /_emulator/stats`` (JSON) and
+``POST /_emulator/reset``, plus ``POST /_emulator/config`` (JSON with any of
+``latency_s``, ``jitter_s``, ``bandwidth_bytes_per_s``). Faults are injected
+in-process only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import email.utils
+import fnmatch
+import http.server
+import json
+import os
+import random
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+__all__ = [
+    "DEFAULT_JITTER_S",
+    "DEFAULT_LATENCY_S",
+    "FAULT_KINDS",
+    "Emulator",
+    "EmulatorProcess",
+    "EmulatorStats",
+    "Fault",
+    "KeyStats",
+]
+
+LOOPBACK = "127.0.0.1"
+# A same-region object-store GET's time to first byte is a few tens of ms.
+DEFAULT_LATENCY_S = 0.030
+DEFAULT_JITTER_S = 0.005
+# Paced bodies are written in slices this big (a socket-buffer-sized unit).
+PACE_SLICE_BYTES = 64 * 1024
+# Default stall: longer than any sensible client timeout in a test.
+DEFAULT_STALL_S = 30.0
+DEFAULT_RETRY_AFTER_S = 1
+# Listen backlog: the default of 5 drops SYNs when a loader opens dozens of
+# connections at once, and a dropped SYN costs a 1 s retransmit.
+LISTEN_BACKLOG = 512
+# How long close() waits for each connection thread after shutting its socket.
+STOP_JOIN_S = 5.0
+CONTROL_PREFIX = "_emulator/"
+# How long EmulatorProcess waits for the child to print its URL.
+PROCESS_START_TIMEOUT_S = 30.0
+
+STATUS_FAULTS = {"500": 500, "503": 503, "403": 403, "404": 404}
+BODY_FAULTS = ("reset", "truncate", "stall")
+FAULT_KINDS = (*STATUS_FAULTS, "retry-after", *BODY_FAULTS)
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+@dataclass
+class Fault:
+    """One injected failure rule; :meth:`Emulator.inject` makes them.
+
+    A GET whose key matches ``key`` (an ``fnmatch`` glob; ``"*"`` is every
+    key) fails with probability ``probability``, at most ``times`` times
+    (``None``: no limit). ``fired`` counts how often it did.
+    """
+
+    kind: str
+    key: str = "*"
+    probability: float = 1.0
+    times: int | None = None
+    retry_after_s: int = DEFAULT_RETRY_AFTER_S
+    stall_s: float = DEFAULT_STALL_S
+    fired: int = 0
+
+    def _matches(self, key: str) -> bool:
+        return (self.times is None or self.fired < self.times) and fnmatch.fnmatchcase(key, self.key)
+
+
+@dataclass(frozen=True)
+class KeyStats:
+    """What the server did for one key."""
+
+    gets: int = 0
+    heads: int = 0
+    bytes_sent: int = 0
+    faults: int = 0
+
+
+@dataclass(frozen=True)
+class EmulatorStats:
+    """A snapshot of the server's counters (control requests excluded)."""
+
+    requests: int = 0
+    gets: int = 0
+    heads: int = 0
+    bytes_sent: int = 0
+    faults: int = 0
+    not_found: int = 0
+    keys: Mapping[str, KeyStats] = field(default_factory=dict)
+
+    def gets_where(self, predicate: Any) -> int:
+        """GETs of the keys for which ``predicate(key)`` is true."""
+        return sum(s.gets for k, s in self.keys.items() if predicate(k))
+
+    def bytes_where(self, predicate: Any) -> int:
+        """Body bytes sent for the keys for which ``predicate(key)`` is true."""
+        return sum(s.bytes_sent for k, s in self.keys.items() if predicate(k))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["keys"] = {k: dataclasses.asdict(v) for k, v in self.keys.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EmulatorStats:
+        keys = {k: KeyStats(**v) for k, v in d.get("keys", {}).items()}
+        return cls(**{k: v for k, v in d.items() if k != "keys"}, keys=keys)
+
+
+class _Counters:
+    """Mutable counters behind a lock; :meth:`snapshot` freezes them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.requests = self.gets = self.heads = self.bytes_sent = self.faults = self.not_found = 0
+        self.keys: dict[str, list[int]] = {}  # key -> [gets, heads, bytes_sent, faults]
+
+    def _row(self, key: str) -> list[int]:
+        row = self.keys.get(key)
+        if row is None:
+            row = self.keys[key] = [0, 0, 0, 0]
+        return row
+
+    def request(self, key: str, method: str) -> None:
+        with self.lock:
+            self.requests += 1
+            row = self._row(key)
+            if method == "GET":
+                self.gets += 1
+                row[0] += 1
+            elif method == "HEAD":
+                self.heads += 1
+                row[1] += 1
+
+    def sent(self, key: str, nbytes: int) -> None:
+        with self.lock:
+            self.bytes_sent += nbytes
+            self._row(key)[2] += nbytes
+
+    def fault(self, key: str) -> None:
+        with self.lock:
+            self.faults += 1
+            self._row(key)[3] += 1
+
+    def missing(self) -> None:
+        with self.lock:
+            self.not_found += 1
+
+    def snapshot(self) -> EmulatorStats:
+        with self.lock:
+            return EmulatorStats(
+                requests=self.requests, gets=self.gets, heads=self.heads, bytes_sent=self.bytes_sent,
+                faults=self.faults, not_found=self.not_found,
+                keys={k: KeyStats(*row) for k, row in self.keys.items()},
+            )
+
+
+class _ClientGone(Exception):
+    """The client closed its end while we wrote."""
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    """One thread per connection, each tracked so close() can end it."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+    allow_reuse_address = True
+
+    def __init__(self, emulator: Emulator, port: int) -> None:
+        self.emulator = emulator
+        self._live: dict[threading.Thread, socket.socket] = {}
+        self._live_lock = threading.Lock()
+        super().__init__((LOOPBACK, port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(
+            target=self._serve_connection, args=(request, client_address), name="emulator-conn", daemon=True
+        )
+        with self._live_lock:
+            self._live[thread] = request
+        thread.start()
+
+    def _serve_connection(self, request: Any, client_address: Any) -> None:
+        try:
+            self.process_request_thread(request, client_address)
+        finally:
+            with self._live_lock:
+                self._live.pop(threading.current_thread(), None)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up between requests is normal for a store; anything else is printed."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+    def close_connections(self) -> None:
+        """Shut every open connection's socket and wait for its thread."""
+        with self._live_lock:
+            live = list(self._live.items())
+        for _, sock in live:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + STOP_JOIN_S
+        for thread, _ in live:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # headers and body go out in separate writes; with Nagle on, the body
+    # waits for the client's delayed ACK (~40 ms on Linux) on every request
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
+        pass
+
+    def do_GET(self) -> None:
+        self.server.emulator._handle(self, "GET")
+
+    def do_HEAD(self) -> None:
+        self.server.emulator._handle(self, "HEAD")
+
+    def do_POST(self) -> None:
+        self.server.emulator._handle(self, "POST")
+
+
+class Emulator:
+    """The emulator server on ``127.0.0.1`` in a background thread of this process.
+
+    Parameters
+    ----------
+    root
+        Directory whose tree is served; ``/a/b`` is ``root/a/b``.
+    latency_s, jitter_s
+        Time to first byte: ``latency_s`` plus a uniform draw in ``[0, jitter_s]``.
+    bandwidth_bytes_per_s
+        Per-connection body rate; ``None`` is unpaced.
+    port
+        ``0`` picks a free port.
+    seed
+        Seeds the jitter and fault-probability draws.
+
+    The three link settings are plain attributes and may be changed while
+    the server runs (each request reads them when it arrives).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        latency_s: float = DEFAULT_LATENCY_S,
+        jitter_s: float = DEFAULT_JITTER_S,
+        bandwidth_bytes_per_s: float | None = None,
+        port: int = 0,
+        seed: int = 0,
+    ) -> None:
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"root={str(root)!r} is not a directory")
+        self.configure(latency_s=latency_s, jitter_s=jitter_s, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
+        self._counters = _Counters()
+        self._faults: list[Fault] = []
+        self._closing = threading.Event()
+        self._server = _Server(self, port)
+        self.port = int(self._server.server_address[1])
+        self.url = f"http://{LOOPBACK}:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="emulator", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    # -- configuration ----------------------------------------------------------
+    def configure(
+        self,
+        *,
+        latency_s: float | None = None,
+        jitter_s: float | None = None,
+        bandwidth_bytes_per_s: float | None | str = "unchanged",
+    ) -> None:
+        """Change the link settings; arguments left out keep their value."""
+        if latency_s is not None:
+            if latency_s < 0:
+                raise ValueError(f"{latency_s=} must be >= 0")
+            self.latency_s = float(latency_s)
+        if jitter_s is not None:
+            if jitter_s < 0:
+                raise ValueError(f"{jitter_s=} must be >= 0")
+            self.jitter_s = float(jitter_s)
+        if bandwidth_bytes_per_s != "unchanged":
+            if bandwidth_bytes_per_s is not None and float(bandwidth_bytes_per_s) <= 0:
+                raise ValueError(f"{bandwidth_bytes_per_s=} must be > 0, or None for unpaced")
+            self.bandwidth_bytes_per_s = None if bandwidth_bytes_per_s is None else float(bandwidth_bytes_per_s)
+
+    def url_for(self, path: str) -> str:
+        """The URL of ``path`` (relative to ``root``) on this server."""
+        return f"{self.url}/{path.lstrip('/')}"
+
+    # -- counters and faults --------------------------------------------------------
+    def stats(self) -> EmulatorStats:
+        """A snapshot of the counters since start or the last :meth:`reset_stats`."""
+        return self._counters.snapshot()
+
+    def reset_stats(self) -> None:
+        with self._counters.lock:
+            self._counters.reset()
+
+    def inject(
+        self,
+        kind: str,
+        key: str = "*",
+        *,
+        probability: float = 1.0,
+        times: int | None = None,
+        retry_after_s: int = DEFAULT_RETRY_AFTER_S,
+        stall_s: float = DEFAULT_STALL_S,
+    ) -> Fault:
+        """Make GETs of keys matching ``key`` fail as ``kind`` (see the module docstring).
+
+        Rules are tried in the order they were injected; the first that
+        matches and wins its probability draw applies. Returns the rule, whose
+        ``fired`` counts its hits.
+        """
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"kind={kind!r} is not a fault kind; valid kinds are {FAULT_KINDS}")
+        if not 0.0 <= probability <= 1.0:
+            raise ValueError(f"{probability=} must be in [0, 1]")
+        if times is not None and times < 1:
+            raise ValueError(f"{times=} must be >= 1, or None for no limit")
+        fault = Fault(kind, key, probability, times, retry_after_s, stall_s)
+        with self._counters.lock:
+            self._faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        with self._counters.lock:
+            self._faults.clear()
+
+    def _pick_fault(self, key: str) -> Fault | None:
+        with self._counters.lock:
+            for fault in self._faults:
+                if fault._matches(key) and (fault.probability >= 1.0 or self._draw() < fault.probability):
+                    fault.fired += 1
+                    return fault
+        return None
+
+    def _draw(self) -> float:
+        with self._rng_lock:
+            return self._rng.random()
+
+    # -- lifecycle ------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop serving, end every connection (and any sleep in it), join the threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closing.set()
+        self._server.shutdown()
+        self._server.close_connections()
+        self._server.server_close()
+        self._thread.join(STOP_JOIN_S)
+
+    def __enter__(self) -> Emulator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- request handling (connection threads) ----------------------------------------
+    def _handle(self, h: _Handler, method: str) -> None:
+        key = unquote(h.path.split("?", 1)[0]).lstrip("/")
+        try:
+            if key.startswith(CONTROL_PREFIX):
+                self._control(h, method, key[len(CONTROL_PREFIX):])
+                return
+            self._counters.request(key, method)
+            if method not in ("GET", "HEAD"):
+                self._status(h, 405, key)
+                return
+            fault = self._pick_fault(key) if method == "GET" else None
+            self._wait_first_byte()
+            if fault is not None and fault.kind not in BODY_FAULTS:
+                self._counters.fault(key)
+                extra = {"Retry-After": str(fault.retry_after_s)} if fault.kind == "retry-after" else None
+                self._status(h, STATUS_FAULTS.get(fault.kind, 503), key, extra)
+                return
+            self._serve_file(h, key, method, fault)
+        except _ClientGone:
+            h.close_connection = True
+
+    def _wait_first_byte(self) -> None:
+        delay = self.latency_s
+        if self.jitter_s > 0:
+            with self._rng_lock:
+                delay += self._rng.uniform(0.0, self.jitter_s)
+        if delay > 0:
+            self._closing.wait(delay)
+
+    def _status(self, h: _Handler, status: int, key: str, extra: dict[str, str] | None = None) -> None:
+        body = f"{status} {http.HTTPStatus(status).phrase}: {key}\n".encode()
+        self._send_headers(h, status, {"Content-Type": "text/plain", "Content-Length": str(len(body)), **(extra or {})})
+        if h.command != "HEAD":
+            self._write(h, key, body, None)
+
+    def _serve_file(self, h: _Handler, key: str, method: str, fault: Fault | None) -> None:
+        target = (self.root / key).resolve()
+        if self.root not in target.parents or not target.is_file():
+            self._counters.missing()
+            self._status(h, 404, key)
+            return
+        stat = target.stat()
+        size = stat.st_size
+        start, stop, status = 0, size, 200
+        byte_range = h.headers.get("Range")
+        if byte_range is not None:
+            match = _RANGE.match(byte_range.strip())
+            if match is None or match.groups() == ("", ""):
+                self._status(h, 400, key)
+                return
+            first, last = match.groups()
+            if first == "":  # suffix range: the last N bytes
+                start = max(size - int(last), 0)
+            else:
+                start = int(first)
+                stop = min(int(last) + 1, size) if last else size
+            if start >= size or start >= stop:
+                self._status(h, 416, key, {"Content-Range": f"bytes */{size}"})
+                return
+            status = 206
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(stop - start),
+            "Accept-Ranges": "bytes",
+            "Last-Modified": email.utils.formatdate(stat.st_mtime, usegmt=True),
+            "ETag": f'"{stat.st_mtime_ns:x}-{size:x}"',
+        }
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
+        if method == "HEAD":
+            self._send_headers(h, status, headers)
+            return
+        with open(target, "rb") as f:
+            f.seek(start)
+            body = f.read(stop - start)
+        self._send_headers(h, status, headers)
+        if fault is None:
+            self._write(h, key, body, self.bandwidth_bytes_per_s)
+            return
+        self._counters.fault(key)
+        self._write(h, key, body[: len(body) // 2], self.bandwidth_bytes_per_s)
+        h.close_connection = True
+        if fault.kind == "reset":
+            # linger 0: close() sends RST instead of FIN
+            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            h.connection.close()
+        elif fault.kind == "stall":
+            self._closing.wait(fault.stall_s)
+        # "truncate": return with close_connection set; the server closes cleanly
+
+    def _send_headers(self, h: _Handler, status: int, headers: Mapping[str, str]) -> None:
+        try:
+            h.send_response(status)
+            for name, value in headers.items():
+                h.send_header(name, value)
+            h.end_headers()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise _ClientGone from exc
+
+    def _write(self, h: _Handler, key: str, body: bytes, bandwidth: float | None) -> None:
+        view = memoryview(body)
+        try:
+            if bandwidth is None:
+                h.wfile.write(view)
+                self._counters.sent(key, len(view))
+                return
+            t0 = time.monotonic()
+            sent = 0
+            for off in range(0, len(view), PACE_SLICE_BYTES):
+                piece = view[off : off + PACE_SLICE_BYTES]
+                h.wfile.write(piece)
+                sent += len(piece)
+                self._counters.sent(key, len(piece))
+                delay = t0 + sent / bandwidth - time.monotonic()
+                if delay > 0 and self._closing.wait(delay):
+                    raise _ClientGone
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise _ClientGone from exc
+
+    def _control(self, h: _Handler, method: str, action: str) -> None:
+        if method == "GET" and action == "stats":
+            self._reply_json(h, self.stats().to_dict())
+        elif method == "POST" and action == "reset":
+            self.reset_stats()
+            self._reply_json(h, {"ok": True})
+        elif method == "POST" and action == "config":
+            length = int(h.headers.get("Content-Length") or 0)
+            settings = json.loads(h.rfile.read(length) or b"{}")
+            try:
+                self.configure(**settings)
+            except (TypeError, ValueError) as exc:
+                self._reply_json(h, {"error": str(exc)}, status=400)
+                return
+            self._reply_json(h, self._settings())
+        else:
+            self._reply_json(h, {"error": f"unknown control request {method} {action!r}"}, status=404)
+
+    def _settings(self) -> dict[str, Any]:
+        return {"latency_s": self.latency_s, "jitter_s": self.jitter_s, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s}
+
+    def _reply_json(self, h: _Handler, payload: Any, status: int = 200) -> None:
+        body = json.dumps(payload).encode()
+        self._send_headers(h, status, {"Content-Type": "application/json", "Content-Length": str(len(body))})
+        h.wfile.write(body)
+
+
+class EmulatorProcess:
+    """The same server in a child process; same ``url``/``stats``/``reset_stats``/``configure``.
+
+    Use it when the measured code is CPU-bound in this interpreter, so the
+    server's request handling does not compete with it for the GIL.
+    Faults are not available across the process boundary.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        latency_s: float = DEFAULT_LATENCY_S,
+        jitter_s: float = DEFAULT_JITTER_S,
+        bandwidth_bytes_per_s: float | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.root = Path(root).resolve()
+        cmd = [
+            sys.executable, "-m", "insitubatch.testing.emulator", "--root", str(self.root), "--latency-s", str(latency_s),
+            "--jitter-s", str(jitter_s), "--seed", str(seed),
+        ]
+        if bandwidth_bytes_per_s is not None:
+            cmd += ["--bandwidth-bytes-per-s", str(bandwidth_bytes_per_s)]
+        repo_root = Path(__file__).resolve().parents[2]  # the tree this package was imported from
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
+        self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+        self.url = self._read_url()
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self._closed = False
+
+    def _read_url(self) -> str:
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.process.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(PROCESS_START_TIMEOUT_S)
+        line = result[0].strip() if result else ""
+        if not line.startswith("http://"):
+            self.process.kill()
+            self.process.wait()
+            raise RuntimeError(f"the emulator process did not start (first line {line!r})")
+        return line
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def url_for(self, path: str) -> str:
+        return f"{self.url}/{path.lstrip('/')}"
+
+    def _call(self, method: str, action: str, payload: Any = None) -> Any:
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(f"{self.url}/{CONTROL_PREFIX}{action}", data=data, method=method)
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def stats(self) -> EmulatorStats:
+        return EmulatorStats.from_dict(self._call("GET", "stats"))
+
+    def reset_stats(self) -> None:
+        self._call("POST", "reset", {})
+
+    def configure(self, **settings: Any) -> dict[str, Any]:
+        """Change ``latency_s``, ``jitter_s`` and/or ``bandwidth_bytes_per_s`` in the child."""
+        return self._call("POST", "config", settings)
+
+    def close(self) -> None:
+        """Ask the child to exit (close its stdin), kill it if it does not. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.process.stdin.close()
+            self.process.wait(timeout=STOP_JOIN_S * 2)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
+
+    def __enter__(self) -> EmulatorProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve ``--root`` until stdin closes; print the base URL as the first stdout line."""
+    parser = argparse.ArgumentParser(description="Serve a directory as an emulated object store on 127.0.0.1.")
+    parser.add_argument("--root", required=True)
+    parser.add_argument("--latency-s", type=float, default=DEFAULT_LATENCY_S)
+    parser.add_argument("--jitter-s", type=float, default=DEFAULT_JITTER_S)
+    parser.add_argument("--bandwidth-bytes-per-s", type=float, default=None)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    with Emulator(
+        args.root, latency_s=args.latency_s, jitter_s=args.jitter_s,
+        bandwidth_bytes_per_s=args.bandwidth_bytes_per_s, port=args.port, seed=args.seed,
+    ) as emu:
+        print(emu.url, flush=True)
+        sys.stdin.read()  # returns when the parent closes our stdin (or dies)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""split_by_chunk: disjoint, covering, chunk-aligned, reproducible, JSON round trips."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from insitubatch.io.geometry import ArrayGeometry, geometry_of
+from insitubatch.plan.splits import SplitManifest, split_by_chunk
+
+
+def _geom(n: int, size: int) -> ArrayGeometry:
+    return ArrayGeometry(
+        path="x", shape=(n, 3), chunks=(size, 3), stored_chunks=(size, 3), dtype=np.dtype("f4"), fill_value=0.0
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 500),
+    size=st.integers(1, 40),
+    weights=st.lists(st.integers(0, 10), min_size=1, max_size=3).filter(lambda w: sum(w) > 0),
+    contiguous=st.booleans(),
+    seed=st.integers(0, 2**31),
+    data=st.data(),
+)
+def test_splits_are_disjoint_and_cover_the_range(n, size, weights, contiguous, seed, data) -> None:
+    g = _geom(n, size)
+    fractions = [w / sum(weights) for w in weights]
+    start = data.draw(st.integers(0, n - 1))
+    stop = data.draw(st.integers(start + 1, n))
+    m = split_by_chunk(g, fractions=fractions, contiguous=contiguous, sample_range=(start, stop), seed=seed)
+    all_chunks = [c for _, chunks in m.splits for c in chunks]
+    assert len(all_chunks) == len(set(all_chunks)), "a chunk is in two splits"
+    assert sorted(all_chunks) == list(range(start // size, -(-stop // size)))
+    # every split's samples are whole chunks, clipped only at the array end
+    for name in m.names:
+        idx = m.sample_indices(name)
+        assert len(idx) == sum(m.chunk_len(c) for c in m.chunks(name))
+        assert np.all(idx < n)
+    if contiguous:
+        for _, chunks in m.splits:
+            assert list(chunks) == list(range(chunks[0], chunks[0] + len(chunks))) if chunks else True
+    assert SplitManifest.from_json(m.to_json()) == m
+
+
+def test_fractions_are_of_chunks_with_exact_total() -> None:
+    m = split_by_chunk(_geom(100, 10), fractions=(0.8, 0.1, 0.1))
+    assert [len(m.chunks(s)) for s in ("train", "val", "test")] == [8, 1, 1]
+    assert m.chunks("train") == tuple(range(8)) and m.chunks("val") == (8,) and m.chunks("test") == (9,)
+
+
+def test_sample_range_snaps_outward_to_chunks() -> None:
+    m = split_by_chunk(_geom(100, 10), fractions=(1.0,), sample_range=(15, 42))
+    assert m.chunks("train") == (1, 2, 3, 4)
+    assert m.sample_indices("train")[0] == 10 and m.sample_indices("train")[-1] == 49
+
+
+def test_partial_final_chunk_is_kept_short() -> None:
+    m = split_by_chunk(_geom(23, 10), fractions=(1.0,))
+    assert m.chunks("train") == (0, 1, 2)
+    assert len(m.sample_indices("train")) == 23
+
+
+def test_shuffled_split_is_deterministic_by_seed() -> None:
+    g = _geom(1000, 10)
+    a = split_by_chunk(g, contiguous=False, seed=3)
+    b = split_by_chunk(g, contiguous=False, seed=3)
+    c = split_by_chunk(g, contiguous=False, seed=4)
+    assert a == b
+    assert a.chunks("val") != c.chunks("val")
+    assert a.chunks("train") != tuple(range(80))
+
+
+def test_empty_split_is_allowed() -> None:
+    m = split_by_chunk(_geom(30, 10), fractions=(0.9, 0.1, 0.0))
+    assert m.chunks("test") == ()
+    assert len(m.sample_indices("test")) == 0
+
+
+def test_named_fractions_mapping() -> None:
+    m = split_by_chunk(_geom(40, 10), fractions={"fit": 0.5, "score": 0.5})
+    assert m.names == ("fit", "score")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"fractions": (0.5, 0.6)}, "sum to"),
+        ({"fractions": (1.2, -0.2)}, "must be in \\[0, 1\\]"),
+        ({"fractions": (0.25,) * 4}, "1 to 3 entries"),
+        ({"sample_range": (-1, 5)}, "0 <= start < stop <= 100"),
+        ({"sample_range": (5, 101)}, "0 <= start < stop <= 100"),
+        ({"sample_range": (5, 5)}, "0 <= start < stop"),
+        ({"seed": -1}, "seed=-1 must be a non-negative int"),
+    ],
+)
+def test_invalid_arguments_raise_naming_them(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        split_by_chunk(_geom(100, 10), **kwargs)
+
+
+def test_unknown_split_name_raises() -> None:
+    m = split_by_chunk(_geom(100, 10))
+    with pytest.raises(KeyError, match="splits are \\['train', 'val', 'test'\\]"):
+        m.chunks("holdout")
+
+
+def test_malformed_json_raises() -> None:
+    with pytest.raises(ValueError, match="not a SplitManifest"):
+        SplitManifest.from_json('{"format": 1}')
+
+
+def test_split_uses_stored_chunks_of_sharded_array(tmp_path) -> None:
+    arr = zarr.create_array(tmp_path / "a.zarr", shape=(40, 4), chunks=(2, 4), shards=(8, 4), dtype="f4")
+    m = split_by_chunk(geometry_of(arr), fractions=(1.0,))
+    assert m.sample_chunk_size == 8 and m.chunks("train") == (0, 1, 2, 3, 4)

@@ -1,0 +1,224 @@
+"""The package's folder map is its pipeline: imports run one way, never in a cycle, and modules stay small.
+
+Every module under ``insitubatch/`` is parsed with ``ast``; every import
+counts (top level, under ``TYPE_CHECKING``, inside functions), because a
+deferred import is still an arrow a reader has to follow.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "insitubatch"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+# lowest first; an import may go to its own layer or a lower one
+LAYERS: dict[str, int] = {
+    "errors": 0, "_validate": 0, "_zarr_compat": 0, "progress": 0, "_progress": 0, "_ext": 0,
+    "io": 1,
+    "plan": 2,
+    # chunk transforms, the disk cache and the zarr writer all stand on io alone
+    "transforms": 3, "cache": 3, "write": 3,
+    "_engine": 4,
+    "dataset": 5, "views": 5,
+    "adapters": 6, "tools": 6, "testing": 6,
+    "__init__": 7,  # the public facade re-exports every layer
+}
+# a new module should fit in a reader's head; these predate the rule and are split as they are next touched
+MAX_LINES = 450
+OVERSIZED = {
+    "io/stores.py", "io/decode.py", "_engine/scheduler.py", "cache/disk.py",
+    "testing/emulator.py",
+}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """``{module: modules it imports}`` for every ``.py`` under ``root``, internal imports only."""
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    modules = set(files)
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    absolute = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    absolute = node.module or ""
+                # ``from pkg import submodule`` is an import of that submodule; ``from mod import name`` of mod
+                for alias in node.names:
+                    submodule = f"{absolute}.{alias.name}"
+                    targets.add(submodule if submodule in modules else absolute)
+        graph[name] = {_nearest_module(t, modules) for t in targets if t.split(".")[0] == root.name} - {None, name}
+    return graph
+
+
+def _nearest_module(target: str, modules: set[str]) -> str | None:
+    """``target`` or its closest enclosing module that exists (``pkg.mod.Class`` -> ``pkg.mod``)."""
+    parts = target.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return LAYERS["__init__"]
+    if parts[1] not in LAYERS:
+        raise KeyError(f"{module} is in no layer: add {parts[1]!r} to LAYERS in tests/test_layering.py")
+    return LAYERS[parts[1]]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{src} (layer {layer_of(src)}) imports {dst} (layer {layer_of(dst)})"
+        for src, dsts in graph.items() for dst in dsts if layer_of(dst) > layer_of(src)
+    )
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+# -- the package ----------------------------------------------------------------
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in module_graph(ROOT):
+        layer_of(module)
+
+
+def test_imports_never_go_to_a_higher_layer() -> None:
+    assert upward_imports(module_graph(ROOT)) == []
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles(module_graph(ROOT)) == []
+
+
+def test_dataset_views_and_passes_do_not_reach_back() -> None:
+    """Passes and views read the engine context; neither imports the dataset that built it."""
+    graph = module_graph(ROOT)
+    assert f"{PACKAGE}.dataset" not in graph[f"{PACKAGE}.views"]
+    assert f"{PACKAGE}.dataset" not in graph[f"{PACKAGE}._engine.prefetch"]
+
+
+def test_no_module_over_the_size_limit() -> None:
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
+    assert {path: n for path, n in sizes.items() if n > MAX_LINES and path not in OVERSIZED} == {}
+    # an entry that got small enough leaves the list, so the list only shrinks
+    assert {path for path in OVERSIZED if sizes.get(path, 0) <= MAX_LINES} == set()
+
+
+# -- the checker itself, on synthetic packages --------------------------------------
+
+
+def _write_package(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / PACKAGE
+    for rel, text in files.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pkg
+
+
+def test_checker_catches_an_upward_import_hidden_under_type_checking(tmp_path: Path) -> None:
+    pkg = _write_package(tmp_path, {
+        "__init__.py": "",
+        "dataset.py": "",
+        "io/__init__.py": "",
+        "io/stores.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..dataset import InSituDataset\n",
+    })
+    assert upward_imports(module_graph(pkg)) == [
+        f"{PACKAGE}.io.stores (layer 1) imports {PACKAGE}.dataset (layer 5)"
+    ]
+
+
+def test_checker_catches_an_upward_import_inside_a_function(tmp_path: Path) -> None:
+    pkg = _write_package(tmp_path, {
+        "__init__.py": "",
+        "_engine/__init__.py": "",
+        "_engine/pool.py": "def f():\n    from insitubatch import views\n",
+        "views.py": "",
+    })
+    assert upward_imports(module_graph(pkg)) == [
+        f"{PACKAGE}._engine.pool (layer 4) imports {PACKAGE}.views (layer 5)"
+    ]
+
+
+def test_checker_catches_a_same_layer_cycle(tmp_path: Path) -> None:
+    pkg = _write_package(tmp_path, {
+        "__init__.py": "",
+        "dataset.py": "from .views import DatasetView\n",
+        "views.py": "def f():\n    from . import dataset\n",
+    })
+    graph = module_graph(pkg)
+    assert upward_imports(graph) == []
+    assert import_cycles(graph) == [[f"{PACKAGE}.dataset", f"{PACKAGE}.views"]]
+
+
+def test_checker_accepts_downward_imports(tmp_path: Path) -> None:
+    pkg = _write_package(tmp_path, {
+        "__init__.py": "from .dataset import InSituDataset\n",
+        "errors.py": "",
+        "dataset.py": "from .io.geometry import ArrayGeometry\nfrom .errors import InSituError\n",
+        "io/__init__.py": "",
+        "io/geometry.py": "from ..errors import InSituError\n",
+    })
+    graph = module_graph(pkg)
+    assert graph[f"{PACKAGE}.dataset"] == {f"{PACKAGE}.io.geometry", f"{PACKAGE}.errors"}
+    assert upward_imports(graph) == [] and import_cycles(graph) == []
+
+
+def test_a_folder_in_no_layer_is_named(tmp_path: Path) -> None:
+    with pytest.raises(KeyError, match="'shiny'"):
+        layer_of(f"{PACKAGE}.shiny.thing")

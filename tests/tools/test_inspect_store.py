@@ -1,0 +1,119 @@
+"""``insitubatch inspect``: variables, chunk and tile sizes, working set and read concurrency."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from insitubatch.dataset import InSituDataset
+from insitubatch.io.geometry import open_geometries
+from insitubatch.io.stores import obstore_store
+from insitubatch.plan.epoch import plan_epoch
+from insitubatch.plan.splits import split_by_chunk
+from insitubatch.testing.data import DatasetSpec, write_era5_like
+from insitubatch.testing.emulator import Emulator
+from insitubatch.tools.inspect_store import add_inspect_parser, inspect_store, run_inspect
+
+SPEC = DatasetSpec(n_time=64, n_lat=8, n_lon=16, variables=("2m_temperature", "10m_u_component_of_wind"),
+                   samples_per_chunk=4, inner_tiles=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("inspect")
+    return write_era5_like(root / SPEC.name, SPEC)
+
+
+def _value(text: str, label: str) -> str:
+    line = next(ln for ln in text.splitlines() if ln.startswith(label))
+    return line[len(label):].strip()
+
+
+def test_lists_variables_with_chunk_and_tile_sizes(dataset: Path) -> None:
+    text = inspect_store(str(dataset), batch_size=8, block_chunks=2, max_inflight=4)
+    for name in SPEC.variables:
+        row = next(ln for ln in text.splitlines() if ln.startswith(name))
+        # shape, stored chunk, 2 tiles, 4 samples per chunk, chunk 4*8*16*4 B, tile half of it
+        assert "(64, 8, 16)" in row and "float32" in row
+        assert re.search(r"\(4, 8, 8\)\s+2\s+4\s+0\.002\s+0\.001\s", row), row
+    assert "lat" not in {ln.split()[0] for ln in text.splitlines() if ln.strip()}  # coordinates skipped
+
+
+def test_working_set_and_concurrency_follow_the_knobs(dataset: Path) -> None:
+    store = obstore_store(dataset, read_only=True)
+    geoms = open_geometries(store)
+    plan = plan_epoch(split_by_chunk(next(iter(geoms.values()))), "train", geoms, batch_size=8, block_chunks=2,
+                      shuffle=True, seed=0, epoch=0)
+    text = inspect_store(store, batch_size=8, block_chunks=2, max_inflight=4, prefetch_depth=3)
+    assert "batch_size=8, block_chunks=2, max_inflight=4, prefetch_depth=3" in text
+    working = float(re.match(r"([\d.]+) MB", _value(text, "working")).group(1))
+    assert working == pytest.approx(plan.working_set_bytes / 1e6, abs=1e-3)
+    gets = int(re.search(r"= (\d+) GETs per epoch", text).group(1))
+    assert gets == len(plan.reads) * 2  # two tiles per chunk read
+    assert _value(text, "in flight").startswith("4 tiles at once")
+    assert f"{plan.n_samples} samples, {plan.n_batches} batches" in text
+    assert "chunks are split into 2 tiles" in text
+
+
+def test_concurrent_iterations_bound_is_the_automatic_budget_and_its_growth_is_logged(
+    dataset: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = obstore_store(dataset, read_only=True)
+    geoms = open_geometries(store)
+    knobs = {"batch_size": 8, "block_chunks": 2, "max_inflight": 4, "prefetch_depth": 2}
+    text = inspect_store(store, iterations=2, **knobs)
+    printed = float(re.search(r"pool budget 2 × working = ([\d.]+) MB", text).group(1))
+    with InSituDataset(store, split_by_chunk(next(iter(geoms.values()))), **knobs, seed=0) as ds:
+        with caplog.at_level(logging.WARNING, logger="insitubatch"):
+            with ds.train.iterate() as a, ds.train.iterate() as b:
+                budget = ds.pool.budget
+                next(a), next(b)
+        assert budget == 2 * ds.train.plan().working_set_bytes
+        assert budget / 1e6 == pytest.approx(printed, abs=1e-3)
+        grew = [r.getMessage() for r in caplog.records if "automatic pool budget grows" in r.getMessage()]
+        assert len(grew) == 1 and f"to {budget} bytes" in grew[0] and "--iterations 2" in grew[0]
+    with pytest.raises(ValueError, match="iterations=0"):
+        inspect_store(store, iterations=0, probe=False)
+
+
+def test_defaults_come_from_the_dataset(dataset: Path) -> None:
+    import inspect as pyinspect
+
+    from insitubatch.dataset import InSituDataset
+
+    params = pyinspect.signature(InSituDataset).parameters
+    text = inspect_store(str(dataset), probe=False)
+    assert f"max_inflight={params['max_inflight'].default}" in text
+    assert f"batch_size={params['batch_size'].default}" in text
+
+
+def test_probes_stored_size_over_http(dataset: Path) -> None:
+    with Emulator(dataset.parent, latency_s=0.0) as emu:
+        text = inspect_store(emu.url_for(dataset.name), batch_size=4, block_chunks=2)
+        heads = emu.stats().heads
+    row = next(ln for ln in text.splitlines() if ln.startswith("2m_temperature"))
+    assert row.split()[-1] != "-" and float(row.split()[-1]) > 0
+    assert heads == len(SPEC.variables)
+    assert "on the wire" in text
+
+
+def test_bad_knob_and_unknown_variable_raise(dataset: Path) -> None:
+    with pytest.raises(ValueError, match="max_inflight"):
+        inspect_store(str(dataset), max_inflight=-1)
+    with pytest.raises(ValueError, match="nope"):
+        inspect_store(str(dataset), variables=["nope"])
+
+
+def test_cli_subcommand(dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="insitubatch")
+    add_inspect_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["inspect", str(dataset), "--batch-size", "8", "--max-inflight", "2", "--no-probe"])
+    assert args.run is run_inspect
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"store      {dataset}")
+    assert "max_inflight=2" in out and "10m_u_component_of_wind" in out
