@@ -12,7 +12,7 @@ from zarr.storage import MemoryStore
 from insitubatch.tools import cli
 from insitubatch.progress import progress
 from insitubatch.write import create_layout, plan_slots, run_plan
-from write.write_helpers import GROUP, layout_spec, write_batches  # tests/write, by package path
+from write_helpers import GROUP, layout_spec, write_batches
 
 
 class _Terminal(io.StringIO):
