@@ -137,41 +137,57 @@ def _chunk_runs(eo: EpochOrder, pieces: list[np.ndarray]) -> tuple[np.ndarray, n
     return np.concatenate(unit_piece), np.concatenate(unit_size).astype(np.int64), piece_chunks
 
 
-def _cuts(sizes: np.ndarray, world_size: int, round_up: bool) -> np.ndarray:
-    """Unit boundaries splitting ``sizes`` into ``world_size`` consecutive runs of near-equal sums.
+def _cuts(sizes: np.ndarray, world_size: int) -> np.ndarray:
+    """Unit boundaries splitting ``sizes`` into ``world_size`` consecutive runs whose sums differ by at most
+    the largest unit.
 
-    Each cut is the boundary nearest to an even share of what is left (ties
-    down, or up with ``round_up``), so every run is within about one unit of
-    the mean.
+    Runs must each hold between ``low`` and ``low + largest`` samples. The
+    positions a run can end at form a contiguous range of boundaries (no
+    unit is larger than the window), so one forward sweep per candidate
+    ``low`` (from the even share down) finds a feasible one, and a backward
+    sweep picks the cuts.
     """
-    prefix = np.concatenate([[0], np.cumsum(sizes)])
-    total = int(prefix[-1])
-    cuts = [0]
-    for r in range(world_size - 1):
-        lo = cuts[-1]
-        target = prefix[lo] + (total - prefix[lo]) / (world_size - r)
-        j = int(np.searchsorted(prefix, target, side="left"))
-        j = min(max(j, lo), len(prefix) - 1)
-        if j > lo:
-            below, above = target - prefix[j - 1], prefix[j] - target
-            if below < above or (below == above and not round_up):
-                j -= 1
-        cuts.append(j)
-    cuts.append(len(sizes))
-    return np.asarray(cuts, dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    total, width = int(prefix[-1]), int(sizes.max()) if len(sizes) else 0
+    for low in range(total // world_size, max(total // world_size - width, 0) - 1, -1):
+        ranges = [(0, 0)]  # boundaries where run j can end: prefix indices [lo, hi]
+        for _ in range(world_size - 1):
+            lo, hi = ranges[-1]
+            new_lo = int(np.searchsorted(prefix, prefix[lo] + low, side="left"))
+            new_hi = int(np.searchsorted(prefix, prefix[hi] + low + width, side="right")) - 1
+            if new_lo > new_hi:
+                break
+            ranges.append((new_lo, new_hi))
+        else:
+            lo, hi = ranges[-1]
+            # the last run takes the rest: its start must leave between low and low + width
+            first = max(lo, int(np.searchsorted(prefix, total - low - width, side="left")))
+            last = min(hi, int(np.searchsorted(prefix, total - low, side="right")) - 1)
+            if first > last:
+                continue
+            cuts = [len(sizes), last]
+            for lo, hi in reversed(ranges[1:-1] if len(ranges) > 2 else []):
+                end = prefix[cuts[-1]]
+                # the latest boundary in this run's range that leaves the next run at least low
+                j = min(hi, int(np.searchsorted(prefix, end - low, side="right")) - 1)
+                cuts.append(max(j, lo))
+            if world_size > 1:
+                cuts.append(0)
+            return np.asarray(cuts[::-1], dtype=np.int64)
+    return _even_cuts(prefix, world_size)
+
+
+def _even_cuts(prefix: np.ndarray, world_size: int) -> np.ndarray:
+    """Fallback: each cut at the boundary nearest its even share of the total."""
+    targets = prefix[-1] * np.arange(1, world_size) / world_size
+    cuts = np.abs(prefix[None, :] - targets[:, None]).argmin(axis=1) if world_size > 1 else np.empty(0)
+    return np.concatenate([[0], np.maximum.accumulate(cuts.astype(np.int64)), [len(prefix) - 1]]).astype(np.int64)
 
 
 def _balanced(eo: EpochOrder, pieces: list[np.ndarray], world_size: int) -> list[RankStream]:
     """Cut the shuffled blocks into ``world_size`` runs whose sample counts differ by at most one chunk."""
     unit_piece, sizes, piece_chunks = _chunk_runs(eo, pieces)
-    best = None
-    for round_up in (False, True):
-        cuts = _cuts(sizes, world_size, round_up)
-        counts = np.add.reduceat(np.append(sizes, 0), cuts[:-1]) * (cuts[1:] > cuts[:-1])
-        spread = int(counts.max() - counts.min()) if len(counts) else 0
-        if best is None or spread < best[0]:
-            best = (spread, cuts)
-    cuts = best[1]
+    cuts = _cuts(sizes, world_size)
     piece_start = np.concatenate([[0], np.cumsum([len(c) for c in piece_chunks])]).astype(np.int64)
     streams = []
     for r in range(world_size):
