@@ -312,14 +312,19 @@ class ChunkPool:
             if ready:
                 self.cond.notify_all()
 
-    def replace_tiles(self, slot: Slot, tiles: list[np.ndarray], origins: np.ndarray) -> bool:
+    def replace_tiles(self, slot: Slot, tiles: list[np.ndarray], origins: np.ndarray,
+                      revived_for: Owner | None = None) -> bool:
         """Swap a slot's tiles for an assembled/transformed version and mark it ready.
 
+        ``revived_for``: the tiles came from the disk cache for that owner, counted
+        as its hit under the same lock, so a consumer that saw the data sees the count.
         Returns False when the slot was abandoned or failed meanwhile (the tiles are not adopted).
         """
         with self.lock:
             if slot.state != PENDING or self._slots.get(slot.key) is not slot:
                 return False
+            if revived_for is not None:
+                self._count_revival(revived_for)
             slot.tiles = tiles
             slot.origins = origins
             slot.n_tiles = len(tiles)
@@ -328,14 +333,13 @@ class ChunkPool:
             self.cond.notify_all()
             return True
 
-    def count_revival(self, owner: Owner) -> None:
-        """A miss in memory served from the disk cache: a hit for the pass, not a fetch."""
-        with self.lock:
-            owner.counters.misses -= 1
-            owner.counters.hits += 1
-            owner.counters.revived += 1
-            self.totals.misses -= 1
-            self.totals.hits += 1
+    def _count_revival(self, owner: Owner) -> None:
+        """A miss in memory served from the disk cache: a hit for the pass, not a fetch (lock held)."""
+        owner.counters.misses -= 1
+        owner.counters.hits += 1
+        owner.counters.revived += 1
+        self.totals.misses -= 1
+        self.totals.hits += 1
 
     def fail(self, slot: Slot, error: BaseException) -> None:
         """Mark a slot failed (its waiters raise ``error``) and forget it so a later pass retries."""

@@ -573,9 +573,7 @@ class PassDriver:
             if isinstance(result, BaseException):
                 self.pool.fail(slot, result)
             elif result is not None:
-                if self.pool.replace_tiles(slot, result, reader.ready_origins()):
-                    self.pool.count_revival(self.owner)
-                else:
+                if not self.pool.replace_tiles(slot, result, reader.ready_origins(), revived_for=self.owner):
                     self._forget(reader, chunk_index)  # abandoned while we looked it up
             elif cache.readonly:
                 self.pool.fail(slot, cache.miss_error(path, chunk_index))
