@@ -136,13 +136,15 @@ class PassStats:
 
         A budget stall counts only as far as the producer, too, waited for
         data (``data_wait_s``): a window full of ready chunks that the
-        producer is still gathering is no stall.
+        producer is still gathering is no stall, and a pass whose every read
+        was a hit had nothing for the budget to hold back.
         """
         wall = self.wall_s if self.wall_s > 0 else float("inf")
+        stalled = min(self.budget_wait_s, self.data_wait_s) if self.misses else 0.0
         return {
             "store": self.fetch_s / wall,
             "decode": (self.decode_s + self.transform_s) / wall,
-            "budget": min(self.budget_wait_s, self.data_wait_s) / wall,
+            "budget": stalled / wall,
         }
 
     @property
