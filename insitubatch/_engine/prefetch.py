@@ -193,7 +193,7 @@ class _PassState:
                 # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
                 buf = ctx.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
                 out = buf[: len(anchors)]
-                gather_label(out, anchors, g, lambda c, path=g.path: held[(path, c)])
+                gather_label(out, anchors, g, lambda c, path=g.path, held=held: held[(path, c)])
                 arrays[label] = out
             coords = None
             if self.coords is not None:
