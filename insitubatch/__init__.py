@@ -11,7 +11,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - an unbuilt source t
     __version__ = "0+unknown"
 
 try:
-    from ._ext import assemble as _assemble  # noqa: F401  (proves the kernels were built)
+    import insitubatch._ext.assemble as _assemble  # noqa: F401  (proves the kernels were built)
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     from .errors import BuildError
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._ext import assemble as _assemble
-from .._ext import gather as _gather
+import insitubatch._ext.assemble as _assemble
+import insitubatch._ext.gather as _gather
 
 __all__ = [
     "assemble_tiles",
