@@ -178,6 +178,7 @@ def _kernel_error(
             f"tiles[{index}] has {tiles[index].shape[0]} rows but {dst_name} has {dst.shape[0]}; "
             "a chunk's tiles share its rows"
         )
+    assert runs is not None  # the remaining statuses come from gather, which passes its runs
     return _explain_run(runs, shapes[:, 0], dst.shape[0])
 
 
