@@ -146,6 +146,7 @@ class ChunkPool:
         self.on_evict = on_evict
         self._free: dict[tuple[tuple[int, ...], np.dtype], list[np.ndarray]] = {}
         self.free_bytes = 0
+        self._pending: list[Slot] = []  # admitted slots, pruned of those no longer pending when read
 
     # -- owners ------------------------------------------------------------
     def open_owner(self, working_set_bytes: int, read_ahead_bound: int) -> Owner:
@@ -263,6 +264,7 @@ class ChunkPool:
             slot = Slot(key=key, nbytes=nbytes, n_tiles=n_tiles, origins=origins,
                         tiles=[None] * n_tiles, remaining=n_tiles, fetcher=owner.id, recyclable=recyclable)
             self._slots[key] = slot
+            self._pending.append(slot)
             self.resident_bytes += nbytes
             self.totals.peak_resident_bytes = max(self.totals.peak_resident_bytes, self.resident_bytes)
             self._pin(slot, owner)
@@ -295,11 +297,8 @@ class ChunkPool:
 
     def _awaited_bytes(self) -> int:
         """Bytes the pending slots count against the budget that no landed tile occupies yet (lock held)."""
-        total = 0
-        for slot in self._slots.values():
-            if slot.state == PENDING:
-                total += slot.nbytes - sum(t.nbytes for t in slot.tiles if isinstance(t, np.ndarray))
-        return total
+        self._pending = [s for s in self._pending if s.state == PENDING and self._slots.get(s.key) is s]
+        return sum(s.nbytes - sum(t.nbytes for t in s.tiles if isinstance(t, np.ndarray)) for s in self._pending)
 
     def _drop(self, slot: Slot) -> None:
         """Forget a slot and let go of its tiles at once (only unpinned or unfinished slots are dropped).
@@ -451,3 +450,4 @@ class ChunkPool:
                 self._drop(slot)
             self._free.clear()
             self.free_bytes = 0
+            self._pending = [s for s in self._pending if s.state == PENDING and self._slots.get(s.key) is s]

@@ -373,8 +373,29 @@ class PassDriver:
         self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
         self._waiting = False
         self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
-        owner.wake = lambda: self.loop.call_soon_threadsafe(self._wake.set)
+        # an unpin wakes the loop once per burst (a block's release unpins many reads), not per read
+        self._wake_lock = threading.Lock()
+        self._wake_armed = False
+        owner.wake = self._wake_soon
         owner.refetch = lambda slot: self.loop.call_soon_threadsafe(self._readmit, slot)
+
+    def _wake_soon(self) -> None:
+        """Any thread: have the driver re-check for room; one loop wake-up covers every call until it runs."""
+        with self._wake_lock:
+            if self._wake_armed:
+                return  # the scheduled wake-up runs after this caller's change, and sees it
+            self._wake_armed = True
+        try:
+            self.loop.call_soon_threadsafe(self._wake_now)
+        except RuntimeError:  # the loop is closed (interpreter exit): nobody waits any more
+            with self._wake_lock:
+                self._wake_armed = False
+            raise
+
+    def _wake_now(self) -> None:
+        with self._wake_lock:
+            self._wake_armed = False  # a change from here on schedules its own wake-up
+        self._wake.set()
 
     # -- lifecycle (called from other threads) -----------------------------------
     def start(self) -> None:
@@ -480,7 +501,8 @@ class PassDriver:
                     self._fetch(slot, reader, key[1])
             with pool.cond:
                 self.slots[i] = slot
-                pool.cond.notify_all()
+                if slot.state != PENDING:  # a pending slot wakes the producer when it lands (under this lock)
+                    pool.cond.notify_all()
             await asyncio.sleep(0)  # let tile tasks start before admitting more
         self._flush(revivals)
 
