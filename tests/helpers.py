@@ -137,15 +137,25 @@ class EvictionWatch:
     """Weak references to the tiles of every slot a pool evicts, to prove nothing else keeps them.
 
     Install it as the pool's ``on_evict`` (chaining the one already there):
-    ``alive()`` lists evicted tiles some object still references, and
+    ``alive()`` lists evicted tiles some object other than the pool still references, and
     ``holders()`` names who does, for an assertion message.
     """
 
     def __init__(self, pool) -> None:
         self.evicted = 0
         self._refs: list[tuple[tuple, weakref.ref]] = []
+        self._pool = pool
         self._chained = pool.on_evict
         pool.on_evict = self._on_evict
+        self._take = pool.take_tile
+        pool.take_tile = self._take_tile
+
+    def _take_tile(self, shape, dtype):
+        """A recycled tile handed out again starts a new life: stop watching it."""
+        tile = self._take(shape, dtype)
+        with self._pool.lock:  # _on_evict appends under it
+            self._refs = [(key, ref) for key, ref in self._refs if ref() is not tile]
+        return tile
 
     def _on_evict(self, slot) -> None:
         if self._chained is not None:
@@ -154,7 +164,15 @@ class EvictionWatch:
         self._refs.extend((slot.key, weakref.ref(t)) for t in slot.tiles if t is not None)
 
     def alive(self) -> list[tuple[tuple, np.ndarray]]:
-        return [(key, t) for key, ref in self._refs if (t := ref()) is not None]
+        """Evicted tiles still alive other than in the pool's own hands.
+
+        The pool recycles an evicted tile nobody references: it sits in its
+        free list until a decode takes it again, and is no leak.
+        """
+        pool = self._pool
+        with pool.lock:
+            recycled = {id(t) for free in pool._free.values() for t in free}
+        return [(key, t) for key, ref in self._refs if (t := ref()) is not None and id(t) not in recycled]
 
     def holders(self) -> str:
         """The types of the objects that still reference the first live evicted tile (and theirs)."""

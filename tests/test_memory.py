@@ -13,9 +13,10 @@ import tracemalloc
 import numpy as np
 import pytest
 import zarr
-from helpers import EvictionWatch, local_store, smooth_field, write_array
+from helpers import EvictionWatch, assert_batch_matches, local_store, smooth_field, write_array
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
+from insitubatch._engine.pool import READY, ChunkPool
 
 N = 512
 FIELD = (64, 96)
@@ -75,3 +76,125 @@ def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(sto
         assert ds.pool.totals.peak_resident_bytes <= budget
         assert peak <= bound, f"peak traced {peak} bytes over the bound {bound}"
         print(f"peak {peak} bound {bound} budget {budget} split {plan.read_nbytes.sum()}")
+
+
+
+# -- recycled tiles: evicted decoded memory reused by later decodes -------------------
+TILE = (4, 3, 5)
+F4 = np.dtype(np.float32)
+ORIGINS = np.zeros((1, 2), dtype=np.intp)
+
+
+def _ready_slot(pool: ChunkPool, owner, key, tiles: list[np.ndarray], recyclable: bool = True):
+    slot = pool.admit(key, sum(t.nbytes for t in tiles), np.zeros((len(tiles), 2), dtype=np.intp), owner, recyclable)
+    assert slot is not None
+    pool.deliver_many([(slot, i, t) for i, t in enumerate(tiles)])
+    assert slot.state == READY
+    return slot
+
+
+def _drain_free(pool: ChunkPool) -> list[np.ndarray]:
+    """Every tile the free list holds for ``TILE`` (take_tile hands out new memory once it is empty)."""
+    taken = []
+    while pool.free_bytes:
+        before = pool.totals.recycled_tiles
+        tile = pool.take_tile(TILE, F4)
+        assert pool.totals.recycled_tiles == before + 1, "free bytes left, but not of this shape"
+        taken.append(tile)
+    return taken
+
+
+def test_a_recycled_tile_is_never_one_something_else_still_references() -> None:
+    one = np.empty(TILE, F4).nbytes
+    pool = ChunkPool(3 * one)
+    owner = pool.open_owner(3 * one, 4)
+    unreferenced, viewed, held = (np.full(TILE, k, F4) for k in range(3))
+    view = viewed[1:]  # a zero-copy batch or tensor over a tile references it
+    slot = _ready_slot(pool, owner, ("a", 0), [unreferenced, viewed, held])
+    free_id, viewed_id = id(unreferenced), id(viewed)
+    del unreferenced, viewed
+    pool.unpin(slot, owner)
+    # evicting it for the next read keeps only the tile nobody else references
+    nxt = pool.admit(("a", 1), 3 * one, np.zeros((3, 2), dtype=np.intp), owner, True)
+    assert nxt is not None and pool.totals.evictions == 1
+    assert [id(t) for t in _drain_free(pool)] == [free_id]
+    assert id(view.base) == viewed_id and (held == 2).all()
+
+
+def test_tiles_the_decode_does_not_own_are_never_recycled() -> None:
+    one = np.empty(TILE, F4).nbytes
+    pool = ChunkPool(one)
+    owner = pool.open_owner(one, 4)
+    # a transform's output or a disk-cache mapping lands through replace_tiles
+    replaced = pool.admit(("a", 0), one, ORIGINS, owner, True)
+    assert pool.replace_tiles(replaced, [np.zeros(TILE, F4)], ORIGINS) and not replaced.recyclable
+    pool.unpin(replaced, owner)
+    # a tile that views another array's memory
+    viewing = None
+    for key, tile, recyclable in ((("a", 1), np.zeros((2, *TILE), F4)[0], True), (("a", 2), np.zeros(TILE, F4), False)):
+        if viewing is not None:
+            pool.unpin(viewing, owner)
+        viewing = _ready_slot(pool, owner, key, [tile], recyclable)
+        del tile
+    pool.unpin(viewing, owner)
+    assert pool.admit(("a", 3), one, ORIGINS, owner, True) is not None
+    assert pool.totals.evictions == 3 and pool.free_bytes == 0
+
+
+def test_pinned_tiles_are_never_recycled_and_clear_lets_the_free_list_go() -> None:
+    one = np.empty(TILE, F4).nbytes
+    pool = ChunkPool(2 * one)
+    owner = pool.open_owner(2 * one, 4)
+    pinned = _ready_slot(pool, owner, ("a", 0), [np.zeros(TILE, F4)])
+    unpinned = _ready_slot(pool, owner, ("a", 1), [np.ones(TILE, F4)])
+    pool.unpin(unpinned, owner)
+    third = pool.admit(("a", 2), one, ORIGINS, owner, True)
+    assert third is not None and pool.contains(("a", 0)) and not pool.contains(("a", 1))
+    taken = _drain_free(pool)
+    assert len(taken) == 1 and taken[0] is not pinned.tiles[0] and (pinned.tiles[0] == 0).all()
+    # the free list holds no more than the pending reads await: here the one read admitted
+    assert pool.free_bytes == 0
+    pool.deliver(third, 0, taken[0])
+    pool.unpin(unpinned, owner)
+    pool.unpin(pinned, owner)
+    pool.unpin(third, owner)
+    pool._free[(TILE, F4)] = [np.zeros(TILE, F4)]  # as an eviction would leave it
+    pool.free_bytes = one
+    pool.clear()
+    assert pool.free_bytes == 0 and not pool._free and len(pool) == 0
+
+
+def _keeping(kept: list):
+    def keep(chunk):
+        kept.append((chunk.data, chunk.data.copy()))  # the transform holds its input after returning it
+        return chunk
+    return keep
+
+
+@pytest.mark.parametrize("keep_inputs", [False, True], ids=["tiles", "kept-by-a-transform"])
+def test_recycled_tiles_never_leak_stale_data_into_batches(tmp_path, keep_inputs) -> None:
+    # edge tiles clipped on both inner axes and a short last chunk: each tile shape recycles on its own
+    data = smooth_field(np.random.default_rng(11), (45, 13, 22))
+    root = zarr.open_group(tmp_path / "r.zarr", mode="w")
+    write_array(root, "v", data, (4, 5, 8))
+    write_array(root, "w", -data, (4, 5, 8))
+    store = local_store(tmp_path / "r.zarr")
+    oracle = {name: zarr.open_array(store, path=name)[...] for name in ("v", "w")}
+    manifest = split_by_chunk(open_geometries(store)["v"], fractions=(1.0,))
+    kept: list = []
+    with InSituDataset(store, manifest, batch_size=3, block_chunks=1, max_inflight=4,
+                       chunk_transforms=[_keeping(kept)] if keep_inputs else ()) as ds:
+        held = []
+        for epoch in range(2):
+            ds.train.set_epoch(epoch)
+            for batch in ds.train:
+                assert_batch_matches(batch, ds.variables, oracle)
+                held.append((batch, {k: a.copy() for k, a in batch.arrays.items()}))
+        # the passes went far past the budget: tiles were evicted, and reused unless a transform owns them
+        assert ds.pool.totals.evictions > 0
+        assert (ds.pool.totals.recycled_tiles > 0) is not keep_inputs
+        for batch, copies in held:  # nothing a batch or a transform still holds was ever overwritten
+            for k, a in batch.arrays.items():
+                np.testing.assert_array_equal(a, copies[k])
+        for array, snapshot in kept:
+            np.testing.assert_array_equal(array, snapshot)

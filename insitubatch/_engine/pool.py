@@ -10,12 +10,21 @@ A slot in flight is fetched by one owner (``fetcher``) but may be pinned by
 several. When the fetcher closes first, the slot is handed to an owner that
 still pins it, which fetches it again (``Owner.refetch``): no iteration ever
 waits on a fetch nobody is doing.
+
+An evicted slot whose tiles the engine decoded itself (``Slot.recyclable``)
+and nobody else references gives them to a small free list keyed by shape
+and dtype; the decode threads take their destination from it
+(``take_tile``), so a pass past its budget reuses the same pages instead of
+faulting in fresh ones and fragmenting the heap. The list never holds more
+than the pending slots still await (bytes the budget already counts but no
+tile occupies yet), so tiles plus free list stay within the budget.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -35,6 +44,11 @@ SlotState = Literal["pending", "ready", "failed"]
 PENDING: SlotState = "pending"
 READY: SlotState = "ready"
 FAILED: SlotState = "failed"
+# references to a tile that only the free-list check itself holds: the tiles
+# list it was taken from, the loop variable and getrefcount's argument
+_OWN_TILE_REFS = 3
+# ... and to that tiles list: ``_make_room``'s local name, ``_recycle``'s parameter and getrefcount's argument
+_OWN_LIST_REFS = 3
 
 logger = logging.getLogger("insitubatch")
 
@@ -62,6 +76,7 @@ class PoolTotals:
     misses: int = 0
     evictions: int = 0
     peak_resident_bytes: int = 0
+    recycled_tiles: int = 0  # decodes that reused an evicted tile's memory
 
 
 @dataclass(eq=False)
@@ -80,6 +95,9 @@ class Slot:
     fetcher: int | None = None
     # tiles replaced under on_bad_chunk="nan" (the driver's records), listed again by every pass that hits it
     bad_records: list = field(default_factory=list)
+    # its tiles are arrays the engine decoded into (never a transform's output or a
+    # disk-cache mapping): once evicted and unreferenced they may be reused
+    recyclable: bool = False
 
     @property
     def pinned(self) -> bool:
@@ -131,6 +149,9 @@ class ChunkPool:
         self.resident_bytes = 0
         self.totals = PoolTotals()
         self.on_evict = on_evict
+        self._free: dict[tuple[tuple[int, ...], np.dtype], list[np.ndarray]] = {}
+        self.free_bytes = 0
+        self._pending: list[Slot] = []  # admitted slots, pruned of those no longer pending when read
 
     # -- owners ------------------------------------------------------------
     def open_owner(self, working_set_bytes: int, read_ahead_bound: int) -> Owner:
@@ -233,15 +254,22 @@ class ChunkPool:
                 self.totals.hits += 1
             return slot
 
-    def admit(self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner) -> Slot | None:
-        """Reserve room for a new pending slot pinned by ``owner``; ``None`` if the budget is full of pins."""
+    def admit(self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner,
+              recyclable: bool = False) -> Slot | None:
+        """Reserve room for a new pending slot pinned by ``owner``; ``None`` if the budget is full of pins.
+
+        ``recyclable``: the fetcher decodes every tile into memory it owns
+        (no transform output, no disk-cache mapping), so the tiles may be
+        reused once the slot is evicted.
+        """
         with self.lock:
             if not self._make_room(nbytes):
                 return None
             n_tiles = len(origins)
             slot = Slot(key=key, nbytes=nbytes, n_tiles=n_tiles, origins=origins,
-                        tiles=[None] * n_tiles, remaining=n_tiles, fetcher=owner.id)
+                        tiles=[None] * n_tiles, remaining=n_tiles, fetcher=owner.id, recyclable=recyclable)
             self._slots[key] = slot
+            self._pending.append(slot)
             self.resident_bytes += nbytes
             self.totals.peak_resident_bytes = max(self.totals.peak_resident_bytes, self.resident_bytes)
             self._pin(slot, owner)
@@ -262,10 +290,20 @@ class ChunkPool:
                 free += slot.nbytes
         if free < nbytes:
             return False
+        # free tiles the pending reads (this one too) will decode into: no more than they await
+        room = self._awaited_bytes() + nbytes - self.free_bytes
         for slot in victims:
+            tiles = slot.tiles
             self._drop(slot)
             self.totals.evictions += 1
+            if slot.recyclable and slot.state == READY:
+                room = self._recycle(tiles, room)
         return True
+
+    def _awaited_bytes(self) -> int:
+        """Bytes the pending slots count against the budget that no landed tile occupies yet (lock held)."""
+        self._pending = [s for s in self._pending if s.state == PENDING and self._slots.get(s.key) is s]
+        return sum(s.nbytes - sum(t.nbytes for t in s.tiles if isinstance(t, np.ndarray)) for s in self._pending)
 
     def _drop(self, slot: Slot) -> None:
         """Forget a slot and let go of its tiles at once (only unpinned or unfinished slots are dropped).
@@ -279,6 +317,42 @@ class ChunkPool:
             if self.on_evict is not None and slot.state == READY:
                 self.on_evict(slot)
             slot.tiles = [None] * slot.n_tiles
+
+    def _recycle(self, tiles: list[np.ndarray | None], room: int) -> int:
+        """Keep up to ``room`` bytes of an evicted slot's tiles for reuse; returns the room left (lock held).
+
+        Only tiles provably referenced by nobody else are kept.
+
+        A ready slot's tiles are read only by gathers of the passes that pin
+        it, so once it is unpinned the references counted here are the only
+        ones; the count is checked anyway (a view, a tensor or an exported
+        buffer of a tile holds a reference to it), and a tile that does not
+        own its memory is never kept.
+        """
+        if sys.getrefcount(tiles) > _OWN_LIST_REFS:
+            return room  # someone still holds the list itself
+        for tile in tiles:
+            if (tile is None or tile.base is not None or not tile.flags.owndata or not tile.flags.writeable
+                    or tile.nbytes > room or sys.getrefcount(tile) > _OWN_TILE_REFS):
+                continue
+            room -= tile.nbytes
+            self._free.setdefault((tile.shape, tile.dtype), []).append(tile)
+            self.free_bytes += tile.nbytes
+        return room
+
+    def take_tile(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A C-contiguous array of ``shape`` and ``dtype`` to decode into: a recycled tile when one fits, else new.
+
+        Its contents are stale: the caller overwrites every element.
+        """
+        with self.lock:
+            free = self._free.get((shape, dtype))
+            if free:
+                tile = free.pop()
+                self.free_bytes -= tile.nbytes
+                self.totals.recycled_tiles += 1
+                return tile
+        return np.empty(shape, dtype=dtype)
 
     def _pin(self, slot: Slot, owner: Owner) -> None:
         slot.pins[owner.id] = slot.pins.get(owner.id, 0) + 1
@@ -303,6 +377,8 @@ class ChunkPool:
             for slot, tile_index, tile in landed:
                 if slot.state != PENDING:
                     continue
+                if slot.recyclable and tile.base is not None:  # a view of another array: not the engine's own
+                    slot.recyclable = False
                 if slot.tiles[tile_index] is None:
                     slot.remaining -= 1
                 slot.tiles[tile_index] = tile
@@ -326,6 +402,7 @@ class ChunkPool:
             if revived_for is not None:
                 self._count_revival(revived_for)
             slot.tiles = list(tiles)
+            slot.recyclable = False  # assembled, transformed or mapped: not memory the decode owns
             slot.origins = origins
             slot.n_tiles = len(tiles)
             slot.remaining = 0
@@ -376,7 +453,10 @@ class ChunkPool:
             return len(self._slots)
 
     def clear(self) -> None:
-        """Drop every unpinned slot."""
+        """Drop every unpinned slot and the recycled tiles."""
         with self.lock:
             for slot in [s for s in self._slots.values() if not s.pinned]:
                 self._drop(slot)
+            self._free.clear()
+            self.free_bytes = 0
+            self._pending = [s for s in self._pending if s.state == PENDING and self._slots.get(s.key) is s]

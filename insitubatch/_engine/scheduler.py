@@ -369,12 +369,34 @@ class PassDriver:
         self._pump: asyncio.Task | None = None
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
+        self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
         self.seen_keys: set | None = None  # keys fetched before (any pass): an admission of one is a re-read
         self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
         self._waiting = False
         self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
-        owner.wake = lambda: self.loop.call_soon_threadsafe(self._wake.set)
+        # an unpin wakes the loop once per burst (a block's release unpins many reads), not per read
+        self._wake_lock = threading.Lock()
+        self._wake_armed = False
+        owner.wake = self._wake_soon
         owner.refetch = lambda slot: self.loop.call_soon_threadsafe(self._readmit, slot)
+
+    def _wake_soon(self) -> None:
+        """Any thread: have the driver re-check for room; one loop wake-up covers every call until it runs."""
+        with self._wake_lock:
+            if self._wake_armed:
+                return  # the scheduled wake-up runs after this caller's change, and sees it
+            self._wake_armed = True
+        try:
+            self.loop.call_soon_threadsafe(self._wake_now)
+        except RuntimeError:  # the loop is closed (interpreter exit): nobody waits any more
+            with self._wake_lock:
+                self._wake_armed = False
+            raise
+
+    def _wake_now(self) -> None:
+        with self._wake_lock:
+            self._wake_armed = False  # a change from here on schedules its own wake-up
+        self._wake.set()
 
     # -- lifecycle (called from other threads) -----------------------------------
     def start(self) -> None:
@@ -465,9 +487,11 @@ class PassDriver:
                     self._record_bad(None, record)
             if slot is None:
                 reader = self.readers[key[0]]
-                if (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
+                # tiles decoded straight into the slot (no transform, no disk cache) are the engine's to reuse
+                own = not reader.pipeline and self.cache is None
+                if (slot := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
                     self._flush(revivals)
-                    while (slot := pool.admit(key, nbytes, reader.origins, owner)) is None:
+                    while (slot := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
                         await self._wait()
                 if self.seen_keys is not None:
                     owner.counters.trace.re_reads += key in self.seen_keys
@@ -478,7 +502,8 @@ class PassDriver:
                     self._fetch(slot, reader, key[1])
             with pool.cond:
                 self.slots[i] = slot
-                pool.cond.notify_all()
+                if slot.state != PENDING:  # a pending slot wakes the producer when it lands (under this lock)
+                    pool.cond.notify_all()
             await asyncio.sleep(0)  # let tile tasks start before admitting more
         self._flush(revivals)
 
@@ -729,28 +754,51 @@ class PassDriver:
         return data
 
     def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
-        """Decode one stored chunk into a fresh sample-first tile, clipped to the array (decode thread).
+        """Decode one stored chunk into a sample-first tile of its own, clipped to the array (decode thread).
 
         A full tile of a sample-axis-0 array is decoded straight into the
-        tile's own memory; any other is decoded whole and its clipped,
-        sample-first part copied once. Either way the tile owns its memory:
+        tile's own memory, a clipped one into a per-thread scratch chunk and
+        its valid part copied; any other is decoded whole and its clipped,
+        sample-first part copied once. The destination comes from the pool
+        (``ChunkPool.take_tile``: an evicted tile nobody references, or new
+        memory) and is overwritten whole. Either way the tile owns its memory:
         it never aliases the store's or a codec's buffers, and is writeable.
         """
         g = reader.geometry
         t0 = time.perf_counter()
         decoder = self._decoders[g.path]
         shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        # a recycled tile's stale contents are overwritten whole by either branch
         if g.sample_axis == 0 and shape == decoder.shape:
-            data = np.empty(shape, dtype=decoder.dtype)
+            data = self.pool.take_tile(shape, decoder.dtype)
             decoder.decode_into(buf, coord, data)
+        elif g.sample_axis == 0:  # a clipped edge tile: whole into this thread's scratch, then its valid part
+            whole = self._scratch(decoder.shape, decoder.dtype)
+            decoder.decode_into(buf, coord, whole)
+            data = self.pool.take_tile(shape, decoder.dtype)
+            np.copyto(data, whole[reader.selection(chunk_index, tile)])
         else:
             raw = decoder(buf, coord)
-            data = np.empty(shape, dtype=raw.dtype)
+            data = self.pool.take_tile(shape, raw.dtype)
             np.copyto(data, np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0))
         self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
         if reader.pipeline and g.tiles_per_chunk == 1:
             data = self._transform(reader, chunk_index, data)
         return data
+
+    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Decode thread: this thread's array of ``shape`` to decode a whole edge chunk into before clipping.
+
+        Reused for every edge tile the thread decodes (no allocation, no page
+        faults per tile); freed with the driver.
+        """
+        arrays = getattr(self._scratches, "arrays", None)
+        if arrays is None:
+            arrays = self._scratches.arrays = {}
+        whole = arrays.get((shape, dtype))
+        if whole is None:
+            whole = arrays[(shape, dtype)] = np.empty(shape, dtype=dtype)
+        return whole
 
     def _transform(self, reader: ArrayReader, chunk_index: int, data: np.ndarray) -> np.ndarray:
         g = reader.geometry
