@@ -21,7 +21,7 @@ import numpy as np
 import zarr
 from zarr.buffer.cpu import Buffer as CpuBuffer
 from zarr.buffer.cpu import numpy_buffer_prototype
-from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
+from zarr.codecs import BloscCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 from insitubatch._zarr_compat import ArrayConfig, chunk_spec, sync
 from insitubatch.io.decode import make_decoder
@@ -77,14 +77,14 @@ def main(argv: list[str] | None = None) -> None:
                 key = "c/0/0/0"
                 raw = sync(arr.store.get(key, prototype=numpy_buffer_prototype())).as_numpy_array()
                 decoder = make_decoder(geometry_of(arr))
-                ours_fn = lambda r: decoder(r, (0, 0, 0))  # noqa: E731
+                ours_fn = lambda r, decoder=decoder: decoder(r, (0, 0, 0))  # noqa: E731
                 theirs_fn = None
                 if ChunkTransform is not None:
                     spec = chunk_spec(arr.metadata, shape, ArrayConfig(order="C", write_empty_chunks=False),
                                       numpy_buffer_prototype())
                     transform = ChunkTransform(codecs=evolve_codecs(arr.metadata.codecs, spec))
 
-                    def theirs_fn(r: Any) -> np.ndarray:  # the decoder's contract: full shape, C order
+                    def theirs_fn(r: Any, transform: Any = transform, spec: Any = spec) -> np.ndarray:  # the decoder's contract: full shape, C order
                         return np.ascontiguousarray(transform.decode_chunk(CpuBuffer.from_array_like(r), spec).as_numpy_array())
 
                     np.testing.assert_array_equal(theirs_fn(raw), ours_fn(raw))

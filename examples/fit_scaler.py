@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from insitubatch import InSituDataset, applies, obstore_store, open_geometries, split_by_chunk
-from insitubatch.transforms import StandardScaler
 from insitubatch.tools.demo import write_demo_dataset
+from insitubatch.transforms import StandardScaler
 
 __all__ = ["RunningMoments", "fit", "main"]
 

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from insitubatch import Batch, InSituDataset, applies, obstore_store, open_geometries, split_by_chunk
-from insitubatch.transforms import kelvin_to_celsius
 from insitubatch.tools.demo import write_demo_dataset
+from insitubatch.transforms import kelvin_to_celsius
 
 __all__ = ["Timed", "kelvin_to_celsius", "main", "wind_speed"]
 

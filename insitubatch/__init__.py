@@ -11,7 +11,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - an unbuilt source t
     __version__ = "0+unknown"
 
 try:
-    from ._ext import assemble as _assemble  # noqa: F401  (proves the kernels were built)
+    import insitubatch._ext.assemble as _assemble  # noqa: F401  (proves the kernels were built)
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     from .errors import BuildError
 
@@ -22,22 +22,22 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     ) from exc
 
 from ._engine.batch import Batch
+from ._engine.stats import PassStats
 from .dataset import InSituDataset
-from .views import DatasetView
-from .tools.debug import print_debug_info
-from .io.decode import read_stored_chunk
 from .errors import (
     BadChunkError,
     DatasetClosedError,
     InSituError,
     StoreReadError,
 )
+from .io.decode import read_stored_chunk
 from .io.geometry import ArrayGeometry, open_geometries
+from .io.stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
 from .plan.epoch import shuffle_quality
 from .plan.splits import SplitManifest, split_by_chunk
-from ._engine.stats import PassStats
-from .io.stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
+from .tools.debug import print_debug_info
 from .transforms import DecodedChunk, applies
+from .views import DatasetView
 
 _LAZY = {"as_torch": "adapters", "to_jax": "adapters", "to_torch": "adapters", "TorchView": "adapters"}
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ._engine.buffers import BufferPool
 from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext
-from ._engine.pool import ChunkPool
+from ._engine.pool import ChunkPool, Slot
 from ._engine.scheduler import ArrayReader, BadChunkRecord, decode_pool
 from ._validate import callables, flag, positive_int
 from .cache import DiskCache
@@ -228,8 +228,9 @@ class InSituDataset:
         return DiskCache(cache_dir, persist=bool(persist), readonly=bool(readonly), fingerprints=fingerprints,
                          reset_stale=bool(reset_stale))
 
-    def _evicted(self, slot) -> None:
-        self.cache.evict(*slot.key)
+    def _evicted(self, slot: Slot) -> None:
+        if self.cache is not None:  # always: registered only with a cache
+            self.cache.evict(*slot.key)
 
     # -- views --------------------------------------------------------------
     def split(self, name: str) -> DatasetView:

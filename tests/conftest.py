@@ -9,10 +9,13 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-
 from servers import LOOPBACK, S3Server, start_s3_server
+
+if TYPE_CHECKING:
+    import zarr.storage
 
 _bucket_ids = itertools.count()
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import zarr
-from zarr.abc.store import ByteRequest, Store
 from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.store import ByteRequest, Store
 from zarr.storage import WrapperStore
 
 # how often a held GET looks whether the store was released

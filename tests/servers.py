@@ -83,9 +83,9 @@ def start_s3_server() -> S3Server:
             with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1) as resp:
                 resp.read()
             break
-        except OSError:
+        except OSError as exc:
             if time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError(f"moto server on {endpoint} did not answer within {S3_START_TIMEOUT_S}s")
+                raise RuntimeError(f"moto server on {endpoint} did not answer within {S3_START_TIMEOUT_S}s") from exc
             time.sleep(0.1)
     return S3Server(endpoint=endpoint, process=proc)

@@ -9,14 +9,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
-
 from helpers import CountingStore, local_store
+
 from insitubatch import InSituDataset, applies, open_geometries, split_by_chunk
 from insitubatch.errors import CacheLockedError, CacheMissError, StaleCacheError
 from insitubatch.io.geometry import ArrayGeometry
@@ -112,7 +111,6 @@ def test_a_sigkilled_run_keeps_what_it_finished(data, tmp_path) -> None:
     with _make(store, cache) as ds:
         store.reset()
         idx, arrays, c = _epoch(ds)
-        g = ds.variables
     refetched = {(k.split("/")[0], int(k.split("/")[2])) for k in store.chunk_gets()}
     assert refetched.isdisjoint(done)
     assert len(refetched) == 24 - len(done)

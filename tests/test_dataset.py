@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 import zarr
-
 from helpers import CountingStore, local_store, open_fds, smooth_field, write_array
+
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, DatasetClosedError, StoreReadError
 from insitubatch.io.geometry import open_geometries
@@ -215,7 +215,7 @@ def test_kept_batches_are_never_overwritten(era5_like) -> None:
         assert len(last) == 53 % 4 and last.arrays["t2m"].base is not None
         # with nothing kept, buffers are reused
         allocs = ds.buffers.allocations
-        for b in ds.train:
+        for _ in ds.train:
             pass
         assert ds.buffers.allocations - allocs <= ds.prefetch_depth + 3
 
@@ -235,15 +235,15 @@ def test_breaking_out_early_leaks_no_thread_or_fd(era5_like) -> None:
     g = open_geometries(str(path))["t2m"]
     manifest = split_by_chunk(g, fractions=(1.0,))
     with InSituDataset(str(path), manifest, ["t2m", "u10"], batch_size=2, block_chunks=1) as ds:
-        for batch in ds.train:  # warm the shared loop and decode pool once
+        for _ in ds.train:  # warm the shared loop and decode pool once
             break
         gc.collect()
         time.sleep(0.1)
         threads, fds = threading.active_count(), open_fds()
         for _ in range(20):
-            for batch in ds.train:
+            for _batch in ds.train:
                 break
-        del batch
+        del _batch
         gc.collect()
         deadline = time.monotonic() + 5
         while threading.active_count() > threads and time.monotonic() < deadline:

@@ -489,5 +489,5 @@ if __name__ == "__main__":  # print every signature block as the code reads now
         if entry.raises:
             print("raises:", ", ".join(entry.raises))
         print()
-    for command, parser in cli_parsers().items():
+    for parser in cli_parsers().values():
         print(f"```text usage\n{textwrap.dedent(parser.format_usage()).rstrip()}\n```\n")

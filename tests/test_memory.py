@@ -13,8 +13,8 @@ import tracemalloc
 import numpy as np
 import pytest
 import zarr
-
 from helpers import EvictionWatch, assert_batch_matches, local_store, smooth_field, write_array
+
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
 from insitubatch._engine.pool import READY, ChunkPool
 
@@ -65,7 +65,7 @@ def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(sto
             it = iter(ds.train)
             bound, budget = _bound(ds), ds.pool.budget
             assert budget == plan.working_set_bytes
-            for batch in it:
+            for _batch in it:  # held while the tiles are checked, as a consumer would
                 live = watch.alive()
                 assert not live, f"{len(live)} evicted tiles still referenced; {watch.holders()}"
                 del live

@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from helpers import CountingStore, assert_batch_matches, local_store, smooth_field, write_array
 from zarr.errors import ZarrUserWarning
 
-from helpers import CountingStore, assert_batch_matches, local_store, smooth_field, write_array
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.geometry import open_geometries
-from insitubatch.plan.splits import split_by_chunk
 from insitubatch.io.stores import close_store, obstore_store
+from insitubatch.plan.splits import split_by_chunk
 
 N = 72
 JOIN_S = 60.0

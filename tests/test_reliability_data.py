@@ -21,9 +21,9 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from helpers import CountingStore, assert_batch_matches, local_store, smooth_field, write_array
 from zarr.codecs import BloscCodec, Crc32cCodec
 
-from helpers import CountingStore, assert_batch_matches, local_store, smooth_field, write_array
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, StoreReadError
 from insitubatch.io.geometry import MAX_CHUNK_BYTES, MAX_CHUNKS_PER_READ, ArrayGeometry, open_geometries

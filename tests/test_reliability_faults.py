@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from helpers import assert_batch_matches, smooth_field, write_array
 from zarr.errors import ZarrUserWarning
 
-from helpers import assert_batch_matches, smooth_field, write_array
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
 from insitubatch.io.geometry import ArrayGeometry, open_geometries
-from insitubatch.plan.splits import SplitManifest, split_by_chunk
 from insitubatch.io.stores import DEFAULT_CLIENT_OPTIONS, DEFAULT_RETRY, close_store, obstore_store
+from insitubatch.plan.splits import SplitManifest, split_by_chunk
 
 GROUP = "x.zarr"
 SHAPE = (48, 6, 8)

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-
 from helpers import smooth_field, write_array
+
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.geometry import open_geometries
 from insitubatch.plan.splits import split_by_chunk

@@ -25,8 +25,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from insitubatch.plan.distributed import rank_streams
 from insitubatch.io.geometry import ArrayGeometry
+from insitubatch.plan.distributed import rank_streams
 from insitubatch.plan.epoch import EpochPlan, build_plan, epoch_order, plan_epoch
 from insitubatch.plan.splits import SplitManifest, split_by_chunk
 

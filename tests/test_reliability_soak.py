@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-
 from helpers import CountingStore, assert_batch_matches, local_store, open_fds, smooth_field, write_array
+
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import DatasetClosedError
 from insitubatch.io.geometry import open_geometries

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import zarr
-
 from helpers import CountingStore, local_store
+
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
 
 
@@ -52,7 +52,6 @@ def test_resume_after_k_batches_yields_the_tail_and_rereads_nothing_consumed(pat
     first_row = plan.batch_rows(k)[0]
     b0 = int(np.searchsorted(plan.block_starts, first_row, side="right")) - 1
     needed = {key for i, key in enumerate(plan.reads) if plan.read_last[i] >= b0}
-    g = open_geometries(str(path))["x"]
     fetched = {(p, int(key.split("/")[2])) for key in store.chunk_gets() for p in ["x"] if key.startswith("x/")}
     assert fetched <= needed
     assert len(fetched) == len(needed)

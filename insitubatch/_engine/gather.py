@@ -9,6 +9,7 @@ the per-row work is one vectorised table and one ``nogil`` kernel call.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -39,7 +40,8 @@ def gather_label(
     unique, inverse = np.unique(chunk, return_inverse=True)
     slots = [slot_of(int(c)) for c in unique]
     n_tiles = slots[0].n_tiles
-    tiles = [t for s in slots for t in s.tiles]
+    # a ready slot holds every tile (None marks only a tile still pending)
+    tiles = cast("list[np.ndarray]", [t for s in slots for t in s.tiles])
     origins = np.concatenate([s.origins for s in slots]) if len(slots) > 1 else slots[0].origins
     tile_index = (inverse[:, None] * n_tiles + np.arange(n_tiles)[None, :]).T.ravel()
     src_rows = np.tile(within, n_tiles)

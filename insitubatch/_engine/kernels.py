@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._ext import assemble as _assemble
-from .._ext import gather as _gather
+import insitubatch._ext.assemble as _assemble
+import insitubatch._ext.gather as _gather
 
 __all__ = [
     "assemble_tiles",
@@ -178,6 +178,7 @@ def _kernel_error(
             f"tiles[{index}] has {tiles[index].shape[0]} rows but {dst_name} has {dst.shape[0]}; "
             "a chunk's tiles share its rows"
         )
+    assert runs is not None  # the remaining statuses come from gather, which passes its runs
     return _explain_run(runs, shapes[:, 0], dst.shape[0])
 
 

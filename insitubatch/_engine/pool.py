@@ -118,9 +118,9 @@ class Owner:
     pinned_bytes: int = 0
     pinned_reads: int = 0
     counters: PassCounters = field(default_factory=PassCounters)
-    wake: Callable[[], None] | None = None
+    wake: Callable[[], object] | None = None
     # re-admit a slot this owner adopted from an owner that closed mid-fetch (called off the lock)
-    refetch: Callable[[Slot], None] | None = None
+    refetch: Callable[[Slot], object] | None = None
     closed: bool = False
 
 
@@ -401,7 +401,7 @@ class ChunkPool:
                 return False
             if revived_for is not None:
                 self._count_revival(revived_for)
-            slot.tiles = tiles
+            slot.tiles = list(tiles)
             slot.recyclable = False  # assembled, transformed or mapped: not memory the decode owns
             slot.origins = origins
             slot.n_tiles = len(tiles)

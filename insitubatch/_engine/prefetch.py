@@ -10,20 +10,21 @@ producer and cancels this pass's tasks; nothing outlives the pass.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from ..errors import DatasetClosedError
-from ..plan.epoch import EpochPlan
+from ..plan.epoch import EpochPlan, ReadKey
 from .batch import Batch
 from .context import PassContext
 from .gather import gather_label
-from .pool import FAILED, PENDING, Owner, PassCounters
+from .pool import FAILED, PENDING, Owner, PassCounters, Slot
 from .scheduler import PassDriver
 from .stats import PassStats, log_pass
 
@@ -43,6 +44,13 @@ class _Failure:
 
 class _Stopped(Exception):
     """The pass was closed while the producer waited."""
+
+
+def _held_slot(held: Mapping[ReadKey, Slot | None], path: str, chunk: int) -> Slot:
+    """The slot a batch's block holds for chunk ``chunk`` of array ``path``."""
+    slot = held[(path, chunk)]
+    assert slot is not None  # a block's reads stay referenced until the block is released
+    return slot
 
 
 class _PassState:
@@ -134,6 +142,7 @@ class _PassState:
 
     def _wait_block(self, b: int) -> None:
         pool, driver = self.ctx.pool, self.driver
+        assert driver is not None  # set by start(), before the producer thread runs
         wanted = self.plan.block_reads[b]
         with pool.cond:
             while True:
@@ -148,6 +157,7 @@ class _PassState:
                         pending = True
                         break
                     if slot.state == FAILED:
+                        assert slot.error is not None  # a failed slot carries its error
                         raise slot.error
                 if not pending:
                     return
@@ -158,6 +168,7 @@ class _PassState:
 
         From here on only the pool holds such a slot, so evicting it frees its tiles.
         """
+        assert self.driver is not None and self.owner is not None  # set by start()
         slots = self.driver.slots
         for i in self.release_after[b]:
             slot = slots[i]
@@ -167,6 +178,8 @@ class _PassState:
 
     def _produce_batches(self) -> None:
         ctx, plan = self.ctx, self.plan
+        owner, driver = self.owner, self.driver
+        assert owner is not None and driver is not None  # set by start(), before the producer thread runs
         ready_upto = -1
         released_upto = -1
         if self.start_batch > 0:
@@ -182,18 +195,18 @@ class _PassState:
                 if ready_upto > released_upto:
                     t0 = time.perf_counter()
                     self._wait_block(ready_upto)
-                    self.owner.counters.trace.add("data_wait_s", time.perf_counter() - t0)
+                    owner.counters.trace.add("data_wait_s", time.perf_counter() - t0)
             t0 = time.perf_counter()
             anchors = plan.anchors[start:stop]
             # the slots this batch's blocks read (a key may have one read per block when blocks release)
-            slots = self.driver.slots
+            slots = driver.slots
             held = {plan.reads[i]: slots[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
             arrays = {}
             for label, g in ctx.outputs.items():
                 # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
                 buf = ctx.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
                 out = buf[: len(anchors)]
-                gather_label(out, anchors, g, lambda c, path=g.path: held[(path, c)])
+                gather_label(out, anchors, g, functools.partial(_held_slot, held, g.path))
                 arrays[label] = out
             coords = None
             if self.coords is not None:
@@ -208,7 +221,7 @@ class _PassState:
                 batch = t(batch)
                 if not isinstance(batch, Batch):
                     raise TypeError(f"batch transform {t!r} returned {type(batch).__name__}, not a Batch")
-            counters = self.owner.counters
+            counters = owner.counters
             counters.trace.add("gather_s", time.perf_counter() - t0)
             counters.trace.sample(self.queue.qsize())
             counters.batches += 1

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import obstore
@@ -83,7 +83,7 @@ def _sync_get(store: Store) -> Callable[..., Buffer | None] | None:
     """
     cls = type(store)
     if cls is ObjectStore:
-        raw = store.store
+        raw = cast(ObjectStore, store).store
         if isinstance(raw, obstore.store.LocalStore) and raw.prefix is not None:
             return _LocalFiles(raw)
         if isinstance(raw, (obstore.store.LocalStore, obstore.store.MemoryStore)):
@@ -100,7 +100,7 @@ def _sync_get(store: Store) -> Callable[..., Buffer | None] | None:
 def _obstore_get_sync(raw, key: str, *, prototype: BufferPrototype) -> Buffer | None:
     """What zarr's ``ObjectStore.get`` returns for a whole key, read with obstore's blocking call."""
     try:
-        return prototype.buffer.from_bytes(obstore.get(raw, key).bytes())
+        return prototype.buffer.from_bytes(memoryview(obstore.get(raw, key).bytes()))  # zero-copy view
     except _MISSING:
         return None
 
@@ -162,6 +162,7 @@ class _Landings:
         return fut, self.executor.submit(self._run, fut, fn, args)
 
     def _run(self, fut: asyncio.Future, fn: Callable[..., Any], args: tuple) -> None:
+        outcome: tuple[Any, BaseException | None]
         try:
             outcome = (fn(*args), None)
         except BaseException as exc:  # handed to the awaiting task, raised there
@@ -558,7 +559,10 @@ class PassDriver:
                 _release(semaphore, held)
                 raise
             # the permits go back when the job's outcome lands, whatever happens to the tasks
-            fut.add_done_callback(lambda _fut, n=held: _release(semaphore, n))
+            def give_back(_fut: asyncio.Future, n: int = held) -> None:
+                _release(semaphore, n)
+
+            fut.add_done_callback(give_back)
             self._track(job)
             self._spawn(self._land_group(fut), work=True)
 
@@ -584,6 +588,7 @@ class PassDriver:
         admission of later chunks, under the ``max_inflight`` semaphore.
         """
         cache = self.cache
+        assert cache is not None  # revival is scheduled only with a disk cache
         requests = [(r.geometry.path, c, r.slot_tile_shapes(c), r.output.dtype) for _, r, c in items]
         async with self.semaphore:
             job = self.executor.submit(_lookup_all, cache, requests)
@@ -591,7 +596,11 @@ class PassDriver:
                 results = await asyncio.wrap_future(job)
             except asyncio.CancelledError:
                 # the lookups still finish in their thread: let go of mappings nobody will adopt
-                self._orphan(job, lambda: [self._forget(r, c) for _, r, c in items])
+                def forget_all() -> None:
+                    for _, r, c in items:
+                        self._forget(r, c)
+
+                self._orphan(job, forget_all)
                 raise
         for (slot, reader, chunk_index), result in zip(items, results):
             path = reader.geometry.path
@@ -636,6 +645,7 @@ class PassDriver:
         g = reader.geometry
         coord = g.physical_chunk_coord(chunk_index, tile)
         key = g.chunk_key(coord)
+        buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
         async with self.semaphore:
             if self._get_sync is None:
                 trace = self.owner.counters.trace
@@ -716,6 +726,7 @@ class PassDriver:
         """
         g = reader.geometry
         if buf is _GET_IN_JOB:
+            assert self._get_sync is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
             t0 = time.perf_counter()
             try:
                 buf = self._get_sync(key, prototype=self._prototype)
@@ -725,6 +736,7 @@ class PassDriver:
                 self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
+        data: np.ndarray | _BadTile
         try:
             data = self._decode(reader, chunk_index, tile, coord, buf)
         except BadChunkError:
@@ -738,6 +750,7 @@ class PassDriver:
         if reader.assembles or self.cache is not None:
             self._stage(slot, reader, chunk_index, tile, data)
             return None
+        assert not isinstance(data, _BadTile)  # only a chunk that assembles marks a tile, and it was staged
         return data
 
     def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
@@ -837,7 +850,8 @@ class PassDriver:
     def _finalize(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
         g = reader.geometry
-        tiles = list(slot.tiles)
+        # complete: every tile staged (a _BAD_TILE mark only where the chunk assembles, filled below)
+        tiles = cast("list[np.ndarray]", list(slot.tiles))
         origins = slot.origins
         if reader.assembles:
             n = g.chunk_len(chunk_index)
@@ -855,6 +869,7 @@ class PassDriver:
 
     def _persist(self, reader: ArrayReader, chunk_index: int, tiles: list[np.ndarray]) -> list[np.ndarray]:
         cache = self.cache
+        assert cache is not None  # called only with a disk cache
         handle = cache.begin(reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)),
                              reader.output.dtype)
         try:

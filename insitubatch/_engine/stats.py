@@ -131,7 +131,7 @@ class PassStats:
     def samples_per_s(self) -> float:
         return self.samples / self.wall_s if self.wall_s > 0 else 0.0
 
-    def pressures(self) -> dict[str, float]:
+    def pressures(self) -> dict[Stage, float]:
         """Each loader stage's pressure: mean GETs outstanding, mean decodes running, budget-stall share.
 
         A budget stall counts only as far as the producer, too, waited for

@@ -12,7 +12,7 @@ __all__ = ["to_jax"]
 
 def to_jax(
     view: DatasetView, *, device: Any = None
-) -> Iterator[dict[str, Any] | tuple[dict[str, Any], Mapping[str, Any]]]:
+) -> Iterator[dict[str, Any] | tuple[dict[str, Any], Mapping[str, Any] | None]]:
     """``jax.Array`` batches over ``view`` by DLPack, placed on ``device`` (default ``jax.devices()[0]``).
 
     On an inference view each item is ``(arrays, coords)``: the batch's coordinate mapping beside the arrays.
@@ -27,7 +27,7 @@ def to_jax(
     target = device if device is not None else jax.devices()[0]
     coords = isinstance(view, InferView)
 
-    def batches() -> Iterator[dict[str, Any] | tuple[dict[str, Any], Mapping[str, Any]]]:
+    def batches() -> Iterator[dict[str, Any] | tuple[dict[str, Any], Mapping[str, Any] | None]]:
         for batch in view:
             arrays = {label: jax.device_put(jnp.from_dlpack(arr), target) for label, arr in batch.arrays.items()}
             yield (arrays, batch.coords) if coords else arrays

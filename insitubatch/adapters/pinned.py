@@ -22,8 +22,10 @@ import threading
 import warnings
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .._ext.pinned import HostBuffer
 
@@ -57,15 +59,17 @@ def _locked_bytes_of_process() -> int | None:
     return None
 
 
-def _cuda_runtime(register_cuda: bool | None) -> object | None:
-    """torch's CUDA runtime module when buffers should be registered with it."""
+def _cuda_runtime(register_cuda: bool | None) -> Any | None:
+    """torch's CUDA runtime module when buffers should be registered with it (an untyped binding)."""
     if register_cuda is False:
         return None
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
+        cuda = False
+    else:
+        cuda = torch.cuda.is_available()
+    if not cuda:
         if register_cuda:
             raise ValueError("register_cuda=True needs torch built with CUDA and a visible GPU")
         return None
@@ -99,16 +103,16 @@ class PinnedBufferPool:
 
     # -- public ---------------------------------------------------------------
 
-    def acquire(self, shape: Sequence[int] | int, dtype: object) -> np.ndarray:
+    def acquire(self, shape: Sequence[int] | int, dtype: npt.DTypeLike) -> np.ndarray:
         """A C-contiguous, page-aligned, uninitialised array of ``shape`` and ``dtype``."""
-        dtype = np.dtype(dtype)
-        if dtype.hasobject or dtype.itemsize == 0:
-            raise ValueError(f"dtype {dtype} cannot live in a host buffer; only fixed-size dtypes can")
+        dt = np.dtype(dtype)
+        if dt.hasobject or dt.itemsize == 0:
+            raise ValueError(f"dtype {dt} cannot live in a host buffer; only fixed-size dtypes can")
         shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(x) for x in shape)
         if any(x < 0 for x in shape):
             raise ValueError(f"{shape=} must be >= 0 in every dim")
         count = math.prod(shape)
-        need = max(PAGE_SIZE, -(-count * dtype.itemsize // PAGE_SIZE) * PAGE_SIZE)
+        need = max(PAGE_SIZE, -(-count * dt.itemsize // PAGE_SIZE) * PAGE_SIZE)
         with self._mutex:
             if self._closed:
                 raise ValueError("the PinnedBufferPool is closed")
@@ -116,7 +120,7 @@ class PinnedBufferPool:
             if buf is None:
                 buf = self._allocate(need)
             self._lent.add(buf)
-        return np.frombuffer(memoryview(buf), dtype, count).reshape(shape)
+        return np.frombuffer(memoryview(buf), dt, count).reshape(shape)
 
     def release(self, array: np.ndarray) -> None:
         """Give ``array``'s buffer back; it is reused once no view of it is alive.
@@ -181,14 +185,13 @@ class PinnedBufferPool:
     def _allocate(self, nbytes: int) -> HostBuffer:
         buf = HostBuffer(nbytes, PAGE_SIZE)
         self._alive.add(buf)
-        if self._cudart is not None and self._register(buf):
+        if self._cudart is not None and self._register(self._cudart, buf):
             return buf
         if self._lock_pages:
             self._lock(buf)
         return buf
 
-    def _register(self, buf: HostBuffer) -> bool:
-        cudart = self._cudart
+    def _register(self, cudart: Any, buf: HostBuffer) -> bool:
         err = cudart.cudaHostRegister(buf.address, buf.nbytes, 0)
         if err != cudart.cudaError.success:
             self._warn(f"cudaHostRegister failed ({err}); using mlock instead")

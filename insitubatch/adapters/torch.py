@@ -8,8 +8,10 @@ copied on a side stream one batch ahead, so the copy overlaps the step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from .._engine.batch import Batch
 from ..views import DatasetView, InferView
@@ -32,10 +34,16 @@ def _torch():
     return torch
 
 
-try:  # torch is optional: without it TorchView still imports, and as_torch explains what to install
+if TYPE_CHECKING:
     from torch.utils.data import IterableDataset as _IterableBase
-except ImportError:  # pragma: no cover
-    _IterableBase = object
+else:
+    try:  # torch is optional: without it TorchView still imports, and as_torch explains what to install
+        from torch.utils.data import IterableDataset as _IterableBase
+    except ImportError:  # pragma: no cover
+        _IterableBase = object
+
+# An item: the tensors by label, or on an inference view (tensors, the batch's coords)
+TorchItem = dict[str, Any] | tuple[dict[str, Any], Mapping[str, np.ndarray] | None]
 
 
 class TorchView(_IterableBase):
@@ -77,7 +85,7 @@ class TorchView(_IterableBase):
     def __getstate__(self) -> dict:
         raise TypeError(_WORKERS_MESSAGE)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[TorchItem]:
         torch = _torch()
         if torch.utils.data.get_worker_info() is not None:
             raise RuntimeError(_WORKERS_MESSAGE)
@@ -85,7 +93,7 @@ class TorchView(_IterableBase):
             return self._iter_cuda(torch)
         return self._iter_host(torch)
 
-    def _iter_host(self, torch) -> Iterator[dict[str, Any]]:
+    def _iter_host(self, torch) -> Iterator[TorchItem]:
         for batch in self.view:
             tensors = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
             if self.device is not None:
@@ -94,7 +102,7 @@ class TorchView(_IterableBase):
                 tensors = self.device_transform(tensors)
             yield (tensors, batch.coords) if self._coords else tensors
 
-    def _iter_cuda(self, torch) -> Iterator[dict[str, Any]]:
+    def _iter_cuda(self, torch) -> Iterator[TorchItem]:
         side = torch.cuda.Stream(device=self.device)
         pending = None
         for batch in self.view:
@@ -110,7 +118,7 @@ class TorchView(_IterableBase):
         if pending is not None:
             yield self._finish(torch, pending)
 
-    def _finish(self, torch, staged) -> dict[str, Any]:
+    def _finish(self, torch, staged) -> TorchItem:
         dev, done, host, batch = staged
         coords = batch.coords
         current = torch.cuda.current_stream(self.device)

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import CacheCorruptError, CacheMissError, StaleCacheError
 from .fingerprint import is_fingerprint
@@ -355,7 +356,7 @@ class DiskCache:
             ) from None
 
     def lookup(
-        self, path: str, chunk_index: int, tile_shapes: Sequence[Sequence[int]], dtype: object
+        self, path: str, chunk_index: int, tile_shapes: Sequence[Sequence[int]], dtype: npt.DTypeLike
     ) -> list[np.ndarray] | None:
         """The chunk's tiles as read-only zero-copy views, or ``None`` on a miss.
 
@@ -375,13 +376,16 @@ class DiskCache:
         """
         key = (path, operator.index(chunk_index))
         shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
-        dtype = np.dtype(dtype)
+        dt = np.dtype(dtype)
         with self._lock:
             self._check_open()
             held = self._mapped.get(key)
             if held is not None:
-                mismatch = _mismatch(held.tile_shapes, held.tile_file.dtype, shapes, dtype)
-                return self._views(held) if mismatch is None else self._reject(key, *mismatch)
+                mismatch = _mismatch(held.tile_shapes, held.tile_file.dtype, shapes, dt)
+                if mismatch is None:
+                    return self._views(held)
+                self._reject(key, *mismatch)
+                return None
             if not self.persist:
                 return None
             self._fingerprint(path)
@@ -389,29 +393,33 @@ class DiskCache:
             if entry is None:
                 self._miss_reasons[key] = "no entry in the log"
                 return None
-            mismatch = _mismatch(entry.tile_shapes, entry.dtype, shapes, dtype)
+            mismatch = _mismatch(entry.tile_shapes, entry.dtype, shapes, dt)
             if mismatch is not None:
-                return self._reject(key, *mismatch)
+                self._reject(key, *mismatch)
+                return None
             try:
                 tile_file = open_tile_file(self.cache_dir / entry.file)
             except FileNotFoundError:
-                return self._reject(key, REJECT_MISSING, f"its file {entry.file} is missing")
+                self._reject(key, REJECT_MISSING, f"its file {entry.file} is missing")
+                return None
             except CacheCorruptError as exc:
                 # a damaged tile file is re-made from the store, not a reason to stop the run
-                return self._reject(key, REJECT_FILE, str(exc))
+                self._reject(key, REJECT_FILE, str(exc))
+                return None
             fits = (
-                tile_file.dtype == dtype
+                tile_file.dtype == dt
                 and tile_file.n_tiles == len(shapes)
                 and all(len(s) == len(tile_file.tile_shape) and all(a <= b for a, b in zip(s, tile_file.tile_shape))
                         for s in shapes)
             )
             if not fits:
                 tile_file.close()
-                return self._reject(
+                self._reject(
                     key, REJECT_FILE,
                     f"its file {entry.file} holds {tile_file.n_tiles} tiles of "
                     f"{tile_file.tile_shape} {tile_file.dtype}",
                 )
+                return None
             held = self._mapped[key] = _Mapped(tile_file, shapes)
             self._revived += 1
             self._miss_reasons.pop(key, None)
@@ -420,7 +428,6 @@ class DiskCache:
     def _reject(self, key: Key, reason: str, detail: str) -> None:
         self._rejected[reason] += 1
         self._miss_reasons[key] = detail
-        return None
 
     @staticmethod
     def _views(held: _Mapped) -> list[np.ndarray]:
@@ -437,7 +444,7 @@ class DiskCache:
         )
 
     def begin(
-        self, path: str, chunk_index: int, n_tiles: int, stored_tile_shape: Sequence[int], dtype: object
+        self, path: str, chunk_index: int, n_tiles: int, stored_tile_shape: Sequence[int], dtype: npt.DTypeLike
     ) -> WriteHandle:
         """Start writing a chunk: a tile file of ``n_tiles`` × ``stored_tile_shape`` under a temporary name.
 

@@ -204,10 +204,12 @@ def _pickle_digest(cloudpickle: types.ModuleType, obj: object, classes: dict[typ
     (``None`` marks one in progress, which a self-reference then names).
     """
 
-    class Pickler(cloudpickle.Pickler):
+    base: Any = cloudpickle.Pickler  # a class from a module passed in, so untyped here
+
+    class Pickler(base):
         def persistent_id(self, o: object) -> object:
             kind = type(o)
-            if kind is set or kind is frozenset:
+            if isinstance(o, (set, frozenset)) and (kind is set or kind is frozenset):
                 # iteration order of a set of str depends on the per-process hash seed
                 members = sorted(_pickle_digest(cloudpickle, e, classes) for e in o)
                 return ("insitubatch.set", kind.__name__, tuple(members))

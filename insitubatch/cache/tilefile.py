@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
-from .._ext import persist as _persist
+import insitubatch._ext.persist as _persist
+
 from ..errors import CacheCorruptError
 
 __all__ = [
@@ -142,19 +144,21 @@ class TileFile:
         return f"TileFile({str(self.path)!r}, n_tiles={self.n_tiles}, tile_shape={self.tile_shape}, dtype={self.dtype}, {state})"
 
 
-def _file_geometry(n_tiles: int, tile_shape: Sequence[int], dtype: object) -> tuple[int, tuple[int, ...], np.dtype]:
-    dtype = np.dtype(dtype)
-    if dtype.hasobject or dtype.itemsize == 0:
-        raise ValueError(f"dtype {dtype} cannot live in a tile file; only fixed-size dtypes can")
+def _file_geometry(
+    n_tiles: int, tile_shape: Sequence[int], dtype: npt.DTypeLike
+) -> tuple[int, tuple[int, ...], np.dtype]:
+    dt = np.dtype(dtype)
+    if dt.hasobject or dt.itemsize == 0:
+        raise ValueError(f"dtype {dt} cannot live in a tile file; only fixed-size dtypes can")
     n_tiles = int(n_tiles)
-    tile_shape = tuple(int(x) for x in tile_shape)
-    if n_tiles < 0 or any(x < 0 for x in tile_shape):
-        raise ValueError(f"{n_tiles=} and {tile_shape=} must be >= 0")
-    return n_tiles, tile_shape, dtype
+    shape = tuple(int(x) for x in tile_shape)
+    if n_tiles < 0 or any(x < 0 for x in shape):
+        raise ValueError(f"{n_tiles=} and tile_shape={shape} must be >= 0")
+    return n_tiles, shape, dt
 
 
 def create_tile_file(
-    path: str | os.PathLike, n_tiles: int, tile_shape: Sequence[int], dtype: object, *, temp: bool = False
+    path: str | os.PathLike, n_tiles: int, tile_shape: Sequence[int], dtype: npt.DTypeLike, *, temp: bool = False
 ) -> TileFile:
     """Create a writable tile file ``(n_tiles, *tile_shape)`` of ``dtype`` and map it.
 

@@ -123,7 +123,7 @@ def _check_blosc_frame(data: Any) -> None:
     n = raw.nbytes
     if n < _BLOSC_HEADER.size:
         raise _DecodeFailure(f"blosc frame is {n} bytes, shorter than its {_BLOSC_HEADER.size}-byte header")
-    _, _, flags, _, nbytes, _, cbytes = _BLOSC_HEADER.unpack_from(raw)
+    _, _, flags, _, nbytes, _, cbytes = _BLOSC_HEADER.unpack_from(raw.data)
     if cbytes != n:
         raise _DecodeFailure(f"blosc header says the frame is {cbytes} bytes, the chunk holds {n}")
     if flags & _BLOSC_MEMCPYED and nbytes + _BLOSC_HEADER.size != cbytes:
@@ -161,7 +161,7 @@ def _declared_size(codec: Any, raw: np.ndarray) -> int | None:
     """What the frame says it decompresses to; None when it does not say (then no direct decode)."""
     if isinstance(codec, _NumcodecsBlosc):
         _check_blosc_frame(raw)
-        return _BLOSC_HEADER.unpack_from(raw)[4]
+        return _BLOSC_HEADER.unpack_from(raw.data)[4]
     if isinstance(codec, _NumcodecsZstd):
         return _zstd_content_size(raw)
     if isinstance(codec, _NumcodecsLZ4):
@@ -251,18 +251,18 @@ class _Chain:
         self.shape = tuple(spec.shape)
         self.dtype = spec.dtype.to_native_dtype()
         self._array_array = []
-        for codec in array_array:
-            self._array_array.append((codec, _stage(codec), spec))
-            spec = codec.resolve_metadata(spec)
-        (codec,) = array_bytes
-        self._array_bytes_codec = codec
+        for aa in array_array:
+            self._array_array.append((aa, _stage(aa), spec))
+            spec = aa.resolve_metadata(spec)
+        (ab,) = array_bytes
+        self._array_bytes_codec = ab
         self._array_bytes_spec = spec
-        self._array_bytes = _ShardStage(codec, spec) if isinstance(codec, ShardingCodec) else _stage(codec)
-        spec = codec.resolve_metadata(spec)
+        self._array_bytes = _ShardStage(ab, spec) if isinstance(ab, ShardingCodec) else _stage(ab)
+        spec = ab.resolve_metadata(spec)
         self._bytes_bytes = []
-        for codec in bytes_bytes:
-            self._bytes_bytes.append((codec, _stage(codec), spec))
-            spec = codec.resolve_metadata(spec)
+        for bb in bytes_bytes:
+            self._bytes_bytes.append((bb, _stage(bb), spec))
+            spec = bb.resolve_metadata(spec)
         # Raw size of the array→bytes input for fixed-size serializers (the `bytes` codec).
         raw = self._array_bytes_spec
         self._raw_nbytes = math.prod(raw.shape) * raw.dtype.to_native_dtype().itemsize
@@ -436,7 +436,7 @@ class ChunkDecoder:
         self.dtype = np.dtype(geometry.dtype)
         spec = chunk_spec(metadata, self.shape, _CONFIG, _PROTOTYPE)
         self.fill_value = _fill_value(spec)
-        self._chain: Callable[[np.ndarray], np.ndarray]
+        self._chain: _V2Chain | _Chain
         if isinstance(metadata, ArrayV2Metadata):
             self._chain = _V2Chain(metadata, spec)
         else:

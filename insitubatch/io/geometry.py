@@ -314,7 +314,7 @@ def _is_coordinate(path: str, arr: zarr.Array, dims: tuple[str | None, ...] | No
 
 
 def _walk_arrays(group: zarr.Group) -> Iterable[tuple[str, zarr.Array]]:
-    for name, member in sorted(group.members(max_depth=None), key=lambda kv: kv[0]):
+    for _, member in sorted(group.members(max_depth=None), key=lambda kv: kv[0]):
         if isinstance(member, zarr.Array):
             yield member.path, member
 

@@ -67,7 +67,7 @@ def describe_loader(
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
-    variables = {}
+    variables: dict[str, dict[str, Any]] = {}
     for label, g in geometries.items():
         variables[label] = {
             "path": g.path,

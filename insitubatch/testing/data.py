@@ -26,6 +26,7 @@ import shutil
 import warnings
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numcodecs
 import numpy as np
@@ -70,7 +71,7 @@ SPEC_ATTR = "bench_dataset_spec"
 # (and deleting) tens of thousands of them dominates the write time on a local
 # disk. An object store sees the same objects either way (WeatherBench2's own
 # zarr v2 keys are "0.0.0").
-CHUNK_KEY_ENCODING = {"name": "default", "separator": "."}
+CHUNK_KEY_ENCODING: dict[str, Any] = {"name": "default", "separator": "."}
 # Threads that encode and write chunk files (zstd and file writes release the GIL).
 WRITE_THREADS = min(8, (os.cpu_count() or 1) * 2)
 EPOCH_UNITS = "hours since 1979-01-01 00:00:00"
@@ -143,7 +144,7 @@ class DatasetSpec:
         )
 
 
-def wb2_64x32(n_time: int = STEPS_PER_YEAR, **overrides: object) -> DatasetSpec:
+def wb2_64x32(n_time: int = STEPS_PER_YEAR, **overrides: Any) -> DatasetSpec:
     """The WeatherBench2 64×32 preset: ``n_time`` 6-hourly steps of 32×64, WB2 variable names."""
     return replace(DatasetSpec(n_time=n_time, n_lat=WB2_LAT, n_lon=WB2_LON, variables=WB2_VARIABLES), **overrides)
 

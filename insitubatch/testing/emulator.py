@@ -615,7 +615,9 @@ class EmulatorProcess:
 
     def _read_url(self) -> str:
         result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.process.stdout.readline()), daemon=True)
+        stdout = self.process.stdout
+        assert stdout is not None  # opened with stdout=PIPE
+        reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(PROCESS_START_TIMEOUT_S)
         line = result[0].strip() if result else ""
@@ -654,12 +656,14 @@ class EmulatorProcess:
             return
         self._closed = True
         try:
-            self.process.stdin.close()
+            if self.process.stdin is not None:  # always, with stdin=PIPE
+                self.process.stdin.close()
             self.process.wait(timeout=STOP_JOIN_S * 2)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        self.process.stdout.close()
+        if self.process.stdout is not None:  # always, with stdout=PIPE
+            self.process.stdout.close()
 
     def __enter__(self) -> EmulatorProcess:
         return self

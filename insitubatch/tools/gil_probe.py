@@ -242,6 +242,7 @@ def gil_probe(
             if r.error is not None:
                 raise RuntimeError(f"the transform raised in a probe thread: {r.error!r}") from r.error
 
+    method: ProbeMethod
     if _schedstat_live():
         method, n = "schedstat", threads
 

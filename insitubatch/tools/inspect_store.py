@@ -106,7 +106,8 @@ def inspect_store(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     opened = not isinstance(url_or_store, Store)
-    if opened and storage_options:
+    store: Store
+    if isinstance(url_or_store, str) and storage_options:
         store = obstore_store(url_or_store, read_only=True, **storage_options)
     else:
         store = as_store(url_or_store)

@@ -57,6 +57,7 @@ class Coarsen:
     def _plan(self, inner: tuple[int, ...], path: str) -> dict[int, int]:
         """``{inner axis: k}`` for ``inner``, checked."""
         plan: dict[int, int] = {}
+        assert isinstance(self.k, tuple)  # __post_init__ made it one width per axis
         for axis, k in zip(self.axes, self.k):
             if not -len(inner) <= axis < len(inner):
                 raise ValueError(

@@ -204,7 +204,7 @@ class StandardScaler:
             "eps": self.eps,
             "cache_key": None if self._derived_key else self.cache_key,
         }
-        arrays: dict[str, np.ndarray] = {"header": np.array(json.dumps(header))}
+        arrays: dict[str, Any] = {"header": np.array(json.dumps(header))}  # Any: savez's **kwds
         for i, p in enumerate(self.mean):
             arrays[f"mean_{i}"] = self.mean[p]
             arrays[f"std_{i}"] = self.std[p]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -184,10 +185,11 @@ def _diff(root: zarr.Group, spec: LayoutSpec) -> tuple[list[str], list[OutputArr
     recorded = root.attrs.get(LAYOUT_ATTRIBUTE)
     expected = _layout_record(spec)
     if recorded is not None and recorded != json.loads(json.dumps(expected)):
+        have = recorded if isinstance(recorded, Mapping) else {}  # a record that is no object matches no key
         for key in expected:
-            if recorded.get(key) != json.loads(json.dumps(expected[key])):
+            if have.get(key) != json.loads(json.dumps(expected[key])):
                 lines.append(
-                    f"layout record: {key} is {recorded.get(key)!r} in the store but "
+                    f"layout record: {key} is {have.get(key)!r} in the store but "
                     f"{expected[key]!r} in the spec"
                 )
     return lines, missing

@@ -29,7 +29,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
@@ -37,6 +37,9 @@ from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
 from .._zarr_compat import memory_store_dict, unwrap_store
 from ..errors import WriteClaimError
+
+if TYPE_CHECKING:
+    from obstore import UpdateVersion
 
 __all__ = ["RecordStore", "records_for"]
 
@@ -227,7 +230,9 @@ class _ObstoreBackend(_Backend):
 
         if expected:
             try:
-                result = obstore.put(self._store, key, data, mode=dict(expected))
+                # this backend's versions are the dicts _object_version makes
+                mode = cast("UpdateVersion", dict(cast(Mapping[str, str], expected)))
+                result = obstore.put(self._store, key, data, mode=mode)
             except (PreconditionError, FileNotFoundError):
                 return None
             except (NotSupportedError, NotImplementedError):

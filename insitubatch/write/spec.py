@@ -151,7 +151,7 @@ class LayoutSpec:
         indexed = [a for a in arrays if a.indexed]
         if not indexed:
             raise ValueError("no array has an index_axis; at least one array must be indexed")
-        extents = {a.name: a.shape[a.index_axis] for a in indexed}
+        extents = {a.name: a.shape[a.index_axis] for a in indexed if a.index_axis is not None}
         if len(set(extents.values())) != 1:
             raise ValueError(
                 f"indexed arrays must share one extent along their index axis, got {extents}; "
@@ -161,8 +161,7 @@ class LayoutSpec:
     @property
     def extent(self) -> int:
         """Length of the indexed dimension."""
-        first = next(a for a in self.arrays if a.indexed)
-        return first.shape[first.index_axis]
+        return next(a.shape[a.index_axis] for a in self.arrays if a.index_axis is not None)
 
     @property
     def indexed(self) -> dict[str, int]:

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 import zarr
-
 from helpers import CountingStore, local_store, smooth_field, write_array
+
 from insitubatch import InSituDataset, PassStats, open_geometries, split_by_chunk
 from insitubatch._engine.stats import CONSUMER_WAIT_SHARE, MIN_PRESSURE, STAGES
 

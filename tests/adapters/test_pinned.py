@@ -127,7 +127,7 @@ def test_no_leak_over_ten_thousand_cycles(pool: PinnedBufferPool) -> None:
         a[...] = i  # touch every page, so a leaked buffer would show in RSS
         pool.release(a)
         del a
-    for i in range(1_000):  # never released: freed when the last view dies
+    for _ in range(1_000):  # never released: freed when the last view dies
         b = pool.acquire(shape, "u1")
         b[...] = 1
         del b

@@ -13,9 +13,9 @@ import pytest
 import zarr
 import zarr.storage
 from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemoryStore, S3Store
+from servers import S3_KEY_ID, S3_REGION, S3_SECRET
 
 from insitubatch.io.stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
-from servers import S3_KEY_ID, S3_REGION, S3_SECRET
 
 if TYPE_CHECKING:
     from conftest import HTTPFileServer

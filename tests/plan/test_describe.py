@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import zarr
-
 from helpers import CountingStore, local_store, smooth_field, write_array
+
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
 from insitubatch.plan.cost import format_summary
 from insitubatch.tools.inspect_store import inspect_store

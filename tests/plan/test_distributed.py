@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-
 from helpers import CountingStore, local_store
+
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
 from insitubatch.plan.distributed import resolve_world
 

@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
+from write_helpers import ALIGNMENT, EXTENT, GROUP, ManualClock, layout_spec
 from zarr.storage import LocalStore
 
 from insitubatch.tools.cli import build_parser, main
 from insitubatch.write import SlotPlan, SlotWriter, create_layout
-from write_helpers import ALIGNMENT, EXTENT, GROUP, ManualClock, layout_spec
 
 pytest.importorskip("insitubatch.io.stores")  # the CLI opens URLs with obstore_store
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from write_helpers import ALIGNMENT, EXTENT, GROUP, layout_spec, store_bytes
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.storage import LocalStore, MemoryStore
 
 from insitubatch.errors import LayoutMismatchError
 from insitubatch.write import LayoutSpec, OutputArray, create_layout, diff_layout, read_layout
-from write_helpers import ALIGNMENT, EXTENT, GROUP, layout_spec, store_bytes
 
 
 def _with(spec: LayoutSpec, name: str, **changes: object) -> LayoutSpec:

@@ -12,16 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from zarr.storage import LocalStore
-
-from insitubatch.errors import WriteClaimError
-from insitubatch.write import (
-    SlotWriter,
-    clear_stale_claims,
-    create_layout,
-    plan_slots,
-    write_status,
-)
 from write_helpers import (
     ALIGNMENT,
     EXIT_LOST,
@@ -35,6 +25,16 @@ from write_helpers import (
     reference_store,
     write_batches,
     write_worker,
+)
+from zarr.storage import LocalStore
+
+from insitubatch.errors import WriteClaimError
+from insitubatch.write import (
+    SlotWriter,
+    clear_stale_claims,
+    create_layout,
+    plan_slots,
+    write_status,
 )
 
 SPAWN = multiprocessing.get_context("spawn")

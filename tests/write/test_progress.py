@@ -7,12 +7,12 @@ import sys
 import types
 
 import pytest
+from write_helpers import GROUP, layout_spec, write_batches
 from zarr.storage import MemoryStore
 
-from insitubatch.tools import cli
 from insitubatch.progress import progress
+from insitubatch.tools import cli
 from insitubatch.write import create_layout, plan_slots, run_plan
-from write_helpers import GROUP, layout_spec, write_batches
 
 
 class _Terminal(io.StringIO):

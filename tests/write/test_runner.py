@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from write_helpers import ALIGNMENT, GROUP, array_bytes, failing_work, layout_spec, reference_store, write_batches
 from zarr.storage import LocalStore, MemoryStore
 
 from insitubatch.errors import SlotRunError
 from insitubatch.write import create_layout, plan_slots, run_plan, run_slot, write_status
-from write_helpers import ALIGNMENT, GROUP, array_bytes, failing_work, layout_spec, reference_store, write_batches
 
 REPO = Path(__file__).resolve().parents[2]
 # Seconds the example may take on a loaded 2-core machine (it aims for a few).

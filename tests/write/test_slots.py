@@ -8,10 +8,10 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from write_helpers import ALIGNMENT, EXTENT, GROUP, layout_spec
 from zarr.storage import MemoryStore
 
 from insitubatch.errors import LayoutMismatchError, SlotAlignmentError, SlotPlanBlockedError
-from insitubatch.write.records import RecordStore
 from insitubatch.write import (
     LayoutSpec,
     OutputArray,
@@ -24,7 +24,7 @@ from insitubatch.write import (
     plan_slots,
     task_index_from_env,
 )
-from write_helpers import ALIGNMENT, EXTENT, GROUP, layout_spec
+from insitubatch.write.records import RecordStore
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import numpy as np
 import obstore.store
 import pytest
 import zarr
+from write_helpers import ALIGNMENT, EXTENT, GROUP, ManualClock, layout_spec, predictions, store_bytes, write_batches
 from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
 from insitubatch.errors import SlotAlignmentError, WriteClaimError, WriteIntentRangeError
@@ -21,7 +22,6 @@ from insitubatch.write import (
     create_layout,
     write_status,
 )
-from write_helpers import ALIGNMENT, EXTENT, GROUP, ManualClock, layout_spec, predictions, store_bytes, write_batches
 
 # No heartbeat fires during a test that compares store bytes.
 QUIET_HEARTBEAT_S = 600.0
