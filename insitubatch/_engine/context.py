@@ -24,8 +24,9 @@ from ..errors import DatasetClosedError
 from ..io.geometry import ArrayGeometry
 from .batch import Batch
 from .buffers import BufferPool
-from .pool import ChunkPool, PassCounters
+from .pool import ChunkPool
 from .scheduler import ArrayReader, BadChunkRecord
+from .stats import PassCounters
 
 __all__ = ["ON_BAD_CHUNK", "BatchTransform", "OnBadChunk", "PassContext"]
 

@@ -35,9 +35,9 @@ import numpy as np
 
 from ..errors import InSituError
 from ..plan.epoch import ReadKey
-from .stats import PassTrace
+from .stats import PassCounters, PoolTotals
 
-__all__ = ["ChunkPool", "Owner", "PassCounters", "PoolTotals", "Slot"]
+__all__ = ["ChunkPool", "Owner", "Slot"]
 
 # a slot's life: tiles arriving, every tile placed, or the fetch/decode failed (``Slot.error``)
 SlotState = Literal["pending", "ready", "failed"]
@@ -51,32 +51,6 @@ _OWN_TILE_REFS = 3
 _OWN_LIST_REFS = 3
 
 logger = logging.getLogger("insitubatch")
-
-
-@dataclass
-class PassCounters:
-    """What one pass did: hits skip fetch, decode and transform."""
-
-    hits: int = 0
-    misses: int = 0
-    revived: int = 0
-    gets: int = 0
-    get_bytes: int = 0
-    decoded_tiles: int = 0
-    samples: int = 0
-    batches: int = 0
-    trace: PassTrace = field(default_factory=PassTrace, repr=False, compare=False)  # stage times, waits, depths
-
-
-@dataclass
-class PoolTotals:
-    """Cumulative pool-level counts (evictions and peaks belong to the pool, not a pass)."""
-
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    peak_resident_bytes: int = 0
-    recycled_tiles: int = 0  # decodes that reused an evicted tile's memory
 
 
 @dataclass(eq=False)

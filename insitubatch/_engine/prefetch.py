@@ -24,9 +24,9 @@ from ..plan.epoch import EpochPlan, ReadKey
 from .batch import Batch
 from .context import PassContext
 from .gather import gather_label
-from .pool import FAILED, PENDING, Owner, PassCounters, Slot
+from .pool import FAILED, PENDING, Owner, Slot
 from .scheduler import PassDriver
-from .stats import PassStats, log_pass
+from .stats import PassCounters, PassStats, log_pass
 
 __all__ = ["PassIterator"]
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-__all__ = ["STAGES", "PassStats", "PassTrace", "Stage"]
+__all__ = ["STAGES", "PassCounters", "PassStats", "PassTrace", "PoolTotals", "Stage"]
 
 logger = logging.getLogger("insitubatch")
 
@@ -85,6 +85,32 @@ class PassTrace:
             self.inflight_depth_max = max(self.inflight_depth_max, inflight)
             self.queue_depth_sum += queue_depth
             self.queue_depth_max = max(self.queue_depth_max, queue_depth)
+
+
+@dataclass
+class PassCounters:
+    """What one pass did: hits skip fetch, decode and transform."""
+
+    hits: int = 0
+    misses: int = 0
+    revived: int = 0
+    gets: int = 0
+    get_bytes: int = 0
+    decoded_tiles: int = 0
+    samples: int = 0
+    batches: int = 0
+    trace: PassTrace = field(default_factory=PassTrace, repr=False, compare=False)  # stage times, waits, depths
+
+
+@dataclass
+class PoolTotals:
+    """Cumulative pool-level counts (evictions and peaks belong to the pool, not a pass)."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    peak_resident_bytes: int = 0
+    recycled_tiles: int = 0  # decodes that reused an evicted tile's memory
 
 
 @dataclass(frozen=True)
