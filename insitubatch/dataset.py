@@ -24,7 +24,8 @@ from .cache import DiskCache
 from .cache.fingerprint import array_fingerprints
 from .io.coords import read_sample_coords
 from .io.geometry import ArrayGeometry, open_geometries
-from .io.stores import as_store, close_store
+from .io.owned import close_store
+from .io.stores import as_store
 from .plan.cost import KNOBS, describe_loader, format_summary
 from .plan.distributed import REMAINDER_POLICIES, Remainder, resolve_world
 from .plan.epoch import EpochPlan, valid_anchor_range
