@@ -31,7 +31,6 @@ LAYERS: dict[str, int] = {
 MAX_LINES = 450
 OVERSIZED = {
     "_engine/scheduler.py", "cache/disk.py",
-    "testing/emulator.py",
 }
 
 
