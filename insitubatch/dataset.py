@@ -17,8 +17,9 @@ import numpy as np
 
 from ._engine.buffers import BufferPool
 from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext
+from ._engine.loop import decode_pool
 from ._engine.pool import ChunkPool, Slot
-from ._engine.scheduler import ArrayReader, BadChunkRecord, decode_pool
+from ._engine.reader import ArrayReader, BadChunkRecord
 from ._validate import callables, flag, positive_int
 from .cache import DiskCache
 from .cache.fingerprint import array_fingerprints
