@@ -32,7 +32,9 @@ from .errors import (
 )
 from .io.decode import read_stored_chunk
 from .io.geometry import ArrayGeometry, open_geometries
-from .io.stores import as_store, close_store, fsspec_store, icechunk_store, obstore_store
+from .io.owned import close_store
+from .io.store_adapters import fsspec_store, icechunk_store
+from .io.stores import as_store, obstore_store
 from .plan.epoch import shuffle_quality
 from .plan.splits import SplitManifest, split_by_chunk
 from .tools.debug import print_debug_info

@@ -17,14 +17,16 @@ import numpy as np
 
 from ._engine.buffers import BufferPool
 from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext
+from ._engine.loop import decode_pool
 from ._engine.pool import ChunkPool, Slot
-from ._engine.scheduler import ArrayReader, BadChunkRecord, decode_pool
+from ._engine.reader import ArrayReader, BadChunkRecord
 from ._validate import callables, flag, positive_int
 from .cache import DiskCache
 from .cache.fingerprint import array_fingerprints
 from .io.coords import read_sample_coords
 from .io.geometry import ArrayGeometry, open_geometries
-from .io.stores import as_store, close_store
+from .io.owned import close_store
+from .io.stores import as_store
 from .plan.cost import KNOBS, describe_loader, format_summary
 from .plan.distributed import REMAINDER_POLICIES, Remainder, resolve_world
 from .plan.epoch import EpochPlan, valid_anchor_range

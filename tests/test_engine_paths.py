@@ -14,9 +14,9 @@ from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
-from insitubatch._engine.scheduler import _sync_get
 from insitubatch._zarr_compat import sync
 from insitubatch.errors import BadChunkError
+from insitubatch.io.sync_get import _sync_get
 from insitubatch.transforms import DecodedChunk, applies
 
 SHAPE = (30, 6, 10)

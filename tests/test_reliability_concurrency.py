@@ -21,7 +21,8 @@ from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.geometry import open_geometries
-from insitubatch.io.stores import close_store, obstore_store
+from insitubatch.io.owned import close_store
+from insitubatch.io.stores import obstore_store
 from insitubatch.plan.splits import split_by_chunk
 
 N = 72

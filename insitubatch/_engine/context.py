@@ -25,7 +25,7 @@ from ..io.geometry import ArrayGeometry
 from .batch import Batch
 from .buffers import BufferPool
 from .pool import ChunkPool
-from .scheduler import ArrayReader, BadChunkRecord
+from .reader import ArrayReader, BadChunkRecord
 from .stats import PassCounters
 
 __all__ = ["ON_BAD_CHUNK", "BatchTransform", "OnBadChunk", "PassContext"]

@@ -43,26 +43,38 @@ itself holds no mapping and no file descriptor after ``close()``.
 
 from __future__ import annotations
 
-import hashlib
 import operator
 import os
-import re
 import threading
 import warnings
 import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import CacheCorruptError, CacheMissError, StaleCacheError
+from ..errors import CacheCorruptError, CacheMissError
+from .bookkeeping import _Bookkeeping
+from .files import (
+    DROP_STALE,
+    DROP_SUPERSEDED,
+    DROP_TORN,
+    REJECT_DTYPE,
+    REJECT_FILE,
+    REJECT_MISSING,
+    REJECT_SHAPE,
+    WriteHandle,
+    _Mapped,
+    _mismatch,
+    _release_fds,
+    tile_file_basename,
+)
 from .fingerprint import is_fingerprint
 from .lock import LOCK_NAME, acquire_lock, network_filesystem
-from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, Key, LogEntry, append_entry, open_log, read_log, write_log
-from .tilefile import TileFile, create_tile_file, open_tile_file, tile_view, write_tile
+from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, Key, LogEntry, append_entry
+from .tilefile import create_tile_file, open_tile_file, tile_view, write_tile
 
 __all__ = [
     "DROP_STALE",
@@ -83,65 +95,7 @@ __all__ = [
     "tile_file_basename",
 ]
 
-_PERSIST_PREFIX, _SPILL_PREFIX = "cache", "spill"
-# Bytes of the array path's hash in a tile file name (8 hex digits; the slug keeps names readable).
-_NAME_HASH_BYTES = 4
-# Longest array-path slug in a tile file name, well inside NAME_MAX (255).
-_SLUG_MAX = 64
-_OWNED_TILE_FILE = re.compile(rf"^({_PERSIST_PREFIX}|{_SPILL_PREFIX})-[0-9a-f]{{8}}-\d+-[A-Za-z0-9_.-]+\.npy$")
-# create_tile_file(temp=True) and our compaction write ".<name>.<pid>-<hex>.tmp" next to the target.
-_OWNED_TEMP = re.compile(
-    rf"^\.(({_PERSIST_PREFIX}|{_SPILL_PREFIX})-.*\.npy|{re.escape(LOG_NAME)})\.\d+-[0-9a-f]+\.tmp$"
-)
-# Reasons ``lookup`` turns a logged entry away (``rejected``) and a load drops one (``dropped``).
-REJECT_SHAPE, REJECT_DTYPE, REJECT_MISSING, REJECT_FILE = "shape", "dtype", "missing", "file"
-DROP_STALE, DROP_SUPERSEDED, DROP_TORN = "stale", "superseded", "torn"
-
-
-def tile_file_basename(path: str, chunk_index: int, *, persist: bool) -> str:
-    """The tile file name of ``(path, chunk_index)``: deterministic, a bare basename.
-
-    ``cache-…`` for persisted chunks, ``spill-…`` for ephemeral ones. The array
-    path's hash keeps two paths with the same slug apart.
-    """
-    digest = hashlib.blake2b(path.encode(), digest_size=_NAME_HASH_BYTES).hexdigest()
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", path).strip("._")[:_SLUG_MAX] or "array"
-    return f"{_PERSIST_PREFIX if persist else _SPILL_PREFIX}-{digest}-{int(chunk_index)}-{slug}.npy"
-
-
-
-@dataclass(eq=False)
-class WriteHandle:
-    """A chunk being written by ``DiskCache.begin``: its tile file under a temporary name."""
-
-    key: Key
-    tile_file: TileFile
-    written: set[int] = field(default_factory=set)
-    done: bool = False
-
-
-@dataclass(eq=False)
-class _Mapped:
-    """A tile file this cache holds mapped, with the tile shapes it was mapped for."""
-
-    tile_file: TileFile
-    tile_shapes: tuple[tuple[int, ...], ...]
-
-    @property
-    def nbytes(self) -> int:
-        return self.tile_file.n_tiles * self.tile_file.tile_bytes
-
-
-def _release_fds(fds: list[int]) -> None:
-    """Close the cache's descriptors (the lock goes with its fd); run by ``close`` or at collection."""
-    while fds:
-        try:
-            os.close(fds.pop())
-        except OSError:
-            pass
-
-
-class DiskCache:
+class DiskCache(_Bookkeeping):
     """The mmap-backed chunk cache of one dataset over one ``cache_dir``.
 
     Parameters
@@ -247,99 +201,6 @@ class DiskCache:
         except BaseException:
             self._finalizer()
             raise
-
-    # -- log ----------------------------------------------------------------
-
-    def _load_log(self) -> None:
-        contents = read_log(self.log_path)
-        if contents is None:
-            if not self.readonly:
-                self._rewrite_log()
-            return
-        if contents.version != LOG_VERSION:
-            self._reset_other_version(contents.version)
-            return
-        entries = contents.entries
-        if contents.superseded:
-            self._dropped[DROP_SUPERSEDED] += contents.superseded
-        if contents.torn:
-            self._dropped[DROP_TORN] += 1
-        stale: dict[str, tuple[str, int]] = {}
-        for e in entries.values():
-            want = self.fingerprints.get(e.path)
-            if want is not None and e.fingerprint != want:
-                fp, n = stale.get(e.path, (e.fingerprint, 0))
-                stale[e.path] = (fp, n + 1)
-        if stale and not self._reset_stale:
-            detail = "; ".join(
-                f"{p!r}: {n} chunks made by transforms {fp}, now {self.fingerprints[p]}"
-                for p, (fp, n) in sorted(stale.items())
-            )
-            raise StaleCacheError(
-                f"cache_dir {str(self.cache_dir)!r} holds stale entries for arrays {sorted(stale)} — their chunk "
-                f"transforms changed ({detail}). Pass reset_stale_cache=True to delete and rebuild just those "
-                "arrays, or use another cache_dir."
-            )
-        for key in [k for k, e in entries.items() if e.path in stale]:
-            self._remove_file(entries.pop(key).file)
-            self._dropped[DROP_STALE] += 1
-        self._entries = entries
-        if self._dropped and not self.readonly:
-            self._rewrite_log()
-        elif not self.readonly:
-            self._open_log()
-
-    def _reset_other_version(self, version: int) -> None:
-        """A log of another format version: nothing in it can be read, so every entry is stale."""
-        if not self._reset_stale:
-            raise StaleCacheError(
-                f"{self.log_path} is cache log format version {version}; this insitubatch reads version "
-                f"{LOG_VERSION}. Pass reset_stale_cache=True to delete the whole cache and rebuild it, or "
-                "use another cache_dir."
-            )
-        for name in os.listdir(self.cache_dir):
-            if _OWNED_TILE_FILE.match(name):
-                self._remove_file(name)
-        self._dropped[DROP_STALE] += 1
-        self._entries = {}
-        self._rewrite_log()
-
-    def _rewrite_log(self) -> None:
-        """Compact: the header and every live entry replace the log, then reopen it for appends."""
-        if self._log_fd is not None:
-            self._close_log_fd()
-        write_log(self.log_path, list(self._entries.values()))
-        self._open_log()
-
-    def _open_log(self) -> None:
-        self._log_fd = open_log(self.log_path)
-        self._fds.append(self._log_fd)
-
-    def _close_log_fd(self) -> None:
-        fd, self._log_fd = self._log_fd, None
-        if fd is not None:
-            self._fds.remove(fd)
-            os.close(fd)
-
-    # -- housekeeping (writers only: the exclusive lock means no one else is mid-write) --
-
-    def _remove_file(self, name: str) -> None:
-        (self.cache_dir / name).unlink(missing_ok=True)
-
-    def _remove_temp_files(self) -> None:
-        for name in os.listdir(self.cache_dir):
-            if _OWNED_TEMP.match(name):
-                self._remove_file(name)
-
-    def _remove_orphans(self) -> None:
-        """Spill files of crashed runs, and persisted files no log entry names (a torn or lost append)."""
-        logged = {e.file for e in self._entries.values()}
-        for name in os.listdir(self.cache_dir):
-            m = _OWNED_TILE_FILE.match(name)
-            if m is None:
-                continue
-            if m.group(1) == _SPILL_PREFIX or (self.persist and name not in logged):
-                self._remove_file(name)
 
     # -- engine API ---------------------------------------------------------
 
@@ -554,45 +415,6 @@ class DiskCache:
                 held.tile_file.path.unlink(missing_ok=True)
                 self._spilled.discard(held.tile_file.path)
 
-    # -- observability ------------------------------------------------------
-
-    @property
-    def mapped_bytes(self) -> int:
-        """Tile-file bytes this cache holds mapped now (held chunks and writes in progress)."""
-        with self._lock:
-            held = sum(m.nbytes for m in self._mapped.values())
-            return held + sum(h.tile_file.n_tiles * h.tile_file.tile_bytes for h in self._pending.values())
-
-    @property
-    def revived(self) -> int:
-        """Chunks mapped back from a persisted file by ``lookup``."""
-        return self._revived
-
-    @property
-    def written(self) -> int:
-        """Chunks committed by this cache."""
-        return self._written
-
-    @property
-    def rejected(self) -> dict[str, int]:
-        """Logged entries ``lookup`` turned away, by reason (``shape``, ``dtype``, ``missing``, ``file``)."""
-        with self._lock:
-            return dict(self._rejected)
-
-    @property
-    def dropped(self) -> dict[str, int]:
-        """Log lines the load dropped, by reason (``stale``, ``superseded``, ``torn``)."""
-        return dict(self._dropped)
-
-    def entries(self) -> dict[Key, LogEntry]:
-        """The persisted entries this cache knows, keyed ``(array_path, chunk_index)``."""
-        with self._lock:
-            return dict(self._entries)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     # -- lifetime -----------------------------------------------------------
 
     def close(self) -> None:
@@ -625,17 +447,3 @@ class DiskCache:
         mode = "readonly" if self.readonly else ("persist" if self.persist else "spill")
         state = "closed" if self._closed else f"{len(self._mapped)} mapped, {len(self._entries)} logged"
         return f"DiskCache({str(self.cache_dir)!r}, {mode}, {state})"
-
-
-def _mismatch(
-    have_shapes: tuple[tuple[int, ...], ...],
-    have_dtype: np.dtype,
-    shapes: tuple[tuple[int, ...], ...],
-    dtype: np.dtype,
-) -> tuple[str, str] | None:
-    """``(reason, detail)`` when a cached chunk's tiles are not the ones asked for, else ``None``."""
-    if have_shapes != shapes:
-        return REJECT_SHAPE, f"its cached tile shapes {have_shapes} differ from the requested {shapes}"
-    if have_dtype != dtype:
-        return REJECT_DTYPE, f"its cached dtype {have_dtype} differs from the requested {dtype}"
-    return None

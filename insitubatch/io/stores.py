@@ -1,4 +1,4 @@
-"""Open zarr stores from URLs: obstore for the hot path, fsspec and icechunk as extras.
+"""Open zarr stores from URLs through obstore, the hot path (fsspec and icechunk: ``io.store_adapters``).
 
 Every store built here is a plain ``zarr.abc.store.Store``, so anything else
 in insitubatch (and zarr itself) reads through it unchanged. Stores that this
@@ -12,12 +12,10 @@ first byte moves when zarr (or the loader) reads.
 from __future__ import annotations
 
 import os
-import threading
-import weakref
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 from urllib.request import url2pathname
 
@@ -26,17 +24,12 @@ from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemorySto
 from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
-if TYPE_CHECKING:
-    from icechunk import IcechunkStore, Storage
-    from zarr.storage import FsspecStore
+from .owned import _remember
 
 __all__ = [
     "DEFAULT_CLIENT_OPTIONS",
     "DEFAULT_RETRY",
     "as_store",
-    "close_store",
-    "fsspec_store",
-    "icechunk_store",
     "obstore_store",
 ]
 
@@ -88,35 +81,6 @@ DEFAULT_RETRY: Mapping[str, Any] = {"max_retries": DEFAULT_MAX_RETRIES, "retry_t
 # GCS bills a requester-pays read to the project named in this header; obstore
 # has no config key for it (developmentseed/obstore#546), only default headers.
 _GCS_USER_PROJECT_HEADER = "x-goog-user-project"
-
-# Stores this module built, by id. zarr's stores define __eq__ without
-# __hash__, so a WeakSet cannot hold them; a dict of weak references can, and
-# each entry removes itself when its store is garbage collected.
-_owned: dict[int, weakref.ref[Store]] = {}
-_owned_lock = threading.Lock()
-
-
-def _remember(store: Store) -> None:
-    key = id(store)
-
-    def _forget(_ref: weakref.ref[Store], key: int = key) -> None:
-        with _owned_lock:
-            if _owned.get(key) is _ref:
-                del _owned[key]
-
-    with _owned_lock:
-        _owned[key] = weakref.ref(store, _forget)
-
-
-def _take_ownership_back(store: Store) -> bool:
-    """Forget ``store`` if this module built it; say whether it did."""
-    with _owned_lock:
-        ref = _owned.get(id(store))
-        if ref is None or ref() is not store:
-            return False
-        del _owned[id(store)]
-        return True
-
 
 def _split_scheme(url: str) -> tuple[str | None, str]:
     """``("s3", "bucket/key")`` for a URL, ``(None, url)`` for a plain path."""
@@ -451,136 +415,6 @@ def _build(url: str, factory: Any, parse_url: str, **kwargs: Any) -> Any:
         raise ValueError(f"obstore cannot build a store for url={url!r}: {exc}") from exc
 
 
-def fsspec_store(
-    url: str | os.PathLike[str], *, read_only: bool = False, **storage_options: Any
-) -> FsspecStore:
-    """Build a zarr ``FsspecStore`` for ``url`` through fsspec (the ``fsspec`` extra).
-
-    For protocols obstore has no backend for; obstore is faster where both work.
-
-    Parameters
-    ----------
-    url
-        Any fsspec URL (``memory://``, ``file://``, ``s3://``...) or a local path.
-    read_only
-        Refuse writes through the returned store. For a local path that is
-        writable, missing parent directories are created on write unless
-        ``auto_mkdir`` is given.
-    **storage_options
-        Passed to the fsspec filesystem.
-
-    Returns
-    -------
-    zarr.storage.FsspecStore
-        Remembered as opened by insitubatch, so :func:`close_store` closes it.
-
-    Raises
-    ------
-    ImportError
-        fsspec is not installed.
-    TypeError
-        ``url`` is neither a string nor a path.
-    """
-    try:
-        import fsspec.core
-    except ImportError as exc:
-        raise ImportError(
-            "fsspec_store needs fsspec, an optional dependency: pip install 'insitubatch[fsspec]'"
-        ) from exc
-    from zarr.storage import FsspecStore
-
-    if isinstance(url, os.PathLike):
-        url = os.fspath(url)
-    if not isinstance(url, str):
-        raise TypeError(f"url must be a str or os.PathLike, got {type(url).__name__}")
-    protocol, _ = fsspec.core.split_protocol(url)
-    if not read_only and protocol in (None, "file", "local"):
-        storage_options.setdefault("auto_mkdir", True)
-    store = FsspecStore.from_url(url, storage_options=storage_options, read_only=read_only)
-    _remember(store)
-    return store
-
-
-def icechunk_store(
-    path_or_storage: str | os.PathLike[str] | Storage,
-    *,
-    branch: str = "main",
-    read_only: bool = True,
-) -> IcechunkStore:
-    """Open a session on an icechunk repository and return its zarr store (the ``icechunk`` extra).
-
-    Parameters
-    ----------
-    path_or_storage
-        A local directory (path or ``file://`` URL) holding the repository, or
-        any ``icechunk.Storage`` (e.g. from ``icechunk.s3_storage(...)``).
-    branch
-        The branch the session reads (or writes to).
-    read_only
-        ``True``: a read-only session at the tip of ``branch``; the repository
-        must exist. ``False``: a writable session, creating the repository if
-        there is none. Changes made through a writable store become visible
-        after ``store.session.commit(message)``.
-
-    Returns
-    -------
-    icechunk.IcechunkStore
-        Remembered as opened by insitubatch, so :func:`close_store` closes it.
-
-    Raises
-    ------
-    ImportError
-        icechunk is not installed.
-    FileNotFoundError
-        ``read_only=True`` and no repository exists there.
-    ValueError
-        A URL other than ``file://``, or an empty ``branch``.
-    TypeError
-        ``path_or_storage`` is none of the accepted types.
-    """
-    try:
-        import icechunk
-    except ImportError as exc:
-        raise ImportError(
-            "icechunk_store needs icechunk, an optional dependency: pip install 'insitubatch[icechunk]'"
-        ) from exc
-
-    if not isinstance(branch, str) or not branch:
-        raise ValueError(f"branch={branch!r} must be a non-empty string")
-    if isinstance(path_or_storage, icechunk.Storage):
-        storage = path_or_storage
-        where = repr(storage)
-    elif isinstance(path_or_storage, (str, os.PathLike)):
-        text = os.fspath(path_or_storage)
-        scheme, _ = _split_scheme(text)
-        if scheme not in (None, "file"):
-            raise ValueError(
-                f"path_or_storage={text!r}: icechunk_store takes a local path or file:// URL; for "
-                "object storage build an icechunk.Storage (e.g. icechunk.s3_storage(...)) and pass it"
-            )
-        directory = _local_dir(text, scheme)
-        if read_only and not directory.is_dir():
-            # checked before icechunk sees the path: its local storage creates the directory
-            raise FileNotFoundError(f"no icechunk repository at {directory} (read_only=True creates nothing)")
-        storage = icechunk.local_filesystem_storage(str(directory))
-        where = str(directory)
-    else:
-        raise TypeError(
-            f"path_or_storage must be a path, a file:// URL or an icechunk.Storage, "
-            f"got {type(path_or_storage).__name__}"
-        )
-
-    if read_only:
-        if not icechunk.Repository.exists(storage):
-            raise FileNotFoundError(f"no icechunk repository at {where} (read_only=True creates nothing)")
-        session = icechunk.Repository.open(storage).readonly_session(branch=branch)
-    else:
-        session = icechunk.Repository.open_or_create(storage).writable_session(branch)
-    store = session.store
-    _remember(store)
-    return store
-
-
 def as_store(obj: Store | str | os.PathLike[str]) -> Store:
     """The zarr store for ``obj``: a ``Store`` as given, a URL or path opened read-only.
 
@@ -608,18 +442,3 @@ def as_store(obj: Store | str | os.PathLike[str]) -> Store:
         f"store={obj!r} is a {type(obj).__name__}, which cannot be made a zarr store; expected a "
         "zarr.abc.store.Store, a URL string or a filesystem path"
     )
-
-
-def close_store(store: Store) -> None:
-    """Close ``store`` if insitubatch opened it; leave any other store alone.
-
-    Closing twice, or closing a store the caller made, does nothing.
-
-    Parameters
-    ----------
-    store
-        A store from :func:`obstore_store`, :func:`fsspec_store`,
-        :func:`icechunk_store` or :func:`as_store`, or any other store.
-    """
-    if _take_ownership_back(store):
-        store.close()

@@ -51,9 +51,7 @@ in-process only.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import email.utils
-import fnmatch
 import http.server
 import json
 import os
@@ -61,16 +59,26 @@ import random
 import re
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
+
+from .emulator_http import (
+    CONTROL_PREFIX,
+    DEFAULT_JITTER_S,
+    DEFAULT_LATENCY_S,
+    LOOPBACK,
+    STOP_JOIN_S,
+    _ClientGone,
+    _Handler,
+    _Server,
+)
+from .emulator_process import EmulatorProcess
+from .emulator_stats import DEFAULT_RETRY_AFTER_S, DEFAULT_STALL_S, EmulatorStats, Fault, KeyStats, _Counters
 
 __all__ = [
     "DEFAULT_JITTER_S",
@@ -83,23 +91,8 @@ __all__ = [
     "KeyStats",
 ]
 
-LOOPBACK = "127.0.0.1"
-# A same-region object-store GET's time to first byte is a few tens of ms.
-DEFAULT_LATENCY_S = 0.030
-DEFAULT_JITTER_S = 0.005
 # Paced bodies are written in slices this big (a socket-buffer-sized unit).
 PACE_SLICE_BYTES = 64 * 1024
-# Default stall: longer than any sensible client timeout in a test.
-DEFAULT_STALL_S = 30.0
-DEFAULT_RETRY_AFTER_S = 1
-# Listen backlog: the default of 5 drops SYNs when a loader opens dozens of
-# connections at once, and a dropped SYN costs a 1 s retransmit.
-LISTEN_BACKLOG = 512
-# How long close() waits for each connection thread after shutting its socket.
-STOP_JOIN_S = 5.0
-CONTROL_PREFIX = "_emulator/"
-# How long EmulatorProcess waits for the child to print its URL.
-PROCESS_START_TIMEOUT_S = 30.0
 
 STATUS_FAULTS = {"500": 500, "503": 503, "403": 403, "404": 404}
 BODY_FAULTS = ("reset", "truncate", "stall")
@@ -107,190 +100,6 @@ FAULT_KINDS = (*STATUS_FAULTS, "retry-after", *BODY_FAULTS)
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
-
-@dataclass
-class Fault:
-    """One injected failure rule; :meth:`Emulator.inject` makes them.
-
-    A GET whose key matches ``key`` (an ``fnmatch`` glob; ``"*"`` is every
-    key) fails with probability ``probability``, at most ``times`` times
-    (``None``: no limit). ``fired`` counts how often it did.
-    """
-
-    kind: str
-    key: str = "*"
-    probability: float = 1.0
-    times: int | None = None
-    retry_after_s: int = DEFAULT_RETRY_AFTER_S
-    stall_s: float = DEFAULT_STALL_S
-    fired: int = 0
-
-    def _matches(self, key: str) -> bool:
-        return (self.times is None or self.fired < self.times) and fnmatch.fnmatchcase(key, self.key)
-
-
-@dataclass(frozen=True)
-class KeyStats:
-    """What the server did for one key."""
-
-    gets: int = 0
-    heads: int = 0
-    bytes_sent: int = 0
-    faults: int = 0
-
-
-@dataclass(frozen=True)
-class EmulatorStats:
-    """A snapshot of the server's counters (control requests excluded)."""
-
-    requests: int = 0
-    gets: int = 0
-    heads: int = 0
-    bytes_sent: int = 0
-    faults: int = 0
-    not_found: int = 0
-    keys: Mapping[str, KeyStats] = field(default_factory=dict)
-
-    def gets_where(self, predicate: Any) -> int:
-        """GETs of the keys for which ``predicate(key)`` is true."""
-        return sum(s.gets for k, s in self.keys.items() if predicate(k))
-
-    def bytes_where(self, predicate: Any) -> int:
-        """Body bytes sent for the keys for which ``predicate(key)`` is true."""
-        return sum(s.bytes_sent for k, s in self.keys.items() if predicate(k))
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["keys"] = {k: dataclasses.asdict(v) for k, v in self.keys.items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> EmulatorStats:
-        keys = {k: KeyStats(**v) for k, v in d.get("keys", {}).items()}
-        return cls(**{k: v for k, v in d.items() if k != "keys"}, keys=keys)
-
-
-class _Counters:
-    """Mutable counters behind a lock; :meth:`snapshot` freezes them."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.reset()
-
-    def reset(self) -> None:
-        self.requests = self.gets = self.heads = self.bytes_sent = self.faults = self.not_found = 0
-        self.keys: dict[str, list[int]] = {}  # key -> [gets, heads, bytes_sent, faults]
-
-    def _row(self, key: str) -> list[int]:
-        row = self.keys.get(key)
-        if row is None:
-            row = self.keys[key] = [0, 0, 0, 0]
-        return row
-
-    def request(self, key: str, method: str) -> None:
-        with self.lock:
-            self.requests += 1
-            row = self._row(key)
-            if method == "GET":
-                self.gets += 1
-                row[0] += 1
-            elif method == "HEAD":
-                self.heads += 1
-                row[1] += 1
-
-    def sent(self, key: str, nbytes: int) -> None:
-        with self.lock:
-            self.bytes_sent += nbytes
-            self._row(key)[2] += nbytes
-
-    def fault(self, key: str) -> None:
-        with self.lock:
-            self.faults += 1
-            self._row(key)[3] += 1
-
-    def missing(self) -> None:
-        with self.lock:
-            self.not_found += 1
-
-    def snapshot(self) -> EmulatorStats:
-        with self.lock:
-            return EmulatorStats(
-                requests=self.requests, gets=self.gets, heads=self.heads, bytes_sent=self.bytes_sent,
-                faults=self.faults, not_found=self.not_found,
-                keys={k: KeyStats(*row) for k, row in self.keys.items()},
-            )
-
-
-class _ClientGone(Exception):
-    """The client closed its end while we wrote."""
-
-
-class _Server(http.server.ThreadingHTTPServer):
-    """One thread per connection, each tracked so close() can end it."""
-
-    daemon_threads = True
-    request_queue_size = LISTEN_BACKLOG
-    allow_reuse_address = True
-
-    def __init__(self, emulator: Emulator, port: int) -> None:
-        self.emulator = emulator
-        self._live: dict[threading.Thread, socket.socket] = {}
-        self._live_lock = threading.Lock()
-        super().__init__((LOOPBACK, port), _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        thread = threading.Thread(
-            target=self._serve_connection, args=(request, client_address), name="emulator-conn", daemon=True
-        )
-        with self._live_lock:
-            self._live[thread] = request
-        thread.start()
-
-    def _serve_connection(self, request: Any, client_address: Any) -> None:
-        try:
-            self.process_request_thread(request, client_address)
-        finally:
-            with self._live_lock:
-                self._live.pop(threading.current_thread(), None)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hangs up between requests is normal for a store; anything else is printed."""
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            return
-        super().handle_error(request, client_address)
-
-    def close_connections(self) -> None:
-        """Shut every open connection's socket and wait for its thread."""
-        with self._live_lock:
-            live = list(self._live.items())
-        for _, sock in live:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        deadline = time.monotonic() + STOP_JOIN_S
-        for thread, _ in live:
-            thread.join(max(0.0, deadline - time.monotonic()))
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    # headers and body go out in separate writes; with Nagle on, the body
-    # waits for the client's delayed ACK (~40 ms on Linux) on every request
-    disable_nagle_algorithm = True
-    server: _Server
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
-        pass
-
-    def do_GET(self) -> None:
-        self.server.emulator._handle(self, "GET")
-
-    def do_HEAD(self) -> None:
-        self.server.emulator._handle(self, "HEAD")
-
-    def do_POST(self) -> None:
-        self.server.emulator._handle(self, "POST")
 
 
 class Emulator:
@@ -580,96 +389,6 @@ class Emulator:
         body = json.dumps(payload).encode()
         self._send_headers(h, status, {"Content-Type": "application/json", "Content-Length": str(len(body))})
         h.wfile.write(body)
-
-
-class EmulatorProcess:
-    """The same server in a child process; same ``url``/``stats``/``reset_stats``/``configure``.
-
-    Use it when the measured code is CPU-bound in this interpreter, so the
-    server's request handling does not compete with it for the GIL.
-    Faults are not available across the process boundary.
-    """
-
-    def __init__(
-        self,
-        root: str | os.PathLike[str],
-        *,
-        latency_s: float = DEFAULT_LATENCY_S,
-        jitter_s: float = DEFAULT_JITTER_S,
-        bandwidth_bytes_per_s: float | None = None,
-        seed: int = 0,
-    ) -> None:
-        self.root = Path(root).resolve()
-        cmd = [
-            sys.executable, "-m", "insitubatch.testing.emulator", "--root", str(self.root), "--latency-s", str(latency_s),
-            "--jitter-s", str(jitter_s), "--seed", str(seed),
-        ]
-        if bandwidth_bytes_per_s is not None:
-            cmd += ["--bandwidth-bytes-per-s", str(bandwidth_bytes_per_s)]
-        repo_root = Path(__file__).resolve().parents[2]  # the tree this package was imported from
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
-        self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-        self.url = self._read_url()
-        self.port = int(self.url.rsplit(":", 1)[1])
-        self._closed = False
-
-    def _read_url(self) -> str:
-        result: list[str] = []
-        stdout = self.process.stdout
-        assert stdout is not None  # opened with stdout=PIPE
-        reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(PROCESS_START_TIMEOUT_S)
-        line = result[0].strip() if result else ""
-        if not line.startswith("http://"):
-            self.process.kill()
-            self.process.wait()
-            raise RuntimeError(f"the emulator process did not start (first line {line!r})")
-        return line
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def url_for(self, path: str) -> str:
-        return f"{self.url}/{path.lstrip('/')}"
-
-    def _call(self, method: str, action: str, payload: Any = None) -> Any:
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(f"{self.url}/{CONTROL_PREFIX}{action}", data=data, method=method)
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return json.loads(resp.read())
-
-    def stats(self) -> EmulatorStats:
-        return EmulatorStats.from_dict(self._call("GET", "stats"))
-
-    def reset_stats(self) -> None:
-        self._call("POST", "reset", {})
-
-    def configure(self, **settings: Any) -> dict[str, Any]:
-        """Change ``latency_s``, ``jitter_s`` and/or ``bandwidth_bytes_per_s`` in the child."""
-        return self._call("POST", "config", settings)
-
-    def close(self) -> None:
-        """Ask the child to exit (close its stdin), kill it if it does not. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self.process.stdin is not None:  # always, with stdin=PIPE
-                self.process.stdin.close()
-            self.process.wait(timeout=STOP_JOIN_S * 2)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:  # always, with stdout=PIPE
-            self.process.stdout.close()
-
-    def __enter__(self) -> EmulatorProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def main(argv: list[str] | None = None) -> int:

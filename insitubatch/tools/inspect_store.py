@@ -23,7 +23,8 @@ from zarr.abc.store import Store
 
 from .._zarr_compat import sync
 from ..io.geometry import ArrayGeometry, open_geometries
-from ..io.stores import as_store, close_store, obstore_store
+from ..io.owned import close_store
+from ..io.stores import as_store, obstore_store
 from ..plan.cost import describe_loader, format_summary
 from ..plan.epoch import plan_epoch
 from ..plan.splits import DEFAULT_FRACTIONS, split_by_chunk

@@ -11,8 +11,9 @@ from helpers import CountingStore, local_store, smooth_field, write_array
 
 from insitubatch._engine.buffers import BufferPool
 from insitubatch._engine.context import PassContext
+from insitubatch._engine.loop import decode_pool
 from insitubatch._engine.pool import ChunkPool
-from insitubatch._engine.scheduler import ArrayReader, decode_pool
+from insitubatch._engine.reader import ArrayReader
 from insitubatch.io.geometry import open_geometries
 from insitubatch.plan.planner import EpochPlanner
 from insitubatch.plan.splits import split_by_chunk

@@ -1,0 +1,257 @@
+"""The decode-thread side of a pass: read, decode, transform, assemble and persist one tile.
+
+A mixin of ``PassDriver``: the loop side (admission, permits, teardown)
+stays in ``scheduler``; everything here runs on the decode pool. The state
+it uses lives on the driver and is declared here for the type checker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import cast
+
+import numpy as np
+from zarr.abc.buffer import Buffer, BufferPrototype
+
+from ..cache import DiskCache
+from ..errors import BadChunkError, StoreReadError
+from ..io.decode import ChunkDecoder
+from ..io.geometry import ArrayGeometry
+from ..transforms import ChunkRead, DecodedChunk, run_pipeline
+from .kernels import assemble_tiles, fill_region
+from .landings import _Tally
+from .pool import FAILED, ChunkPool, Owner, Slot
+from .reader import ArrayReader, BadChunkRecord, _fill_value
+
+
+class _BadTile:
+    """Marks a bad tile of a chunk that is assembled: its rectangle is filled in place."""
+
+
+_BAD_TILE = _BadTile()
+# a tile job's ``buf`` when the job reads the key itself (a store with a synchronous get)
+_GET_IN_JOB = object()
+
+
+class _TileJobs:
+    """Decode-thread methods of ``PassDriver``."""
+
+    pool: ChunkPool
+    owner: Owner
+    cache: DiskCache | None
+    on_bad_chunk: str
+    _stopping: bool
+    _decoders: dict[str, ChunkDecoder]
+    _prototype: BufferPrototype
+    _get_sync: Callable[..., Buffer | None] | None
+    _scratches: threading.local
+
+    def _record_bad(self, slot: Slot | None, record: BadChunkRecord) -> None:
+        raise NotImplementedError  # PassDriver's
+
+    @staticmethod
+    def _read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
+        return StoreReadError(
+            f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
+        )
+
+    def _tile_job(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf) -> None:
+        """Decode thread: one tile from its bytes (or its key, on a sync store) into the pool."""
+        tally = _Tally()
+        try:
+            data = self._tile(slot, reader, chunk_index, tile, coord, key, buf, tally)
+        finally:
+            tally.add_to(self.owner.counters, self.pool.lock)
+        if data is not None:
+            self.pool.deliver(slot, tile, data)
+
+    def _group_job(self, group: list[tuple[Slot, ArrayReader, int, int]]) -> None:
+        """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
+
+        A tile's failure fails its slot only.
+        """
+        tally = _Tally()
+        landed = []
+        for slot, reader, chunk_index, tile in group:
+            if self._stopping or slot.state == FAILED:
+                continue  # the pass is stopping, or another tile of the chunk already failed it
+            g = reader.geometry
+            coord = g.physical_chunk_coord(chunk_index, tile)
+            try:
+                data = self._tile(slot, reader, chunk_index, tile, coord, g.chunk_key(coord), _GET_IN_JOB, tally)
+            except Exception as exc:  # a store or bad-chunk failure (or a bug): its slot's waiters raise it
+                self.pool.fail(slot, exc)
+                continue
+            if data is not None:
+                landed.append((slot, tile, data))
+        tally.add_to(self.owner.counters, self.pool.lock)
+        self.pool.deliver_many(landed)
+
+    def _tile(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf,
+              tally: _Tally) -> np.ndarray | None:
+        """Decode thread: read (``buf`` is ``_GET_IN_JOB``), decode and transform one tile.
+
+        Returns the tile for the caller to deliver, or None when it was staged
+        (a chunk assembled before its transforms, or one persisted). A store
+        failure raises ``StoreReadError``; a bad chunk under
+        ``on_bad_chunk="raise"`` raises ``BadChunkError``. The caller adds
+        ``tally`` to the counters before the tile lands, so a consumer that
+        saw the data sees them too.
+        """
+        g = reader.geometry
+        if buf is _GET_IN_JOB:
+            assert self._get_sync is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
+            t0 = time.perf_counter()
+            try:
+                buf = self._get_sync(key, prototype=self._prototype)
+            except Exception as exc:
+                raise self._read_error(g, coord, key, exc) from exc
+            finally:
+                self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
+            tally.gets += 1
+            tally.get_bytes += 0 if buf is None else len(buf)
+        data: np.ndarray | _BadTile
+        try:
+            data = self._decode(reader, chunk_index, tile, coord, buf)
+        except BadChunkError:
+            if self.on_bad_chunk == "raise":
+                raise
+            data = self._bad_tile(reader, chunk_index, tile)
+            # never persisted: a later run retries the read
+            self._record_bad(slot, BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+            self.owner.counters.trace.add("bad_tiles", 1)
+        tally.decoded_tiles += 1
+        if reader.assembles or self.cache is not None:
+            self._stage(slot, reader, chunk_index, tile, data)
+            return None
+        assert not isinstance(data, _BadTile)  # only a chunk that assembles marks a tile, and it was staged
+        return data
+
+    def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
+        """Decode one stored chunk into a sample-first tile of its own, clipped to the array (decode thread).
+
+        A full tile of a sample-axis-0 array is decoded straight into the
+        tile's own memory, a clipped one into a per-thread scratch chunk and
+        its valid part copied; any other is decoded whole and its clipped,
+        sample-first part copied once. The destination comes from the pool
+        (``ChunkPool.take_tile``: an evicted tile nobody references, or new
+        memory) and is overwritten whole. Either way the tile owns its memory:
+        it never aliases the store's or a codec's buffers, and is writeable.
+        """
+        g = reader.geometry
+        t0 = time.perf_counter()
+        decoder = self._decoders[g.path]
+        shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        # a recycled tile's stale contents are overwritten whole by either branch
+        if g.sample_axis == 0 and shape == decoder.shape:
+            data = self.pool.take_tile(shape, decoder.dtype)
+            decoder.decode_into(buf, coord, data)
+        elif g.sample_axis == 0:  # a clipped edge tile: whole into this thread's scratch, then its valid part
+            whole = self._scratch(decoder.shape, decoder.dtype)
+            decoder.decode_into(buf, coord, whole)
+            data = self.pool.take_tile(shape, decoder.dtype)
+            np.copyto(data, whole[reader.selection(chunk_index, tile)])
+        else:
+            raw = decoder(buf, coord)
+            data = self.pool.take_tile(shape, raw.dtype)
+            np.copyto(data, np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0))
+        self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
+        if reader.pipeline and g.tiles_per_chunk == 1:
+            data = self._transform(reader, chunk_index, data)
+        return data
+
+    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """Decode thread: this thread's array of ``shape`` to decode a whole edge chunk into before clipping.
+
+        Reused for every edge tile the thread decodes (no allocation, no page
+        faults per tile); freed with the driver.
+        """
+        arrays = getattr(self._scratches, "arrays", None)
+        if arrays is None:
+            arrays = self._scratches.arrays = {}
+        whole = arrays.get((shape, dtype))
+        if whole is None:
+            whole = arrays[(shape, dtype)] = np.empty(shape, dtype=dtype)
+        return whole
+
+    def _transform(self, reader: ArrayReader, chunk_index: int, data: np.ndarray) -> np.ndarray:
+        g = reader.geometry
+        chunk = DecodedChunk(ChunkRead(g.path, chunk_index), data, chunk_index * g.sample_chunk_size)
+        t0 = time.perf_counter()
+        try:
+            return run_pipeline(reader.pipeline, chunk, reader.stages)
+        finally:
+            self.owner.counters.trace.add("transform_s", time.perf_counter() - t0)
+
+    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray | _BadTile:
+        """A bad tile's stand-in: NaN for floats, else the fill value (then transformed like any tile).
+
+        A tile of a chunk that is assembled before its transforms is only
+        marked; ``_finalize`` fills its rectangle of the chunk in place.
+        """
+        g = reader.geometry
+        if reader.assembles:
+            return _BAD_TILE
+        shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        data = np.empty(shape, dtype=g.dtype)
+        fill_region(data, (0,) * data.ndim, shape, _fill_value(g))
+        if reader.pipeline and g.tiles_per_chunk == 1:
+            data = self._transform(reader, chunk_index, data)
+        return data
+
+    def _stage(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
+        """Decode thread: hold a tile until the chunk is complete; the last one assembles/transforms/persists it."""
+        with self.pool.lock:
+            if slot.tiles[tile] is None:
+                slot.remaining -= 1
+            slot.tiles[tile] = data
+            last = slot.remaining == 0
+        if not last:
+            return
+        tiles, origins = self._finalize(slot, reader, chunk_index)
+        if not self.pool.replace_tiles(slot, tiles, origins):
+            self._forget(reader, chunk_index)  # abandoned while it was being finished
+
+    def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
+        """Unmap a chunk the cache committed for a slot nobody adopted (its file stays if persisted).
+
+        A slot another pass fetches or will adopt keeps the mapping: it is that pass's now.
+        """
+        path = reader.geometry.path
+        if self.cache is not None and not self.pool.kept_for_others((path, chunk_index), self.owner):
+            self.cache.evict(path, chunk_index)
+
+    def _finalize(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
+        """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
+        g = reader.geometry
+        # complete: every tile staged (a _BAD_TILE mark only where the chunk assembles, filled below)
+        tiles = cast("list[np.ndarray]", list(slot.tiles))
+        origins = slot.origins
+        if reader.assembles:
+            n = g.chunk_len(chunk_index)
+            full = np.empty((n, *g.inner_shape), dtype=g.dtype)
+            good = [t for t, part in enumerate(tiles) if part is not _BAD_TILE]
+            assemble_tiles(full, [tiles[t] for t in good], reader.origins[good])
+            for t in (t for t, part in enumerate(tiles) if part is _BAD_TILE):
+                fill_region(full, (0, *reader.origins[t].tolist()), (n, *reader.tile_shapes[t].tolist()),
+                            _fill_value(g))
+            tiles = [self._transform(reader, chunk_index, full)]
+            origins = reader.single_origin
+        if self.cache is not None and not slot.bad:
+            tiles = self._persist(reader, chunk_index, tiles)
+        return tiles, origins
+
+    def _persist(self, reader: ArrayReader, chunk_index: int, tiles: list[np.ndarray]) -> list[np.ndarray]:
+        cache = self.cache
+        assert cache is not None  # called only with a disk cache
+        handle = cache.begin(reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)),
+                             reader.output.dtype)
+        try:
+            for t, tile in enumerate(tiles):
+                cache.write(handle, t, np.ascontiguousarray(tile))
+            return cache.commit(handle, [tile.shape for tile in tiles])
+        except BaseException:
+            cache.abort(handle)
+            raise

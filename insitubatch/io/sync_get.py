@@ -1,0 +1,87 @@
+"""Synchronous whole-key reads for stores that read on the calling thread (local directories, memory).
+
+The engine's decode threads read such a store's tiles themselves; this
+module says which stores qualify and builds the read (``_sync_get``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Callable
+from typing import cast
+
+import obstore
+import obstore.store
+from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.store import Store, SupportsGetSync
+from zarr.storage import ObjectStore
+
+
+def _sync_get(store: Store) -> Callable[..., Buffer | None] | None:
+    """A synchronous ``get(key, prototype=...)`` for stores that read on the calling thread, else None.
+
+    A local directory or memory store has no latency to overlap, so the
+    decode thread reads its own tile: no hop to zarr's loop, the store's
+    runtime or a ``to_thread`` worker and back. zarr's stores say so with
+    ``get_sync``; obstore's local and memory backends behind zarr's
+    ``ObjectStore`` are read the same way (see ``_LocalFiles``). Network
+    stores keep the async path (a blocking read would hold a decode thread
+    for a round trip), and so does any subclass that overrides ``get``
+    without a matching ``get_sync`` (a wrapping or fault-injecting store):
+    its reads must go through its ``get``.
+    """
+    cls = type(store)
+    if cls is ObjectStore:
+        raw = cast(ObjectStore, store).store
+        if isinstance(raw, obstore.store.LocalStore) and raw.prefix is not None:
+            return _LocalFiles(raw)
+        if isinstance(raw, (obstore.store.LocalStore, obstore.store.MemoryStore)):
+            return functools.partial(_obstore_get_sync, raw)
+        return None
+    if not isinstance(store, SupportsGetSync):
+        return None
+    for klass in cls.__mro__:  # the class that defines get must define get_sync too
+        if "get" in vars(klass):
+            return store.get_sync if "get_sync" in vars(klass) else None
+    return None
+
+
+def _obstore_get_sync(raw, key: str, *, prototype: BufferPrototype) -> Buffer | None:
+    """What zarr's ``ObjectStore.get`` returns for a whole key, read with obstore's blocking call."""
+    try:
+        return prototype.buffer.from_bytes(memoryview(obstore.get(raw, key).bytes()))  # zero-copy view
+    except _MISSING:
+        return None
+
+
+# zarr's ObjectStore reads these as a missing key (None), not an error
+_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+# keys whose object path under a local store is the key itself (object_store encodes other characters)
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
+
+
+class _LocalFiles:
+    """Reads an obstore ``LocalStore``'s keys as the files under its ``prefix``.
+
+    obstore's local backend costs ~290 µs per small key through its runtime
+    (blocking or async) against ~40 µs for reading the file (bench: ERA5-like
+    40 kB chunks), which alone held the local store at a fraction of the
+    decode ceiling. The file is the one obstore would open: a key made of
+    plain path segments maps to ``prefix/key``; any other key (encoded
+    characters, ``.``/``..`` segments) goes through obstore itself.
+    """
+
+    def __init__(self, raw: obstore.store.LocalStore) -> None:
+        self.raw = raw
+        self.root = str(raw.prefix)
+
+    def __call__(self, key: str, *, prototype: BufferPrototype) -> Buffer | None:
+        if not _PLAIN_KEY.fullmatch(key) or any(part in (".", "..") for part in key.split("/")):
+            return _obstore_get_sync(self.raw, key, prototype=prototype)
+        try:
+            with open(os.path.join(self.root, key), "rb") as f:
+                return prototype.buffer.from_bytes(f.read())
+        except _MISSING:
+            return None
