@@ -226,6 +226,8 @@ class ChunkPool:
             if slot.state == READY:
                 owner.counters.hits += 1
                 self.totals.hits += 1
+            else:
+                owner.counters.joins += 1
             return slot
 
     def admit(self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner,

@@ -93,6 +93,7 @@ class PassCounters:
 
     hits: int = 0
     misses: int = 0
+    joins: int = 0  # reads that attached to a fetch or revival already in flight: no fetch of their own
     revived: int = 0
     gets: int = 0
     get_bytes: int = 0
