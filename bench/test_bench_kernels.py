@@ -174,7 +174,7 @@ class AssembleCase:
         self.chunk[...] = np.arange(self.chunk.size, dtype=np.int64).reshape(self.chunk.shape) % 251
         self.tiles, corners = _tiles_of(self.chunk, shape.tile)
         self.origins = np.asarray(corners, dtype=np.intp)
-        self.slot = _touched(self.chunk.shape, shape.dtype, 0)
+        self.dest = _touched(self.chunk.shape, shape.dtype, 0)
         self.src = _touched(self.chunk.shape, shape.dtype, 3)
         self.rects = [
             (slice(None), *(slice(o, o + n) for o, n in zip(c, t.shape[1:]))) for c, t in zip(corners, self.tiles)
@@ -194,21 +194,21 @@ ASSEMBLE_SHAPES = {
 def test_assemble(benchmark, name: str, spc: int, role: str) -> None:
     case = _case(("assemble", name, spc), lambda: AssembleCase(ASSEMBLE_SHAPES[name], spc))
     benchmark.group = f"assemble {name} spc{spc}"
-    benchmark.extra_info.update(role=role, bytes=case.slot.nbytes, tiles=len(case.tiles))
-    slot = case.slot
+    benchmark.extra_info.update(role=role, bytes=case.dest.nbytes, tiles=len(case.tiles))
+    dest = case.dest
     if role == "assemble":
-        benchmark(assemble_tiles, slot, case.tiles, case.origins)
+        benchmark(assemble_tiles, dest, case.tiles, case.origins)
     elif role == "memcpy":
-        benchmark(np.copyto, slot, case.src)
+        benchmark(np.copyto, dest, case.src)
         return
     else:
         def slice_assign() -> None:
             for rect, tile in zip(case.rects, case.tiles):
-                slot[rect] = tile
+                dest[rect] = tile
 
         benchmark(slice_assign)
-    np.testing.assert_array_equal(slot, case.chunk)
-    slot[...] = 0
+    np.testing.assert_array_equal(dest, case.chunk)
+    dest[...] = 0
 
 
 PERSIST_TILES = {
@@ -226,9 +226,9 @@ def test_persist(benchmark, tmp_path: Path, name: str, role: str) -> None:
     benchmark.group = f"persist {name}"
     benchmark.extra_info.update(role=role, bytes=tile.nbytes)
     if role == "persist":
-        with create_tile_file(tmp_path / "slot.npy", 2, shape, dtype) as slots:
-            write_tile(slots, 1, tile)  # first touch of the file's pages is not the steady state
-            view = benchmark(write_tile, slots, 1, tile)
+        with create_tile_file(tmp_path / "tile.npy", 2, shape, dtype) as tile_file:
+            write_tile(tile_file, 1, tile)  # first touch of the file's pages is not the steady state
+            view = benchmark(write_tile, tile_file, 1, tile)
             np.testing.assert_array_equal(view, tile)
             del view
     elif role == "memcpy":

@@ -18,7 +18,7 @@ import numpy as np
 from ._engine.buffers import BufferPool
 from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext
 from ._engine.loop import decode_pool
-from ._engine.pool import ChunkPool, Slot
+from ._engine.pool import ChunkPool, Entry
 from ._engine.reader import ArrayReader, BadChunkRecord
 from ._validate import callables, flag, positive_int
 from .cache import DiskCache
@@ -86,10 +86,10 @@ class InSituDataset:
         repeats a rank's own samples, ``"drop"`` cuts to the shortest rank
         (see ``insitubatch.plan.distributed``).
     cache_dir
-        Back the pool with mmap'd tile-major ``.npy`` slot files here (local
+        Back the pool with mmap'd tile-major ``.npy`` tile files here (local
         NVMe). One writing process per directory (an advisory lock).
     persist
-        Keep slot files and log each completed chunk, so later runs revive
+        Keep tile files and log each completed chunk, so later runs revive
         them without fetching or decoding. Windowed shuffled passes then
         release each block's chunks and revive them from disk when needed.
     reset_stale_cache
@@ -160,7 +160,7 @@ class InSituDataset:
             if g.path not in self.readers:
                 base = g.shift(-g.offset)
                 self.readers[g.path] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
-        # what slots hold and batches carry: each label's geometry after its chunk transforms
+        # what entries hold and batches carry: each label's geometry after its chunk transforms
         self.outputs = {lb: self.readers[g.path].output.shift(g.offset - self.readers[g.path].output.offset)
                         for lb, g in self.variables.items()}
         self.cache = self._open_cache(cache_dir, persist, reset_stale_cache, readonly_cache)
@@ -230,9 +230,9 @@ class InSituDataset:
         return DiskCache(cache_dir, persist=bool(persist), readonly=bool(readonly), fingerprints=fingerprints,
                          reset_stale=bool(reset_stale))
 
-    def _evicted(self, slot: Slot) -> None:
+    def _evicted(self, entry: Entry) -> None:
         if self.cache is not None:  # always: registered only with a cache
-            self.cache.evict(*slot.key)
+            self.cache.evict(*entry.key)
 
     # -- views --------------------------------------------------------------
     def split(self, name: str) -> DatasetView:

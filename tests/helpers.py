@@ -134,7 +134,7 @@ def assert_batch_matches(batch, variables, data) -> None:
 
 
 class EvictionWatch:
-    """Weak references to the tiles of every slot a pool evicts, to prove nothing else keeps them.
+    """Weak references to the tiles of every entry a pool evicts, to prove nothing else keeps them.
 
     Install it as the pool's ``on_evict`` (chaining the one already there):
     ``alive()`` lists evicted tiles some object other than the pool still references, and
@@ -157,11 +157,11 @@ class EvictionWatch:
             self._refs = [(key, ref) for key, ref in self._refs if ref() is not tile]
         return tile
 
-    def _on_evict(self, slot) -> None:
+    def _on_evict(self, entry) -> None:
         if self._chained is not None:
-            self._chained(slot)
+            self._chained(entry)
         self.evicted += 1
-        self._refs.extend((slot.key, weakref.ref(t)) for t in slot.tiles if t is not None)
+        self._refs.extend((entry.key, weakref.ref(t)) for t in entry.tiles if t is not None)
 
     def alive(self) -> list[tuple[tuple, np.ndarray]]:
         """Evicted tiles still alive other than in the pool's own hands.

@@ -246,7 +246,7 @@ def test_windowed_shuffled_persist_drops_the_residency_floor() -> None:
     assert held_floor > 4 * released_floor
 
 
-def test_mmap_tier_unlinks_evicted_slots_and_stays_within_budget(data, tmp_path) -> None:
+def test_mmap_tier_unlinks_evicted_entries_and_stays_within_budget(data, tmp_path) -> None:
     path, truth = data
     cache = tmp_path / "spill"
     geoms = open_geometries(str(path))

@@ -243,7 +243,7 @@ ABANDON_TIMEOUT_S = 120
 def _shares_pending(second, first) -> bool:
     """Whether pass ``second`` pins a chunk pass ``first`` is still fetching (the case that used to hang)."""
     fetcher = first.owner.id
-    return any(s is not None and s.state == "pending" and s.fetcher == fetcher for s in second.driver.slots)
+    return any(s is not None and s.state == "pending" and s.fetcher == fetcher for s in second.driver.entries)
 
 
 def _wait_shared(second, first) -> None:
@@ -253,7 +253,7 @@ def _wait_shared(second, first) -> None:
     while not _shares_pending(second._state, first):
         assert time.monotonic() < deadline, (
             "the second pass never pinned a chunk the first was fetching: "
-            f"{[(s.state, s.fetcher) if s else None for s in second._state.driver.slots]} (first is {first.owner.id})")
+            f"{[(s.state, s.fetcher) if s else None for s in second._state.driver.entries]} (first is {first.owner.id})")
         time.sleep(0.002)
 
 

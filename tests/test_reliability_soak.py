@@ -28,10 +28,10 @@ ZIP_EVERY = 4
 # Flat means: the second half of the measured epochs peaks no higher than the
 # first half (a leak of one thread, fd or mapping per pass would add 5 to 15),
 # and no measurement exceeds the first one by more than a transient allowance
-# (a cancelled pass's decode task may still hold a slot file open for a moment).
+# (a cancelled pass's decode task may still hold a tile file open for a moment).
 RSS_SLACK_BYTES = 16 * 2**20
-TREND_SLACK = {"threads": 0, "fds": 1, "maps_besides_slots": 2, "rss": RSS_SLACK_BYTES}
-ABSOLUTE_SLACK = {"threads": 0, "fds": 2, "maps_besides_slots": 8, "rss": 2 * RSS_SLACK_BYTES}
+TREND_SLACK = {"threads": 0, "fds": 1, "maps_besides_entries": 2, "rss": RSS_SLACK_BYTES}
+ABSOLUTE_SLACK = {"threads": 0, "fds": 2, "maps_besides_entries": 8, "rss": 2 * RSS_SLACK_BYTES}
 SOAK_BUDGET_S = 60.0
 SETTLE_S = 5.0
 
@@ -62,7 +62,7 @@ def _resources(pool) -> dict[str, int]:
         "rss": _rss_bytes(),
         "threads": threading.active_count(),
         "fds": open_fds(),
-        "maps_besides_slots": _maps() - len(pool),
+        "maps_besides_entries": _maps() - len(pool),
     }
 
 

@@ -49,7 +49,7 @@ class PassContext:
 
     store: Any
     readers: dict[str, ArrayReader]  # by array path
-    outputs: dict[str, ArrayGeometry]  # by label, after chunk transforms: what slots hold and batches carry
+    outputs: dict[str, ArrayGeometry]  # by label, after chunk transforms: what entries hold and batches carry
     offsets: dict[str, int]  # by label: the window shift a batch reports (``Batch.offsets``)
     pool: ChunkPool
     buffers: BufferPool

@@ -22,7 +22,7 @@ plain calls:
   as the array's dtype laid out in its ``order``.
 
 **Decode into the destination.** ``ChunkDecoder.decode_into`` writes a
-chunk into memory the caller owns (a pool slot's tile). When the chain is
+chunk into memory the caller owns (a pool entry's tile). When the chain is
 one compressor that numcodecs can decompress straight into a buffer —
 blosc, zstd, lz4, gzip or zlib, behind a native-endian ``bytes`` codec (v3),
 inner shard chunks included, or as a filterless C-order v2 compressor — it

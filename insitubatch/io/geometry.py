@@ -31,7 +31,7 @@ __all__ = [
 
 # Largest decoded chunk the engine will allocate, in bytes. A stored chunk (the
 # shard of a sharded array: what one decode returns) and a sample-axis chunk
-# across its tiles (what one pool slot holds) must each fit. Real archives keep
+# across its tiles (what one pool entry holds) must each fit. Real archives keep
 # chunks near 1-100 MB and shards within a few GB; metadata past this is corrupt
 # or hostile, and believing it would allocate that much. Raise it per call with
 # ``max_chunk_bytes=``, or process-wide with the environment variable below.
@@ -174,10 +174,10 @@ class ArrayGeometry:
         return f"{self.path}/{key}" if self.path else key
 
     def tile_placement(self, chunk_index: int, tile: int | Sequence[int] = 0) -> ChunkProjection:
-        """Where a tile's valid data sits: in its decoded stored chunk and in the chunk's slot.
+        """Where a tile's valid data sits: in its decoded stored chunk and in the chunk's pool entry.
 
         ``chunk_selection`` is physical-order slices into the decoded stored
-        chunk; ``out_selection`` is slices into the logical slot
+        chunk; ``out_selection`` is slices into the chunk's logical array
         ``(chunk_len, *inner_shape)`` (sample axis first).
         """
         coord = self.physical_chunk_coord(chunk_index, tile)

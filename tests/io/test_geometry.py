@@ -70,15 +70,15 @@ def test_tile_grid_and_placement_match_zarr_regions(cf_group) -> None:
     assert g.tile_grid == (1, 2) and g.tiles_per_chunk == 2
     np.testing.assert_array_equal(g.tile_origins(), [[0, 0], [0, 3]])
     for c in range(g.n_chunks):
-        slot = np.zeros((g.chunk_len(c), *g.inner_shape), "f4")
+        chunk = np.zeros((g.chunk_len(c), *g.inner_shape), "f4")
         for t in range(g.tiles_per_chunk):
             p = g.tile_placement(c, t)
             region = tuple(
                 slice(cc * s, cc * s + sel.stop) for cc, s, sel in zip(p.chunk_coords, g.stored_chunks, p.chunk_selection)
             )
-            slot[p.out_selection] = arr[region]
+            chunk[p.out_selection] = arr[region]
         start = c * g.sample_chunk_size
-        np.testing.assert_array_equal(slot, data[start : start + g.chunk_len(c)])
+        np.testing.assert_array_equal(chunk, data[start : start + g.chunk_len(c)])
 
 
 def test_sample_axis_two_and_key_order(tmp_path) -> None:
