@@ -73,9 +73,7 @@ def _tiles_of(chunk: np.ndarray, tile: tuple[int, ...] | None) -> tuple[list[np.
     inner = chunk.shape[1:]
     tile = tile or inner
     corners = list(itertools.product(*(range(0, d, t) for d, t in zip(inner, tile))))
-    tiles = [
-        np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))]) for c in corners
-    ]
+    tiles = [np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))]) for c in corners]
     return tiles, corners
 
 
@@ -157,6 +155,7 @@ def test_gather(benchmark, name: str, spc: int, role: str) -> None:
         benchmark(np.copyto, out, case.src)
         return
     elif role == "numpy":
+
         def numpy_gather() -> None:
             for tile, src_rows, index in case.per_tile:
                 out[index] = tile[src_rows]
@@ -189,7 +188,12 @@ ASSEMBLE_SHAPES = {
 
 @pytest.mark.parametrize(
     ("name", "spc", "role"),
-    [(name, spc, role) for name in ASSEMBLE_SHAPES for spc in SAMPLES_PER_CHUNK for role in ("assemble", "memcpy", "numpy")],
+    [
+        (name, spc, role)
+        for name in ASSEMBLE_SHAPES
+        for spc in SAMPLES_PER_CHUNK
+        for role in ("assemble", "memcpy", "numpy")
+    ],
 )
 def test_assemble(benchmark, name: str, spc: int, role: str) -> None:
     case = _case(("assemble", name, spc), lambda: AssembleCase(ASSEMBLE_SHAPES[name], spc))
@@ -202,6 +206,7 @@ def test_assemble(benchmark, name: str, spc: int, role: str) -> None:
         benchmark(np.copyto, dest, case.src)
         return
     else:
+
         def slice_assign() -> None:
             for rect, tile in zip(case.rects, case.tiles):
                 dest[rect] = tile

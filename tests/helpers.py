@@ -80,7 +80,13 @@ class CountingStore(WrapperStore):
 
     def chunk_gets(self) -> Counter[str]:
         """GETs of chunk keys only (metadata reads excluded)."""
-        return Counter({k: v for k, v in self.gets.items() if not k.endswith(("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"))})
+        return Counter(
+            {
+                k: v
+                for k, v in self.gets.items()
+                if not k.endswith(("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"))
+            }
+        )
 
     def reset(self) -> None:
         with self._lock:
@@ -98,9 +104,7 @@ def smooth_field(rng: np.random.Generator, shape: tuple[int, ...], dtype: str = 
     return data.astype(dtype)
 
 
-def write_array(
-    root: zarr.Group, name: str, data: np.ndarray, chunks, *, shards=None, dims=None, **kw
-) -> zarr.Array:
+def write_array(root: zarr.Group, name: str, data: np.ndarray, chunks, *, shards=None, dims=None, **kw) -> zarr.Array:
     kwargs = dict(shape=data.shape, chunks=chunks, dtype=data.dtype, **kw)
     if shards is not None:
         kwargs["shards"] = shards
@@ -184,6 +188,8 @@ class EvictionWatch:
         for ref in gc.get_referrers(tile):
             if ref is live:
                 continue
-            lines.append(f"  {type(ref).__name__} <- " + ", ".join(
-                type(r).__name__ for r in gc.get_referrers(ref) if r is not lines))
+            lines.append(
+                f"  {type(ref).__name__} <- "
+                + ", ".join(type(r).__name__ for r in gc.get_referrers(ref) if r is not lines)
+            )
         return "\n".join(lines)

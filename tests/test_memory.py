@@ -55,8 +55,9 @@ def _scale(chunk):
 def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(store, transforms) -> None:
     geoms = open_geometries(store)
     manifest = split_by_chunk(geoms["a"], fractions=(1.0,))
-    with InSituDataset(store, manifest, batch_size=8, block_chunks=2, max_inflight=8,
-                       chunk_transforms=transforms) as ds:
+    with InSituDataset(
+        store, manifest, batch_size=8, block_chunks=2, max_inflight=8, chunk_transforms=transforms
+    ) as ds:
         plan = ds.train.plan()
         assert plan.read_nbytes.sum() >= SPLIT_OVER_BUDGET * plan.working_set_bytes
         watch = EvictionWatch(ds.pool)
@@ -76,7 +77,6 @@ def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(sto
         assert ds.pool.totals.peak_resident_bytes <= budget
         assert peak <= bound, f"peak traced {peak} bytes over the bound {bound}"
         print(f"peak {peak} bound {bound} budget {budget} split {plan.read_nbytes.sum()}")
-
 
 
 # -- recycled tiles: evicted decoded memory reused by later decodes -------------------
@@ -168,6 +168,7 @@ def _keeping(kept: list):
     def keep(chunk):
         kept.append((chunk.data, chunk.data.copy()))  # the transform holds its input after returning it
         return chunk
+
     return keep
 
 
@@ -182,8 +183,14 @@ def test_recycled_tiles_never_leak_stale_data_into_batches(tmp_path, keep_inputs
     oracle = {name: zarr.open_array(store, path=name)[...] for name in ("v", "w")}
     manifest = split_by_chunk(open_geometries(store)["v"], fractions=(1.0,))
     kept: list = []
-    with InSituDataset(store, manifest, batch_size=3, block_chunks=1, max_inflight=4,
-                       chunk_transforms=[_keeping(kept)] if keep_inputs else ()) as ds:
+    with InSituDataset(
+        store,
+        manifest,
+        batch_size=3,
+        block_chunks=1,
+        max_inflight=4,
+        chunk_transforms=[_keeping(kept)] if keep_inputs else (),
+    ) as ds:
         held = []
         for epoch in range(2):
             ds.train.set_epoch(epoch)

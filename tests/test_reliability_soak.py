@@ -88,8 +88,17 @@ def test_thirty_epochs_with_a_persisted_cache_and_early_breaks_stay_flat(soak_da
     g = geoms["t2m"]
     manifest = split_by_chunk(g, fractions=(0.75, 0.25))
     variables = {"x": g, "next": g.shift(2), "u": geoms["u10"]}  # a window: blocks release and revive chunks
-    ds = InSituDataset(store, manifest, variables, batch_size=6, block_chunks=2, shuffle=True,
-                       cache_dir=tmp_path / "cache", persist=True, max_inflight=8)
+    ds = InSituDataset(
+        store,
+        manifest,
+        variables,
+        batch_size=6,
+        block_chunks=2,
+        shuffle=True,
+        cache_dir=tmp_path / "cache",
+        persist=True,
+        max_inflight=8,
+    )
     t0 = time.monotonic()
     samples: list[dict[str, int]] = []
     batches = 0
@@ -149,8 +158,9 @@ def test_thirty_epochs_with_a_persisted_cache_and_early_breaks_stay_flat(soak_da
             pass
     with pytest.raises(DatasetClosedError):
         ds.infer()
-    with InSituDataset(store, manifest, variables, batch_size=6, block_chunks=2,
-                       cache_dir=tmp_path / "cache", persist=True) as again:
+    with InSituDataset(
+        store, manifest, variables, batch_size=6, block_chunks=2, cache_dir=tmp_path / "cache", persist=True
+    ) as again:
         for batch in again.train:
             assert_batch_matches(batch, again.variables, data)
         assert again.gets == 0

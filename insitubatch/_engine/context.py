@@ -106,7 +106,8 @@ class PassContext:
             logger.warning(
                 "insitubatch: the persisted cache in %s served no chunk this epoch although it holds entries; "
                 "rejected: %s (a changed array shape/dtype or output_inner makes entries misses)",
-                cache.cache_dir, dict(rejected),
+                cache.cache_dir,
+                dict(rejected),
             )
 
     def close(self) -> None:

@@ -162,7 +162,12 @@ def _tile_error(dst_name: str, dst: np.ndarray, i: int, tile: object) -> Excepti
 
 
 def _kernel_error(
-    status: int, index: int, dst_name: str, dst: np.ndarray, tiles: tuple, origins: np.ndarray,
+    status: int,
+    index: int,
+    dst_name: str,
+    dst: np.ndarray,
+    tiles: tuple,
+    origins: np.ndarray,
     runs: np.ndarray | None = None,
 ) -> Exception:
     """Turn a kernel's ``(status, index)`` into the exception that names the problem."""
@@ -197,7 +202,9 @@ def _index_table(name: str, table: object, shape: tuple[int | None, int], dtype:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def _explain_rectangle(dst_name: str, dst: np.ndarray, tiles: tuple, shapes: np.ndarray, origins: np.ndarray) -> Exception:
+def _explain_rectangle(
+    dst_name: str, dst: np.ndarray, tiles: tuple, shapes: np.ndarray, origins: np.ndarray
+) -> Exception:
     """The error naming the first tile whose rectangle leaves ``dst``'s inner extent."""
     inner = np.asarray(dst.shape[1:], dtype=np.int64)
     extent = shapes[:, 1:]

@@ -139,11 +139,16 @@ class ChunkPool:
                         "insitubatch: %d iterations open at once: the automatic pool budget grows from %d to %d "
                         "bytes (the sum of their working sets; `insitubatch inspect --iterations %d` prints this "
                         "bound); pass cache_budget_bytes to cap it, then an iteration that does not fit raises",
-                        len(self._owners) + 1, self.budget, need, len(self._owners) + 1,
+                        len(self._owners) + 1,
+                        self.budget,
+                        need,
+                        len(self._owners) + 1,
                     )
                 self.budget = max(self.budget, need)
             elif need > self.explicit_budget:
-                others = f" next to {len(self._owners)} open iteration(s) reserving {reserved} bytes" if self._owners else ""
+                others = (
+                    f" next to {len(self._owners)} open iteration(s) reserving {reserved} bytes" if self._owners else ""
+                )
                 raise ValueError(
                     f"cache_budget_bytes={self.explicit_budget} cannot hold this iteration's working set of "
                     f"{working_set_bytes} bytes{others}; raise cache_budget_bytes to at least {need} "
@@ -189,10 +194,13 @@ class ChunkPool:
             if adopter.refetch is not None:
                 adopter.refetch(entry)
             else:  # an owner that cannot fetch: its waiters get an error, never a hang
-                self.fail(entry, InSituError(
-                    f"array {entry.key[0]!r} chunk {entry.key[1]} was being fetched by an iteration that closed, "
-                    "and the iteration still waiting on it cannot fetch"
-                ))
+                self.fail(
+                    entry,
+                    InSituError(
+                        f"array {entry.key[0]!r} chunk {entry.key[1]} was being fetched by an iteration that closed, "
+                        "and the iteration still waiting on it cannot fetch"
+                    ),
+                )
         return abandoned
 
     def kept_for_others(self, key: ReadKey, owner: Owner) -> bool:
@@ -230,8 +238,9 @@ class ChunkPool:
                 owner.counters.joins += 1
             return entry
 
-    def admit(self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner,
-              recyclable: bool = False) -> Entry | None:
+    def admit(
+        self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool = False
+    ) -> Entry | None:
         """Reserve room for a new pending entry pinned by ``owner``; ``None`` if the budget is full of pins.
 
         ``recyclable``: the fetcher decodes every tile into memory it owns
@@ -242,8 +251,16 @@ class ChunkPool:
             if not self._make_room(nbytes):
                 return None
             n_tiles = len(origins)
-            entry = Entry(key=key, nbytes=nbytes, n_tiles=n_tiles, origins=origins,
-                        tiles=[None] * n_tiles, remaining=n_tiles, fetcher=owner.id, recyclable=recyclable)
+            entry = Entry(
+                key=key,
+                nbytes=nbytes,
+                n_tiles=n_tiles,
+                origins=origins,
+                tiles=[None] * n_tiles,
+                remaining=n_tiles,
+                fetcher=owner.id,
+                recyclable=recyclable,
+            )
             self._entries[key] = entry
             self._pending.append(entry)
             self.resident_bytes += nbytes
@@ -308,8 +325,14 @@ class ChunkPool:
         if sys.getrefcount(tiles) > _OWN_LIST_REFS:
             return room  # someone still holds the list itself
         for tile in tiles:
-            if (tile is None or tile.base is not None or not tile.flags.owndata or not tile.flags.writeable
-                    or tile.nbytes > room or sys.getrefcount(tile) > _OWN_TILE_REFS):
+            if (
+                tile is None
+                or tile.base is not None
+                or not tile.flags.owndata
+                or not tile.flags.writeable
+                or tile.nbytes > room
+                or sys.getrefcount(tile) > _OWN_TILE_REFS
+            ):
                 continue
             room -= tile.nbytes
             self._free.setdefault((tile.shape, tile.dtype), []).append(tile)
@@ -364,8 +387,9 @@ class ChunkPool:
             if ready:
                 self.cond.notify_all()
 
-    def replace_tiles(self, entry: Entry, tiles: list[np.ndarray], origins: np.ndarray,
-                      revived_for: Owner | None = None) -> bool:
+    def replace_tiles(
+        self, entry: Entry, tiles: list[np.ndarray], origins: np.ndarray, revived_for: Owner | None = None
+    ) -> bool:
         """Swap an entry's tiles for an assembled/transformed version and mark it ready.
 
         ``revived_for``: the tiles came from the disk cache for that owner, counted

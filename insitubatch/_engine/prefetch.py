@@ -99,9 +99,15 @@ class _PassState:
         started = self.started_at if self.started_at is not None else now
         ended = self.ended_at if self.ended_at is not None else now
         return PassStats._from_trace(
-            self.counters.trace, self.counters, split=self.split, epoch=self.epoch, wall_s=ended - started,
-            evictions=ctx.pool.totals.evictions - self.evictions_at_start, max_inflight=ctx.max_inflight,
-            decode_threads=ctx.decode_threads, cache_budget_bytes=ctx.pool.explicit_budget,
+            self.counters.trace,
+            self.counters,
+            split=self.split,
+            epoch=self.epoch,
+            wall_s=ended - started,
+            evictions=ctx.pool.totals.evictions - self.evictions_at_start,
+            max_inflight=ctx.max_inflight,
+            decode_threads=ctx.decode_threads,
+            cache_budget_bytes=ctx.pool.explicit_budget,
             finished=self.ended_at is not None,
         )
 
@@ -112,9 +118,17 @@ class _PassState:
         self.owner = ctx.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
         ctx.track(self.owner.counters)
         self.driver = PassDriver(
-            store=ctx.store, pool=ctx.pool, owner=self.owner, plan=self.plan, readers=ctx.readers,
-            semaphore=ctx.semaphore(), executor=ctx.executor, on_bad_chunk=ctx.on_bad_chunk,
-            bad_chunks=ctx.bad_chunks, first_block=self._first_block(), cache=ctx.cache,
+            store=ctx.store,
+            pool=ctx.pool,
+            owner=self.owner,
+            plan=self.plan,
+            readers=ctx.readers,
+            semaphore=ctx.semaphore(),
+            executor=ctx.executor,
+            on_bad_chunk=ctx.on_bad_chunk,
+            bad_chunks=ctx.bad_chunks,
+            first_block=self._first_block(),
+            cache=ctx.cache,
         )
         self.driver.seen_keys = ctx.fetched_keys
         self.driver.start()
@@ -212,8 +226,12 @@ class _PassState:
             if self.coords is not None:
                 coords = {name: values[anchors] for name, values in self.coords.items()}
             batch = Batch(
-                arrays=arrays, sample_indices=anchors.copy(),
-                offsets=dict(ctx.offsets), coords=coords, epoch=self.epoch, index=k,
+                arrays=arrays,
+                sample_indices=anchors.copy(),
+                offsets=dict(ctx.offsets),
+                coords=coords,
+                epoch=self.epoch,
+                index=k,
             )
             if plan.padded is not None:
                 batch.extras["padded"] = plan.padded[start:stop].copy()

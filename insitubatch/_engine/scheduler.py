@@ -294,6 +294,7 @@ class PassDriver(_TileJobs):
             except BaseException:  # cancelled while gathering a group: its permits go back
                 _release(semaphore, held)
                 raise
+
             # the permits go back when the job's outcome lands, whatever happens to the tasks
             def give_back(_fut: asyncio.Future, n: int = held) -> None:
                 _release(semaphore, n)

@@ -89,8 +89,9 @@ class _TileJobs:
         tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
 
-    def _tile(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf,
-              tally: _Tally) -> np.ndarray | None:
+    def _tile(
+        self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf, tally: _Tally
+    ) -> np.ndarray | None:
         """Decode thread: read (``buf`` is ``_GET_IN_JOB``), decode and transform one tile.
 
         Returns the tile for the caller to deliver, or None when it was staged
@@ -235,8 +236,9 @@ class _TileJobs:
             good = [t for t, part in enumerate(tiles) if part is not _BAD_TILE]
             assemble_tiles(full, [tiles[t] for t in good], reader.origins[good])
             for t in (t for t, part in enumerate(tiles) if part is _BAD_TILE):
-                fill_region(full, (0, *reader.origins[t].tolist()), (n, *reader.tile_shapes[t].tolist()),
-                            _fill_value(g))
+                fill_region(
+                    full, (0, *reader.origins[t].tolist()), (n, *reader.tile_shapes[t].tolist()), _fill_value(g)
+                )
             tiles = [self._transform(reader, chunk_index, full)]
             origins = reader.single_origin
         if self.cache is not None and not entry.bad:
@@ -246,8 +248,9 @@ class _TileJobs:
     def _persist(self, reader: ArrayReader, chunk_index: int, tiles: list[np.ndarray]) -> list[np.ndarray]:
         cache = self.cache
         assert cache is not None  # called only with a disk cache
-        handle = cache.begin(reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)),
-                             reader.output.dtype)
+        handle = cache.begin(
+            reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)), reader.output.dtype
+        )
         try:
             for t, tile in enumerate(tiles):
                 cache.write(handle, t, np.ascontiguousarray(tile))

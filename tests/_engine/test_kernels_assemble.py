@@ -74,10 +74,7 @@ def _split_into_tiles(chunk: np.ndarray, tile: tuple[int, ...]) -> tuple[list[np
     """A chunk's sample-first tiles (edge tiles smaller) and their inner origins."""
     inner = chunk.shape[1:]
     corners = list(itertools.product(*(range(0, d, t) for d, t in zip(inner, tile))))
-    tiles = [
-        np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))])
-        for c in corners
-    ]
+    tiles = [np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))]) for c in corners]
     return tiles, np.asarray(corners, dtype=np.intp).reshape(len(corners), len(inner))
 
 
@@ -154,9 +151,7 @@ def test_unbuilt_source_tree_says_how_to_build(tmp_path) -> None:
 
     src = Path(__file__).resolve().parents[2] / "insitubatch"
     shutil.copytree(src, tmp_path / "insitubatch", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    proc = subprocess.run(
-        [sys.executable, "-c", "import insitubatch"], cwd=tmp_path, capture_output=True, text=True
-    )
+    proc = subprocess.run([sys.executable, "-c", "import insitubatch"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "pip install -e ." in proc.stderr
     assert "BuildError" in proc.stderr

@@ -14,9 +14,17 @@ WAIT_S = 30.0  # generous: a loaded CI machine, never a hang
 
 def driver_for(engine, plan, owner) -> PassDriver:
     ctx = engine.context
-    return PassDriver(store=ctx.store, pool=ctx.pool, owner=owner, plan=plan, readers=ctx.readers,
-                      semaphore=ctx.semaphore(), executor=ctx.executor, on_bad_chunk=ctx.on_bad_chunk,
-                      bad_chunks=ctx.bad_chunks)
+    return PassDriver(
+        store=ctx.store,
+        pool=ctx.pool,
+        owner=owner,
+        plan=plan,
+        readers=ctx.readers,
+        semaphore=ctx.semaphore(),
+        executor=ctx.executor,
+        on_bad_chunk=ctx.on_bad_chunk,
+        bad_chunks=ctx.bad_chunks,
+    )
 
 
 def wait_ready(driver: PassDriver, reads) -> None:
@@ -68,7 +76,7 @@ def test_a_driver_reads_every_chunk_once_and_the_tiles_are_zarrs(engine) -> None
     assert owner.counters.misses == len(plan.reads) and owner.counters.gets == 24
     assert sorted(rows) == list(range(len(plan.reads)))
     for i, (_path, chunk) in enumerate(plan.reads):
-        np.testing.assert_array_equal(rows[i], engine.data[chunk * 4:(chunk + 1) * 4])
+        np.testing.assert_array_equal(rows[i], engine.data[chunk * 4 : (chunk + 1) * 4])
 
 
 def test_stopping_one_driver_cancels_its_fetches_and_leaves_anothers_running(engine) -> None:

@@ -19,8 +19,14 @@ def cf_group(tmp_path):
     root.create_array("t2m", shape=(10, 5, 6), chunks=(4, 5, 3), dtype="f4", dimension_names=("time", "lat", "lon"))
     root.create_array("station", shape=(10,), chunks=(5,), dtype="f4", dimension_names=("time",))
     sub = root.create_group("levels")
-    sub.create_array("u", shape=(10, 2, 5, 6), chunks=(2, 1, 5, 6), shards=(4, 2, 5, 6), dtype="f4",
-                     dimension_names=("time", "level", "lat", "lon"))
+    sub.create_array(
+        "u",
+        shape=(10, 2, 5, 6),
+        chunks=(2, 1, 5, 6),
+        shards=(4, 2, 5, 6),
+        dtype="f4",
+        dimension_names=("time", "level", "lat", "lon"),
+    )
     return tmp_path / "cf.zarr"
 
 
@@ -74,7 +80,8 @@ def test_tile_grid_and_placement_match_zarr_regions(cf_group) -> None:
         for t in range(g.tiles_per_chunk):
             p = g.tile_placement(c, t)
             region = tuple(
-                slice(cc * s, cc * s + sel.stop) for cc, s, sel in zip(p.chunk_coords, g.stored_chunks, p.chunk_selection)
+                slice(cc * s, cc * s + sel.stop)
+                for cc, s, sel in zip(p.chunk_coords, g.stored_chunks, p.chunk_selection)
             )
             chunk[p.out_selection] = arr[region]
         start = c * g.sample_chunk_size
@@ -93,8 +100,14 @@ def test_sample_axis_two_and_key_order(tmp_path) -> None:
 
 
 def test_v2_slash_separator_keys(tmp_path) -> None:
-    arr = zarr.create_array(tmp_path / "k.zarr", shape=(4, 4), chunks=(2, 2), dtype="f4", zarr_format=2,
-                            chunk_key_encoding={"name": "v2", "separator": "/"})
+    arr = zarr.create_array(
+        tmp_path / "k.zarr",
+        shape=(4, 4),
+        chunks=(2, 2),
+        dtype="f4",
+        zarr_format=2,
+        chunk_key_encoding={"name": "v2", "separator": "/"},
+    )
     assert geometry_of(arr).chunk_key((1, 0)) == "1/0"
 
 
