@@ -45,19 +45,19 @@ def fill_rect_bytes(
         fill_rect(d, ds, ex, ndim, run_bytes, <const char*>&pattern[0], itemsize)
 
 
-def assemble_tiles(cnp.ndarray slot, tuple tiles, cnp.ndarray origins, Py_ssize_t stream_min_bytes):
-    """Copy every row of each tile into its rectangle of ``slot`` in one GIL-free pass.
+def assemble_tiles(cnp.ndarray dest, tuple tiles, cnp.ndarray origins, Py_ssize_t stream_min_bytes):
+    """Copy every row of each tile into its rectangle of ``dest`` in one GIL-free pass.
 
-    The caller guarantees ``slot`` C-contiguous, writeable and at least 1-d and
-    ``origins`` intp ``(len(tiles), slot.ndim - 1)`` C-contiguous; the tiles are
-    checked here (as in ``gather.gather_runs``) and must have ``slot``'s rows.
-    A slot of ``stream_min_bytes`` or more is written bypassing the caches.
+    The caller guarantees ``dest`` C-contiguous, writeable and at least 1-d and
+    ``origins`` intp ``(len(tiles), dest.ndim - 1)`` C-contiguous; the tiles are
+    checked here (as in ``gather.gather_runs``) and must have ``dest``'s rows.
+    A ``dest`` of ``stream_min_bytes`` or more is written bypassing the caches.
     Returns ``(status, index)`` like ``gather.gather_runs``.
     """
     cdef Py_ssize_t t, n_tiles = len(tiles)
-    cdef int ndim = cnp.PyArray_NDIM(slot)
-    cdef cnp.int64_t rows = cnp.PyArray_DIMS(slot)[0]
-    cdef char* dst = <char*>cnp.PyArray_DATA(slot)
+    cdef int ndim = cnp.PyArray_NDIM(dest)
+    cdef cnp.int64_t rows = cnp.PyArray_DIMS(dest)[0]
+    cdef char* dst = <char*>cnp.PyArray_DATA(dest)
     cdef Py_ssize_t bad
     cdef int status = OK
     cdef TileTable tab
@@ -70,15 +70,15 @@ def assemble_tiles(cnp.ndarray slot, tuple tiles, cnp.ndarray origins, Py_ssize_
         if ptrs == NULL or shapes == NULL or corners == NULL:
             return NO_MEMORY, -1
         memcpy(corners, cnp.PyArray_DATA(origins), cnp.PyArray_NBYTES(origins))
-        bad = scan_tiles(tiles, slot, corners, shapes, ptrs, &status)
+        bad = scan_tiles(tiles, dest, corners, shapes, ptrs, &status)
         if status != OK:
             return status, bad
         for t in range(n_tiles):
             if shapes[t * ndim] != rows:
                 return TILE_ROWS, t
         with nogil:
-            if build_table(&tab, ptrs, shapes, corners, n_tiles, cnp.PyArray_DIMS(slot), ndim,
-                           cnp.PyArray_ITEMSIZE(slot), cnp.PyArray_NBYTES(slot) >= stream_min_bytes) != 0:
+            if build_table(&tab, ptrs, shapes, corners, n_tiles, cnp.PyArray_DIMS(dest), ndim,
+                           cnp.PyArray_ITEMSIZE(dest), cnp.PyArray_NBYTES(dest) >= stream_min_bytes) != 0:
                 status = NO_MEMORY
             else:
                 for t in range(n_tiles):

@@ -1,7 +1,7 @@
 """A shared file mapping that knows who still looks at it, and the tile write into it.
 
 ``FileMapping`` maps a whole file ``MAP_SHARED`` and exports it through the
-buffer protocol; ``insitubatch.kernels`` builds the tile-major ``.npy`` slot
+buffer protocol; ``insitubatch.kernels`` builds the tile-major ``.npy`` tile
 file on top (header, sizing, views). ``close()`` unmaps at once when no view is
 alive, else as soon as the last view is released — never under a live view.
 """

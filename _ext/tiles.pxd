@@ -20,7 +20,7 @@ cdef enum Status:
     TILE_DTYPE = 3
     TILE_NOT_CONTIGUOUS = 4
     TILE_OUTSIDE = 5         # the tile's rectangle leaves the destination's inner extent
-    TILE_ROWS = 6            # assembly: the tile's row count is not the slot's
+    TILE_ROWS = 6            # assembly: the tile's row count is not the destination's
     RUN_OUTSIDE = 7          # index: the run; it names no tile or leaves a tile's or dst's rows
     NO_MEMORY = 8
 

@@ -70,8 +70,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RESULT_PREFIX", "PeakRSS", "PerSampleZarrDataset", "data_key_predicate", "main", "run_config",
-           "supports_persist"]
+__all__ = [
+    "RESULT_PREFIX",
+    "PeakRSS",
+    "PerSampleZarrDataset",
+    "data_key_predicate",
+    "main",
+    "run_config",
+    "supports_persist",
+]
 
 RESULT_PREFIX = "RESULT "
 # The process tree is sampled this often for peak RSS.
@@ -355,8 +362,11 @@ def _run_dataloader(cfg: dict[str, Any]) -> dict[str, Any]:
         return iter(_dataloader(cfg, dataset, sampler, batch_size=int(cfg["batch_size"])))
 
     m = _measure(
-        start, lambda b: b["index"].numpy(), window_s=float(cfg["window_s"]),
-        round_batches=max(1, int(cfg.get("num_workers", 0))), max_batches=cfg.get("max_batches"),
+        start,
+        lambda b: b["index"].numpy(),
+        window_s=float(cfg["window_s"]),
+        round_batches=max(1, int(cfg.get("num_workers", 0))),
+        max_batches=cfg.get("max_batches"),
     )
     return _result(cfg, m, geoms)
 
@@ -403,7 +413,9 @@ def _run_fork_probe(cfg: dict[str, Any]) -> dict[str, Any]:
             batch = next(iter(loader))
             outcome.update(outcome="ok", seconds=time.perf_counter() - t0, samples=len(batch["index"]))
         except Exception as exc:  # what fork does is the finding
-            outcome.update(outcome="raised", seconds=time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:500])
+            outcome.update(
+                outcome="raised", seconds=time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}"[:500]
+            )
 
     thread = threading.Thread(target=attempt, name="fork-probe", daemon=True)
     thread.start()
@@ -466,15 +478,19 @@ def _run_xbatcher(cfg: dict[str, Any]) -> dict[str, Any]:
     def start() -> Iterator[Any]:
         ds = xr.open_zarr(_open_store(cfg["url"]), chunks=chunks)[list(cfg["variables"])].isel(time=slice(lo, hi))
         gen = xbatcher.BatchGenerator(ds, input_dims=inner, batch_dims={"time": bs}, concat_input_dims=False)
-        items = _XbatcherItems(MapDataset(gen, transform=_StackVariables(cfg["variables"])),
-                               np.arange(lo, hi, bs), bs, hi)
+        items = _XbatcherItems(
+            MapDataset(gen, transform=_StackVariables(cfg["variables"])), np.arange(lo, hi, bs), bs, hi
+        )
         generator = torch.Generator().manual_seed(int(cfg.get("seed", 0)))
         sampler = torch.utils.data.RandomSampler(items, generator=generator)
         return iter(_dataloader(cfg, items, sampler, batch_size=None))
 
     m = _measure(
-        start, lambda b: b[1].numpy(), window_s=float(cfg["window_s"]),
-        round_batches=max(1, int(cfg.get("num_workers", 0))), max_batches=cfg.get("max_batches"),
+        start,
+        lambda b: b[1].numpy(),
+        window_s=float(cfg["window_s"]),
+        round_batches=max(1, int(cfg.get("num_workers", 0))),
+        max_batches=cfg.get("max_batches"),
     )
     return _result(cfg, m, geoms)
 
@@ -506,10 +522,14 @@ def _insitu_dataset(cfg: dict[str, Any], store: Any, geoms: dict[str, Any], **ex
     from insitubatch.plan.splits import split_by_chunk
 
     manifest = split_by_chunk(next(iter(geoms.values())), fractions=tuple(cfg["fractions"]))
-    knobs = {k: cfg[k] for k in ("max_inflight", "block_chunks", "prefetch_depth", "decode_threads")
-             if cfg.get(k) is not None}
-    return InSituDataset(store, manifest, geoms, batch_size=int(cfg["batch_size"]), seed=int(cfg.get("seed", 0)),
-                         **knobs, **extra)
+    knobs = {
+        k: cfg[k]
+        for k in ("max_inflight", "block_chunks", "prefetch_depth", "decode_threads")
+        if cfg.get(k) is not None
+    }
+    return InSituDataset(
+        store, manifest, geoms, batch_size=int(cfg["batch_size"]), seed=int(cfg.get("seed", 0)), **knobs, **extra
+    )
 
 
 def _insitu_bounds(ds: Any, plan: Any) -> dict[str, Any]:
@@ -553,9 +573,15 @@ def _inspect_bound(ds: Any, plan: Any, cfg: dict[str, Any]) -> dict[str, Any]:
 
     from insitubatch.tools.inspect_store import inspect_store
 
-    text = inspect_store(ds.store, batch_size=ds.batch_size, block_chunks=ds.block_chunks,
-                         max_inflight=ds.max_inflight, prefetch_depth=ds.prefetch_depth,
-                         fractions=tuple(cfg["fractions"]), probe=False)
+    text = inspect_store(
+        ds.store,
+        batch_size=ds.batch_size,
+        block_chunks=ds.block_chunks,
+        max_inflight=ds.max_inflight,
+        prefetch_depth=ds.prefetch_depth,
+        fractions=tuple(cfg["fractions"]),
+        probe=False,
+    )
     bound = re.search(r"^memory\s+≈ ([\d.]+) MB", text, re.MULTILINE)
     return {
         "inspect_bound_mb": float(bound.group(1)) if bound else float("nan"),
@@ -566,8 +592,13 @@ def _inspect_bound(ds: Any, plan: Any, cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _insitu_counters(it: Any) -> dict[str, Any]:
     c = it.counters
-    return {"insitu_gets": c.gets, "insitu_get_bytes": c.get_bytes, "hits": c.hits, "misses": c.misses,
-            "limiting_stage": it.stats.limiting_stage}
+    return {
+        "insitu_gets": c.gets,
+        "insitu_get_bytes": c.get_bytes,
+        "hits": c.hits,
+        "misses": c.misses,
+        "limiting_stage": it.stats.limiting_stage,
+    }
 
 
 def _run_insitu_warm(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -653,10 +684,18 @@ def _run_decode_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
             rates.append(len(train) / (time.perf_counter() - t0))
     best = max(rates)  # a ceiling: the best the cores did, not their average
     return {
-        "name": cfg["name"], "loader": "decode_ceiling", "threads": threads, "tiles": len(tiles),
-        "rounds": len(rates), "samples": len(train) * len(rates), "elapsed_s": time.perf_counter() - t_start,
-        "rate_samples_per_s": best, "mean_samples_per_s": float(np.mean(rates)), "rate_basis": "decode only, best round",
-        "mb_per_s": best * _sample_nbytes(geoms) / MB, "encoded_mb": sum(len(t[2]) for t in tiles) / MB,
+        "name": cfg["name"],
+        "loader": "decode_ceiling",
+        "threads": threads,
+        "tiles": len(tiles),
+        "rounds": len(rates),
+        "samples": len(train) * len(rates),
+        "elapsed_s": time.perf_counter() - t_start,
+        "rate_samples_per_s": best,
+        "mean_samples_per_s": float(np.mean(rates)),
+        "rate_basis": "decode only, best round",
+        "mb_per_s": best * _sample_nbytes(geoms) / MB,
+        "encoded_mb": sum(len(t[2]) for t in tiles) / MB,
     }
 
 
@@ -694,9 +733,16 @@ def _run_get_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
     done, nbytes, elapsed = asyncio.run(fetch_all())
     samples = len(train) * done / len(keys)
     return {
-        "name": cfg["name"], "loader": "get_ceiling", "concurrency": concurrency, "gets_done": done,
-        "samples": samples, "elapsed_s": elapsed, "rate_samples_per_s": samples / elapsed,
-        "rate_basis": "GETs only", "gets_per_s": done / elapsed, "wire_mb_per_s": nbytes / elapsed / MB,
+        "name": cfg["name"],
+        "loader": "get_ceiling",
+        "concurrency": concurrency,
+        "gets_done": done,
+        "samples": samples,
+        "elapsed_s": elapsed,
+        "rate_samples_per_s": samples / elapsed,
+        "rate_basis": "GETs only",
+        "gets_per_s": done / elapsed,
+        "wire_mb_per_s": nbytes / elapsed / MB,
         "mb_per_s": samples * _sample_nbytes(geoms) / elapsed / MB,
     }
 

@@ -80,12 +80,17 @@ def main(argv: list[str] | None = None) -> None:
                 ours_fn = lambda r, decoder=decoder: decoder(r, (0, 0, 0))  # noqa: E731
                 theirs_fn = None
                 if ChunkTransform is not None:
-                    spec = chunk_spec(arr.metadata, shape, ArrayConfig(order="C", write_empty_chunks=False),
-                                      numpy_buffer_prototype())
+                    spec = chunk_spec(
+                        arr.metadata, shape, ArrayConfig(order="C", write_empty_chunks=False), numpy_buffer_prototype()
+                    )
                     transform = ChunkTransform(codecs=evolve_codecs(arr.metadata.codecs, spec))
 
-                    def theirs_fn(r: Any, transform: Any = transform, spec: Any = spec) -> np.ndarray:  # the decoder's contract: full shape, C order
-                        return np.ascontiguousarray(transform.decode_chunk(CpuBuffer.from_array_like(r), spec).as_numpy_array())
+                    def theirs_fn(
+                        r: Any, transform: Any = transform, spec: Any = spec
+                    ) -> np.ndarray:  # the decoder's contract: full shape, C order
+                        return np.ascontiguousarray(
+                            transform.decode_chunk(CpuBuffer.from_array_like(r), spec).as_numpy_array()
+                        )
 
                     np.testing.assert_array_equal(theirs_fn(raw), ours_fn(raw))
                 ours, theirs = _best_pair(ours_fn, theirs_fn, raw, args.repeat)

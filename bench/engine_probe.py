@@ -57,11 +57,19 @@ def _run(cfg: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def measure(path: Path, variables: list[str], *, threads: list[int | None], repeats: int = 1,
-            batch_size: int = DEFAULT_BATCH) -> list[dict[str, Any]]:
+def measure(
+    path: Path, variables: list[str], *, threads: list[int | None], repeats: int = 1, batch_size: int = DEFAULT_BATCH
+) -> list[dict[str, Any]]:
     """Rows for the decode ceiling and one local cold pass per ``decode_threads`` value."""
-    common = {"local_path": str(path), "url": str(path), "variables": variables, "fractions": list(SPLIT_FRACTIONS),
-              "batch_size": batch_size, "seed": 0, "window_s": float("inf")}
+    common = {
+        "local_path": str(path),
+        "url": str(path),
+        "variables": variables,
+        "fractions": list(SPLIT_FRACTIONS),
+        "batch_size": batch_size,
+        "seed": 0,
+        "window_s": float("inf"),
+    }
     rows = [_run({**common, "name": "decode-ceiling", "loader": "decode_ceiling"})]
     for n in threads:
         best: dict[str, Any] | None = None
@@ -74,17 +82,34 @@ def measure(path: Path, variables: list[str], *, threads: list[int | None], repe
     return rows
 
 
-def measure_remote(path: Path, variables: list[str], *, latency_s: float, inflight: list[int], repeats: int = 1,
-                   batch_size: int = DEFAULT_BATCH) -> list[dict[str, Any]]:
+def measure_remote(
+    path: Path,
+    variables: list[str],
+    *,
+    latency_s: float,
+    inflight: list[int],
+    repeats: int = 1,
+    batch_size: int = DEFAULT_BATCH,
+) -> list[dict[str, Any]]:
     """insitubatch cold and the raw-GET ceiling at each ``max_inflight``, over the emulated store."""
     rows = []
-    with EmulatorProcess(path.parent, latency_s=latency_s, jitter_s=DEFAULT_JITTER_S,
-                         bandwidth_bytes_per_s=DEFAULT_BANDWIDTH_MB_S * MB) as emu:
-        common = {"local_path": str(path), "url": emu.url_for(path.name), "variables": variables,
-                  "fractions": list(SPLIT_FRACTIONS), "batch_size": batch_size, "seed": 0, "window_s": float("inf")}
+    with EmulatorProcess(
+        path.parent, latency_s=latency_s, jitter_s=DEFAULT_JITTER_S, bandwidth_bytes_per_s=DEFAULT_BANDWIDTH_MB_S * MB
+    ) as emu:
+        common = {
+            "local_path": str(path),
+            "url": emu.url_for(path.name),
+            "variables": variables,
+            "fractions": list(SPLIT_FRACTIONS),
+            "batch_size": batch_size,
+            "seed": 0,
+            "window_s": float("inf"),
+        }
         for mi in inflight:
-            for name, cfg in ((f"get-ceiling-c{mi}", {"loader": "get_ceiling", "concurrency": mi}),
-                              (f"insitu-remote-mi{mi}", {"loader": "insitu", "max_inflight": mi})):
+            for name, cfg in (
+                (f"get-ceiling-c{mi}", {"loader": "get_ceiling", "concurrency": mi}),
+                (f"insitu-remote-mi{mi}", {"loader": "insitu", "max_inflight": mi}),
+            ):
                 runs = [_run({**common, "name": name, **cfg}) for _ in range(repeats)]
                 rows.append(max(runs, key=lambda r: r["rate_samples_per_s"]))
     return rows
@@ -94,11 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--n-time", type=int, default=DEFAULT_N_TIME)
     parser.add_argument("--samples-per-chunk", type=int, default=DEFAULT_SPC)
-    parser.add_argument("--threads", type=int, nargs="*", default=[0],
-                        help="decode_threads values to run (0: the default)")
+    parser.add_argument(
+        "--threads", type=int, nargs="*", default=[0], help="decode_threads values to run (0: the default)"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs per value; the best is kept")
-    parser.add_argument("--latency-ms", type=float, default=None,
-                        help="also measure over the emulated object store with this latency")
+    parser.add_argument(
+        "--latency-ms", type=float, default=None, help="also measure over the emulated object store with this latency"
+    )
     parser.add_argument("--inflight", type=int, nargs="*", default=[32], help="max_inflight values (remote)")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "insitubatch-engine-probe")
     args = parser.parse_args(argv)
@@ -111,19 +138,24 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         rate = row["rate_samples_per_s"]
         sw = row.get("switches_per_tile")
-        print(f"{row['name']:<24}{rate:>12.0f}{rate / ceiling:>11.2f}{ceiling_cpu / row['cpu_s_per_sample']:>15.2f}"
-              f"{'' if sw is None else f'{sw:.1f}':>15}")
+        print(
+            f"{row['name']:<24}{rate:>12.0f}{rate / ceiling:>11.2f}{ceiling_cpu / row['cpu_s_per_sample']:>15.2f}"
+            f"{'' if sw is None else f'{sw:.1f}':>15}"
+        )
     if args.latency_ms is not None:
-        rows = measure_remote(path, list(spec.variables), latency_s=args.latency_ms / 1e3, inflight=args.inflight,
-                              repeats=args.repeats)
+        rows = measure_remote(
+            path, list(spec.variables), latency_s=args.latency_ms / 1e3, inflight=args.inflight, repeats=args.repeats
+        )
         print(f"\nemulated store, {args.latency_ms:g} ms latency")
         print(f"{'run':<24}{'samples/s':>12}{'x GETs':>11}{'cpu ms/1k':>11}{'switches/tile':>15}")
         for gets, row in zip(rows[::2], rows[1::2]):
             for r in (gets, row):
                 sw = r["switches"] / max(r.get("insitu_gets", 0), 1) if r["loader"] == "insitu" else None
-                print(f"{r['name']:<24}{r['rate_samples_per_s']:>12.0f}"
-                      f"{r['rate_samples_per_s'] / gets['rate_samples_per_s']:>11.2f}"
-                      f"{r['cpu_s_per_sample'] * 1e6:>11.0f}{'' if sw is None else f'{sw:.1f}':>15}")
+                print(
+                    f"{r['name']:<24}{r['rate_samples_per_s']:>12.0f}"
+                    f"{r['rate_samples_per_s'] / gets['rate_samples_per_s']:>11.2f}"
+                    f"{r['cpu_s_per_sample'] * 1e6:>11.0f}{'' if sw is None else f'{sw:.1f}':>15}"
+                )
     return 0
 
 

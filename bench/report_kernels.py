@@ -77,13 +77,26 @@ def report(paths: list[Path]) -> int:
         misses += bar.startswith("MISS")
         mb = roles[kernel_role].get("extra_info", {}).get("bytes", 0) / 1e6
         cells = [group, f"{mb:.1f}", f"{kernel * 1e3:.3f}"]
-        cells += [f"{med[r] * 1e3:.3f}" if r in med else "-" for r in ("memcpy", "numpy", "numpy_take", "gather_with_runs")]
+        cells += [
+            f"{med[r] * 1e3:.3f}" if r in med else "-" for r in ("memcpy", "numpy", "numpy_take", "gather_with_runs")
+        ]
         cells += [f"{ratio[r]:.2f}" if ratio[r] is not None else "-" for r in ("memcpy", "numpy", "numpy_take")]
         cells += [f"{best[r]:.2f}" if best[r] is not None else "-" for r in ("memcpy", "numpy")]
         rows.append(cells + [bar])
     header = [
-        "group", "MB", "kernel ms", "memcpy ms", "numpy ms", "take ms", "+runs ms",
-        "x memcpy", "x numpy", "x take", "min x memcpy", "min x numpy", "bar (medians)",
+        "group",
+        "MB",
+        "kernel ms",
+        "memcpy ms",
+        "numpy ms",
+        "take ms",
+        "+runs ms",
+        "x memcpy",
+        "x numpy",
+        "x take",
+        "min x memcpy",
+        "min x numpy",
+        "bar (medians)",
     ]
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     for cells in [header, ["-" * w for w in widths], *rows]:

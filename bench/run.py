@@ -160,8 +160,16 @@ def _workers_name(kind: str, workers: int, method: str | None) -> str:
 class Bench:
     """Runs children against one emulator and collects their rows."""
 
-    def __init__(self, profile: Profile, out: Path, emu: EmulatorProcess, data_dir: Path,
-                 specs: dict[int, DatasetSpec], insitu_knobs: dict[str, Any], log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        out: Path,
+        emu: EmulatorProcess,
+        data_dir: Path,
+        specs: dict[int, DatasetSpec],
+        insitu_knobs: dict[str, Any],
+        log: Callable[[str], None],
+    ) -> None:
         self.profile = profile
         self.out = out
         self.emu = emu
@@ -194,11 +202,19 @@ class Bench:
         """Run one measurement in a child; add the emulator's counters; never raise."""
         spec = self.specs[spc]
         config = {
-            "name": name, "loader": loader, "url": self.emu.url_for(spec.name),
-            "local_path": str(self.data_dir / spec.name), "variables": list(spec.variables),
-            "fractions": list(SPLIT_FRACTIONS), "batch_size": self.profile.batch_size,
-            "window_s": self.profile.window_s, "seed": 0, "preload": _PRELOAD[loader],
-            "emulator_reset_url": f"{self.emu.url}/_emulator/reset", "rss_exclude_pids": [self.emu.pid], **cfg,
+            "name": name,
+            "loader": loader,
+            "url": self.emu.url_for(spec.name),
+            "local_path": str(self.data_dir / spec.name),
+            "variables": list(spec.variables),
+            "fractions": list(SPLIT_FRACTIONS),
+            "batch_size": self.profile.batch_size,
+            "window_s": self.profile.window_s,
+            "seed": 0,
+            "preload": _PRELOAD[loader],
+            "emulator_reset_url": f"{self.emu.url}/_emulator/reset",
+            "rss_exclude_pids": [self.emu.pid],
+            **cfg,
         }
         timeout = self.profile.child_timeout_s
         self.emu.reset_stats()
@@ -207,11 +223,18 @@ class Bench:
         stats = self.emu.stats()
         is_data = data_key_predicate(spec.name, spec.variables)
         row.update(
-            spc=spc, name=name, loader=loader, wall_s=time.perf_counter() - t0,
-            gets=stats.gets_where(is_data), metadata_gets=stats.gets - stats.gets_where(is_data),
+            spc=spc,
+            name=name,
+            loader=loader,
+            wall_s=time.perf_counter() - t0,
+            gets=stats.gets_where(is_data),
+            metadata_gets=stats.gets - stats.gets_where(is_data),
             wire_mb=stats.bytes_where(is_data) / MB,
-            config={k: v for k, v in config.items()
-                    if k not in ("url", "local_path", "variables", "preload", "emulator_reset_url", "rss_exclude_pids")},
+            config={
+                k: v
+                for k, v in config.items()
+                if k not in ("url", "local_path", "variables", "preload", "emulator_reset_url", "rss_exclude_pids")
+            },
         )
         if row.get("min_gets"):
             row["gets_ratio"] = row["gets"] / row["min_gets"]
@@ -228,8 +251,15 @@ class Bench:
         self.child_log.write(f"\n=== {config['name']} ({config['url']})\n")
         self.child_log.flush()
         # its own session, so a timeout can end the child and its workers together
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=self.child_log,
-                                text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self.child_log,
+            text=True,
+            start_new_session=True,
+        )
         try:
             stdout, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -238,7 +268,7 @@ class Bench:
             return {"error": f"timed out after {timeout:.0f}s"}
         for line in reversed(stdout.splitlines()):
             if line.startswith(RESULT_PREFIX):
-                return json.loads(line[len(RESULT_PREFIX):])
+                return json.loads(line[len(RESULT_PREFIX) :])
         return {"error": f"child exited {proc.returncode} without a result (see children.log)"}
 
     # -- groups of runs --------------------------------------------------------------------------
@@ -248,21 +278,47 @@ class Bench:
     def memory_pass(self, spc: int, spec: DatasetSpec) -> dict[str, Any]:
         """A cold pass whose split is >= ``MEMORY_SPLIT_OVER_BUDGET`` × the automatic budget, with inspect's bound."""
         train_chunks = int(spec.n_time * SPLIT_FRACTIONS[0]) // spec.samples_per_chunk
-        block_chunks = max(1, min(self.insitu_knobs.get("block_chunks") or train_chunks,
-                                  train_chunks // (MEMORY_SPLIT_OVER_BUDGET * WORKING_SET_BLOCKS)))
+        block_chunks = max(
+            1,
+            min(
+                self.insitu_knobs.get("block_chunks") or train_chunks,
+                train_chunks // (MEMORY_SPLIT_OVER_BUDGET * WORKING_SET_BLOCKS),
+            ),
+        )
         return self.insitu(spc, "insitu-memory", block_chunks=block_chunks, memory_probe=True)
 
-    def table(self, spc: int, dataloader_grid: Sequence[tuple[int, str | None]],
-              xbatcher_grid: Sequence[tuple[int, str | None]], *, dask: bool,
-              warm_and_local: bool = True, repeats: int = 1) -> list[dict[str, Any]]:
+    def table(
+        self,
+        spc: int,
+        dataloader_grid: Sequence[tuple[int, str | None]],
+        xbatcher_grid: Sequence[tuple[int, str | None]],
+        *,
+        dask: bool,
+        warm_and_local: bool = True,
+        repeats: int = 1,
+    ) -> list[dict[str, Any]]:
         """Every loader at ``spc`` samples per chunk; insitubatch and the ceilings ``repeats`` times (median)."""
         rows = []
         for workers, method in dataloader_grid:
-            rows.append(self.run(spc, _workers_name("dataloader", workers, method), "dataloader",
-                                 num_workers=workers, start_method=method))
+            rows.append(
+                self.run(
+                    spc,
+                    _workers_name("dataloader", workers, method),
+                    "dataloader",
+                    num_workers=workers,
+                    start_method=method,
+                )
+            )
         for workers, method in xbatcher_grid:
-            rows.append(self.run(spc, _workers_name("xbatcher", workers, method), "xbatcher",
-                                 num_workers=workers, start_method=method))
+            rows.append(
+                self.run(
+                    spc,
+                    _workers_name("xbatcher", workers, method),
+                    "xbatcher",
+                    num_workers=workers,
+                    start_method=method,
+                )
+            )
         if dask:
             rows.append(self.run(spc, "xbatcher-dask-0", "xbatcher", num_workers=0, xarray_chunks={}))
         rows.append(self.run(spc, "zarr-contiguous", "zarr"))
@@ -270,8 +326,16 @@ class Bench:
         if warm_and_local:
             rows.extend(self._warm_and_local(spc, repeats))
         rows.append(self.run(spc, "decode-ceiling", "decode_ceiling", repeats=repeats))
-        rows.append(self.run(spc, "get-ceiling", "get_ceiling", concurrency=self.insitu_knobs["max_inflight"],
-                             window_s=math.inf, repeats=repeats))
+        rows.append(
+            self.run(
+                spc,
+                "get-ceiling",
+                "get_ceiling",
+                concurrency=self.insitu_knobs["max_inflight"],
+                window_s=math.inf,
+                repeats=repeats,
+            )
+        )
         return rows
 
     def _warm_and_local(self, spc: int, repeats: int) -> list[dict[str, Any]]:
@@ -288,9 +352,18 @@ class Bench:
     def fork_probes(self, spc: int) -> list[dict[str, Any]]:
         n = self.specs[spc].n_time
         # a small batch: a worker that is not stuck delivers it well inside the timeout
-        return [self.run(spc, f"fork-{variant}", "fork_probe", variant=variant, n_samples=n,
-                         timeout_s=self.profile.fork_timeout_s, batch_size=FORK_PROBE_BATCH)
-                for variant in self.profile.fork_variants]
+        return [
+            self.run(
+                spc,
+                f"fork-{variant}",
+                "fork_probe",
+                variant=variant,
+                n_samples=n,
+                timeout_s=self.profile.fork_timeout_s,
+                batch_size=FORK_PROBE_BATCH,
+            )
+            for variant in self.profile.fork_variants
+        ]
 
 
 def _in_process(config: dict[str, Any]) -> dict[str, Any]:
@@ -351,7 +424,8 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ttfb = (cold or {}).get("ttfb_s", math.nan)
     out["ttfb_speedup"] = {
         r["name"]: _ratio(r.get("ttfb_s", math.nan), ttfb)
-        for r in rows if r["loader"] in WORKER_LOADERS and r.get("config", {}).get("num_workers")
+        for r in rows
+        if r["loader"] in WORKER_LOADERS and r.get("config", {}).get("num_workers")
     }
     for warm_name in ("insitu-warm-memory", "insitu-warm-persisted"):
         warm = _by_name(rows, warm_name)
@@ -377,45 +451,111 @@ def bars(tables: dict[int, list[dict[str, Any]]], main_spc: int, *, isolated: bo
         r = ratios(main)
         cold = _by_name(main, "insitu-cold") or {}
         spawn2 = _by_name(main, "dataloader-spawn-2")
-        bar("cold >= 10x DataLoader(2 spawn workers, per-sample zarr)", _ratio(_rate(cold), _rate(spawn2)), 10, main_spc)
-        bar("cold >= 10x the best DataLoader configuration", r["over_best_dataloader"], 10, main_spc,
-            str(r["best_dataloader"]))
-        bar("cold (30 ms store) >= 0.85x decode-bound ceiling, as BRIEF states it", r["fraction_of_decode_ceiling"],
-            0.85, main_spc, "network-bound here: see the raw GET ceiling")
-        bar("cold (30 ms store) >= 0.85x the binding ceiling, min(decode, raw GET)", r["fraction_of_binding_ceiling"],
-            0.85, main_spc, str(r["binding_ceiling"]))
-        bar("local store (network not the limit) >= 0.85x decode-bound ceiling",
-            r["local_fraction_of_decode_ceiling"], 0.85, main_spc)
+        bar(
+            "cold >= 10x DataLoader(2 spawn workers, per-sample zarr)", _ratio(_rate(cold), _rate(spawn2)), 10, main_spc
+        )
+        bar(
+            "cold >= 10x the best DataLoader configuration",
+            r["over_best_dataloader"],
+            10,
+            main_spc,
+            str(r["best_dataloader"]),
+        )
+        bar(
+            "cold (30 ms store) >= 0.85x decode-bound ceiling, as BRIEF states it",
+            r["fraction_of_decode_ceiling"],
+            0.85,
+            main_spc,
+            "network-bound here: see the raw GET ceiling",
+        )
+        bar(
+            "cold (30 ms store) >= 0.85x the binding ceiling, min(decode, raw GET)",
+            r["fraction_of_binding_ceiling"],
+            0.85,
+            main_spc,
+            str(r["binding_ceiling"]),
+        )
+        bar(
+            "local store (network not the limit) >= 0.85x decode-bound ceiling",
+            r["local_fraction_of_decode_ceiling"],
+            0.85,
+            main_spc,
+        )
         for name, speedup in r["ttfb_speedup"].items():
             if "spawn" in name:
                 bar(f"time to first batch >= 10x faster than {name}", speedup, 10, main_spc)
         gets, need = cold.get("gets", math.nan), cold.get("min_gets", math.nan)
-        out.append({"bar": "GETs per epoch == distinct stored tiles", "spc": main_spc, "measured": gets,
-                    "target": need, "passed": bool(gets == need) if cold else None, "note": ""})
+        out.append(
+            {
+                "bar": "GETs per epoch == distinct stored tiles",
+                "spc": main_spc,
+                "measured": gets,
+                "target": need,
+                "passed": bool(gets == need) if cold else None,
+                "note": "",
+            }
+        )
         for warm_name in ("insitu-warm-persisted", "insitu-warm-memory"):
             warm = _by_name(main, warm_name)
             if warm:
-                bar(f"{warm_name} >= 5x cold epoch", r[f"{warm_name}_over_cold"], 5, main_spc,
-                    "the bar names the persisted cache" if warm_name.endswith("memory") else "")
-                out.append({"bar": f"{warm_name}: zero GETs", "spc": main_spc, "measured": warm.get("gets"),
-                            "target": 0, "passed": warm.get("gets") == 0, "note": ""})
+                bar(
+                    f"{warm_name} >= 5x cold epoch",
+                    r[f"{warm_name}_over_cold"],
+                    5,
+                    main_spc,
+                    "the bar names the persisted cache" if warm_name.endswith("memory") else "",
+                )
+                out.append(
+                    {
+                        "bar": f"{warm_name}: zero GETs",
+                        "spc": main_spc,
+                        "measured": warm.get("gets"),
+                        "target": 0,
+                        "passed": warm.get("gets") == 0,
+                        "note": "",
+                    }
+                )
         if cold.get("peak_rss_mb") is not None and "budget_mb" in cold:
             allowed = cold["budget_mb"] + cold["queue_mb"] + cold["inflight_mb"] + RSS_ALLOWANCE_MB
-            out.append({"bar": "peak RSS <= budget + queue + in-flight + 300 MB", "spc": main_spc,
-                        "measured": cold["peak_rss_mb"], "target": allowed,
-                        "passed": cold["peak_rss_mb"] <= allowed if isolated else None,
-                        "note": "MB" if isolated else "MB; in-process run, RSS not isolated"})
+            out.append(
+                {
+                    "bar": "peak RSS <= budget + queue + in-flight + 300 MB",
+                    "spc": main_spc,
+                    "measured": cold["peak_rss_mb"],
+                    "target": allowed,
+                    "passed": cold["peak_rss_mb"] <= allowed if isolated else None,
+                    "note": "MB" if isolated else "MB; in-process run, RSS not isolated",
+                }
+            )
     one = tables.get(1, [])
     if one:
         r = ratios(one)
-        bar("one sample per chunk: cold >= 1x the best worker baseline", r["over_best_worker_baseline"], 1, 1,
-            str(r["best_worker_baseline"]))
-        bar("one sample per chunk: cold >= 1x the best baseline (incl. contiguous zarr)", r["over_best_baseline"], 1, 1,
-            str(r["best_baseline"]))
+        bar(
+            "one sample per chunk: cold >= 1x the best worker baseline",
+            r["over_best_worker_baseline"],
+            1,
+            1,
+            str(r["best_worker_baseline"]),
+        )
+        bar(
+            "one sample per chunk: cold >= 1x the best baseline (incl. contiguous zarr)",
+            r["over_best_baseline"],
+            1,
+            1,
+            str(r["best_baseline"]),
+        )
         cold = _by_name(one, "insitu-cold") or {}
         gets, need = cold.get("gets", math.nan), cold.get("min_gets", math.nan)
-        out.append({"bar": "GETs per epoch == distinct stored tiles", "spc": 1, "measured": gets, "target": need,
-                    "passed": bool(gets == need) if cold else None, "note": ""})
+        out.append(
+            {
+                "bar": "GETs per epoch == distinct stored tiles",
+                "spc": 1,
+                "measured": gets,
+                "target": need,
+                "passed": bool(gets == need) if cold else None,
+                "note": "",
+            }
+        )
     return out
 
 
@@ -449,15 +589,19 @@ def markdown(results: dict[str, Any]) -> str:
     """The report as Markdown: tables, ratios, bars, findings, plots."""
     meta = results["meta"]
     lines = [
-        f"# insitubatch benchmark ({meta['profile']})", "",
+        f"# insitubatch benchmark ({meta['profile']})",
+        "",
         f"Emulated store: {meta['emulator']['latency_s'] * 1e3:.0f} ms + up to "
         f"{meta['emulator']['jitter_s'] * 1e3:.0f} ms jitter to first byte, "
         f"{_fmt(meta['emulator']['bandwidth_mb_s'], '.0f')} MB/s per connection; {meta['cpu_count']} CPUs; "
         f"batch size {meta['batch_size']}; insitubatch {meta['insitu_knobs']}.",
-        f"Command: `{meta['command']}`; {meta['elapsed_s']:.0f} s.", "",
+        f"Command: `{meta['command']}`; {meta['elapsed_s']:.0f} s.",
+        "",
     ]
-    header = ("| loader | samples/s | MB/s | TTFB s | peak RSS MB | GETs | min GETs | insitu × |\n"
-              "|---|---:|---:|---:|---:|---:|---:|---:|")
+    header = (
+        "| loader | samples/s | MB/s | TTFB s | peak RSS MB | GETs | min GETs | insitu × |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
     for spc, rows in results["tables"].items():
         r = results["ratios"][spc]
         lines += [f"## {spc} sample(s) per chunk", "", header]
@@ -475,22 +619,32 @@ def markdown(results: dict[str, Any]) -> str:
     for b in results["bars"]:
         verdict = {True: "pass", False: "MISS", None: "n/a"}[b["passed"]]
         note = f" ({b['note']})" if b.get("note") else ""
-        lines.append(f"| {b['bar']}{note} | {b['spc']} | {_fmt(b['measured'], '.2f')} | {_fmt(b['target'], '.2f')} | {verdict} |")
+        lines.append(
+            f"| {b['bar']}{note} | {b['spc']} | {_fmt(b['measured'], '.2f')} | {_fmt(b['target'], '.2f')} | {verdict} |"
+        )
     mem = results.get("memory") or {}
     if mem and not mem.get("error"):
         over_base = mem["peak_rss_mb"] - mem["base_rss_mb"]
-        lines += ["", "## Memory: a cold pass over a split many times the pool budget", "",
-                  f"Split {_fmt(mem.get('split_mb'), '.0f')} MB = {_fmt(mem.get('split_over_budget'), '.1f')} × the "
-                  f"automatic budget (working set {_fmt(mem.get('working_set_mb'), '.1f')} MB, block_chunks "
-                  f"{mem['config'].get('block_chunks')}).", "",
-                  "| peak RSS MB | RSS before the pass MB | peak − before MB | `insitubatch inspect` bound MB |",
-                  "|---:|---:|---:|---:|",
-                  f"| {_fmt(mem['peak_rss_mb'], '.0f')} | {_fmt(mem['base_rss_mb'], '.0f')} | {_fmt(over_base, '.0f')} "
-                  f"| {_fmt(mem.get('inspect_bound_mb'), '.1f')} |"]
+        lines += [
+            "",
+            "## Memory: a cold pass over a split many times the pool budget",
+            "",
+            f"Split {_fmt(mem.get('split_mb'), '.0f')} MB = {_fmt(mem.get('split_over_budget'), '.1f')} × the "
+            f"automatic budget (working set {_fmt(mem.get('working_set_mb'), '.1f')} MB, block_chunks "
+            f"{mem['config'].get('block_chunks')}).",
+            "",
+            "| peak RSS MB | RSS before the pass MB | peak − before MB | `insitubatch inspect` bound MB |",
+            "|---:|---:|---:|---:|",
+            f"| {_fmt(mem['peak_rss_mb'], '.0f')} | {_fmt(mem['base_rss_mb'], '.0f')} | {_fmt(over_base, '.0f')} "
+            f"| {_fmt(mem.get('inspect_bound_mb'), '.1f')} |",
+        ]
     lines += ["", "## Fork probe (DataLoader, 2 fork workers)", ""]
     for p in results["findings"]["fork"]:
-        detail = p.get("error") or (f"no batch within {p.get('timeout_s')} s" if p.get("outcome") == "hang"
-                                    else f"first batch after {_fmt(p.get('seconds'), '.1f')} s")
+        detail = p.get("error") or (
+            f"no batch within {p.get('timeout_s')} s"
+            if p.get("outcome") == "hang"
+            else f"first batch after {_fmt(p.get('seconds'), '.1f')} s"
+        )
         what = _FORK_VARIANT_TEXT.get(p.get("variant") or p.get("config", {}).get("variant"), "")
         lines.append(f"- `{p['name']}` ({what}): **{p.get('outcome', p.get('error'))}**, {detail}")
     lines += [f"- note: {n}" for n in results["findings"].get("notes", [])]
@@ -506,8 +660,11 @@ def markdown(results: dict[str, Any]) -> str:
     values = sorted({r["config"].get("max_inflight") or r["config"].get("concurrency") for r in mi_rows})
     lines += ["| | " + " | ".join(str(v) for v in values) + " |", "|---|" + "---:|" * len(values)]
     for loader, label in (("insitu", "insitubatch"), ("get_ceiling", "raw GET ceiling")):
-        got = {r["config"].get("max_inflight") or r["config"].get("concurrency"): _rate(r)
-               for r in mi_rows if r["loader"] == loader}
+        got = {
+            r["config"].get("max_inflight") or r["config"].get("concurrency"): _rate(r)
+            for r in mi_rows
+            if r["loader"] == loader
+        }
         lines.append(f"| {label} | " + " | ".join(_fmt(got.get(v)) for v in values) + " |")
     lines += ["", "## Plots", ""] + [f"- {p}" for p in results.get("plots", [])]
     return "\n".join(lines) + "\n"
@@ -538,8 +695,13 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
         if pts:
             style = "--" if "ceiling" in series else "-"
             ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=series)
-    ax.set(xscale="log", yscale="log", xlabel="samples per chunk", ylabel="samples/s",
-           title="Throughput vs samples per chunk")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="samples per chunk",
+        ylabel="samples/s",
+        title="Throughput vs samples per chunk",
+    )
     ax.set_xticks(sorted({r["spc"] for r in sweep}), labels=[str(s) for s in sorted({r["spc"] for r in sweep})])
     ax.legend(fontsize=8)
     save(fig, "throughput_vs_samples_per_chunk.png")
@@ -547,30 +709,47 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
     mi = results["sweeps"]["max_inflight"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for loader, label in (("insitu", "insitubatch"), ("get_ceiling", "raw GET ceiling")):
-        pts = sorted((r["config"].get("max_inflight") or r["config"].get("concurrency"), _rate(r))
-                     for r in mi if r["loader"] == loader and not math.isnan(_rate(r)))
+        pts = sorted(
+            (r["config"].get("max_inflight") or r["config"].get("concurrency"), _rate(r))
+            for r in mi
+            if r["loader"] == loader and not math.isnan(_rate(r))
+        )
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
     main_rows = results["tables"].get(str(results["meta"]["main_spc"]), [])
     decode = _by_name(main_rows, "decode-ceiling")
     if decode:
         ax.axhline(_rate(decode), linestyle="--", color="grey", label="decode-bound ceiling")
-    ax.set(xscale="log", yscale="log", xlabel="max_inflight", ylabel="samples/s",
-           title=f"Throughput vs max_inflight ({results['meta']['main_spc']} samples per chunk)")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="max_inflight",
+        ylabel="samples/s",
+        title=f"Throughput vs max_inflight ({results['meta']['main_spc']} samples per chunk)",
+    )
     ax.legend(fontsize=8)
     save(fig, "throughput_vs_max_inflight.png")
 
     rows = [r for r in main_rows if r.get("ttfb_s") is not None and not r.get("error")]
-    for key, name, label in (("ttfb_s", "ttfb.png", "time to first batch (s)"),
-                             ("peak_rss_mb", "rss.png", "peak RSS of the process tree (MB)")):
+    for key, name, label in (
+        ("ttfb_s", "ttfb.png", "time to first batch (s)"),
+        ("peak_rss_mb", "rss.png", "peak RSS of the process tree (MB)"),
+    ):
         fig, ax = plt.subplots(figsize=(8, 4.5))
         names = [r["name"] for r in rows]
         values = [r.get(key) or 0.0 for r in rows]
         colors = ["tab:green" if r["loader"].startswith("insitu") else "tab:grey" for r in rows]
         ax.barh(names, values, color=colors)
         if key == "peak_rss_mb":  # the interpreter and its imports, before the loader started
-            ax.barh(names, [r.get("base_rss_mb") or 0.0 for r in rows], color="white", alpha=0.5,
-                    hatch="//", edgecolor="black", label="before the loader (interpreter + imports)")
+            ax.barh(
+                names,
+                [r.get("base_rss_mb") or 0.0 for r in rows],
+                color="white",
+                alpha=0.5,
+                hatch="//",
+                edgecolor="black",
+                label="before the loader (interpreter + imports)",
+            )
             ax.legend(fontsize=8, loc="lower right")
         ax.invert_yaxis()
         ax.set(xlabel=label, title=f"{label} ({results['meta']['main_spc']} samples per chunk)")
@@ -614,14 +793,25 @@ def _xbatcher_available() -> str | None:
     return f"xbatcher baseline skipped: {', '.join(missing)} not installed" if missing else None
 
 
-def run(profile: Profile, out: Path, *, latency_s: float, jitter_s: float, bandwidth_mb_s: float | None,
-        plot: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    profile: Profile,
+    out: Path,
+    *,
+    latency_s: float,
+    jitter_s: float,
+    bandwidth_mb_s: float | None,
+    plot: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Measure everything ``profile`` names; write ``results.json``, ``report.md`` and plots under ``out``."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     data_dir = out / "data"
     data_dir.mkdir(exist_ok=True)
-    specs = {spc: wb2_64x32(profile.n_time, samples_per_chunk=spc) for spc in sorted(set(profile.sweep_spcs) | {profile.main_spc, 1})}
+    specs = {
+        spc: wb2_64x32(profile.n_time, samples_per_chunk=spc)
+        for spc in sorted(set(profile.sweep_spcs) | {profile.main_spc, 1})
+    }
     for spec in specs.values():
         t0 = time.perf_counter()
         write_era5_like(data_dir / spec.name, spec)
@@ -632,24 +822,36 @@ def run(profile: Profile, out: Path, *, latency_s: float, jitter_s: float, bandw
     xb_grid = () if xb_missing else profile.xbatcher_grid
     if xb_missing:
         notes.append(xb_missing)
-    results: dict[str, Any] = {"tables": {}, "ratios": {}, "sweeps": {"samples_per_chunk": [], "max_inflight": []},
-                               "findings": {"fork": [], "notes": notes}}
+    results: dict[str, Any] = {
+        "tables": {},
+        "ratios": {},
+        "sweeps": {"samples_per_chunk": [], "max_inflight": []},
+        "findings": {"fork": [], "notes": notes},
+    }
     bandwidth = None if bandwidth_mb_s is None else bandwidth_mb_s * MB
     with EmulatorProcess(data_dir, latency_s=latency_s, jitter_s=jitter_s, bandwidth_bytes_per_s=bandwidth) as emu:
         bench = Bench(profile, out, emu, data_dir, specs, knobs, log)
         try:
             log(f"table at {profile.main_spc} samples per chunk")
-            main_rows = bench.table(profile.main_spc, profile.dataloader_grid, xb_grid,
-                                    dask=profile.xbatcher_dask and not xb_missing, repeats=profile.repeats)
+            main_rows = bench.table(
+                profile.main_spc,
+                profile.dataloader_grid,
+                xb_grid,
+                dask=profile.xbatcher_dask and not xb_missing,
+                repeats=profile.repeats,
+            )
             results["tables"][profile.main_spc] = main_rows
             # at one sample per chunk, the best DataLoader and xbatcher configurations of the main table
             best = [_best(main_rows, (k,)) for k in WORKER_LOADERS]
-            grid = {k: [(b["config"].get("num_workers", 0), b["config"].get("start_method"))] if b else []
-                    for k, b in zip(WORKER_LOADERS, best)}
+            grid = {
+                k: [(b["config"].get("num_workers", 0), b["config"].get("start_method"))] if b else []
+                for k, b in zip(WORKER_LOADERS, best)
+            }
             if profile.main_spc != 1:
                 log("table at 1 sample per chunk (best DataLoader and xbatcher configurations of the main table)")
-                results["tables"][1] = bench.table(1, grid["dataloader"], grid["xbatcher"], dask=False,
-                                                   warm_and_local=profile.warm_and_local_at_1)
+                results["tables"][1] = bench.table(
+                    1, grid["dataloader"], grid["xbatcher"], dask=False, warm_and_local=profile.warm_and_local_at_1
+                )
             log("memory: a cold pass over a split many times the pool budget")
             results["memory"] = bench.memory_pass(profile.main_spc, specs[profile.main_spc])
             log("fork probe")
@@ -667,21 +869,35 @@ def run(profile: Profile, out: Path, *, latency_s: float, jitter_s: float, bandw
     if mem.get("inspect_bound_mb") is not None:
         # the loader's own threads, clients and allocator arenas are the interpreter's share, as in the RSS bar
         held, allowed = mem["peak_rss_mb"] - mem["base_rss_mb"], mem["inspect_bound_mb"] + RSS_ALLOWANCE_MB
-        results["bars"].append({
-            "bar": f"memory pass (split {mem['split_over_budget']:.0f}x the budget): peak RSS - RSS before "
-                   f"<= inspect's bound + {RSS_ALLOWANCE_MB:.0f} MB",
-            "spc": profile.main_spc, "measured": held, "target": allowed,
-            "passed": held <= allowed if profile.isolate else None,
-            "note": "MB" if profile.isolate else "MB; in-process run, RSS not isolated"})
+        results["bars"].append(
+            {
+                "bar": f"memory pass (split {mem['split_over_budget']:.0f}x the budget): peak RSS - RSS before "
+                f"<= inspect's bound + {RSS_ALLOWANCE_MB:.0f} MB",
+                "spc": profile.main_spc,
+                "measured": held,
+                "target": allowed,
+                "passed": held <= allowed if profile.isolate else None,
+                "note": "MB" if profile.isolate else "MB; in-process run, RSS not isolated",
+            }
+        )
     results["meta"] = {
-        "profile": profile.name, "command": " ".join([Path(sys.executable).name, "-m", "bench.run", *sys.argv[1:]]),
-        "elapsed_s": time.perf_counter() - started, "cpu_count": os.cpu_count(), "versions": _versions(),
+        "profile": profile.name,
+        "command": " ".join([Path(sys.executable).name, "-m", "bench.run", *sys.argv[1:]]),
+        "elapsed_s": time.perf_counter() - started,
+        "cpu_count": os.cpu_count(),
+        "versions": _versions(),
         "emulator": {"latency_s": latency_s, "jitter_s": jitter_s, "bandwidth_mb_s": bandwidth_mb_s},
-        "batch_size": profile.batch_size, "n_time": profile.n_time, "main_spc": profile.main_spc,
-        "fractions": SPLIT_FRACTIONS, "insitu_knobs": knobs, "persist_supported": supports_persist(),
+        "batch_size": profile.batch_size,
+        "n_time": profile.n_time,
+        "main_spc": profile.main_spc,
+        "fractions": SPLIT_FRACTIONS,
+        "insitu_knobs": knobs,
+        "persist_supported": supports_persist(),
         "isolation": "a child process per run" if profile.isolate else "in-process (fork probe in a child)",
         "profile_settings": asdict(profile),
-        "datasets": {spc: {"name": s.name, "sample_nbytes": s.sample_nbytes, "chunks": s.chunks} for spc, s in specs.items()},
+        "datasets": {
+            spc: {"name": s.name, "sample_nbytes": s.sample_nbytes, "chunks": s.chunks} for spc, s in specs.items()
+        },
     }
     results = _clean(results)
     results["plots"] = plots(results, out) if plot else []
@@ -690,12 +906,20 @@ def run(profile: Profile, out: Path, *, latency_s: float, jitter_s: float, bandw
     return results
 
 
-def _spc_sweep(bench: Bench, profile: Profile, tables: dict[int, list[dict[str, Any]]],
-               grid: dict[str, list[tuple[int, str | None]]]) -> list[dict[str, Any]]:
+def _spc_sweep(
+    bench: Bench,
+    profile: Profile,
+    tables: dict[int, list[dict[str, Any]]],
+    grid: dict[str, list[tuple[int, str | None]]],
+) -> list[dict[str, Any]]:
     """insitubatch, the best DataLoader and xbatcher configurations, zarr and both ceilings per spc."""
     rows = []
-    series_of = {"insitu-cold": "insitubatch", "zarr-contiguous": "zarr (contiguous)",
-                 "decode-ceiling": "decode ceiling", "get-ceiling": "raw GET ceiling"}
+    series_of = {
+        "insitu-cold": "insitubatch",
+        "zarr-contiguous": "zarr (contiguous)",
+        "decode-ceiling": "decode ceiling",
+        "get-ceiling": "raw GET ceiling",
+    }
     for spc in profile.sweep_spcs:
         have = {r["name"]: r for r in tables.get(spc, [])}
         wanted = []
@@ -711,9 +935,13 @@ def _spc_sweep(bench: Bench, profile: Profile, tables: dict[int, list[dict[str, 
         rows.append({**cold, "series": series_of["insitu-cold"]})
         decode = have.get("decode-ceiling") or bench.run(spc, "decode-ceiling", "decode_ceiling")
         rows.append({**decode, "series": series_of["decode-ceiling"]})
-        gets = have.get("get-ceiling") or bench.run(spc, "get-ceiling", "get_ceiling",
-                                                    concurrency=bench.insitu_knobs["max_inflight"],
-                                                    window_s=profile.sweep_window_s)
+        gets = have.get("get-ceiling") or bench.run(
+            spc,
+            "get-ceiling",
+            "get_ceiling",
+            concurrency=bench.insitu_knobs["max_inflight"],
+            window_s=profile.sweep_window_s,
+        )
         rows.append({**gets, "series": series_of["get-ceiling"]})
     return rows
 
@@ -723,8 +951,11 @@ def _inflight_sweep(bench: Bench, profile: Profile) -> list[dict[str, Any]]:
     rows = []
     for mi in profile.inflight:
         rows.append(bench.insitu(profile.main_spc, f"insitu-mi{mi}", max_inflight=mi, window_s=profile.sweep_window_s))
-        rows.append(bench.run(profile.main_spc, f"get-ceiling-c{mi}", "get_ceiling", concurrency=mi,
-                              window_s=profile.sweep_window_s))
+        rows.append(
+            bench.run(
+                profile.main_spc, f"get-ceiling-c{mi}", "get_ceiling", concurrency=mi, window_s=profile.sweep_window_s
+            )
+        )
     return rows
 
 
@@ -734,17 +965,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_S * 1e3, help="time to first byte floor")
     parser.add_argument("--jitter-ms", type=float, default=DEFAULT_JITTER_S * 1e3, help="uniform extra delay, up to")
-    parser.add_argument("--bandwidth-mb-s", type=float, default=DEFAULT_BANDWIDTH_MB_S,
-                        help="per-connection body rate (0: unpaced)")
+    parser.add_argument(
+        "--bandwidth-mb-s", type=float, default=DEFAULT_BANDWIDTH_MB_S, help="per-connection body rate (0: unpaced)"
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     args = parser.parse_args(argv)
     profile = QUICK if args.quick else FULL
-    results = run(profile, args.out.resolve(), latency_s=args.latency_ms / 1e3, jitter_s=args.jitter_ms / 1e3,
-                  bandwidth_mb_s=args.bandwidth_mb_s or None, plot=not args.no_plots)
+    results = run(
+        profile,
+        args.out.resolve(),
+        latency_s=args.latency_ms / 1e3,
+        jitter_s=args.jitter_ms / 1e3,
+        bandwidth_mb_s=args.bandwidth_mb_s or None,
+        plot=not args.no_plots,
+    )
     print()
     print(markdown(results))
-    print(f"wrote {args.out / 'results.json'}, {args.out / 'report.md'}" +
-          (f" and {len(results['plots'])} plots" if results["plots"] else ""))
+    print(
+        f"wrote {args.out / 'results.json'}, {args.out / 'report.md'}"
+        + (f" and {len(results['plots'])} plots" if results["plots"] else "")
+    )
     return 0
 
 

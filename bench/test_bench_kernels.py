@@ -73,9 +73,7 @@ def _tiles_of(chunk: np.ndarray, tile: tuple[int, ...] | None) -> tuple[list[np.
     inner = chunk.shape[1:]
     tile = tile or inner
     corners = list(itertools.product(*(range(0, d, t) for d, t in zip(inner, tile))))
-    tiles = [
-        np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))]) for c in corners
-    ]
+    tiles = [np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))]) for c in corners]
     return tiles, corners
 
 
@@ -157,6 +155,7 @@ def test_gather(benchmark, name: str, spc: int, role: str) -> None:
         benchmark(np.copyto, out, case.src)
         return
     elif role == "numpy":
+
         def numpy_gather() -> None:
             for tile, src_rows, index in case.per_tile:
                 out[index] = tile[src_rows]
@@ -174,7 +173,7 @@ class AssembleCase:
         self.chunk[...] = np.arange(self.chunk.size, dtype=np.int64).reshape(self.chunk.shape) % 251
         self.tiles, corners = _tiles_of(self.chunk, shape.tile)
         self.origins = np.asarray(corners, dtype=np.intp)
-        self.slot = _touched(self.chunk.shape, shape.dtype, 0)
+        self.dest = _touched(self.chunk.shape, shape.dtype, 0)
         self.src = _touched(self.chunk.shape, shape.dtype, 3)
         self.rects = [
             (slice(None), *(slice(o, o + n) for o, n in zip(c, t.shape[1:]))) for c, t in zip(corners, self.tiles)
@@ -189,26 +188,32 @@ ASSEMBLE_SHAPES = {
 
 @pytest.mark.parametrize(
     ("name", "spc", "role"),
-    [(name, spc, role) for name in ASSEMBLE_SHAPES for spc in SAMPLES_PER_CHUNK for role in ("assemble", "memcpy", "numpy")],
+    [
+        (name, spc, role)
+        for name in ASSEMBLE_SHAPES
+        for spc in SAMPLES_PER_CHUNK
+        for role in ("assemble", "memcpy", "numpy")
+    ],
 )
 def test_assemble(benchmark, name: str, spc: int, role: str) -> None:
     case = _case(("assemble", name, spc), lambda: AssembleCase(ASSEMBLE_SHAPES[name], spc))
     benchmark.group = f"assemble {name} spc{spc}"
-    benchmark.extra_info.update(role=role, bytes=case.slot.nbytes, tiles=len(case.tiles))
-    slot = case.slot
+    benchmark.extra_info.update(role=role, bytes=case.dest.nbytes, tiles=len(case.tiles))
+    dest = case.dest
     if role == "assemble":
-        benchmark(assemble_tiles, slot, case.tiles, case.origins)
+        benchmark(assemble_tiles, dest, case.tiles, case.origins)
     elif role == "memcpy":
-        benchmark(np.copyto, slot, case.src)
+        benchmark(np.copyto, dest, case.src)
         return
     else:
+
         def slice_assign() -> None:
             for rect, tile in zip(case.rects, case.tiles):
-                slot[rect] = tile
+                dest[rect] = tile
 
         benchmark(slice_assign)
-    np.testing.assert_array_equal(slot, case.chunk)
-    slot[...] = 0
+    np.testing.assert_array_equal(dest, case.chunk)
+    dest[...] = 0
 
 
 PERSIST_TILES = {
@@ -226,9 +231,9 @@ def test_persist(benchmark, tmp_path: Path, name: str, role: str) -> None:
     benchmark.group = f"persist {name}"
     benchmark.extra_info.update(role=role, bytes=tile.nbytes)
     if role == "persist":
-        with create_tile_file(tmp_path / "slot.npy", 2, shape, dtype) as slots:
-            write_tile(slots, 1, tile)  # first touch of the file's pages is not the steady state
-            view = benchmark(write_tile, slots, 1, tile)
+        with create_tile_file(tmp_path / "tile.npy", 2, shape, dtype) as tile_file:
+            write_tile(tile_file, 1, tile)  # first touch of the file's pages is not the steady state
+            view = benchmark(write_tile, tile_file, 1, tile)
             np.testing.assert_array_equal(view, tile)
             del view
     elif role == "memcpy":

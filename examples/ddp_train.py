@@ -60,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
             rate = samples / (time.perf_counter() - t0)
             total = torch.tensor([rate], device=device)
             dist.all_reduce(total)
-            print(f"rank {rank}/{world} epoch {epoch}: {len(ds.train)} batches, {rate:.0f} samples/s"
-                  + (f"; all ranks {total.item():.0f} samples/s" if rank == 0 else ""), flush=True)
+            print(
+                f"rank {rank}/{world} epoch {epoch}: {len(ds.train)} batches, {rate:.0f} samples/s"
+                + (f"; all ranks {total.item():.0f} samples/s" if rank == 0 else ""),
+                flush=True,
+            )
     dist.destroy_process_group()
     return 0
 

@@ -139,7 +139,9 @@ def run(path: Path, workdir: Path, batch_size: int, per_latitude: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", type=Path, default=None, help="where to write/read the demo zarr (default: a temp dir)")
+    parser.add_argument(
+        "--path", type=Path, default=None, help="where to write/read the demo zarr (default: a temp dir)"
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--per-latitude", action="store_true", help="one mean/std per latitude row, not per variable")
     args = parser.parse_args(argv)

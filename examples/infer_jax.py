@@ -44,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
             errors.append(np.asarray(persistence_error(arrays["now"], arrays["later"])))
             times.append(coords["time"])  # the time of each sample of this batch
     err, times = np.concatenate(errors), np.concatenate(times)
-    print(f"{len(err)} samples on {jax.devices()[0]}: persistence RMSE at lead {args.lead} "
-          f"mean {err.mean():.3f} K, max {err.max():.3f} K (times {int(times[0])}..{int(times[-1])})")
+    print(
+        f"{len(err)} samples on {jax.devices()[0]}: persistence RMSE at lead {args.lead} "
+        f"mean {err.mean():.3f} K, max {err.max():.3f} K (times {int(times[0])}..{int(times[-1])})"
+    )
     return 0
 
 

@@ -73,7 +73,10 @@ def make_inputs(path: Path) -> None:
     field = np.sin(x + 0.2 * t + c) * np.cos(y) + 0.1 * rng.standard_normal((TIMES, CHANNELS, LAT, LON))
     group = zarr.open_group(LocalStore(path), mode="w")
     arr = group.create_array(
-        "x", shape=field.shape, chunks=(INPUT_CHUNK, CHANNELS, LAT, LON), dtype="float32",
+        "x",
+        shape=field.shape,
+        chunks=(INPUT_CHUNK, CHANNELS, LAT, LON),
+        dtype="float32",
         dimension_names=("time", "channel", "lat", "lon"),
     )
     arr[...] = field.astype(np.float32)
@@ -123,8 +126,13 @@ def output_spec() -> LayoutSpec:
     return LayoutSpec(
         (
             OutputArray(
-                "pred", (anchors, LAT, LON), (OUT_CHUNK, LAT, LON), "float32",
-                shards=(OUT_SHARD, LAT, LON), dimension_names=("anchor", "lat", "lon"), fill_value=float("nan"),
+                "pred",
+                (anchors, LAT, LON),
+                (OUT_CHUNK, LAT, LON),
+                "float32",
+                shards=(OUT_SHARD, LAT, LON),
+                dimension_names=("anchor", "lat", "lon"),
+                fill_value=float("nan"),
             ),
             OutputArray("anchor_time", (anchors,), (OUT_SHARD,), "int64", dimension_names=("anchor",)),
             OutputArray("lat", (LAT,), (LAT,), "float64", index_axis=None, dimension_names=("lat",)),
@@ -144,8 +152,10 @@ def run(workers: int, root: Path) -> bool:
         zarr.open_array(out, path=f"{group}/lat", mode="r+")[:] = np.linspace(-90, 90, LAT)  # coordinator-only array
 
     plan = plan_slots(out, group="parallel", workers=workers)
-    print(f"plan: {len(plan)} ranges of up to {plan.slot_size} anchors (alignment {plan.alignment}): "
-          + ", ".join(f"[{r.start}, {r.stop})" for r in plan.ranges))
+    print(
+        f"plan: {len(plan)} ranges of up to {plan.slot_size} anchors (alignment {plan.alignment}): "
+        + ", ".join(f"[{r.start}, {r.stop})" for r in plan.ranges)
+    )
     began = time.perf_counter()
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         report = run_plan(out, plan, work, pool)

@@ -80,8 +80,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.stop_after is not None and step + 1 - done >= args.stop_after:
                 state = ds.train.state_dict()
                 Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "loader": json.dumps(state),
-                            "loader_batches": state["batches_consumed"], "epoch": state["epoch"]}, args.checkpoint)
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "opt": opt.state_dict(),
+                        "loader": json.dumps(state),
+                        "loader_batches": state["batches_consumed"],
+                        "epoch": state["epoch"],
+                    },
+                    args.checkpoint,
+                )
                 print(f"checkpoint after batch {step + 1} -> {args.checkpoint}")
                 return 0
         seconds = time.perf_counter() - t0

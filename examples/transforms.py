@@ -119,7 +119,9 @@ def run(path: Path, batch_size: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", type=Path, default=None, help="where to write/read the demo zarr (default: a temp dir)")
+    parser.add_argument(
+        "--path", type=Path, default=None, help="where to write/read the demo zarr (default: a temp dir)"
+    )
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args(argv)
     if args.path is not None:

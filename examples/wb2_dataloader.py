@@ -59,8 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local-dir", type=Path, default=LOCAL_DIR)
     parser.add_argument("--latency-ms", type=float, default=LOCAL_LATENCY_MS, help="--local: time to first byte")
     parser.add_argument("--variables", nargs="+", default=SURFACE_VARIABLES)
-    parser.add_argument("--sample-range", type=int, nargs=2, default=None, metavar=("START", "STOP"),
-                        help="time steps to split (default: all)")
+    parser.add_argument(
+        "--sample-range",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("START", "STOP"),
+        help="time steps to split (default: all)",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--block-chunks", type=int, default=16)
     parser.add_argument("--max-inflight", type=int, default=64)
@@ -74,16 +80,30 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         geoms = open_geometries(store, variables=args.variables)
         first = next(iter(geoms.values()))
-        manifest = split_by_chunk(first, fractions=(0.8, 0.1, 0.1),
-                                  sample_range=tuple(args.sample_range) if args.sample_range else None)
-        print(inspect_store(url, batch_size=args.batch_size, block_chunks=args.block_chunks,
-                            max_inflight=args.max_inflight, variables=args.variables,
-                            storage_options=store_options(url)))
+        manifest = split_by_chunk(
+            first, fractions=(0.8, 0.1, 0.1), sample_range=tuple(args.sample_range) if args.sample_range else None
+        )
+        print(
+            inspect_store(
+                url,
+                batch_size=args.batch_size,
+                block_chunks=args.block_chunks,
+                max_inflight=args.max_inflight,
+                variables=args.variables,
+                storage_options=store_options(url),
+            )
+        )
         print(f"\nopened in {time.perf_counter() - t0:.2f}s")
         labels = list(geoms)
         sample_mb = sum(g.sample_nbytes for g in geoms.values()) / 1e6
-        with InSituDataset(store, manifest, geoms, batch_size=args.batch_size, block_chunks=args.block_chunks,
-                           max_inflight=args.max_inflight) as ds:
+        with InSituDataset(
+            store,
+            manifest,
+            geoms,
+            batch_size=args.batch_size,
+            block_chunks=args.block_chunks,
+            max_inflight=args.max_inflight,
+        ) as ds:
             for epoch in range(args.epochs):
                 ds.set_epoch(epoch)
                 t0 = time.perf_counter()
@@ -101,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = time.perf_counter() - t0
                 c = it.counters
                 it.close()
-                print(f"epoch {epoch}: first batch {ttfb:.2f}s {shape}; {samples} samples in {seconds:.2f}s = "
-                      f"{samples / seconds:.0f} samples/s, {samples * sample_mb / seconds:.1f} MB/s; "
-                      f"GETs {c.gets}, pool hits {c.hits}")
+                print(
+                    f"epoch {epoch}: first batch {ttfb:.2f}s {shape}; {samples} samples in {seconds:.2f}s = "
+                    f"{samples / seconds:.0f} samples/s, {samples * sample_mb / seconds:.1f} MB/s; "
+                    f"GETs {c.gets}, pool hits {c.hits}"
+                )
     return 0
 
 

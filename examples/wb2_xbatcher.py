@@ -80,8 +80,13 @@ def xbatcher_loader(url: str, variables: list[str], batch_size: int, workers: in
     grid = {d: ds.sizes[d] for d in ds[variables[0]].dims if d != "time"}
     gen = xbatcher.BatchGenerator(ds, input_dims=grid, batch_dims={"time": batch_size}, concat_input_dims=False)
     options = {"multiprocessing_context": start_method} if workers else {}
-    return torch.utils.data.DataLoader(MapDataset(gen, transform=StackVariables(variables)), batch_size=None,
-                                       shuffle=True, num_workers=workers, **options)
+    return torch.utils.data.DataLoader(
+        MapDataset(gen, transform=StackVariables(variables)),
+        batch_size=None,
+        shuffle=True,
+        num_workers=workers,
+        **options,
+    )
 
 
 def insitu_batches(url: str, variables: list[str], batch_size: int) -> Any:
@@ -140,19 +145,36 @@ def compare(args: argparse.Namespace, url: str) -> None:
     """Each variant in a fresh interpreter; print one table."""
     rows = []
     for variant in VARIANTS:
-        cmd = [sys.executable, __file__, "--url", url, "--variant", variant, "--workers", str(args.workers),
-               "--batch-size", str(args.batch_size), "--max-batches", str(args.max_batches),
-               "--variables", *args.variables]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--url",
+            url,
+            "--variant",
+            variant,
+            "--workers",
+            str(args.workers),
+            "--batch-size",
+            str(args.batch_size),
+            "--max-batches",
+            str(args.max_batches),
+            "--variables",
+            *args.variables,
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         line = next(ln for ln in out.splitlines() if ln.startswith(RESULT_TAG))
-        rows.append(json.loads(line[len(RESULT_TAG):]))
+        rows.append(json.loads(line[len(RESULT_TAG) :]))
         print(f"  {variant:<20} done", flush=True)
     base = next(r for r in rows if r["variant"] == "insitubatch")
     print(f"\n{'loader':<42} {'workers':>7} {'first batch s':>13} {'samples/s':>10} {'TTFB / insitubatch':>19}")
     for r in rows:
-        name = "insitubatch (one event loop)" if r["variant"] == "insitubatch" else f"xbatcher + DataLoader {r['variant']}"
-        print(f"{name:<42} {r['workers']:>7} {r['ttfb_s']:>13.2f} {r['samples_per_s']:>10.0f} "
-              f"{r['ttfb_s'] / base['ttfb_s']:>18.1f}x")
+        name = (
+            "insitubatch (one event loop)" if r["variant"] == "insitubatch" else f"xbatcher + DataLoader {r['variant']}"
+        )
+        print(
+            f"{name:<42} {r['workers']:>7} {r['ttfb_s']:>13.2f} {r['samples_per_s']:>10.0f} "
+            f"{r['ttfb_s'] / base['ttfb_s']:>18.1f}x"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--start-method", default="spawn", choices=("spawn", "forkserver"))
     parser.add_argument("--max-batches", type=int, default=20)
-    parser.add_argument("--compare", action="store_true", help="TTFB and samples/s across start methods and insitubatch")
+    parser.add_argument(
+        "--compare", action="store_true", help="TTFB and samples/s across start methods and insitubatch"
+    )
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one --compare run
     args = parser.parse_args(argv)
 
@@ -185,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         loader = xbatcher_loader(url, args.variables, args.batch_size, args.workers, args.start_method)
         r = measure(iter(loader), args.max_batches, t0)
-        print(f"xbatcher + DataLoader ({args.workers} {args.start_method} workers): first batch {r['ttfb_s']:.2f}s "
-              f"{r['batch_shape']}, then {r['samples_per_s']:.0f} samples/s")
+        print(
+            f"xbatcher + DataLoader ({args.workers} {args.start_method} workers): first batch {r['ttfb_s']:.2f}s "
+            f"{r['batch_shape']}, then {r['samples_per_s']:.0f} samples/s"
+        )
     return 0
 
 

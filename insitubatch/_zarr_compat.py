@@ -108,15 +108,17 @@ def io_loop() -> asyncio.AbstractEventLoop:
     return get_loop()
 
 
-def chunk_spec(metadata: ArrayV2Metadata | ArrayV3Metadata, shape: tuple[int, ...],
-               config: ArrayConfig, prototype: Any) -> ArraySpec:
+def chunk_spec(
+    metadata: ArrayV2Metadata | ArrayV3Metadata, shape: tuple[int, ...], config: ArrayConfig, prototype: Any
+) -> ArraySpec:
     """The ``ArraySpec`` a codec chain sees for one stored chunk of ``shape``.
 
     Built from the metadata's dtype and fill value, which is what every zarr
     line does (3.1's ``get_chunk_spec``, 3.4's chunk grid), so one path serves all.
     """
-    return ArraySpec(shape=shape, dtype=metadata.dtype, fill_value=metadata.fill_value,
-                     config=config, prototype=prototype)
+    return ArraySpec(
+        shape=shape, dtype=metadata.dtype, fill_value=metadata.fill_value, config=config, prototype=prototype
+    )
 
 
 def wrapped_numcodec(codec: Any) -> Any:

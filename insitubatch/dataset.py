@@ -18,7 +18,7 @@ import numpy as np
 from ._engine.buffers import BufferPool
 from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext
 from ._engine.loop import decode_pool
-from ._engine.pool import ChunkPool, Slot
+from ._engine.pool import ChunkPool, Entry
 from ._engine.reader import ArrayReader, BadChunkRecord
 from ._validate import callables, flag, positive_int
 from .cache import DiskCache
@@ -38,6 +38,7 @@ from .views import DatasetView, InferView
 __all__ = ["InSituDataset"]
 
 ALL_SPLIT = "__all__"  # the pseudo-split of ``ds.all``: every chunk, sequential
+
 
 class InSituDataset:
     """Train/val/test views over a zarr store, read in place.
@@ -86,10 +87,10 @@ class InSituDataset:
         repeats a rank's own samples, ``"drop"`` cuts to the shortest rank
         (see ``insitubatch.plan.distributed``).
     cache_dir
-        Back the pool with mmap'd tile-major ``.npy`` slot files here (local
+        Back the pool with mmap'd tile-major ``.npy`` tile files here (local
         NVMe). One writing process per directory (an advisory lock).
     persist
-        Keep slot files and log each completed chunk, so later runs revive
+        Keep tile files and log each completed chunk, so later runs revive
         them without fetching or decoding. Windowed shuffled passes then
         release each block's chunks and revive them from disk when needed.
     reset_stale_cache
@@ -141,8 +142,10 @@ class InSituDataset:
         reset_stale_cache = flag("reset_stale_cache", reset_stale_cache)
         readonly_cache = flag("readonly_cache", readonly_cache)
         if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-            raise TypeError(f"cache_dir must be a directory path (str or os.PathLike) or None, got "
-                            f"{type(cache_dir).__name__} ({cache_dir!r})")
+            raise TypeError(
+                f"cache_dir must be a directory path (str or os.PathLike) or None, got "
+                f"{type(cache_dir).__name__} ({cache_dir!r})"
+            )
         self.rank, self.world_size = resolve_world(rank, world_size)
         if remainder not in REMAINDER_POLICIES:
             raise ValueError(f"remainder={remainder!r} must be one of {REMAINDER_POLICIES}")
@@ -160,9 +163,11 @@ class InSituDataset:
             if g.path not in self.readers:
                 base = g.shift(-g.offset)
                 self.readers[g.path] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
-        # what slots hold and batches carry: each label's geometry after its chunk transforms
-        self.outputs = {lb: self.readers[g.path].output.shift(g.offset - self.readers[g.path].output.offset)
-                        for lb, g in self.variables.items()}
+        # what entries hold and batches carry: each label's geometry after its chunk transforms
+        self.outputs = {
+            lb: self.readers[g.path].output.shift(g.offset - self.readers[g.path].output.offset)
+            for lb, g in self.variables.items()
+        }
         self.cache = self._open_cache(cache_dir, persist, reset_stale_cache, readonly_cache)
         self.persist = bool(persist)
         self.pool = ChunkPool(cache_budget_bytes, on_evict=self._evicted if self.cache is not None else None)
@@ -170,15 +175,32 @@ class InSituDataset:
         self.executor = decode_pool(decode_threads)
         self.decode_threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
         self.context = PassContext(
-            store=self.store, readers=self.readers, outputs=self.outputs,
-            offsets={lb: g.offset for lb, g in self.variables.items()}, pool=self.pool, buffers=self.buffers,
-            executor=self.executor, max_inflight=self.max_inflight, decode_threads=self.decode_threads,
-            prefetch_depth=self.prefetch_depth, on_bad_chunk=on_bad_chunk, cache=self.cache, persist=self.persist,
-            batch_transforms=self.batch_transforms, sample_coords=self.sample_coords,
+            store=self.store,
+            readers=self.readers,
+            outputs=self.outputs,
+            offsets={lb: g.offset for lb, g in self.variables.items()},
+            pool=self.pool,
+            buffers=self.buffers,
+            executor=self.executor,
+            max_inflight=self.max_inflight,
+            decode_threads=self.decode_threads,
+            prefetch_depth=self.prefetch_depth,
+            on_bad_chunk=on_bad_chunk,
+            cache=self.cache,
+            persist=self.persist,
+            batch_transforms=self.batch_transforms,
+            sample_coords=self.sample_coords,
         )
         self.planner = EpochPlanner(
-            manifest=manifest, outputs=self.outputs, batch_size=self.batch_size, block_chunks=self.block_chunks,
-            shuffle=self.shuffle, seed=self.seed, rank=self.rank, world_size=self.world_size, remainder=remainder,
+            manifest=manifest,
+            outputs=self.outputs,
+            batch_size=self.batch_size,
+            block_chunks=self.block_chunks,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            remainder=remainder,
             release_per_block=self.persist,
         )
         self._views: dict[str, DatasetView] = {}
@@ -212,8 +234,7 @@ class InSituDataset:
         bad = {lb: g.n_samples for lb, g in resolved.items() if g.n_samples != n}
         if bad:
             raise ValueError(
-                f"every variable must have the manifest's {n} samples along its sample axis; "
-                f"these differ: {bad}"
+                f"every variable must have the manifest's {n} samples along its sample axis; these differ: {bad}"
             )
         return resolved
 
@@ -227,12 +248,17 @@ class InSituDataset:
         if readonly and not persist:
             raise ValueError("readonly_cache=True reads a persisted cache: pass persist=True with it")
         fingerprints = array_fingerprints(self.chunk_transforms, list(self.readers))
-        return DiskCache(cache_dir, persist=bool(persist), readonly=bool(readonly), fingerprints=fingerprints,
-                         reset_stale=bool(reset_stale))
+        return DiskCache(
+            cache_dir,
+            persist=bool(persist),
+            readonly=bool(readonly),
+            fingerprints=fingerprints,
+            reset_stale=bool(reset_stale),
+        )
 
-    def _evicted(self, slot: Slot) -> None:
+    def _evicted(self, entry: Entry) -> None:
         if self.cache is not None:  # always: registered only with a cache
-            self.cache.evict(*slot.key)
+            self.cache.evict(*entry.key)
 
     # -- views --------------------------------------------------------------
     def split(self, name: str) -> DatasetView:
@@ -349,15 +375,29 @@ class InSituDataset:
         plans = {name: self.plan(name) for name in self.manifest.names}
         split = max(plans, key=lambda name: plans[name].working_set_bytes)
         stored = {lb: self.readers[g.path].geometry for lb, g in self.variables.items()}
-        info = describe_loader(stored, plans, {k: getattr(self, k) for k in KNOBS}, split=split,
-                               store=type(self.store).__name__, iterations=iterations,
-                               budget_bytes=self.pool.explicit_budget, batch_geometries=self.outputs)
+        info = describe_loader(
+            stored,
+            plans,
+            {k: getattr(self, k) for k in KNOBS},
+            split=split,
+            store=type(self.store).__name__,
+            iterations=iterations,
+            budget_bytes=self.pool.explicit_budget,
+            batch_geometries=self.outputs,
+        )
         info["resolved"] = {
-            "shuffle": self.shuffle, "seed": self.seed, "epoch": self.epoch, "rank": self.rank,
-            "world_size": self.world_size, "remainder": self.remainder, "on_bad_chunk": self.on_bad_chunk,
-            "decode_threads": self.decode_threads, "cache_dir": None if self.cache is None else
-            str(self.cache.cache_dir), "persist": self.persist,
-            "chunk_transforms": len(self.chunk_transforms), "batch_transforms": len(self.batch_transforms),
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "remainder": self.remainder,
+            "on_bad_chunk": self.on_bad_chunk,
+            "decode_threads": self.decode_threads,
+            "cache_dir": None if self.cache is None else str(self.cache.cache_dir),
+            "persist": self.persist,
+            "chunk_transforms": len(self.chunk_transforms),
+            "batch_transforms": len(self.batch_transforms),
         }
         return info
 

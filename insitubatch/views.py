@@ -152,7 +152,9 @@ class DatasetView:
         try:
             history = tuple((int(w), int(k)) for w, k in state.get("history", ()))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"state['history']={state.get('history')!r} must be a list of [world_size, batches]") from exc
+            raise ValueError(
+                f"state['history']={state.get('history')!r} must be a list of [world_size, batches]"
+            ) from exc
         if saved_world != self.planner.world_size:
             # another world size: the consumed part becomes history, the rest is dealt anew
             if consumed:
@@ -168,8 +170,15 @@ class DatasetView:
 class InferView(DatasetView):
     """A sequential pass over an anchor range, across splits; batches carry ``coords``."""
 
-    def __init__(self, context: PassContext, planner: EpochPlanner, sample_range: tuple[int, int], batch_size: int,
-                 *, dataset: Any = None) -> None:
+    def __init__(
+        self,
+        context: PassContext,
+        planner: EpochPlanner,
+        sample_range: tuple[int, int],
+        batch_size: int,
+        *,
+        dataset: Any = None,
+    ) -> None:
         super().__init__(context, planner, "__infer__", dataset=dataset)
         self.sample_range = sample_range
         self._batch_size = batch_size

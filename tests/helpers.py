@@ -80,7 +80,13 @@ class CountingStore(WrapperStore):
 
     def chunk_gets(self) -> Counter[str]:
         """GETs of chunk keys only (metadata reads excluded)."""
-        return Counter({k: v for k, v in self.gets.items() if not k.endswith(("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"))})
+        return Counter(
+            {
+                k: v
+                for k, v in self.gets.items()
+                if not k.endswith(("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"))
+            }
+        )
 
     def reset(self) -> None:
         with self._lock:
@@ -98,9 +104,7 @@ def smooth_field(rng: np.random.Generator, shape: tuple[int, ...], dtype: str = 
     return data.astype(dtype)
 
 
-def write_array(
-    root: zarr.Group, name: str, data: np.ndarray, chunks, *, shards=None, dims=None, **kw
-) -> zarr.Array:
+def write_array(root: zarr.Group, name: str, data: np.ndarray, chunks, *, shards=None, dims=None, **kw) -> zarr.Array:
     kwargs = dict(shape=data.shape, chunks=chunks, dtype=data.dtype, **kw)
     if shards is not None:
         kwargs["shards"] = shards
@@ -134,7 +138,7 @@ def assert_batch_matches(batch, variables, data) -> None:
 
 
 class EvictionWatch:
-    """Weak references to the tiles of every slot a pool evicts, to prove nothing else keeps them.
+    """Weak references to the tiles of every entry a pool evicts, to prove nothing else keeps them.
 
     Install it as the pool's ``on_evict`` (chaining the one already there):
     ``alive()`` lists evicted tiles some object other than the pool still references, and
@@ -157,11 +161,11 @@ class EvictionWatch:
             self._refs = [(key, ref) for key, ref in self._refs if ref() is not tile]
         return tile
 
-    def _on_evict(self, slot) -> None:
+    def _on_evict(self, entry) -> None:
         if self._chained is not None:
-            self._chained(slot)
+            self._chained(entry)
         self.evicted += 1
-        self._refs.extend((slot.key, weakref.ref(t)) for t in slot.tiles if t is not None)
+        self._refs.extend((entry.key, weakref.ref(t)) for t in entry.tiles if t is not None)
 
     def alive(self) -> list[tuple[tuple, np.ndarray]]:
         """Evicted tiles still alive other than in the pool's own hands.
@@ -184,6 +188,8 @@ class EvictionWatch:
         for ref in gc.get_referrers(tile):
             if ref is live:
                 continue
-            lines.append(f"  {type(ref).__name__} <- " + ", ".join(
-                type(r).__name__ for r in gc.get_referrers(ref) if r is not lines))
+            lines.append(
+                f"  {type(ref).__name__} <- "
+                + ", ".join(type(r).__name__ for r in gc.get_referrers(ref) if r is not lines)
+            )
         return "\n".join(lines)

@@ -146,11 +146,19 @@ def test_readonly_miss_raises_naming_array_and_chunk(data, tmp_path) -> None:
     path, _ = data
     cache = tmp_path / "cache"
     geoms = open_geometries(str(path))
-    with InSituDataset(str(path), split_by_chunk(geoms["a"], fractions=(0.5, 0.5)), geoms, cache_dir=cache,
-                       persist=True, batch_size=4) as ds:
+    with InSituDataset(
+        str(path), split_by_chunk(geoms["a"], fractions=(0.5, 0.5)), geoms, cache_dir=cache, persist=True, batch_size=4
+    ) as ds:
         list(ds.train)  # warms only the train half
-    with InSituDataset(str(path), split_by_chunk(geoms["a"], fractions=(0.5, 0.5)), geoms, cache_dir=cache,
-                       persist=True, readonly_cache=True, batch_size=4) as ds:
+    with InSituDataset(
+        str(path),
+        split_by_chunk(geoms["a"], fractions=(0.5, 0.5)),
+        geoms,
+        cache_dir=cache,
+        persist=True,
+        readonly_cache=True,
+        batch_size=4,
+    ) as ds:
         list(ds.train)
         with pytest.raises(CacheMissError, match=r"'a'.*chunk 8|'b'.*chunk 4"):
             list(ds.val)
@@ -246,15 +254,16 @@ def test_windowed_shuffled_persist_drops_the_residency_floor() -> None:
     assert held_floor > 4 * released_floor
 
 
-def test_mmap_tier_unlinks_evicted_slots_and_stays_within_budget(data, tmp_path) -> None:
+def test_mmap_tier_unlinks_evicted_entries_and_stays_within_budget(data, tmp_path) -> None:
     path, truth = data
     cache = tmp_path / "spill"
     geoms = open_geometries(str(path))
     manifest = split_by_chunk(geoms["a"], fractions=(1.0,))
     with InSituDataset(str(path), manifest, geoms, cache_dir=cache, batch_size=5, block_chunks=2, seed=1) as ds:
         budget = ds.plan("train").working_set_bytes
-    with InSituDataset(str(path), manifest, geoms, cache_dir=cache, batch_size=5, block_chunks=2, seed=1,
-                       cache_budget_bytes=budget) as ds:
+    with InSituDataset(
+        str(path), manifest, geoms, cache_dir=cache, batch_size=5, block_chunks=2, seed=1, cache_budget_bytes=budget
+    ) as ds:
         files_seen = 0
         for batch in ds.train:
             np.testing.assert_array_equal(batch.arrays["a"], truth["a"][batch.sample_indices])

@@ -71,7 +71,9 @@ def test_windowed_labels_drop_anchors_that_run_off_the_array(era5_like) -> None:
     path, arrays = era5_like
     g = open_geometries(str(path))["t2m"]
     manifest = split_by_chunk(g, fractions=(1.0,))
-    with InSituDataset(str(path), manifest, {"x": g, "y": g.shift(6), "past": g.shift(-2)}, batch_size=7, block_chunks=3) as ds:
+    with InSituDataset(
+        str(path), manifest, {"x": g, "y": g.shift(6), "past": g.shift(-2)}, batch_size=7, block_chunks=3
+    ) as ds:
         seen = _oracle_pass(ds.train, arrays)
     assert sorted(seen) == list(range(2, 53 - 6))
 
@@ -175,7 +177,9 @@ def test_pool_residency_and_concurrency_stay_bounded(era5_like) -> None:
     manifest = split_by_chunk(g, fractions=(1.0,))
     plan = plan_epoch(manifest, "train", {"t2m": g}, batch_size=4, block_chunks=2, shuffle=True, seed=0, epoch=0)
     budget = plan.working_set_bytes
-    with InSituDataset(store, manifest, ["t2m"], batch_size=4, block_chunks=2, max_inflight=3, cache_budget_bytes=budget) as ds:
+    with InSituDataset(
+        store, manifest, ["t2m"], batch_size=4, block_chunks=2, max_inflight=3, cache_budget_bytes=budget
+    ) as ds:
         store.reset()
         _oracle_pass(ds.train, arrays)
         assert ds.pool.totals.peak_resident_bytes <= budget
@@ -361,8 +365,15 @@ def test_closed_dataset_refuses_to_iterate_and_close_is_idempotent(era5_like) ->
         ({"batch_size": 2.5}, TypeError, "batch_size must be an int"),
         ({"on_bad_chunk": "skip"}, ValueError, "on_bad_chunk='skip' must be one of"),
         ({"variables": ["nope"]}, ValueError, "variable 'nope' is not an array"),
-        ({"chunk_transforms": [__import__("insitubatch.transforms", fromlist=["applies"]).applies(["zz"], lambda c: c)]},
-         ValueError, r"names \['zz'\], which are not arrays"),
+        (
+            {
+                "chunk_transforms": [
+                    __import__("insitubatch.transforms", fromlist=["applies"]).applies(["zz"], lambda c: c)
+                ]
+            },
+            ValueError,
+            r"names \['zz'\], which are not arrays",
+        ),
     ],
 )
 def test_parameters_are_validated(era5_like, kwargs, exc, match) -> None:

@@ -308,8 +308,12 @@ def test_every_block_has_a_known_language() -> None:
 
 
 def test_readme_keeps_the_two_quick_start_commands() -> None:
-    commands = [line.split("#")[0].strip() for b in blocks(ROOT / "README.md") if b.info == "bash"
-                for line in b.source.splitlines()]
+    commands = [
+        line.split("#")[0].strip()
+        for b in blocks(ROOT / "README.md")
+        if b.info == "bash"
+        for line in b.source.splitlines()
+    ]
     assert "./dev demo" in commands and "./dev test" in commands
 
 
@@ -327,15 +331,25 @@ def test_python_blocks_run(page: Path, served_url: str, tmp_path: Path) -> None:
     script.write_text(json.dumps(code), encoding="utf-8")
     work = tmp_path / "work"
     work.mkdir()
-    env = dict(os.environ, **{URL_ENV: served_url}, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env = dict(
+        os.environ,
+        **{URL_ENV: served_url},
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    )
     proc = subprocess.run(
         [sys.executable, "-W", "error", "-c", RUNNER, str(script), PREAMBLE],
-        cwd=work, env=env, capture_output=True, text=True, timeout=PAGE_TIMEOUT_S,
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PAGE_TIMEOUT_S,
     )
     assert proc.returncode == 0, f"a python block of {page.name} failed:\n{proc.stdout}\n{proc.stderr}"
     # a warning raised in a finalizer or a logged one does not change the exit status; it still fails
-    noise = [line for line in proc.stderr.splitlines() if re.search(r"Warning|Exception ignored|Traceback|WARNING", line)]
+    noise = [
+        line for line in proc.stderr.splitlines() if re.search(r"Warning|Exception ignored|Traceback|WARNING", line)
+    ]
     assert not noise, f"the python blocks of {page.name} warned:\n{proc.stderr}"
 
 
@@ -348,8 +362,7 @@ def test_api_reference_matches_the_code() -> None:
     repeated = sorted({text for text in documented if documented.count(text) > 1})
     problems = []
     if missing:
-        problems.append("missing from docs/api.md (or changed), as the code reads now:\n\n"
-                        + "\n\n".join(missing))
+        problems.append("missing from docs/api.md (or changed), as the code reads now:\n\n" + "\n\n".join(missing))
     if stale:
         problems.append("in docs/api.md but not in the code (renamed, removed or changed):\n\n" + "\n\n".join(stale))
     if repeated:
@@ -363,7 +376,7 @@ def test_api_reference_names_the_documented_exceptions() -> None:
     found = list(re.finditer(r"^```python signature\n(?P<body>.*?)^```", text, re.M | re.S))
     for i, m in enumerate(found):
         end = found[i + 1].start() if i + 1 < len(found) else len(text)
-        sections[m["body"].rstrip("\n")] = text[m.end():end]
+        sections[m["body"].rstrip("\n")] = text[m.end() : end]
     lacking = []
     for e in api_entries():
         section = sections.get(e.block)
@@ -401,7 +414,8 @@ def test_cli_usage_blocks_match_the_parsers() -> None:
             wrong.append(f"{b.where}: the usage of {command!r} now reads:\n{parsers[command].format_usage()}")
     undocumented = sorted(set(parsers) - set(shown))
     assert not wrong and not undocumented, "\n".join(wrong) + (
-        f"\ncommands without a usage block in the docs: {undocumented}" if undocumented else "")
+        f"\ncommands without a usage block in the docs: {undocumented}" if undocumented else ""
+    )
     _xfail_if_unregistered(pending)
 
 

@@ -103,8 +103,11 @@ def test_every_path_matches_zarr(tiled, store_kind: str, assemble: bool, max_inf
             assert sorted(seen) == list(range(SHAPE[0]))
             n_tiles = (SHAPE[0] // CHUNKS[0]) * g.tiles_per_chunk
             assert (it.counters.gets, it.counters.decoded_tiles) == (n_tiles, n_tiles)
-            assert it.counters.get_bytes == sum((path / g.chunk_key(g.physical_chunk_coord(c, t))).stat().st_size
-                                                for c in range(SHAPE[0] // CHUNKS[0]) for t in range(4))
+            assert it.counters.get_bytes == sum(
+                (path / g.chunk_key(g.physical_chunk_coord(c, t))).stat().st_size
+                for c in range(SHAPE[0] // CHUNKS[0])
+                for t in range(4)
+            )
 
 
 @pytest.mark.parametrize("store_kind", ["zarr-local", "obstore-local", "wrapped"])

@@ -41,11 +41,34 @@ def test_demo_main_command(demo_path, tmp_path) -> None:
 def test_train_torch_checkpoint_and_resume(demo_path, tmp_path) -> None:
     pytest.importorskip("torch")
     ckpt = str(tmp_path / "ckpt")
-    out = _run([str(EXAMPLES / "train_torch.py"), "--path", demo_path, "--checkpoint", ckpt, "--stop-after", "3",
-                "--batch-size", "128"], tmp_path)
+    out = _run(
+        [
+            str(EXAMPLES / "train_torch.py"),
+            "--path",
+            demo_path,
+            "--checkpoint",
+            ckpt,
+            "--stop-after",
+            "3",
+            "--batch-size",
+            "128",
+        ],
+        tmp_path,
+    )
     assert "checkpoint after batch 3" in out
-    out = _run([str(EXAMPLES / "train_torch.py"), "--path", demo_path, "--checkpoint", ckpt, "--resume",
-                "--batch-size", "128"], tmp_path)
+    out = _run(
+        [
+            str(EXAMPLES / "train_torch.py"),
+            "--path",
+            demo_path,
+            "--checkpoint",
+            ckpt,
+            "--resume",
+            "--batch-size",
+            "128",
+        ],
+        tmp_path,
+    )
     assert "resumed at batch 3" in out and "epoch done" in out
 
 
@@ -62,9 +85,22 @@ def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)  # the tree under test
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     proc = subprocess.run(
-        [torchrun, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-         str(EXAMPLES / "ddp_train.py"), "--path", demo_path, "--batch-size", "128"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        [
+            torchrun,
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={_free_port()}",
+            str(EXAMPLES / "ddp_train.py"),
+            "--path",
+            demo_path,
+            "--batch-size",
+            "128",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     assert "rank 0/2" in proc.stdout and "rank 1/2" in proc.stdout and "all ranks" in proc.stdout

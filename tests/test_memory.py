@@ -55,8 +55,9 @@ def _scale(chunk):
 def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(store, transforms) -> None:
     geoms = open_geometries(store)
     manifest = split_by_chunk(geoms["a"], fractions=(1.0,))
-    with InSituDataset(store, manifest, batch_size=8, block_chunks=2, max_inflight=8,
-                       chunk_transforms=transforms) as ds:
+    with InSituDataset(
+        store, manifest, batch_size=8, block_chunks=2, max_inflight=8, chunk_transforms=transforms
+    ) as ds:
         plan = ds.train.plan()
         assert plan.read_nbytes.sum() >= SPLIT_OVER_BUDGET * plan.working_set_bytes
         watch = EvictionWatch(ds.pool)
@@ -78,19 +79,18 @@ def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(sto
         print(f"peak {peak} bound {bound} budget {budget} split {plan.read_nbytes.sum()}")
 
 
-
 # -- recycled tiles: evicted decoded memory reused by later decodes -------------------
 TILE = (4, 3, 5)
 F4 = np.dtype(np.float32)
 ORIGINS = np.zeros((1, 2), dtype=np.intp)
 
 
-def _ready_slot(pool: ChunkPool, owner, key, tiles: list[np.ndarray], recyclable: bool = True):
-    slot = pool.admit(key, sum(t.nbytes for t in tiles), np.zeros((len(tiles), 2), dtype=np.intp), owner, recyclable)
-    assert slot is not None
-    pool.deliver_many([(slot, i, t) for i, t in enumerate(tiles)])
-    assert slot.state == READY
-    return slot
+def _ready_entry(pool: ChunkPool, owner, key, tiles: list[np.ndarray], recyclable: bool = True):
+    entry = pool.admit(key, sum(t.nbytes for t in tiles), np.zeros((len(tiles), 2), dtype=np.intp), owner, recyclable)
+    assert entry is not None
+    pool.deliver_many([(entry, i, t) for i, t in enumerate(tiles)])
+    assert entry.state == READY
+    return entry
 
 
 def _drain_free(pool: ChunkPool) -> list[np.ndarray]:
@@ -110,10 +110,10 @@ def test_a_recycled_tile_is_never_one_something_else_still_references() -> None:
     owner = pool.open_owner(3 * one, 4)
     unreferenced, viewed, held = (np.full(TILE, k, F4) for k in range(3))
     view = viewed[1:]  # a zero-copy batch or tensor over a tile references it
-    slot = _ready_slot(pool, owner, ("a", 0), [unreferenced, viewed, held])
+    entry = _ready_entry(pool, owner, ("a", 0), [unreferenced, viewed, held])
     free_id, viewed_id = id(unreferenced), id(viewed)
     del unreferenced, viewed
-    pool.unpin(slot, owner)
+    pool.unpin(entry, owner)
     # evicting it for the next read keeps only the tile nobody else references
     nxt = pool.admit(("a", 1), 3 * one, np.zeros((3, 2), dtype=np.intp), owner, True)
     assert nxt is not None and pool.totals.evictions == 1
@@ -134,7 +134,7 @@ def test_tiles_the_decode_does_not_own_are_never_recycled() -> None:
     for key, tile, recyclable in ((("a", 1), np.zeros((2, *TILE), F4)[0], True), (("a", 2), np.zeros(TILE, F4), False)):
         if viewing is not None:
             pool.unpin(viewing, owner)
-        viewing = _ready_slot(pool, owner, key, [tile], recyclable)
+        viewing = _ready_entry(pool, owner, key, [tile], recyclable)
         del tile
     pool.unpin(viewing, owner)
     assert pool.admit(("a", 3), one, ORIGINS, owner, True) is not None
@@ -145,8 +145,8 @@ def test_pinned_tiles_are_never_recycled_and_clear_lets_the_free_list_go() -> No
     one = np.empty(TILE, F4).nbytes
     pool = ChunkPool(2 * one)
     owner = pool.open_owner(2 * one, 4)
-    pinned = _ready_slot(pool, owner, ("a", 0), [np.zeros(TILE, F4)])
-    unpinned = _ready_slot(pool, owner, ("a", 1), [np.ones(TILE, F4)])
+    pinned = _ready_entry(pool, owner, ("a", 0), [np.zeros(TILE, F4)])
+    unpinned = _ready_entry(pool, owner, ("a", 1), [np.ones(TILE, F4)])
     pool.unpin(unpinned, owner)
     third = pool.admit(("a", 2), one, ORIGINS, owner, True)
     assert third is not None and pool.contains(("a", 0)) and not pool.contains(("a", 1))
@@ -168,6 +168,7 @@ def _keeping(kept: list):
     def keep(chunk):
         kept.append((chunk.data, chunk.data.copy()))  # the transform holds its input after returning it
         return chunk
+
     return keep
 
 
@@ -182,8 +183,14 @@ def test_recycled_tiles_never_leak_stale_data_into_batches(tmp_path, keep_inputs
     oracle = {name: zarr.open_array(store, path=name)[...] for name in ("v", "w")}
     manifest = split_by_chunk(open_geometries(store)["v"], fractions=(1.0,))
     kept: list = []
-    with InSituDataset(store, manifest, batch_size=3, block_chunks=1, max_inflight=4,
-                       chunk_transforms=[_keeping(kept)] if keep_inputs else ()) as ds:
+    with InSituDataset(
+        store,
+        manifest,
+        batch_size=3,
+        block_chunks=1,
+        max_inflight=4,
+        chunk_transforms=[_keeping(kept)] if keep_inputs else (),
+    ) as ds:
         held = []
         for epoch in range(2):
             ds.train.set_epoch(epoch)

@@ -17,8 +17,23 @@ pytest.importorskip("build.__main__")
 ROOT = Path(__file__).resolve().parents[1]
 # What a clean clone lacks or the sdist never needs: build outputs, venvs, the non-package trees.
 NOT_COPIED = shutil.ignore_patterns(
-    ".git", ".venv", ".ci-venv", "build", "dist", "*.egg-info", "*.so", "*.c", "__pycache__",
-    ".pytest_cache", ".hypothesis", ".benchmarks", "demo_data", "bench", "docs", "examples", "tests",
+    ".git",
+    ".venv",
+    ".ci-venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "*.so",
+    "*.c",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    ".benchmarks",
+    "demo_data",
+    "bench",
+    "docs",
+    "examples",
+    "tests",
 )
 
 
@@ -29,7 +44,9 @@ def test_sdist_ships_the_cython_sources(tmp_path: Path) -> None:
     out = tmp_path / "dist"
     proc = subprocess.run(
         [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(out), str(source)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (archive,) = out.glob("insitubatch-*.tar.gz")

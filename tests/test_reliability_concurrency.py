@@ -99,8 +99,15 @@ def test_two_datasets_in_two_threads_over_one_http_store(emulator) -> None:
     manifest = split_by_chunk(geoms["t2m"], fractions=(0.75, 0.25))
     g = geoms["t2m"]
     a = InSituDataset(store, manifest, batch_size=5, block_chunks=2, seed=1, max_inflight=4)
-    b = InSituDataset(store, manifest, {"x": g, "later": g.shift(3), "u": geoms["u10"]}, batch_size=8,
-                      block_chunks=3, seed=2, max_inflight=16)
+    b = InSituDataset(
+        store,
+        manifest,
+        {"x": g, "later": g.shift(3), "u": geoms["u10"]},
+        batch_size=8,
+        block_chunks=3,
+        seed=2,
+        max_inflight=16,
+    )
     counts = {"a": 0, "b": 0}
 
     def epochs(name: str, ds: InSituDataset) -> Callable[[], None]:
@@ -222,8 +229,9 @@ def test_many_threads_each_with_its_own_dataset_over_one_store(local) -> None:
 
     def one(seed: int) -> Callable[[], None]:
         def run() -> None:
-            with InSituDataset(store, manifest, batch_size=3 + seed, block_chunks=1 + seed % 3, seed=seed,
-                               prefetch_depth=1 + seed % 2) as ds:
+            with InSituDataset(
+                store, manifest, batch_size=3 + seed, block_chunks=1 + seed % 3, seed=seed, prefetch_depth=1 + seed % 2
+            ) as ds:
                 for epoch in range(2):
                     ds.set_epoch(epoch)
                     assert sorted(_check_pass(ds.train, data)) == list(range(N))
@@ -243,7 +251,7 @@ ABANDON_TIMEOUT_S = 120
 def _shares_pending(second, first) -> bool:
     """Whether pass ``second`` pins a chunk pass ``first`` is still fetching (the case that used to hang)."""
     fetcher = first.owner.id
-    return any(s is not None and s.state == "pending" and s.fetcher == fetcher for s in second.driver.slots)
+    return any(s is not None and s.state == "pending" and s.fetcher == fetcher for s in second.driver.entries)
 
 
 def _wait_shared(second, first) -> None:
@@ -253,7 +261,8 @@ def _wait_shared(second, first) -> None:
     while not _shares_pending(second._state, first):
         assert time.monotonic() < deadline, (
             "the second pass never pinned a chunk the first was fetching: "
-            f"{[(s.state, s.fetcher) if s else None for s in second._state.driver.slots]} (first is {first.owner.id})")
+            f"{[(s.state, s.fetcher) if s else None for s in second._state.driver.entries]} (first is {first.owner.id})"
+        )
         time.sleep(0.002)
 
 

@@ -216,7 +216,9 @@ def test_metadata_whose_dtype_or_chunks_disagree_with_the_bytes(tmp_path: Path, 
     _edit_v3_metadata(path, name, **change)
     g, manifest = _open(path, name)
     with InSituDataset(str(path), manifest, [name], batch_size=BATCH_SIZE, shuffle=False) as ds:
-        with pytest.raises(BadChunkError, match=rf"chunk \(0, 0, [01]\) of array '{name}' \(key '{name}/c/0/0/[01]'\).*expected"):
+        with pytest.raises(
+            BadChunkError, match=rf"chunk \(0, 0, [01]\) of array '{name}' \(key '{name}/c/0/0/[01]'\).*expected"
+        ):
             next(iter(ds.train))
 
 
@@ -229,7 +231,9 @@ def test_v2_metadata_whose_dtype_disagrees_with_the_bytes(tmp_path: Path) -> Non
     meta_file.write_text(json.dumps(meta))
     g, manifest = _open(path, "blosc")
     with InSituDataset(str(path), manifest, ["blosc"], batch_size=BATCH_SIZE, shuffle=False) as ds:
-        with pytest.raises(BadChunkError, match=r"chunk \(0, 0, [01]\) of array 'blosc' \(key 'blosc/0\.0\.[01]'\).*expected"):
+        with pytest.raises(
+            BadChunkError, match=r"chunk \(0, 0, [01]\) of array 'blosc' \(key 'blosc/0\.0\.[01]'\).*expected"
+        ):
             next(iter(ds.train))
 
 
@@ -248,7 +252,13 @@ def _absurd(path: Path, name: str, shape, chunks, shards=None, dtype="f4") -> No
         ((8, 10**6, 10**6), (1, 10**6, 10**6), None, "f4", r"one stored chunk decodes to 4000000000000 bytes"),
         ((8, 4, 4), (1, 10**6, 10**6), None, "f8", r"one stored chunk decodes to 8000000000000 bytes"),
         ((8, 10**7, 10**6), (8, 1000, 1000), None, "u1", r"one sample-axis chunk decodes to 80000000000000 bytes"),
-        ((4, 2048, 1024), (1, 1, 1), None, "u1", rf"has 2097152 stored chunks per sample-axis chunk, over the limit of {MAX_CHUNKS_PER_READ}"),
+        (
+            (4, 2048, 1024),
+            (1, 1, 1),
+            None,
+            "u1",
+            rf"has 2097152 stored chunks per sample-axis chunk, over the limit of {MAX_CHUNKS_PER_READ}",
+        ),
         ((4, 2048, 1024), (1, 1, 1), (1, 2048, 1024), "u1", r"has 2097152 inner chunks per shard"),
     ],
 )

@@ -176,8 +176,9 @@ def test_persistent_fault_raises_store_read_error_in_bounded_time(served: Served
     fault = emu.inject(kind, f"{GROUP}/{key}", stall_s=STALL_S)
     store = served.store(retry=FEW_RETRIES)
     # sequential, so the failing chunk comes last and the batches before it are handed over first
-    ds = InSituDataset(store, served.manifest, batch_size=BATCH_SIZE, block_chunks=2, shuffle=False,
-                       on_bad_chunk=on_bad_chunk)
+    ds = InSituDataset(
+        store, served.manifest, batch_size=BATCH_SIZE, block_chunks=2, shuffle=False, on_bad_chunk=on_bad_chunk
+    )
     good = 0
     t0 = time.monotonic()
     with pytest.raises(StoreReadError) as info:
@@ -275,8 +276,9 @@ def test_remote_stores_get_finite_timeouts_and_retries_by_default(served: Served
     assert retry["retry_timeout"] == DEFAULT_RETRY["retry_timeout"]
     close_store(store)
     # a caller's keys replace the defaults one by one
-    store = obstore_store(served.emu.url_for(GROUP), read_only=True, retry={"max_retries": 1},
-                          client_options={"read_timeout": "2s"})
+    store = obstore_store(
+        served.emu.url_for(GROUP), read_only=True, retry={"max_retries": 1}, client_options={"read_timeout": "2s"}
+    )
     assert store.store.client_options["read_timeout"] == "2s"
     assert store.store.client_options["timeout"] == DEFAULT_CLIENT_OPTIONS["timeout"]
     assert store.store.retry_config["max_retries"] == 1

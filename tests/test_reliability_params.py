@@ -78,11 +78,17 @@ BAD_DATASET_KNOBS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"variables": ["nope"]}, ValueError, r"variable 'nope' is not an array in the store; arrays are \["),
     ({"variables": {"x": "t2m"}}, TypeError, r"variables\['x'\] must be an ArrayGeometry .* got str"),
     ({"variables": {}}, ValueError, r"variables is empty"),
-    ({"variables": ["t2m", "longer"]}, ValueError, r"manifest's 30 samples along its sample axis; these differ: \{'longer': 33\}"),
+    (
+        {"variables": ["t2m", "longer"]},
+        ValueError,
+        r"manifest's 30 samples along its sample axis; these differ: \{'longer': 33\}",
+    ),
 ]
 
 
-@pytest.mark.parametrize("kwargs, exc, match", BAD_DATASET_KNOBS, ids=lambda v: repr(v)[:40] if isinstance(v, dict) else "")
+@pytest.mark.parametrize(
+    "kwargs, exc, match", BAD_DATASET_KNOBS, ids=lambda v: repr(v)[:40] if isinstance(v, dict) else ""
+)
 def test_dataset_knobs_are_validated(path, manifest, kwargs, exc, match) -> None:
     kwargs = dict(kwargs)
     kwargs.setdefault("variables", ["t2m"])
@@ -105,8 +111,11 @@ def test_store_and_manifest_of_the_wrong_type(path, manifest) -> None:
 def test_a_budget_below_the_working_set_raises_when_the_pass_starts(path, manifest) -> None:
     with InSituDataset(str(path), manifest, ["t2m"], batch_size=4, block_chunks=2, cache_budget_bytes=100) as ds:
         floor = ds.train.plan().working_set_bytes
-        with _raises(ValueError, rf"cache_budget_bytes=100 cannot hold this iteration's working set of {floor} bytes"
-                                 rf".*at least {floor}"):
+        with _raises(
+            ValueError,
+            rf"cache_budget_bytes=100 cannot hold this iteration's working set of {floor} bytes"
+            rf".*at least {floor}",
+        ):
             iter(ds.train)
 
 
@@ -143,7 +152,11 @@ def test_epoch_and_start_batch_are_validated(path, manifest) -> None:
     "kwargs, exc, match",
     [
         ({"fractions": (0.5, 0.6)}, ValueError, r"fractions \{'train': 0\.5, 'val': 0\.6\} sum to 1\.1"),
-        ({"fractions": (1.5, -0.5)}, ValueError, r"fraction for split 'train' is 1\.5; each fraction must be in \[0, 1\]"),
+        (
+            {"fractions": (1.5, -0.5)},
+            ValueError,
+            r"fraction for split 'train' is 1\.5; each fraction must be in \[0, 1\]",
+        ),
         ({"fractions": {"train": "most"}}, TypeError, r"fraction for split 'train' must be a number, got 'most'"),
         ({"fractions": ()}, ValueError, r"fractions=\(\) must have 1 to 3 entries"),
         ({"fractions": {}}, ValueError, r"fractions must name at least one split"),
@@ -207,7 +220,11 @@ def test_chunk_byte_limit_from_the_environment_is_validated(path, monkeypatch) -
         (((5, 2),), {}, r"sample_range=\(5, 2\) must satisfy 0 <= start < stop <= 30"),
         (((0, 31),), {}, r"sample_range=\(0, 31\) must satisfy 0 <= start < stop <= 30"),
         (("ab",), {}, r"sample_range='ab' must be a \(start, stop\) pair of ints"),
-        (((20, 30),), {}, r"label 'y' reads anchor \+ 3, so sample_range=\(20, 30\) would read \[23, 33\) off its array"),
+        (
+            ((20, 30),),
+            {},
+            r"label 'y' reads anchor \+ 3, so sample_range=\(20, 30\) would read \[23, 33\) off its array",
+        ),
         (((0, 10),), {"batch_size": 0}, r"batch_size=0 must be >= 1"),
     ],
 )
@@ -259,4 +276,3 @@ def test_as_torch_knobs_are_validated(path, manifest) -> None:
             as_torch(ds.train, device="gpu0")
         with _raises(TypeError, r"device_transform must be callable, got int"):
             as_torch(ds.train, device_transform=3)
-

@@ -35,8 +35,12 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 
 def _geometry(path: str, n: int, size: int, inner: tuple[int, ...], dtype: str) -> ArrayGeometry:
     return ArrayGeometry(
-        path=path, shape=(n, *inner), chunks=(size, *inner), stored_chunks=(size, *inner),
-        dtype=np.dtype(dtype), fill_value=0,
+        path=path,
+        shape=(n, *inner),
+        chunks=(size, *inner),
+        stored_chunks=(size, *inner),
+        dtype=np.dtype(dtype),
+        fill_value=0,
     )
 
 
@@ -70,8 +74,12 @@ def layouts(draw) -> Layout:
     for g in arrays[1:]:
         variables.setdefault(g.path, g)
     train = draw(st.sampled_from([1.0, 0.7, 0.5]))
-    manifest = split_by_chunk(anchor, fractions=(train, 1.0 - train) if train < 1 else (1.0,),
-                              contiguous=draw(st.booleans()), seed=draw(st.integers(0, 100)))
+    manifest = split_by_chunk(
+        anchor,
+        fractions=(train, 1.0 - train) if train < 1 else (1.0,),
+        contiguous=draw(st.booleans()),
+        seed=draw(st.integers(0, 100)),
+    )
     anchor_range = None
     if draw(st.booleans()):
         lo = draw(st.integers(0, n - 1))
@@ -94,7 +102,8 @@ def _valid_anchors(layout: Layout) -> list[int]:
     n = layout.manifest.n_samples
     lo, hi = layout.anchor_range or (0, n)
     return [
-        int(a) for a in layout.manifest.sample_indices(layout.split)
+        int(a)
+        for a in layout.manifest.sample_indices(layout.split)
         if lo <= a < hi and all(0 <= a + g.offset < n for g in layout.variables.values())
     ]
 
@@ -174,10 +183,24 @@ def _simulate(plan: EpochPlan) -> int:
 @SETTINGS
 @given(layout=layouts(), release_per_block=st.booleans())
 def test_single_rank_plan_invariants(layout: Layout, release_per_block: bool) -> None:
-    eo = epoch_order(layout.manifest, layout.split, layout.variables, block_chunks=layout.block_chunks,
-                     shuffle=layout.shuffle, seed=layout.seed, epoch=layout.epoch, anchor_range=layout.anchor_range)
-    plan = build_plan(layout.manifest, layout.variables, eo.order, eo.block_starts, layout.batch_size,
-                      release_per_block=release_per_block)
+    eo = epoch_order(
+        layout.manifest,
+        layout.split,
+        layout.variables,
+        block_chunks=layout.block_chunks,
+        shuffle=layout.shuffle,
+        seed=layout.seed,
+        epoch=layout.epoch,
+        anchor_range=layout.anchor_range,
+    )
+    plan = build_plan(
+        layout.manifest,
+        layout.variables,
+        eo.order,
+        eo.block_starts,
+        layout.batch_size,
+        release_per_block=release_per_block,
+    )
     # sample-once
     anchors = plan.anchors.tolist()
     assert sorted(anchors) == _valid_anchors(layout)
@@ -205,9 +228,17 @@ def test_single_rank_plan_invariants(layout: Layout, release_per_block: bool) ->
     peak = _simulate(plan)
     assert peak <= max(plan.working_set_bytes, int(plan.read_nbytes.max(initial=0)))
     if not release_per_block:
-        same = plan_epoch(layout.manifest, layout.split, layout.variables, batch_size=bs,
-                          block_chunks=layout.block_chunks, shuffle=layout.shuffle, seed=layout.seed,
-                          epoch=layout.epoch, anchor_range=layout.anchor_range)
+        same = plan_epoch(
+            layout.manifest,
+            layout.split,
+            layout.variables,
+            batch_size=bs,
+            block_chunks=layout.block_chunks,
+            shuffle=layout.shuffle,
+            seed=layout.seed,
+            epoch=layout.epoch,
+            anchor_range=layout.anchor_range,
+        )
         assert np.array_equal(same.order, plan.order) and same.reads == plan.reads
 
 
@@ -216,8 +247,14 @@ def test_single_rank_plan_invariants(layout: Layout, release_per_block: bool) ->
 def test_order_depends_on_seed_and_epoch_only(layout: Layout) -> None:
     kw = dict(block_chunks=layout.block_chunks, shuffle=layout.shuffle, anchor_range=layout.anchor_range)
     a = epoch_order(layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, **kw)
-    b = epoch_order(layout.manifest, layout.split, dict(reversed(list(layout.variables.items()))),
-                    seed=layout.seed, epoch=layout.epoch, **kw)
+    b = epoch_order(
+        layout.manifest,
+        layout.split,
+        dict(reversed(list(layout.variables.items()))),
+        seed=layout.seed,
+        epoch=layout.epoch,
+        **kw,
+    )
     assert np.array_equal(a.order, b.order) and np.array_equal(a.block_starts, b.block_starts)
 
 
@@ -227,14 +264,28 @@ def test_order_depends_on_seed_and_epoch_only(layout: Layout) -> None:
 @SETTINGS
 @given(layout=layouts(), world=st.integers(1, 5), remainder=st.sampled_from(["pad", "drop"]))
 def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, world: int, remainder: str) -> None:
-    eo = epoch_order(layout.manifest, layout.split, layout.variables, block_chunks=layout.block_chunks,
-                     shuffle=layout.shuffle, seed=layout.seed, epoch=layout.epoch, anchor_range=layout.anchor_range)
+    eo = epoch_order(
+        layout.manifest,
+        layout.split,
+        layout.variables,
+        block_chunks=layout.block_chunks,
+        shuffle=layout.shuffle,
+        seed=layout.seed,
+        epoch=layout.epoch,
+        anchor_range=layout.anchor_range,
+    )
     bs = layout.batch_size
     streams = rank_streams(eo, world, batch_size=bs, remainder=remainder)
     assert len(streams) == world
     plans = [
-        build_plan(layout.manifest, layout.variables, eo.order[s.rows], s.block_starts, bs,
-                   padded=s.padded if s.padded.any() else None)
+        build_plan(
+            layout.manifest,
+            layout.variables,
+            eo.order[s.rows],
+            s.block_starts,
+            bs,
+            padded=s.padded if s.padded.any() else None,
+        )
         for s in streams
     ]
     counts = {p.n_batches for p in plans}
@@ -270,8 +321,16 @@ def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, 
 @given(layout=layouts(), world=st.integers(1, 8), history=st.booleans(), data=st.data())
 def test_training_ranks_are_balanced_to_one_chunk(layout: Layout, world: int, history: bool, data) -> None:
     """Sample counts differ by at most one chunk, so pad/drop is under one chunk plus one batch per rank."""
-    eo = epoch_order(layout.manifest, layout.split, layout.variables, block_chunks=layout.block_chunks,
-                     shuffle=True, seed=layout.seed, epoch=layout.epoch, anchor_range=layout.anchor_range)
+    eo = epoch_order(
+        layout.manifest,
+        layout.split,
+        layout.variables,
+        block_chunks=layout.block_chunks,
+        shuffle=True,
+        seed=layout.seed,
+        epoch=layout.epoch,
+        anchor_range=layout.anchor_range,
+    )
     bs = layout.batch_size
     segments = []
     if history:  # balance holds for what is left after an elastic resume too
@@ -300,8 +359,16 @@ def test_training_ranks_are_balanced_to_one_chunk(layout: Layout, world: int, hi
 @SETTINGS
 @given(layout=layouts(), world=st.integers(1, 5))
 def test_evaluation_ranks_are_exactly_complete_and_chunk_aligned(layout: Layout, world: int) -> None:
-    eo = epoch_order(layout.manifest, layout.split, layout.variables, block_chunks=layout.block_chunks,
-                     shuffle=False, seed=layout.seed, epoch=layout.epoch, anchor_range=layout.anchor_range)
+    eo = epoch_order(
+        layout.manifest,
+        layout.split,
+        layout.variables,
+        block_chunks=layout.block_chunks,
+        shuffle=False,
+        seed=layout.seed,
+        epoch=layout.epoch,
+        anchor_range=layout.anchor_range,
+    )
     streams = rank_streams(eo, world, batch_size=layout.batch_size, contiguous=True)
     rows = np.concatenate([s.rows for s in streams])
     assert np.array_equal(rows, np.arange(len(eo.order))), "evaluation must read every sample once, in order"
@@ -318,8 +385,16 @@ def test_evaluation_ranks_are_exactly_complete_and_chunk_aligned(layout: Layout,
 @SETTINGS
 @given(layout=layouts(), old=st.integers(1, 4), new=st.integers(1, 4), data=st.data())
 def test_resume_at_another_world_size_neither_repeats_nor_skips(layout: Layout, old: int, new: int, data) -> None:
-    eo = epoch_order(layout.manifest, layout.split, layout.variables, block_chunks=layout.block_chunks,
-                     shuffle=True, seed=layout.seed, epoch=layout.epoch, anchor_range=layout.anchor_range)
+    eo = epoch_order(
+        layout.manifest,
+        layout.split,
+        layout.variables,
+        block_chunks=layout.block_chunks,
+        shuffle=True,
+        seed=layout.seed,
+        epoch=layout.epoch,
+        anchor_range=layout.anchor_range,
+    )
     bs = layout.batch_size
     before = rank_streams(eo, old, batch_size=bs)
     n_batches = len(before[0].rows) // bs if before else 0
@@ -342,13 +417,20 @@ def test_property_settings_are_not_trivially_small() -> None:
     @settings(max_examples=60, deadline=None, derandomize=True)
     @given(layout=layouts())
     def probe(layout: Layout) -> None:
-        plan = plan_epoch(layout.manifest, layout.split, layout.variables, batch_size=layout.batch_size,
-                          block_chunks=layout.block_chunks, shuffle=layout.shuffle, seed=layout.seed,
-                          epoch=layout.epoch, anchor_range=layout.anchor_range)
+        plan = plan_epoch(
+            layout.manifest,
+            layout.split,
+            layout.variables,
+            batch_size=layout.batch_size,
+            block_chunks=layout.block_chunks,
+            shuffle=layout.shuffle,
+            seed=layout.seed,
+            epoch=layout.epoch,
+            anchor_range=layout.anchor_range,
+        )
         seen["blocks"] = max(seen["blocks"], plan.n_blocks)
         seen["batches"] = max(seen["batches"], plan.n_batches)
         seen["windows"] = max(seen["windows"], sum(1 for g in layout.variables.values() if g.offset))
 
     probe()
     assert seen["blocks"] >= 5 and seen["batches"] >= 5 and seen["windows"] >= 2, seen
-

@@ -28,10 +28,10 @@ ZIP_EVERY = 4
 # Flat means: the second half of the measured epochs peaks no higher than the
 # first half (a leak of one thread, fd or mapping per pass would add 5 to 15),
 # and no measurement exceeds the first one by more than a transient allowance
-# (a cancelled pass's decode task may still hold a slot file open for a moment).
+# (a cancelled pass's decode task may still hold a tile file open for a moment).
 RSS_SLACK_BYTES = 16 * 2**20
-TREND_SLACK = {"threads": 0, "fds": 1, "maps_besides_slots": 2, "rss": RSS_SLACK_BYTES}
-ABSOLUTE_SLACK = {"threads": 0, "fds": 2, "maps_besides_slots": 8, "rss": 2 * RSS_SLACK_BYTES}
+TREND_SLACK = {"threads": 0, "fds": 1, "maps_besides_entries": 2, "rss": RSS_SLACK_BYTES}
+ABSOLUTE_SLACK = {"threads": 0, "fds": 2, "maps_besides_entries": 8, "rss": 2 * RSS_SLACK_BYTES}
 SOAK_BUDGET_S = 60.0
 SETTLE_S = 5.0
 
@@ -62,7 +62,7 @@ def _resources(pool) -> dict[str, int]:
         "rss": _rss_bytes(),
         "threads": threading.active_count(),
         "fds": open_fds(),
-        "maps_besides_slots": _maps() - len(pool),
+        "maps_besides_entries": _maps() - len(pool),
     }
 
 
@@ -88,8 +88,17 @@ def test_thirty_epochs_with_a_persisted_cache_and_early_breaks_stay_flat(soak_da
     g = geoms["t2m"]
     manifest = split_by_chunk(g, fractions=(0.75, 0.25))
     variables = {"x": g, "next": g.shift(2), "u": geoms["u10"]}  # a window: blocks release and revive chunks
-    ds = InSituDataset(store, manifest, variables, batch_size=6, block_chunks=2, shuffle=True,
-                       cache_dir=tmp_path / "cache", persist=True, max_inflight=8)
+    ds = InSituDataset(
+        store,
+        manifest,
+        variables,
+        batch_size=6,
+        block_chunks=2,
+        shuffle=True,
+        cache_dir=tmp_path / "cache",
+        persist=True,
+        max_inflight=8,
+    )
     t0 = time.monotonic()
     samples: list[dict[str, int]] = []
     batches = 0
@@ -149,8 +158,9 @@ def test_thirty_epochs_with_a_persisted_cache_and_early_breaks_stay_flat(soak_da
             pass
     with pytest.raises(DatasetClosedError):
         ds.infer()
-    with InSituDataset(store, manifest, variables, batch_size=6, block_chunks=2,
-                       cache_dir=tmp_path / "cache", persist=True) as again:
+    with InSituDataset(
+        store, manifest, variables, batch_size=6, block_chunks=2, cache_dir=tmp_path / "cache", persist=True
+    ) as again:
         for batch in again.train:
             assert_batch_matches(batch, again.variables, data)
         assert again.gets == 0

@@ -61,7 +61,9 @@ def test_loading_a_foreign_state_names_the_mismatch(path) -> None:
     with _ds(str(path)) as ds:
         state = ds.train.state_dict()
     g = open_geometries(str(path))["x"]
-    with InSituDataset(str(path), split_by_chunk(g, fractions=(1.0,)), {"x": g}, batch_size=8, seed=7, block_chunks=2) as other:
+    with InSituDataset(
+        str(path), split_by_chunk(g, fractions=(1.0,)), {"x": g}, batch_size=8, seed=7, block_chunks=2
+    ) as other:
         with pytest.raises(ValueError, match="batch_size: saved 4, this dataset has 8"):
             other.train.load_state_dict(state)
     with _ds(str(path)) as ds:

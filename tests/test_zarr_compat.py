@@ -46,8 +46,9 @@ def test_chunk_spec_is_the_spec_zarr_encoded_with(tmp_path) -> None:
 def test_codec_decoder_runs_native_and_wrapped_codecs() -> None:
     raw = np.arange(12, dtype="u1")
     config = compat.ArrayConfig(order="C", write_empty_chunks=False)
-    spec = compat.ArraySpec(shape=(12,), dtype=zarr.dtype.UInt8(), fill_value=0, config=config,
-                            prototype=zarr.buffer.cpu.buffer_prototype)
+    spec = compat.ArraySpec(
+        shape=(12,), dtype=zarr.dtype.UInt8(), fill_value=0, config=config, prototype=zarr.buffer.cpu.buffer_prototype
+    )
     native = compat.codec_decoder(ZstdCodec())
     np.testing.assert_array_equal(native(np.frombuffer(numcodecs.Zstd().encode(raw), "u1"), spec), raw)
     wrapped = zn.Zlib(level=1)

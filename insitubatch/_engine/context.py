@@ -49,7 +49,7 @@ class PassContext:
 
     store: Any
     readers: dict[str, ArrayReader]  # by array path
-    outputs: dict[str, ArrayGeometry]  # by label, after chunk transforms: what slots hold and batches carry
+    outputs: dict[str, ArrayGeometry]  # by label, after chunk transforms: what entries hold and batches carry
     offsets: dict[str, int]  # by label: the window shift a batch reports (``Batch.offsets``)
     pool: ChunkPool
     buffers: BufferPool
@@ -106,7 +106,8 @@ class PassContext:
             logger.warning(
                 "insitubatch: the persisted cache in %s served no chunk this epoch although it holds entries; "
                 "rejected: %s (a changed array shape/dtype or output_inner makes entries misses)",
-                cache.cache_dir, dict(rejected),
+                cache.cache_dir,
+                dict(rejected),
             )
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..io.geometry import ArrayGeometry
 from .kernels import coalesce_runs, gather
-from .pool import Slot
+from .pool import Entry
 
 __all__ = ["gather_label"]
 
@@ -24,11 +24,11 @@ def gather_label(
     out: np.ndarray,
     anchors: np.ndarray,
     geometry: ArrayGeometry,
-    slot_of: Callable[[int], Slot],
+    entry_of: Callable[[int], Entry],
 ) -> None:
     """Fill ``out`` (``(len(anchors), *inner)``) with ``geometry``'s samples at ``anchors + offset``.
 
-    ``slot_of(chunk_index)`` returns the ready slot holding that chunk.
+    ``entry_of(chunk_index)`` returns the ready entry holding that chunk.
     """
     n = len(anchors)
     if n == 0:
@@ -38,11 +38,11 @@ def gather_label(
     chunk = samples // size
     within = samples - chunk * size
     unique, inverse = np.unique(chunk, return_inverse=True)
-    slots = [slot_of(int(c)) for c in unique]
-    n_tiles = slots[0].n_tiles
-    # a ready slot holds every tile (None marks only a tile still pending)
-    tiles = cast("list[np.ndarray]", [t for s in slots for t in s.tiles])
-    origins = np.concatenate([s.origins for s in slots]) if len(slots) > 1 else slots[0].origins
+    entries = [entry_of(int(c)) for c in unique]
+    n_tiles = entries[0].n_tiles
+    # a ready entry holds every tile (None marks only a tile still pending)
+    tiles = cast("list[np.ndarray]", [t for s in entries for t in s.tiles])
+    origins = np.concatenate([s.origins for s in entries]) if len(entries) > 1 else entries[0].origins
     tile_index = (inverse[:, None] * n_tiles + np.arange(n_tiles)[None, :]).T.ravel()
     src_rows = np.tile(within, n_tiles)
     dst_rows = np.tile(np.arange(n, dtype=np.int64), n_tiles)

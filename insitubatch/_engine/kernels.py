@@ -9,7 +9,7 @@ C-contiguous ``(n_rows, *tile_inner)`` block whose inner rectangle starts at an
 
 - ``gather`` copies runs of tile rows into a ``(batch, *inner)`` buffer — the
   loader's one call per batch and label; ``coalesce_runs`` builds its run table.
-- ``assemble_tiles`` / ``place_tile`` / ``fill_region`` build a whole chunk slot.
+- ``assemble_tiles`` / ``place_tile`` / ``fill_region`` build a whole chunk.
 
 The tile-major ``.npy`` files of the disk cache live in ``cache.tilefile``.
 """
@@ -162,7 +162,12 @@ def _tile_error(dst_name: str, dst: np.ndarray, i: int, tile: object) -> Excepti
 
 
 def _kernel_error(
-    status: int, index: int, dst_name: str, dst: np.ndarray, tiles: tuple, origins: np.ndarray,
+    status: int,
+    index: int,
+    dst_name: str,
+    dst: np.ndarray,
+    tiles: tuple,
+    origins: np.ndarray,
     runs: np.ndarray | None = None,
 ) -> Exception:
     """Turn a kernel's ``(status, index)`` into the exception that names the problem."""
@@ -197,7 +202,9 @@ def _index_table(name: str, table: object, shape: tuple[int | None, int], dtype:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def _explain_rectangle(dst_name: str, dst: np.ndarray, tiles: tuple, shapes: np.ndarray, origins: np.ndarray) -> Exception:
+def _explain_rectangle(
+    dst_name: str, dst: np.ndarray, tiles: tuple, shapes: np.ndarray, origins: np.ndarray
+) -> Exception:
     """The error naming the first tile whose rectangle leaves ``dst``'s inner extent."""
     inner = np.asarray(dst.shape[1:], dtype=np.int64)
     extent = shapes[:, 1:]
@@ -300,18 +307,18 @@ def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: 
         raise _kernel_error(status, index, "out", out, tiles, origins, runs)
 
 
-def assemble_tiles(slot: np.ndarray, tiles: Sequence[np.ndarray], origins: object) -> None:
-    """Copy a chunk's tiles, all rows, into their rectangles of ``slot`` in one GIL-free call.
+def assemble_tiles(dest: np.ndarray, tiles: Sequence[np.ndarray], origins: object) -> None:
+    """Copy a chunk's tiles, all rows, into their rectangles of ``dest`` in one GIL-free call.
 
-    ``slot`` is C-contiguous ``(n_rows, *inner)``; ``tiles[i]`` is C-contiguous
-    ``(n_rows, *tile_inner_i)`` with ``slot``'s dtype and row count, placed at
+    ``dest`` is C-contiguous ``(n_rows, *inner)``; ``tiles[i]`` is C-contiguous
+    ``(n_rows, *tile_inner_i)`` with ``dest``'s dtype and row count, placed at
     ``origins[i]`` (integers ``(len(tiles), len(inner))``). Tiles are not
-    checked for covering ``slot``: fill a missing tile's rectangle with
-    ``fill_region(slot, (0, *origin), (n_rows, *tile_inner), value)``.
+    checked for covering ``dest``: fill a missing tile's rectangle with
+    ``fill_region(dest, (0, *origin), (n_rows, *tile_inner), value)``.
     """
-    _require_writable_rows("slot", slot)
+    _require_writable_rows("dest", dest)
     tiles = tuple(tiles)
-    origins = _index_table("origins", origins, (len(tiles), slot.ndim - 1), np.intp)
-    status, index = _assemble.assemble_tiles(slot, tiles, origins, _STREAM_MIN_BYTES)
+    origins = _index_table("origins", origins, (len(tiles), dest.ndim - 1), np.intp)
+    status, index = _assemble.assemble_tiles(dest, tiles, origins, _STREAM_MIN_BYTES)
     if status:
-        raise _kernel_error(status, index, "slot", slot, tiles, origins)
+        raise _kernel_error(status, index, "dest", dest, tiles, origins)

@@ -24,7 +24,7 @@ from ..plan.epoch import EpochPlan, ReadKey
 from .batch import Batch
 from .context import PassContext
 from .gather import gather_label
-from .pool import FAILED, PENDING, Owner, Slot
+from .pool import FAILED, PENDING, Entry, Owner
 from .scheduler import PassDriver
 from .stats import PassCounters, PassStats, log_pass
 
@@ -46,11 +46,11 @@ class _Stopped(Exception):
     """The pass was closed while the producer waited."""
 
 
-def _held_slot(held: Mapping[ReadKey, Slot | None], path: str, chunk: int) -> Slot:
-    """The slot a batch's block holds for chunk ``chunk`` of array ``path``."""
-    slot = held[(path, chunk)]
-    assert slot is not None  # a block's reads stay referenced until the block is released
-    return slot
+def _held_entry(held: Mapping[ReadKey, Entry | None], path: str, chunk: int) -> Entry:
+    """The entry a batch's block holds for chunk ``chunk`` of array ``path``."""
+    entry = held[(path, chunk)]
+    assert entry is not None  # a block's reads stay referenced until the block is released
+    return entry
 
 
 class _PassState:
@@ -99,9 +99,15 @@ class _PassState:
         started = self.started_at if self.started_at is not None else now
         ended = self.ended_at if self.ended_at is not None else now
         return PassStats._from_trace(
-            self.counters.trace, self.counters, split=self.split, epoch=self.epoch, wall_s=ended - started,
-            evictions=ctx.pool.totals.evictions - self.evictions_at_start, max_inflight=ctx.max_inflight,
-            decode_threads=ctx.decode_threads, cache_budget_bytes=ctx.pool.explicit_budget,
+            self.counters.trace,
+            self.counters,
+            split=self.split,
+            epoch=self.epoch,
+            wall_s=ended - started,
+            evictions=ctx.pool.totals.evictions - self.evictions_at_start,
+            max_inflight=ctx.max_inflight,
+            decode_threads=ctx.decode_threads,
+            cache_budget_bytes=ctx.pool.explicit_budget,
             finished=self.ended_at is not None,
         )
 
@@ -112,9 +118,17 @@ class _PassState:
         self.owner = ctx.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
         ctx.track(self.owner.counters)
         self.driver = PassDriver(
-            store=ctx.store, pool=ctx.pool, owner=self.owner, plan=self.plan, readers=ctx.readers,
-            semaphore=ctx.semaphore(), executor=ctx.executor, on_bad_chunk=ctx.on_bad_chunk,
-            bad_chunks=ctx.bad_chunks, first_block=self._first_block(), cache=ctx.cache,
+            store=ctx.store,
+            pool=ctx.pool,
+            owner=self.owner,
+            plan=self.plan,
+            readers=ctx.readers,
+            semaphore=ctx.semaphore(),
+            executor=ctx.executor,
+            on_bad_chunk=ctx.on_bad_chunk,
+            bad_chunks=ctx.bad_chunks,
+            first_block=self._first_block(),
+            cache=ctx.cache,
         )
         self.driver.seen_keys = ctx.fetched_keys
         self.driver.start()
@@ -152,13 +166,13 @@ class _PassState:
                     raise driver.error
                 pending = False
                 for i in wanted:
-                    slot = driver.slots[i]
-                    if slot is None or slot.state == PENDING:
+                    entry = driver.entries[i]
+                    if entry is None or entry.state == PENDING:
                         pending = True
                         break
-                    if slot.state == FAILED:
-                        assert slot.error is not None  # a failed slot carries its error
-                        raise slot.error
+                    if entry.state == FAILED:
+                        assert entry.error is not None  # a failed entry carries its error
+                        raise entry.error
                 if not pending:
                     return
                 pool.cond.wait(POLL_S)
@@ -166,15 +180,15 @@ class _PassState:
     def _release_block(self, b: int) -> None:
         """Unpin the reads whose last use is block ``b`` and stop referencing them.
 
-        From here on only the pool holds such a slot, so evicting it frees its tiles.
+        From here on only the pool holds such an entry, so evicting it frees its tiles.
         """
         assert self.driver is not None and self.owner is not None  # set by start()
-        slots = self.driver.slots
+        entries = self.driver.entries
         for i in self.release_after[b]:
-            slot = slots[i]
-            if slot is not None:
-                slots[i] = None
-                self.ctx.pool.unpin(slot, self.owner)
+            entry = entries[i]
+            if entry is not None:
+                entries[i] = None
+                self.ctx.pool.unpin(entry, self.owner)
 
     def _produce_batches(self) -> None:
         ctx, plan = self.ctx, self.plan
@@ -198,22 +212,26 @@ class _PassState:
                     owner.counters.trace.add("data_wait_s", time.perf_counter() - t0)
             t0 = time.perf_counter()
             anchors = plan.anchors[start:stop]
-            # the slots this batch's blocks read (a key may have one read per block when blocks release)
-            slots = driver.slots
-            held = {plan.reads[i]: slots[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
+            # the entries this batch's blocks read (a key may have one read per block when blocks release)
+            entries = driver.entries
+            held = {plan.reads[i]: entries[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
             arrays = {}
             for label, g in ctx.outputs.items():
                 # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
                 buf = ctx.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
                 out = buf[: len(anchors)]
-                gather_label(out, anchors, g, functools.partial(_held_slot, held, g.path))
+                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.path))
                 arrays[label] = out
             coords = None
             if self.coords is not None:
                 coords = {name: values[anchors] for name, values in self.coords.items()}
             batch = Batch(
-                arrays=arrays, sample_indices=anchors.copy(),
-                offsets=dict(ctx.offsets), coords=coords, epoch=self.epoch, index=k,
+                arrays=arrays,
+                sample_indices=anchors.copy(),
+                offsets=dict(ctx.offsets),
+                coords=coords,
+                epoch=self.epoch,
+                index=k,
             )
             if plan.padded is not None:
                 batch.extras["padded"] = plan.padded[start:stop].copy()
@@ -254,8 +272,8 @@ class _PassState:
             self.thread.join()
         if self.driver is not None:
             self.driver.stop()
-            # the pass no longer holds its slots: an evicted chunk's memory (or mapping) goes with the pool's
-            self.driver.slots = [None] * len(self.driver.slots)
+            # the pass no longer holds its entries: an evicted chunk's memory (or mapping) goes with the pool's
+            self.driver.entries = [None] * len(self.driver.entries)
         if self.owner is not None:
             self.ctx.pool.close_owner(self.owner)
         if self.started_at is not None:

@@ -27,7 +27,7 @@ class BadChunkRecord:
 class ArrayReader:
     """Everything the driver needs to fetch, decode and transform one array path's reads.
 
-    ``output`` is the geometry after chunk transforms: what slots hold and
+    ``output`` is the geometry after chunk transforms: what entries hold and
     gather copies. With a pipeline on a multi-tile chunk, tiles are assembled
     into one scratch chunk before the transforms run.
     """
@@ -55,22 +55,22 @@ class ArrayReader:
 
     @property
     def single(self) -> bool:
-        """Whether a ready slot holds one tile spanning the whole (post-transform) field."""
+        """Whether a ready entry holds one tile spanning the whole (post-transform) field."""
         return self.geometry.tiles_per_chunk == 1 or self.assembles
 
     @property
     def single_origin(self) -> np.ndarray:
         return np.zeros((1, len(self.output.inner_shape)), dtype=np.intp)
 
-    def slot_tile_shapes(self, chunk_index: int) -> list[tuple[int, ...]]:
-        """The real shape of each tile a ready slot of ``chunk_index`` holds."""
+    def entry_tile_shapes(self, chunk_index: int) -> list[tuple[int, ...]]:
+        """The real shape of each tile a ready entry of ``chunk_index`` holds."""
         n = self.geometry.chunk_len(chunk_index)
         if self.single:
             return [(n, *self.output.inner_shape)]
         return [(n, *shape) for shape in self.tile_shapes.tolist()]
 
     def stored_tile_shape(self, n_tiles: int) -> tuple[int, ...]:
-        """The full (unclipped) tile shape of a slot file."""
+        """The full (unclipped) tile shape of a tile file."""
         size = self.geometry.sample_chunk_size
         if n_tiles == 1 and self.single:
             return (size, *self.output.inner_shape)

@@ -34,7 +34,7 @@ from ..io.sync_get import _sync_get
 from ..plan.epoch import EpochPlan
 from .landings import _Landings, _release
 from .loop import zarr_loop
-from .pool import PENDING, ChunkPool, Owner, Slot
+from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .tile_jobs import _GET_IN_JOB, _TileJobs
 
@@ -54,7 +54,7 @@ def _lookup_all(cache: DiskCache, requests: list) -> list:
     for path, chunk_index, shapes, dtype in requests:
         try:
             out.append(cache.lookup(path, chunk_index, shapes, dtype))
-        except Exception as exc:  # handed to that chunk's slot, the others still revive
+        except Exception as exc:  # handed to that chunk's entry, the others still revive
             out.append(exc)
     return out
 
@@ -88,7 +88,7 @@ class PassDriver(_TileJobs):
         self.bad_chunks = bad_chunks
         self.first_block = first_block
         self.cache = cache
-        self.slots: list[Slot | None] = [None] * len(plan.reads)
+        self.entries: list[Entry | None] = [None] * len(plan.reads)
         self.error: BaseException | None = None
         self.loop = zarr_loop()
         self._tasks: set[asyncio.Task] = set()
@@ -114,7 +114,7 @@ class PassDriver(_TileJobs):
         self._wake_lock = threading.Lock()
         self._wake_armed = False
         owner.wake = self._wake_soon
-        owner.refetch = lambda slot: self.loop.call_soon_threadsafe(self._readmit, slot)
+        owner.refetch = lambda entry: self.loop.call_soon_threadsafe(self._readmit, entry)
 
     def _wake_soon(self) -> None:
         """Any thread: have the driver re-check for room; one loop wake-up covers every call until it runs."""
@@ -168,11 +168,11 @@ class PassDriver(_TileJobs):
             await asyncio.gather(asyncio.wrap_future(job), return_exceptions=True)
             cleanup()
 
-    def _record_bad(self, slot: Slot | None, record: BadChunkRecord) -> None:
-        """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its slot for later hits."""
+    def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
+        """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its entry for later hits."""
         with self.pool.lock:  # from the loop (hits) and the decode threads (replaced tiles)
-            if slot is not None:
-                slot.bad_records.append(record)
+            if entry is not None:
+                entry.bad_records.append(record)
             if record not in self.bad_chunks:
                 self.bad_chunks.append(record)
 
@@ -180,15 +180,15 @@ class PassDriver(_TileJobs):
         """A cancelled task's decode-pool job still runs: ``stop`` waits for it, then runs ``cleanup``."""
         self._orphans.append((job, cleanup))
 
-    def _readmit(self, slot: Slot) -> None:
-        """Loop: fetch again a slot adopted from a pass that closed while fetching it."""
-        if self._stopping or slot.fetcher != self.owner.id or slot.state != PENDING:
+    def _readmit(self, entry: Entry) -> None:
+        """Loop: fetch again an entry adopted from a pass that closed while fetching it."""
+        if self._stopping or entry.fetcher != self.owner.id or entry.state != PENDING:
             return  # closing too: the pool hands it on or abandons it when this owner closes
-        reader = self.readers[slot.key[0]]
+        reader = self.readers[entry.key[0]]
         if self.cache is not None:
-            self._spawn(self._revive_or_fetch([(slot, reader, slot.key[1])]))
+            self._spawn(self._revive_or_fetch([(entry, reader, entry.key[1])]))
         else:
-            self._fetch(slot, reader, slot.key[1])
+            self._fetch(entry, reader, entry.key[1])
 
     # -- the driver ----------------------------------------------------------------
     async def _run(self) -> None:
@@ -203,7 +203,7 @@ class PassDriver(_TileJobs):
 
     async def _drive(self) -> None:
         plan, pool, owner = self.plan, self.pool, self.owner
-        revivals: list[tuple[Slot, ArrayReader, int]] = []  # admitted misses to look up on disk together
+        revivals: list[tuple[Entry, ArrayReader, int]] = []  # admitted misses to look up on disk together
         block = -1
         for i in np.argsort(plan.read_first, kind="stable").tolist():
             if plan.read_last[i] < self.first_block:
@@ -217,33 +217,33 @@ class PassDriver(_TileJobs):
                 self._flush(revivals)
                 while not pool.can_take(owner, nbytes):
                     await self._wait()
-            slot = pool.pin_existing(key, owner)
-            if slot is not None and slot.bad:  # a hit on a replaced tile is listed for this epoch too
-                for record in list(slot.bad_records):
+            entry = pool.pin_existing(key, owner)
+            if entry is not None and entry.bad:  # a hit on a replaced tile is listed for this epoch too
+                for record in list(entry.bad_records):
                     self._record_bad(None, record)
-            if slot is None:
+            if entry is None:
                 reader = self.readers[key[0]]
-                # tiles decoded straight into the slot (no transform, no disk cache) are the engine's to reuse
+                # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
                 own = not reader.pipeline and self.cache is None
-                if (slot := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
+                if (entry := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
                     self._flush(revivals)
-                    while (slot := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
+                    while (entry := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
                         await self._wait()
                 if self.seen_keys is not None:
                     owner.counters.trace.re_reads += key in self.seen_keys
                     self.seen_keys.add(key)
                 if self.cache is not None:
-                    revivals.append((slot, reader, key[1]))
+                    revivals.append((entry, reader, key[1]))
                 else:
-                    self._fetch(slot, reader, key[1])
+                    self._fetch(entry, reader, key[1])
             with pool.cond:
-                self.slots[i] = slot
-                if slot.state != PENDING:  # a pending slot wakes the producer when it lands (under this lock)
+                self.entries[i] = entry
+                if entry.state != PENDING:  # a pending entry wakes the producer when it lands (under this lock)
                     pool.cond.notify_all()
             await asyncio.sleep(0)  # let tile tasks start before admitting more
         self._flush(revivals)
 
-    def _flush(self, revivals: list[tuple[Slot, ArrayReader, int]]) -> None:
+    def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
         if revivals:
             self._spawn(self._revive_or_fetch(list(revivals)), work=True)
             revivals.clear()
@@ -256,16 +256,16 @@ class PassDriver(_TileJobs):
             self._work_started()
             task.add_done_callback(self._work_ended)
 
-    def _fetch(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> None:
+    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> None:
         if self._get_sync is not None:
-            self._queued.extend((slot, reader, chunk_index, t) for t in range(reader.geometry.tiles_per_chunk))
+            self._queued.extend((entry, reader, chunk_index, t) for t in range(reader.geometry.tiles_per_chunk))
             if self._pump is None or self._pump.done():
                 self._pump = self.loop.create_task(self._pump_tiles())
                 self._tasks.add(self._pump)
                 self._pump.add_done_callback(self._tasks.discard)
             return
         for t in range(reader.geometry.tiles_per_chunk):
-            self._spawn(self._fetch_tile(slot, reader, chunk_index, t), work=True)
+            self._spawn(self._fetch_tile(entry, reader, chunk_index, t), work=True)
 
     async def _pump_tiles(self) -> None:
         """A store with a synchronous get: queued tiles go to the decode pool in groups of ``TILE_GROUP``.
@@ -294,6 +294,7 @@ class PassDriver(_TileJobs):
             except BaseException:  # cancelled while gathering a group: its permits go back
                 _release(semaphore, held)
                 raise
+
             # the permits go back when the job's outcome lands, whatever happens to the tasks
             def give_back(_fut: asyncio.Future, n: int = held) -> None:
                 _release(semaphore, n)
@@ -316,7 +317,7 @@ class PassDriver(_TileJobs):
         with self._jobs_lock:  # called on the decode thread that ran it
             self._jobs.discard(job)
 
-    async def _revive_or_fetch(self, items: list[tuple[Slot, ArrayReader, int]]) -> None:
+    async def _revive_or_fetch(self, items: list[tuple[Entry, ArrayReader, int]]) -> None:
         """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
 
         One executor job looks up a block's worth of chunks, so reviving costs
@@ -325,7 +326,7 @@ class PassDriver(_TileJobs):
         """
         cache = self.cache
         assert cache is not None  # revival is scheduled only with a disk cache
-        requests = [(r.geometry.path, c, r.slot_tile_shapes(c), r.output.dtype) for _, r, c in items]
+        requests = [(r.geometry.path, c, r.entry_tile_shapes(c), r.output.dtype) for _, r, c in items]
         async with self.semaphore:
             job = self.executor.submit(_lookup_all, cache, requests)
             try:
@@ -338,17 +339,17 @@ class PassDriver(_TileJobs):
 
                 self._orphan(job, forget_all)
                 raise
-        for (slot, reader, chunk_index), result in zip(items, results):
+        for (entry, reader, chunk_index), result in zip(items, results):
             path = reader.geometry.path
             if isinstance(result, BaseException):
-                self.pool.fail(slot, result)
+                self.pool.fail(entry, result)
             elif result is not None:
-                if not self.pool.replace_tiles(slot, result, reader.ready_origins(), revived_for=self.owner):
+                if not self.pool.replace_tiles(entry, result, reader.ready_origins(), revived_for=self.owner):
                     self._forget(reader, chunk_index)  # abandoned while we looked it up
             elif cache.readonly:
-                self.pool.fail(slot, cache.miss_error(path, chunk_index))
+                self.pool.fail(entry, cache.miss_error(path, chunk_index))
             else:
-                self._fetch(slot, reader, chunk_index)
+                self._fetch(entry, reader, chunk_index)
 
     async def _wait(self) -> None:
         self._wake.clear()
@@ -377,7 +378,7 @@ class PassDriver(_TileJobs):
         if self._active == 0 and self._waiting:
             self._stall_from = time.perf_counter()
 
-    async def _fetch_tile(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int) -> None:
+    async def _fetch_tile(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int) -> None:
         g = reader.geometry
         coord = g.physical_chunk_coord(chunk_index, tile)
         key = g.chunk_key(coord)
@@ -392,7 +393,7 @@ class PassDriver(_TileJobs):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    self.pool.fail(slot, self._read_error(g, coord, key, exc))
+                    self.pool.fail(entry, self._read_error(g, coord, key, exc))
                     return
                 finally:
                     trace.inflight_reads -= 1
@@ -404,9 +405,9 @@ class PassDriver(_TileJobs):
             else:
                 buf = _GET_IN_JOB
             # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers
-            landed, job = self._landings.submit(self._tile_job, slot, reader, chunk_index, tile, coord, key, buf)
+            landed, job = self._landings.submit(self._tile_job, entry, reader, chunk_index, tile, coord, key, buf)
             self._track(job)
             try:
                 await landed
             except Exception as exc:
-                self.pool.fail(slot, exc)
+                self.pool.fail(entry, exc)

@@ -40,10 +40,10 @@ RE_READ_SHARE = 0.5
 ADVICE = {
     "store": "reads wait on the store; raise max_inflight, or store larger chunks or read from a closer region",
     "decode": "decode and chunk transforms keep the decode threads busy; raise decode_threads, make the transform "
-              "cheaper (or release the GIL), or persist transformed chunks with cache_dir and persist=True",
+    "cheaper (or release the GIL), or persist transformed chunks with cache_dir and persist=True",
     "budget": "the pool's budget: the pass re-reads chunks the pool let go, or waits for room to read ahead while "
-              "nothing is in flight; raise cache_budget_bytes (to keep what later passes reuse) or block_chunks "
-              "(the read-ahead window is the working set)",
+    "nothing is in flight; raise cache_budget_bytes (to keep what later passes reuse) or block_chunks "
+    "(the read-ahead window is the working set)",
     "consumer": "the loader keeps batches ready; the training step is the bottleneck (prefetch_depth can shrink)",
     "unknown": "no stage stands out (too few batches, or a balanced pass)",
 }
@@ -232,14 +232,28 @@ class PassStats:
         """Combine a pass's counters (``PassCounters``) and trace with ``split``, ``epoch``, ``wall_s``, ..."""
         n = max(trace.depth_samples, 1)
         return cls(
-            samples=counters.samples, batches=counters.batches, gets=counters.gets, get_bytes=counters.get_bytes,
-            hits=counters.hits, misses=counters.misses, revived=counters.revived, re_reads=trace.re_reads,
-            bad_tiles=trace.bad_tiles, fetch_s=trace.fetch_s, decode_s=trace.decode_s,
-            transform_s=trace.transform_s, gather_s=trace.gather_s, consumer_wait_s=trace.consumer_wait_s,
-            producer_wait_s=trace.producer_wait_s, data_wait_s=trace.data_wait_s,
-            budget_wait_s=trace.budget_wait_s, inflight_depth_mean=trace.inflight_depth_sum / n,
-            inflight_depth_max=trace.inflight_depth_max, queue_depth_mean=trace.queue_depth_sum / n,
-            queue_depth_max=trace.queue_depth_max, **fields,
+            samples=counters.samples,
+            batches=counters.batches,
+            gets=counters.gets,
+            get_bytes=counters.get_bytes,
+            hits=counters.hits,
+            misses=counters.misses,
+            revived=counters.revived,
+            re_reads=trace.re_reads,
+            bad_tiles=trace.bad_tiles,
+            fetch_s=trace.fetch_s,
+            decode_s=trace.decode_s,
+            transform_s=trace.transform_s,
+            gather_s=trace.gather_s,
+            consumer_wait_s=trace.consumer_wait_s,
+            producer_wait_s=trace.producer_wait_s,
+            data_wait_s=trace.data_wait_s,
+            budget_wait_s=trace.budget_wait_s,
+            inflight_depth_mean=trace.inflight_depth_sum / n,
+            inflight_depth_max=trace.inflight_depth_max,
+            queue_depth_mean=trace.queue_depth_sum / n,
+            queue_depth_max=trace.queue_depth_max,
+            **fields,
         )
 
 

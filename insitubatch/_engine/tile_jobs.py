@@ -22,7 +22,7 @@ from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
 from .kernels import assemble_tiles, fill_region
 from .landings import _Tally
-from .pool import FAILED, ChunkPool, Owner, Slot
+from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
 
 
@@ -48,7 +48,7 @@ class _TileJobs:
     _get_sync: Callable[..., Buffer | None] | None
     _scratches: threading.local
 
-    def _record_bad(self, slot: Slot | None, record: BadChunkRecord) -> None:
+    def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
         raise NotImplementedError  # PassDriver's
 
     @staticmethod
@@ -57,40 +57,41 @@ class _TileJobs:
             f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
         )
 
-    def _tile_job(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf) -> None:
+    def _tile_job(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf) -> None:
         """Decode thread: one tile from its bytes (or its key, on a sync store) into the pool."""
         tally = _Tally()
         try:
-            data = self._tile(slot, reader, chunk_index, tile, coord, key, buf, tally)
+            data = self._tile(entry, reader, chunk_index, tile, coord, key, buf, tally)
         finally:
             tally.add_to(self.owner.counters, self.pool.lock)
         if data is not None:
-            self.pool.deliver(slot, tile, data)
+            self.pool.deliver(entry, tile, data)
 
-    def _group_job(self, group: list[tuple[Slot, ArrayReader, int, int]]) -> None:
+    def _group_job(self, group: list[tuple[Entry, ArrayReader, int, int]]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
 
-        A tile's failure fails its slot only.
+        A tile's failure fails its entry only.
         """
         tally = _Tally()
         landed = []
-        for slot, reader, chunk_index, tile in group:
-            if self._stopping or slot.state == FAILED:
+        for entry, reader, chunk_index, tile in group:
+            if self._stopping or entry.state == FAILED:
                 continue  # the pass is stopping, or another tile of the chunk already failed it
             g = reader.geometry
             coord = g.physical_chunk_coord(chunk_index, tile)
             try:
-                data = self._tile(slot, reader, chunk_index, tile, coord, g.chunk_key(coord), _GET_IN_JOB, tally)
-            except Exception as exc:  # a store or bad-chunk failure (or a bug): its slot's waiters raise it
-                self.pool.fail(slot, exc)
+                data = self._tile(entry, reader, chunk_index, tile, coord, g.chunk_key(coord), _GET_IN_JOB, tally)
+            except Exception as exc:  # a store or bad-chunk failure (or a bug): its entry's waiters raise it
+                self.pool.fail(entry, exc)
                 continue
             if data is not None:
-                landed.append((slot, tile, data))
+                landed.append((entry, tile, data))
         tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
 
-    def _tile(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf,
-              tally: _Tally) -> np.ndarray | None:
+    def _tile(
+        self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf, tally: _Tally
+    ) -> np.ndarray | None:
         """Decode thread: read (``buf`` is ``_GET_IN_JOB``), decode and transform one tile.
 
         Returns the tile for the caller to deliver, or None when it was staged
@@ -120,11 +121,11 @@ class _TileJobs:
                 raise
             data = self._bad_tile(reader, chunk_index, tile)
             # never persisted: a later run retries the read
-            self._record_bad(slot, BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+            self._record_bad(entry, BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
             self.owner.counters.trace.add("bad_tiles", 1)
         tally.decoded_tiles += 1
         if reader.assembles or self.cache is not None:
-            self._stage(slot, reader, chunk_index, tile, data)
+            self._stage(entry, reader, chunk_index, tile, data)
             return None
         assert not isinstance(data, _BadTile)  # only a chunk that assembles marks a tile, and it was staged
         return data
@@ -201,53 +202,55 @@ class _TileJobs:
             data = self._transform(reader, chunk_index, data)
         return data
 
-    def _stage(self, slot: Slot, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
+    def _stage(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
         """Decode thread: hold a tile until the chunk is complete; the last one assembles/transforms/persists it."""
         with self.pool.lock:
-            if slot.tiles[tile] is None:
-                slot.remaining -= 1
-            slot.tiles[tile] = data
-            last = slot.remaining == 0
+            if entry.tiles[tile] is None:
+                entry.remaining -= 1
+            entry.tiles[tile] = data
+            last = entry.remaining == 0
         if not last:
             return
-        tiles, origins = self._finalize(slot, reader, chunk_index)
-        if not self.pool.replace_tiles(slot, tiles, origins):
+        tiles, origins = self._finalize(entry, reader, chunk_index)
+        if not self.pool.replace_tiles(entry, tiles, origins):
             self._forget(reader, chunk_index)  # abandoned while it was being finished
 
     def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
-        """Unmap a chunk the cache committed for a slot nobody adopted (its file stays if persisted).
+        """Unmap a chunk the cache committed for an entry nobody adopted (its file stays if persisted).
 
-        A slot another pass fetches or will adopt keeps the mapping: it is that pass's now.
+        An entry another pass fetches or will adopt keeps the mapping: it is that pass's now.
         """
         path = reader.geometry.path
         if self.cache is not None and not self.pool.kept_for_others((path, chunk_index), self.owner):
             self.cache.evict(path, chunk_index)
 
-    def _finalize(self, slot: Slot, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
+    def _finalize(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
         g = reader.geometry
         # complete: every tile staged (a _BAD_TILE mark only where the chunk assembles, filled below)
-        tiles = cast("list[np.ndarray]", list(slot.tiles))
-        origins = slot.origins
+        tiles = cast("list[np.ndarray]", list(entry.tiles))
+        origins = entry.origins
         if reader.assembles:
             n = g.chunk_len(chunk_index)
             full = np.empty((n, *g.inner_shape), dtype=g.dtype)
             good = [t for t, part in enumerate(tiles) if part is not _BAD_TILE]
             assemble_tiles(full, [tiles[t] for t in good], reader.origins[good])
             for t in (t for t, part in enumerate(tiles) if part is _BAD_TILE):
-                fill_region(full, (0, *reader.origins[t].tolist()), (n, *reader.tile_shapes[t].tolist()),
-                            _fill_value(g))
+                fill_region(
+                    full, (0, *reader.origins[t].tolist()), (n, *reader.tile_shapes[t].tolist()), _fill_value(g)
+                )
             tiles = [self._transform(reader, chunk_index, full)]
             origins = reader.single_origin
-        if self.cache is not None and not slot.bad:
+        if self.cache is not None and not entry.bad:
             tiles = self._persist(reader, chunk_index, tiles)
         return tiles, origins
 
     def _persist(self, reader: ArrayReader, chunk_index: int, tiles: list[np.ndarray]) -> list[np.ndarray]:
         cache = self.cache
         assert cache is not None  # called only with a disk cache
-        handle = cache.begin(reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)),
-                             reader.output.dtype)
+        handle = cache.begin(
+            reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)), reader.output.dtype
+        )
         try:
             for t, tile in enumerate(tiles):
                 cache.write(handle, t, np.ascontiguousarray(tile))

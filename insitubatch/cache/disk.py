@@ -95,6 +95,7 @@ __all__ = [
     "tile_file_basename",
 ]
 
+
 class DiskCache(_Bookkeeping):
     """The mmap-backed chunk cache of one dataset over one ``cache_dir``.
 
@@ -270,13 +271,16 @@ class DiskCache(_Bookkeeping):
             fits = (
                 tile_file.dtype == dt
                 and tile_file.n_tiles == len(shapes)
-                and all(len(s) == len(tile_file.tile_shape) and all(a <= b for a, b in zip(s, tile_file.tile_shape))
-                        for s in shapes)
+                and all(
+                    len(s) == len(tile_file.tile_shape) and all(a <= b for a, b in zip(s, tile_file.tile_shape))
+                    for s in shapes
+                )
             )
             if not fits:
                 tile_file.close()
                 self._reject(
-                    key, REJECT_FILE,
+                    key,
+                    REJECT_FILE,
                     f"its file {entry.file} holds {tile_file.n_tiles} tiles of "
                     f"{tile_file.tile_shape} {tile_file.dtype}",
                 )

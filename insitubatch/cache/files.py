@@ -17,8 +17,17 @@ import numpy as np
 from .log import LOG_NAME, Key
 from .tilefile import TileFile
 
-__all__ = ["DROP_STALE", "DROP_SUPERSEDED", "DROP_TORN", "REJECT_DTYPE", "REJECT_FILE", "REJECT_MISSING",
-           "REJECT_SHAPE", "WriteHandle", "tile_file_basename"]
+__all__ = [
+    "DROP_STALE",
+    "DROP_SUPERSEDED",
+    "DROP_TORN",
+    "REJECT_DTYPE",
+    "REJECT_FILE",
+    "REJECT_MISSING",
+    "REJECT_SHAPE",
+    "WriteHandle",
+    "tile_file_basename",
+]
 
 _PERSIST_PREFIX, _SPILL_PREFIX = "cache", "spill"
 # Bytes of the array path's hash in a tile file name (8 hex digits; the slug keeps names readable).
@@ -44,7 +53,6 @@ def tile_file_basename(path: str, chunk_index: int, *, persist: bool) -> str:
     digest = hashlib.blake2b(path.encode(), digest_size=_NAME_HASH_BYTES).hexdigest()
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", path).strip("._")[:_SLUG_MAX] or "array"
     return f"{_PERSIST_PREFIX if persist else _SPILL_PREFIX}-{digest}-{int(chunk_index)}-{slug}.npy"
-
 
 
 @dataclass(eq=False)

@@ -289,8 +289,20 @@ def _code_identity(obj: object) -> bytes:
 def _hash_code(h: Any, code: types.CodeType) -> None:
     """What a code object does, without where it sits (file name and line numbers are left out)."""
     _update(h, code.co_code)
-    _update(h, repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
-                     code.co_kwonlyargcount, code.co_flags)).encode())
+    _update(
+        h,
+        repr(
+            (
+                code.co_names,
+                code.co_varnames,
+                code.co_freevars,
+                code.co_cellvars,
+                code.co_argcount,
+                code.co_kwonlyargcount,
+                code.co_flags,
+            )
+        ).encode(),
+    )
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             _hash_code(h, const)

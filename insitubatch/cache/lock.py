@@ -26,8 +26,9 @@ __all__ = ["LOCK_NAME", "acquire_lock", "network_filesystem"]
 LOCK_NAME = "insitu_cache.lock"
 _MOUNTS = Path("/proc/mounts")
 # Filesystems where flock is per client (or emulated), so two hosts can both "hold" it.
-_NETWORK_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "afs", "gpfs",
-                         "beegfs", "fuse"})
+_NETWORK_FS = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre", "afs", "gpfs", "beegfs", "fuse"}
+)
 _NETWORK_FS_PREFIXES = ("fuse.",)
 # Bytes of the lock file read back to name its holder: a one-line JSON record fits many times over.
 _HOLDER_READ_BYTES = 4096

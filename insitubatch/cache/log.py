@@ -38,8 +38,18 @@ import numpy as np
 from ..errors import CacheCorruptError
 from .fingerprint import is_fingerprint
 
-__all__ = ["LOG_FORMAT", "LOG_NAME", "LOG_VERSION", "Key", "LogContents", "LogEntry", "append_entry", "open_log",
-           "read_log", "write_log"]
+__all__ = [
+    "LOG_FORMAT",
+    "LOG_NAME",
+    "LOG_VERSION",
+    "Key",
+    "LogContents",
+    "LogEntry",
+    "append_entry",
+    "open_log",
+    "read_log",
+    "write_log",
+]
 
 LOG_NAME = "insitu_cache.jsonl"
 LOG_FORMAT = "insitubatch-cache"
@@ -242,4 +252,4 @@ def _write_all(fd: int, data: bytes) -> None:
     """``write`` until every byte is out (a regular file takes it in one call unless the disk fills)."""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

@@ -51,7 +51,9 @@ def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     raise ValueError(f"a .npy header for shape {shape} and dtype {dtype} is too long")
 
 
-_OWN_HEADER = re.compile(rb"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), \} *\n")
+_OWN_HEADER = re.compile(
+    rb"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), \} *\n"
+)
 
 
 def _parse_own_header(f) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
@@ -84,8 +86,14 @@ class TileFile:
     """
 
     def __init__(
-        self, path: Path, file_path: Path, mapping: _persist.FileMapping, header_bytes: int,
-        n_tiles: int, tile_shape: tuple[int, ...], dtype: np.dtype,
+        self,
+        path: Path,
+        file_path: Path,
+        mapping: _persist.FileMapping,
+        header_bytes: int,
+        n_tiles: int,
+        tile_shape: tuple[int, ...],
+        dtype: np.dtype,
     ) -> None:
         self.path = path
         self.n_tiles = n_tiles
@@ -213,7 +221,9 @@ def open_tile_file(path: str | os.PathLike, *, writable: bool = False) -> TileFi
         shape, fortran_order, dtype, header_bytes = parsed
         size = os.fstat(f.fileno()).st_size
         if fortran_order or len(shape) == 0 or dtype.hasobject:
-            raise CacheCorruptError(f"{path} holds shape {shape}, dtype {dtype}, fortran_order={fortran_order}; not a tile file")
+            raise CacheCorruptError(
+                f"{path} holds shape {shape}, dtype {dtype}, fortran_order={fortran_order}; not a tile file"
+            )
         expected = header_bytes + math.prod(shape) * dtype.itemsize
         if size != expected:
             raise CacheCorruptError(f"{path} is {size} bytes but its header {shape} {dtype} says {expected}")
@@ -230,7 +240,9 @@ def _tile_offset(tile_file: TileFile, tile_index: int, shape: Sequence[int]) -> 
     if len(shape) != len(tile_file.tile_shape) or any(
         not 0 <= int(a) <= b for a, b in zip(shape, tile_file.tile_shape)
     ):
-        raise ValueError(f"tile shape {tuple(shape)} does not fit the tile shape {tile_file.tile_shape} of {tile_file.path}")
+        raise ValueError(
+            f"tile shape {tuple(shape)} does not fit the tile shape {tile_file.tile_shape} of {tile_file.path}"
+        )
     return tile_file._header_bytes + i * tile_file.tile_bytes
 
 

@@ -22,7 +22,7 @@ plain calls:
   as the array's dtype laid out in its ``order``.
 
 **Decode into the destination.** ``ChunkDecoder.decode_into`` writes a
-chunk into memory the caller owns (a pool slot's tile). When the chain is
+chunk into memory the caller owns (a pool entry's tile). When the chain is
 one compressor that numcodecs can decompress straight into a buffer —
 blosc, zstd, lz4, gzip or zlib, behind a native-endian ``bytes`` codec (v3),
 inner shard chunks included, or as a filterless C-order v2 compressor — it
@@ -103,7 +103,9 @@ def _stage(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
     return codec_decoder(codec)
 
 
-def _run(codec: Any, decode: Callable[[np.ndarray, ArraySpec], np.ndarray], data: np.ndarray, spec: ArraySpec) -> np.ndarray:
+def _run(
+    codec: Any, decode: Callable[[np.ndarray, ArraySpec], np.ndarray], data: np.ndarray, spec: ArraySpec
+) -> np.ndarray:
     try:
         return decode(data, spec)
     except _DecodeFailure:
@@ -415,4 +417,3 @@ def read_stored_chunk(store: Store, geometry: ArrayGeometry, chunk_coord: Sequen
     except Exception as exc:  # any backend's failure, named for the user
         raise StoreReadError(f"reading chunk {coord} of array {geometry.path!r} (key {key!r}) failed: {exc}") from exc
     return clip_to_array(geometry, coord, make_decoder(geometry)(data, coord))
-

@@ -134,9 +134,9 @@ class _Direct:
             raise _DecodeFailure(f"{type(self.codec).__name__} failed: {exc}") from exc
         return True
 
+
 def _as_uint8(data: ChunkData) -> np.ndarray:
     """A flat uint8 view of the chunk bytes (no copy for host memory)."""
     if isinstance(data, Buffer):
         return data.as_numpy_array().reshape(-1).view(np.uint8)
     return np.frombuffer(data, dtype=np.uint8)
-

@@ -31,7 +31,7 @@ __all__ = [
 
 # Largest decoded chunk the engine will allocate, in bytes. A stored chunk (the
 # shard of a sharded array: what one decode returns) and a sample-axis chunk
-# across its tiles (what one pool slot holds) must each fit. Real archives keep
+# across its tiles (what one pool entry holds) must each fit. Real archives keep
 # chunks near 1-100 MB and shards within a few GB; metadata past this is corrupt
 # or hostile, and believing it would allocate that much. Raise it per call with
 # ``max_chunk_bytes=``, or process-wide with the environment variable below.
@@ -69,9 +69,7 @@ class ArrayGeometry:
     offset: int = 0
     zarr_format: int = 3
     dimension_names: tuple[str | None, ...] | None = None
-    metadata: ArrayV2Metadata | ArrayV3Metadata | None = field(
-        default=None, compare=False, repr=False, hash=False
-    )
+    metadata: ArrayV2Metadata | ArrayV3Metadata | None = field(default=None, compare=False, repr=False, hash=False)
 
     # -- sample axis -----------------------------------------------------
     @property
@@ -174,10 +172,10 @@ class ArrayGeometry:
         return f"{self.path}/{key}" if self.path else key
 
     def tile_placement(self, chunk_index: int, tile: int | Sequence[int] = 0) -> ChunkProjection:
-        """Where a tile's valid data sits: in its decoded stored chunk and in the chunk's slot.
+        """Where a tile's valid data sits: in its decoded stored chunk and in the chunk's pool entry.
 
         ``chunk_selection`` is physical-order slices into the decoded stored
-        chunk; ``out_selection`` is slices into the logical slot
+        chunk; ``out_selection`` is slices into the chunk's logical array
         ``(chunk_len, *inner_shape)`` (sample axis first).
         """
         coord = self.physical_chunk_coord(chunk_index, tile)
@@ -217,7 +215,9 @@ def _normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
     if ndim == 0:
         raise ValueError(f"array {path!r} is 0-dimensional: it has no axis to sample along")
     if not -ndim <= sample_axis < ndim:
-        raise ValueError(f"{sample_axis=} is out of range for array {path!r} with {ndim} dims (shape must have an axis {sample_axis})")
+        raise ValueError(
+            f"{sample_axis=} is out of range for array {path!r} with {ndim} dims (shape must have an axis {sample_axis})"
+        )
     return int(sample_axis) % ndim
 
 
@@ -260,8 +260,10 @@ def _check_size(g: ArrayGeometry, limit: int) -> None:
                 f"the metadata is likely corrupt ({override})"
             )
     inner_per_shard = math.prod(_ceil_div(s, c) for s, c in zip(g.stored_chunks, g.chunks))
-    for what, count in (("stored chunks per sample-axis chunk", g.tiles_per_chunk),
-                        ("inner chunks per shard", inner_per_shard)):
+    for what, count in (
+        ("stored chunks per sample-axis chunk", g.tiles_per_chunk),
+        ("inner chunks per shard", inner_per_shard),
+    ):
         if count > MAX_CHUNKS_PER_READ:
             raise ValueError(
                 f"array {g.path!r} (shape {g.shape}, chunks {g.chunks}, stored chunks {g.stored_chunks}) has "
@@ -287,7 +289,9 @@ def geometry_of(arr: zarr.Array, *, sample_axis: int = 0, max_chunk_bytes: int |
     stored = tuple(int(c) for c in shards) if shards is not None else chunks
     dtype = np.dtype(arr.dtype)
     if dtype.hasobject or dtype.kind == "T" or (dtype.kind in "US" and dtype.itemsize == 0):
-        raise ValueError(f"array {arr.path!r} has variable-size dtype {arr.dtype}; only fixed-size dtypes are supported")
+        raise ValueError(
+            f"array {arr.path!r} has variable-size dtype {arr.dtype}; only fixed-size dtypes are supported"
+        )
     geometry = ArrayGeometry(
         path=arr.path,
         shape=tuple(int(s) for s in arr.shape),
@@ -347,8 +351,9 @@ def open_geometries(
 
     limit = _chunk_byte_limit(max_chunk_bytes)
     if not isinstance(group, str):
-        raise TypeError(f"group must be a str (a path inside the store, '' for its root), got "
-                        f"{type(group).__name__} ({group!r})")
+        raise TypeError(
+            f"group must be a str (a path inside the store, '' for its root), got {type(group).__name__} ({group!r})"
+        )
     zstore = as_store(store)
     root = zarr.open_group(store=zstore, mode="r", path=group or None)
     arrays = dict(_walk_arrays(root))

@@ -19,9 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["fsspec_store", "icechunk_store"]
 
 
-def fsspec_store(
-    url: str | os.PathLike[str], *, read_only: bool = False, **storage_options: Any
-) -> FsspecStore:
+def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **storage_options: Any) -> FsspecStore:
     """Build a zarr ``FsspecStore`` for ``url`` through fsspec (the ``fsspec`` extra).
 
     For protocols obstore has no backend for; obstore is faster where both work.

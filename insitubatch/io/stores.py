@@ -40,9 +40,7 @@ _S3_SCHEMES = ("s3", "s3a")
 _GCS_SCHEMES = ("gs", "gcs")
 _AZURE_SCHEMES = ("az", "azure", "abfs", "abfss")
 _HTTP_SCHEMES = ("http", "https")
-_VALID_SCHEMES = (
-    _LOCAL_SCHEMES + _MEMORY_SCHEMES + _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES + _HTTP_SCHEMES
-)
+_VALID_SCHEMES = _LOCAL_SCHEMES + _MEMORY_SCHEMES + _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES + _HTTP_SCHEMES
 
 # The keys obstore's RetryConfig reads; obstore silently ignores any other key,
 # so a typo would otherwise pass unnoticed.
@@ -82,6 +80,7 @@ DEFAULT_RETRY: Mapping[str, Any] = {"max_retries": DEFAULT_MAX_RETRIES, "retry_t
 # has no config key for it (developmentseed/obstore#546), only default headers.
 _GCS_USER_PROJECT_HEADER = "x-goog-user-project"
 
+
 def _split_scheme(url: str) -> tuple[str | None, str]:
     """``("s3", "bucket/key")`` for a URL, ``(None, url)`` for a plain path."""
     scheme, sep, rest = url.partition("://")
@@ -104,9 +103,7 @@ def _reject_options(url: str, kind: str, given: Mapping[str, Any], allowed: tupl
     if refused:
         shown = ", ".join(f"{name}={given[name]!r}" for name in refused)
         accepts = ", ".join(allowed) if allowed else "none of them"
-        raise ValueError(
-            f"{shown} cannot be used with {kind} url={url!r}; options that apply there: {accepts}"
-        )
+        raise ValueError(f"{shown} cannot be used with {kind} url={url!r}; options that apply there: {accepts}")
 
 
 def _local_dir(url: str, scheme: str | None) -> Path:

@@ -107,19 +107,27 @@ def describe_loader(
     block_samples = knobs["block_chunks"] * spc
     notes = []
     if spc == 1:
-        notes.append("one sample per chunk: every GET serves one sample, so throughput is max_inflight / latency "
-                     "samples per second at best; raise max_inflight")
+        notes.append(
+            "one sample per chunk: every GET serves one sample, so throughput is max_inflight / latency "
+            "samples per second at best; raise max_inflight"
+        )
     if block_samples < MIN_BLOCK_SAMPLES_PER_BATCH * knobs["batch_size"]:
-        notes.append(f"a shuffle block holds {block_samples} samples, under {MIN_BLOCK_SAMPLES_PER_BATCH} batches: "
-                     "raise block_chunks for a better shuffle")
+        notes.append(
+            f"a shuffle block holds {block_samples} samples, under {MIN_BLOCK_SAMPLES_PER_BATCH} batches: "
+            "raise block_chunks for a better shuffle"
+        )
     if math.prod(first.tile_grid) > 1:
         notes.append(f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs that many GETs")
     if tile_bytes >= FAT_TILE_BYTES:
-        notes.append(f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
-                     f"max_inflight={knobs['max_inflight']} holds up to {inflight_bytes / MIB:.0f} MiB")
+        notes.append(
+            f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
+            f"max_inflight={knobs['max_inflight']} holds up to {inflight_bytes / MIB:.0f} MiB"
+        )
     if budget_bytes is not None and budget_bytes < working:
-        notes.append(f"cache_budget_bytes={budget_bytes} is below the working set of {working} bytes for "
-                     f"{iterations} open iteration(s): such a pass raises when it starts")
+        notes.append(
+            f"cache_budget_bytes={budget_bytes} is below the working set of {working} bytes for "
+            f"{iterations} open iteration(s): such a pass raises when it starts"
+        )
     return {
         "store": store,
         "probed": stored_tile_bytes is not None,
@@ -141,11 +149,15 @@ def format_summary(info: Mapping[str, Any]) -> str:
     variables = info["variables"]
     probe = info["probed"]
     lines = [f"store      {info['store']}", ""]
-    lines.append(f"{'variable':<28} {'shape':<18} {'dtype':<8} {'stored chunk':<18} {'tiles':>5} "
-                 f"{'samples/chunk':>13} {'chunk MB':>9} {'tile MB':>9}" + (f" {'stored tile MB':>14}" if probe else ""))
+    lines.append(
+        f"{'variable':<28} {'shape':<18} {'dtype':<8} {'stored chunk':<18} {'tiles':>5} "
+        f"{'samples/chunk':>13} {'chunk MB':>9} {'tile MB':>9}" + (f" {'stored tile MB':>14}" if probe else "")
+    )
     for label, v in variables.items():
-        row = (f"{label:<28} {str(tuple(v['shape'])):<18} {v['dtype']:<8} {str(tuple(v['stored_chunk'])):<18} "
-               f"{v['tiles']:>5} {v['samples_per_chunk']:>13} {_mb(v['chunk_bytes']):>9} {_mb(v['tile_bytes']):>9}")
+        row = (
+            f"{label:<28} {str(tuple(v['shape'])):<18} {v['dtype']:<8} {str(tuple(v['stored_chunk'])):<18} "
+            f"{v['tiles']:>5} {v['samples_per_chunk']:>13} {_mb(v['chunk_bytes']):>9} {_mb(v['tile_bytes']):>9}"
+        )
         if probe:
             stored = v["stored_tile_bytes"]
             row += f" {(_mb(stored) if stored is not None else '-'):>14}"
@@ -164,8 +176,10 @@ def format_summary(info: Mapping[str, Any]) -> str:
     ]
     for name, other in info["splits"].items():
         if name != split:
-            lines.append(f"split      {name!r}: {other['samples']} samples, {other['batches']} batches, "
-                         f"{other['gets']} GETs, working set {_mb(other['working_set_bytes'])} MB")
+            lines.append(
+                f"split      {name!r}: {other['samples']} samples, {other['batches']} batches, "
+                f"{other['gets']} GETs, working set {_mb(other['working_set_bytes'])} MB"
+            )
     lines += [
         f"reads      {s['reads']} chunk reads = {s['gets']} GETs per epoch (each stored tile once); "
         f"{s['samples'] / max(s['gets'], 1):.2f} samples per GET",
@@ -173,8 +187,10 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"the pool's floor and its automatic budget",
     ]
     if n > 1:
-        lines.append(f"iterations {n} open at once: pool budget {n} × working = {_mb(mem['working_set_bytes'])} MB, "
-                     f"queues {_mb(mem['queue_bytes'])} MB")
+        lines.append(
+            f"iterations {n} open at once: pool budget {n} × working = {_mb(mem['working_set_bytes'])} MB, "
+            f"queues {_mb(mem['queue_bytes'])} MB"
+        )
     if mem["budget"] == "explicit":
         lines.append(f"budget     cache_budget_bytes = {_mb(mem['budget_bytes'])} MB")
     lines += [

@@ -161,8 +161,16 @@ def plan_epoch(
     anchor_range: tuple[int, int] | None = None,
 ) -> EpochPlan:
     """Plan one epoch of ``split`` for a single process: order, blocks, batches, reads."""
-    eo = epoch_order(manifest, split, variables, block_chunks=block_chunks, shuffle=shuffle, seed=seed,
-                     epoch=epoch, anchor_range=anchor_range)
+    eo = epoch_order(
+        manifest,
+        split,
+        variables,
+        block_chunks=block_chunks,
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        anchor_range=anchor_range,
+    )
     return build_plan(manifest, variables, eo.order, eo.block_starts, batch_size)
 
 
@@ -263,7 +271,11 @@ def _peak_live(plan: EpochPlan) -> tuple[int, int]:
 
     ones = np.ones(len(plan.reads), dtype=np.int64)
     total_b, total_n = int(plan.read_nbytes.sum()), len(plan.reads)
-    live_b = total_b - excluded(plan.read_last, plan.read_nbytes, b0, True) - excluded(plan.read_first, plan.read_nbytes, b1, False)
+    live_b = (
+        total_b
+        - excluded(plan.read_last, plan.read_nbytes, b0, True)
+        - excluded(plan.read_first, plan.read_nbytes, b1, False)
+    )
     live_n = total_n - excluded(plan.read_last, ones, b0, True) - excluded(plan.read_first, ones, b1, False)
     return int(live_b.max()), int(live_n.max())
 

@@ -51,8 +51,9 @@ class EpochPlanner:
             self._plans[key] = plan
         return plan
 
-    def make(self, split: str, epoch: int, history: History, anchor_range: tuple[int, int] | None,
-             batch_size: int) -> EpochPlan:
+    def make(
+        self, split: str, epoch: int, history: History, anchor_range: tuple[int, int] | None, batch_size: int
+    ) -> EpochPlan:
         """A fresh plan; a split the manifest lacks is a sequential pass over ``anchor_range`` (or everything)."""
         manifest = self.manifest
         shuffle = self.shuffle and split == "train"
@@ -62,17 +63,39 @@ class EpochPlanner:
                 anchor_range = (0, manifest.n_samples)
             chunks = tuple(range(anchor_range[0] // size, -(-anchor_range[1] // size)))
             manifest = dataclasses.replace(manifest, splits=((split, chunks),))
-        eo = epoch_order(manifest, split, self.outputs, block_chunks=self.block_chunks, shuffle=shuffle,
-                         seed=self.seed, epoch=epoch, anchor_range=anchor_range)
+        eo = epoch_order(
+            manifest,
+            split,
+            self.outputs,
+            block_chunks=self.block_chunks,
+            shuffle=shuffle,
+            seed=self.seed,
+            epoch=epoch,
+            anchor_range=anchor_range,
+        )
         if self.world_size == 1 and not history:
-            return build_plan(manifest, self.outputs, eo.order, eo.block_starts, batch_size,
-                              release_per_block=self.release_per_block)
-        streams = rank_streams(eo, self.world_size, batch_size=batch_size, remainder=self.remainder,
-                               contiguous=split != "train", history=history)
+            return build_plan(
+                manifest, self.outputs, eo.order, eo.block_starts, batch_size, release_per_block=self.release_per_block
+            )
+        streams = rank_streams(
+            eo,
+            self.world_size,
+            batch_size=batch_size,
+            remainder=self.remainder,
+            contiguous=split != "train",
+            history=history,
+        )
         mine = streams[self.rank]
         padded = mine.padded if mine.padded.any() else None
-        return build_plan(manifest, self.outputs, eo.order[mine.rows], mine.block_starts, batch_size, padded=padded,
-                          release_per_block=self.release_per_block)
+        return build_plan(
+            manifest,
+            self.outputs,
+            eo.order[mine.rows],
+            mine.block_starts,
+            batch_size,
+            padded=padded,
+            release_per_block=self.release_per_block,
+        )
 
     def identity(self, split: str) -> dict[str, Any]:
         """What a saved position of ``split`` must match to resume here."""

@@ -214,8 +214,7 @@ def split_by_chunk(
     counts = _allocate(len(chunks), [f for _, f in named])
     bounds = np.cumsum([0, *counts])
     splits = tuple(
-        (name, tuple(sorted(int(c) for c in chunks[bounds[i] : bounds[i + 1]])))
-        for i, (name, _) in enumerate(named)
+        (name, tuple(sorted(int(c) for c in chunks[bounds[i] : bounds[i + 1]]))) for i, (name, _) in enumerate(named)
     )
     return SplitManifest(
         array=geometry.path,

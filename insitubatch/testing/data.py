@@ -105,7 +105,9 @@ class DatasetSpec:
             raise ValueError(f"samples_per_chunk={self.samples_per_chunk} must be in [1, n_time={self.n_time}]")
         ty, tx = self.inner_tiles
         if not (1 <= ty <= self.n_lat and 1 <= tx <= self.n_lon):
-            raise ValueError(f"inner_tiles={self.inner_tiles} must be >= 1 and at most the grid ({self.n_lat}, {self.n_lon})")
+            raise ValueError(
+                f"inner_tiles={self.inner_tiles} must be >= 1 and at most the grid ({self.n_lat}, {self.n_lon})"
+            )
         if self.shard_samples is not None and (
             self.shard_samples < self.samples_per_chunk or self.shard_samples % self.samples_per_chunk
         ):

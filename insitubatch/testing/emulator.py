@@ -101,7 +101,6 @@ FAULT_KINDS = (*STATUS_FAULTS, "retry-after", *BODY_FAULTS)
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
-
 class Emulator:
     """The emulator server on ``127.0.0.1`` in a background thread of this process.
 
@@ -249,7 +248,7 @@ class Emulator:
         key = unquote(h.path.split("?", 1)[0]).lstrip("/")
         try:
             if key.startswith(CONTROL_PREFIX):
-                self._control(h, method, key[len(CONTROL_PREFIX):])
+                self._control(h, method, key[len(CONTROL_PREFIX) :])
                 return
             self._counters.request(key, method)
             if method not in ("GET", "HEAD"):
@@ -383,7 +382,11 @@ class Emulator:
             self._reply_json(h, {"error": f"unknown control request {method} {action!r}"}, status=404)
 
     def _settings(self) -> dict[str, Any]:
-        return {"latency_s": self.latency_s, "jitter_s": self.jitter_s, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s}
+        return {
+            "latency_s": self.latency_s,
+            "jitter_s": self.jitter_s,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+        }
 
     def _reply_json(self, h: _Handler, payload: Any, status: int = 200) -> None:
         body = json.dumps(payload).encode()
@@ -402,8 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with Emulator(
-        args.root, latency_s=args.latency_s, jitter_s=args.jitter_s,
-        bandwidth_bytes_per_s=args.bandwidth_bytes_per_s, port=args.port, seed=args.seed,
+        args.root,
+        latency_s=args.latency_s,
+        jitter_s=args.jitter_s,
+        bandwidth_bytes_per_s=args.bandwidth_bytes_per_s,
+        port=args.port,
+        seed=args.seed,
     ) as emu:
         print(emu.url, flush=True)
         sys.stdin.read()  # returns when the parent closes our stdin (or dies)

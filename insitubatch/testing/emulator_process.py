@@ -45,8 +45,17 @@ class EmulatorProcess:
     ) -> None:
         self.root = Path(root).resolve()
         cmd = [
-            sys.executable, "-m", "insitubatch.testing.emulator", "--root", str(self.root), "--latency-s", str(latency_s),
-            "--jitter-s", str(jitter_s), "--seed", str(seed),
+            sys.executable,
+            "-m",
+            "insitubatch.testing.emulator",
+            "--root",
+            str(self.root),
+            "--latency-s",
+            str(latency_s),
+            "--jitter-s",
+            str(jitter_s),
+            "--seed",
+            str(seed),
         ]
         if bandwidth_bytes_per_s is not None:
             cmd += ["--bandwidth-bytes-per-s", str(bandwidth_bytes_per_s)]

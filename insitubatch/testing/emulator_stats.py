@@ -127,7 +127,11 @@ class _Counters:
     def snapshot(self) -> EmulatorStats:
         with self.lock:
             return EmulatorStats(
-                requests=self.requests, gets=self.gets, heads=self.heads, bytes_sent=self.bytes_sent,
-                faults=self.faults, not_found=self.not_found,
+                requests=self.requests,
+                gets=self.gets,
+                heads=self.heads,
+                bytes_sent=self.bytes_sent,
+                faults=self.faults,
+                not_found=self.not_found,
                 keys={k: KeyStats(*row) for k, row in self.keys.items()},
             )

@@ -185,9 +185,7 @@ def check_scope(transform: object, name: str, path: str) -> CheckResult:
     return CheckResult("scope", "PASS", f"{name} runs on {path!r}")
 
 
-def check_output(
-    transform: object, name: str, geometry: ArrayGeometry, n_in: int, out: object
-) -> list[CheckResult]:
+def check_output(transform: object, name: str, geometry: ArrayGeometry, n_in: int, out: object) -> list[CheckResult]:
     """The returned object, the sample axis, and ``output_inner`` (declared or not) against the real output."""
     if not isinstance(out, DecodedChunk):
         got = type(out).__name__
@@ -199,10 +197,13 @@ def check_output(
     results = [CheckResult("returns", "PASS", f"a DecodedChunk holding {data.shape} {data.dtype}")]
     if data.ndim == 0 or data.shape[0] != n_in:
         got = "a 0-d array" if data.ndim == 0 else f"{data.shape[0]} samples (shape {data.shape})"
-        results.append(CheckResult(
-            "sample-axis", "FAIL",
-            f"{name} turned {n_in} samples into {got}; axis 0 is the sample axis and must keep its length",
-        ))
+        results.append(
+            CheckResult(
+                "sample-axis",
+                "FAIL",
+                f"{name} turned {n_in} samples into {got}; axis 0 is the sample axis and must keep its length",
+            )
+        )
         return results
     results.append(CheckResult("sample-axis", "PASS", f"{n_in} samples in, {n_in} out"))
     inner, dtype = tuple(data.shape[1:]), data.dtype
@@ -211,32 +212,41 @@ def check_output(
         if inner == tuple(geometry.inner_shape) and dtype == geometry.dtype:
             results.append(CheckResult("output-inner", "PASS", f"inner {inner} {dtype} kept; no output_inner needed"))
         else:
-            results.append(CheckResult(
-                "output-inner", "FAIL",
-                f"{name} changed inner {tuple(geometry.inner_shape)} {geometry.dtype} to {inner} {dtype} without "
-                "declaring output_inner(geometry) -> (inner_shape, dtype); declare it so the cache can size its tiles",
-            ))
+            results.append(
+                CheckResult(
+                    "output-inner",
+                    "FAIL",
+                    f"{name} changed inner {tuple(geometry.inner_shape)} {geometry.dtype} to {inner} {dtype} without "
+                    "declaring output_inner(geometry) -> (inner_shape, dtype); declare it so the cache can size its tiles",
+                )
+            )
         return results
     try:
         declared_shape, declared_dtype = declared_fn(geometry)
         declared_shape = tuple(int(s) for s in declared_shape)
         declared_dtype = np.dtype(declared_dtype)
     except Exception as exc:  # whatever the user's output_inner raises or returns
-        results.append(CheckResult(
-            "output-inner", "FAIL", f"{name}.output_inner(geometry) failed or returned no (inner_shape, dtype): {exc!r}"
-        ))
+        results.append(
+            CheckResult(
+                "output-inner",
+                "FAIL",
+                f"{name}.output_inner(geometry) failed or returned no (inner_shape, dtype): {exc!r}",
+            )
+        )
         return results
     if (declared_shape, declared_dtype) != (inner, dtype):
-        results.append(CheckResult(
-            "output-inner", "FAIL",
-            f"{name}.output_inner declares inner {declared_shape} {declared_dtype} but the transform returned "
-            f"{inner} {dtype}; the cache would size its tiles wrong",
-        ))
+        results.append(
+            CheckResult(
+                "output-inner",
+                "FAIL",
+                f"{name}.output_inner declares inner {declared_shape} {declared_dtype} but the transform returned "
+                f"{inner} {dtype}; the cache would size its tiles wrong",
+            )
+        )
     else:
         detail = f"declared {declared_shape} {declared_dtype} matches the output"
         results.append(CheckResult("output-inner", "PASS", detail))
     return results
-
 
 
 def check_gil(transform: Callable[[DecodedChunk], object], name: str, chunk: DecodedChunk, threads: int) -> CheckResult:
@@ -247,7 +257,8 @@ def check_gil(transform: Callable[[DecodedChunk], object], name: str, chunk: Dec
         return CheckResult("gil-probe", "FAIL", f"{name}: {exc}")
     if probe is None:
         return CheckResult(
-            "gil-probe", "SKIP",
+            "gil-probe",
+            "SKIP",
             "no scheduler accounting and one usable core, or threads never got a core: scaling cannot be measured",
         )
     how = (
@@ -256,7 +267,8 @@ def check_gil(transform: Callable[[DecodedChunk], object], name: str, chunk: Dec
     )
     if probe.holds_gil:
         return CheckResult(
-            "gil-probe", "FAIL",
+            "gil-probe",
+            "FAIL",
             f"{name} holds the GIL: {how}; it would serialize the decode pool — vectorize it with numpy "
             "(no per-element Python) or move it to a batch_transform",
         )
@@ -272,7 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("url", help="store URL (s3://bucket/prefix, gs://..., file://...) or a local path")
     parser.add_argument("--var", required=True, help="zarr array path to read a chunk of")
     parser.add_argument(
-        "--transform", required=True,
+        "--transform",
+        required=True,
         help="module:attr or path/to/file.py:attr (a class is instantiated with no arguments)",
     )
     parser.add_argument("--group", default="", help="group inside the store holding --var (default: root)")
@@ -282,7 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=PROBE_THREADS, help=f"probe threads (default {PROBE_THREADS})")
     parser.add_argument("--skip-signature", action="store_true", help="send unsigned requests (public buckets)")
     parser.add_argument(
-        "--request-payer", nargs="?", const=True, default=None, metavar="PROJECT",
+        "--request-payer",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="PROJECT",
         help="read a requester-pays bucket (GCS: give the billing project)",
     )
     parser.add_argument("--endpoint", default=None, help="custom object-store endpoint, e.g. http://127.0.0.1:9000")
@@ -387,7 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cache        {_mb(per_chunk)} per chunk after the transform ({inner})")
     key = getattr(transform, "cache_key", None)
     print(
-        f"cache key    {key!r}" if key is not None
+        f"cache key    {key!r}"
+        if key is not None
         else "cache key    none: a persistent cache fingerprints it by cloudpickle, else by source hash"
     )
     if not args.gil_probe:

@@ -114,15 +114,20 @@ def _run_write_status(args: argparse.Namespace) -> int:
     store = _open_store(args, read_only=not writes)
     notes = []
     # each step lists (and may delete) records in the store: seconds apiece on a remote bucket
-    with progress(total=1 + bool(args.clear_stale) + (args.clear_coverage is not None), desc="write-status",
-                  unit="step") as bar:
+    with progress(
+        total=1 + bool(args.clear_stale) + (args.clear_coverage is not None), desc="write-status", unit="step"
+    ) as bar:
         if args.clear_stale:
             cleared = clear_stale_claims(store, args.group)
-            notes.append(f"cleared {len(cleared)} stale claim(s): " + ", ".join(f"[{c.start}, {c.stop})" for c in cleared))
+            notes.append(
+                f"cleared {len(cleared)} stale claim(s): " + ", ".join(f"[{c.start}, {c.stop})" for c in cleared)
+            )
             bar.update()
         if args.clear_coverage is not None:
             gone = clear_coverage(store, *args.clear_coverage, group=args.group)
-            notes.append(f"cleared {len(gone)} coverage record(s): " + ", ".join(f"[{c.start}, {c.stop})" for c in gone))
+            notes.append(
+                f"cleared {len(gone)} coverage record(s): " + ", ".join(f"[{c.start}, {c.stop})" for c in gone)
+            )
             bar.update()
         status = write_status(store, args.group)
         bar.update()

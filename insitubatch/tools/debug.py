@@ -79,10 +79,14 @@ def print_debug_info(file: IO[str] | None = None) -> None:
         lines.append(f"{name:<13} {version if version is not None else 'not installed'}")
     k = info["kernels"]
     if k["recorded"]:
-        lines.append(f"kernels       {', '.join(k['built']) or 'none'}" + (f" (missing: {', '.join(k['missing'])})"
-                                                                         if k["missing"] else ""))
-        lines.append(f"build flags   openmp={k['openmp']} debug={k['debug']} args={' '.join(k['compile_args'])} "
-                     f"cython={k['cython']} numpy={k['numpy_at_build']}")
+        lines.append(
+            f"kernels       {', '.join(k['built']) or 'none'}"
+            + (f" (missing: {', '.join(k['missing'])})" if k["missing"] else "")
+        )
+        lines.append(
+            f"build flags   openmp={k['openmp']} debug={k['debug']} args={' '.join(k['compile_args'])} "
+            f"cython={k['cython']} numpy={k['numpy_at_build']}"
+        )
     else:
         lines.append(f"kernels       {k['note']}")
     lines.append(f"cpus          {info['cpu_count']} ({info['usable_cpus']} usable by this process)")

@@ -82,8 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     sample_nbytes = sum(g.sample_nbytes for g in geoms.values())
     # a budget that holds the whole train split turns the pool into a cache for epoch 2
     budget = sum(g.chunk_nbytes for g in geoms.values()) * len(manifest.chunks("train")) * 2
-    with InSituDataset(store, manifest, geoms, batch_size=args.batch_size, block_chunks=args.block_chunks,
-                       max_inflight=args.max_inflight, cache_budget_bytes=budget) as ds:
+    with InSituDataset(
+        store,
+        manifest,
+        geoms,
+        batch_size=args.batch_size,
+        block_chunks=args.block_chunks,
+        max_inflight=args.max_inflight,
+        cache_budget_bytes=budget,
+    ) as ds:
         for epoch in range(2):
             ds.set_epoch(epoch)
             t0 = time.perf_counter()

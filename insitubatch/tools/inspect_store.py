@@ -31,6 +31,7 @@ from ..plan.splits import DEFAULT_FRACTIONS, split_by_chunk
 
 __all__ = ["add_inspect_parser", "inspect_store", "run_inspect"]
 
+
 def _dataset_defaults() -> dict[str, Any]:
     """The loader's own defaults for the knobs, read from ``InSituDataset`` (one place)."""
     from ..dataset import InSituDataset
@@ -100,8 +101,12 @@ def inspect_store(
         No data variables; variables whose sample-axis lengths differ; a bad knob.
     """
     defaults = _dataset_defaults()
-    given = {"batch_size": batch_size, "block_chunks": block_chunks, "max_inflight": max_inflight,
-             "prefetch_depth": prefetch_depth}
+    given = {
+        "batch_size": batch_size,
+        "block_chunks": block_chunks,
+        "max_inflight": max_inflight,
+        "prefetch_depth": prefetch_depth,
+    }
     knobs = {k: defaults[k] if v is None else v for k, v in given.items()}
     for name, value in (*knobs.items(), ("iterations", iterations)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -113,15 +118,24 @@ def inspect_store(
     else:
         store = as_store(url_or_store)
     try:
-        return _describe(store, url_or_store, knobs, iterations, variables, sample_axis, group, split, fractions,
-                         probe)
+        return _describe(store, url_or_store, knobs, iterations, variables, sample_axis, group, split, fractions, probe)
     finally:
         if opened:
             close_store(store)
 
 
-def _describe(store: Store, where: Any, knobs: dict[str, int], iterations: int, variables: Sequence[str] | None,
-              sample_axis: int, group: str, split: str, fractions: Any, probe: bool) -> str:
+def _describe(
+    store: Store,
+    where: Any,
+    knobs: dict[str, int],
+    iterations: int,
+    variables: Sequence[str] | None,
+    sample_axis: int,
+    group: str,
+    split: str,
+    fractions: Any,
+    probe: bool,
+) -> str:
     geoms = open_geometries(store, sample_axis=sample_axis, variables=variables, group=group)
     if not geoms:
         raise ValueError(f"{where!r} has no data variables (only coordinates or nothing); name them with variables=")
@@ -130,12 +144,21 @@ def _describe(store: Store, where: Any, knobs: dict[str, int], iterations: int, 
         raise ValueError(f"variables have different sample-axis lengths {lengths}; inspect them one at a time")
     first = next(iter(geoms.values()))
     manifest = split_by_chunk(first, fractions=fractions)
-    plan = plan_epoch(manifest, split, geoms, batch_size=knobs["batch_size"], block_chunks=knobs["block_chunks"],
-                      shuffle=True, seed=0, epoch=0)
+    plan = plan_epoch(
+        manifest,
+        split,
+        geoms,
+        batch_size=knobs["batch_size"],
+        block_chunks=knobs["block_chunks"],
+        shuffle=True,
+        seed=0,
+        epoch=0,
+    )
     stored = {p: _stored_nbytes(store, g) for p, g in geoms.items()} if probe else None
     label = where if isinstance(where, str) else type(where).__name__
-    info = describe_loader(geoms, {split: plan}, knobs, split=split, store=label, stored_tile_bytes=stored,
-                           iterations=iterations)
+    info = describe_loader(
+        geoms, {split: plan}, knobs, split=split, store=label, stored_tile_bytes=stored, iterations=iterations
+    )
     return format_summary(info)
 
 
@@ -151,16 +174,18 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--block-chunks", type=int, default=None)
     parser.add_argument("--max-inflight", type=int, default=None)
     parser.add_argument("--prefetch-depth", type=int, default=None)
-    parser.add_argument("--iterations", type=int, default=1,
-                        help="passes open at once, e.g. 2 for zip(ds.train, ds.val) (default: 1)")
+    parser.add_argument(
+        "--iterations", type=int, default=1, help="passes open at once, e.g. 2 for zip(ds.train, ds.val) (default: 1)"
+    )
     parser.add_argument("--variables", nargs="+", default=None, help="array paths (default: every data variable)")
     parser.add_argument("--sample-axis", type=int, default=0)
     parser.add_argument("--group", default="", help="group inside the store (default: root)")
     parser.add_argument("--split", default="train")
     parser.add_argument("--anonymous", action="store_true", default=None, help="unsigned requests (public buckets)")
     parser.add_argument("--endpoint", default=None, help="custom object-store endpoint")
-    parser.add_argument("--no-probe", dest="probe", action="store_false",
-                        help="do not ask for each variable's stored chunk size")
+    parser.add_argument(
+        "--no-probe", dest="probe", action="store_false", help="do not ask for each variable's stored chunk size"
+    )
     parser.set_defaults(run=run_inspect)
     return parser
 
@@ -172,9 +197,20 @@ def run_inspect(args: argparse.Namespace) -> int:
         options["anonymous"] = True
     if args.endpoint is not None:
         options["endpoint"] = args.endpoint
-    print(inspect_store(
-        args.url, batch_size=args.batch_size, block_chunks=args.block_chunks, max_inflight=args.max_inflight,
-        prefetch_depth=args.prefetch_depth, iterations=args.iterations, variables=args.variables, sample_axis=args.sample_axis,
-        group=args.group, split=args.split, probe=args.probe, storage_options=options,
-    ))
+    print(
+        inspect_store(
+            args.url,
+            batch_size=args.batch_size,
+            block_chunks=args.block_chunks,
+            max_inflight=args.max_inflight,
+            prefetch_depth=args.prefetch_depth,
+            iterations=args.iterations,
+            variables=args.variables,
+            sample_axis=args.sample_axis,
+            group=args.group,
+            split=args.split,
+            probe=args.probe,
+            storage_options=options,
+        )
+    )
     return 0

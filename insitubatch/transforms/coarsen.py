@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from ..io.geometry import ArrayGeometry
     from .core import DecodedChunk
 
+
 @dataclass(frozen=True)
 class Coarsen:
     """Block mean over ``k``-wide blocks of inner axes (default the last two).

@@ -124,7 +124,9 @@ def _with_inner(geometry: ArrayGeometry, inner: Sequence[int], dtype: np.dtype) 
     )
 
 
-def stage_outputs(pipeline: Sequence[ChunkTransform], geometry: ArrayGeometry) -> list[tuple[tuple[int, ...], np.dtype]]:
+def stage_outputs(
+    pipeline: Sequence[ChunkTransform], geometry: ArrayGeometry
+) -> list[tuple[tuple[int, ...], np.dtype]]:
     """The ``(inner_shape, dtype)`` each transform of ``pipeline`` must produce, in order.
 
     A transform that declares ``output_inner(geometry) -> (inner_shape, dtype)``

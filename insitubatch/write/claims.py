@@ -184,9 +184,7 @@ class SlotClaim:
         self._last_beat = info.heartbeat_at
         self._stop = threading.Event()
         self._released = False
-        self._thread = threading.Thread(
-            target=self._beat, name=f"insitu-claim-{info.start}-{info.stop}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._beat, name=f"insitu-claim-{info.start}-{info.stop}", daemon=True)
         self._thread.start()
 
     @classmethod
@@ -298,14 +296,11 @@ class SlotClaim:
             # Conditional: of two writers taking over the same dead claim, one wins.
             version = claims.replace(name, info.payload(), existing[1])
             if version is None:
-                raise WriteClaimError(
-                    f"cannot claim [{info.start}, {info.stop}): another writer took it over first"
-                )
+                raise WriteClaimError(f"cannot claim [{info.start}, {info.stop}): another writer took it over first")
             logger.warning("took over claim %s", other.describe(now))
             return version
         raise WriteClaimError(
-            f"cannot claim [{info.start}, {info.stop}): the claim kept changing hands "
-            f"({_CREATE_ATTEMPTS} attempts)"
+            f"cannot claim [{info.start}, {info.stop}): the claim kept changing hands ({_CREATE_ATTEMPTS} attempts)"
         )
 
     @staticmethod

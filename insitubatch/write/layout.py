@@ -97,9 +97,7 @@ class WriteLayout:
         if start < 0 or start >= stop:
             raise SlotAlignmentError(f"slot range [{start}, {stop}) must satisfy 0 <= start < stop")
         if stop > self.extent:
-            raise SlotAlignmentError(
-                f"slot range [{start}, {stop}) runs past the indexed extent {self.extent}"
-            )
+            raise SlotAlignmentError(f"slot range [{start}, {stop}) runs past the indexed extent {self.extent}")
         if not (self.is_boundary(start) and self.is_boundary(stop)):
             lo, hi = self.aligned_cover(start, stop)
             detail = ", ".join(
@@ -189,8 +187,7 @@ def _diff(root: zarr.Group, spec: LayoutSpec) -> tuple[list[str], list[OutputArr
         for key in expected:
             if have.get(key) != json.loads(json.dumps(expected[key])):
                 lines.append(
-                    f"layout record: {key} is {have.get(key)!r} in the store but "
-                    f"{expected[key]!r} in the spec"
+                    f"layout record: {key} is {have.get(key)!r} in the store but {expected[key]!r} in the spec"
                 )
     return lines, missing
 

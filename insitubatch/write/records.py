@@ -364,9 +364,7 @@ class RecordStore:
 
     def _check_writable(self) -> None:
         if self._read_only:
-            raise WriteClaimError(
-                f"store={self.store!r} is read-only; parallel writers need a writable store"
-            )
+            raise WriteClaimError(f"store={self.store!r} is read-only; parallel writers need a writable store")
 
     def ensure_containers(self) -> None:
         """Create the ``.insitubatch`` and ``<kind>`` group documents if missing (idempotent)."""

@@ -120,9 +120,7 @@ def _executor(executor: Any) -> cf.Executor | None:
     if hasattr(executor, "get_executor"):
         # a dask.distributed Client; pure=False so reruns of a range are not served from cache
         return executor.get_executor(pure=False)
-    raise TypeError(
-        f"executor={executor!r} must be a concurrent.futures.Executor, a dask.distributed.Client, or None"
-    )
+    raise TypeError(f"executor={executor!r} must be a concurrent.futures.Executor, a dask.distributed.Client, or None")
 
 
 def run_plan(
@@ -174,9 +172,7 @@ def run_plan(
             raise ValueError("store=None and the plan has no store_url; pass the store")
     pool = _executor(executor)
     if isinstance(store, MemoryStore) and pool is not None and not isinstance(pool, cf.ThreadPoolExecutor):
-        raise ValueError(
-            "a MemoryStore lives in this process only; run it with executor=None or a ThreadPoolExecutor"
-        )
+        raise ValueError("a MemoryStore lives in this process only; run it with executor=None or a ThreadPoolExecutor")
     args = [(store, r.start, r.stop, work) for r in plan.ranges]
     kwargs: dict[str, Any] = {"group": plan.group, "writer_options": dict(writer_options or {})}
     outcomes: list[SlotOutcome] = []

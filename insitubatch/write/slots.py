@@ -348,8 +348,7 @@ def _aligned_parts(layout: WriteLayout, gaps: list[Interval]) -> tuple[list[Inte
 
 def _explain(layout: WriteLayout) -> str:
     return ", ".join(
-        f"{a.name}: chunk {a.chunk}" + (f", shard {a.shard}" if a.shard is not None else "")
-        for a in layout.arrays
+        f"{a.name}: chunk {a.chunk}" + (f", shard {a.shard}" if a.shard is not None else "") for a in layout.arrays
     )
 
 

@@ -87,8 +87,7 @@ class OutputArray:
             shards = _ints("shards", self.shards, minimum=1)
             if len(shards) != len(shape) or any(s % c for s, c in zip(shards, chunks)):
                 raise ValueError(
-                    f"{name}: shards={shards} must have one entry per axis, each a multiple of "
-                    f"chunks={chunks}"
+                    f"{name}: shards={shards} must have one entry per axis, each a multiple of chunks={chunks}"
                 )
             object.__setattr__(self, "shards", shards)
         if self.index_axis is not None and not -len(shape) <= self.index_axis < len(shape):
@@ -99,9 +98,7 @@ class OutputArray:
         if self.dimension_names is not None:
             names = tuple(self.dimension_names)
             if len(names) != len(shape):
-                raise ValueError(
-                    f"{name}: dimension_names={names} must have one entry per axis of shape={shape}"
-                )
+                raise ValueError(f"{name}: dimension_names={names} must have one entry per axis of shape={shape}")
             object.__setattr__(self, "dimension_names", names)
 
     @property

@@ -31,22 +31,47 @@ class Engine:
     planner: EpochPlanner
 
 
-def make_engine(path, *, batch_size: int = 4, block_chunks: int = 2, prefetch_depth: int = 2,
-                budget: int | None = None, shuffle: bool = True) -> Engine:
+def make_engine(
+    path,
+    *,
+    batch_size: int = 4,
+    block_chunks: int = 2,
+    prefetch_depth: int = 2,
+    budget: int | None = None,
+    shuffle: bool = True,
+) -> Engine:
     store = CountingStore(local_store(path))
     data = np.asarray(zarr.open_array(store=local_store(path), path="x", mode="r")[...])
     g = open_geometries(store)["x"]
     readers = {"x": ArrayReader.build(g, ())}
     outputs = {"x": readers["x"].output}
     context = PassContext(
-        store=store, readers=readers, outputs=outputs, offsets={"x": 0}, pool=ChunkPool(budget),
-        buffers=BufferPool(), executor=decode_pool(DECODE_THREADS), max_inflight=4,
-        decode_threads=DECODE_THREADS, prefetch_depth=prefetch_depth, on_bad_chunk="raise", cache=None,
-        persist=False, batch_transforms=(), sample_coords=lambda: {"sample": np.arange(SHAPE[0])},
+        store=store,
+        readers=readers,
+        outputs=outputs,
+        offsets={"x": 0},
+        pool=ChunkPool(budget),
+        buffers=BufferPool(),
+        executor=decode_pool(DECODE_THREADS),
+        max_inflight=4,
+        decode_threads=DECODE_THREADS,
+        prefetch_depth=prefetch_depth,
+        on_bad_chunk="raise",
+        cache=None,
+        persist=False,
+        batch_transforms=(),
+        sample_coords=lambda: {"sample": np.arange(SHAPE[0])},
     )
     planner = EpochPlanner(
-        manifest=split_by_chunk(g, fractions=(1.0,)), outputs=outputs, batch_size=batch_size,
-        block_chunks=block_chunks, shuffle=shuffle, seed=0, rank=0, world_size=1, remainder="pad",
+        manifest=split_by_chunk(g, fractions=(1.0,)),
+        outputs=outputs,
+        batch_size=batch_size,
+        block_chunks=block_chunks,
+        shuffle=shuffle,
+        seed=0,
+        rank=0,
+        world_size=1,
+        remainder="pad",
         release_per_block=False,
     )
     return Engine(store, data, context, planner)

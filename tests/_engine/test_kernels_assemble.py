@@ -74,17 +74,14 @@ def _split_into_tiles(chunk: np.ndarray, tile: tuple[int, ...]) -> tuple[list[np
     """A chunk's sample-first tiles (edge tiles smaller) and their inner origins."""
     inner = chunk.shape[1:]
     corners = list(itertools.product(*(range(0, d, t) for d, t in zip(inner, tile))))
-    tiles = [
-        np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))])
-        for c in corners
-    ]
+    tiles = [np.ascontiguousarray(chunk[(slice(None), *(slice(o, o + t) for o, t in zip(c, tile)))]) for c in corners]
     return tiles, np.asarray(corners, dtype=np.intp).reshape(len(corners), len(inner))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["cached", "streamed"])
 @pytest.mark.parametrize("dtype", ["u1", ">i2", "<f4", "c16", "M8[ms]"])
 def test_assemble_tiles_rebuilds_the_chunk(monkeypatch: pytest.MonkeyPatch, dtype: str, stream: bool) -> None:
-    if stream:  # the path large slots take: non-temporal stores
+    if stream:  # the path large destinations take: non-temporal stores
         monkeypatch.setattr(kernels, "_STREAM_MIN_BYTES", 0)
     rng = np.random.default_rng(11)
     for _ in range(30):
@@ -95,9 +92,9 @@ def test_assemble_tiles_rebuilds_the_chunk(monkeypatch: pytest.MonkeyPatch, dtyp
         chunk = rng.integers(0, 100, size=(rows, *inner)).astype(dtype)
         tiles, origins = _split_into_tiles(chunk, tile)
         order = rng.permutation(len(tiles))  # any order: each tile knows its origin
-        slot = np.zeros_like(chunk)
-        assemble_tiles(slot, [tiles[i] for i in order], origins[order])
-        np.testing.assert_array_equal(slot, chunk)
+        dest = np.zeros_like(chunk)
+        assemble_tiles(dest, [tiles[i] for i in order], origins[order])
+        np.testing.assert_array_equal(dest, chunk)
 
 
 def test_assemble_tiles_of_a_4x4_tiled_era5_field() -> None:
@@ -105,25 +102,25 @@ def test_assemble_tiles_of_a_4x4_tiled_era5_field() -> None:
     chunk = rng.random((2, 721, 1440), dtype=np.float32)
     tiles, origins = _split_into_tiles(chunk, (181, 360))
     assert len(tiles) == 16 and tiles[-1].shape == (2, 178, 360)
-    slot = np.empty_like(chunk)
-    assemble_tiles(slot, tiles, origins)
-    np.testing.assert_array_equal(slot, chunk)
+    dest = np.empty_like(chunk)
+    assemble_tiles(dest, tiles, origins)
+    np.testing.assert_array_equal(dest, chunk)
 
 
 def test_assemble_tiles_rejects_what_does_not_fit() -> None:
-    slot = np.zeros((2, 4, 6), "f4")
-    with pytest.raises(ValueError, match=r"tiles\[0\] has 3 rows but slot has 2"):
-        assemble_tiles(slot, [np.zeros((3, 2, 2), "f4")], [[0, 0]])
-    with pytest.raises(ValueError, match=r"\[5:7\) on inner axis 1 does not fit slot's extent 6"):
-        assemble_tiles(slot, [np.zeros((2, 2, 2), "f4")], [[0, 5]])
+    dest = np.zeros((2, 4, 6), "f4")
+    with pytest.raises(ValueError, match=r"tiles\[0\] has 3 rows but dest has 2"):
+        assemble_tiles(dest, [np.zeros((3, 2, 2), "f4")], [[0, 0]])
+    with pytest.raises(ValueError, match=r"\[5:7\) on inner axis 1 does not fit dest's extent 6"):
+        assemble_tiles(dest, [np.zeros((2, 2, 2), "f4")], [[0, 5]])
     with pytest.raises(ValueError, match=r"tiles\[0\] must be C-contiguous"):
-        assemble_tiles(slot, [np.zeros((2, 2, 4), "f4")[:, :, ::2]], [[0, 0]])
-    with pytest.raises(ValueError, match="slot must be C-contiguous"):
+        assemble_tiles(dest, [np.zeros((2, 2, 4), "f4")[:, :, ::2]], [[0, 0]])
+    with pytest.raises(ValueError, match="dest must be C-contiguous"):
         assemble_tiles(np.zeros((2, 6, 4), "f4").transpose(0, 2, 1), [], np.empty((0, 2)))
     with pytest.raises(ValueError, match=r"origins must have shape \(1, 2\)"):
-        assemble_tiles(slot, [np.zeros((2, 2, 2), "f4")], [0, 0])
-    assemble_tiles(slot, [], np.empty((0, 2), np.intp))  # nothing to do is fine
-    assert not slot.any()
+        assemble_tiles(dest, [np.zeros((2, 2, 2), "f4")], [0, 0])
+    assemble_tiles(dest, [], np.empty((0, 2), np.intp))  # nothing to do is fine
+    assert not dest.any()
 
 
 def test_bad_tile_rectangle_is_filled_across_the_sample_axis() -> None:
@@ -131,13 +128,13 @@ def test_bad_tile_rectangle_is_filled_across_the_sample_axis() -> None:
     chunk = rng.random((5, 9, 13)).astype("f4")
     tiles, origins = _split_into_tiles(chunk, (4, 5))
     bad = 4  # an inner tile; its rows everywhere become NaN
-    slot = np.empty_like(chunk)
-    assemble_tiles(slot, [t for i, t in enumerate(tiles) if i != bad], np.delete(origins, bad, axis=0))
+    dest = np.empty_like(chunk)
+    assemble_tiles(dest, [t for i, t in enumerate(tiles) if i != bad], np.delete(origins, bad, axis=0))
     rect = tiles[bad].shape[1:]
-    fill_region(slot, (0, *origins[bad]), (slot.shape[0], *rect), np.nan)
+    fill_region(dest, (0, *origins[bad]), (dest.shape[0], *rect), np.nan)
     expected = chunk.copy()
     expected[:, origins[bad][0] : origins[bad][0] + rect[0], origins[bad][1] : origins[bad][1] + rect[1]] = np.nan
-    np.testing.assert_array_equal(slot, expected)
+    np.testing.assert_array_equal(dest, expected)
     # the same rectangle on a few batch rows only
     batch = chunk.copy()
     fill_region(batch, (1, *origins[bad]), (2, *rect), -7)
@@ -154,9 +151,7 @@ def test_unbuilt_source_tree_says_how_to_build(tmp_path) -> None:
 
     src = Path(__file__).resolve().parents[2] / "insitubatch"
     shutil.copytree(src, tmp_path / "insitubatch", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    proc = subprocess.run(
-        [sys.executable, "-c", "import insitubatch"], cwd=tmp_path, capture_output=True, text=True
-    )
+    proc = subprocess.run([sys.executable, "-c", "import insitubatch"], cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode != 0
     assert "pip install -e ." in proc.stderr
     assert "BuildError" in proc.stderr

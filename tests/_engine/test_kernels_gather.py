@@ -24,8 +24,14 @@ def _random_values(rng: np.random.Generator, shape: tuple[int, ...], dtype: obje
 class Window:
     """Resident chunks of a ``(rows, *inner)`` array, each split into sample-first tiles."""
 
-    def __init__(self, rng: np.random.Generator, inner: tuple[int, ...], tile: tuple[int, ...],
-                 chunk_rows: list[int], dtype: object) -> None:
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        inner: tuple[int, ...],
+        tile: tuple[int, ...],
+        chunk_rows: list[int],
+        dtype: object,
+    ) -> None:
         self.inner = inner
         self.chunks = [_random_values(rng, (n, *inner), dtype) for n in chunk_rows]
         corners = list(itertools.product(*(range(0, d, t) for d, t in zip(inner, tile))))
@@ -179,9 +185,7 @@ def test_coalesced_runs_cover_exactly_the_requested_rows() -> None:
         s = rng.integers(0, 10, size=n)
         d = rng.permutation(n)
         runs = coalesce_runs(t, s, d)
-        expanded = sorted(
-            (int(tt), int(ss) + k, int(dd) + k) for tt, ss, dd, nn in runs for k in range(nn)
-        )
+        expanded = sorted((int(tt), int(ss) + k, int(dd) + k) for tt, ss, dd, nn in runs for k in range(nn))
         assert expanded == sorted(zip(t.tolist(), s.tolist(), d.tolist()))
 
 
@@ -206,7 +210,11 @@ def test_non_contiguous_inputs_are_rejected() -> None:
         ({"origins": [[0, 0, 0]]}, ValueError, r"origins must have shape \(1, 2\)"),
         ({"origins": [[0.0, 0.0]]}, ValueError, "origins must hold integers"),
         ({"runs": [[1, 0, 0, 1]]}, ValueError, r"runs\[0\] names tile 1, but there are 1 tiles"),
-        ({"runs": [[0, 0, 0, 1], [0, 1, 0, 2]]}, ValueError, r"runs\[1\] reads rows \[1:3\) of tiles\[0\], which has 2 rows"),
+        (
+            {"runs": [[0, 0, 0, 1], [0, 1, 0, 2]]},
+            ValueError,
+            r"runs\[1\] reads rows \[1:3\) of tiles\[0\], which has 2 rows",
+        ),
         ({"runs": [[0, 0, 2, 2]]}, ValueError, r"runs\[0\] writes rows \[2:4\) of out, which has 3 rows"),
         ({"runs": [[0, 0, -1, 1]]}, ValueError, r"writes rows \[-1:0\)"),
         ({"runs": [[0, 0, 0, -1]]}, ValueError, "n_rows=-1"),

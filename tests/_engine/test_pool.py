@@ -1,4 +1,4 @@
-"""ChunkPool on its own: pins keep slots resident, LRU evicts only unpinned ready slots, budgets bound bytes."""
+"""ChunkPool on its own: pins keep entries resident, LRU evicts only unpinned ready entries, budgets bound bytes."""
 
 from __future__ import annotations
 
@@ -9,52 +9,52 @@ from insitubatch._engine.pool import FAILED, PENDING, READY, ChunkPool
 from insitubatch.errors import InSituError
 
 TILE = np.zeros(4, dtype=np.float32)
-SLOT_BYTES = 100
+ENTRY_BYTES = 100
 
 
-def admit_ready(pool: ChunkPool, owner, chunk: int, nbytes: int = SLOT_BYTES):
-    """Admit a one-tile slot of array ``a`` chunk ``chunk`` and deliver its tile."""
-    slot = pool.admit(("a", chunk), nbytes, np.zeros((1, 1), dtype=np.int64), owner)
-    assert slot is not None
-    pool.deliver(slot, 0, TILE)
-    return slot
+def admit_ready(pool: ChunkPool, owner, chunk: int, nbytes: int = ENTRY_BYTES):
+    """Admit a one-tile entry of array ``a`` chunk ``chunk`` and deliver its tile."""
+    entry = pool.admit(("a", chunk), nbytes, np.zeros((1, 1), dtype=np.int64), owner)
+    assert entry is not None
+    pool.deliver(entry, 0, TILE)
+    return entry
 
 
-def test_a_slot_is_ready_once_every_tile_landed() -> None:
+def test_an_entry_is_ready_once_every_tile_landed() -> None:
     pool = ChunkPool(1000)
     owner = pool.open_owner(500, 4)
-    slot = pool.admit(("a", 0), SLOT_BYTES, np.zeros((2, 1), dtype=np.int64), owner)
-    assert slot.state == PENDING and not pool.contains(("a", 0))
-    pool.deliver(slot, 0, TILE)
-    pool.deliver(slot, 0, TILE)  # a repeated tile does not count twice
-    assert slot.state == PENDING
-    pool.deliver(slot, 1, TILE)
-    assert slot.state == READY and pool.contains(("a", 0))
+    entry = pool.admit(("a", 0), ENTRY_BYTES, np.zeros((2, 1), dtype=np.int64), owner)
+    assert entry.state == PENDING and not pool.contains(("a", 0))
+    pool.deliver(entry, 0, TILE)
+    pool.deliver(entry, 0, TILE)  # a repeated tile does not count twice
+    assert entry.state == PENDING
+    pool.deliver(entry, 1, TILE)
+    assert entry.state == READY and pool.contains(("a", 0))
     assert (owner.counters.misses, owner.counters.hits) == (1, 0)
 
 
-def test_pinned_slots_are_never_evicted_and_admission_waits_for_room() -> None:
-    pool = ChunkPool(2 * SLOT_BYTES)
-    owner = pool.open_owner(2 * SLOT_BYTES, 4)
+def test_pinned_entries_are_never_evicted_and_admission_waits_for_room() -> None:
+    pool = ChunkPool(2 * ENTRY_BYTES)
+    owner = pool.open_owner(2 * ENTRY_BYTES, 4)
     a0, a1 = admit_ready(pool, owner, 0), admit_ready(pool, owner, 1)
-    assert pool.admit(("a", 2), SLOT_BYTES, np.zeros((1, 1), dtype=np.int64), owner) is None  # all pinned
+    assert pool.admit(("a", 2), ENTRY_BYTES, np.zeros((1, 1), dtype=np.int64), owner) is None  # all pinned
     pool.unpin(a0, owner)
-    assert pool.admit(("a", 2), SLOT_BYTES, np.zeros((1, 1), dtype=np.int64), owner) is not None
+    assert pool.admit(("a", 2), ENTRY_BYTES, np.zeros((1, 1), dtype=np.int64), owner) is not None
     assert not pool.contains(("a", 0)) and pool.contains(("a", 1))
-    assert pool.totals.evictions == 1 and pool.resident_bytes == 2 * SLOT_BYTES
+    assert pool.totals.evictions == 1 and pool.resident_bytes == 2 * ENTRY_BYTES
     assert a1.pinned and not a0.pinned
 
 
-def test_eviction_takes_the_least_recently_used_unpinned_slot() -> None:
+def test_eviction_takes_the_least_recently_used_unpinned_entry() -> None:
     evicted = []
-    pool = ChunkPool(3 * SLOT_BYTES, on_evict=lambda slot: evicted.append(slot.key))
-    owner = pool.open_owner(SLOT_BYTES, 4)
-    slots = [admit_ready(pool, owner, c) for c in range(3)]
-    for slot in slots:
-        pool.unpin(slot, owner)
+    pool = ChunkPool(3 * ENTRY_BYTES, on_evict=lambda entry: evicted.append(entry.key))
+    owner = pool.open_owner(ENTRY_BYTES, 4)
+    entries = [admit_ready(pool, owner, c) for c in range(3)]
+    for entry in entries:
+        pool.unpin(entry, owner)
     # chunk 0 is used again: chunk 1 becomes the oldest
     hit = pool.pin_existing(("a", 0), owner)
-    assert hit is slots[0] and owner.counters.hits == 1
+    assert hit is entries[0] and owner.counters.hits == 1
     pool.unpin(hit, owner)
     admit_ready(pool, owner, 3)
     assert evicted == [("a", 1)]
@@ -84,8 +84,8 @@ def test_the_automatic_budget_is_the_sum_of_open_working_sets() -> None:
 
 def test_read_ahead_is_bounded_by_the_reservation_and_the_read_limit() -> None:
     pool = ChunkPool(None)
-    owner = pool.open_owner(2 * SLOT_BYTES, 2)
-    assert pool.can_take(owner, 10 * SLOT_BYTES)  # the first read always fits, however large
+    owner = pool.open_owner(2 * ENTRY_BYTES, 2)
+    assert pool.can_take(owner, 10 * ENTRY_BYTES)  # the first read always fits, however large
     admit_ready(pool, owner, 0)
     admit_ready(pool, owner, 1)
     assert not pool.can_take(owner, 1)  # two reads pinned: the read limit
@@ -93,34 +93,34 @@ def test_read_ahead_is_bounded_by_the_reservation_and_the_read_limit() -> None:
     assert owner.pinned_reads == 2
 
 
-def test_a_closing_fetcher_hands_an_in_flight_slot_to_a_pass_still_waiting() -> None:
+def test_a_closing_fetcher_hands_an_in_flight_entry_to_a_pass_still_waiting() -> None:
     pool = ChunkPool(None)
-    fetcher, waiter = pool.open_owner(SLOT_BYTES, 4), pool.open_owner(SLOT_BYTES, 4)
-    slot = pool.admit(("a", 0), SLOT_BYTES, np.zeros((1, 1), dtype=np.int64), fetcher)
-    assert pool.pin_existing(("a", 0), waiter) is slot
+    fetcher, waiter = pool.open_owner(ENTRY_BYTES, 4), pool.open_owner(ENTRY_BYTES, 4)
+    entry = pool.admit(("a", 0), ENTRY_BYTES, np.zeros((1, 1), dtype=np.int64), fetcher)
+    assert pool.pin_existing(("a", 0), waiter) is entry
     refetched = []
     waiter.refetch = refetched.append
     assert pool.close_owner(fetcher) == []  # nothing to cancel: the waiter adopted it
-    assert refetched == [slot] and slot.fetcher == waiter.id and slot.state == PENDING
+    assert refetched == [entry] and entry.fetcher == waiter.id and entry.state == PENDING
 
 
-def test_an_in_flight_slot_nobody_else_pins_is_abandoned_and_one_nobody_can_fetch_fails() -> None:
+def test_an_in_flight_entry_nobody_else_pins_is_abandoned_and_one_nobody_can_fetch_fails() -> None:
     pool = ChunkPool(None)
-    fetcher = pool.open_owner(SLOT_BYTES, 4)
-    slot = pool.admit(("a", 0), SLOT_BYTES, np.zeros((1, 1), dtype=np.int64), fetcher)
-    assert pool.close_owner(fetcher) == [slot] and len(pool) == 0 and pool.resident_bytes == 0
+    fetcher = pool.open_owner(ENTRY_BYTES, 4)
+    entry = pool.admit(("a", 0), ENTRY_BYTES, np.zeros((1, 1), dtype=np.int64), fetcher)
+    assert pool.close_owner(fetcher) == [entry] and len(pool) == 0 and pool.resident_bytes == 0
 
-    fetcher, waiter = pool.open_owner(SLOT_BYTES, 4), pool.open_owner(SLOT_BYTES, 4)
-    slot = pool.admit(("a", 1), SLOT_BYTES, np.zeros((1, 1), dtype=np.int64), fetcher)
+    fetcher, waiter = pool.open_owner(ENTRY_BYTES, 4), pool.open_owner(ENTRY_BYTES, 4)
+    entry = pool.admit(("a", 1), ENTRY_BYTES, np.zeros((1, 1), dtype=np.int64), fetcher)
     pool.pin_existing(("a", 1), waiter)  # no refetch hook: it cannot fetch
     pool.close_owner(fetcher)
-    assert slot.state == FAILED and isinstance(slot.error, InSituError) and "chunk 1" in str(slot.error)
-    assert pool.pin_existing(("a", 1), waiter) is None  # a failed slot is forgotten: a later pass retries
+    assert entry.state == FAILED and isinstance(entry.error, InSituError) and "chunk 1" in str(entry.error)
+    assert pool.pin_existing(("a", 1), waiter) is None  # a failed entry is forgotten: a later pass retries
 
 
-def test_clear_keeps_pinned_slots() -> None:
+def test_clear_keeps_pinned_entries() -> None:
     pool = ChunkPool(None)
-    owner = pool.open_owner(2 * SLOT_BYTES, 4)
+    owner = pool.open_owner(2 * ENTRY_BYTES, 4)
     kept, dropped = admit_ready(pool, owner, 0), admit_ready(pool, owner, 1)
     pool.unpin(dropped, owner)
     pool.clear()

@@ -14,24 +14,32 @@ WAIT_S = 30.0  # generous: a loaded CI machine, never a hang
 
 def driver_for(engine, plan, owner) -> PassDriver:
     ctx = engine.context
-    return PassDriver(store=ctx.store, pool=ctx.pool, owner=owner, plan=plan, readers=ctx.readers,
-                      semaphore=ctx.semaphore(), executor=ctx.executor, on_bad_chunk=ctx.on_bad_chunk,
-                      bad_chunks=ctx.bad_chunks)
+    return PassDriver(
+        store=ctx.store,
+        pool=ctx.pool,
+        owner=owner,
+        plan=plan,
+        readers=ctx.readers,
+        semaphore=ctx.semaphore(),
+        executor=ctx.executor,
+        on_bad_chunk=ctx.on_bad_chunk,
+        bad_chunks=ctx.bad_chunks,
+    )
 
 
 def wait_ready(driver: PassDriver, reads) -> None:
     pool, deadline = driver.pool, time.monotonic() + WAIT_S
     with pool.cond:
-        while not all(driver.slots[i] is not None and driver.slots[i].state == READY for i in reads):
+        while not all(driver.entries[i] is not None and driver.entries[i].state == READY for i in reads):
             assert driver.error is None, driver.error
             assert time.monotonic() < deadline, "the driver never finished these reads"
             pool.cond.wait(0.05)
 
 
-def assemble(slot, n_rows: int, inner_shape) -> np.ndarray:
-    """A ready slot's tiles (sample axis first) placed at their origins: the chunk's rows."""
+def assemble(entry, n_rows: int, inner_shape) -> np.ndarray:
+    """A ready entry's tiles (sample axis first) placed at their origins: the chunk's rows."""
     out = np.full((n_rows, *inner_shape), np.nan, dtype=np.float32)
-    for tile, origin in zip(slot.tiles, slot.origins):
+    for tile, origin in zip(entry.tiles, entry.origins):
         inner = tuple(slice(int(o), int(o) + n) for o, n in zip(origin, tile.shape[1:]))
         out[(slice(None), *inner)] = tile
     return out
@@ -40,15 +48,15 @@ def assemble(slot, n_rows: int, inner_shape) -> np.ndarray:
 def consume(driver: PassDriver, plan) -> dict[int, np.ndarray]:
     """What a producer does: wait each block, then unpin the reads whose last use it was.
 
-    Returns each read's rows as assembled while it was pinned (an unpinned slot may be evicted).
+    Returns each read's rows as assembled while it was pinned (an unpinned entry may be evicted).
     """
     rows = {}
     for b in range(plan.n_blocks):
         wait_ready(driver, plan.block_reads[b])
         for i in plan.block_reads[b]:
-            rows.setdefault(i, assemble(driver.slots[i], 4, (6, 8)))
+            rows.setdefault(i, assemble(driver.entries[i], 4, (6, 8)))
         for i in np.flatnonzero(plan.read_last == b):
-            driver.pool.unpin(driver.slots[i], driver.owner)
+            driver.pool.unpin(driver.entries[i], driver.owner)
     return rows
 
 
@@ -68,7 +76,7 @@ def test_a_driver_reads_every_chunk_once_and_the_tiles_are_zarrs(engine) -> None
     assert owner.counters.misses == len(plan.reads) and owner.counters.gets == 24
     assert sorted(rows) == list(range(len(plan.reads)))
     for i, (_path, chunk) in enumerate(plan.reads):
-        np.testing.assert_array_equal(rows[i], engine.data[chunk * 4:(chunk + 1) * 4])
+        np.testing.assert_array_equal(rows[i], engine.data[chunk * 4 : (chunk + 1) * 4])
 
 
 def test_stopping_one_driver_cancels_its_fetches_and_leaves_anothers_running(engine) -> None:
@@ -93,7 +101,7 @@ def test_stopping_one_driver_cancels_its_fetches_and_leaves_anothers_running(eng
         engine.store.release()
         a.stop()
         b.stop()
-    assert not any(s is not None and s.state == READY for s in a.slots)
+    assert not any(s is not None and s.state == READY for s in a.entries)
     assert b.error is None and all(t.done() for t in b._tasks)
     abandoned = pool.close_owner(owner_a)
     assert all(s.state != READY for s in abandoned)

@@ -128,11 +128,37 @@ def test_slow_consumer_is_named(zarr_path) -> None:
 
 
 def _stats(**kw) -> PassStats:
-    base = dict(split="train", epoch=0, samples=800, batches=100, wall_s=10.0, gets=100, get_bytes=10**6, hits=0,
-                misses=50, revived=0, evictions=0, re_reads=0, bad_tiles=0, fetch_s=0.0, decode_s=0.0,
-                transform_s=0.0, gather_s=0.1, consumer_wait_s=9.0, producer_wait_s=0.0, data_wait_s=9.0,
-                budget_wait_s=0.0, inflight_depth_mean=0.0, inflight_depth_max=0, queue_depth_mean=0.0,
-                queue_depth_max=0, max_inflight=32, decode_threads=2, cache_budget_bytes=None, finished=True)
+    base = dict(
+        split="train",
+        epoch=0,
+        samples=800,
+        batches=100,
+        wall_s=10.0,
+        gets=100,
+        get_bytes=10**6,
+        hits=0,
+        misses=50,
+        revived=0,
+        evictions=0,
+        re_reads=0,
+        bad_tiles=0,
+        fetch_s=0.0,
+        decode_s=0.0,
+        transform_s=0.0,
+        gather_s=0.1,
+        consumer_wait_s=9.0,
+        producer_wait_s=0.0,
+        data_wait_s=9.0,
+        budget_wait_s=0.0,
+        inflight_depth_mean=0.0,
+        inflight_depth_max=0,
+        queue_depth_mean=0.0,
+        queue_depth_max=0,
+        max_inflight=32,
+        decode_threads=2,
+        cache_budget_bytes=None,
+        finished=True,
+    )
     return PassStats(**{**base, **kw})
 
 

@@ -17,8 +17,13 @@ def ds(tmp_path):
     x = np.random.default_rng(0).random((48, 4, 5), dtype="f4")
     root.create_array("x", shape=x.shape, chunks=(6, 4, 5), dtype="f4")[:] = x
     g = open_geometries(str(tmp_path / "a.zarr"))["x"]
-    with InSituDataset(str(tmp_path / "a.zarr"), split_by_chunk(g, fractions=(1.0,)), {"x": g, "y": g.shift(2)},
-                       batch_size=5, block_chunks=2) as d:
+    with InSituDataset(
+        str(tmp_path / "a.zarr"),
+        split_by_chunk(g, fractions=(1.0,)),
+        {"x": g, "y": g.shift(2)},
+        batch_size=5,
+        block_chunks=2,
+    ) as d:
         yield d, x
 
 

@@ -23,8 +23,13 @@ def ds(tmp_path):
     x = np.random.default_rng(0).random((96, 16, 32), dtype="f4")
     root.create_array("x", shape=x.shape, chunks=(8, 16, 16), dtype="f4")[:] = x
     g = open_geometries(str(tmp_path / "g.zarr"))["x"]
-    with InSituDataset(str(tmp_path / "g.zarr"), split_by_chunk(g, fractions=(1.0,)), {"x": g, "y": g.shift(1)},
-                       batch_size=12, block_chunks=2) as d:
+    with InSituDataset(
+        str(tmp_path / "g.zarr"),
+        split_by_chunk(g, fractions=(1.0,)),
+        {"x": g, "y": g.shift(1)},
+        batch_size=12,
+        block_chunks=2,
+    ) as d:
         yield d, x
 
 

@@ -143,8 +143,13 @@ def test_log_line_lands_at_each_commit_and_deduplicates(tmp_path: Path) -> None:
         assert len(lines) == 2
         entry = json.loads(lines[1])
         assert entry == {
-            "path": PATH, "chunk": 7, "file": tile_file_basename(PATH, 7, persist=True), "n_tiles": 2,
-            "tile_shapes": [list(s) for s in SHAPES], "dtype": "<f4", "fingerprint": FP_A,
+            "path": PATH,
+            "chunk": 7,
+            "file": tile_file_basename(PATH, 7, persist=True),
+            "n_tiles": 2,
+            "tile_shapes": [list(s) for s in SHAPES],
+            "dtype": "<f4",
+            "fingerprint": FP_A,
         }
         _put(c, PATH, 8, tiles)
         assert len(_log_lines(tmp_path)) == 3
@@ -206,8 +211,15 @@ def _valid_log(tmp_path: Path) -> list[bytes]:
 
 
 def _entry(**changes) -> bytes:
-    rec = {"path": PATH, "chunk": 3, "file": tile_file_basename(PATH, 3, persist=True), "n_tiles": 1,
-           "tile_shapes": [[4, 5, 4]], "dtype": "<f4", "fingerprint": FP_A}
+    rec = {
+        "path": PATH,
+        "chunk": 3,
+        "file": tile_file_basename(PATH, 3, persist=True),
+        "n_tiles": 1,
+        "tile_shapes": [[4, 5, 4]],
+        "dtype": "<f4",
+        "fingerprint": FP_A,
+    }
     rec.update(changes)
     return json.dumps(rec).encode()
 
@@ -315,7 +327,8 @@ def test_fingerprint_rules() -> None:
     assert pipeline_fingerprint([]) == pipeline_fingerprint(()) == EMPTY_PIPELINE_FINGERPRINT
     transforms = [applies(["a"], Scale(1.0)), _identity]
     assert array_fingerprints(transforms, ["a", "b"]) == {
-        "a": pipeline_fingerprint(transforms), "b": pipeline_fingerprint([_identity])
+        "a": pipeline_fingerprint(transforms),
+        "b": pipeline_fingerprint([_identity]),
     }
     # cache_key is authoritative: different code, same key, same identity
     assert pipeline_fingerprint([Scale(1.0, "k")]) == pipeline_fingerprint([Scale(5.0, "k")])
@@ -356,8 +369,14 @@ def test_fingerprint_is_stable_across_processes() -> None:
     outs = []
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        proc = subprocess.run([sys.executable, "-c", _STABILITY_SCRIPT], env=env, capture_output=True, text=True,
-                              timeout=SUBPROCESS_TIMEOUT_S, check=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", _STABILITY_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+            check=True,
+        )
         outs.append(proc.stdout.strip())
     assert outs[0] == outs[1] and len(outs[0]) == 16
 
@@ -383,8 +402,13 @@ def test_source_fallback_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _spawn(code: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 _SECOND_WRITER = """

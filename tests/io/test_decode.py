@@ -30,14 +30,24 @@ ZOO: dict[str, tuple[dict[str, Any], tuple[slice, ...] | None]] = {
         dict(zarr_format=2, shape=(10, 7), chunks=(4, 3), dtype="f4", compressors=numcodecs.Blosc("lz4", 5, 1)),
         None,
     ),
-    "v2-zlib-i2-3d": (dict(zarr_format=2, shape=(5, 6, 7), chunks=(2, 4, 3), dtype="i2", compressors=numcodecs.Zlib()), None),
+    "v2-zlib-i2-3d": (
+        dict(zarr_format=2, shape=(5, 6, 7), chunks=(2, 4, 3), dtype="i2", compressors=numcodecs.Zlib()),
+        None,
+    ),
     "v2-zstd-f8-1d": (dict(zarr_format=2, shape=(100,), chunks=(30,), dtype="f8", compressors=numcodecs.Zstd()), None),
-    "v2-gzip-u1-2d": (dict(zarr_format=2, shape=(9, 11), chunks=(4, 4), dtype="u1", compressors=numcodecs.GZip()), None),
+    "v2-gzip-u1-2d": (
+        dict(zarr_format=2, shape=(9, 11), chunks=(4, 4), dtype="u1", compressors=numcodecs.GZip()),
+        None,
+    ),
     "v2-lz4-i4-2d": (dict(zarr_format=2, shape=(11, 6), chunks=(4, 4), dtype="i4", compressors=numcodecs.LZ4()), None),
     "v2-delta-i2": (
         dict(
-            zarr_format=2, shape=(13, 5), chunks=(5, 5), dtype="i2",
-            filters=[numcodecs.Delta(dtype="i2")], compressors=numcodecs.Zlib(),
+            zarr_format=2,
+            shape=(13, 5),
+            chunks=(5, 5),
+            dtype="i2",
+            filters=[numcodecs.Delta(dtype="i2")],
+            compressors=numcodecs.Zlib(),
         ),
         None,
     ),
@@ -47,8 +57,12 @@ ZOO: dict[str, tuple[dict[str, Any], tuple[slice, ...] | None]] = {
     ),
     "v2-slash-bool-4d": (
         dict(
-            zarr_format=2, shape=(3, 4, 5, 6), chunks=(2, 3, 2, 4), dtype="bool",
-            chunk_key_encoding={"name": "v2", "separator": "/"}, compressors=numcodecs.Zlib(),
+            zarr_format=2,
+            shape=(3, 4, 5, 6),
+            chunks=(2, 3, 2, 4),
+            dtype="bool",
+            chunk_key_encoding={"name": "v2", "separator": "/"},
+            compressors=numcodecs.Zlib(),
         ),
         None,
     ),
@@ -70,23 +84,42 @@ ZOO: dict[str, tuple[dict[str, Any], tuple[slice, ...] | None]] = {
         None,
     ),
     "v3-big-zstd-c64": (
-        dict(shape=(6, 5), chunks=(4, 2), dtype="c8", serializer=BytesCodec(endian="big"), compressors=ZstdCodec(level=3)),
+        dict(
+            shape=(6, 5), chunks=(4, 2), dtype="c8", serializer=BytesCodec(endian="big"), compressors=ZstdCodec(level=3)
+        ),
         None,
     ),
     "v3-zstd-i2-3d": (dict(shape=(5, 6, 7), chunks=(2, 4, 3), dtype="i2", compressors=ZstdCodec()), None),
     "v3-gzip-u1": (dict(shape=(17,), chunks=(5,), dtype="u1", compressors=GzipCodec(level=4)), None),
     "v3-blosc-f8-4d": (
-        dict(shape=(3, 4, 5, 6), chunks=(2, 3, 2, 4), dtype="f8", compressors=BloscCodec(cname="zstd", shuffle="bitshuffle")),
+        dict(
+            shape=(3, 4, 5, 6),
+            chunks=(2, 3, 2, 4),
+            dtype="f8",
+            compressors=BloscCodec(cname="zstd", shuffle="bitshuffle"),
+        ),
         None,
     ),
     "v3-transpose-f4-3d": (
-        dict(shape=(5, 6, 7), chunks=(2, 4, 3), dtype="f4", filters=[TransposeCodec(order=(2, 0, 1))], compressors=ZstdCodec()),
+        dict(
+            shape=(5, 6, 7),
+            chunks=(2, 4, 3),
+            dtype="f4",
+            filters=[TransposeCodec(order=(2, 0, 1))],
+            compressors=ZstdCodec(),
+        ),
         None,
     ),
-    "v3-crc32c-bool": (dict(shape=(9, 10), chunks=(4, 4), dtype="bool", compressors=[ZstdCodec(), Crc32cCodec()]), None),
+    "v3-crc32c-bool": (
+        dict(shape=(9, 10), chunks=(4, 4), dtype="bool", compressors=[ZstdCodec(), Crc32cCodec()]),
+        None,
+    ),
     "v3-v2keys-missing-nanfill": (
         dict(
-            shape=(11, 5), chunks=(3, 5), dtype="f4", fill_value=float("nan"),
+            shape=(11, 5),
+            chunks=(3, 5),
+            dtype="f4",
+            fill_value=float("nan"),
             chunk_key_encoding={"name": "v2", "separator": "."},
         ),
         (slice(3, 6), slice(0, 5)),
@@ -104,19 +137,30 @@ ZOO: dict[str, tuple[dict[str, Any], tuple[slice, ...] | None]] = {
     ),
     "v3-shard-transpose-big-f8-3d": (
         dict(
-            shape=(7, 6, 5), chunks=(2, 3, 1), shards=(4, 6, 2), dtype="f8",
-            filters=[TransposeCodec(order=(1, 2, 0))], serializer=BytesCodec(endian="big"), compressors=GzipCodec(),
+            shape=(7, 6, 5),
+            chunks=(2, 3, 1),
+            shards=(4, 6, 2),
+            dtype="f8",
+            filters=[TransposeCodec(order=(1, 2, 0))],
+            serializer=BytesCodec(endian="big"),
+            compressors=GzipCodec(),
         ),
         None,
     ),
     "v3-shard-start-blosc-c64-4d": (
         dict(
-            shape=(3, 5, 4, 3), chunks=(1, 2, 2, 3), shards={"shape": (2, 4, 4, 3), "index_location": "start"},
-            dtype="c8", compressors=BloscCodec(),
+            shape=(3, 5, 4, 3),
+            chunks=(1, 2, 2, 3),
+            shards={"shape": (2, 4, 4, 3), "index_location": "start"},
+            dtype="c8",
+            compressors=BloscCodec(),
         ),
         (slice(0, 2), slice(0, 5), slice(0, 4), slice(0, 3)),
     ),
-    "v3-shard-crc-bool-1d": (dict(shape=(50,), chunks=(4,), shards=(12,), dtype="bool", compressors=[Crc32cCodec()]), None),
+    "v3-shard-crc-bool-1d": (
+        dict(shape=(50,), chunks=(4,), shards=(12,), dtype="bool", compressors=[Crc32cCodec()]),
+        None,
+    ),
 }
 
 
@@ -226,8 +270,13 @@ def test_v3_numcodecs_wrappers_decode_without_sync_method(tmp_path: Path) -> Non
 
     store = LocalStore(tmp_path)
     arr = zarr.create_array(
-        store, name="wrapped", shape=(9, 7), chunks=(4, 4), dtype="i4",
-        filters=[zn.Delta(dtype="i4")], compressors=[zn.Shuffle(elementsize=4), zn.Zlib(level=1)],
+        store,
+        name="wrapped",
+        shape=(9, 7),
+        chunks=(4, 4),
+        dtype="i4",
+        filters=[zn.Delta(dtype="i4")],
+        compressors=[zn.Shuffle(elementsize=4), zn.Zlib(level=1)],
     )
     arr[:] = np.arange(63, dtype="i4").reshape(9, 7) ** 2
     geom = geometry_of(arr)
@@ -246,7 +295,9 @@ def test_decode_into_matches_zarr_and_overwrites_every_byte(tmp_path: Path, name
             out = np.empty(decoder.shape, dtype=decoder.dtype)
             out.reshape(-1).view(np.uint8)[:] = stale
             decoder.decode_into(data, coord, out)
-            np.testing.assert_array_equal(clip_to_array(geom, coord, out), arr[_region(geom, coord)], err_msg=f"{coord}")
+            np.testing.assert_array_equal(
+                clip_to_array(geom, coord, out), arr[_region(geom, coord)], err_msg=f"{coord}"
+            )
             if data is not None:
                 assert not np.shares_memory(out, data.as_numpy_array())
 
@@ -263,8 +314,9 @@ DIRECT = {
 
 def _direct_array(root: Path, codec_name: str) -> tuple[LocalStore, ArrayGeometry, np.ndarray]:
     store = LocalStore(root)
-    arr = zarr.create_array(store, name=codec_name, shape=(8, 6), chunks=(4, 6), dtype="f4",
-                            zarr_format=2, compressors=DIRECT[codec_name])
+    arr = zarr.create_array(
+        store, name=codec_name, shape=(8, 6), chunks=(4, 6), dtype="f4", zarr_format=2, compressors=DIRECT[codec_name]
+    )
     values = np.random.default_rng(3).standard_normal((8, 6)).astype("f4")
     arr[:] = values
     return store, geometry_of(arr), values
@@ -277,11 +329,19 @@ def test_direct_decode_is_taken_for_plain_compressors_v2_and_v3(tmp_path: Path, 
     assert make_decoder(geom)._chain._direct is not None
     v3 = {"blosc": BloscCodec(), "zstd": ZstdCodec(), "gzip": GzipCodec()}
     if codec_name in v3:
-        arr = zarr.create_array(LocalStore(tmp_path / "v3"), name="a", shape=(8, 6), chunks=(4, 6), dtype="f4",
-                                compressors=v3[codec_name])
+        arr = zarr.create_array(
+            LocalStore(tmp_path / "v3"), name="a", shape=(8, 6), chunks=(4, 6), dtype="f4", compressors=v3[codec_name]
+        )
         assert make_decoder(geometry_of(arr))._chain._direct is not None
-    sharded = zarr.create_array(LocalStore(tmp_path / "s"), name="a", shape=(8, 6), chunks=(2, 6), shards=(4, 6),
-                                dtype="f4", compressors=ZstdCodec())
+    sharded = zarr.create_array(
+        LocalStore(tmp_path / "s"),
+        name="a",
+        shape=(8, 6),
+        chunks=(2, 6),
+        shards=(4, 6),
+        dtype="f4",
+        compressors=ZstdCodec(),
+    )
     assert make_decoder(geometry_of(sharded))._chain._array_bytes._inner._direct is not None
 
 
@@ -314,7 +374,12 @@ def test_decode_into_refuses_a_truncated_body(tmp_path: Path, codec_name: str, k
 def test_decode_into_checks_the_destination(tmp_path: Path) -> None:
     store, geom, _ = _direct_array(tmp_path, "zstd")
     decoder = make_decoder(geom)
-    for bad in (np.empty((4, 5), "f4"), np.empty((4, 6), "f8"), np.empty((6, 4), "f4").T, np.empty((4, 6), "f4")[:, ::-1]):
+    for bad in (
+        np.empty((4, 5), "f4"),
+        np.empty((4, 6), "f8"),
+        np.empty((6, 4), "f4").T,
+        np.empty((4, 6), "f4")[:, ::-1],
+    ):
         with pytest.raises(ValueError, match=r"out must be a writeable C-contiguous float32 array of shape \(4, 6\)"):
             decoder.decode_into(None, (0, 0), bad)
 
@@ -378,8 +443,13 @@ def test_crc32c_mismatch_is_detected(tmp_path: Path) -> None:
 def _shard(tmp_path: Path, location: str) -> tuple[LocalStore, ArrayGeometry, Path]:
     store = LocalStore(tmp_path)
     arr = zarr.create_array(
-        store, name="sh", shape=(8, 8), chunks=(2, 4), shards={"shape": (4, 8), "index_location": location},
-        dtype="f4", compressors=None,
+        store,
+        name="sh",
+        shape=(8, 8),
+        chunks=(2, 4),
+        shards={"shape": (4, 8), "index_location": location},
+        dtype="f4",
+        compressors=None,
     )
     arr[:] = np.arange(64, dtype="f4").reshape(8, 8)
     geom = geometry_of(arr)
@@ -448,7 +518,9 @@ def test_shard_index_pointing_into_the_index_raises(tmp_path: Path) -> None:
 
 def test_corrupt_inner_chunk_names_it(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
-    arr = zarr.create_array(store, name="sh", shape=(8, 8), chunks=(2, 4), shards=(4, 8), dtype="f4", compressors=ZstdCodec())
+    arr = zarr.create_array(
+        store, name="sh", shape=(8, 8), chunks=(2, 4), shards=(4, 8), dtype="f4", compressors=ZstdCodec()
+    )
     arr[:] = np.arange(64, dtype="f4").reshape(8, 8)
     geom = geometry_of(arr)
     path = _chunk_file(tmp_path, geom, (0, 0))

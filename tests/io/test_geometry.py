@@ -19,8 +19,14 @@ def cf_group(tmp_path):
     root.create_array("t2m", shape=(10, 5, 6), chunks=(4, 5, 3), dtype="f4", dimension_names=("time", "lat", "lon"))
     root.create_array("station", shape=(10,), chunks=(5,), dtype="f4", dimension_names=("time",))
     sub = root.create_group("levels")
-    sub.create_array("u", shape=(10, 2, 5, 6), chunks=(2, 1, 5, 6), shards=(4, 2, 5, 6), dtype="f4",
-                     dimension_names=("time", "level", "lat", "lon"))
+    sub.create_array(
+        "u",
+        shape=(10, 2, 5, 6),
+        chunks=(2, 1, 5, 6),
+        shards=(4, 2, 5, 6),
+        dtype="f4",
+        dimension_names=("time", "level", "lat", "lon"),
+    )
     return tmp_path / "cf.zarr"
 
 
@@ -70,15 +76,16 @@ def test_tile_grid_and_placement_match_zarr_regions(cf_group) -> None:
     assert g.tile_grid == (1, 2) and g.tiles_per_chunk == 2
     np.testing.assert_array_equal(g.tile_origins(), [[0, 0], [0, 3]])
     for c in range(g.n_chunks):
-        slot = np.zeros((g.chunk_len(c), *g.inner_shape), "f4")
+        chunk = np.zeros((g.chunk_len(c), *g.inner_shape), "f4")
         for t in range(g.tiles_per_chunk):
             p = g.tile_placement(c, t)
             region = tuple(
-                slice(cc * s, cc * s + sel.stop) for cc, s, sel in zip(p.chunk_coords, g.stored_chunks, p.chunk_selection)
+                slice(cc * s, cc * s + sel.stop)
+                for cc, s, sel in zip(p.chunk_coords, g.stored_chunks, p.chunk_selection)
             )
-            slot[p.out_selection] = arr[region]
+            chunk[p.out_selection] = arr[region]
         start = c * g.sample_chunk_size
-        np.testing.assert_array_equal(slot, data[start : start + g.chunk_len(c)])
+        np.testing.assert_array_equal(chunk, data[start : start + g.chunk_len(c)])
 
 
 def test_sample_axis_two_and_key_order(tmp_path) -> None:
@@ -93,8 +100,14 @@ def test_sample_axis_two_and_key_order(tmp_path) -> None:
 
 
 def test_v2_slash_separator_keys(tmp_path) -> None:
-    arr = zarr.create_array(tmp_path / "k.zarr", shape=(4, 4), chunks=(2, 2), dtype="f4", zarr_format=2,
-                            chunk_key_encoding={"name": "v2", "separator": "/"})
+    arr = zarr.create_array(
+        tmp_path / "k.zarr",
+        shape=(4, 4),
+        chunks=(2, 2),
+        dtype="f4",
+        zarr_format=2,
+        chunk_key_encoding={"name": "v2", "separator": "/"},
+    )
     assert geometry_of(arr).chunk_key((1, 0)) == "1/0"
 
 

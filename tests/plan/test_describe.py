@@ -71,8 +71,9 @@ def test_explicit_budget_and_fat_tiles_are_noted(tmp_path) -> None:
     write_array(root, "x", np.zeros((8, 1024, 2048), "f4"), (4, 1024, 2048))
     store = local_store(tmp_path / "fat.zarr")
     geoms = open_geometries(store)
-    with InSituDataset(store, split_by_chunk(geoms["x"], fractions=(1.0,)), geoms, batch_size=2,
-                       cache_budget_bytes=1 << 30) as ds:
+    with InSituDataset(
+        store, split_by_chunk(geoms["x"], fractions=(1.0,)), geoms, batch_size=2, cache_budget_bytes=1 << 30
+    ) as ds:
         info = ds.describe(iterations=100)
     assert info["memory"]["budget"] == "explicit" and info["memory"]["budget_bytes"] == 1 << 30
     assert any("each in-flight read costs a whole 32 MiB tile" in n for n in info["notes"])
@@ -90,8 +91,10 @@ def test_print_summary_is_the_inspect_report(zarr_path, capsys) -> None:
     assert f"{train['reads']} chunk reads = {train['gets']} GETs per epoch" in text
     assert "split      'val'" in text
     # inspect plans the same epoch with the same code: the same GETs and working set
-    report = inspect_store(str(zarr_path), batch_size=8, block_chunks=3, max_inflight=4, probe=False,
-                           fractions=(0.75, 0.25))
+    report = inspect_store(
+        str(zarr_path), batch_size=8, block_chunks=3, max_inflight=4, probe=False, fractions=(0.75, 0.25)
+    )
     assert f"{train['reads']} chunk reads = {train['gets']} GETs per epoch" in report
-    assert [ln for ln in report.splitlines() if ln.startswith("working")] == \
-        [ln for ln in text.splitlines() if ln.startswith("working")]
+    assert [ln for ln in report.splitlines() if ln.startswith("working")] == [
+        ln for ln in text.splitlines() if ln.startswith("working")
+    ]

@@ -186,10 +186,19 @@ def test_ddp_under_a_real_gloo_group(path, tmp_path, world) -> None:
     port = _free_port()
     procs = []
     for rank in range(world):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(script), str(path), str(tmp_path),
-                                       str(Path(__file__).parents[1])], env=env))
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), str(path), str(tmp_path), str(Path(__file__).parents[1])], env=env
+            )
+        )
     for p in procs:
         assert p.wait(timeout=120) == 0
     outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]

@@ -37,8 +37,13 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _request(emu: Emulator, path: str, method: str = "GET", headers: dict[str, str] | None = None,
-             timeout: float = CLIENT_TIMEOUT_S) -> tuple[int, dict[str, str], bytes]:
+def _request(
+    emu: Emulator,
+    path: str,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    timeout: float = CLIENT_TIMEOUT_S,
+) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", emu.port, timeout=timeout)
     try:
         conn.request(method, "/" + path.lstrip("/"), headers=headers or {})
@@ -190,8 +195,7 @@ def test_obstore_zarr_reads_through_the_emulator_exactly(tmp_path: Path) -> None
 
 
 def test_sharded_dataset_round_trips(tmp_path: Path) -> None:
-    spec = DatasetSpec(n_time=16, n_lat=8, n_lon=8, variables=("2m_temperature",), samples_per_chunk=2,
-                       shard_samples=8)
+    spec = DatasetSpec(n_time=16, n_lat=8, n_lon=8, variables=("2m_temperature",), samples_per_chunk=2, shard_samples=8)
     path = write_era5_like(tmp_path / spec.name, spec)
     arr = zarr.open_array(path, path="2m_temperature", mode="r")
     assert arr.shards == (8, 8, 8) and arr.chunks == (2, 8, 8)
@@ -224,7 +228,11 @@ def test_quick_report_smoke(tmp_path: Path) -> None:
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "bench.run", "--quick", "--out", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=4 * QUICK_REPORT_BUDGET_S,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=4 * QUICK_REPORT_BUDGET_S,
     )
     elapsed = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -233,8 +241,14 @@ def test_quick_report_smoke(tmp_path: Path) -> None:
     assert (out / "report.md").is_file()
     main = results["tables"][str(results["meta"]["main_spc"])]
     names = {row["name"] for row in main}
-    assert {"dataloader-0", "zarr-contiguous", "insitu-cold", "insitu-warm-memory", "decode-ceiling",
-            "get-ceiling"} <= names
+    assert {
+        "dataloader-0",
+        "zarr-contiguous",
+        "insitu-cold",
+        "insitu-warm-memory",
+        "decode-ceiling",
+        "get-ceiling",
+    } <= names
     for row in main:
         assert not row.get("error"), row
         assert row["rate_samples_per_s"] > 0

@@ -132,14 +132,19 @@ def test_declared_reshapes_pass(capsys, store_path, prep, attr) -> None:
 def test_undeclared_reshape_fails_naming_transform_and_shapes(capsys, store_path, prep) -> None:
     code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", f"{prep}:halve_lat", "--no-gil-probe")
     assert code == 1
-    assert "FAIL output-inner halve_lat changed inner (16, 32) float32 to (8, 32) float32 without declaring output_inner" in out
+    assert (
+        "FAIL output-inner halve_lat changed inner (16, 32) float32 to (8, 32) float32 without declaring output_inner"
+        in out
+    )
     assert "verdict      FAIL: 1 of" in out
 
 
 def test_wrong_output_inner_fails_naming_both_shapes(capsys, store_path, prep) -> None:
     code, out = _run(capsys, str(store_path), "--var", "t2m", "--transform", f"{prep}:WrongDeclared")
     assert code == 1
-    assert "WrongDeclared.output_inner declares inner (16, 8) float32 but the transform returned (16, 16) float32" in out
+    assert (
+        "WrongDeclared.output_inner declares inner (16, 8) float32 but the transform returned (16, 16) float32" in out
+    )
     assert "SKIP gil-probe    an earlier check failed" in out
 
 
@@ -148,7 +153,10 @@ def test_wrong_output_inner_fails_naming_both_shapes(capsys, store_path, prep) -
     [
         ("drop_a_sample", "FAIL sample-axis  drop_a_sample turned 8 samples into 7 samples"),
         ("returns_array", "FAIL returns      returns_array returned ndarray; a chunk transform returns a DecodedChunk"),
-        ("kelvin_on_u10", "FAIL scope        applies(['u10'], KelvinToCelsius) is scoped to ['u10']; it would never run on 't2m'"),
+        (
+            "kelvin_on_u10",
+            "FAIL scope        applies(['u10'], KelvinToCelsius) is scoped to ['u10']; it would never run on 't2m'",
+        ),
         ("scaler_without_t2m", "StandardScaler is scoped to ['t2m'], which it has no statistics for"),
         ("NeedsArguments", "FAIL load         --transform"),
         ("nothing_here", "has no 'nothing_here'"),
@@ -206,7 +214,15 @@ def test_gil_probe_flags_per_element_python_and_passes_numpy(capsys, store_path,
 
 # -- as a process, and against a loopback object store ----------------------------------------
 def test_runs_as_a_process_with_exit_codes(store_path, prep) -> None:
-    base = [sys.executable, "-m", "insitubatch.tools.check_transform", str(store_path), "--var", "t2m", "--no-gil-probe"]
+    base = [
+        sys.executable,
+        "-m",
+        "insitubatch.tools.check_transform",
+        str(store_path),
+        "--var",
+        "t2m",
+        "--no-gil-probe",
+    ]
     ok = subprocess.run([*base, "--transform", KELVIN], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "verdict      PASS" in ok.stdout
@@ -224,7 +240,17 @@ def test_reads_from_a_loopback_s3_endpoint(capsys, monkeypatch, s3_server, s3_bu
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", options["access_key_id"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", options["secret_access_key"])
     monkeypatch.setenv("AWS_REGION", options["region"])
-    base = [url, "--var", "t2m", "--transform", KELVIN, "--no-gil-probe", "--endpoint", s3_server.endpoint, "--allow-http"]
+    base = [
+        url,
+        "--var",
+        "t2m",
+        "--transform",
+        KELVIN,
+        "--no-gil-probe",
+        "--endpoint",
+        s3_server.endpoint,
+        "--allow-http",
+    ]
     code, out = _run(capsys, *base, "--request-payer")
     assert code == 0, out
     assert "read         chunk 0: (8, 16, 32) from 2 stored chunk(s)" in out

@@ -43,7 +43,9 @@ def test_without_a_build_record_says_how_to_rebuild(monkeypatch) -> None:
 
 
 def test_does_not_import_torch_or_jax() -> None:
-    code = "import sys, insitubatch; insitubatch.print_debug_info(); print('torch' in sys.modules, 'jax' in sys.modules)"
+    code = (
+        "import sys, insitubatch; insitubatch.print_debug_info(); print('torch' in sys.modules, 'jax' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert proc.stdout.strip().splitlines()[-1] == "False False"
 

@@ -18,8 +18,14 @@ from insitubatch.testing.data import DatasetSpec, write_era5_like
 from insitubatch.testing.emulator import Emulator
 from insitubatch.tools.inspect_store import add_inspect_parser, inspect_store, run_inspect
 
-SPEC = DatasetSpec(n_time=64, n_lat=8, n_lon=16, variables=("2m_temperature", "10m_u_component_of_wind"),
-                   samples_per_chunk=4, inner_tiles=(1, 2))
+SPEC = DatasetSpec(
+    n_time=64,
+    n_lat=8,
+    n_lon=16,
+    variables=("2m_temperature", "10m_u_component_of_wind"),
+    samples_per_chunk=4,
+    inner_tiles=(1, 2),
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _value(text: str, label: str) -> str:
     line = next(ln for ln in text.splitlines() if ln.startswith(label))
-    return line[len(label):].strip()
+    return line[len(label) :].strip()
 
 
 def test_lists_variables_with_chunk_and_tile_sizes(dataset: Path) -> None:
@@ -46,8 +52,16 @@ def test_lists_variables_with_chunk_and_tile_sizes(dataset: Path) -> None:
 def test_working_set_and_concurrency_follow_the_knobs(dataset: Path) -> None:
     store = obstore_store(dataset, read_only=True)
     geoms = open_geometries(store)
-    plan = plan_epoch(split_by_chunk(next(iter(geoms.values()))), "train", geoms, batch_size=8, block_chunks=2,
-                      shuffle=True, seed=0, epoch=0)
+    plan = plan_epoch(
+        split_by_chunk(next(iter(geoms.values()))),
+        "train",
+        geoms,
+        batch_size=8,
+        block_chunks=2,
+        shuffle=True,
+        seed=0,
+        epoch=0,
+    )
     text = inspect_store(store, batch_size=8, block_chunks=2, max_inflight=4, prefetch_depth=3)
     assert "batch_size=8, block_chunks=2, max_inflight=4, prefetch_depth=3" in text
     working = float(re.match(r"([\d.]+) MB", _value(text, "working")).group(1))

@@ -421,7 +421,9 @@ def test_read_chunk_assembles_tiles_like_zarr(era5) -> None:
     [
         lambda: kelvin_to_celsius,
         lambda: StandardScaler({"t": 280.0}, {"t": 5.0}),
-        lambda: Regrid(np.linspace(90, -90, 181), np.arange(0, 360.0), np.linspace(89, -89, 90), np.arange(0, 360.0, 2)),
+        lambda: Regrid(
+            np.linspace(90, -90, 181), np.arange(0, 360.0), np.linspace(89, -89, 90), np.arange(0, 360.0, 2)
+        ),
         lambda: Coarsen(2, trim=True),
     ],
     ids=["kelvin_to_celsius", "StandardScaler", "Regrid", "Coarsen"],

@@ -85,7 +85,11 @@ def test_unscoped_transform_runs_on_every_array_once_per_chunk(pair) -> None:
         assert chunk.sample_offset == chunk.read.chunk_index * 5
         return chunk
 
-    with InSituDataset(path, manifest, {"a": open_geometries(path)["a"], "a_next": open_geometries(path)["a"].shift(1)},
-                       chunk_transforms=[record]) as ds:
+    with InSituDataset(
+        path,
+        manifest,
+        {"a": open_geometries(path)["a"], "a_next": open_geometries(path)["a"].shift(1)},
+        chunk_transforms=[record],
+    ) as ds:
         list(ds.train)
     assert sorted(calls) == [("a", c) for c in range(8)]  # aliased labels: one call per chunk

@@ -97,8 +97,7 @@ def test_racing_for_one_claim_on_s3_exactly_one_wins(write_s3_store) -> None:
     create_layout(write_s3_store, layout_spec(), group=GROUP)
     ready, attempted = SPAWN.Barrier(RACERS), SPAWN.Barrier(RACERS)
     procs = [
-        SPAWN.Process(target=claim_worker, args=(write_s3_store, 0, ALIGNMENT, ready, attempted))
-        for _ in range(RACERS)
+        SPAWN.Process(target=claim_worker, args=(write_s3_store, 0, ALIGNMENT, ready, attempted)) for _ in range(RACERS)
     ]
     for p in procs:
         p.start()

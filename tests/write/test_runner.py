@@ -119,4 +119,3 @@ def test_example_inference_write_runs(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bit-identical" in result.stdout
-

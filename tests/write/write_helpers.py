@@ -32,7 +32,6 @@ WORKER_TIMEOUT_S = 90.0
 EXIT_LOST = 3
 
 
-
 class ManualClock:
     """A clock that moves only when told: ages a claim without sleeping."""
 
@@ -44,6 +43,7 @@ class ManualClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
 
 def layout_spec(extent: int = EXTENT) -> LayoutSpec:
     """The output layout every parallel-write test writes."""
@@ -110,9 +110,7 @@ def store_bytes(store: Store, prefix: str = "") -> dict[str, bytes]:
 
 def array_bytes(store: Store, group: str = GROUP) -> dict[str, bytes]:
     """The bytes of every key of the group except the write records."""
-    return {
-        k: v for k, v in store_bytes(store, group + "/").items() if not k.startswith(f"{group}/.insitubatch/")
-    }
+    return {k: v for k, v in store_bytes(store, group + "/").items() if not k.startswith(f"{group}/.insitubatch/")}
 
 
 # -- functions spawned processes run -------------------------------------------------
