@@ -13,11 +13,12 @@ from collections.abc import Callable
 from typing import cast
 
 import numpy as np
-from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.buffer import BufferPrototype
 
 from ..cache import DiskCache
 from ..errors import BadChunkError, StoreReadError
 from ..io.decode import ChunkDecoder
+from ..io.direct import ChunkData
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
 from .kernels import assemble_tiles, fill_region
@@ -45,7 +46,7 @@ class _TileJobs:
     _stopping: bool
     _decoders: dict[str, ChunkDecoder]
     _prototype: BufferPrototype
-    _get_sync: Callable[..., Buffer | None] | None
+    _get_sync: Callable[..., ChunkData | None] | None
     _scratches: threading.local
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
