@@ -12,29 +12,27 @@ still pins it, which fetches it again (``Owner.refetch``): no iteration ever
 waits on a fetch nobody is doing.
 
 An evicted entry whose tiles the engine decoded itself (``Entry.recyclable``)
-and nobody else references gives them to a small free list keyed by shape
-and dtype; the decode threads take their destination from it
-(``take_tile``), so a pass past its budget reuses the same pages instead of
-faulting in fresh ones and fragmenting the heap. The list never holds more
-than the pending entries still await (bytes the budget already counts but no
-tile occupies yet), so tiles plus free list stay within the budget.
+gives them to ``FreeTiles``, where the decode threads take their destination
+(``take_tile``). The list never holds more than the pending entries still
+await (bytes the budget already counts but no tile occupies yet, kept as a
+running sum), so tiles plus free list stay within the budget.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
 from ..errors import InSituError
 from ..plan.epoch import ReadKey
+from .free_tiles import FreeTiles
 from .stats import PassCounters, PoolTotals
 
 __all__ = ["ChunkPool", "Entry", "Owner"]
@@ -44,11 +42,6 @@ EntryState = Literal["pending", "ready", "failed"]
 PENDING: EntryState = "pending"
 READY: EntryState = "ready"
 FAILED: EntryState = "failed"
-# references to a tile that only the free-list check itself holds: the tiles
-# list it was taken from, the loop variable and getrefcount's argument
-_OWN_TILE_REFS = 3
-# ... and to that tiles list: ``_make_room``'s local name, ``_recycle``'s parameter and getrefcount's argument
-_OWN_LIST_REFS = 3
 
 logger = logging.getLogger("insitubatch")
 
@@ -72,6 +65,7 @@ class Entry:
     # its tiles are arrays the engine decoded into (never a transform's output or a
     # disk-cache mapping): once evicted and unreferenced they may be reused
     recyclable: bool = False
+    awaited: int = 0  # bytes of it no landed tile occupies yet, while pending (``ChunkPool.awaited_bytes``)
 
     @property
     def pinned(self) -> bool:
@@ -123,9 +117,8 @@ class ChunkPool:
         self.resident_bytes = 0
         self.totals = PoolTotals()
         self.on_evict = on_evict
-        self._free: dict[tuple[tuple[int, ...], np.dtype], list[np.ndarray]] = {}
-        self.free_bytes = 0
-        self._pending: list[Entry] = []  # admitted entries, pruned of those no longer pending when read
+        self.free = FreeTiles()
+        self.awaited_bytes = 0  # the pending entries' ``awaited``, summed
 
     # -- owners ------------------------------------------------------------
     def open_owner(self, working_set_bytes: int, read_ahead_bound: int) -> Owner:
@@ -183,6 +176,8 @@ class ChunkPool:
                 else:
                     entry.tiles = [None] * entry.n_tiles  # rebound: a finishing decode thread keeps its copy
                     entry.remaining = entry.n_tiles
+                    self.awaited_bytes += entry.nbytes - entry.awaited
+                    entry.awaited = entry.nbytes
                     entry.bad_records = []
                     entry.fetcher = adopter.id
                     adopted.append((adopter, entry))
@@ -260,9 +255,10 @@ class ChunkPool:
                 remaining=n_tiles,
                 fetcher=owner.id,
                 recyclable=recyclable,
+                awaited=nbytes,
             )
             self._entries[key] = entry
-            self._pending.append(entry)
+            self.awaited_bytes += nbytes
             self.resident_bytes += nbytes
             self.totals.peak_resident_bytes = max(self.totals.peak_resident_bytes, self.resident_bytes)
             self._pin(entry, owner)
@@ -284,19 +280,29 @@ class ChunkPool:
         if free < nbytes:
             return False
         # free tiles the pending reads (this one too) will decode into: no more than they await
-        room = self._awaited_bytes() + nbytes - self.free_bytes
+        room = self.awaited_bytes + nbytes - self.free.nbytes
         for entry in victims:
             tiles = entry.tiles
             self._drop(entry)
             self.totals.evictions += 1
             if entry.recyclable and entry.state == READY:
-                room = self._recycle(tiles, room)
+                room = self.free.keep(tiles, room)
         return True
 
-    def _awaited_bytes(self) -> int:
-        """Bytes the pending entries count against the budget that no landed tile occupies yet (lock held)."""
-        self._pending = [s for s in self._pending if s.state == PENDING and self._entries.get(s.key) is s]
-        return sum(s.nbytes - sum(t.nbytes for t in s.tiles if isinstance(t, np.ndarray)) for s in self._pending)
+    def _settle(self, entry: Entry) -> None:
+        """An entry stops awaiting tiles (ready, failed or dropped): out of ``awaited_bytes`` (lock held)."""
+        self.awaited_bytes -= entry.awaited
+        entry.awaited = 0
+
+    def _landed(self, entry: Entry, tile_index: int, tile: object) -> None:
+        """A tile took its place in a pending entry (lock held)."""
+        if entry.tiles[tile_index] is None:
+            entry.remaining -= 1
+            if isinstance(tile, np.ndarray):  # a bad tile's mark holds no memory
+                owed = min(tile.nbytes, entry.awaited)
+                entry.awaited -= owed
+                self.awaited_bytes -= owed
+        entry.tiles[tile_index] = cast("np.ndarray", tile)  # or a bad tile's mark, until the chunk is assembled
 
     def _drop(self, entry: Entry) -> None:
         """Forget an entry and let go of its tiles at once (only unpinned or unfinished entries are dropped).
@@ -306,38 +312,11 @@ class ChunkPool:
         """
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
+            self._settle(entry)
             self.resident_bytes -= entry.nbytes
             if self.on_evict is not None and entry.state == READY:
                 self.on_evict(entry)
             entry.tiles = [None] * entry.n_tiles
-
-    def _recycle(self, tiles: list[np.ndarray | None], room: int) -> int:
-        """Keep up to ``room`` bytes of an evicted entry's tiles for reuse; returns the room left (lock held).
-
-        Only tiles provably referenced by nobody else are kept.
-
-        A ready entry's tiles are read only by gathers of the passes that pin
-        it, so once it is unpinned the references counted here are the only
-        ones; the count is checked anyway (a view, a tensor or an exported
-        buffer of a tile holds a reference to it), and a tile that does not
-        own its memory is never kept.
-        """
-        if sys.getrefcount(tiles) > _OWN_LIST_REFS:
-            return room  # someone still holds the list itself
-        for tile in tiles:
-            if (
-                tile is None
-                or tile.base is not None
-                or not tile.flags.owndata
-                or not tile.flags.writeable
-                or tile.nbytes > room
-                or sys.getrefcount(tile) > _OWN_TILE_REFS
-            ):
-                continue
-            room -= tile.nbytes
-            self._free.setdefault((tile.shape, tile.dtype), []).append(tile)
-            self.free_bytes += tile.nbytes
-        return room
 
     def take_tile(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A C-contiguous array of ``shape`` and ``dtype`` to decode into: a recycled tile when one fits, else new.
@@ -345,10 +324,8 @@ class ChunkPool:
         Its contents are stale: the caller overwrites every element.
         """
         with self.lock:
-            free = self._free.get((shape, dtype))
-            if free:
-                tile = free.pop()
-                self.free_bytes -= tile.nbytes
+            tile = self.free.take(shape, dtype)
+            if tile is not None:
                 self.totals.recycled_tiles += 1
                 return tile
         return np.empty(shape, dtype=dtype)
@@ -378,14 +355,19 @@ class ChunkPool:
                     continue
                 if entry.recyclable and tile.base is not None:  # a view of another array: not the engine's own
                     entry.recyclable = False
-                if entry.tiles[tile_index] is None:
-                    entry.remaining -= 1
-                entry.tiles[tile_index] = tile
+                self._landed(entry, tile_index, tile)
                 if entry.remaining == 0:
                     entry.state = READY
+                    self._settle(entry)
                     ready = True
             if ready:
                 self.cond.notify_all()
+
+    def stage(self, entry: Entry, tile_index: int, tile: object) -> bool:
+        """Hold a tile of an entry finished as a whole (assembled, transformed or persisted); True for its last."""
+        with self.lock:
+            self._landed(entry, tile_index, tile)
+            return entry.remaining == 0
 
     def replace_tiles(
         self, entry: Entry, tiles: list[np.ndarray], origins: np.ndarray, revived_for: Owner | None = None
@@ -407,6 +389,7 @@ class ChunkPool:
             entry.n_tiles = len(tiles)
             entry.remaining = 0
             entry.state = READY
+            self._settle(entry)
             self.cond.notify_all()
             return True
 
@@ -425,6 +408,7 @@ class ChunkPool:
                 return
             entry.state = FAILED
             entry.error = error
+            self._settle(entry)
             self._drop(entry)
             self.cond.notify_all()
 
@@ -457,6 +441,4 @@ class ChunkPool:
         with self.lock:
             for entry in [s for s in self._entries.values() if not s.pinned]:
                 self._drop(entry)
-            self._free.clear()
-            self.free_bytes = 0
-            self._pending = [s for s in self._pending if s.state == PENDING and self._entries.get(s.key) is s]
+            self.free.clear()

@@ -205,12 +205,7 @@ class _TileJobs:
 
     def _stage(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
         """Decode thread: hold a tile until the chunk is complete; the last one assembles/transforms/persists it."""
-        with self.pool.lock:
-            if entry.tiles[tile] is None:
-                entry.remaining -= 1
-            entry.tiles[tile] = data
-            last = entry.remaining == 0
-        if not last:
+        if not self.pool.stage(entry, tile, data):
             return
         tiles, origins = self._finalize(entry, reader, chunk_index)
         if not self.pool.replace_tiles(entry, tiles, origins):

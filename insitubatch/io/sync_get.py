@@ -98,9 +98,10 @@ class _LocalFiles:
         try:
             size = os.fstat(fd).st_size
             buf = self._buffer(size + 1)  # one byte spare: a read that fills it means the file grew
-            n = os.readv(fd, [buf])
+            view = buf.data
+            n = os.readv(fd, [view])
             while 0 < n < size:  # a short read (a file system may return less than asked)
-                got = os.readv(fd, [buf[n:]])
+                got = os.readv(fd, [view[n:]])
                 if got == 0:
                     break
                 n += got
