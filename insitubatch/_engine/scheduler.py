@@ -30,9 +30,10 @@ from zarr.buffer import default_buffer_prototype
 
 from ..cache import DiskCache
 from ..io.decode import make_decoder
-from ..io.sync_get import _sync_get
+from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
 from .landings import _Landings, _release
+from .local_groups import LocalGroups
 from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
@@ -100,6 +101,13 @@ class PassDriver(_TileJobs):
         self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
+        # a local directory's full tiles, decoded straight into their own memory, go through the group kernel
+        eligible = [r for r in readers.values() if not r.pipeline and r.geometry.sample_axis == 0]
+        self._groups = (
+            LocalGroups(self._get_sync, self._decoders, eligible)
+            if isinstance(self._get_sync, _LocalFiles) and cache is None and eligible
+            else None
+        )
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
         self._pump: asyncio.Task | None = None

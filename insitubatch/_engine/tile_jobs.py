@@ -7,6 +7,7 @@ it uses lives on the driver and is declared here for the type checker.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
 from .kernels import assemble_tiles, fill_region
 from .landings import _Tally
+from .local_groups import PLACED, LocalGroups
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
 
@@ -47,6 +49,7 @@ class _TileJobs:
     _decoders: dict[str, ChunkDecoder]
     _prototype: BufferPrototype
     _get_sync: Callable[..., ChunkData | None] | None
+    _groups: LocalGroups | None
     _scratches: threading.local
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
@@ -71,11 +74,15 @@ class _TileJobs:
     def _group_job(self, group: list[tuple[Entry, ArrayReader, int, int]]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
 
-        A tile's failure fails its entry only.
+        Tiles the group kernel can take are read and decoded in one call
+        (``local_groups``); the rest, and any it hands back, one by one. A
+        tile's failure fails its entry only.
         """
         tally = _Tally()
-        landed = []
-        for entry, reader, chunk_index, tile in group:
+        landed: list[tuple[Entry, int, np.ndarray]] = []
+        live = [item for item in group if not self._stopping and item[0].state != FAILED]
+        rest = self._kernel_tiles(live, tally, landed) if self._groups is not None else live
+        for entry, reader, chunk_index, tile in rest:
             if self._stopping or entry.state == FAILED:
                 continue  # the pass is stopping, or another tile of the chunk already failed it
             g = reader.geometry
@@ -89,6 +96,40 @@ class _TileJobs:
                 landed.append((entry, tile, data))
         tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
+
+    def _kernel_tiles(self, group: list, tally: _Tally, landed: list) -> list:
+        """Place the group's tiles the kernel takes; returns the others (and those it handed back)."""
+        groups = self._groups
+        assert groups is not None  # called only for a local directory
+        by_kind: dict[int, tuple[list, list[bytes], list[np.ndarray]]] = {}
+        rest = []
+        for item in group:
+            _, reader, chunk_index, tile = item
+            g = reader.geometry
+            kind = groups.kind(g.path, g.chunk_len(chunk_index), tile)
+            path = groups.files.path_of(g.chunk_key(g.physical_chunk_coord(chunk_index, tile))) if kind else None
+            if path is None:
+                rest.append(item)
+                continue
+            decoder = self._decoders[g.path]
+            items, paths, dests = by_kind.setdefault(kind, ([], [], []))
+            items.append(item)
+            paths.append(os.fsencode(path))
+            dests.append(self.pool.take_tile(decoder.shape, decoder.dtype))
+        for kind, (items, paths, dests) in by_kind.items():
+            status, nbytes, times = groups.run(kind, paths, dests)
+            trace = self.owner.counters.trace
+            trace.add("fetch_s", float(times[0]) / 1e9)
+            trace.add("decode_s", float(times[1]) / 1e9)
+            for item, dest, placed, size in zip(items, dests, status.tolist(), nbytes.tolist()):
+                if placed != PLACED:
+                    rest.append(item)  # the general path reads it again and raises or falls back
+                    continue
+                tally.gets += 1
+                tally.get_bytes += size
+                tally.decoded_tiles += 1
+                landed.append((item[0], item[3], dest))
+        return rest
 
     def _tile(
         self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf, tally: _Tally

@@ -88,11 +88,18 @@ class _LocalFiles:
         self.root = str(raw.prefix)
         self._buffers = threading.local()
 
-    def __call__(self, key: str, *, prototype: BufferPrototype) -> ChunkData | None:
+    def path_of(self, key: str) -> str | None:
+        """The file a key reads, or None for a key only obstore itself resolves."""
         if not _PLAIN_KEY.fullmatch(key) or any(part in (".", "..") for part in key.split("/")):
+            return None
+        return os.path.join(self.root, key)
+
+    def __call__(self, key: str, *, prototype: BufferPrototype) -> ChunkData | None:
+        path = self.path_of(key)
+        if path is None:
             return _obstore_get_sync(self.raw, key, prototype=prototype)
         try:
-            fd = os.open(os.path.join(self.root, key), os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except _MISSING:
             return None
         try:
