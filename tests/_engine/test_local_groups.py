@@ -138,8 +138,14 @@ def test_the_kernel_refuses_what_does_not_declare_the_tiles_size(tmp_path: Path)
     (tmp_path / "a-directory").mkdir()
     names = [*files, "absent", "a-directory"]
     expected = {
-        "zstd": (1, 0), "zstd-short": (1, 5), "zstd-other-size": (1, 4), "blosc": (2, 0), "blosc-short": (2, 4),
-        "empty": (1, 4), "absent": (1, 1), "a-directory": (2, 1),
+        "zstd": (1, 0),
+        "zstd-short": (1, 5),
+        "zstd-other-size": (1, 4),
+        "blosc": (2, 0),
+        "blosc-short": (2, 4),
+        "empty": (1, 4),
+        "absent": (1, 1),
+        "a-directory": (2, 1),
     }  # fmt: skip  (status 0: placed, 1: missing, 4: frame refused, 5: codec error)
     for name in names:
         kind, status_want = expected[name]
