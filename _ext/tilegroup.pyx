@@ -18,6 +18,7 @@ cimport numpy as cnp
 from libc.errno cimport EISDIR, ENOENT, ENOTDIR, errno
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 cnp.import_array()
 
@@ -204,50 +205,111 @@ cdef inline int64_t now_ns() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
+cdef void copy_prefix(
+    const uint8_t* src, const int64_t* whole, uint8_t* dst, const cnp.npy_intp* part, int ndim, size_t itemsize,
+) noexcept nogil:
+    """Copy the leading ``part`` block of a C-order ``whole``-shaped array into a contiguous ``dst``."""
+    cdef int64_t index[32]
+    cdef size_t stride[32]
+    cdef int k
+    cdef size_t run = <size_t>part[ndim - 1] * itemsize
+    cdef size_t offset
+    cdef int64_t rows = 1
+    stride[ndim - 1] = itemsize
+    for k in range(ndim - 2, -1, -1):
+        stride[k] = stride[k + 1] * <size_t>whole[k + 1]
+    for k in range(ndim - 1):
+        index[k] = 0
+        rows *= part[k]
+    if run == 0 or rows == 0:
+        return
+    while True:
+        offset = 0
+        for k in range(ndim - 1):
+            offset += <size_t>index[k] * stride[k]
+        memcpy(dst, src + offset, run)
+        dst += run
+        k = ndim - 2
+        while k >= 0:
+            index[k] += 1
+            if index[k] < part[k]:
+                break
+            index[k] = 0
+            k -= 1
+        if k < 0:
+            return
+
+
 def read_decode(
-    int kind, list paths, list dests, cnp.ndarray scratch, cnp.ndarray status, cnp.ndarray nbytes,
-    cnp.ndarray times,
+    int kind, list paths, list dests, cnp.ndarray stored, cnp.ndarray scratch, cnp.ndarray whole,
+    cnp.ndarray status, cnp.ndarray nbytes, cnp.ndarray times,
 ):
     """Read ``paths[i]`` and decompress it into ``dests[i]`` for every i, with the GIL released once.
 
-    The caller guarantees: ``kind`` is bound; ``paths`` are ``bytes``;
-    ``dests`` C-contiguous writeable arrays; ``scratch`` a C-contiguous uint8
-    buffer; ``status`` int32 and ``nbytes`` int64, C-contiguous of
-    ``len(paths)``; ``times`` int64 of 2 (read and decode nanoseconds, added to).
-    Fills ``status[i]`` (0 when placed) and ``nbytes[i]`` (the file's size).
+    ``stored`` (int64, ``(n, ndim)``) is each tile's stored chunk shape. A
+    tile of that shape is decompressed straight into ``dests[i]``; a smaller
+    one (an edge: the leading block of its chunk) into ``whole`` first, then
+    its block copied. The caller guarantees: ``kind`` is bound; ``paths`` are
+    ``bytes``; ``scratch`` and ``whole`` C-contiguous uint8 buffers; ``status``
+    int32 and ``nbytes`` int64, C-contiguous of ``len(paths)``; ``times``
+    int64 of 2 (read and decode nanoseconds, added to). Fills ``status[i]`` (0
+    when placed) and ``nbytes[i]`` (the file's size).
     """
     cdef Py_ssize_t n = len(paths), i
+    cdef int k, ndim = cnp.PyArray_DIMS(stored)[1] if cnp.PyArray_NDIM(stored) == 2 else 0
     if len(dests) != n or cnp.PyArray_DIMS(status)[0] < n or cnp.PyArray_DIMS(nbytes)[0] < n:
         raise ValueError("paths, dests, status and nbytes must have one entry per tile")
+    if cnp.PyArray_DIMS(stored)[0] != n or not 1 <= ndim <= 32:
+        raise ValueError("stored must hold one shape of 1 to 32 dims per tile")
     if kind == ZSTD and not bound(ZSTD) or kind == BLOSC and not bound(BLOSC) or kind not in (ZSTD, BLOSC):
         raise ValueError(f"codec kind {kind} is not bound")
     cdef const char** cpaths = <const char**>malloc(max(n, 1) * sizeof(char*))
-    cdef void** cdst = <void**>malloc(max(n, 1) * sizeof(void*))
+    cdef uint8_t** cdst = <uint8_t**>malloc(max(n, 1) * sizeof(void*))
     cdef size_t* csize = <size_t*>malloc(max(n, 1) * sizeof(size_t))
-    if cpaths == NULL or cdst == NULL or csize == NULL:
+    cdef size_t* cwhole = <size_t*>malloc(max(n, 1) * sizeof(size_t))
+    cdef cnp.npy_intp** cpart = <cnp.npy_intp**>malloc(max(n, 1) * sizeof(void*))
+    cdef size_t* citem = <size_t*>malloc(max(n, 1) * sizeof(size_t))
+    if cpaths == NULL or cdst == NULL or csize == NULL or cwhole == NULL or cpart == NULL or citem == NULL:
         free(cpaths)
         free(cdst)
         free(csize)
+        free(cwhole)
+        free(cpart)
+        free(citem)
         raise MemoryError()
     cdef cnp.ndarray d
     cdef bytes path
     cdef int32_t* st = <int32_t*>cnp.PyArray_DATA(status)
     cdef int64_t* nb = <int64_t*>cnp.PyArray_DATA(nbytes)
     cdef int64_t* tm = <int64_t*>cnp.PyArray_DATA(times)
+    cdef const int64_t* shapes = <const int64_t*>cnp.PyArray_DATA(stored)
     cdef uint8_t* buf = <uint8_t*>cnp.PyArray_DATA(scratch)
     cdef size_t capacity = <size_t>cnp.PyArray_NBYTES(scratch)
-    cdef size_t got
+    cdef uint8_t* wbuf = <uint8_t*>cnp.PyArray_DATA(whole)
+    cdef size_t wcapacity = <size_t>cnp.PyArray_NBYTES(whole)
+    cdef size_t got, full
+    cdef bint same
     cdef int rc
     cdef int64_t t0, t1, t2
     try:
+        if cnp.PyArray_TYPE(stored) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(stored):
+            raise ValueError("stored must be a C-contiguous int64 array")
         for i in range(n):
             d = <cnp.ndarray?>dests[i]
-            if not cnp.PyArray_IS_C_CONTIGUOUS(d) or not cnp.PyArray_ISWRITEABLE(d):
-                raise ValueError(f"dests[{i}] must be C-contiguous and writeable")
+            if not cnp.PyArray_IS_C_CONTIGUOUS(d) or not cnp.PyArray_ISWRITEABLE(d) or cnp.PyArray_NDIM(d) != ndim:
+                raise ValueError(f"dests[{i}] must be C-contiguous, writeable and {ndim}-d")
+            full = <size_t>cnp.PyArray_ITEMSIZE(d)
+            for k in range(ndim):
+                if cnp.PyArray_DIMS(d)[k] > shapes[i * ndim + k] or shapes[i * ndim + k] < 0:
+                    raise ValueError(f"dests[{i}] of shape {(<object>d).shape} is larger than its stored chunk")
+                full *= <size_t>shapes[i * ndim + k]
             path = <bytes?>paths[i]  # the list keeps it alive for the call
             cpaths[i] = path
-            cdst[i] = cnp.PyArray_DATA(d)
+            cdst[i] = <uint8_t*>cnp.PyArray_DATA(d)
             csize[i] = <size_t>cnp.PyArray_NBYTES(d)
+            cwhole[i] = full
+            cpart[i] = cnp.PyArray_DIMS(d)
+            citem[i] = <size_t>cnp.PyArray_ITEMSIZE(d)
         with nogil:
             for i in range(n):
                 t0 = now_ns()
@@ -255,8 +317,15 @@ def read_decode(
                 rc = read_file(cpaths[i], buf, capacity, &got)
                 t1 = now_ns()
                 nb[i] = <int64_t>got
-                if rc == DONE:
+                same = csize[i] == cwhole[i]
+                if rc == DONE and not same and cwhole[i] > wcapacity:
+                    rc = TOO_BIG
+                if rc == DONE and same:
                     rc = decode_one(kind, buf, got, cdst[i], csize[i])
+                elif rc == DONE:
+                    rc = decode_one(kind, buf, got, wbuf, cwhole[i])
+                    if rc == DONE:
+                        copy_prefix(wbuf, shapes + i * ndim, cdst[i], cpart[i], ndim, citem[i])
                 t2 = now_ns()
                 st[i] = rc
                 tm[0] += t1 - t0
@@ -265,4 +334,6 @@ def read_decode(
         free(cpaths)
         free(cdst)
         free(csize)
-
+        free(cwhole)
+        free(cpart)
+        free(citem)

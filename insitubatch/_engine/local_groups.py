@@ -3,11 +3,13 @@
 A decode thread reading a local directory tile by tile releases and takes
 back the GIL five times per tile (open, fstat, read, close, decode); on small
 tiles those hand-overs, not the codec, set the pace. ``LocalGroups`` sends
-the tiles that allow it — a plain key, a zstd or blosc array decoded straight
-into a full, sample-first tile — through the kernel in one call; every other
-tile, and any tile the kernel hands back (a missing or unreadable file, a
-frame that does not declare the tile's size), takes the general path, which
-reads, raises or falls back exactly as before.
+the tiles that allow it — a plain key of a zstd or blosc array whose tiles
+are sample-first — through the kernel in one call: a full tile is decoded
+straight into its own memory, an edge tile into a per-thread chunk whose
+leading block is copied. Every other tile, and any tile the kernel hands back
+(a missing or unreadable file, a frame that does not declare the chunk's
+size), takes the general path, which reads, raises or falls back exactly as
+before.
 """
 
 from __future__ import annotations
@@ -59,36 +61,32 @@ class LocalGroups:
     ) -> None:
         self.files = files
         self.kinds = {r.geometry.path: k for r in readers if (k := _kind_of(decoders[r.geometry.path]))}
-        # per array: its stored chunk's rows, and which tiles fill a whole stored chunk
-        self._rows = {p: decoders[p].shape[0] for p in self.kinds}
-        self._full = {
-            r.geometry.path: [tuple(s) == decoders[r.geometry.path].shape[1:] for s in r.tile_shapes.tolist()]
-            for r in readers
-            if r.geometry.path in self.kinds
-        }
-        tile_bytes = max((decoders[p].dtype.itemsize * int(np.prod(decoders[p].shape)) for p in self.kinds), default=0)
-        self._capacity = int(tile_bytes * (1 + _SCRATCH_SLACK)) + _SCRATCH_MIN_EXTRA
+        self.stored = {p: decoders[p].shape for p in self.kinds}
+        chunk_bytes = max((decoders[p].dtype.itemsize * int(np.prod(decoders[p].shape)) for p in self.kinds), default=0)
+        self._capacity = int(chunk_bytes * (1 + _SCRATCH_SLACK)) + _SCRATCH_MIN_EXTRA
+        self._whole_bytes = chunk_bytes  # an edge tile's whole stored chunk decodes here before its block is copied
         self._local = threading.local()
 
-    def kind(self, path: str, rows: int, tile: int) -> int:
-        """The kernel's codec kind for this tile of ``path`` holding ``rows`` samples; 0 when it goes the general way."""
-        kind = self.kinds.get(path, 0)
-        return kind if kind and rows == self._rows[path] and self._full[path][tile] else 0
-
-    def run(self, kind: int, paths: list[bytes], dests: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def run(
+        self, kind: int, paths: list[bytes], dests: list[np.ndarray], stored: list[tuple[int, ...]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Read and decode ``paths[i]`` into ``dests[i]``: ``(status, file bytes, [read_ns, decode_ns])``.
 
-        ``status[i]`` is 0 for a placed tile; any other leaves ``dests[i]``
-        untouched for the general path.
+        ``stored[i]`` is the tile's stored chunk shape; a smaller ``dests[i]``
+        (an edge tile) gets the chunk's leading block. ``status[i]`` is 0 for a
+        placed tile; any other leaves ``dests[i]`` untouched for the general path.
         """
-        scratch = getattr(self._local, "scratch", None)
+        local = self._local
+        scratch = getattr(local, "scratch", None)
         if scratch is None:
-            scratch = self._local.scratch = np.empty(self._capacity, dtype=np.uint8)
+            scratch = local.scratch = np.empty(self._capacity, dtype=np.uint8)
+            local.whole = np.empty(self._whole_bytes, dtype=np.uint8)
         n = len(paths)
         status = np.empty(n, dtype=np.int32)
         nbytes = np.zeros(n, dtype=np.int64)
         times = np.zeros(2, dtype=np.int64)
-        _tilegroup.read_decode(kind, paths, dests, scratch, status, nbytes, times)
+        shapes = np.array(stored, dtype=np.int64).reshape(n, -1)
+        _tilegroup.read_decode(kind, paths, dests, shapes, scratch, local.whole, status, nbytes, times)
         if (status == _tilegroup.GROW).any():  # a file larger than expected: a bigger buffer next time
             self._local.scratch = np.empty(2 * len(scratch), dtype=np.uint8)
         return status, nbytes, times

@@ -47,6 +47,9 @@ REVIVE_BATCH = 64
 # few enough that max_inflight (32) spreads over every decode thread, enough to
 # cost the loop one submit and one wake-up per group (measured in bench.engine_probe)
 TILE_GROUP = 4
+# reads the driver admits between two yields to the loop: a yield per read costs a loop
+# turn (and the GIL, to whichever decode thread wants it) for every tile on small chunks
+ADMIT_BURST = TILE_GROUP
 
 
 def _lookup_all(cache: DiskCache, requests: list) -> list:
@@ -213,6 +216,7 @@ class PassDriver(_TileJobs):
         plan, pool, owner = self.plan, self.pool, self.owner
         revivals: list[tuple[Entry, ArrayReader, int]] = []  # admitted misses to look up on disk together
         block = -1
+        since_yield = 0
         for i in np.argsort(plan.read_first, kind="stable").tolist():
             if plan.read_last[i] < self.first_block:
                 continue  # only batches before a resume point read it
@@ -248,7 +252,10 @@ class PassDriver(_TileJobs):
                 self.entries[i] = entry
                 if entry.state != PENDING:  # a pending entry wakes the producer when it lands (under this lock)
                     pool.cond.notify_all()
-            await asyncio.sleep(0)  # let tile tasks start before admitting more
+            since_yield += 1
+            if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
+                since_yield = 0
+                await asyncio.sleep(0)
         self._flush(revivals)
 
     def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
@@ -309,11 +316,8 @@ class PassDriver(_TileJobs):
 
             fut.add_done_callback(give_back)
             self._track(job)
-            self._spawn(self._land_group(fut), work=True)
-
-    async def _land_group(self, fut: asyncio.Future) -> None:
-        """A group job in flight, as a task: this pass has work active until it lands."""
-        await asyncio.shield(fut)
+            self._work_started()  # this pass has work active until the group lands
+            fut.add_done_callback(self._work_ended)
 
     def _track(self, job: concurrent.futures.Future) -> None:
         """Remember a decode-pool job until it ends: ``stop`` waits for every one still running."""
@@ -381,7 +385,7 @@ class PassDriver(_TileJobs):
             self._end_stall()
         self._active += 1
 
-    def _work_ended(self, _task: asyncio.Task) -> None:
+    def _work_ended(self, _done: asyncio.Future) -> None:
         self._active -= 1
         if self._active == 0 and self._waiting:
             self._stall_from = time.perf_counter()

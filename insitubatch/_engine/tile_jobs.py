@@ -81,7 +81,14 @@ class _TileJobs:
         tally = _Tally()
         landed: list[tuple[Entry, int, np.ndarray]] = []
         live = [item for item in group if not self._stopping and item[0].state != FAILED]
-        rest = self._kernel_tiles(live, tally, landed) if self._groups is not None else live
+        rest = live
+        if self._groups is not None:
+            try:
+                rest = self._kernel_tiles(live, tally, landed)
+            except Exception as exc:  # a bug, not a bad chunk: every entry of the group raises it
+                for entry, *_ in live:
+                    self.pool.fail(entry, exc)
+                return
         for entry, reader, chunk_index, tile in rest:
             if self._stopping or entry.state == FAILED:
                 continue  # the pass is stopping, or another tile of the chunk already failed it
@@ -101,23 +108,24 @@ class _TileJobs:
         """Place the group's tiles the kernel takes; returns the others (and those it handed back)."""
         groups = self._groups
         assert groups is not None  # called only for a local directory
-        by_kind: dict[int, tuple[list, list[bytes], list[np.ndarray]]] = {}
+        by_kind: dict[int, tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
         rest = []
         for item in group:
             _, reader, chunk_index, tile = item
             g = reader.geometry
-            kind = groups.kind(g.path, g.chunk_len(chunk_index), tile)
+            kind = groups.kinds.get(g.path, 0)
             path = groups.files.path_of(g.chunk_key(g.physical_chunk_coord(chunk_index, tile))) if kind else None
             if path is None:
                 rest.append(item)
                 continue
             decoder = self._decoders[g.path]
-            items, paths, dests = by_kind.setdefault(kind, ([], [], []))
+            items, paths, dests, stored = by_kind.setdefault(kind, ([], [], [], []))
             items.append(item)
             paths.append(os.fsencode(path))
-            dests.append(self.pool.take_tile(decoder.shape, decoder.dtype))
-        for kind, (items, paths, dests) in by_kind.items():
-            status, nbytes, times = groups.run(kind, paths, dests)
+            dests.append(self.pool.take_tile(reader.tile_rows_shape(chunk_index, tile), decoder.dtype))
+            stored.append(decoder.shape)
+        for kind, (items, paths, dests, stored) in by_kind.items():
+            status, nbytes, times = groups.run(kind, paths, dests, stored)
             trace = self.owner.counters.trace
             trace.add("fetch_s", float(times[0]) / 1e9)
             trace.add("decode_s", float(times[1]) / 1e9)
@@ -186,7 +194,7 @@ class _TileJobs:
         g = reader.geometry
         t0 = time.perf_counter()
         decoder = self._decoders[g.path]
-        shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        shape = reader.tile_rows_shape(chunk_index, tile)
         # a recycled tile's stale contents are overwritten whole by either branch
         if g.sample_axis == 0 and shape == decoder.shape:
             data = self.pool.take_tile(shape, decoder.dtype)
@@ -237,7 +245,7 @@ class _TileJobs:
         g = reader.geometry
         if reader.assembles:
             return _BAD_TILE
-        shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        shape = reader.tile_rows_shape(chunk_index, tile)
         data = np.empty(shape, dtype=g.dtype)
         fill_region(data, (0,) * data.ndim, shape, _fill_value(g))
         if reader.pipeline and g.tiles_per_chunk == 1:

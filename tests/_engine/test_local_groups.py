@@ -45,8 +45,8 @@ class _Counting:
         self.placed = self.handed_back = 0
         real = LocalGroups.run
 
-        def run(groups, kind, paths, dests):
-            status, nbytes, times = real(groups, kind, paths, dests)
+        def run(groups, kind, paths, dests, stored):
+            status, nbytes, times = real(groups, kind, paths, dests, stored)
             self.placed += int((status == tilegroup.PLACED).sum())
             self.handed_back += int((status != tilegroup.PLACED).sum())
             return status, nbytes, times
@@ -65,7 +65,7 @@ def _read_all(path: Path, **kw) -> tuple[list, dict, object]:
 
 
 @pytest.mark.parametrize("codec", sorted(COMPRESSORS))
-def test_kernel_tiles_match_zarr_and_edges_go_the_general_way(tmp_path: Path, codec: str, monkeypatch) -> None:
+def test_kernel_tiles_match_zarr_edges_included(tmp_path: Path, codec: str, monkeypatch) -> None:
     path = tmp_path / "a.zarr"
     data = _write(path, codec)
     np.testing.assert_array_equal(zarr.open_array(path, path="v", mode="r")[:], data)
@@ -77,8 +77,8 @@ def test_kernel_tiles_match_zarr_and_edges_go_the_general_way(tmp_path: Path, co
         seen += batch.sample_indices.tolist()
     assert sorted(seen) == list(range(SHAPE[0]))
     n_chunks, tiles = -(-SHAPE[0] // CHUNKS[0]), 4
-    # only full tiles of full chunks are the kernel's: one of four tiles, in all but the short last chunk
-    assert counting.placed == n_chunks - 1 and counting.handed_back == 0
+    # every tile is the kernel's: full ones decoded in place, edges (inner and the short last chunk) clipped
+    assert counting.placed == n_chunks * tiles and counting.handed_back == 0
     assert counters.gets == counters.decoded_tiles == n_chunks * tiles
     metadata = ("zarr.json", ".zarray", ".zattrs")
     assert counters.get_bytes == sum(
@@ -106,6 +106,39 @@ def test_missing_and_corrupt_chunks_are_handed_back(tmp_path: Path, monkeypatch)
         rows = batch.read_indices("v")
         np.testing.assert_array_equal(batch.arrays["v"], expected[rows])
     assert counting.handed_back == 2  # both went to the general path, which decided
+
+
+def test_an_edge_tile_is_the_leading_block_of_its_chunk(tmp_path: Path) -> None:
+    chunk = np.arange(2 * 5 * 7, dtype=np.int16).reshape(2, 5, 7)
+    frame = numcodecs.Blosc(cname="lz4").encode(chunk)
+    assert tilegroup.bind(2, numcodecs.blosc.__file__.encode())
+    f = tmp_path / "c"
+    f.write_bytes(frame)
+    for part in [(2, 5, 7), (1, 5, 7), (2, 3, 7), (2, 5, 4), (1, 2, 1), (2, 0, 7)]:
+        dest = np.full(part, -1, dtype=np.int16)
+        status, nbytes, times = np.empty(1, np.int32), np.zeros(1, np.int64), np.zeros(2, np.int64)
+        whole = np.empty(chunk.nbytes, np.uint8)
+        stored = np.array([chunk.shape], np.int64)
+        tilegroup.read_decode(
+            2, [os.fsencode(f)], [dest], stored, np.empty(4096, np.uint8), whole, status, nbytes, times
+        )
+        assert status[0] == 0 and nbytes[0] == len(frame), part
+        np.testing.assert_array_equal(dest, chunk[: part[0], : part[1], : part[2]], err_msg=str(part))
+    # an edge tile whose chunk does not fit the buffer it is decoded into is handed back untouched
+    dest = np.full((1, 5, 7), -1, dtype=np.int16)
+    status = np.empty(1, np.int32)
+    tilegroup.read_decode(
+        2,
+        [os.fsencode(f)],
+        [dest],
+        np.array([chunk.shape], np.int64),
+        np.empty(4096, np.uint8),
+        np.empty(chunk.nbytes - 1, np.uint8),
+        status,
+        np.zeros(1, np.int64),
+        np.zeros(2, np.int64),
+    )
+    assert status[0] == tilegroup.GROW and (dest == -1).all()
 
 
 def test_a_file_larger_than_the_scratch_buffer_is_read_the_general_way(tmp_path: Path, monkeypatch) -> None:
@@ -151,8 +184,10 @@ def test_the_kernel_refuses_what_does_not_declare_the_tiles_size(tmp_path: Path)
         kind, status_want = expected[name]
         dest = np.full(64, -1, dtype=np.float32)
         status, nbytes, times = (np.empty(1, np.int32), np.zeros(1, np.int64), np.zeros(2, np.int64))
-        scratch = np.empty(4096, dtype=np.uint8)
-        tilegroup.read_decode(kind, [os.fsencode(tmp_path / name)], [dest], scratch, status, nbytes, times)
+        scratch, whole, stored = np.empty(4096, np.uint8), np.empty(0, np.uint8), np.array([[64]], np.int64)
+        tilegroup.read_decode(
+            kind, [os.fsencode(tmp_path / name)], [dest], stored, scratch, whole, status, nbytes, times
+        )
         assert status[0] == status_want, name
         if status_want == 0:
             np.testing.assert_array_equal(dest, tile)
