@@ -25,71 +25,19 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, cast
+from typing import cast
 
 import numpy as np
 
 from ..errors import InSituError
 from ..plan.epoch import ReadKey
+from .entry import FAILED, PENDING, READY, Entry, EntryState, Owner
 from .free_tiles import FreeTiles
-from .stats import PassCounters, PoolTotals
+from .stats import PoolTotals
 
-__all__ = ["ChunkPool", "Entry", "Owner"]
-
-# an entry's life: tiles arriving, every tile placed, or the fetch/decode failed (``Entry.error``)
-EntryState = Literal["pending", "ready", "failed"]
-PENDING: EntryState = "pending"
-READY: EntryState = "ready"
-FAILED: EntryState = "failed"
+__all__ = ["FAILED", "PENDING", "READY", "ChunkPool", "Entry", "EntryState", "Owner"]
 
 logger = logging.getLogger("insitubatch")
-
-
-@dataclass(eq=False)
-class Entry:
-    """One resident read: a chunk's tiles (sample axis first) and where each sits in the field."""
-
-    key: ReadKey
-    nbytes: int
-    n_tiles: int
-    origins: np.ndarray
-    tiles: list[np.ndarray | None]
-    state: EntryState = PENDING
-    error: BaseException | None = None
-    remaining: int = 0
-    pins: dict[int, int] = field(default_factory=dict)
-    fetcher: int | None = None
-    # tiles replaced under on_bad_chunk="nan" (the driver's records), listed again by every pass that hits it
-    bad_records: list = field(default_factory=list)
-    # its tiles are arrays the engine decoded into (never a transform's output or a
-    # disk-cache mapping): once evicted and unreferenced they may be reused
-    recyclable: bool = False
-    awaited: int = 0  # bytes of it no landed tile occupies yet, while pending (``ChunkPool.awaited_bytes``)
-
-    @property
-    def pinned(self) -> bool:
-        return bool(self.pins)
-
-    @property
-    def bad(self) -> bool:
-        return bool(self.bad_records)
-
-
-@dataclass(eq=False)
-class Owner:
-    """One open iteration inside a pool: its reservation, pinned bytes and counters."""
-
-    id: int
-    reservation: int
-    read_limit: int
-    pinned_bytes: int = 0
-    pinned_reads: int = 0
-    counters: PassCounters = field(default_factory=PassCounters)
-    wake: Callable[[], object] | None = None
-    # re-admit an entry this owner adopted from an owner that closed mid-fetch (called off the lock)
-    refetch: Callable[[Entry], object] | None = None
-    closed: bool = False
 
 
 class ChunkPool:
@@ -214,24 +162,30 @@ class ChunkPool:
     def can_take(self, owner: Owner, nbytes: int) -> bool:
         """Whether ``owner`` has read-ahead room for one more read of ``nbytes``."""
         with self.lock:
-            return (
-                owner.pinned_bytes + nbytes <= owner.reservation and owner.pinned_reads + 1 <= owner.read_limit
-            ) or owner.pinned_reads == 0
+            return self._can_take(owner, nbytes)
+
+    def _can_take(self, owner: Owner, nbytes: int) -> bool:
+        return (
+            owner.pinned_bytes + nbytes <= owner.reservation and owner.pinned_reads + 1 <= owner.read_limit
+        ) or owner.pinned_reads == 0
 
     def pin_existing(self, key: ReadKey, owner: Owner) -> Entry | None:
         """Pin a resident or in-flight entry for ``owner``; ``None`` if it must be fetched."""
         with self.lock:
-            entry = self._entries.get(key)
-            if entry is None or entry.state == FAILED:
-                return None
-            self._pin(entry, owner)
-            self._entries.move_to_end(key)
-            if entry.state == READY:
-                owner.counters.hits += 1
-                self.totals.hits += 1
-            else:
-                owner.counters.joins += 1
-            return entry
+            return self._pin_existing(key, owner)
+
+    def _pin_existing(self, key: ReadKey, owner: Owner) -> Entry | None:
+        entry = self._entries.get(key)
+        if entry is None or entry.state == FAILED:
+            return None
+        self._pin(entry, owner)
+        self._entries.move_to_end(key)
+        if entry.state == READY:
+            owner.counters.hits += 1
+            self.totals.hits += 1
+        else:
+            owner.counters.joins += 1
+        return entry
 
     def admit(
         self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool = False
@@ -243,28 +197,53 @@ class ChunkPool:
         reused once the entry is evicted.
         """
         with self.lock:
-            if not self._make_room(nbytes):
-                return None
-            n_tiles = len(origins)
-            entry = Entry(
-                key=key,
-                nbytes=nbytes,
-                n_tiles=n_tiles,
-                origins=origins,
-                tiles=[None] * n_tiles,
-                remaining=n_tiles,
-                fetcher=owner.id,
-                recyclable=recyclable,
-                awaited=nbytes,
-            )
-            self._entries[key] = entry
-            self.awaited_bytes += nbytes
-            self.resident_bytes += nbytes
-            self.totals.peak_resident_bytes = max(self.totals.peak_resident_bytes, self.resident_bytes)
-            self._pin(entry, owner)
-            owner.counters.misses += 1
-            self.totals.misses += 1
-            return entry
+            return self._admit(key, nbytes, origins, owner, recyclable)
+
+    def claim(
+        self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool, into: list, index: int
+    ) -> tuple[Entry | None, bool]:
+        """One read of a pass under one lock: ``can_take``, then ``pin_existing``, else ``admit``.
+
+        Returns ``(entry, admitted)``, or ``(None, False)`` while ``owner``
+        must wait for room. The entry is stored at ``into[index]`` under the
+        same lock (a consumer waiting on ``cond`` reads it there), and a ready
+        one wakes the consumer.
+        """
+        with self.lock:
+            if not self._can_take(owner, nbytes):
+                return None, False
+            entry = self._pin_existing(key, owner)
+            admitted = entry is None
+            if entry is None and (entry := self._admit(key, nbytes, origins, owner, recyclable)) is None:
+                return None, False
+            into[index] = entry
+            if entry.state != PENDING:  # a pending entry wakes the consumer when it lands
+                self.cond.notify_all()
+            return entry, admitted
+
+    def _admit(self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool) -> Entry | None:
+        if not self._make_room(nbytes):
+            return None
+        n_tiles = len(origins)
+        entry = Entry(
+            key=key,
+            nbytes=nbytes,
+            n_tiles=n_tiles,
+            origins=origins,
+            tiles=[None] * n_tiles,
+            remaining=n_tiles,
+            fetcher=owner.id,
+            recyclable=recyclable,
+            awaited=nbytes,
+        )
+        self._entries[key] = entry
+        self.awaited_bytes += nbytes
+        self.resident_bytes += nbytes
+        self.totals.peak_resident_bytes = max(self.totals.peak_resident_bytes, self.resident_bytes)
+        self._pin(entry, owner)
+        owner.counters.misses += 1
+        self.totals.misses += 1
+        return entry
 
     def _make_room(self, nbytes: int) -> bool:
         if self.resident_bytes + nbytes <= self.budget:

@@ -225,22 +225,19 @@ class PassDriver(_TileJobs):
             if plan.read_first[i] != block or len(revivals) >= REVIVE_BATCH:
                 self._flush(revivals)
                 block = int(plan.read_first[i])
-            if not pool.can_take(owner, nbytes):
+            reader = self.readers[key[0]]
+            # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
+            own = not reader.pipeline and self.cache is None
+            while True:  # a hit or join pins what is there; a miss is admitted; else wait for room
+                entry, admitted = pool.claim(key, nbytes, reader.origins, owner, own, self.entries, i)
+                if entry is not None:
+                    break
                 self._flush(revivals)
-                while not pool.can_take(owner, nbytes):
-                    await self._wait()
-            entry = pool.pin_existing(key, owner)
-            if entry is not None and entry.bad:  # a hit on a replaced tile is listed for this epoch too
+                await self._wait()
+            if not admitted and entry.bad:  # a hit on a replaced tile is listed for this epoch too
                 for record in list(entry.bad_records):
                     self._record_bad(None, record)
-            if entry is None:
-                reader = self.readers[key[0]]
-                # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
-                own = not reader.pipeline and self.cache is None
-                if (entry := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
-                    self._flush(revivals)
-                    while (entry := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
-                        await self._wait()
+            if admitted:
                 if self.seen_keys is not None:
                     owner.counters.trace.re_reads += key in self.seen_keys
                     self.seen_keys.add(key)
@@ -248,10 +245,6 @@ class PassDriver(_TileJobs):
                     revivals.append((entry, reader, key[1]))
                 else:
                     self._fetch(entry, reader, key[1])
-            with pool.cond:
-                self.entries[i] = entry
-                if entry.state != PENDING:  # a pending entry wakes the producer when it lands (under this lock)
-                    pool.cond.notify_all()
             since_yield += 1
             if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
                 since_yield = 0
