@@ -30,6 +30,8 @@ COMPILE_ARGS = (["-O0", "-g"] if DEBUG else ["-O3"]) + (["-fopenmp"] if OPENMP e
 LINK_ARGS = ["-fopenmp"] if OPENMP else []
 
 KERNELS = sorted(pyx.stem for pyx in Path("_ext").glob("*.pyx"))
+# tilegroup finds numcodecs' codec entry points with dlopen/dlsym (in libc itself from glibc 2.34)
+LIBRARIES = {"tilegroup": ["dl"]}
 
 
 def _write_build_record() -> None:
@@ -58,6 +60,7 @@ extensions = [
         include_dirs=[numpy.get_include()],
         extra_compile_args=COMPILE_ARGS,
         extra_link_args=LINK_ARGS,
+        libraries=LIBRARIES.get(pyx.stem, []),
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     )
     for pyx in (Path("_ext") / f"{name}.pyx" for name in KERNELS)

@@ -7,7 +7,7 @@ and run in C with the GIL held, then copies the whole batch with it released.
 
 cimport numpy as cnp
 from cython.parallel cimport prange
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free, malloc, qsort
 from libc.string cimport memcpy
 
 from rect cimport ib_stream_min_bytes
@@ -122,3 +122,62 @@ def gather_runs(cnp.ndarray out, tuple tiles, cnp.ndarray origins, cnp.ndarray r
         free(shapes)
         free(corners)
         free(run)
+
+
+cdef int cmp_int64(const void* a, const void* b) noexcept nogil:
+    cdef cnp.int64_t x = (<const cnp.int64_t*>a)[0], y = (<const cnp.int64_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef Py_ssize_t find(const cnp.int64_t* sorted_values, Py_ssize_t m, cnp.int64_t value) noexcept nogil:
+    cdef Py_ssize_t lo = 0, hi = m, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if sorted_values[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def batch_runs(cnp.ndarray samples, cnp.int64_t size, Py_ssize_t n_tiles):
+    """The chunks a batch draws from and its copy runs, in one pass over its samples.
+
+    ``samples`` (int64, C-contiguous, >= 0) are the batch's rows on one array's
+    sample axis, ``size`` rows per chunk, ``n_tiles`` tiles per chunk. Returns
+    ``(chunks, runs)``: the distinct chunk indices, ascending, and int64 runs
+    ``[tile, src_row, dst_row, n]`` where ``tile`` counts ``n_tiles`` per chunk
+    in ``chunks`` order — what ``gather_runs`` takes once the entries' tiles are
+    listed in that order. Consecutive samples on consecutive rows of one chunk
+    become one run.
+    """
+    cdef Py_ssize_t n = cnp.PyArray_DIMS(samples)[0], i, t, k = 0, m = 0
+    cdef const cnp.int64_t* s = <const cnp.int64_t*>cnp.PyArray_DATA(samples)
+    cdef cnp.ndarray order = cnp.PyArray_EMPTY(1, [max(n, 1)], cnp.NPY_INT64, 0)
+    cdef cnp.int64_t* u = <cnp.int64_t*>cnp.PyArray_DATA(order)
+    cdef cnp.ndarray table = cnp.PyArray_EMPTY(2, [max(n * n_tiles, 1), 4], cnp.NPY_INT64, 0)
+    cdef cnp.int64_t* run = <cnp.int64_t*>cnp.PyArray_DATA(table)
+    cdef cnp.int64_t c, w, tile
+    with nogil:
+        for i in range(n):
+            u[i] = s[i] // size
+        qsort(u, n, sizeof(cnp.int64_t), cmp_int64)
+        for i in range(n):
+            if m == 0 or u[i] != u[m - 1]:
+                u[m] = u[i]
+                m += 1
+        for t in range(n_tiles):
+            for i in range(n):
+                c = s[i] // size
+                w = s[i] - c * size
+                tile = find(u, m, c) * n_tiles + t
+                if (k > 0 and run[4 * (k - 1)] == tile and run[4 * (k - 1) + 1] + run[4 * (k - 1) + 3] == w
+                        and run[4 * (k - 1) + 2] + run[4 * (k - 1) + 3] == i):
+                    run[4 * (k - 1) + 3] += 1
+                else:
+                    run[4 * k] = tile
+                    run[4 * k + 1] = w
+                    run[4 * k + 2] = i
+                    run[4 * k + 3] = 1
+                    k += 1
+    return order[:m], table[:k]

@@ -175,7 +175,7 @@ class EvictionWatch:
         """
         pool = self._pool
         with pool.lock:
-            recycled = {id(t) for free in pool._free.values() for t in free}
+            recycled = {id(t) for t in pool.free}
         return [(key, t) for key, ref in self._refs if (t := ref()) is not None and id(t) not in recycled]
 
     def holders(self) -> str:

@@ -73,7 +73,43 @@ def test_local_files_read_what_obstore_reads(tiled, key: str) -> None:
     got = _sync_get(store)(key, prototype=proto)
     assert (got is None) == (want is None)
     if want is not None:
-        assert got.to_bytes() == want.to_bytes()
+        assert _bytes(got) == want.to_bytes()
+
+
+def _bytes(data) -> bytes:
+    return data.to_bytes() if hasattr(data, "to_bytes") else bytes(memoryview(data))
+
+
+def test_local_files_reuse_one_buffer_per_thread_and_read_every_size(tmp_path: Path) -> None:
+    sizes = [10, 5000, 3, 70_000, 0, 69_999]
+    payloads = [np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
+    for n, payload in zip(sizes, payloads):
+        (tmp_path / f"k{n}").write_bytes(payload)
+    read = _sync_get(obstore_store(str(tmp_path), read_only=True))
+    proto = default_buffer_prototype()
+    views = []
+    for n, payload in zip(sizes, payloads):
+        got = read(f"k{n}", prototype=proto)
+        assert _bytes(got) == payload  # exactly the file, whatever was read before
+        views.append(got)
+    # no allocation per key once the buffer is big enough: the 70 000 and 69 999 byte reads share memory
+    assert np.shares_memory(views[3], views[5])
+
+
+def test_local_files_read_a_file_that_grew_since_its_size_was_taken(tmp_path: Path, monkeypatch) -> None:
+    payload = bytes(range(256)) * 40
+    (tmp_path / "grown").write_bytes(payload)
+    import insitubatch.io.sync_get as sync_get
+
+    real_fstat = sync_get.os.fstat
+
+    class _Stat:
+        def __init__(self, st):
+            self.st_size = st.st_size // 2  # as if the writer appended after fstat
+
+    monkeypatch.setattr(sync_get.os, "fstat", lambda fd: _Stat(real_fstat(fd)))
+    got = _sync_get(obstore_store(str(tmp_path), read_only=True))("grown", prototype=default_buffer_prototype())
+    assert _bytes(got) == payload  # never truncated to the stale size
 
 
 def _double(c: DecodedChunk) -> DecodedChunk:

@@ -96,7 +96,7 @@ def _ready_entry(pool: ChunkPool, owner, key, tiles: list[np.ndarray], recyclabl
 def _drain_free(pool: ChunkPool) -> list[np.ndarray]:
     """Every tile the free list holds for ``TILE`` (take_tile hands out new memory once it is empty)."""
     taken = []
-    while pool.free_bytes:
+    while pool.free.nbytes:
         before = pool.totals.recycled_tiles
         tile = pool.take_tile(TILE, F4)
         assert pool.totals.recycled_tiles == before + 1, "free bytes left, but not of this shape"
@@ -138,7 +138,7 @@ def test_tiles_the_decode_does_not_own_are_never_recycled() -> None:
         del tile
     pool.unpin(viewing, owner)
     assert pool.admit(("a", 3), one, ORIGINS, owner, True) is not None
-    assert pool.totals.evictions == 3 and pool.free_bytes == 0
+    assert pool.totals.evictions == 3 and pool.free.nbytes == 0
 
 
 def test_pinned_tiles_are_never_recycled_and_clear_lets_the_free_list_go() -> None:
@@ -153,15 +153,15 @@ def test_pinned_tiles_are_never_recycled_and_clear_lets_the_free_list_go() -> No
     taken = _drain_free(pool)
     assert len(taken) == 1 and taken[0] is not pinned.tiles[0] and (pinned.tiles[0] == 0).all()
     # the free list holds no more than the pending reads await: here the one read admitted
-    assert pool.free_bytes == 0
+    assert pool.free.nbytes == 0
     pool.deliver(third, 0, taken[0])
     pool.unpin(unpinned, owner)
     pool.unpin(pinned, owner)
     pool.unpin(third, owner)
-    pool._free[(TILE, F4)] = [np.zeros(TILE, F4)]  # as an eviction would leave it
-    pool.free_bytes = one
+    assert pool.free.keep([np.zeros(TILE, F4)], one) == 0  # as an eviction would leave it
+    assert pool.free.nbytes == one
     pool.clear()
-    assert pool.free_bytes == 0 and not pool._free and len(pool) == 0
+    assert pool.free.nbytes == 0 and pool.free.take(TILE, F4) is None and len(pool) == 0
 
 
 def _keeping(kept: list):

@@ -25,6 +25,7 @@ import insitubatch._ext.gather as _gather
 
 __all__ = [
     "assemble_tiles",
+    "batch_runs",
     "coalesce_runs",
     "fill_region",
     "gather",
@@ -265,6 +266,24 @@ def coalesce_runs(tile_idx: object, src_rows: object, dst_rows: object) -> np.nd
     first = np.flatnonzero(starts)
     lengths = np.diff(first, append=len(t))
     return np.stack([t[first], s[first], d[first], lengths], axis=1)
+
+
+def batch_runs(samples: np.ndarray, size: int, n_tiles: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct chunks a batch's ``samples`` draw from, ascending, and its ``gather`` runs, in one C pass.
+
+    ``samples`` are rows on one array's sample axis, ``size`` rows per chunk,
+    ``n_tiles`` tiles per chunk. Run ``[tile, src_row, dst_row, n]`` copies
+    rows of tile ``tile % n_tiles`` of chunk ``chunks[tile // n_tiles]`` into
+    batch rows ``dst_row...``: list each chunk's tiles in ``chunks`` order for
+    ``gather``. Replaces ``np.unique`` + ``coalesce_runs`` (a dozen numpy
+    calls per label and batch) with one call.
+    """
+    s = np.ascontiguousarray(samples, dtype=np.int64).reshape(-1)
+    if size < 1 or n_tiles < 1:
+        raise ValueError(f"size={size} and n_tiles={n_tiles} must be positive")
+    if len(s) and s.min() < 0:
+        raise ValueError(f"samples must be non-negative rows, got {int(s.min())}")
+    return _gather.batch_runs(s, int(size), int(n_tiles))
 
 
 def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: object) -> None:

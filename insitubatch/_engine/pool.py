@@ -12,90 +12,32 @@ still pins it, which fetches it again (``Owner.refetch``): no iteration ever
 waits on a fetch nobody is doing.
 
 An evicted entry whose tiles the engine decoded itself (``Entry.recyclable``)
-and nobody else references gives them to a small free list keyed by shape
-and dtype; the decode threads take their destination from it
-(``take_tile``), so a pass past its budget reuses the same pages instead of
-faulting in fresh ones and fragmenting the heap. The list never holds more
-than the pending entries still await (bytes the budget already counts but no
-tile occupies yet), so tiles plus free list stay within the budget.
+gives them to ``FreeTiles``, where the decode threads take their destination
+(``take_tile``). The list never holds more than the pending entries still
+await (bytes the budget already counts but no tile occupies yet, kept as a
+running sum), so tiles plus free list stay within the budget.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import cast
 
 import numpy as np
 
 from ..errors import InSituError
 from ..plan.epoch import ReadKey
-from .stats import PassCounters, PoolTotals
+from .entry import FAILED, PENDING, READY, Entry, EntryState, Owner
+from .free_tiles import FreeTiles
+from .stats import PoolTotals
 
-__all__ = ["ChunkPool", "Entry", "Owner"]
-
-# an entry's life: tiles arriving, every tile placed, or the fetch/decode failed (``Entry.error``)
-EntryState = Literal["pending", "ready", "failed"]
-PENDING: EntryState = "pending"
-READY: EntryState = "ready"
-FAILED: EntryState = "failed"
-# references to a tile that only the free-list check itself holds: the tiles
-# list it was taken from, the loop variable and getrefcount's argument
-_OWN_TILE_REFS = 3
-# ... and to that tiles list: ``_make_room``'s local name, ``_recycle``'s parameter and getrefcount's argument
-_OWN_LIST_REFS = 3
+__all__ = ["FAILED", "PENDING", "READY", "ChunkPool", "Entry", "EntryState", "Owner"]
 
 logger = logging.getLogger("insitubatch")
-
-
-@dataclass(eq=False)
-class Entry:
-    """One resident read: a chunk's tiles (sample axis first) and where each sits in the field."""
-
-    key: ReadKey
-    nbytes: int
-    n_tiles: int
-    origins: np.ndarray
-    tiles: list[np.ndarray | None]
-    state: EntryState = PENDING
-    error: BaseException | None = None
-    remaining: int = 0
-    pins: dict[int, int] = field(default_factory=dict)
-    fetcher: int | None = None
-    # tiles replaced under on_bad_chunk="nan" (the driver's records), listed again by every pass that hits it
-    bad_records: list = field(default_factory=list)
-    # its tiles are arrays the engine decoded into (never a transform's output or a
-    # disk-cache mapping): once evicted and unreferenced they may be reused
-    recyclable: bool = False
-
-    @property
-    def pinned(self) -> bool:
-        return bool(self.pins)
-
-    @property
-    def bad(self) -> bool:
-        return bool(self.bad_records)
-
-
-@dataclass(eq=False)
-class Owner:
-    """One open iteration inside a pool: its reservation, pinned bytes and counters."""
-
-    id: int
-    reservation: int
-    read_limit: int
-    pinned_bytes: int = 0
-    pinned_reads: int = 0
-    counters: PassCounters = field(default_factory=PassCounters)
-    wake: Callable[[], object] | None = None
-    # re-admit an entry this owner adopted from an owner that closed mid-fetch (called off the lock)
-    refetch: Callable[[Entry], object] | None = None
-    closed: bool = False
 
 
 class ChunkPool:
@@ -123,9 +65,8 @@ class ChunkPool:
         self.resident_bytes = 0
         self.totals = PoolTotals()
         self.on_evict = on_evict
-        self._free: dict[tuple[tuple[int, ...], np.dtype], list[np.ndarray]] = {}
-        self.free_bytes = 0
-        self._pending: list[Entry] = []  # admitted entries, pruned of those no longer pending when read
+        self.free = FreeTiles()
+        self.awaited_bytes = 0  # the pending entries' ``awaited``, summed
 
     # -- owners ------------------------------------------------------------
     def open_owner(self, working_set_bytes: int, read_ahead_bound: int) -> Owner:
@@ -183,6 +124,8 @@ class ChunkPool:
                 else:
                     entry.tiles = [None] * entry.n_tiles  # rebound: a finishing decode thread keeps its copy
                     entry.remaining = entry.n_tiles
+                    self.awaited_bytes += entry.nbytes - entry.awaited
+                    entry.awaited = entry.nbytes
                     entry.bad_records = []
                     entry.fetcher = adopter.id
                     adopted.append((adopter, entry))
@@ -219,24 +162,30 @@ class ChunkPool:
     def can_take(self, owner: Owner, nbytes: int) -> bool:
         """Whether ``owner`` has read-ahead room for one more read of ``nbytes``."""
         with self.lock:
-            return (
-                owner.pinned_bytes + nbytes <= owner.reservation and owner.pinned_reads + 1 <= owner.read_limit
-            ) or owner.pinned_reads == 0
+            return self._can_take(owner, nbytes)
+
+    def _can_take(self, owner: Owner, nbytes: int) -> bool:
+        return (
+            owner.pinned_bytes + nbytes <= owner.reservation and owner.pinned_reads + 1 <= owner.read_limit
+        ) or owner.pinned_reads == 0
 
     def pin_existing(self, key: ReadKey, owner: Owner) -> Entry | None:
         """Pin a resident or in-flight entry for ``owner``; ``None`` if it must be fetched."""
         with self.lock:
-            entry = self._entries.get(key)
-            if entry is None or entry.state == FAILED:
-                return None
-            self._pin(entry, owner)
-            self._entries.move_to_end(key)
-            if entry.state == READY:
-                owner.counters.hits += 1
-                self.totals.hits += 1
-            else:
-                owner.counters.joins += 1
-            return entry
+            return self._pin_existing(key, owner)
+
+    def _pin_existing(self, key: ReadKey, owner: Owner) -> Entry | None:
+        entry = self._entries.get(key)
+        if entry is None or entry.state == FAILED:
+            return None
+        self._pin(entry, owner)
+        self._entries.move_to_end(key)
+        if entry.state == READY:
+            owner.counters.hits += 1
+            self.totals.hits += 1
+        else:
+            owner.counters.joins += 1
+        return entry
 
     def admit(
         self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool = False
@@ -248,27 +197,53 @@ class ChunkPool:
         reused once the entry is evicted.
         """
         with self.lock:
-            if not self._make_room(nbytes):
-                return None
-            n_tiles = len(origins)
-            entry = Entry(
-                key=key,
-                nbytes=nbytes,
-                n_tiles=n_tiles,
-                origins=origins,
-                tiles=[None] * n_tiles,
-                remaining=n_tiles,
-                fetcher=owner.id,
-                recyclable=recyclable,
-            )
-            self._entries[key] = entry
-            self._pending.append(entry)
-            self.resident_bytes += nbytes
-            self.totals.peak_resident_bytes = max(self.totals.peak_resident_bytes, self.resident_bytes)
-            self._pin(entry, owner)
-            owner.counters.misses += 1
-            self.totals.misses += 1
-            return entry
+            return self._admit(key, nbytes, origins, owner, recyclable)
+
+    def claim(
+        self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool, into: list, index: int
+    ) -> tuple[Entry | None, bool]:
+        """One read of a pass under one lock: ``can_take``, then ``pin_existing``, else ``admit``.
+
+        Returns ``(entry, admitted)``, or ``(None, False)`` while ``owner``
+        must wait for room. The entry is stored at ``into[index]`` under the
+        same lock (a consumer waiting on ``cond`` reads it there), and a ready
+        one wakes the consumer.
+        """
+        with self.lock:
+            if not self._can_take(owner, nbytes):
+                return None, False
+            entry = self._pin_existing(key, owner)
+            admitted = entry is None
+            if entry is None and (entry := self._admit(key, nbytes, origins, owner, recyclable)) is None:
+                return None, False
+            into[index] = entry
+            if entry.state != PENDING:  # a pending entry wakes the consumer when it lands
+                self.cond.notify_all()
+            return entry, admitted
+
+    def _admit(self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool) -> Entry | None:
+        if not self._make_room(nbytes):
+            return None
+        n_tiles = len(origins)
+        entry = Entry(
+            key=key,
+            nbytes=nbytes,
+            n_tiles=n_tiles,
+            origins=origins,
+            tiles=[None] * n_tiles,
+            remaining=n_tiles,
+            fetcher=owner.id,
+            recyclable=recyclable,
+            awaited=nbytes,
+        )
+        self._entries[key] = entry
+        self.awaited_bytes += nbytes
+        self.resident_bytes += nbytes
+        self.totals.peak_resident_bytes = max(self.totals.peak_resident_bytes, self.resident_bytes)
+        self._pin(entry, owner)
+        owner.counters.misses += 1
+        self.totals.misses += 1
+        return entry
 
     def _make_room(self, nbytes: int) -> bool:
         if self.resident_bytes + nbytes <= self.budget:
@@ -284,19 +259,29 @@ class ChunkPool:
         if free < nbytes:
             return False
         # free tiles the pending reads (this one too) will decode into: no more than they await
-        room = self._awaited_bytes() + nbytes - self.free_bytes
+        room = self.awaited_bytes + nbytes - self.free.nbytes
         for entry in victims:
             tiles = entry.tiles
             self._drop(entry)
             self.totals.evictions += 1
             if entry.recyclable and entry.state == READY:
-                room = self._recycle(tiles, room)
+                room = self.free.keep(tiles, room)
         return True
 
-    def _awaited_bytes(self) -> int:
-        """Bytes the pending entries count against the budget that no landed tile occupies yet (lock held)."""
-        self._pending = [s for s in self._pending if s.state == PENDING and self._entries.get(s.key) is s]
-        return sum(s.nbytes - sum(t.nbytes for t in s.tiles if isinstance(t, np.ndarray)) for s in self._pending)
+    def _settle(self, entry: Entry) -> None:
+        """An entry stops awaiting tiles (ready, failed or dropped): out of ``awaited_bytes`` (lock held)."""
+        self.awaited_bytes -= entry.awaited
+        entry.awaited = 0
+
+    def _landed(self, entry: Entry, tile_index: int, tile: object) -> None:
+        """A tile took its place in a pending entry (lock held)."""
+        if entry.tiles[tile_index] is None:
+            entry.remaining -= 1
+            if isinstance(tile, np.ndarray):  # a bad tile's mark holds no memory
+                owed = min(tile.nbytes, entry.awaited)
+                entry.awaited -= owed
+                self.awaited_bytes -= owed
+        entry.tiles[tile_index] = cast("np.ndarray", tile)  # or a bad tile's mark, until the chunk is assembled
 
     def _drop(self, entry: Entry) -> None:
         """Forget an entry and let go of its tiles at once (only unpinned or unfinished entries are dropped).
@@ -306,38 +291,11 @@ class ChunkPool:
         """
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
+            self._settle(entry)
             self.resident_bytes -= entry.nbytes
             if self.on_evict is not None and entry.state == READY:
                 self.on_evict(entry)
             entry.tiles = [None] * entry.n_tiles
-
-    def _recycle(self, tiles: list[np.ndarray | None], room: int) -> int:
-        """Keep up to ``room`` bytes of an evicted entry's tiles for reuse; returns the room left (lock held).
-
-        Only tiles provably referenced by nobody else are kept.
-
-        A ready entry's tiles are read only by gathers of the passes that pin
-        it, so once it is unpinned the references counted here are the only
-        ones; the count is checked anyway (a view, a tensor or an exported
-        buffer of a tile holds a reference to it), and a tile that does not
-        own its memory is never kept.
-        """
-        if sys.getrefcount(tiles) > _OWN_LIST_REFS:
-            return room  # someone still holds the list itself
-        for tile in tiles:
-            if (
-                tile is None
-                or tile.base is not None
-                or not tile.flags.owndata
-                or not tile.flags.writeable
-                or tile.nbytes > room
-                or sys.getrefcount(tile) > _OWN_TILE_REFS
-            ):
-                continue
-            room -= tile.nbytes
-            self._free.setdefault((tile.shape, tile.dtype), []).append(tile)
-            self.free_bytes += tile.nbytes
-        return room
 
     def take_tile(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """A C-contiguous array of ``shape`` and ``dtype`` to decode into: a recycled tile when one fits, else new.
@@ -345,10 +303,8 @@ class ChunkPool:
         Its contents are stale: the caller overwrites every element.
         """
         with self.lock:
-            free = self._free.get((shape, dtype))
-            if free:
-                tile = free.pop()
-                self.free_bytes -= tile.nbytes
+            tile = self.free.take(shape, dtype)
+            if tile is not None:
                 self.totals.recycled_tiles += 1
                 return tile
         return np.empty(shape, dtype=dtype)
@@ -378,14 +334,19 @@ class ChunkPool:
                     continue
                 if entry.recyclable and tile.base is not None:  # a view of another array: not the engine's own
                     entry.recyclable = False
-                if entry.tiles[tile_index] is None:
-                    entry.remaining -= 1
-                entry.tiles[tile_index] = tile
+                self._landed(entry, tile_index, tile)
                 if entry.remaining == 0:
                     entry.state = READY
+                    self._settle(entry)
                     ready = True
             if ready:
                 self.cond.notify_all()
+
+    def stage(self, entry: Entry, tile_index: int, tile: object) -> bool:
+        """Hold a tile of an entry finished as a whole (assembled, transformed or persisted); True for its last."""
+        with self.lock:
+            self._landed(entry, tile_index, tile)
+            return entry.remaining == 0
 
     def replace_tiles(
         self, entry: Entry, tiles: list[np.ndarray], origins: np.ndarray, revived_for: Owner | None = None
@@ -407,6 +368,7 @@ class ChunkPool:
             entry.n_tiles = len(tiles)
             entry.remaining = 0
             entry.state = READY
+            self._settle(entry)
             self.cond.notify_all()
             return True
 
@@ -425,6 +387,7 @@ class ChunkPool:
                 return
             entry.state = FAILED
             entry.error = error
+            self._settle(entry)
             self._drop(entry)
             self.cond.notify_all()
 
@@ -457,6 +420,4 @@ class ChunkPool:
         with self.lock:
             for entry in [s for s in self._entries.values() if not s.pinned]:
                 self._drop(entry)
-            self._free.clear()
-            self.free_bytes = 0
-            self._pending = [s for s in self._pending if s.state == PENDING and self._entries.get(s.key) is s]
+            self.free.clear()

@@ -82,6 +82,14 @@ class ArrayReader:
         axis = self.geometry.sample_axis
         return (*inner[:axis], slice(0, self.geometry.chunk_len(chunk_index)), *inner[axis:])
 
+    def tile_rows_shape(self, chunk_index: int, tile: int) -> tuple[int, ...]:
+        """A decoded tile's shape, sample axis first: the chunk's samples by the tile's clipped inner extent."""
+        return (self.geometry.chunk_len(chunk_index), *self._tile_shapes[tile])
+
+    @functools.cached_property
+    def _tile_shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(shape) for shape in self.tile_shapes.tolist()]
+
     @functools.cached_property
     def _inner_selections(self) -> list[tuple[slice, ...]]:
         return [tuple(slice(0, int(e)) for e in shape) for shape in self.tile_shapes]

@@ -30,9 +30,10 @@ from zarr.buffer import default_buffer_prototype
 
 from ..cache import DiskCache
 from ..io.decode import make_decoder
-from ..io.sync_get import _sync_get
+from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
 from .landings import _Landings, _release
+from .local_groups import LocalGroups
 from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
@@ -46,6 +47,9 @@ REVIVE_BATCH = 64
 # few enough that max_inflight (32) spreads over every decode thread, enough to
 # cost the loop one submit and one wake-up per group (measured in bench.engine_probe)
 TILE_GROUP = 4
+# reads the driver admits between two yields to the loop: a yield per read costs a loop
+# turn (and the GIL, to whichever decode thread wants it) for every tile on small chunks
+ADMIT_BURST = TILE_GROUP
 
 
 def _lookup_all(cache: DiskCache, requests: list) -> list:
@@ -100,6 +104,13 @@ class PassDriver(_TileJobs):
         self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
+        # a local directory's full tiles, decoded straight into their own memory, go through the group kernel
+        eligible = [r for r in readers.values() if not r.pipeline and r.geometry.sample_axis == 0]
+        self._groups = (
+            LocalGroups(self._get_sync, self._decoders, eligible)
+            if isinstance(self._get_sync, _LocalFiles) and cache is None and eligible
+            else None
+        )
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
         self._pump: asyncio.Task | None = None
@@ -205,6 +216,7 @@ class PassDriver(_TileJobs):
         plan, pool, owner = self.plan, self.pool, self.owner
         revivals: list[tuple[Entry, ArrayReader, int]] = []  # admitted misses to look up on disk together
         block = -1
+        since_yield = 0
         for i in np.argsort(plan.read_first, kind="stable").tolist():
             if plan.read_last[i] < self.first_block:
                 continue  # only batches before a resume point read it
@@ -213,22 +225,19 @@ class PassDriver(_TileJobs):
             if plan.read_first[i] != block or len(revivals) >= REVIVE_BATCH:
                 self._flush(revivals)
                 block = int(plan.read_first[i])
-            if not pool.can_take(owner, nbytes):
+            reader = self.readers[key[0]]
+            # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
+            own = not reader.pipeline and self.cache is None
+            while True:  # a hit or join pins what is there; a miss is admitted; else wait for room
+                entry, admitted = pool.claim(key, nbytes, reader.origins, owner, own, self.entries, i)
+                if entry is not None:
+                    break
                 self._flush(revivals)
-                while not pool.can_take(owner, nbytes):
-                    await self._wait()
-            entry = pool.pin_existing(key, owner)
-            if entry is not None and entry.bad:  # a hit on a replaced tile is listed for this epoch too
+                await self._wait()
+            if not admitted and entry.bad:  # a hit on a replaced tile is listed for this epoch too
                 for record in list(entry.bad_records):
                     self._record_bad(None, record)
-            if entry is None:
-                reader = self.readers[key[0]]
-                # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
-                own = not reader.pipeline and self.cache is None
-                if (entry := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
-                    self._flush(revivals)
-                    while (entry := pool.admit(key, nbytes, reader.origins, owner, own)) is None:
-                        await self._wait()
+            if admitted:
                 if self.seen_keys is not None:
                     owner.counters.trace.re_reads += key in self.seen_keys
                     self.seen_keys.add(key)
@@ -236,11 +245,10 @@ class PassDriver(_TileJobs):
                     revivals.append((entry, reader, key[1]))
                 else:
                     self._fetch(entry, reader, key[1])
-            with pool.cond:
-                self.entries[i] = entry
-                if entry.state != PENDING:  # a pending entry wakes the producer when it lands (under this lock)
-                    pool.cond.notify_all()
-            await asyncio.sleep(0)  # let tile tasks start before admitting more
+            since_yield += 1
+            if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
+                since_yield = 0
+                await asyncio.sleep(0)
         self._flush(revivals)
 
     def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
@@ -301,11 +309,8 @@ class PassDriver(_TileJobs):
 
             fut.add_done_callback(give_back)
             self._track(job)
-            self._spawn(self._land_group(fut), work=True)
-
-    async def _land_group(self, fut: asyncio.Future) -> None:
-        """A group job in flight, as a task: this pass has work active until it lands."""
-        await asyncio.shield(fut)
+            self._work_started()  # this pass has work active until the group lands
+            fut.add_done_callback(self._work_ended)
 
     def _track(self, job: concurrent.futures.Future) -> None:
         """Remember a decode-pool job until it ends: ``stop`` waits for every one still running."""
@@ -373,7 +378,7 @@ class PassDriver(_TileJobs):
             self._end_stall()
         self._active += 1
 
-    def _work_ended(self, _task: asyncio.Task) -> None:
+    def _work_ended(self, _done: asyncio.Future) -> None:
         self._active -= 1
         if self._active == 0 and self._waiting:
             self._stall_from = time.perf_counter()

@@ -7,21 +7,24 @@ it uses lives on the driver and is declared here for the type checker.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from typing import cast
 
 import numpy as np
-from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.buffer import BufferPrototype
 
 from ..cache import DiskCache
 from ..errors import BadChunkError, StoreReadError
 from ..io.decode import ChunkDecoder
+from ..io.direct import ChunkData
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
 from .kernels import assemble_tiles, fill_region
 from .landings import _Tally
+from .local_groups import PLACED, LocalGroups
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
 
@@ -45,7 +48,8 @@ class _TileJobs:
     _stopping: bool
     _decoders: dict[str, ChunkDecoder]
     _prototype: BufferPrototype
-    _get_sync: Callable[..., Buffer | None] | None
+    _get_sync: Callable[..., ChunkData | None] | None
+    _groups: LocalGroups | None
     _scratches: threading.local
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
@@ -70,11 +74,22 @@ class _TileJobs:
     def _group_job(self, group: list[tuple[Entry, ArrayReader, int, int]]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
 
-        A tile's failure fails its entry only.
+        Tiles the group kernel can take are read and decoded in one call
+        (``local_groups``); the rest, and any it hands back, one by one. A
+        tile's failure fails its entry only.
         """
         tally = _Tally()
-        landed = []
-        for entry, reader, chunk_index, tile in group:
+        landed: list[tuple[Entry, int, np.ndarray]] = []
+        live = [item for item in group if not self._stopping and item[0].state != FAILED]
+        rest = live
+        if self._groups is not None:
+            try:
+                rest = self._kernel_tiles(live, tally, landed)
+            except Exception as exc:  # a bug, not a bad chunk: every entry of the group raises it
+                for entry, *_ in live:
+                    self.pool.fail(entry, exc)
+                return
+        for entry, reader, chunk_index, tile in rest:
             if self._stopping or entry.state == FAILED:
                 continue  # the pass is stopping, or another tile of the chunk already failed it
             g = reader.geometry
@@ -88,6 +103,41 @@ class _TileJobs:
                 landed.append((entry, tile, data))
         tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
+
+    def _kernel_tiles(self, group: list, tally: _Tally, landed: list) -> list:
+        """Place the group's tiles the kernel takes; returns the others (and those it handed back)."""
+        groups = self._groups
+        assert groups is not None  # called only for a local directory
+        by_kind: dict[int, tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
+        rest = []
+        for item in group:
+            _, reader, chunk_index, tile = item
+            g = reader.geometry
+            kind = groups.kinds.get(g.path, 0)
+            path = groups.files.path_of(g.chunk_key(g.physical_chunk_coord(chunk_index, tile))) if kind else None
+            if path is None:
+                rest.append(item)
+                continue
+            decoder = self._decoders[g.path]
+            items, paths, dests, stored = by_kind.setdefault(kind, ([], [], [], []))
+            items.append(item)
+            paths.append(os.fsencode(path))
+            dests.append(self.pool.take_tile(reader.tile_rows_shape(chunk_index, tile), decoder.dtype))
+            stored.append(decoder.shape)
+        for kind, (items, paths, dests, stored) in by_kind.items():
+            status, nbytes, times = groups.run(kind, paths, dests, stored)
+            trace = self.owner.counters.trace
+            trace.add("fetch_s", float(times[0]) / 1e9)
+            trace.add("decode_s", float(times[1]) / 1e9)
+            for item, dest, placed, size in zip(items, dests, status.tolist(), nbytes.tolist()):
+                if placed != PLACED:
+                    rest.append(item)  # the general path reads it again and raises or falls back
+                    continue
+                tally.gets += 1
+                tally.get_bytes += size
+                tally.decoded_tiles += 1
+                landed.append((item[0], item[3], dest))
+        return rest
 
     def _tile(
         self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf, tally: _Tally
@@ -144,7 +194,7 @@ class _TileJobs:
         g = reader.geometry
         t0 = time.perf_counter()
         decoder = self._decoders[g.path]
-        shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        shape = reader.tile_rows_shape(chunk_index, tile)
         # a recycled tile's stale contents are overwritten whole by either branch
         if g.sample_axis == 0 and shape == decoder.shape:
             data = self.pool.take_tile(shape, decoder.dtype)
@@ -195,7 +245,7 @@ class _TileJobs:
         g = reader.geometry
         if reader.assembles:
             return _BAD_TILE
-        shape = (g.chunk_len(chunk_index), *reader.tile_shapes[tile].tolist())
+        shape = reader.tile_rows_shape(chunk_index, tile)
         data = np.empty(shape, dtype=g.dtype)
         fill_region(data, (0,) * data.ndim, shape, _fill_value(g))
         if reader.pipeline and g.tiles_per_chunk == 1:
@@ -204,12 +254,7 @@ class _TileJobs:
 
     def _stage(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
         """Decode thread: hold a tile until the chunk is complete; the last one assembles/transforms/persists it."""
-        with self.pool.lock:
-            if entry.tiles[tile] is None:
-                entry.remaining -= 1
-            entry.tiles[tile] = data
-            last = entry.remaining == 0
-        if not last:
+        if not self.pool.stage(entry, tile, data):
             return
         tiles, origins = self._finalize(entry, reader, chunk_index)
         if not self.pool.replace_tiles(entry, tiles, origins):

@@ -10,15 +10,7 @@ eviction and on close. With ``persist`` an append-only log (``log``) records
 each completed chunk the moment it lands, and a later ``DiskCache`` over the
 same directory revives those chunks as zero-copy read-only views.
 
-Files in ``cache_dir``
-----------------------
-``insitu_cache.lock``
-    The ``flock`` target (``lock``): one writer or many readonly readers.
-``insitu_cache.jsonl``
-    The log (``persist`` only; format in ``log``).
-``cache-<hash>-<chunk>-<slug>.npy`` / ``spill-…npy``
-    Tile files of persisted / ephemeral chunks. Ephemeral files have their own
-    names, so a spill run never clobbers a persisted entry.
+What ``cache_dir`` holds is listed in ``files``.
 
 Loading the log
 ---------------

@@ -3,6 +3,16 @@
 Names are deterministic (``cache-…`` persisted, ``spill-…`` ephemeral, with
 a hash of the array path) so a later run finds a persisted chunk by name, and
 the ``_OWNED_*`` patterns let housekeeping delete only files this package wrote.
+
+Files in ``cache_dir``
+----------------------
+``insitu_cache.lock``
+    The ``flock`` target (``lock``): one writer or many readonly readers.
+``insitu_cache.jsonl``
+    The log (``persist`` only; format in ``log``).
+``cache-<hash>-<chunk>-<slug>.npy`` / ``spill-…npy``
+    Tile files of persisted / ephemeral chunks. Ephemeral files have their own
+    names, so a spill run never clobbers a persisted entry.
 """
 
 from __future__ import annotations

@@ -282,6 +282,12 @@ class ChunkDecoder:
         else:
             self._chain = _Chain(metadata.codecs, spec)
 
+    @property
+    def direct_codec(self) -> Any:
+        """The numcodecs compressor that alone decodes a chunk straight into a tile of this dtype, else None."""
+        direct = self._chain._direct
+        return direct.codec if direct is not None and self._chain.dtype == self.dtype else None
+
     def fill(self) -> np.ndarray:
         """A stored chunk that was never written: all fill value."""
         return np.full(self.shape, self.fill_value, dtype=self.dtype)

@@ -249,3 +249,45 @@ def test_read_only_out_is_rejected_and_read_only_tiles_are_fine() -> None:
 
 def test_openmp_build_flag_is_reported() -> None:
     assert isinstance(_gather.OPENMP, bool)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_batch_runs_gather_what_numpy_indexing_reads(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    size, n_tiles = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+    n_chunks = int(rng.integers(1, 7))
+    tile_width = [int(w) for w in rng.integers(1, 4, size=n_tiles)]
+    field = rng.standard_normal((n_chunks * size, sum(tile_width))).astype(np.float32)
+    edges = np.cumsum([0, *tile_width])
+    # shuffled draws, sequential runs, repeats: whatever a batch may ask for
+    kind = seed % 3
+    n = int(rng.integers(1, 3 * size + 2))
+    if kind == 0:
+        samples = rng.integers(0, len(field), size=n)
+    elif kind == 1:
+        start = int(rng.integers(0, len(field)))
+        samples = np.arange(start, min(start + n, len(field)))
+    else:
+        samples = np.sort(rng.choice(len(field), size=min(n, len(field)), replace=False))
+    chunks, runs = kernels.batch_runs(samples, size, n_tiles)
+    np.testing.assert_array_equal(chunks, np.unique(samples // size))
+    tiles = [
+        np.ascontiguousarray(field[c * size : (c + 1) * size, edges[t] : edges[t + 1]])
+        for c in chunks.tolist()
+        for t in range(n_tiles)
+    ]
+    origins = np.array([[edges[t]] for _ in chunks for t in range(n_tiles)], dtype=np.intp)
+    out = np.full((len(samples), field.shape[1]), np.nan, dtype=np.float32)
+    gather(out, tiles, origins, runs)
+    np.testing.assert_array_equal(out, field[samples])
+    if kind == 1:  # consecutive rows of one chunk are one run per tile
+        assert len(runs) == n_tiles * len(np.unique(samples // size))
+
+
+def test_batch_runs_refuse_what_has_no_chunk() -> None:
+    with pytest.raises(ValueError, match="size=0"):
+        kernels.batch_runs(np.arange(3), 0, 1)
+    with pytest.raises(ValueError, match="non-negative"):
+        kernels.batch_runs(np.array([2, -1]), 4, 1)
+    chunks, runs = kernels.batch_runs(np.empty(0, dtype=np.int64), 4, 2)
+    assert chunks.shape == (0,) and runs.shape == (0, 4)

@@ -126,3 +126,33 @@ def test_clear_keeps_pinned_entries() -> None:
     pool.clear()
     assert pool.contains(("a", 0)) and not pool.contains(("a", 1)) and kept.tiles[0] is TILE
     assert dropped.tiles == [None]
+
+
+def _awaited_by_hand(pool: ChunkPool) -> int:
+    """What the pending entries await, summed from their tiles (what ``awaited_bytes`` keeps as it goes)."""
+    pending = [e for e in pool._entries.values() if e.state == PENDING]
+    return sum(e.nbytes - sum(t.nbytes for t in e.tiles if isinstance(t, np.ndarray)) for e in pending)
+
+
+def test_awaited_bytes_follow_every_landing_failure_and_hand_over() -> None:
+    tile = np.zeros(10, dtype=np.float32)  # 40 bytes
+    origins = np.zeros((2, 1), dtype=np.int64)
+    pool = ChunkPool(None)
+    fetcher, waiter = pool.open_owner(4 * ENTRY_BYTES, 8), pool.open_owner(4 * ENTRY_BYTES, 8)
+    waiter.refetch = lambda entry: None
+    a, b, c = (pool.admit(("a", k), ENTRY_BYTES, origins, fetcher) for k in range(3))
+    assert pool.awaited_bytes == 3 * ENTRY_BYTES == _awaited_by_hand(pool)
+    pool.deliver(a, 0, tile)
+    pool.deliver(a, 0, tile)  # a repeated tile is owed once
+    assert pool.awaited_bytes == 3 * ENTRY_BYTES - tile.nbytes == _awaited_by_hand(pool)
+    pool.deliver(a, 1, tile)  # ready: it awaits nothing, whatever its estimate
+    assert a.state == READY and pool.awaited_bytes == 2 * ENTRY_BYTES == _awaited_by_hand(pool)
+    assert not pool.stage(b, 0, tile) and pool.awaited_bytes == 2 * ENTRY_BYTES - tile.nbytes
+    pool.fail(c, RuntimeError("boom"))
+    assert pool.awaited_bytes == ENTRY_BYTES - tile.nbytes == _awaited_by_hand(pool)
+    pool.pin_existing(("a", 1), waiter)
+    pool.close_owner(fetcher)  # b is handed to the waiter and fetched again from nothing
+    assert b.state == PENDING and b.fetcher == waiter.id
+    assert pool.awaited_bytes == ENTRY_BYTES == _awaited_by_hand(pool)
+    pool.close_owner(waiter)  # abandoned: dropped, awaiting nothing
+    assert pool.awaited_bytes == 0 == _awaited_by_hand(pool)

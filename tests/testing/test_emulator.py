@@ -194,6 +194,42 @@ def test_obstore_zarr_reads_through_the_emulator_exactly(tmp_path: Path) -> None
         assert chunk_gets == 2
 
 
+@pytest.mark.parametrize("codec", ["zstd", "blosc-zstd"])
+def test_generated_chunks_are_the_bytes_zarr_writes(tmp_path: Path, codec: str) -> None:
+    """The generator's fast chunk writer stores what zarr itself would, edge chunks included."""
+    spec = DatasetSpec(
+        n_time=10,
+        n_lat=9,
+        n_lon=14,
+        variables=("2m_temperature",),
+        samples_per_chunk=4,
+        inner_tiles=(2, 3),
+        codec=codec,
+    )
+    path = write_era5_like(tmp_path / spec.name, spec)
+    ours = zarr.open_array(path, path="2m_temperature", mode="r")
+    assert type(ours.compressors[0]) is type(spec.zarr_compressor())
+    again = zarr.create_array(
+        tmp_path / "by_zarr.zarr",
+        shape=ours.shape,
+        chunks=ours.chunks,
+        dtype=ours.dtype,
+        compressors=ours.compressors,
+        fill_value=ours.fill_value,
+        chunk_key_encoding=ours.metadata.chunk_key_encoding,
+    )
+    again[:] = ours[:]
+    keys = sorted(p.name for p in (path / "2m_temperature").glob("c.*"))
+    assert len(keys) == 3 * 2 * 3  # every chunk of the grid, edge ones included
+    for key in keys:
+        assert (path / "2m_temperature" / key).read_bytes() == (tmp_path / "by_zarr.zarr" / key).read_bytes(), key
+
+
+def test_dataset_spec_rejects_an_unknown_codec() -> None:
+    with pytest.raises(ValueError, match="codec='lz4'"):
+        DatasetSpec(n_time=16, codec="lz4")  # type: ignore[arg-type]
+
+
 def test_sharded_dataset_round_trips(tmp_path: Path) -> None:
     spec = DatasetSpec(n_time=16, n_lat=8, n_lon=8, variables=("2m_temperature",), samples_per_chunk=2, shard_samples=8)
     path = write_era5_like(tmp_path / spec.name, spec)

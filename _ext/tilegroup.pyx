@@ -1,0 +1,339 @@
+"""Read a group of local chunk files and decompress each straight into its tile, GIL released once.
+
+Raw entry point; ``insitubatch._engine.kernels.read_decode_group`` binds the
+codec and shapes the arguments. A decode thread of a local store otherwise
+gives up and takes back the GIL five times per tile (open, fstat, read, close,
+decode); on small tiles that hand-over, not the codec, set the pace.
+
+The codecs are the ones numcodecs already loaded: its zstd and blosc
+extensions export the libraries' C entry points (``ZSTD_decompress``,
+``blosc_decompress_ctx``), found with ``dlsym`` on the loaded module, so the
+bytes are decoded by the very code numcodecs would run. A tile whose file is
+missing, unreadable, larger than the scratch buffer, or whose frame does not
+declare exactly the tile's size is reported, untouched, for the caller's
+general path, which raises or falls back exactly as it always does.
+"""
+
+cimport numpy as cnp
+from libc.errno cimport EISDIR, ENOENT, ENOTDIR, errno
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+cnp.import_array()
+
+
+cdef extern from "<dlfcn.h>" nogil:
+    void* dlopen(const char* filename, int flags)
+    void* dlsym(void* handle, const char* symbol)
+    int dlclose(void* handle)
+    int RTLD_NOW
+    int RTLD_NOLOAD
+
+
+cdef extern from "<fcntl.h>" nogil:
+    int open(const char* path, int flags)
+    int O_RDONLY
+    int O_CLOEXEC
+
+
+cdef extern from "<unistd.h>" nogil:
+    ssize_t read(int fd, void* buf, size_t count)
+    int close(int fd)
+
+
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int clock_gettime(int clk, timespec* ts)
+    int CLOCK_MONOTONIC
+
+
+ctypedef size_t (*zstd_decompress_fn)(void* dst, size_t capacity, const void* src, size_t size) noexcept nogil
+ctypedef unsigned (*zstd_is_error_fn)(size_t code) noexcept nogil
+ctypedef int (*blosc_decompress_fn)(const void* src, void* dst, size_t capacity, int threads) noexcept nogil
+
+cdef zstd_decompress_fn zstd_decompress = NULL
+cdef zstd_is_error_fn zstd_is_error = NULL
+cdef blosc_decompress_fn blosc_decompress = NULL
+
+# codec kinds (``kernels.FAST_CODECS`` names them)
+cdef enum:
+    ZSTD = 1
+    BLOSC = 2
+
+# per-tile outcomes; anything but DONE leaves the tile untouched for the general path
+cdef enum:
+    DONE = 0
+    MISSING = 1        # no such file (or a directory): the general path reads it as the fill value
+    IO_ERROR = 2       # open/read failed otherwise: the general path raises the store error
+    TOO_BIG = 3        # the file does not fit the scratch buffer (or grew while read)
+    FRAME = 4          # the frame does not declare the tile's size, or is malformed
+    CODEC = 5          # the codec reported an error, or produced another size
+
+# for Python: a placed tile, and a file that did not fit the scratch buffer
+PLACED = DONE
+GROW = TOO_BIG
+
+# blosc 1.x header: version, versionlz, flags, typesize, then nbytes, blocksize, cbytes (uint32 LE)
+cdef enum:
+    BLOSC_HEADER = 16
+    BLOSC_MEMCPYED = 0x02
+cdef uint64_t ZSTD_MAGIC = 0xFD2FB528
+
+
+def bind(int kind, bytes module_file) -> bool:
+    """Find ``kind``'s entry points in the already loaded extension ``module_file``; False when absent."""
+    global zstd_decompress, zstd_is_error, blosc_decompress
+    cdef void* handle = dlopen(module_file, RTLD_NOW | RTLD_NOLOAD)
+    if handle == NULL:
+        return False
+    cdef void* a
+    cdef void* b
+    if kind == ZSTD:
+        a = dlsym(handle, b"ZSTD_decompress")
+        b = dlsym(handle, b"ZSTD_isError")
+        if a != NULL and b != NULL:
+            zstd_decompress = <zstd_decompress_fn>a
+            zstd_is_error = <zstd_is_error_fn>b
+    elif kind == BLOSC:
+        a = dlsym(handle, b"blosc_decompress_ctx")
+        if a != NULL:
+            blosc_decompress = <blosc_decompress_fn>a
+    dlclose(handle)  # NOLOAD took a reference to the loaded module; it stays loaded
+    return bound(kind)
+
+
+def bound(int kind) -> bool:
+    """Whether ``kind`` can be decoded here."""
+    if kind == ZSTD:
+        return zstd_decompress != NULL and zstd_is_error != NULL
+    if kind == BLOSC:
+        return blosc_decompress != NULL
+    return False
+
+
+cdef inline uint64_t le(const uint8_t* p, int n) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n):
+        v |= (<uint64_t>p[i]) << (8 * i)
+    return v
+
+
+cdef int64_t zstd_content_size(const uint8_t* src, size_t n) noexcept nogil:
+    """The size a zstd frame header declares (RFC 8878 §3.1.1), or -1 when absent or unreadable."""
+    if n < 6 or le(src, 4) != ZSTD_MAGIC:
+        return -1
+    cdef int fhd = src[4]
+    cdef bint single = (fhd & 0x20) != 0
+    cdef int fcs_code = fhd >> 6
+    cdef int size
+    if fcs_code == 0:
+        size = 1 if single else 0
+    elif fcs_code == 1:
+        size = 2
+    elif fcs_code == 2:
+        size = 4
+    else:
+        size = 8
+    if size == 0:
+        return -1
+    cdef int dict_code = fhd & 0x03
+    cdef int dict_bytes = 0 if dict_code == 0 else (1 if dict_code == 1 else (2 if dict_code == 2 else 4))
+    cdef size_t pos = 5 + (0 if single else 1) + dict_bytes
+    if n < pos + size:
+        return -1
+    cdef uint64_t value = le(src + pos, size)
+    if size == 2:
+        value += 256
+    return <int64_t>value
+
+
+cdef int decode_one(int kind, const uint8_t* src, size_t n, void* dst, size_t capacity) noexcept nogil:
+    cdef size_t got
+    cdef int rc
+    if kind == ZSTD:
+        if zstd_content_size(src, n) != <int64_t>capacity:
+            return FRAME
+        got = zstd_decompress(dst, capacity, src, n)
+        if zstd_is_error(got) or got != capacity:
+            return CODEC
+        return DONE
+    # blosc: the header must agree with the frame's length before c-blosc trusts it
+    if n < BLOSC_HEADER or le(src + 12, 4) != n or le(src + 4, 4) != capacity:
+        return FRAME
+    if (src[2] & BLOSC_MEMCPYED) and capacity + BLOSC_HEADER != n:
+        return FRAME
+    rc = blosc_decompress(src, dst, capacity, 1)
+    if rc < 0 or <size_t>rc != capacity:
+        return CODEC
+    return DONE
+
+
+cdef int read_file(const char* path, uint8_t* buf, size_t capacity, size_t* nread) noexcept nogil:
+    """Read the whole file at ``path`` into ``buf``; one byte spare tells a file that filled it."""
+    cdef int fd = open(path, O_RDONLY | O_CLOEXEC)
+    cdef ssize_t got
+    cdef size_t n = 0
+    cdef int err
+    if fd < 0:
+        err = errno
+        return MISSING if err == ENOENT or err == ENOTDIR or err == EISDIR else IO_ERROR
+    while True:
+        got = read(fd, buf + n, capacity - n)
+        if got < 0:
+            err = errno
+            close(fd)
+            return MISSING if err == EISDIR else IO_ERROR
+        if got == 0:
+            break
+        n += got
+        if n == capacity:
+            close(fd)
+            return TOO_BIG
+    close(fd)
+    nread[0] = n
+    return DONE
+
+
+cdef inline int64_t now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef void copy_prefix(
+    const uint8_t* src, const int64_t* whole, uint8_t* dst, const cnp.npy_intp* part, int ndim, size_t itemsize,
+) noexcept nogil:
+    """Copy the leading ``part`` block of a C-order ``whole``-shaped array into a contiguous ``dst``."""
+    cdef int64_t index[32]
+    cdef size_t stride[32]
+    cdef int k
+    cdef size_t run = <size_t>part[ndim - 1] * itemsize
+    cdef size_t offset
+    cdef int64_t rows = 1
+    stride[ndim - 1] = itemsize
+    for k in range(ndim - 2, -1, -1):
+        stride[k] = stride[k + 1] * <size_t>whole[k + 1]
+    for k in range(ndim - 1):
+        index[k] = 0
+        rows *= part[k]
+    if run == 0 or rows == 0:
+        return
+    while True:
+        offset = 0
+        for k in range(ndim - 1):
+            offset += <size_t>index[k] * stride[k]
+        memcpy(dst, src + offset, run)
+        dst += run
+        k = ndim - 2
+        while k >= 0:
+            index[k] += 1
+            if index[k] < part[k]:
+                break
+            index[k] = 0
+            k -= 1
+        if k < 0:
+            return
+
+
+def read_decode(
+    int kind, list paths, list dests, cnp.ndarray stored, cnp.ndarray scratch, cnp.ndarray whole,
+    cnp.ndarray status, cnp.ndarray nbytes, cnp.ndarray times,
+):
+    """Read ``paths[i]`` and decompress it into ``dests[i]`` for every i, with the GIL released once.
+
+    ``stored`` (int64, ``(n, ndim)``) is each tile's stored chunk shape. A
+    tile of that shape is decompressed straight into ``dests[i]``; a smaller
+    one (an edge: the leading block of its chunk) into ``whole`` first, then
+    its block copied. The caller guarantees: ``kind`` is bound; ``paths`` are
+    ``bytes``; ``scratch`` and ``whole`` C-contiguous uint8 buffers; ``status``
+    int32 and ``nbytes`` int64, C-contiguous of ``len(paths)``; ``times``
+    int64 of 2 (read and decode nanoseconds, added to). Fills ``status[i]`` (0
+    when placed) and ``nbytes[i]`` (the file's size).
+    """
+    cdef Py_ssize_t n = len(paths), i
+    cdef int k, ndim = cnp.PyArray_DIMS(stored)[1] if cnp.PyArray_NDIM(stored) == 2 else 0
+    if len(dests) != n or cnp.PyArray_DIMS(status)[0] < n or cnp.PyArray_DIMS(nbytes)[0] < n:
+        raise ValueError("paths, dests, status and nbytes must have one entry per tile")
+    if cnp.PyArray_DIMS(stored)[0] != n or not 1 <= ndim <= 32:
+        raise ValueError("stored must hold one shape of 1 to 32 dims per tile")
+    if kind == ZSTD and not bound(ZSTD) or kind == BLOSC and not bound(BLOSC) or kind not in (ZSTD, BLOSC):
+        raise ValueError(f"codec kind {kind} is not bound")
+    cdef const char** cpaths = <const char**>malloc(max(n, 1) * sizeof(char*))
+    cdef uint8_t** cdst = <uint8_t**>malloc(max(n, 1) * sizeof(void*))
+    cdef size_t* csize = <size_t*>malloc(max(n, 1) * sizeof(size_t))
+    cdef size_t* cwhole = <size_t*>malloc(max(n, 1) * sizeof(size_t))
+    cdef cnp.npy_intp** cpart = <cnp.npy_intp**>malloc(max(n, 1) * sizeof(void*))
+    cdef size_t* citem = <size_t*>malloc(max(n, 1) * sizeof(size_t))
+    if cpaths == NULL or cdst == NULL or csize == NULL or cwhole == NULL or cpart == NULL or citem == NULL:
+        free(cpaths)
+        free(cdst)
+        free(csize)
+        free(cwhole)
+        free(cpart)
+        free(citem)
+        raise MemoryError()
+    cdef cnp.ndarray d
+    cdef bytes path
+    cdef int32_t* st = <int32_t*>cnp.PyArray_DATA(status)
+    cdef int64_t* nb = <int64_t*>cnp.PyArray_DATA(nbytes)
+    cdef int64_t* tm = <int64_t*>cnp.PyArray_DATA(times)
+    cdef const int64_t* shapes = <const int64_t*>cnp.PyArray_DATA(stored)
+    cdef uint8_t* buf = <uint8_t*>cnp.PyArray_DATA(scratch)
+    cdef size_t capacity = <size_t>cnp.PyArray_NBYTES(scratch)
+    cdef uint8_t* wbuf = <uint8_t*>cnp.PyArray_DATA(whole)
+    cdef size_t wcapacity = <size_t>cnp.PyArray_NBYTES(whole)
+    cdef size_t got, full
+    cdef bint same
+    cdef int rc
+    cdef int64_t t0, t1, t2
+    try:
+        if cnp.PyArray_TYPE(stored) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(stored):
+            raise ValueError("stored must be a C-contiguous int64 array")
+        for i in range(n):
+            d = <cnp.ndarray?>dests[i]
+            if not cnp.PyArray_IS_C_CONTIGUOUS(d) or not cnp.PyArray_ISWRITEABLE(d) or cnp.PyArray_NDIM(d) != ndim:
+                raise ValueError(f"dests[{i}] must be C-contiguous, writeable and {ndim}-d")
+            full = <size_t>cnp.PyArray_ITEMSIZE(d)
+            for k in range(ndim):
+                if cnp.PyArray_DIMS(d)[k] > shapes[i * ndim + k] or shapes[i * ndim + k] < 0:
+                    raise ValueError(f"dests[{i}] of shape {(<object>d).shape} is larger than its stored chunk")
+                full *= <size_t>shapes[i * ndim + k]
+            path = <bytes?>paths[i]  # the list keeps it alive for the call
+            cpaths[i] = path
+            cdst[i] = <uint8_t*>cnp.PyArray_DATA(d)
+            csize[i] = <size_t>cnp.PyArray_NBYTES(d)
+            cwhole[i] = full
+            cpart[i] = cnp.PyArray_DIMS(d)
+            citem[i] = <size_t>cnp.PyArray_ITEMSIZE(d)
+        with nogil:
+            for i in range(n):
+                t0 = now_ns()
+                got = 0
+                rc = read_file(cpaths[i], buf, capacity, &got)
+                t1 = now_ns()
+                nb[i] = <int64_t>got
+                same = csize[i] == cwhole[i]
+                if rc == DONE and not same and cwhole[i] > wcapacity:
+                    rc = TOO_BIG
+                if rc == DONE and same:
+                    rc = decode_one(kind, buf, got, cdst[i], csize[i])
+                elif rc == DONE:
+                    rc = decode_one(kind, buf, got, wbuf, cwhole[i])
+                    if rc == DONE:
+                        copy_prefix(wbuf, shapes + i * ndim, cdst[i], cpart[i], ndim, citem[i])
+                t2 = now_ns()
+                st[i] = rc
+                tm[0] += t1 - t0
+                tm[1] += t2 - t1
+    finally:
+        free(cpaths)
+        free(cdst)
+        free(csize)
+        free(cwhole)
+        free(cpart)
+        free(citem)

@@ -1,0 +1,92 @@
+"""A local store's tile group read and decoded in one call, the GIL released once (``_ext/tilegroup``).
+
+A decode thread reading a local directory tile by tile releases and takes
+back the GIL five times per tile (open, fstat, read, close, decode); on small
+tiles those hand-overs, not the codec, set the pace. ``LocalGroups`` sends
+the tiles that allow it — a plain key of a zstd or blosc array whose tiles
+are sample-first — through the kernel in one call: a full tile is decoded
+straight into its own memory, an edge tile into a per-thread chunk whose
+leading block is copied. Every other tile, and any tile the kernel hands back
+(a missing or unreadable file, a frame that does not declare the chunk's
+size), takes the general path, which reads, raises or falls back exactly as
+before.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+
+import numcodecs.blosc
+import numcodecs.zstd
+import numpy as np
+
+import insitubatch._ext.tilegroup as _tilegroup
+
+from ..io.decode import ChunkDecoder
+from ..io.sync_get import _LocalFiles
+from .reader import ArrayReader
+
+__all__ = ["PLACED", "LocalGroups"]
+
+PLACED: int = _tilegroup.PLACED
+
+# the kernel's codec kinds, and the numcodecs extension whose exported entry points it calls
+_ZSTD, _BLOSC = 1, 2
+_KINDS = {numcodecs.zstd.Zstd: (_ZSTD, numcodecs.zstd), numcodecs.blosc.Blosc: (_BLOSC, numcodecs.blosc)}
+_bind_lock = threading.Lock()
+# a file read into the scratch buffer may be this much larger than its decoded tile
+# (zstd's worst case is ~1/256 over, blosc's 16 bytes, plus a frame header)
+_SCRATCH_SLACK = 1 / 128
+_SCRATCH_MIN_EXTRA = 4096
+
+
+def _kind_of(decoder: ChunkDecoder) -> int:
+    """The kernel's codec kind for an array's chunks, or 0 when they go the general way."""
+    entry = _KINDS.get(type(decoder.direct_codec))
+    if entry is None:
+        return 0
+    kind, module = entry
+    with _bind_lock:
+        if not _tilegroup.bound(kind) and not _tilegroup.bind(kind, module.__file__.encode()):
+            return 0  # this numcodecs build does not export the entry points
+    return kind
+
+
+class LocalGroups:
+    """The kernel's side of one pass over a local directory: which arrays qualify, and each thread's buffer."""
+
+    def __init__(
+        self, files: _LocalFiles, decoders: Mapping[str, ChunkDecoder], readers: Sequence[ArrayReader]
+    ) -> None:
+        self.files = files
+        self.kinds = {r.geometry.path: k for r in readers if (k := _kind_of(decoders[r.geometry.path]))}
+        self.stored = {p: decoders[p].shape for p in self.kinds}
+        chunk_bytes = max((decoders[p].dtype.itemsize * int(np.prod(decoders[p].shape)) for p in self.kinds), default=0)
+        self._capacity = int(chunk_bytes * (1 + _SCRATCH_SLACK)) + _SCRATCH_MIN_EXTRA
+        self._whole_bytes = chunk_bytes  # an edge tile's whole stored chunk decodes here before its block is copied
+        self._local = threading.local()
+
+    def run(
+        self, kind: int, paths: list[bytes], dests: list[np.ndarray], stored: list[tuple[int, ...]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Read and decode ``paths[i]`` into ``dests[i]``: ``(status, file bytes, [read_ns, decode_ns])``.
+
+        ``stored[i]`` is the tile's stored chunk shape; a smaller ``dests[i]``
+        (an edge tile) gets the chunk's leading block. ``status[i]`` is 0 for a
+        placed tile; any other leaves ``dests[i]`` untouched for the general path.
+        """
+        local = self._local
+        scratch = getattr(local, "scratch", None)
+        if scratch is None:
+            scratch = local.scratch = np.empty(self._capacity, dtype=np.uint8)
+            local.whole = np.empty(self._whole_bytes, dtype=np.uint8)
+        n = len(paths)
+        status = np.empty(n, dtype=np.int32)
+        nbytes = np.zeros(n, dtype=np.int64)
+        times = np.zeros(2, dtype=np.int64)
+        shapes = np.array(stored, dtype=np.int64).reshape(n, -1)
+        _tilegroup.read_decode(kind, paths, dests, shapes, scratch, local.whole, status, nbytes, times)
+        if (status == _tilegroup.GROW).any():  # a file larger than expected: a bigger buffer next time
+            self._local.scratch = np.empty(2 * len(scratch), dtype=np.uint8)
+        return status, nbytes, times
