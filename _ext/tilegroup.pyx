@@ -73,9 +73,10 @@ cdef enum:
     FRAME = 4          # the frame does not declare the tile's size, or is malformed
     CODEC = 5          # the codec reported an error, or produced another size
 
-# for Python: a placed tile, and a file that did not fit the scratch buffer
+# for Python: a placed tile, a file that did not fit the scratch buffer, the most dims a tile may have
 PLACED = DONE
 GROW = TOO_BIG
+MAX_DIMS = 32
 
 # blosc 1.x header: version, versionlz, flags, typesize, then nbytes, blocksize, cbytes (uint32 LE)
 cdef enum:

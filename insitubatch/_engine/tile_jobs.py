@@ -78,17 +78,17 @@ class _TileJobs:
         (``local_groups``); the rest, and any it hands back, one by one. A
         tile's failure fails its entry only.
         """
+        live = [item for item in group if not self._stopping and item[0].state != FAILED]
+        try:
+            self._place_group(live)
+        except Exception as exc:  # a bug, not a bad chunk (those fail their own entry): the group's entries raise it
+            for entry, *_ in live:
+                self.pool.fail(entry, exc)
+
+    def _place_group(self, live: list[tuple[Entry, ArrayReader, int, int]]) -> None:
         tally = _Tally()
         landed: list[tuple[Entry, int, np.ndarray]] = []
-        live = [item for item in group if not self._stopping and item[0].state != FAILED]
-        rest = live
-        if self._groups is not None:
-            try:
-                rest = self._kernel_tiles(live, tally, landed)
-            except Exception as exc:  # a bug, not a bad chunk: every entry of the group raises it
-                for entry, *_ in live:
-                    self.pool.fail(entry, exc)
-                return
+        rest = live if self._groups is None else self._kernel_tiles(live, tally, landed)
         for entry, reader, chunk_index, tile in rest:
             if self._stopping or entry.state == FAILED:
                 continue  # the pass is stopping, or another tile of the chunk already failed it
@@ -108,7 +108,8 @@ class _TileJobs:
         """Place the group's tiles the kernel takes; returns the others (and those it handed back)."""
         groups = self._groups
         assert groups is not None  # called only for a local directory
-        by_kind: dict[int, tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
+        # one kernel call per codec and rank: a call's tiles share both
+        by_kind: dict[tuple[int, int], tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
         rest = []
         for item in group:
             _, reader, chunk_index, tile = item
@@ -119,12 +120,12 @@ class _TileJobs:
                 rest.append(item)
                 continue
             decoder = self._decoders[g.path]
-            items, paths, dests, stored = by_kind.setdefault(kind, ([], [], [], []))
+            items, paths, dests, stored = by_kind.setdefault((kind, len(decoder.shape)), ([], [], [], []))
             items.append(item)
             paths.append(os.fsencode(path))
             dests.append(self.pool.take_tile(reader.tile_rows_shape(chunk_index, tile), decoder.dtype))
             stored.append(decoder.shape)
-        for kind, (items, paths, dests, stored) in by_kind.items():
+        for (kind, _), (items, paths, dests, stored) in by_kind.items():
             status, nbytes, times = groups.run(kind, paths, dests, stored)
             trace = self.owner.counters.trace
             trace.add("fetch_s", float(times[0]) / 1e9)
