@@ -73,9 +73,10 @@ cdef enum:
     FRAME = 4          # the frame does not declare the tile's size, or is malformed
     CODEC = 5          # the codec reported an error, or produced another size
 
-# for Python: a placed tile, and a file that did not fit the scratch buffer
+# for Python: a placed tile, a file that did not fit the scratch buffer, the most dims a tile may have
 PLACED = DONE
 GROW = TOO_BIG
+MAX_DIMS = 32
 
 # blosc 1.x header: version, versionlz, flags, typesize, then nbytes, blocksize, cbytes (uint32 LE)
 cdef enum:
@@ -337,3 +338,48 @@ def read_decode(
         free(cwhole)
         free(cpart)
         free(citem)
+
+
+def decode_buffer(int kind, cnp.ndarray src, cnp.ndarray dest, cnp.ndarray stored, cnp.ndarray whole) -> int:
+    """Decompress one chunk held in memory into ``dest``, GIL released: ``read_decode`` for bytes already read.
+
+    ``src`` is the chunk's bytes (C-contiguous), ``stored`` (int64, 1-d) its
+    shape, ``dest`` a C-contiguous writeable tile of as many dims, no larger;
+    a smaller one gets the chunk's leading block through ``whole``. Returns
+    0 when placed; any other status leaves ``dest`` untouched.
+    """
+    cdef int ndim = cnp.PyArray_NDIM(dest), k
+    if not bound(kind):
+        raise ValueError(f"codec kind {kind} is not bound")
+    if (cnp.PyArray_TYPE(stored) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(stored)
+            or cnp.PyArray_NDIM(stored) != 1 or cnp.PyArray_DIMS(stored)[0] != ndim or not 1 <= ndim <= 32):
+        raise ValueError("stored must be a C-contiguous int64 shape with one entry per dim of dest (1 to 32)")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(dest) or not cnp.PyArray_ISWRITEABLE(dest):
+        raise ValueError("dest must be C-contiguous and writeable")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(src) or not cnp.PyArray_IS_C_CONTIGUOUS(whole):
+        raise ValueError("src and whole must be C-contiguous")
+    cdef const int64_t* shape = <const int64_t*>cnp.PyArray_DATA(stored)
+    cdef size_t itemsize = <size_t>cnp.PyArray_ITEMSIZE(dest)
+    cdef size_t full = itemsize
+    for k in range(ndim):
+        if shape[k] < 0 or cnp.PyArray_DIMS(dest)[k] > shape[k]:
+            raise ValueError(f"dest of shape {(<object>dest).shape} is larger than its stored chunk")
+        full *= <size_t>shape[k]
+    cdef const uint8_t* s = <const uint8_t*>cnp.PyArray_DATA(src)
+    cdef size_t n = <size_t>cnp.PyArray_NBYTES(src)
+    cdef uint8_t* d = <uint8_t*>cnp.PyArray_DATA(dest)
+    cdef size_t size = <size_t>cnp.PyArray_NBYTES(dest)
+    cdef uint8_t* w = <uint8_t*>cnp.PyArray_DATA(whole)
+    cdef size_t wcapacity = <size_t>cnp.PyArray_NBYTES(whole)
+    cdef cnp.npy_intp* part = cnp.PyArray_DIMS(dest)
+    cdef int rc
+    with nogil:
+        if size == full:
+            rc = decode_one(kind, s, n, d, size)
+        elif full > wcapacity:
+            rc = TOO_BIG
+        else:
+            rc = decode_one(kind, s, n, w, full)
+            if rc == DONE:
+                copy_prefix(w, shape, d, part, ndim, itemsize)
+    return rc

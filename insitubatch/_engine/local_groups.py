@@ -1,5 +1,8 @@
 """A local store's tile group read and decoded in one call, the GIL released once (``_ext/tilegroup``).
 
+``decode_buffer`` is the same kernel for one tile whose bytes are already in
+memory (a network store's).
+
 A decode thread reading a local directory tile by tile releases and takes
 back the GIL five times per tile (open, fstat, read, close, decode); on small
 tiles those hand-overs, not the codec, set the pace. ``LocalGroups`` sends
@@ -14,6 +17,7 @@ before.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -27,7 +31,7 @@ from ..io.decode import ChunkDecoder
 from ..io.sync_get import _LocalFiles
 from .reader import ArrayReader
 
-__all__ = ["PLACED", "LocalGroups"]
+__all__ = ["PLACED", "LocalGroups", "decode_buffer", "kernel_kind"]
 
 PLACED: int = _tilegroup.PLACED
 
@@ -39,16 +43,17 @@ _bind_lock = threading.Lock()
 # (zstd's worst case is ~1/256 over, blosc's 16 bytes, plus a frame header)
 _SCRATCH_SLACK = 1 / 128
 _SCRATCH_MIN_EXTRA = 4096
+_SCRATCH_MAX_GROWTH = 4
 
 
-def _kind_of(decoder: ChunkDecoder) -> int:
+def kernel_kind(decoder: ChunkDecoder) -> int:
     """The kernel's codec kind for an array's chunks, or 0 when they go the general way."""
     entry = _KINDS.get(type(decoder.direct_codec))
-    if entry is None:
+    if entry is None or not 1 <= len(decoder.shape) <= _tilegroup.MAX_DIMS:
         return 0
     kind, module = entry
     with _bind_lock:
-        if not _tilegroup.bound(kind) and not _tilegroup.bind(kind, module.__file__.encode()):
+        if not _tilegroup.bound(kind) and not _tilegroup.bind(kind, os.fsencode(module.__file__)):
             return 0  # this numcodecs build does not export the entry points
     return kind
 
@@ -60,10 +65,13 @@ class LocalGroups:
         self, files: _LocalFiles, decoders: Mapping[str, ChunkDecoder], readers: Sequence[ArrayReader]
     ) -> None:
         self.files = files
-        self.kinds = {r.geometry.path: k for r in readers if (k := _kind_of(decoders[r.geometry.path]))}
+        self.kinds = {r.geometry.path: k for r in readers if (k := kernel_kind(decoders[r.geometry.path]))}
         self.stored = {p: decoders[p].shape for p in self.kinds}
         chunk_bytes = max((decoders[p].dtype.itemsize * int(np.prod(decoders[p].shape)) for p in self.kinds), default=0)
         self._capacity = int(chunk_bytes * (1 + _SCRATCH_SLACK)) + _SCRATCH_MIN_EXTRA
+        # a file larger than this (a chunk stored uncompressible and padded, or not a chunk at all) goes the
+        # general way rather than growing every decode thread's buffer without bound
+        self._max_capacity = _SCRATCH_MAX_GROWTH * self._capacity
         self._whole_bytes = chunk_bytes  # an edge tile's whole stored chunk decodes here before its block is copied
         self._local = threading.local()
 
@@ -87,6 +95,17 @@ class LocalGroups:
         times = np.zeros(2, dtype=np.int64)
         shapes = np.array(stored, dtype=np.int64).reshape(n, -1)
         _tilegroup.read_decode(kind, paths, dests, shapes, scratch, local.whole, status, nbytes, times)
-        if (status == _tilegroup.GROW).any():  # a file larger than expected: a bigger buffer next time
-            self._local.scratch = np.empty(2 * len(scratch), dtype=np.uint8)
+        if (status == _tilegroup.GROW).any() and len(scratch) < self._max_capacity:  # a bigger buffer next time
+            local.scratch = np.empty(min(2 * len(scratch), self._max_capacity), dtype=np.uint8)
         return status, nbytes, times
+
+
+def decode_buffer(kind: int, raw: np.ndarray, dest: np.ndarray, stored: tuple[int, ...], whole: np.ndarray) -> int:
+    """Decompress one chunk's bytes (a flat uint8 array) into ``dest``, GIL released; ``PLACED`` when done.
+
+    For a tile whose bytes came over the network: the frame checks, the
+    decompression and an edge tile's copy out of ``whole`` (a uint8 buffer of
+    at least the chunk's bytes) in one C call. Any other status leaves
+    ``dest`` untouched for the general path.
+    """
+    return _tilegroup.decode_buffer(kind, raw, dest, np.asarray(stored, dtype=np.int64), whole)

@@ -210,7 +210,7 @@ class ChunkPool:
         one wakes the consumer.
         """
         with self.lock:
-            if not self._can_take(owner, nbytes):
+            if owner.closed or not self._can_take(owner, nbytes):  # closed: its driver is being cancelled
                 return None, False
             entry = self._pin_existing(key, owner)
             admitted = entry is None
@@ -345,6 +345,8 @@ class ChunkPool:
     def stage(self, entry: Entry, tile_index: int, tile: object) -> bool:
         """Hold a tile of an entry finished as a whole (assembled, transformed or persisted); True for its last."""
         with self.lock:
+            if entry.state != PENDING:  # finished or failed meanwhile (a late tile of a handed-over fetch)
+                return False
             self._landed(entry, tile_index, tile)
             return entry.remaining == 0
 

@@ -33,7 +33,7 @@ from ..io.decode import make_decoder
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
 from .landings import _Landings, _release
-from .local_groups import LocalGroups
+from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
@@ -105,6 +105,11 @@ class PassDriver(_TileJobs):
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
         # a local directory's full tiles, decoded straight into their own memory, go through the group kernel
+        self._kinds = {
+            path: k
+            for path, r in readers.items()
+            if r.geometry.sample_axis == 0 and (k := kernel_kind(self._decoders[path]))
+        }
         eligible = [r for r in readers.values() if not r.pipeline and r.geometry.sample_axis == 0]
         self._groups = (
             LocalGroups(self._get_sync, self._decoders, eligible)

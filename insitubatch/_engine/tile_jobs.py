@@ -19,12 +19,12 @@ from zarr.abc.buffer import BufferPrototype
 from ..cache import DiskCache
 from ..errors import BadChunkError, StoreReadError
 from ..io.decode import ChunkDecoder
-from ..io.direct import ChunkData
+from ..io.direct import ChunkData, _as_uint8
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
 from .kernels import assemble_tiles, fill_region
 from .landings import _Tally
-from .local_groups import PLACED, LocalGroups
+from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
 
@@ -50,6 +50,7 @@ class _TileJobs:
     _prototype: BufferPrototype
     _get_sync: Callable[..., ChunkData | None] | None
     _groups: LocalGroups | None
+    _kinds: dict[str, int]  # per array path: the tilegroup kernel's codec kind (sample-first zstd/blosc arrays)
     _scratches: threading.local
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
@@ -78,17 +79,17 @@ class _TileJobs:
         (``local_groups``); the rest, and any it hands back, one by one. A
         tile's failure fails its entry only.
         """
+        live = [item for item in group if not self._stopping and item[0].state != FAILED]
+        try:
+            self._place_group(live)
+        except Exception as exc:  # a bug, not a bad chunk (those fail their own entry): the group's entries raise it
+            for entry, *_ in live:
+                self.pool.fail(entry, exc)
+
+    def _place_group(self, live: list[tuple[Entry, ArrayReader, int, int]]) -> None:
         tally = _Tally()
         landed: list[tuple[Entry, int, np.ndarray]] = []
-        live = [item for item in group if not self._stopping and item[0].state != FAILED]
-        rest = live
-        if self._groups is not None:
-            try:
-                rest = self._kernel_tiles(live, tally, landed)
-            except Exception as exc:  # a bug, not a bad chunk: every entry of the group raises it
-                for entry, *_ in live:
-                    self.pool.fail(entry, exc)
-                return
+        rest = live if self._groups is None else self._kernel_tiles(live, tally, landed)
         for entry, reader, chunk_index, tile in rest:
             if self._stopping or entry.state == FAILED:
                 continue  # the pass is stopping, or another tile of the chunk already failed it
@@ -108,7 +109,8 @@ class _TileJobs:
         """Place the group's tiles the kernel takes; returns the others (and those it handed back)."""
         groups = self._groups
         assert groups is not None  # called only for a local directory
-        by_kind: dict[int, tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
+        # one kernel call per codec and rank: a call's tiles share both
+        by_kind: dict[tuple[int, int], tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
         rest = []
         for item in group:
             _, reader, chunk_index, tile = item
@@ -119,12 +121,12 @@ class _TileJobs:
                 rest.append(item)
                 continue
             decoder = self._decoders[g.path]
-            items, paths, dests, stored = by_kind.setdefault(kind, ([], [], [], []))
+            items, paths, dests, stored = by_kind.setdefault((kind, len(decoder.shape)), ([], [], [], []))
             items.append(item)
             paths.append(os.fsencode(path))
             dests.append(self.pool.take_tile(reader.tile_rows_shape(chunk_index, tile), decoder.dtype))
             stored.append(decoder.shape)
-        for kind, (items, paths, dests, stored) in by_kind.items():
+        for (kind, _), (items, paths, dests, stored) in by_kind.items():
             status, nbytes, times = groups.run(kind, paths, dests, stored)
             trace = self.owner.counters.trace
             trace.add("fetch_s", float(times[0]) / 1e9)
@@ -183,10 +185,12 @@ class _TileJobs:
     def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
         """Decode one stored chunk into a sample-first tile of its own, clipped to the array (decode thread).
 
-        A full tile of a sample-axis-0 array is decoded straight into the
-        tile's own memory, a clipped one into a per-thread scratch chunk and
-        its valid part copied; any other is decoded whole and its clipped,
-        sample-first part copied once. The destination comes from the pool
+        A zstd or blosc tile of a sample-axis-0 array goes through the
+        tilegroup kernel. Otherwise a full tile of a sample-axis-0 array is
+        decoded straight into the tile's own memory, a clipped one into a
+        per-thread scratch chunk and its valid part copied; any other is
+        decoded whole and its clipped, sample-first part copied once. The
+        destination comes from the pool
         (``ChunkPool.take_tile``: an evicted tile nobody references, or new
         memory) and is overwritten whole. Either way the tile owns its memory:
         it never aliases the store's or a codec's buffers, and is writeable.
@@ -195,7 +199,39 @@ class _TileJobs:
         t0 = time.perf_counter()
         decoder = self._decoders[g.path]
         shape = reader.tile_rows_shape(chunk_index, tile)
-        # a recycled tile's stale contents are overwritten whole by either branch
+        kind = self._kinds.get(g.path, 0) if buf is not None else 0
+        data = self._kernel_tile(kind, buf, shape, decoder) if kind else None
+        if data is None:
+            data = self._general_tile(reader, chunk_index, tile, coord, buf, shape, decoder)
+        self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
+        if reader.pipeline and g.tiles_per_chunk == 1:
+            data = self._transform(reader, chunk_index, data)
+        return data
+
+    def _kernel_tile(self, kind: int, buf, shape: tuple[int, ...], decoder: ChunkDecoder) -> np.ndarray | None:
+        """Decode thread: a zstd/blosc tile of a sample-first array, frame checks, decode and an edge's copy in C.
+
+        None when the kernel hands it back (the general path then raises or falls back).
+        """
+        dest = self.pool.take_tile(shape, decoder.dtype)  # stale contents: overwritten whole when placed
+        whole = self._scratch(decoder.shape, decoder.dtype).reshape(-1).view(np.uint8)
+        return dest if decode_buffer(kind, _as_uint8(buf), dest, decoder.shape, whole) == PLACED else None
+
+    def _general_tile(
+        self,
+        reader: ArrayReader,
+        chunk_index: int,
+        tile: int,
+        coord,
+        buf,
+        shape: tuple[int, ...],
+        decoder: ChunkDecoder,
+    ) -> np.ndarray:
+        """Decode thread: a tile through the decoder's chain, then its clipped, sample-first part into pool memory.
+
+        The destination comes from the pool and is overwritten whole.
+        """
+        g = reader.geometry
         if g.sample_axis == 0 and shape == decoder.shape:
             data = self.pool.take_tile(shape, decoder.dtype)
             decoder.decode_into(buf, coord, data)
@@ -208,9 +244,6 @@ class _TileJobs:
             raw = decoder(buf, coord)
             data = self.pool.take_tile(shape, raw.dtype)
             np.copyto(data, np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0))
-        self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
-        if reader.pipeline and g.tiles_per_chunk == 1:
-            data = self._transform(reader, chunk_index, data)
         return data
 
     def _scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

@@ -156,3 +156,18 @@ def test_awaited_bytes_follow_every_landing_failure_and_hand_over() -> None:
     assert pool.awaited_bytes == ENTRY_BYTES == _awaited_by_hand(pool)
     pool.close_owner(waiter)  # abandoned: dropped, awaiting nothing
     assert pool.awaited_bytes == 0 == _awaited_by_hand(pool)
+
+
+def test_a_closed_owner_claims_nothing_and_a_finished_entry_takes_no_late_tile() -> None:
+    pool = ChunkPool(None)
+    owner = pool.open_owner(4 * ENTRY_BYTES, 8)
+    published: list = [None]
+    pool.close_owner(owner)  # its driver may still run a step before it is cancelled
+    assert pool.claim(("a", 0), ENTRY_BYTES, np.zeros((1, 1), np.int64), owner, True, published, 0) == (None, False)
+    assert len(pool) == 0 and published == [None]  # nothing pinned for, or fetched by, a closed pass
+
+    live = pool.open_owner(4 * ENTRY_BYTES, 8)
+    entry = pool.admit(("a", 1), ENTRY_BYTES, np.zeros((2, 1), np.int64), live)
+    assert pool.replace_tiles(entry, [TILE], np.zeros((1, 1), np.int64))  # finished as a whole
+    assert not pool.stage(entry, 1, TILE)  # a late tile of an earlier fetcher changes nothing
+    assert entry.state == READY and entry.tiles == [TILE] and entry.remaining == 0
