@@ -73,10 +73,14 @@ cdef enum:
     FRAME = 4          # the frame does not declare the tile's size, or is malformed
     CODEC = 5          # the codec reported an error, or produced another size
 
+# the most dims a tile may have (copy_prefix's odometer)
+cdef enum:
+    MAX_DIMS_C = 32
+
 # for Python: a placed tile, a file that did not fit the scratch buffer, the most dims a tile may have
 PLACED = DONE
 GROW = TOO_BIG
-MAX_DIMS = 32
+MAX_DIMS = MAX_DIMS_C
 
 # blosc 1.x header: version, versionlz, flags, typesize, then nbytes, blocksize, cbytes (uint32 LE)
 cdef enum:
@@ -210,8 +214,8 @@ cdef void copy_prefix(
     const uint8_t* src, const int64_t* whole, uint8_t* dst, const cnp.npy_intp* part, int ndim, size_t itemsize,
 ) noexcept nogil:
     """Copy the leading ``part`` block of a C-order ``whole``-shaped array into a contiguous ``dst``."""
-    cdef int64_t index[32]
-    cdef size_t stride[32]
+    cdef int64_t index[MAX_DIMS_C]
+    cdef size_t stride[MAX_DIMS_C]
     cdef int k
     cdef size_t run = <size_t>part[ndim - 1] * itemsize
     cdef size_t offset
@@ -241,6 +245,55 @@ cdef void copy_prefix(
             return
 
 
+cdef struct Tile:
+    const char* path      # read_decode: the chunk file
+    uint8_t* dst          # the tile's memory
+    size_t size           # its bytes
+    size_t whole          # its stored chunk's bytes (== size for a full tile)
+    const int64_t* shape  # its stored chunk's shape
+    cnp.npy_intp* part    # its own shape (an edge tile's leading block)
+    size_t itemsize
+
+
+cdef int describe(Tile* tile, object dest, const int64_t* shape, int ndim, Py_ssize_t index) except -1:
+    """Check a destination tile against its stored chunk's shape (GIL held) and fill in ``tile``."""
+    cdef cnp.ndarray d = <cnp.ndarray?>dest
+    cdef int k
+    if not cnp.PyArray_IS_C_CONTIGUOUS(d) or not cnp.PyArray_ISWRITEABLE(d) or cnp.PyArray_NDIM(d) != ndim:
+        raise ValueError(f"dests[{index}] must be C-contiguous, writeable and {ndim}-d; stored has one entry per dim")
+    tile.itemsize = <size_t>cnp.PyArray_ITEMSIZE(d)
+    tile.whole = tile.itemsize
+    for k in range(ndim):
+        if shape[k] < 0 or cnp.PyArray_DIMS(d)[k] > shape[k]:
+            raise ValueError(f"dests[{index}] of shape {dest.shape} is larger than its stored chunk")
+        tile.whole *= <size_t>shape[k]
+    tile.dst = <uint8_t*>cnp.PyArray_DATA(d)
+    tile.size = <size_t>cnp.PyArray_NBYTES(d)
+    tile.shape = shape
+    tile.part = cnp.PyArray_DIMS(d)
+    return 0
+
+
+cdef int place(int kind, const uint8_t* src, size_t n, const Tile* tile, int ndim, uint8_t* whole,
+               size_t wcapacity) noexcept nogil:
+    """Decompress ``src`` into the tile: straight in when full, else its chunk into ``whole`` and the block out."""
+    cdef int rc
+    if tile.size == tile.whole:
+        return decode_one(kind, src, n, tile.dst, tile.size)
+    if tile.whole > wcapacity:
+        return TOO_BIG
+    rc = decode_one(kind, src, n, whole, tile.whole)
+    if rc == DONE:
+        copy_prefix(whole, tile.shape, tile.dst, tile.part, ndim, tile.itemsize)
+    return rc
+
+
+cdef int check_kind(int kind) except -1:
+    if kind not in (ZSTD, BLOSC) or not bound(kind):
+        raise ValueError(f"codec kind {kind} is not bound")
+    return 0
+
+
 def read_decode(
     int kind, list paths, list dests, cnp.ndarray stored, cnp.ndarray scratch, cnp.ndarray whole,
     cnp.ndarray status, cnp.ndarray nbytes, cnp.ndarray times,
@@ -250,94 +303,55 @@ def read_decode(
     ``stored`` (int64, ``(n, ndim)``) is each tile's stored chunk shape. A
     tile of that shape is decompressed straight into ``dests[i]``; a smaller
     one (an edge: the leading block of its chunk) into ``whole`` first, then
-    its block copied. The caller guarantees: ``kind`` is bound; ``paths`` are
-    ``bytes``; ``scratch`` and ``whole`` C-contiguous uint8 buffers; ``status``
-    int32 and ``nbytes`` int64, C-contiguous of ``len(paths)``; ``times``
-    int64 of 2 (read and decode nanoseconds, added to). Fills ``status[i]`` (0
-    when placed) and ``nbytes[i]`` (the file's size).
+    its block copied. The caller guarantees: ``paths`` are ``bytes``;
+    ``scratch`` and ``whole`` C-contiguous uint8 buffers; ``status`` int32 and
+    ``nbytes`` int64, C-contiguous of ``len(paths)``; ``times`` int64 of 2
+    (read and decode nanoseconds, added to). Fills ``status[i]`` (0 when
+    placed) and ``nbytes[i]`` (the file's size).
     """
     cdef Py_ssize_t n = len(paths), i
-    cdef int k, ndim = cnp.PyArray_DIMS(stored)[1] if cnp.PyArray_NDIM(stored) == 2 else 0
+    cdef int ndim = cnp.PyArray_DIMS(stored)[1] if cnp.PyArray_NDIM(stored) == 2 else 0
+    check_kind(kind)
     if len(dests) != n or cnp.PyArray_DIMS(status)[0] < n or cnp.PyArray_DIMS(nbytes)[0] < n:
         raise ValueError("paths, dests, status and nbytes must have one entry per tile")
-    if cnp.PyArray_DIMS(stored)[0] != n or not 1 <= ndim <= 32:
-        raise ValueError("stored must hold one shape of 1 to 32 dims per tile")
-    if kind == ZSTD and not bound(ZSTD) or kind == BLOSC and not bound(BLOSC) or kind not in (ZSTD, BLOSC):
-        raise ValueError(f"codec kind {kind} is not bound")
-    cdef const char** cpaths = <const char**>malloc(max(n, 1) * sizeof(char*))
-    cdef uint8_t** cdst = <uint8_t**>malloc(max(n, 1) * sizeof(void*))
-    cdef size_t* csize = <size_t*>malloc(max(n, 1) * sizeof(size_t))
-    cdef size_t* cwhole = <size_t*>malloc(max(n, 1) * sizeof(size_t))
-    cdef cnp.npy_intp** cpart = <cnp.npy_intp**>malloc(max(n, 1) * sizeof(void*))
-    cdef size_t* citem = <size_t*>malloc(max(n, 1) * sizeof(size_t))
-    if cpaths == NULL or cdst == NULL or csize == NULL or cwhole == NULL or cpart == NULL or citem == NULL:
-        free(cpaths)
-        free(cdst)
-        free(csize)
-        free(cwhole)
-        free(cpart)
-        free(citem)
+    if (cnp.PyArray_TYPE(stored) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(stored)
+            or cnp.PyArray_DIMS(stored)[0] != n or not 1 <= ndim <= MAX_DIMS_C):
+        raise ValueError(f"stored must be a C-contiguous int64 array of one shape of 1 to {MAX_DIMS} dims per tile")
+    cdef Tile* tiles = <Tile*>malloc(max(n, 1) * sizeof(Tile))
+    if tiles == NULL:
         raise MemoryError()
-    cdef cnp.ndarray d
-    cdef bytes path
+    cdef const int64_t* shapes = <const int64_t*>cnp.PyArray_DATA(stored)
     cdef int32_t* st = <int32_t*>cnp.PyArray_DATA(status)
     cdef int64_t* nb = <int64_t*>cnp.PyArray_DATA(nbytes)
     cdef int64_t* tm = <int64_t*>cnp.PyArray_DATA(times)
-    cdef const int64_t* shapes = <const int64_t*>cnp.PyArray_DATA(stored)
     cdef uint8_t* buf = <uint8_t*>cnp.PyArray_DATA(scratch)
     cdef size_t capacity = <size_t>cnp.PyArray_NBYTES(scratch)
     cdef uint8_t* wbuf = <uint8_t*>cnp.PyArray_DATA(whole)
     cdef size_t wcapacity = <size_t>cnp.PyArray_NBYTES(whole)
-    cdef size_t got, full
-    cdef bint same
+    cdef bytes path
+    cdef size_t got
     cdef int rc
     cdef int64_t t0, t1, t2
     try:
-        if cnp.PyArray_TYPE(stored) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(stored):
-            raise ValueError("stored must be a C-contiguous int64 array")
         for i in range(n):
-            d = <cnp.ndarray?>dests[i]
-            if not cnp.PyArray_IS_C_CONTIGUOUS(d) or not cnp.PyArray_ISWRITEABLE(d) or cnp.PyArray_NDIM(d) != ndim:
-                raise ValueError(f"dests[{i}] must be C-contiguous, writeable and {ndim}-d")
-            full = <size_t>cnp.PyArray_ITEMSIZE(d)
-            for k in range(ndim):
-                if cnp.PyArray_DIMS(d)[k] > shapes[i * ndim + k] or shapes[i * ndim + k] < 0:
-                    raise ValueError(f"dests[{i}] of shape {(<object>d).shape} is larger than its stored chunk")
-                full *= <size_t>shapes[i * ndim + k]
+            describe(&tiles[i], dests[i], shapes + i * ndim, ndim, i)
             path = <bytes?>paths[i]  # the list keeps it alive for the call
-            cpaths[i] = path
-            cdst[i] = <uint8_t*>cnp.PyArray_DATA(d)
-            csize[i] = <size_t>cnp.PyArray_NBYTES(d)
-            cwhole[i] = full
-            cpart[i] = cnp.PyArray_DIMS(d)
-            citem[i] = <size_t>cnp.PyArray_ITEMSIZE(d)
+            tiles[i].path = path
         with nogil:
             for i in range(n):
                 t0 = now_ns()
                 got = 0
-                rc = read_file(cpaths[i], buf, capacity, &got)
+                rc = read_file(tiles[i].path, buf, capacity, &got)
                 t1 = now_ns()
                 nb[i] = <int64_t>got
-                same = csize[i] == cwhole[i]
-                if rc == DONE and not same and cwhole[i] > wcapacity:
-                    rc = TOO_BIG
-                if rc == DONE and same:
-                    rc = decode_one(kind, buf, got, cdst[i], csize[i])
-                elif rc == DONE:
-                    rc = decode_one(kind, buf, got, wbuf, cwhole[i])
-                    if rc == DONE:
-                        copy_prefix(wbuf, shapes + i * ndim, cdst[i], cpart[i], ndim, citem[i])
+                if rc == DONE:
+                    rc = place(kind, buf, got, &tiles[i], ndim, wbuf, wcapacity)
                 t2 = now_ns()
                 st[i] = rc
                 tm[0] += t1 - t0
                 tm[1] += t2 - t1
     finally:
-        free(cpaths)
-        free(cdst)
-        free(csize)
-        free(cwhole)
-        free(cpart)
-        free(citem)
+        free(tiles)
 
 
 def decode_buffer(int kind, cnp.ndarray src, cnp.ndarray dest, cnp.ndarray stored, cnp.ndarray whole) -> int:
@@ -348,38 +362,20 @@ def decode_buffer(int kind, cnp.ndarray src, cnp.ndarray dest, cnp.ndarray store
     a smaller one gets the chunk's leading block through ``whole``. Returns
     0 when placed; any other status leaves ``dest`` untouched.
     """
-    cdef int ndim = cnp.PyArray_NDIM(dest), k
-    if not bound(kind):
-        raise ValueError(f"codec kind {kind} is not bound")
+    cdef int ndim = cnp.PyArray_NDIM(dest)
+    check_kind(kind)
     if (cnp.PyArray_TYPE(stored) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(stored)
-            or cnp.PyArray_NDIM(stored) != 1 or cnp.PyArray_DIMS(stored)[0] != ndim or not 1 <= ndim <= 32):
-        raise ValueError("stored must be a C-contiguous int64 shape with one entry per dim of dest (1 to 32)")
-    if not cnp.PyArray_IS_C_CONTIGUOUS(dest) or not cnp.PyArray_ISWRITEABLE(dest):
-        raise ValueError("dest must be C-contiguous and writeable")
+            or cnp.PyArray_NDIM(stored) != 1 or cnp.PyArray_DIMS(stored)[0] != ndim or not 1 <= ndim <= MAX_DIMS_C):
+        raise ValueError(f"stored must be a C-contiguous int64 shape with one entry per dim of dest (1 to {MAX_DIMS})")
     if not cnp.PyArray_IS_C_CONTIGUOUS(src) or not cnp.PyArray_IS_C_CONTIGUOUS(whole):
         raise ValueError("src and whole must be C-contiguous")
-    cdef const int64_t* shape = <const int64_t*>cnp.PyArray_DATA(stored)
-    cdef size_t itemsize = <size_t>cnp.PyArray_ITEMSIZE(dest)
-    cdef size_t full = itemsize
-    for k in range(ndim):
-        if shape[k] < 0 or cnp.PyArray_DIMS(dest)[k] > shape[k]:
-            raise ValueError(f"dest of shape {(<object>dest).shape} is larger than its stored chunk")
-        full *= <size_t>shape[k]
+    cdef Tile tile
+    describe(&tile, dest, <const int64_t*>cnp.PyArray_DATA(stored), ndim, 0)
     cdef const uint8_t* s = <const uint8_t*>cnp.PyArray_DATA(src)
     cdef size_t n = <size_t>cnp.PyArray_NBYTES(src)
-    cdef uint8_t* d = <uint8_t*>cnp.PyArray_DATA(dest)
-    cdef size_t size = <size_t>cnp.PyArray_NBYTES(dest)
     cdef uint8_t* w = <uint8_t*>cnp.PyArray_DATA(whole)
     cdef size_t wcapacity = <size_t>cnp.PyArray_NBYTES(whole)
-    cdef cnp.npy_intp* part = cnp.PyArray_DIMS(dest)
     cdef int rc
     with nogil:
-        if size == full:
-            rc = decode_one(kind, s, n, d, size)
-        elif full > wcapacity:
-            rc = TOO_BIG
-        else:
-            rc = decode_one(kind, s, n, w, full)
-            if rc == DONE:
-                copy_prefix(w, shape, d, part, ndim, itemsize)
+        rc = place(kind, s, n, &tile, ndim, w, wcapacity)
     return rc

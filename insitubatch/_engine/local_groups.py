@@ -1,8 +1,5 @@
 """A local store's tile group read and decoded in one call, the GIL released once (``_ext/tilegroup``).
 
-``decode_buffer`` is the same kernel for one tile whose bytes are already in
-memory (a network store's).
-
 A decode thread reading a local directory tile by tile releases and takes
 back the GIL five times per tile (open, fstat, read, close, decode); on small
 tiles those hand-overs, not the codec, set the pace. ``LocalGroups`` sends
@@ -12,7 +9,8 @@ straight into its own memory, an edge tile into a per-thread chunk whose
 leading block is copied. Every other tile, and any tile the kernel hands back
 (a missing or unreadable file, a frame that does not declare the chunk's
 size), takes the general path, which reads, raises or falls back exactly as
-before.
+before. ``decode_buffer`` is the same kernel for one tile whose bytes are
+already in memory (a network store's).
 """
 
 from __future__ import annotations
@@ -66,7 +64,6 @@ class LocalGroups:
     ) -> None:
         self.files = files
         self.kinds = {r.geometry.path: k for r in readers if (k := kernel_kind(decoders[r.geometry.path]))}
-        self.stored = {p: decoders[p].shape for p in self.kinds}
         chunk_bytes = max((decoders[p].dtype.itemsize * int(np.prod(decoders[p].shape)) for p in self.kinds), default=0)
         self._capacity = int(chunk_bytes * (1 + _SCRATCH_SLACK)) + _SCRATCH_MIN_EXTRA
         # a file larger than this (a chunk stored uncompressible and padded, or not a chunk at all) goes the

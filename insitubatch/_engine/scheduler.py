@@ -111,11 +111,10 @@ class PassDriver(_TileJobs):
             if r.geometry.sample_axis == 0 and (k := kernel_kind(self._decoders[path]))
         }
         eligible = [r for r in readers.values() if not r.pipeline and r.geometry.sample_axis == 0]
-        self._groups = (
-            LocalGroups(self._get_sync, self._decoders, eligible)
-            if isinstance(self._get_sync, _LocalFiles) and cache is None and eligible
-            else None
-        )
+        self._groups: LocalGroups | None = None
+        if isinstance(self._get_sync, _LocalFiles) and cache is None and eligible:
+            groups = LocalGroups(self._get_sync, self._decoders, eligible)
+            self._groups = groups if groups.kinds else None  # no zstd/blosc array: every tile goes the general way
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
         self._pump: asyncio.Task | None = None
