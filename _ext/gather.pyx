@@ -64,6 +64,10 @@ cdef enum:
     # Below this many bytes a batch is copied by the calling thread alone: waking an
     # OpenMP team costs a few microseconds, about what a copy this size takes.
     PARALLEL_MIN_BYTES = 1 << 20
+    # Below this many bytes a batch is copied with the GIL held: such a copy takes tens of
+    # microseconds, while taking the GIL back from busy decode and loop threads can cost
+    # milliseconds (the interpreter's switch interval is 5 ms); bench.engine_probe on small tiles.
+    GIL_RELEASE_MIN_BYTES = 1 << 20
 
 
 def gather_runs(cnp.ndarray out, tuple tiles, cnp.ndarray origins, cnp.ndarray runs,
@@ -101,21 +105,24 @@ def gather_runs(cnp.ndarray out, tuple tiles, cnp.ndarray origins, cnp.ndarray r
         bad = scan_tiles(tiles, out, corners, shapes, ptrs, &status)
         if status != OK:
             return status, bad
-        with nogil:
-            bad = check_runs(run, n_runs, shapes, ndim, n_tiles, cnp.PyArray_DIMS(out)[0])
-            if bad >= 0:
-                status = RUN_OUTSIDE
-            elif build_table(&tab, ptrs, shapes, corners, n_tiles, cnp.PyArray_DIMS(out), ndim,
-                             cnp.PyArray_ITEMSIZE(out), False) != 0:
-                status = NO_MEMORY
-            else:
-                for r in range(n_runs):
-                    moved += run[4 * r + 3] * tab.geoms[run[4 * r]].row_bytes
-                tab.stream = moved >= stream_min_bytes
+        bad = check_runs(run, n_runs, shapes, ndim, n_tiles, cnp.PyArray_DIMS(out)[0])
+        if bad >= 0:
+            return RUN_OUTSIDE, bad
+        if build_table(&tab, ptrs, shapes, corners, n_tiles, cnp.PyArray_DIMS(out), ndim,
+                       cnp.PyArray_ITEMSIZE(out), False) != 0:
+            return NO_MEMORY, -1
+        for r in range(n_runs):
+            moved += run[4 * r + 3] * tab.geoms[run[4 * r]].row_bytes
+        tab.stream = moved >= stream_min_bytes
+        if moved < GIL_RELEASE_MIN_BYTES:  # a copy this small costs less than taking the GIL back after it
+            for r in range(n_runs):
+                copy_rows(&tab, dst, run[4 * r], run[4 * r + 1], run[4 * r + 2], run[4 * r + 3])
+        else:
+            with nogil:
                 for r in prange(n_runs, schedule="dynamic",
                                 use_threads_if=n_runs > 1 and moved >= PARALLEL_MIN_BYTES):
                     copy_rows(&tab, dst, run[4 * r], run[4 * r + 1], run[4 * r + 2], run[4 * r + 3])
-                free_table(&tab)
+        free_table(&tab)
         return status, bad
     finally:
         free(ptrs)
@@ -158,26 +165,26 @@ def batch_runs(cnp.ndarray samples, cnp.int64_t size, Py_ssize_t n_tiles):
     cdef cnp.ndarray table = cnp.PyArray_EMPTY(2, [max(n * n_tiles, 1), 4], cnp.NPY_INT64, 0)
     cdef cnp.int64_t* run = <cnp.int64_t*>cnp.PyArray_DATA(table)
     cdef cnp.int64_t c, w, tile
-    with nogil:
+    # O(samples x tiles) integer work, with the GIL held: far cheaper than giving it up and taking it back
+    for i in range(n):
+        u[i] = s[i] // size
+    qsort(u, n, sizeof(cnp.int64_t), cmp_int64)
+    for i in range(n):
+        if m == 0 or u[i] != u[m - 1]:
+            u[m] = u[i]
+            m += 1
+    for t in range(n_tiles):
         for i in range(n):
-            u[i] = s[i] // size
-        qsort(u, n, sizeof(cnp.int64_t), cmp_int64)
-        for i in range(n):
-            if m == 0 or u[i] != u[m - 1]:
-                u[m] = u[i]
-                m += 1
-        for t in range(n_tiles):
-            for i in range(n):
-                c = s[i] // size
-                w = s[i] - c * size
-                tile = find(u, m, c) * n_tiles + t
-                if (k > 0 and run[4 * (k - 1)] == tile and run[4 * (k - 1) + 1] + run[4 * (k - 1) + 3] == w
-                        and run[4 * (k - 1) + 2] + run[4 * (k - 1) + 3] == i):
-                    run[4 * (k - 1) + 3] += 1
-                else:
-                    run[4 * k] = tile
-                    run[4 * k + 1] = w
-                    run[4 * k + 2] = i
-                    run[4 * k + 3] = 1
-                    k += 1
+            c = s[i] // size
+            w = s[i] - c * size
+            tile = find(u, m, c) * n_tiles + t
+            if (k > 0 and run[4 * (k - 1)] == tile and run[4 * (k - 1) + 1] + run[4 * (k - 1) + 3] == w
+                    and run[4 * (k - 1) + 2] + run[4 * (k - 1) + 3] == i):
+                run[4 * (k - 1) + 3] += 1
+            else:
+                run[4 * k] = tile
+                run[4 * k + 1] = w
+                run[4 * k + 2] = i
+                run[4 * k + 3] = 1
+                k += 1
     return order[:m], table[:k]

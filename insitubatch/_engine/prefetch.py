@@ -25,7 +25,7 @@ from .batch import Batch
 from .context import PassContext
 from .gather import gather_label
 from .pool import FAILED, PENDING, Entry, Owner
-from .scheduler import PassDriver
+from .scheduler import PassDriver, tile_group
 from .stats import PassCounters, PassStats, log_pass
 
 __all__ = ["PassIterator"]
@@ -129,6 +129,7 @@ class _PassState:
             bad_chunks=ctx.bad_chunks,
             first_block=self._first_block(),
             cache=ctx.cache,
+            group=tile_group(ctx.max_inflight, ctx.decode_threads),
         )
         self.driver.seen_keys = ctx.fetched_keys
         self.driver.start()

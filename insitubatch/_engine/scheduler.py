@@ -39,17 +39,25 @@ from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .tile_jobs import _GET_IN_JOB, _TileJobs
 
-__all__ = ["PassDriver"]
+__all__ = ["PassDriver", "tile_group"]
 
 # disk-cache lookups sent to the decode pool in one job (at most a block's worth)
 REVIVE_BATCH = 64
-# tiles one decode job reads, decodes and places on a store with a synchronous get:
-# few enough that max_inflight (32) spreads over every decode thread, enough to
-# cost the loop one submit and one wake-up per group (measured in bench.engine_probe)
-TILE_GROUP = 4
+# most tiles one decode job reads, decodes and places on a store with a synchronous get
+# (``tile_group``): a group costs the loop one submit and one wake-up, and on small tiles
+# 8 beat 4 by ~10% and 16 added nothing (bench.engine_probe, 64 kB zstd tiles)
+MAX_TILE_GROUP = 8
 # reads the driver admits between two yields to the loop: a yield per read costs a loop
 # turn (and the GIL, to whichever decode thread wants it) for every tile on small chunks
-ADMIT_BURST = TILE_GROUP
+ADMIT_BURST = 4
+
+
+def tile_group(max_inflight: int, decode_threads: int) -> int:
+    """Tiles per job on a synchronous store: every decode thread keeps two groups of the permits in flight.
+
+    One decoding and one queued, so no thread waits for the loop; never more than ``MAX_TILE_GROUP``.
+    """
+    return max(1, min(MAX_TILE_GROUP, max_inflight // (2 * max(decode_threads, 1))))
 
 
 def _lookup_all(cache: DiskCache, requests: list) -> list:
@@ -80,6 +88,7 @@ class PassDriver(_TileJobs):
         bad_chunks: list[BadChunkRecord],
         first_block: int = 0,
         cache: DiskCache | None = None,
+        group: int = MAX_TILE_GROUP,
     ) -> None:
         self.store = store
         self.pool = pool
@@ -104,6 +113,7 @@ class PassDriver(_TileJobs):
         self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
+        self._group = group
         # a local directory's full tiles, decoded straight into their own memory, go through the group kernel
         self._kinds = {
             path: k
@@ -280,25 +290,25 @@ class PassDriver(_TileJobs):
             self._spawn(self._fetch_tile(entry, reader, chunk_index, t), work=True)
 
     async def _pump_tiles(self) -> None:
-        """A store with a synchronous get: queued tiles go to the decode pool in groups of ``TILE_GROUP``.
+        """A store with a synchronous get: queued tiles go to the decode pool in groups of ``self._group``.
 
         Each tile holds one ``max_inflight`` permit from here until its job
         ended. Tiles queue up while the permits are all out; with permits
-        free, the pump waits up to ``TILE_GROUP - 1`` loop turns for the
+        free, the pump waits up to ``self._group - 1`` loop turns for the
         driver to admit more, so a group costs one submit and one wake-up
         even when the decode pool keeps up.
         """
-        queued, semaphore = self._queued, self.semaphore
+        queued, semaphore, size = self._queued, self.semaphore, self._group
         while queued:
             await semaphore.acquire()
             held = 1
             try:
-                for _ in range(TILE_GROUP - 1):
-                    if len(queued) >= TILE_GROUP:
+                for _ in range(size - 1):
+                    if len(queued) >= size:
                         break
                     await asyncio.sleep(0)  # one more admission turn of the driver: a fuller group
                 group = [queued.popleft()]
-                while queued and len(group) < TILE_GROUP and not semaphore.locked():
+                while queued and len(group) < size and not semaphore.locked():
                     await semaphore.acquire()  # free: returns without suspending
                     held += 1
                     group.append(queued.popleft())

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from insitubatch._engine.pool import READY
-from insitubatch._engine.scheduler import PassDriver
+from insitubatch._engine.scheduler import MAX_TILE_GROUP, PassDriver, tile_group
 
 WAIT_S = 30.0  # generous: a loaded CI machine, never a hang
 
@@ -106,3 +107,15 @@ def test_stopping_one_driver_cancels_its_fetches_and_leaves_anothers_running(eng
     abandoned = pool.close_owner(owner_a)
     assert all(s.state != READY for s in abandoned)
     pool.close_owner(owner_b)
+
+
+@pytest.mark.parametrize(
+    ("max_inflight", "decode_threads", "group"),
+    [(32, 2, 8), (8, 2, 2), (3, 2, 1), (1, 4, 1), (128, 1, MAX_TILE_GROUP), (32, 16, 1)],
+)
+def test_a_tile_group_leaves_every_decode_thread_two_groups_of_the_permits(
+    max_inflight: int, decode_threads: int, group: int
+) -> None:
+    assert tile_group(max_inflight, decode_threads) == group
+    # two groups per thread fit the permits whenever a group holds more than one tile
+    assert group == 1 or 2 * decode_threads * group <= max_inflight
