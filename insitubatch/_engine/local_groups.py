@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numcodecs.blosc
 import numcodecs.zstd
@@ -27,7 +27,6 @@ import insitubatch._ext.tilegroup as _tilegroup
 
 from ..io.decode import ChunkDecoder
 from ..io.sync_get import _LocalFiles
-from .reader import ArrayReader
 
 __all__ = ["PLACED", "LocalGroups", "decode_buffer", "kernel_kind"]
 
@@ -59,11 +58,10 @@ def kernel_kind(decoder: ChunkDecoder) -> int:
 class LocalGroups:
     """The kernel's side of one pass over a local directory: which arrays qualify, and each thread's buffer."""
 
-    def __init__(
-        self, files: _LocalFiles, decoders: Mapping[str, ChunkDecoder], readers: Sequence[ArrayReader]
-    ) -> None:
+    def __init__(self, files: _LocalFiles, decoders: Mapping[str, ChunkDecoder], kinds: Mapping[str, int]) -> None:
+        """``kinds``: the arrays whose tiles the kernel reads, by path, with their ``kernel_kind``."""
         self.files = files
-        self.kinds = {r.geometry.path: k for r in readers if (k := kernel_kind(decoders[r.geometry.path]))}
+        self.kinds = dict(kinds)
         chunk_bytes = max((decoders[p].dtype.itemsize * int(np.prod(decoders[p].shape)) for p in self.kinds), default=0)
         self._capacity = int(chunk_bytes * (1 + _SCRATCH_SLACK)) + _SCRATCH_MIN_EXTRA
         # a file larger than this (a chunk stored uncompressible and padded, or not a chunk at all) goes the

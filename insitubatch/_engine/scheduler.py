@@ -114,17 +114,18 @@ class PassDriver(_TileJobs):
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
         self._group = group
-        # a local directory's full tiles, decoded straight into their own memory, go through the group kernel
+        # zstd/blosc arrays with the sample axis first decode through the tilegroup kernel (any store)
         self._kinds = {
             path: k
             for path, r in readers.items()
             if r.geometry.sample_axis == 0 and (k := kernel_kind(self._decoders[path]))
         }
-        eligible = [r for r in readers.values() if not r.pipeline and r.geometry.sample_axis == 0]
+        # on a local directory their tiles are also read by it, a group per call, unless a transform or the
+        # disk cache must see each tile first
+        grouped = {path: k for path, k in self._kinds.items() if not readers[path].pipeline}
         self._groups: LocalGroups | None = None
-        if isinstance(self._get_sync, _LocalFiles) and cache is None and eligible:
-            groups = LocalGroups(self._get_sync, self._decoders, eligible)
-            self._groups = groups if groups.kinds else None  # no zstd/blosc array: every tile goes the general way
+        if isinstance(self._get_sync, _LocalFiles) and cache is None and grouped:
+            self._groups = LocalGroups(self._get_sync, self._decoders, grouped)
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
         self._pump: asyncio.Task | None = None
