@@ -31,7 +31,8 @@ from .errors import (
     StoreReadError,
 )
 from .io.decode import read_stored_chunk
-from .io.geometry import ArrayGeometry, open_geometries
+from .io.geometry import ArrayGeometry
+from .io.group import open_geometries
 from .io.owned import close_store
 from .io.store_adapters import fsspec_store, icechunk_store
 from .io.stores import as_store, obstore_store

@@ -23,8 +23,8 @@ from ._engine.reader import ArrayReader, BadChunkRecord
 from ._validate import callables, flag, positive_int
 from .cache import DiskCache
 from .cache.fingerprint import array_fingerprints
-from .io.coords import read_sample_coords
-from .io.geometry import ArrayGeometry, open_geometries
+from .io.geometry import ArrayGeometry, sample_coords
+from .io.group import open_geometries
 from .io.owned import close_store
 from .io.stores import as_store
 from .plan.cost import KNOBS, describe_loader, format_summary
@@ -358,7 +358,7 @@ class InSituDataset:
     def sample_coords(self) -> dict[str, np.ndarray]:
         """The sample-axis coordinate values, read once from the store (or the indices)."""
         if self._coords is None:
-            self._coords = read_sample_coords(self.store, self.variables, self.manifest.n_samples)
+            self._coords = sample_coords(self.variables.values(), self.manifest.n_samples)
         return self._coords
 
     # -- cost before the first byte --------------------------------------------

@@ -20,7 +20,7 @@ from helpers import CountingStore, assert_batch_matches, local_store, smooth_fie
 from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.io.owned import close_store
 from insitubatch.io.stores import obstore_store
 from insitubatch.plan.splits import split_by_chunk

@@ -27,7 +27,8 @@ from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
-from insitubatch.io.geometry import ArrayGeometry, open_geometries
+from insitubatch.io.geometry import ArrayGeometry
+from insitubatch.io.group import open_geometries
 from insitubatch.io.owned import close_store
 from insitubatch.io.stores import DEFAULT_CLIENT_OPTIONS, DEFAULT_RETRY, obstore_store
 from insitubatch.plan.splits import SplitManifest, split_by_chunk

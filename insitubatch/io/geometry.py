@@ -11,7 +11,7 @@ import functools
 import itertools
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 import zarr
 
 from .._zarr_compat import ArrayV2Metadata, ArrayV3Metadata, ChunkProjection
+from .coords import Coordinate, CoordinateSource
 
 __all__ = [
     "MAX_CHUNK_BYTES",
@@ -26,7 +27,6 @@ __all__ = [
     "MAX_CHUNKS_PER_READ",
     "ArrayGeometry",
     "geometry_of",
-    "open_geometries",
 ]
 
 # Largest decoded chunk the engine will allocate, in bytes. A stored chunk (the
@@ -70,6 +70,8 @@ class ArrayGeometry:
     zarr_format: int = 3
     dimension_names: tuple[str | None, ...] | None = None
     metadata: ArrayV2Metadata | ArrayV3Metadata | None = field(default=None, compare=False, repr=False, hash=False)
+    # where this array's coordinate arrays are read from (set by ``open_geometries``)
+    coords: CoordinateSource | None = field(default=None, compare=False, repr=False, hash=False)
 
     # -- sample axis -----------------------------------------------------
     @property
@@ -147,7 +149,7 @@ class ArrayGeometry:
 
     def tile_origins(self) -> np.ndarray:
         """``(tiles_per_chunk, len(inner_shape))`` origin of each tile in the inner field."""
-        grid = np.indices(self.tile_grid).reshape(len(self.tile_grid), -1).T
+        grid = np.indices(self.tile_grid).reshape(len(self.tile_grid), self.tiles_per_chunk).T
         return (grid * np.asarray(self.inner_stored_chunks, dtype=np.intp)).astype(np.intp)
 
     def tile_shapes(self) -> np.ndarray:
@@ -198,6 +200,47 @@ class ArrayGeometry:
             is_complete_chunk=complete,
         )
 
+    # -- dimensions and coordinates ---------------------------------------------
+    @property
+    def dims(self) -> tuple[str | None, ...] | None:
+        """Dimension names in physical order (v3 ``dimension_names`` or xarray's ``_ARRAY_DIMENSIONS``), or None."""
+        return self.dimension_names
+
+    def _dim_index(self, dim: str) -> int:
+        dims = self.dimension_names
+        if not dims or any(d is None for d in dims):
+            raise ValueError(
+                f"array {self.path!r} has no dimension names (neither zarr v3 dimension_names nor xarray's "
+                f"_ARRAY_DIMENSIONS), so dimension {dim!r} cannot be found; select by position with isel"
+            )
+        if dim not in dims:
+            raise KeyError(f"array {self.path!r} has no dimension {dim!r}; its dimensions are {list(dims)}")
+        return dims.index(dim)
+
+    def _coordinate(self, dim: str) -> Coordinate | None:
+        """The store's coordinate array of dimension ``dim`` (read once), or None when it has none."""
+        axis = self._dim_index(dim)
+        if self.coords is None:
+            return None
+        return self.coords.coordinate(dim, self.shape[axis], self.path)
+
+    def coord(self, dim: str) -> np.ndarray:
+        """The values labelling dimension ``dim``: its coordinate array, decoded (time as ``datetime64``).
+
+        Raises
+        ------
+        KeyError
+            The array has no such dimension, or the store no coordinate array for it.
+        """
+        found = self._coordinate(dim)
+        if found is None:
+            raise KeyError(
+                f"array {self.path!r}: dimension {dim!r} has no coordinate array in the store "
+                f"(looked for a 1-D array {dim!r} of length {self.shape[self._dim_index(dim)]} next to it "
+                "and in its parent groups)"
+            )
+        return found.values
+
     # -- views -------------------------------------------------------------
     def shift(self, k: int) -> ArrayGeometry:
         """A windowed view: sample ``i`` reads ``array[i + offset + k]`` along the sample axis."""
@@ -222,11 +265,14 @@ def _normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
 
 
 def _dimension_names(arr: zarr.Array) -> tuple[str | None, ...] | None:
+    """v3 ``dimension_names``, else xarray's ``_ARRAY_DIMENSIONS`` attribute (v2, or v3 written that way)."""
     md = arr.metadata
-    if isinstance(md, ArrayV3Metadata):
-        return tuple(md.dimension_names) if md.dimension_names is not None else None
+    if isinstance(md, ArrayV3Metadata) and md.dimension_names is not None:
+        return tuple(md.dimension_names)
     dims = arr.attrs.get("_ARRAY_DIMENSIONS")
-    return tuple(dims) if isinstance(dims, (list, tuple)) else None
+    if isinstance(dims, (list, tuple)) and len(dims) == arr.ndim and all(isinstance(d, str) for d in dims):
+        return tuple(dims)
+    return None
 
 
 def _chunk_byte_limit(max_chunk_bytes: int | None) -> int:
@@ -271,8 +317,16 @@ def _check_size(g: ArrayGeometry, limit: int) -> None:
             )
 
 
-def geometry_of(arr: zarr.Array, *, sample_axis: int = 0, max_chunk_bytes: int | None = None) -> ArrayGeometry:
+def geometry_of(
+    arr: zarr.Array,
+    *,
+    sample_axis: int = 0,
+    max_chunk_bytes: int | None = None,
+    coords: CoordinateSource | None = None,
+) -> ArrayGeometry:
     """The ``ArrayGeometry`` of an open zarr array.
+
+    ``coords`` is where its coordinate arrays are read from (default: the array's own store).
 
     Raises
     ------
@@ -304,73 +358,19 @@ def geometry_of(arr: zarr.Array, *, sample_axis: int = 0, max_chunk_bytes: int |
         zarr_format=arr.metadata.zarr_format,
         dimension_names=_dimension_names(arr),
         metadata=arr.metadata,
+        coords=coords if coords is not None else CoordinateSource(arr.store),
     )
     _check_size(geometry, limit)
     return geometry
 
 
-def _is_coordinate(path: str, arr: zarr.Array, dims: tuple[str | None, ...] | None) -> bool:
-    """A self-named 1-D array, or a 0-D array (a CF grid mapping)."""
-    if arr.ndim == 0:
-        return True
-    name = path.rsplit("/", 1)[-1]
-    return arr.ndim == 1 and dims is not None and dims[0] == name
-
-
-def _walk_arrays(group: zarr.Group) -> Iterable[tuple[str, zarr.Array]]:
-    for _, member in sorted(group.members(max_depth=None), key=lambda kv: kv[0]):
-        if isinstance(member, zarr.Array):
-            yield member.path, member
-
-
-def open_geometries(
-    store: Any,
-    *,
-    sample_axis: int = 0,
-    variables: Sequence[str] | Mapping[str, Any] | None = None,
-    group: str = "",
-    max_chunk_bytes: int | None = None,
-) -> dict[str, ArrayGeometry]:
-    """Geometries of a group's data variables, keyed by array path.
-
-    Coordinates (self-named 1-D arrays, by v3 ``dimension_names`` or v2
-    ``_ARRAY_DIMENSIONS``) and 0-D grid mappings are skipped; naming arrays in
-    ``variables`` bypasses that test.
-
-    ``max_chunk_bytes`` caps what one decoded chunk of any variable may
-    occupy (see ``geometry_of``), so absurd metadata fails here, not in an
-    allocation.
-
-    Raises
-    ------
-    ValueError
-        An unknown variable, a 0-D variable, a ``sample_axis`` outside a
-        variable's dims, or chunks over ``max_chunk_bytes``, each named.
-    """
-    from .stores import as_store
-
-    limit = _chunk_byte_limit(max_chunk_bytes)
-    if not isinstance(group, str):
-        raise TypeError(
-            f"group must be a str (a path inside the store, '' for its root), got {type(group).__name__} ({group!r})"
-        )
-    zstore = as_store(store)
-    root = zarr.open_group(store=zstore, mode="r", path=group or None)
-    arrays = dict(_walk_arrays(root))
-    if variables is not None:
-        if isinstance(variables, str):
-            raise TypeError("variables must be a list of array paths, not a single string")
-        wanted = [str(v) for v in variables]
-        out = {}
-        for v in wanted:
-            path = f"{group.strip('/')}/{v}".strip("/") if group else v
-            if path not in arrays:
-                raise ValueError(f"variable {v!r} is not an array in the store; arrays are {sorted(arrays)}")
-            out[path] = geometry_of(arrays[path], sample_axis=sample_axis, max_chunk_bytes=limit)
-        return out
-    out = {}
-    for path, arr in arrays.items():
-        if _is_coordinate(path, arr, _dimension_names(arr)):
-            continue
-        out[path] = geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit)
-    return out
+def sample_coords(variables: Iterable[ArrayGeometry], n: int) -> dict[str, np.ndarray]:
+    """The sample axis's coordinate (by dimension name) from the first variable whose store has it, else indices."""
+    for g in variables:
+        dims = g.dimension_names
+        name = dims[g.sample_axis] if dims else None
+        if name and g.n_samples == n:
+            found = g._coordinate(name)
+            if found is not None:
+                return {name: found.values}
+    return {"sample": np.arange(n)}

@@ -16,7 +16,7 @@ import numpy as np
 import zarr
 
 from ..dataset import InSituDataset
-from ..io.geometry import open_geometries
+from ..io.group import open_geometries
 from ..io.stores import obstore_store
 from ..plan.splits import split_by_chunk
 from ..progress import progress

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import zarr
 
-from insitubatch.io.geometry import geometry_of, open_geometries
+from insitubatch.io.geometry import geometry_of
+from insitubatch.io.group import open_geometries
 
 
 @pytest.fixture
