@@ -116,6 +116,23 @@ def test_s3_options_reach_obstore() -> None:
     assert "allow_http" not in store.store.client_options
 
 
+def test_s3_endpoint_from_the_environment_allows_plain_http(
+    s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS_ENDPOINT_URL=http://... (MinIO, an emulator) works without allow_http, as an endpoint= would."""
+    options = s3_server.client_options()
+    _write(obstore_store(f"s3://{s3_bucket}/env", **options), "x", _data((5,)), chunks=(2,))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", str(options["endpoint"]))
+    monkeypatch.setenv("AWS_REGION", str(options["region"]))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", str(options["access_key_id"]))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", str(options["secret_access_key"]))
+    store = obstore_store(f"s3://{s3_bucket}/env", read_only=True)
+    assert store.store.client_options["allow_http"] == "true"
+    np.testing.assert_array_equal(_read(store, "x"), _data((5,)))
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "false")
+    assert "allow_http" not in obstore_store(f"s3://{s3_bucket}/env").store.client_options
+
+
 def test_read_only_s3_store_refuses_writes(s3_server: S3Server, s3_bucket: str) -> None:
     store = obstore_store(f"s3://{s3_bucket}/ro", read_only=True, **s3_server.client_options())
     assert store.read_only
@@ -160,6 +177,16 @@ def test_absolute_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyP
     _write(obstore_store("rel/store"), "v", _data((6,)), chunks=(4,))
     assert (tmp_path / "rel" / "store" / "v" / "zarr.json").is_file()
     np.testing.assert_array_equal(_read(obstore_store("rel/store", read_only=True), "v"), _data((6,)))
+
+
+def test_anonymous_is_accepted_where_nothing_is_signed(tmp_path: Path) -> None:
+    """One line reads a public bucket and a local copy: anonymous=True is a no-op on a path or memory://."""
+    _write(obstore_store(tmp_path / "d"), "v", _data((4,)), chunks=(3,))
+    for url in (str(tmp_path / "d"), (tmp_path / "d").as_uri()):
+        np.testing.assert_array_equal(_read(obstore_store(url, anonymous=True, read_only=True), "v"), _data((4,)))
+    assert isinstance(obstore_store("memory://", anonymous=True).store, MemoryStore)
+    with pytest.raises(ValueError, match="options that apply there: anonymous"):
+        obstore_store(tmp_path / "d", endpoint="http://127.0.0.1:9")
 
 
 def test_read_only_local_store_refuses_writes(tmp_path: Path) -> None:
@@ -317,7 +344,7 @@ def test_unknown_scheme_names_url_and_valid_schemes() -> None:
         ("s3://b/p", {"not_an_option": 1}, "not_an_option"),
         ("s3://b/p", {"retry": {"max_retry": 3}}, "max_retry"),
         ("s3://", {}, "names no bucket"),
-        ("memory://", {"anonymous": True}, "anonymous"),
+        ("memory://", {"region": "us-east-1"}, "region"),
         ("/tmp/x", {"region": "us-east-1"}, "region"),
         ("", {}, "empty"),
     ],
