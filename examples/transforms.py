@@ -35,8 +35,6 @@ from insitubatch.transforms import kelvin_to_celsius
 
 __all__ = ["Timed", "kelvin_to_celsius", "main", "wind_speed"]
 
-# One year of 6-hourly steps on the demo's 32x64 grid: a few seconds to write and read.
-EXAMPLE_SHAPE = (1460, 32, 64)
 EPOCHS = 2
 
 
@@ -76,7 +74,7 @@ class Timed:
 
 
 def run(path: Path, batch_size: int) -> None:
-    write_demo_dataset(path, shape=EXAMPLE_SHAPE)
+    write_demo_dataset(path)  # the demo dataset: a year of 6-hourly steps, a few seconds to write
     store = obstore_store(path, read_only=True)
     geoms = open_geometries(store)
     manifest = split_by_chunk(geoms["t2m"], fractions=(0.8, 0.1, 0.1))

@@ -4,9 +4,13 @@
   from a known set, so nothing meant to run hides in an untagged block.
 * Every ```` ```python ```` block runs. A page's blocks run in order, in one
   fresh interpreter per page (``-W error``, a temporary working directory),
-  after a hidden preamble that defines ``url``: the demo dataset served over
-  HTTP by the loopback emulator (``insitubatch.testing.emulator``), i.e. a real zarr group
-  behind a real, slightly slow HTTP server on 127.0.0.1.
+  after a hidden preamble that defines ``url``: the demo dataset (as
+  ``./dev demo`` writes it) served over HTTP by the loopback emulator
+  (``insitubatch.testing.emulator``), i.e. a real zarr group behind a real,
+  slightly slow HTTP server on 127.0.0.1. README's blocks run once per kind
+  of ``url`` a newcomer may give them (``README_URLS``): a local path,
+  ``file://``, and HTTP and S3 against the emulator, with and without
+  consolidated metadata.
 * ```` ```python signature ```` blocks in ``docs/api.md`` are compared with what
   :func:`api_entries` derives from the code with ``inspect.signature``: every
   public name (``insitubatch.__all__``, ``insitubatch.write.__all__``, the
@@ -35,6 +39,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -61,8 +66,21 @@ LANGUAGES = {
 }
 # Lines wider than this are rendered one parameter per line.
 SIGNATURE_WIDTH = 88
-# Demo dataset the snippets read: one year of 6-hourly steps on the demo's grid.
-DEMO_SHAPE = (730, 32, 64)
+# The "bucket" the emulator serves the demo data from (the first path segment, as S3 reads it).
+BUCKET = "docs"
+S3_REGION = "us-east-1"
+# Every way README's python blocks are run: a local path, file://, and the S3 and HTTP protocols
+# against the emulator, each with and without consolidated metadata (HTTP cannot list).
+README_URLS = (
+    "local",
+    "file+consolidated",
+    "http",
+    "http+consolidated",
+    "s3",
+    "s3+consolidated",
+)
+# The ones the fast lane runs (the others are marked slow; CI runs them all).
+README_FAST_URLS = ("local", "http", "s3")
 # Time to first byte the emulator adds to every request: cloud-like, but keeps the test fast.
 EMULATOR_LATENCY_S = 0.005
 # A page's snippets must finish within this (they read a few MB from loopback).
@@ -279,26 +297,48 @@ def _xfail_if_unregistered(pending: dict[str, argparse.ArgumentParser]) -> None:
 
 
 # -- fixtures -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def served_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The demo dataset (consolidated, so HTTP needs no listing) behind the loopback emulator."""
-    import zarr
-    from zarr.errors import ZarrUserWarning
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """The demo dataset twice (with and without consolidated metadata), on disk and behind the emulator."""
 
+    consolidated: Path
+    plain: Path
+    http: str  # the emulator's base URL; the datasets are under /BUCKET/
+    url: str  # what every page's ``url`` is: the consolidated dataset over HTTP
+
+    def where(self, kind: str) -> tuple[str, dict[str, str]]:
+        """``(url, extra environment)`` of one way to reach the demo data (``README_URLS``)."""
+        path = self.consolidated if kind.endswith("+consolidated") else self.plain
+        scheme = kind.split("+")[0]
+        if scheme == "local":
+            return str(path), {}
+        if scheme == "file":
+            return path.as_uri(), {}
+        if scheme == "http":
+            return f"{self.http}/{BUCKET}/{path.name}", {}
+        # the S3 protocol, path-style, against the same emulator: what a user does for MinIO or a mirror
+        return f"s3://{BUCKET}/{path.name}", {"AWS_ENDPOINT_URL": self.http, "AWS_REGION": S3_REGION}
+
+
+def _without_consolidated_metadata(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    meta = json.loads((target / "zarr.json").read_text(encoding="utf-8"))
+    meta.pop("consolidated_metadata", None)
+    (target / "zarr.json").write_text(json.dumps(meta), encoding="utf-8")
+    return target
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The demo dataset (as ``./dev demo`` writes it, consolidated) and a copy without consolidated metadata."""
+    from insitubatch.testing.emulator import Emulator
     from insitubatch.tools.demo import write_demo_dataset
 
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from insitubatch.testing.emulator import Emulator
-
     root = tmp_path_factory.mktemp("docs-data")
-    path = write_demo_dataset(root / "era5.zarr", shape=DEMO_SHAPE)
-    with warnings.catch_warnings():
-        # zarr warns that v3 consolidated metadata is not in the spec yet; an HTTP store needs it
-        warnings.simplefilter("ignore", ZarrUserWarning)
-        zarr.consolidate_metadata(str(path))
+    consolidated = write_demo_dataset(root / BUCKET / "era5.zarr")
+    plain = _without_consolidated_metadata(consolidated, root / BUCKET / "era5_plain.zarr")
     with Emulator(root, latency_s=EMULATOR_LATENCY_S, jitter_s=0.0) as emulator:
-        yield emulator.url_for("era5.zarr")
+        yield Served(consolidated, plain, emulator.url, emulator.url_for(f"{BUCKET}/{consolidated.name}"))
 
 
 # -- tests --------------------------------------------------------------------------------
@@ -322,8 +362,7 @@ _FRAMEWORK_IMPORT = re.compile(r"^\s*(?:import|from)\s+(torch|jax)\b", re.M)
 PAGES_WITH_CODE = [p for p in DOC_FILES if any(b.info == "python" for b in blocks(p))]
 
 
-@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: p.name)
-def test_python_blocks_run(page: Path, served_url: str, tmp_path: Path) -> None:
+def _run_page(page: Path, url: str, env_extra: dict[str, str], tmp_path: Path) -> None:
     code = [(str(b.path.relative_to(ROOT)), b.line, b.source) for b in blocks(page) if b.info == "python"]
     for framework in sorted({m[1] for _, _, source in code for m in _FRAMEWORK_IMPORT.finditer(source)}):
         pytest.importorskip(framework)  # a page that trains with torch or runs jax needs it installed
@@ -333,7 +372,8 @@ def test_python_blocks_run(page: Path, served_url: str, tmp_path: Path) -> None:
     work.mkdir()
     env = dict(
         os.environ,
-        **{URL_ENV: served_url},
+        **{URL_ENV: url},
+        **env_extra,
         OMP_NUM_THREADS="1",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     )
@@ -345,12 +385,26 @@ def test_python_blocks_run(page: Path, served_url: str, tmp_path: Path) -> None:
         text=True,
         timeout=PAGE_TIMEOUT_S,
     )
-    assert proc.returncode == 0, f"a python block of {page.name} failed:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, f"a python block of {page.name} failed with url={url}:\n{proc.stdout}\n{proc.stderr}"
     # a warning raised in a finalizer or a logged one does not change the exit status; it still fails
     noise = [
         line for line in proc.stderr.splitlines() if re.search(r"Warning|Exception ignored|Traceback|WARNING", line)
     ]
     assert not noise, f"the python blocks of {page.name} warned:\n{proc.stderr}"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES_WITH_CODE if p.name != "README.md"], ids=lambda p: p.name)
+def test_python_blocks_run(page: Path, served: Served, tmp_path: Path) -> None:
+    _run_page(page, served.url, {}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "kind", [k if k in README_FAST_URLS else pytest.param(k, marks=pytest.mark.slow) for k in README_URLS]
+)
+def test_readme_runs_as_written(kind: str, served: Served, tmp_path: Path) -> None:
+    """README's blocks, unchanged, on every kind of url a newcomer may give them."""
+    url, env = served.where(kind)
+    _run_page(ROOT / "README.md", url, env, tmp_path)
 
 
 def test_api_reference_matches_the_code() -> None:

@@ -33,6 +33,11 @@ def _run(args: list[str], cwd: Path, timeout: float = 300) -> str:
 def test_demo_main_command(demo_path, tmp_path) -> None:
     out = _run(["-m", "insitubatch.tools.demo", "--path", demo_path], tmp_path)
     assert "train epoch 0" in out and "train epoch 1" in out and "val" in out
+    # it says what it ran with, and why epoch 1 issues no GET (a budget that holds the split)
+    knobs = next(line for line in out.splitlines() if line.startswith("knobs"))
+    assert "batch_size=64" in knobs and "block_chunks=8" in knobs and "max_inflight=16" in knobs
+    budget = next(line for line in out.splitlines() if line.startswith("budget"))
+    assert "cache_budget_bytes=" in budget and "working set" in budget
     epoch1 = next(line for line in out.splitlines() if line.startswith("train epoch 1"))
     assert "GETs    0" in epoch1  # the second epoch is served from the pool
 

@@ -1,19 +1,31 @@
 """The quick-start demo: write a small ERA5-like zarr locally, then train-iterate it.
 
 Run ``python -m insitubatch.tools.demo`` (or ``./dev demo``). It writes the dataset
-once (smooth fields plus noise, so it compresses like real weather), splits
-it by chunk, iterates two epochs of ``train`` and one of ``val``, and prints
-what each pass did: samples/s, decoded MB/s, store GETs and pool hits.
+once (smooth fields plus noise, so it compresses like real weather, with
+consolidated metadata so an HTTP server can serve it), splits it by chunk,
+iterates two epochs of ``train`` and one of ``val``, and prints the knobs, the
+pool budget, and what each pass did: samples/s, decoded MB/s, store GETs and
+pool hits.
+
+The demo gives the pool room for the whole train split (``--budget split``),
+so the second epoch is served from memory with no GET. That is a choice, not
+the default: ``InSituDataset``'s automatic budget holds only the working set,
+and with it (``--budget auto``) the second epoch re-reads most chunks, as
+``docs/tuning.md`` explains.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
+from zarr.errors import ZarrUserWarning
 
 from ..dataset import InSituDataset
 from ..io.group import open_geometries
@@ -21,19 +33,51 @@ from ..io.stores import obstore_store
 from ..plan.splits import split_by_chunk
 from ..progress import progress
 
-__all__ = ["main", "write_demo_dataset"]
+__all__ = ["DEMO_SHAPE", "main", "write_demo_dataset"]
 
 DEFAULT_PATH = "demo_data/era5_demo.zarr"
-# 6-hourly steps of a coarse 64x32 grid: about 2 years, ~60 MB decoded
-DEMO_SHAPE = (2920, 32, 64)
+# The one demo dataset (the demo, the examples and the docs all read this shape):
+# a year of 6-hourly steps on a coarse 32 x 64 grid, ~36 MB decoded over three variables.
+DEMO_SHAPE = (1460, 32, 64)
+# 16 steps per stored chunk, each chunk cut into two 32 x 32 tiles.
 DEMO_CHUNKS = (16, 32, 32)
 DEMO_VARIABLES = ("t2m", "u10", "v10")
+STEPS_PER_YEAR = 1460
+SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
+# The demo's knobs: small batches and blocks suit its small chunks.
+DEMO_BATCH_SIZE = 64
+DEMO_BLOCK_CHUNKS = 8
+DEMO_MAX_INFLIGHT = 16
+# "split": room for the whole train split twice over (epoch 2 from memory); "auto": the loader's default.
+BUDGET_CHOICES = ("split", "auto")
+SPLIT_BUDGET_FACTOR = 2
+MB = 1e6
 
 
-def write_demo_dataset(path: str | Path, *, shape=DEMO_SHAPE, chunks=DEMO_CHUNKS, seed: int = 0) -> Path:
-    """Write the demo group (v3, zstd, inner-tiled) with coordinates; skip if it exists."""
+def _consolidated(path: Path) -> bool:
+    meta = json.loads((path / "zarr.json").read_text(encoding="utf-8"))
+    return meta.get("consolidated_metadata") is not None
+
+
+def _consolidate(path: Path) -> None:
+    with warnings.catch_warnings():
+        # zarr warns that v3 consolidated metadata is not in the spec yet; an HTTP server needs it
+        warnings.simplefilter("ignore", ZarrUserWarning)
+        zarr.consolidate_metadata(str(path))
+
+
+def write_demo_dataset(
+    path: str | Path, *, shape: tuple[int, int, int] = DEMO_SHAPE, chunks=DEMO_CHUNKS, seed: int = 0
+) -> Path:
+    """Write the demo group (v3, zstd, inner-tiled, consolidated) with coordinates; reuse it if it exists.
+
+    An existing group written before its metadata was consolidated is
+    consolidated in place.
+    """
     path = Path(path)
     if (path / "zarr.json").exists():
+        if not _consolidated(path):
+            _consolidate(path)
         return path
     rng = np.random.default_rng(seed)
     root = zarr.open_group(path, mode="w")
@@ -44,7 +88,7 @@ def write_demo_dataset(path: str | Path, *, shape=DEMO_SHAPE, chunks=DEMO_CHUNKS
     lon = np.linspace(0, 354.4, nx).astype("f4")
     root.create_array("lat", shape=(ny,), chunks=(ny,), dtype="f4", dimension_names=("lat",))[:] = lat
     root.create_array("lon", shape=(nx,), chunks=(nx,), dtype="f4", dimension_names=("lon",))[:] = lon
-    phase = 2 * np.pi * t[:, None, None] / 1460.0  # one seasonal cycle per year of 6-hourly steps
+    phase = 2 * np.pi * t[:, None, None] / STEPS_PER_YEAR  # one seasonal cycle per year of 6-hourly steps
     base = np.cos(np.deg2rad(lat))[None, :, None] * np.sin(np.deg2rad(lon) * 3)[None, None, :]
     for k, name in enumerate(DEMO_VARIABLES):
         arr = root.create_array(name, shape=shape, chunks=chunks, dtype="f4", dimension_names=("time", "lat", "lon"))
@@ -52,25 +96,41 @@ def write_demo_dataset(path: str | Path, *, shape=DEMO_SHAPE, chunks=DEMO_CHUNKS
             stop = min(n, start + chunks[0] * 16)
             field = 280 + 10 * base + 5 * np.sin(phase[start:stop] + k) + rng.standard_normal((stop - start, ny, nx))
             arr[start:stop] = field.astype("f4")
+    _consolidate(path)
     return path
 
 
-def _report(name: str, it, seconds: float, sample_nbytes: int) -> None:
+def _report(name: str, it: Any, seconds: float, sample_nbytes: int) -> None:
     c = it.counters
-    mb = c.samples * sample_nbytes / 1e6
+    mb = c.samples * sample_nbytes / MB
     print(
         f"{name:<14} {c.batches:>5} batches {c.samples:>6} samples  {c.samples / seconds:>9.0f} samples/s "
         f"{mb / seconds:>8.1f} MB/s   GETs {c.gets:>4}  hits {c.hits:>4}  misses {c.misses:>4}"
     )
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m insitubatch.tools.demo",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--path", default=DEFAULT_PATH, help="where to write (once) and read the demo zarr")
+    parser.add_argument("--batch-size", type=int, default=DEMO_BATCH_SIZE, help="samples per batch")
+    parser.add_argument("--block-chunks", type=int, default=DEMO_BLOCK_CHUNKS, help="chunks shuffled together")
+    parser.add_argument("--max-inflight", type=int, default=DEMO_MAX_INFLIGHT, help="stored tiles read at once")
+    parser.add_argument(
+        "--budget",
+        choices=BUDGET_CHOICES,
+        default="split",
+        help="pool budget: 'split' holds the train split (epoch 2 issues no GET), 'auto' is the loader's "
+        "default (the working set: epoch 2 re-reads)",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--path", default=DEFAULT_PATH, help="where to write/read the demo zarr")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--block-chunks", type=int, default=8)
-    parser.add_argument("--max-inflight", type=int, default=16)
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
 
     t0 = time.perf_counter()
     path = write_demo_dataset(args.path)
@@ -78,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     store = obstore_store(path, read_only=True)
     geoms = open_geometries(store)
     print("variables      " + ", ".join(f"{p} {g.shape} stored chunk {g.stored_chunks}" for p, g in geoms.items()))
-    manifest = split_by_chunk(geoms["t2m"], fractions=(0.8, 0.1, 0.1))
+    manifest = split_by_chunk(geoms["t2m"], fractions=SPLIT_FRACTIONS)
     sample_nbytes = sum(g.sample_nbytes for g in geoms.values())
-    # a budget that holds the whole train split turns the pool into a cache for epoch 2
-    budget = sum(g.chunk_nbytes for g in geoms.values()) * len(manifest.chunks("train")) * 2
+    split_bytes = sum(g.chunk_nbytes for g in geoms.values()) * len(manifest.chunks("train"))
+    budget = SPLIT_BUDGET_FACTOR * split_bytes if args.budget == "split" else None
     with InSituDataset(
         store,
         manifest,
@@ -91,6 +151,22 @@ def main(argv: list[str] | None = None) -> int:
         max_inflight=args.max_inflight,
         cache_budget_bytes=budget,
     ) as ds:
+        working = ds.plan("train").working_set_bytes
+        print(
+            f"knobs          batch_size={ds.batch_size} block_chunks={ds.block_chunks} "
+            f"max_inflight={ds.max_inflight} prefetch_depth={ds.prefetch_depth} decode_threads={ds.decode_threads}"
+        )
+        if budget is None:
+            print(
+                f"budget         automatic: the working set, {working / MB:.1f} MB — epoch 1 re-reads most "
+                "chunks (--budget split keeps the train split in memory)"
+            )
+        else:
+            print(
+                f"budget         cache_budget_bytes={budget} ({budget / MB:.1f} MB = {SPLIT_BUDGET_FACTOR} x the "
+                f"{split_bytes / MB:.1f} MB train split; the default would be the {working / MB:.1f} MB working "
+                "set): epoch 1 is served from memory"
+            )
         for epoch in range(2):
             ds.set_epoch(epoch)
             t0 = time.perf_counter()
