@@ -96,6 +96,7 @@ class ChunkPool:
                     f"or lower block_chunks"
                 )
             owner = Owner(id=next(self._ids), reservation=working_set_bytes, read_limit=max(read_ahead_bound, 1))
+            owner.counters.trace.read_limit = owner.read_limit  # the read-ahead window the pass's stats judge by
             self._owners[owner.id] = owner
             return owner
 

@@ -17,7 +17,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-__all__ = ["STAGES", "PassCounters", "PassStats", "PassTrace", "PoolTotals", "Stage"]
+from ..plan.cost import READ_AHEAD_SHARE
+
+__all__ = ["READ_AHEAD_SHARE", "STAGES", "PassCounters", "PassStats", "PassTrace", "PoolTotals", "Stage"]
 
 logger = logging.getLogger("insitubatch")
 
@@ -36,9 +38,20 @@ MIN_PRESSURE = 0.25
 # least this share re-reads (chunks the pool held before and let go) is
 # limited by the budget, whatever stage the re-reading keeps busy.
 RE_READ_SHARE = 0.5
+# A store-limited pass is held back by its read-ahead, not by max_inflight,
+# when its read-ahead window (the reads it may hold pinned at once, in GETs)
+# is under READ_AHEAD_SHARE times max_inflight: about half the window holds the
+# block being gathered, so only the rest can be in flight (the same share
+# ``insitubatch inspect --latency-ms`` plans with). Measured on 30 ms emulated
+# GETs: at block_chunks=4 (a 32-GET window) raising max_inflight from 32 to 128
+# changed nothing, while at block_chunks=64 (512) it doubled the rate.
+# Without a known window, a store-limited pass whose mean GETs outstanding stay
+# under this share of max_inflight never used its concurrency: the read-ahead capped it.
+FULL_CONCURRENCY_SHARE = 0.5
 
 ADVICE = {
-    "store": "reads wait on the store; raise max_inflight, or store larger chunks or read from a closer region",
+    "store": "reads wait on the store at full concurrency; raise max_inflight, or store larger chunks or read "
+    "from a closer region",
     "decode": "decode and chunk transforms keep the decode threads busy; raise decode_threads, make the transform "
     "cheaper (or release the GIL), or persist transformed chunks with cache_dir and persist=True",
     "budget": "the pool's budget: the pass re-reads chunks the pool let go, or waits for room to read ahead while "
@@ -47,6 +60,13 @@ ADVICE = {
     "consumer": "the loader keeps batches ready; the training step is the bottleneck (prefetch_depth can shrink)",
     "unknown": "no stage stands out (too few batches, or a balanced pass)",
 }
+# The store verdict when the read-ahead, not max_inflight, caps the GETs in flight.
+READ_AHEAD_ADVICE = (
+    "reads wait on the store, but the read-ahead caps them below max_inflight: a pass fetches one shuffle "
+    "block ahead, so raise block_chunks (raising max_inflight changes nothing here)"
+)
+# Which bound held a store-limited pass: every permit in use, or the read-ahead window.
+StoreBound = Literal["concurrency", "read-ahead"]
 
 
 @dataclass(eq=False)
@@ -63,6 +83,7 @@ class PassTrace:
     budget_wait_s: float = 0.0  # driver held back by the budget with nothing of the pass in flight
     re_reads: int = 0
     bad_tiles: int = 0
+    read_limit: int = 0  # reads the pass may hold pinned at once (its read-ahead window); 0: unknown
     inflight_reads: int = 0  # GETs awaiting the store now (event-loop thread only)
     depth_samples: int = 0
     inflight_depth_sum: int = 0
@@ -153,10 +174,30 @@ class PassStats:
     decode_threads: int
     cache_budget_bytes: int | None
     finished: bool
+    read_window: int = 0  # GETs the read-ahead may hold at once (pinned reads x tiles per read); 0: unknown
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def store_bound(self) -> StoreBound | None:
+        """For a ``store``-limited pass, what capped its GETs: ``"concurrency"`` or ``"read-ahead"``; else None.
+
+        ``"read-ahead"`` when the read-ahead window (``read_window`` GETs) is
+        under ``READ_AHEAD_SHARE`` × ``max_inflight`` — the pass could never
+        have every permit in flight, so ``block_chunks`` binds; where the
+        window is unknown, when the mean GETs outstanding stayed under
+        ``FULL_CONCURRENCY_SHARE`` × ``max_inflight``. Else ``"concurrency"``:
+        reads waited on the store with ``max_inflight`` in use.
+        """
+        if self.limiting_stage != "store":
+            return None
+        if self.read_window > 0:
+            capped = self.read_window < READ_AHEAD_SHARE * self.max_inflight
+        else:
+            capped = self.pressures()["store"] < FULL_CONCURRENCY_SHARE * self.max_inflight
+        return "read-ahead" if capped else "concurrency"
 
     def pressures(self) -> dict[Stage, float]:
         """Each loader stage's pressure: mean GETs outstanding, mean decodes running, budget-stall share.
@@ -207,12 +248,28 @@ class PassStats:
 
     @property
     def advice(self) -> str:
-        """What to do about :attr:`limiting_stage`, in one sentence."""
-        return ADVICE[self.limiting_stage]
+        """What to do about :attr:`limiting_stage`, in one sentence (for ``store``, about :attr:`store_bound`)."""
+        bound = self.store_bound
+        if bound is None:
+            return ADVICE[self.limiting_stage]
+        outstanding = self.pressures()["store"]
+        if bound == "read-ahead":
+            window = f"at most ~{self.read_window} GETs" if self.read_window else "fewer GETs"
+            return (
+                f"{READ_AHEAD_ADVICE} (the window holds {window} for max_inflight={self.max_inflight}; "
+                f"{outstanding:.1f} were outstanding on average)"
+            )
+        return f"{ADVICE['store']} ({outstanding:.1f} of max_inflight={self.max_inflight} GETs outstanding on average)"
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields plus ``samples_per_s`` and ``limiting_stage``, JSON-able."""
-        return {**dataclasses.asdict(self), "samples_per_s": self.samples_per_s, "limiting_stage": self.limiting_stage}
+        """The fields plus ``samples_per_s``, ``limiting_stage``, ``store_bound`` and ``advice``, JSON-able."""
+        return {
+            **dataclasses.asdict(self),
+            "samples_per_s": self.samples_per_s,
+            "limiting_stage": self.limiting_stage,
+            "store_bound": self.store_bound,
+            "advice": self.advice,
+        }
 
     def summary(self) -> str:
         """One line: what the pass did, where its time went, and ``limited by: <stage> — <what to do>``."""
@@ -231,6 +288,8 @@ class PassStats:
     def _from_trace(cls, trace: PassTrace, counters: Any, **fields: Any) -> PassStats:
         """Combine a pass's counters (``PassCounters``) and trace with ``split``, ``epoch``, ``wall_s``, ..."""
         n = max(trace.depth_samples, 1)
+        tiles_per_read = counters.gets / counters.misses if counters.misses else 1.0
+        fields.setdefault("read_window", round(trace.read_limit * tiles_per_read))
         return cls(
             samples=counters.samples,
             batches=counters.batches,

@@ -18,7 +18,7 @@ from typing import Any
 from ..io.geometry import ArrayGeometry
 from .epoch import EpochPlan
 
-__all__ = ["describe_loader", "format_summary"]
+__all__ = ["READ_AHEAD_SHARE", "describe_loader", "format_summary", "read_ceiling"]
 
 MB = 1e6
 MIB = 1 << 20
@@ -29,6 +29,49 @@ MIN_BLOCK_SAMPLES_PER_BATCH = 4
 # cost (the "fat chunks" regime of docs/tuning.md); the note says how much.
 FAT_TILE_BYTES = 16 * MIB
 KNOBS = ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")
+# A pass holds at most its read-ahead bound of reads pinned, and about half of
+# them are the block being gathered: so at most 1 / READ_AHEAD_SHARE of the
+# window's GETs are in flight. (The pass stats judge a store-limited pass by
+# the same share; measured on 30 ms emulated GETs, the windows of 24-32 GETs
+# kept 12-20 in flight.)
+READ_AHEAD_SHARE = 2
+
+
+def _gets_per_read(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> float:
+    return sum(tiles_per_read[path] for path, _ in plan.reads) / len(plan.reads) if plan.reads else 1.0
+
+
+def read_ceiling(
+    plan: EpochPlan, geometries: Mapping[str, ArrayGeometry], max_inflight: int, latency_s: float
+) -> dict[str, Any]:
+    """What a link of ``latency_s`` per GET allows this plan, from latency alone.
+
+    GETs in flight are ``max_inflight`` or what the read-ahead window
+    (``read_ahead_bound`` reads, in GETs) leaves in flight, whichever is
+    smaller; each takes ``latency_s``, so the pass moves ``in_flight /
+    latency_s`` GETs per second and ``samples / gets`` samples per GET.
+    ``bound`` names the knob that sets it: ``"read-ahead"`` (``block_chunks``)
+    or ``"max_inflight"``. Bandwidth, decode and the training step come on
+    top, so a real pass is at best this fast.
+    """
+    if not latency_s > 0:
+        raise ValueError(f"{latency_s=} must be > 0")
+    tiles = {g.path: g.tiles_per_chunk for g in geometries.values()}
+    gets = sum(tiles[path] for path, _ in plan.reads)
+    window = plan.read_ahead_bound * _gets_per_read(plan, tiles)
+    reachable = max(window / READ_AHEAD_SHARE, 1.0)
+    in_flight = min(float(max_inflight), reachable)
+    gets_per_s = in_flight / latency_s
+    return {
+        "latency_s": float(latency_s),
+        "gets": int(gets),
+        "samples": plan.n_samples,
+        "window_gets": int(round(window)),
+        "in_flight": in_flight,
+        "bound": "read-ahead" if reachable < max_inflight else "max_inflight",
+        "gets_per_s": gets_per_s,
+        "samples_per_s": gets_per_s * plan.n_samples / gets if gets else 0.0,
+    }
 
 
 def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
@@ -55,6 +98,7 @@ def describe_loader(
     budget_bytes: int | None = None,
     batch_geometries: Mapping[str, ArrayGeometry] | None = None,
     stored_tile_bytes: Mapping[str, int | None] | None = None,
+    ceiling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -63,7 +107,8 @@ def describe_loader(
     default the same); ``plans`` one epoch plan per split; ``split`` the one
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
-    sizes, ``None`` where unknown.
+    sizes, ``None`` where unknown. ``ceiling`` is a :func:`read_ceiling`
+    (plus any ``suggest`` entry), reported as given.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
@@ -137,6 +182,7 @@ def describe_loader(
         "splits": splits,
         "memory": memory,
         "notes": notes,
+        **({"ceiling": dict(ceiling)} if ceiling is not None else {}),
     }
 
 
@@ -201,5 +247,43 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
         "(working set + in flight + queue), before the interpreter",
     ]
+    ceiling = info.get("ceiling")
+    if ceiling is not None:
+        lines += _ceiling_lines(ceiling, knobs)
     lines += [f"hint       {h}" for h in info["notes"]]
     return "\n".join(lines)
+
+
+def _ceiling_lines(c: Mapping[str, Any], knobs: Mapping[str, int]) -> list[str]:
+    """The ``ceiling`` line (and the ``advice`` line it implies) for ``--latency-ms``."""
+    ms = c["latency_s"] * 1e3
+    if c["bound"] == "read-ahead":
+        why = (
+            f"the read-ahead (block_chunks={knobs['block_chunks']}: a window of {c['window_gets']} GETs) keeps "
+            f"~{c['in_flight']:.0f} in flight, under max_inflight={knobs['max_inflight']}"
+        )
+    else:
+        why = f"max_inflight={knobs['max_inflight']} GETs in flight (the read-ahead would allow {c['window_gets']})"
+    lines = [
+        f"ceiling    at {ms:g} ms per GET: {why} → {c['gets_per_s']:.0f} GETs/s ≈ {c['samples_per_s']:.0f} "
+        "samples/s (latency alone: bandwidth, decode and your step come on top)"
+    ]
+    suggest = c.get("suggest")
+    if suggest and "block_chunks" in suggest:
+        lines.append(
+            f"advice     raise block_chunks to {suggest['block_chunks']} (working set "
+            f"{_mb(suggest['working_set_bytes'])} MB) to keep max_inflight={knobs['max_inflight']} busy: "
+            f"≈ {suggest['samples_per_s']:.0f} samples/s; raising max_inflight alone changes nothing"
+        )
+    elif suggest and "split_chunks" in suggest:
+        lines.append(
+            f"advice     no block_chunks widens this read-ahead (the split has {suggest['split_chunks']} chunks): "
+            f"max_inflight above ~{suggest['usable_inflight']} is never used here"
+        )
+    elif suggest and "max_inflight" in suggest:
+        lines.append(
+            f"advice     raise max_inflight to {suggest['max_inflight']} (what this read-ahead can keep busy; "
+            f"+{_mb(suggest['inflight_bytes'])} MB decoded in flight): ≈ {suggest['samples_per_s']:.0f} samples/s; "
+            "beyond it raise block_chunks too"
+        )
+    return lines

@@ -18,7 +18,13 @@ import zarr
 from helpers import CountingStore, local_store, smooth_field, write_array
 
 from insitubatch import InSituDataset, PassStats, open_geometries, split_by_chunk
-from insitubatch._engine.stats import CONSUMER_WAIT_SHARE, MIN_PRESSURE, STAGES
+from insitubatch._engine.stats import (
+    CONSUMER_WAIT_SHARE,
+    FULL_CONCURRENCY_SHARE,
+    MIN_PRESSURE,
+    READ_AHEAD_SHARE,
+    STAGES,
+)
 
 # A GET (or a transform, or a step) this slow dwarfs the rest of a pass over a few hundred KB.
 SLOW_S = 0.03
@@ -36,7 +42,8 @@ def _dataset(store, **kw) -> InSituDataset:
     manifest = split_by_chunk(geoms["t2m"], fractions=(1.0,))
     kw.setdefault("max_inflight", 8)
     kw.setdefault("decode_threads", 2)
-    return InSituDataset(store, manifest, geoms, batch_size=8, block_chunks=4, **kw)
+    kw.setdefault("block_chunks", 4)
+    return InSituDataset(store, manifest, geoms, batch_size=8, **kw)
 
 
 def _drain(view, step_s: float = 0.0) -> PassStats:
@@ -81,6 +88,49 @@ def test_slow_store_is_named(zarr_path) -> None:
         s = _drain(ds.train)
     assert s.limiting_stage == "store", s.summary()
     assert s.fetch_s > 5 * (s.decode_s + s.transform_s)
+
+
+def test_a_store_limited_pass_capped_by_its_read_ahead_is_told_to_raise_block_chunks(zarr_path) -> None:
+    """One chunk per shuffle block: a window of a few GETs, whatever max_inflight allows."""
+    store = CountingStore(local_store(zarr_path), latency_s=SLOW_S)
+    with _dataset(store, block_chunks=1, max_inflight=64) as ds:
+        store.reset()  # opening gathers metadata GETs concurrently; count the pass's only
+        s = _drain(ds.train)
+        window = ds.train.plan().read_ahead_bound * 2  # two tiles per chunk read
+    assert s.limiting_stage == "store", s.summary()
+    assert s.read_window == window < READ_AHEAD_SHARE * s.max_inflight
+    assert store.peak_inflight <= window < 64  # the permits were never all in use
+    assert s.store_bound == "read-ahead"
+    assert "raise block_chunks" in s.advice and "changes nothing" in s.advice
+    assert s.to_dict()["store_bound"] == "read-ahead" and s.to_dict()["advice"] == s.advice
+
+
+def test_a_store_limited_pass_at_full_concurrency_is_told_to_raise_max_inflight(zarr_path) -> None:
+    """Two permits under a window of dozens of GETs: every permit busy all pass."""
+    store = CountingStore(local_store(zarr_path), latency_s=SLOW_S)
+    with _dataset(store, block_chunks=16, max_inflight=2) as ds:
+        store.reset()  # opening gathers metadata GETs concurrently; count the pass's only
+        s = _drain(ds.train)
+    assert s.limiting_stage == "store", s.summary()
+    assert s.read_window >= READ_AHEAD_SHARE * s.max_inflight
+    assert store.peak_inflight == 2
+    assert s.store_bound == "concurrency"
+    assert "raise max_inflight" in s.advice and "block_chunks" not in s.advice
+
+
+@pytest.mark.slow
+def test_the_advised_knob_is_the_one_that_helps(zarr_path) -> None:
+    """On the read-ahead-capped pass, 4x max_inflight changes little and 8x block_chunks a lot; and the reverse."""
+
+    def rate(**kw) -> float:
+        with _dataset(CountingStore(local_store(zarr_path), latency_s=SLOW_S), **kw) as ds:
+            return _drain(ds.train).samples_per_s
+
+    capped = rate(block_chunks=1, max_inflight=16)
+    assert rate(block_chunks=1, max_inflight=64) < 1.3 * capped
+    assert rate(block_chunks=8, max_inflight=16) > 1.5 * capped
+    saturated = rate(block_chunks=16, max_inflight=2)
+    assert rate(block_chunks=16, max_inflight=8) > 2 * saturated
 
 
 def test_slow_transform_is_named_decode(zarr_path) -> None:
@@ -178,6 +228,13 @@ def test_the_rule_on_constructed_numbers() -> None:
     assert _stats(fetch_s=80.0, re_reads=50).limiting_stage == "store"
     s = _stats(fetch_s=80.0)
     assert s.summary().endswith(f"limited by: store — {s.advice}")
+    # the store verdict: a known window under READ_AHEAD_SHARE x max_inflight is the read-ahead's doing
+    assert _stats(fetch_s=80.0, read_window=READ_AHEAD_SHARE * 32 - 1).store_bound == "read-ahead"
+    assert _stats(fetch_s=80.0, read_window=READ_AHEAD_SHARE * 32).store_bound == "concurrency"
+    # without a window, the mean GETs outstanding (fetch_s / wall_s) against max_inflight decides
+    assert _stats(fetch_s=FULL_CONCURRENCY_SHARE * 32 * 10.0 * 0.9).store_bound == "read-ahead"
+    assert _stats(fetch_s=FULL_CONCURRENCY_SHARE * 32 * 10.0 * 1.1).store_bound == "concurrency"
+    assert _stats(fetch_s=2.0, decode_s=9.0).store_bound is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.samples = 1  # type: ignore[misc]
 
