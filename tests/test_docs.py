@@ -43,7 +43,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -263,11 +262,11 @@ def api_entries() -> list[Entry]:
 
 
 def cli_parsers() -> dict[str, argparse.ArgumentParser]:
-    """``{"insitubatch <command>": parser, "insitubatch-check-transform": parser}``."""
+    """``{"insitubatch": parser, "insitubatch <command>": parser, "insitubatch-check-transform": parser}``."""
     from insitubatch.tools import check_transform, cli
 
-    parsers: dict[str, argparse.ArgumentParser] = {}
     top = cli.build_parser()
+    parsers: dict[str, argparse.ArgumentParser] = {"insitubatch": top}
     for action in top._actions:
         if isinstance(action, argparse._SubParsersAction):
             for command, parser in action.choices.items():
@@ -446,27 +445,31 @@ def _normal(text: str) -> str:
     return " ".join(text.split())
 
 
-def _usage(parser: argparse.ArgumentParser) -> str:
-    return _normal(parser.format_usage())
+def _help_usage(parser: argparse.ArgumentParser) -> str:
+    """The usage paragraph that ``--help`` prints first, whitespace normalised."""
+    return _normal(parser.format_help().split("\n\n", 1)[0])
 
 
 def test_cli_usage_blocks_match_the_parsers() -> None:
+    """Every usage block, wherever it is and however often a command is shown, reads as ``--help`` does."""
     registered = cli_parsers()
     pending = unregistered_parsers(registered)
     parsers = {**registered, **pending}
-    shown = {}
-    for b in all_blocks():
-        if b.info == "text usage":
-            m = re.match(r"usage: (insitubatch(?:-check-transform| [\w-]+))", _normal(b.source))
-            assert m, f"{b.where}: a usage block starts with 'usage: insitubatch ...'"
-            shown[m[1]] = (b, _normal(b.source))
+    shown: set[str] = set()
     wrong = []
-    for command, (b, text) in shown.items():
+    for b in all_blocks():
+        if b.info != "text usage":
+            continue
+        text = _normal(b.source)
+        m = re.match(r"usage: (insitubatch(?:-check-transform| [\w-]+)?)", text)
+        assert m, f"{b.where}: a usage block starts with 'usage: insitubatch ...'"
+        command = m[1]
+        shown.add(command)
         if command not in parsers:
             wrong.append(f"{b.where}: {command!r} is not a command; commands are {sorted(parsers)}")
-        elif text != _usage(parsers[command]):
+        elif text != _help_usage(parsers[command]):
             wrong.append(f"{b.where}: the usage of {command!r} now reads:\n{parsers[command].format_usage()}")
-    undocumented = sorted(set(parsers) - set(shown))
+    undocumented = sorted(set(parsers) - shown)
     assert not wrong and not undocumented, "\n".join(wrong) + (
         f"\ncommands without a usage block in the docs: {undocumented}" if undocumented else ""
     )
@@ -484,6 +487,10 @@ def _commands(source: str) -> Iterator[list[str]]:
             argv = argv[1:]
         if argv[:3] == ["python", "-m", "insitubatch.tools.check_transform"]:
             argv = ["insitubatch-check-transform", *argv[3:]]
+        elif argv[:3] == ["python", "-m", "insitubatch"]:
+            argv = ["insitubatch", *argv[3:]]
+        elif argv[:3] == ["python", "-m", "insitubatch.testing.emulator"]:
+            argv = ["insitubatch", "emulate", *argv[3:]]
         if argv and argv[0] in ("insitubatch", "insitubatch-check-transform"):
             yield argv
 
@@ -497,7 +504,7 @@ def test_bash_blocks_use_real_commands_and_flags() -> None:
         if b.info != "bash":
             continue
         for argv in _commands(b.source):
-            if argv[0] == "insitubatch-check-transform":
+            if argv[0] == "insitubatch-check-transform" or len(argv) == 1 or argv[1].startswith("-"):
                 command, rest = argv[0], argv[1:]
             else:
                 command, rest = " ".join(argv[:2]), argv[2:]
@@ -506,9 +513,11 @@ def test_bash_blocks_use_real_commands_and_flags() -> None:
                 bad.append(f"{b.where}: {' '.join(argv)}: no command {command!r}")
                 continue
             try:
-                with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
+                with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink), contextlib.redirect_stdout(sink):
                     parser.parse_args(rest)
-            except SystemExit:
+            except SystemExit as exit_:
+                if exit_.code == 0:  # --help, --version
+                    continue
                 bad.append(f"{b.where}: {' '.join(argv)}: rejected by the parser ({parser.format_usage().strip()})")
     assert not bad, "\n".join(bad)
     _xfail_if_unregistered(pending)

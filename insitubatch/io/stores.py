@@ -42,16 +42,7 @@ _AZURE_SCHEMES = ("az", "azure", "abfs", "abfss")
 _HTTP_SCHEMES = ("http", "https")
 _VALID_SCHEMES = _LOCAL_SCHEMES + _MEMORY_SCHEMES + _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES + _HTTP_SCHEMES
 
-# What a store that signs nothing (a local path, memory://) accepts: anonymous=True
-# asks for no signature, which such a store never sends anyway.
-_UNSIGNED_ONLY = ("anonymous",)
-
-# S3-compatible services elsewhere (MinIO, a loopback emulator) are usually named by
-# these environment variables, which obstore's S3 builder reads; a plain-HTTP one
-# then needs allow_http, which the client options built here would otherwise drop.
-_S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
-_S3_ALLOW_HTTP_ENV = "AWS_ALLOW_HTTP"
-
+_UNSIGNED_ONLY = ("anonymous",)  # asks for no signature, which a local or memory:// store never sends
 # The keys obstore's RetryConfig reads; obstore silently ignores any other key,
 # so a typo would otherwise pass unnoticed.
 _RETRY_KEYS = frozenset({"backoff", "max_retries", "retry_timeout"})
@@ -215,9 +206,8 @@ def obstore_store(
         when this is ``False`` and must already exist when it is ``True``.
     anonymous
         Send unsigned requests (public buckets): obstore's ``skip_signature``
-        for S3, GCS and Azure. HTTP requests, local paths and ``memory://``
-        are never signed, so it changes nothing there (one line of code then
-        reads a public bucket and a local copy alike).
+        for S3, GCS and Azure; nothing is signed over HTTP, on a local path or
+        ``memory://``, so there it changes nothing.
     requester_pays
         Read a requester-pays bucket. S3: ``True`` (the credentials' account is
         billed). GCS: the billing project id as a string (sent as the
@@ -227,9 +217,8 @@ def obstore_store(
         server. S3 and Azure ``endpoint``; GCS ``base_url``.
     allow_http
         Permit plain-HTTP connections (an HTTP client option). ``None`` means
-        ``True`` when ``endpoint`` or the URL itself is ``http://`` (for S3
-        also the ``AWS_ENDPOINT_URL`` environment variable, or
-        ``AWS_ALLOW_HTTP``), else obstore's default (HTTPS only).
+        ``True`` when ``endpoint``, the URL or (S3) ``AWS_ENDPOINT_URL`` is
+        ``http://`` or ``AWS_ALLOW_HTTP`` is true, else HTTPS only.
     region
         S3 region.
     retry
@@ -257,8 +246,7 @@ def obstore_store(
     ------
     ValueError
         Unknown scheme; an option this kind of URL cannot use (e.g.
-        ``requester_pays`` on HTTP, any option but ``anonymous`` on a local
-        path); contradictory
+        ``requester_pays`` on HTTP, ``region`` on a local path); contradictory
         options; a config key obstore does not know.
     TypeError
         ``url`` is neither a string nor a path.
@@ -358,9 +346,9 @@ def _cloud_store(
         raise ValueError(f"endpoint={endpoint!r} must start with http:// or https://")
     if allow_http is False and endpoint is not None and endpoint.startswith("http://"):
         raise ValueError(f"allow_http=False contradicts the plain-HTTP endpoint={endpoint!r}")
-    plain_http_endpoint = endpoint is not None and endpoint.startswith("http://")
-    if scheme in _S3_SCHEMES and endpoint is None:
-        plain_http_endpoint = _s3_env_allows_http()
+    plain_http_endpoint = (
+        endpoint.startswith("http://") if endpoint else scheme in _S3_SCHEMES and _s3_env_allows_http()
+    )
     http_options = _client_options(url, client_options, allow_http, plain_http_endpoint)
 
     config: dict[str, Any] = {}
@@ -418,12 +406,9 @@ def _cloud_store(
 
 
 def _s3_env_allows_http() -> bool:
-    """Whether the environment names a plain-HTTP S3 endpoint, or allows HTTP outright."""
-    flag = os.environ.get(_S3_ALLOW_HTTP_ENV, "").strip().lower()
-    if flag:
-        return flag in ("1", "true", "yes", "on")
-    env_endpoint = next((os.environ[name] for name in _S3_ENDPOINT_ENV if os.environ.get(name)), "")
-    return env_endpoint.startswith("http://")
+    """Whether ``AWS_ALLOW_HTTP`` is true, or ``AWS_ENDPOINT_URL`` (MinIO, an emulator) is plain HTTP."""
+    flag, endpoint = (os.environ.get(k, "").strip().lower() for k in ("AWS_ALLOW_HTTP", "AWS_ENDPOINT_URL"))
+    return flag in ("1", "true", "yes", "on") if flag else endpoint.startswith("http://")
 
 
 def _build(url: str, factory: Any, parse_url: str, **kwargs: Any) -> Any:

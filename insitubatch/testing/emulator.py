@@ -39,6 +39,10 @@ Counters are exact: every request is counted on arrival, every body byte as
 it is written, per key (the URL path without its leading ``/``). Read them
 with :meth:`Emulator.stats`, zero them with :meth:`Emulator.reset_stats`.
 
+Run from a shell, ``python -m insitubatch.testing.emulator ROOT`` (or
+``insitubatch emulate ROOT``) serves ``ROOT`` in the foreground until
+stopped; :mod:`insitubatch.testing.emulator_cli` says how.
+
 :class:`EmulatorProcess` runs the same server in a child process
 (``python -m insitubatch.testing.emulator``) so that a benchmark's loader and the server do
 not share an interpreter; it is driven through two control endpoints the
@@ -50,7 +54,6 @@ in-process only.
 
 from __future__ import annotations
 
-import argparse
 import email.utils
 import http.server
 import json
@@ -59,7 +62,6 @@ import random
 import re
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -395,26 +397,10 @@ class Emulator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Serve ``--root`` until stdin closes; print the base URL as the first stdout line."""
-    parser = argparse.ArgumentParser(description="Serve a directory as an emulated object store on 127.0.0.1.")
-    parser.add_argument("--root", required=True)
-    parser.add_argument("--latency-s", type=float, default=DEFAULT_LATENCY_S)
-    parser.add_argument("--jitter-s", type=float, default=DEFAULT_JITTER_S)
-    parser.add_argument("--bandwidth-bytes-per-s", type=float, default=None)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    with Emulator(
-        args.root,
-        latency_s=args.latency_s,
-        jitter_s=args.jitter_s,
-        bandwidth_bytes_per_s=args.bandwidth_bytes_per_s,
-        port=args.port,
-        seed=args.seed,
-    ) as emu:
-        print(emu.url, flush=True)
-        sys.stdin.read()  # returns when the parent closes our stdin (or dies)
-    return 0
+    """Serve a directory until SIGINT/SIGTERM, printing its URL first (:mod:`insitubatch.testing.emulator_cli`)."""
+    from .emulator_cli import main as serve
+
+    return serve(Emulator, argv)
 
 
 if __name__ == "__main__":

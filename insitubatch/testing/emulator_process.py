@@ -48,8 +48,8 @@ class EmulatorProcess:
             sys.executable,
             "-m",
             "insitubatch.testing.emulator",
-            "--root",
             str(self.root),
+            "--watch-stdin",  # a parent that dies closes our stdin: the child never outlives it
             "--latency-s",
             str(latency_s),
             "--jitter-s",
@@ -104,13 +104,15 @@ class EmulatorProcess:
         return self._call("POST", "config", settings)
 
     def close(self) -> None:
-        """Ask the child to exit (close its stdin), kill it if it does not. Idempotent."""
+        """Stop the child (SIGTERM, its stdin closed too), kill it if it does not exit. Idempotent."""
         if self._closed:
             return
         self._closed = True
         try:
             if self.process.stdin is not None:  # always, with stdin=PIPE
                 self.process.stdin.close()
+            if self.process.poll() is None:
+                self.process.terminate()
             self.process.wait(timeout=STOP_JOIN_S * 2)
         except subprocess.TimeoutExpired:
             self.process.kill()

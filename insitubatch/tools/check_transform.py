@@ -37,6 +37,7 @@ from ..io.group import open_geometries
 from ..io.stores import obstore_store
 from ..transforms import ChunkRead, DecodedChunk, Scoped
 from .gil_probe import PROBE_THREADS, gil_probe
+from .store_args import URL_HELP, add_store_options, one_line, store_options
 
 __all__ = ["CheckResult", "load_transform", "main", "read_chunk"]
 
@@ -278,11 +279,13 @@ def check_gil(transform: Callable[[DecodedChunk], object], name: str, chunk: Dec
 
 # -- command line -----------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from .debug import version_line
+
     parser = argparse.ArgumentParser(
         prog="insitubatch-check-transform",
         description="Run a chunk transform on one real chunk and check its output_inner and that it releases the GIL.",
     )
-    parser.add_argument("url", help="store URL (s3://bucket/prefix, gs://..., file://...) or a local path")
+    parser.add_argument("url", help=URL_HELP)
     parser.add_argument("--var", required=True, help="zarr array path to read a chunk of")
     parser.add_argument(
         "--transform",
@@ -290,35 +293,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="module:attr or path/to/file.py:attr (a class is instantiated with no arguments)",
     )
     parser.add_argument("--group", default="", help="group inside the store holding --var (default: root)")
-    parser.add_argument("--sample-axis", type=int, default=0, help="the array's sample axis (default 0)")
-    parser.add_argument("--chunk", type=int, default=0, help="sample-axis chunk index to read (default 0)")
+    parser.add_argument("--sample-axis", type=int, default=0, help="the array's sample axis (default: 0)")
+    parser.add_argument("--chunk", type=int, default=0, help="sample-axis chunk index to read (default: 0)")
     parser.add_argument("--no-gil-probe", dest="gil_probe", action="store_false", help="skip the thread-scaling probe")
-    parser.add_argument("--threads", type=int, default=PROBE_THREADS, help=f"probe threads (default {PROBE_THREADS})")
-    parser.add_argument("--skip-signature", action="store_true", help="send unsigned requests (public buckets)")
     parser.add_argument(
-        "--request-payer",
-        nargs="?",
-        const=True,
-        default=None,
-        metavar="PROJECT",
-        help="read a requester-pays bucket (GCS: give the billing project)",
+        "--threads", type=int, default=PROBE_THREADS, help=f"threads the probe runs at once (default: {PROBE_THREADS})"
     )
-    parser.add_argument("--endpoint", default=None, help="custom object-store endpoint, e.g. http://127.0.0.1:9000")
-    parser.add_argument("--allow-http", action="store_true", default=None, help="permit plain-HTTP connections")
+    add_store_options(parser)
+    parser.add_argument("--version", action="version", version=version_line())
     return parser
 
 
 def _open_store(args: argparse.Namespace) -> Any:
-    options: dict[str, Any] = {}
-    if args.skip_signature:
-        options["anonymous"] = True
-    if args.request_payer is not None:
-        options["requester_pays"] = args.request_payer
-    if args.endpoint is not None:
-        options["endpoint"] = args.endpoint
-    if args.allow_http is not None:
-        options["allow_http"] = args.allow_http
-    return obstore_store(args.url, read_only=True, **options)
+    return obstore_store(args.url, read_only=True, **store_options(args))
 
 
 def _mb(nbytes: float) -> str:
@@ -359,15 +346,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         transform, name = load_transform(args.transform)
     except Exception as exc:  # anything importing user code can raise
-        print(f"FAIL {'load':<12} {exc}")
+        print(f"FAIL {'load':<12} {one_line(exc)}")
         return EXIT_FAILED
     print(f"transform    {name}  (from {args.transform})")
     try:
         store = _open_store(args)
         found = open_geometries(store, variables=[args.var], sample_axis=args.sample_axis, group=args.group)
         (geometry,) = found.values()
-    except Exception as exc:  # store, metadata and argument errors alike
-        print(f"FAIL {'open':<12} {args.url} --var {args.var}: {exc}")
+    except Exception as exc:  # store, metadata and argument errors alike: one line, never a backend's traceback
+        print(f"FAIL {'open':<12} {args.url} --var {args.var}: {one_line(exc)}")
         return EXIT_FAILED
     _print_geometry(geometry)
 
@@ -383,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = read_chunk(store, geometry, args.chunk)
         read_s = time.perf_counter() - t0
     except Exception as exc:  # chunk out of range, store or decode failure
-        report(CheckResult("read", "FAIL", f"chunk {args.chunk} of {geometry.path!r}: {exc}"))
+        report(CheckResult("read", "FAIL", f"chunk {args.chunk} of {geometry.path!r}: {one_line(exc)}"))
         return _verdict(results)
     tiles = geometry.tiles_per_chunk
     print(f"read         chunk {args.chunk}: {data.shape} from {tiles} stored chunk(s) in {read_s * 1e3:.1f} ms")

@@ -2,12 +2,18 @@
 
 To add a subcommand, write ``_add_<name>(subparsers)`` that registers its
 arguments and sets ``run=_run_<name>``, and list it in ``_SUBCOMMANDS``.
+``python -m insitubatch`` runs the same command line.
+
+A command that fails prints one line, ``insitubatch COMMAND: error: ...``,
+and exits with ``EXIT_FAILURE``; a store backend's multi-line debug output
+is cut to its first line (``INSITUBATCH_TRACEBACK=1`` shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,29 +22,33 @@ from zarr.abc.store import Store
 
 from ..errors import InSituError
 from ..progress import progress
+from .store_args import URL_HELP, add_store_options, one_line, store_options
 
 __all__ = ["build_parser", "main"]
 
 # Exit status for a command that ran but failed (argparse uses 2 for usage errors).
 EXIT_FAILURE = 1
+# Set to 1 to see the traceback of a failed command instead of its one-line message.
+TRACEBACK_ENV = "INSITUBATCH_TRACEBACK"
 
 
 def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("url", help="store URL (s3://bucket/prefix, gs://..., file://...) or a local path")
+    parser.add_argument("url", help=URL_HELP)
     parser.add_argument("--group", default="", help="path of the output group inside the store (default: root)")
-    parser.add_argument("--endpoint", default=None, help="custom object-store endpoint, e.g. http://127.0.0.1:9000")
-    parser.add_argument("--allow-http", action="store_true", default=None, help="permit plain-HTTP connections")
+    add_store_options(parser, reading=False)
 
 
 def _open_store(args: argparse.Namespace, *, read_only: bool) -> Store:
     from ..io.stores import obstore_store
 
-    options: dict[str, Any] = {}
-    if args.endpoint is not None:
-        options["endpoint"] = args.endpoint
-    if args.allow_http is not None:
-        options["allow_http"] = args.allow_http
-    return obstore_store(args.url, read_only=read_only, **options)
+    return obstore_store(args.url, read_only=read_only, **store_options(args))
+
+
+def _failures() -> tuple[type[BaseException], ...]:
+    """What a command reports in one line: insitubatch's errors, bad values, and store failures."""
+    import obstore.exceptions
+
+    return (InSituError, ValueError, KeyError, TypeError, OSError, obstore.exceptions.BaseError)
 
 
 # -- slots ---------------------------------------------------------------------
@@ -167,6 +177,24 @@ def _run_debug_info(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- emulate -------------------------------------------------------------------
+def _add_emulate(subparsers: Any) -> None:
+    from ..testing.emulator import Emulator
+    from ..testing.emulator_cli import add_arguments, run
+
+    parser = subparsers.add_parser(
+        "emulate",
+        help="serve a directory of zarr groups as an emulated object store on 127.0.0.1 until stopped",
+        description=(
+            "Serve ROOT over HTTP on 127.0.0.1 with an object store's latency, bandwidth and faults, in the "
+            "foreground until Ctrl-C or SIGTERM. The first line printed is the base URL; then one line per zarr "
+            "group found, with its HTTP URL and the s3:// URL that reads it through the S3 protocol."
+        ),
+    )
+    add_arguments(parser, Emulator)
+    parser.set_defaults(run=run)
+
+
 # -- entry point ---------------------------------------------------------------
 def _add_inspect(subparsers: Any) -> None:
     from .inspect_store import add_inspect_parser
@@ -174,14 +202,23 @@ def _add_inspect(subparsers: Any) -> None:
     add_inspect_parser(subparsers)
 
 
-_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_inspect, _add_slots, _add_write_status, _add_debug_info)
+_SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
+    _add_inspect,
+    _add_emulate,
+    _add_slots,
+    _add_write_status,
+    _add_debug_info,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``insitubatch`` argument parser with every subcommand registered."""
+    from .debug import version_line
+
     parser = argparse.ArgumentParser(
         prog="insitubatch", description="Tools for insitubatch: zarr archives read in place, written in parallel."
     )
+    parser.add_argument("--version", action="version", version=version_line())
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(subparsers)
@@ -197,8 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.run(args)
-    except (InSituError, ValueError, KeyError, FileNotFoundError) as exc:
-        print(f"insitubatch {args.command}: error: {exc}", file=sys.stderr)
+    except _failures() as exc:
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(f"insitubatch {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
 
 

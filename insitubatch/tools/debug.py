@@ -30,6 +30,11 @@ def _version(name: str) -> str | None:
         return None
 
 
+def version_line() -> str:
+    """``insitubatch X.Y.Z`` (``0+unknown`` from a source tree that was never installed), for ``--version``."""
+    return f"insitubatch {_version('insitubatch') or '0+unknown'}"
+
+
 def _kernels() -> dict[str, Any]:
     try:
         build = importlib.import_module("insitubatch._ext._build")

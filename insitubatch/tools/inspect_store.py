@@ -10,6 +10,11 @@ and prints the working set (the pool's floor), the read-ahead bound,
 GETs per epoch, the read concurrency and the memory they add up to, for
 ``iterations`` passes open at once (the automatic pool budget is the sum of
 their working sets). Nothing is fetched but metadata (and the probes).
+
+With ``latency_ms`` (``--latency-ms``) it also turns a link's time to first
+byte into the read ceiling of those knobs (:func:`insitubatch.plan.cost.read_ceiling`)
+and names the knob that sets it: ``max_inflight``, or the read-ahead of
+``block_chunks``, with the value that would lift it.
 """
 
 from __future__ import annotations
@@ -26,11 +31,19 @@ from ..io.geometry import ArrayGeometry
 from ..io.group import open_geometries
 from ..io.owned import close_store
 from ..io.stores import as_store, obstore_store
-from ..plan.cost import describe_loader, format_summary
-from ..plan.epoch import plan_epoch
-from ..plan.splits import DEFAULT_FRACTIONS, split_by_chunk
+from ..plan.cost import READ_AHEAD_SHARE, describe_loader, format_summary, read_ceiling
+from ..plan.epoch import EpochPlan, plan_epoch
+from ..plan.splits import DEFAULT_FRACTIONS, SplitManifest, split_by_chunk
+from .store_args import URL_HELP, add_store_options, store_options
 
 __all__ = ["add_inspect_parser", "inspect_store", "run_inspect"]
+
+KNOB_HELP = {
+    "batch_size": "samples per batch",
+    "block_chunks": "chunks per shuffle block: shuffle quality and read-ahead against memory",
+    "max_inflight": "stored tiles fetched and decoded at once",
+    "prefetch_depth": "finished batches queued ahead of the consumer",
+}
 
 
 def _dataset_defaults() -> dict[str, Any]:
@@ -67,6 +80,7 @@ def inspect_store(
     fractions: Sequence[float] | Mapping[str, float] = DEFAULT_FRACTIONS,
     probe: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    latency_ms: float | None = None,
 ) -> str:
     """A human-readable summary of a store's variables and of an epoch's cost for the given knobs.
 
@@ -90,6 +104,10 @@ def inspect_store(
     storage_options
         Keyword options for ``obstore_store`` when ``url_or_store`` is a URL
         (``anonymous``, ``endpoint``, ...).
+    latency_ms
+        A link's time to first byte per GET: adds the read ceiling these
+        knobs allow on it, and the ``max_inflight`` or ``block_chunks`` that
+        would lift it.
 
     Returns
     -------
@@ -99,7 +117,11 @@ def inspect_store(
     Raises
     ------
     ValueError
-        No data variables; variables whose sample-axis lengths differ; a bad knob.
+        No data variables; variables whose sample-axis lengths differ; a bad
+        knob or ``latency_ms``.
+    StoreReadError
+        The store failed, or cannot list and has no consolidated metadata
+        while ``variables`` is not given.
     """
     defaults = _dataset_defaults()
     given = {
@@ -112,6 +134,8 @@ def inspect_store(
     for name, value in (*knobs.items(), ("iterations", iterations)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
+    if latency_ms is not None and not latency_ms > 0:
+        raise ValueError(f"{latency_ms=} must be > 0 (milliseconds to a GET's first byte)")
     opened = not isinstance(url_or_store, Store)
     store: Store
     if isinstance(url_or_store, str) and storage_options:
@@ -119,7 +143,9 @@ def inspect_store(
     else:
         store = as_store(url_or_store)
     try:
-        return _describe(store, url_or_store, knobs, iterations, variables, sample_axis, group, split, fractions, probe)
+        return _describe(
+            store, url_or_store, knobs, iterations, variables, sample_axis, group, split, fractions, probe, latency_ms
+        )
     finally:
         if opened:
             close_store(store)
@@ -136,31 +162,77 @@ def _describe(
     split: str,
     fractions: Any,
     probe: bool,
+    latency_ms: float | None,
 ) -> str:
     geoms = open_geometries(store, sample_axis=sample_axis, variables=variables, group=group)
-    if not geoms:
-        raise ValueError(f"{where!r} has no data variables (only coordinates or nothing); name them with variables=")
     lengths = {p: g.n_samples for p, g in geoms.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"variables have different sample-axis lengths {lengths}; inspect them one at a time")
     first = next(iter(geoms.values()))
     manifest = split_by_chunk(first, fractions=fractions)
-    plan = plan_epoch(
-        manifest,
-        split,
-        geoms,
-        batch_size=knobs["batch_size"],
-        block_chunks=knobs["block_chunks"],
-        shuffle=True,
-        seed=0,
-        epoch=0,
-    )
+    plan = _plan(manifest, split, geoms, knobs, knobs["block_chunks"])
     stored = {p: _stored_nbytes(store, g) for p, g in geoms.items()} if probe else None
     label = where if isinstance(where, str) else type(where).__name__
+    ceiling = None if latency_ms is None else _ceiling(manifest, split, geoms, knobs, plan, latency_ms / 1e3)
     info = describe_loader(
-        geoms, {split: plan}, knobs, split=split, store=label, stored_tile_bytes=stored, iterations=iterations
+        geoms,
+        {split: plan},
+        knobs,
+        split=split,
+        store=label,
+        stored_tile_bytes=stored,
+        iterations=iterations,
+        ceiling=ceiling,
     )
     return format_summary(info)
+
+
+def _plan(
+    manifest: SplitManifest, split: str, geoms: Mapping[str, ArrayGeometry], knobs: Mapping[str, int], block_chunks: int
+) -> EpochPlan:
+    return plan_epoch(
+        manifest, split, geoms, batch_size=knobs["batch_size"], block_chunks=block_chunks, shuffle=True, seed=0, epoch=0
+    )
+
+
+def _ceiling(
+    manifest: SplitManifest,
+    split: str,
+    geoms: Mapping[str, ArrayGeometry],
+    knobs: Mapping[str, int],
+    plan: EpochPlan,
+    latency_s: float,
+) -> dict[str, Any]:
+    """``read_ceiling`` of the knobs, plus ``suggest``: the knob value that lifts the bound, when one does."""
+    ceiling = read_ceiling(plan, geoms, knobs["max_inflight"], latency_s)
+    if ceiling["bound"] == "read-ahead":
+        # the smallest block_chunks (doubling) whose read-ahead keeps max_inflight busy
+        block_chunks, n_chunks = knobs["block_chunks"], len(manifest.chunks(split))
+        while block_chunks < n_chunks:
+            block_chunks = min(2 * block_chunks, n_chunks)
+            wider = _plan(manifest, split, geoms, knobs, block_chunks)
+            lifted = read_ceiling(wider, geoms, knobs["max_inflight"], latency_s)
+            if lifted["bound"] == "max_inflight" or block_chunks == n_chunks:
+                if lifted["samples_per_s"] > ceiling["samples_per_s"]:
+                    ceiling["suggest"] = {
+                        "block_chunks": block_chunks,
+                        "working_set_bytes": wider.working_set_bytes,
+                        "samples_per_s": lifted["samples_per_s"],
+                    }
+                break
+        if "suggest" not in ceiling:  # the split is too short for a wider window
+            ceiling["suggest"] = {"split_chunks": n_chunks, "usable_inflight": int(ceiling["in_flight"])}
+    else:
+        usable = int(ceiling["window_gets"] // READ_AHEAD_SHARE)
+        if usable > knobs["max_inflight"]:
+            lifted = read_ceiling(plan, geoms, usable, latency_s)
+            tile_bytes = max(g.stored_chunk_nbytes for g in geoms.values())
+            ceiling["suggest"] = {
+                "max_inflight": usable,
+                "inflight_bytes": (usable - knobs["max_inflight"]) * tile_bytes,
+                "samples_per_s": lifted["samples_per_s"],
+            }
+    return ceiling
 
 
 def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -168,24 +240,43 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "inspect",
         help="show a store's variables, chunk and tile sizes, and an epoch's working set and read concurrency",
-        description=__doc__.splitlines()[0],
+        description="What a store looks like to the loader, and what given knobs cost: only metadata is read "
+        "(plus one size probe per variable). Knobs left out take InSituDataset's defaults.",
     )
-    parser.add_argument("url", help="store URL (gs://, s3://, http(s)://, file://) or a local path")
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--block-chunks", type=int, default=None)
-    parser.add_argument("--max-inflight", type=int, default=None)
-    parser.add_argument("--prefetch-depth", type=int, default=None)
+    parser.add_argument("url", help=URL_HELP)
+    for knob, default in _dataset_defaults().items():
+        parser.add_argument(
+            f"--{knob.replace('_', '-')}",
+            type=int,
+            default=default,
+            help=f"{KNOB_HELP[knob]} (default: {default}, InSituDataset's)",
+        )
     parser.add_argument(
         "--iterations", type=int, default=1, help="passes open at once, e.g. 2 for zip(ds.train, ds.val) (default: 1)"
     )
-    parser.add_argument("--variables", nargs="+", default=None, help="array paths (default: every data variable)")
-    parser.add_argument("--sample-axis", type=int, default=0)
-    parser.add_argument("--group", default="", help="group inside the store (default: root)")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--anonymous", action="store_true", default=None, help="unsigned requests (public buckets)")
-    parser.add_argument("--endpoint", default=None, help="custom object-store endpoint")
     parser.add_argument(
-        "--no-probe", dest="probe", action="store_false", help="do not ask for each variable's stored chunk size"
+        "--latency-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="a GET's time to first byte on your link: adds the read ceiling of these knobs and the "
+        "max_inflight or block_chunks that lifts it (default: not shown)",
+    )
+    parser.add_argument(
+        "--variables",
+        nargs="+",
+        default=None,
+        help="array paths; naming them skips listing (default: every data variable)",
+    )
+    parser.add_argument("--sample-axis", type=int, default=0, help="the axis samples are drawn along (default: 0)")
+    parser.add_argument("--group", default="", help="group inside the store (default: root)")
+    parser.add_argument("--split", default="train", help="the split whose epoch is planned (default: train)")
+    add_store_options(parser)
+    parser.add_argument(
+        "--no-probe",
+        dest="probe",
+        action="store_false",
+        help="do not ask for each variable's stored chunk size (one small request each)",
     )
     parser.set_defaults(run=run_inspect)
     return parser
@@ -193,11 +284,6 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_inspect(args: argparse.Namespace) -> int:
     """Run ``insitubatch inspect`` for parsed ``args``; prints the summary, returns 0."""
-    options: dict[str, Any] = {}
-    if args.anonymous:
-        options["anonymous"] = True
-    if args.endpoint is not None:
-        options["endpoint"] = args.endpoint
     print(
         inspect_store(
             args.url,
@@ -211,7 +297,8 @@ def run_inspect(args: argparse.Namespace) -> int:
             group=args.group,
             split=args.split,
             probe=args.probe,
-            storage_options=options,
+            storage_options=store_options(args),
+            latency_ms=args.latency_ms,
         )
     )
     return 0

@@ -255,5 +255,7 @@ def test_reads_from_a_loopback_s3_endpoint(capsys, monkeypatch, s3_server, s3_bu
     assert code == 0, out
     assert "read         chunk 0: (8, 16, 32) from 2 stored chunk(s)" in out
     # unsigned requests reach the server and are refused by the private bucket
-    code, out = _run(capsys, *base, "--skip-signature")
+    code, out = _run(capsys, *base, "--anonymous")
     assert code == 1 and "FAIL open" in out and "403" in out
+    assert len([line for line in out.splitlines() if line.startswith("FAIL")]) == 1
+    assert "Debug source" not in out and "Traceback" not in out  # one line, not the backend's debug dump
