@@ -54,7 +54,6 @@ pass rate for insitubatch (its pipeline fill counted, against it).
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import inspect
 import json
@@ -700,50 +699,31 @@ def _run_decode_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_get_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
-    """GET the split's stored chunks ``concurrency`` at a time through obstore, bytes only."""
-    import obstore
-    from obstore.store import HTTPStore
+    """GET the split's stored chunks ``concurrency`` at a time through the loader's own client, bytes only.
+
+    The replay is :func:`insitubatch.testing.ceiling.raw_get_ceiling`, the one
+    the pytest plugin's ``loader_benchmark`` measures its ceiling with.
+    """
+    from insitubatch.testing.ceiling import raw_get_ceiling
 
     store = _open_store(cfg["url"])
     geoms = _geometries(store, cfg["variables"])
     train = _train_indices(geoms, cfg["fractions"])
     keys = [key for _, _, key in _tile_keys(geoms, train)]
-    raw = HTTPStore.from_url(cfg["url"], client_options={"allow_http": True})
-    concurrency = int(cfg["concurrency"])
-    window = float(cfg["window_s"])
-
-    async def fetch_all() -> tuple[int, int, float]:
-        sem = asyncio.Semaphore(concurrency)
-        done = nbytes = 0
-        t0 = time.perf_counter()
-        deadline = t0 + window
-
-        async def one(key: str) -> None:
-            nonlocal done, nbytes
-            async with sem:
-                if time.perf_counter() > deadline:
-                    return
-                result = await obstore.get_async(raw, key)
-                nbytes += len(await result.bytes_async())
-                done += 1
-
-        await asyncio.gather(*(one(k) for k in keys))
-        return done, nbytes, time.perf_counter() - t0
-
-    done, nbytes, elapsed = asyncio.run(fetch_all())
-    samples = len(train) * done / len(keys)
+    ceiling = raw_get_ceiling(store, keys, int(cfg["concurrency"]), window_s=float(cfg["window_s"]))
+    samples = len(train) * ceiling.gets / len(keys)
     return {
         "name": cfg["name"],
         "loader": "get_ceiling",
-        "concurrency": concurrency,
-        "gets_done": done,
+        "concurrency": ceiling.concurrency,
+        "gets_done": ceiling.gets,
         "samples": samples,
-        "elapsed_s": elapsed,
-        "rate_samples_per_s": samples / elapsed,
+        "elapsed_s": ceiling.seconds,
+        "rate_samples_per_s": samples / ceiling.seconds,
         "rate_basis": "GETs only",
-        "gets_per_s": done / elapsed,
-        "wire_mb_per_s": nbytes / elapsed / MB,
-        "mb_per_s": samples * _sample_nbytes(geoms) / elapsed / MB,
+        "gets_per_s": ceiling.gets_per_s,
+        "wire_mb_per_s": ceiling.nbytes / ceiling.seconds / MB,
+        "mb_per_s": samples * _sample_nbytes(geoms) / ceiling.seconds / MB,
     }
 
 

@@ -11,6 +11,10 @@
   of ``url`` a newcomer may give them (``README_URLS``): a local path,
   ``file://``, and HTTP and S3 against the emulator, with and without
   consolidated metadata.
+* ```` ```python pytest ```` blocks are complete test files: each is written
+  to a fresh directory and run by pytest there (``-W error``), as a user
+  would run it, with insitubatch's pytest plugin providing the fixtures; it
+  must pass.
 * ```` ```python signature ```` blocks in ``docs/api.md`` are compared with what
   :func:`api_entries` derives from the code with ``inspect.signature``: every
   public name (``insitubatch.__all__``, ``insitubatch.write.__all__``, the
@@ -55,6 +59,7 @@ API_DOC = ROOT / "docs" / "api.md"
 # The languages a fenced block may carry. ``python`` runs; the others are checked or shown.
 LANGUAGES = {
     "python",  # executed
+    "python pytest",  # a complete test file: run with pytest (the plugin's fixtures), must pass
     "python signature",  # api.md: compared with inspect.signature
     "text usage",  # compared with the argparse usage of a command
     "bash",  # insitubatch commands in it are parsed by the real parser
@@ -404,6 +409,29 @@ def test_readme_runs_as_written(kind: str, served: Served, tmp_path: Path) -> No
     """README's blocks, unchanged, on every kind of url a newcomer may give them."""
     url, env = served.where(kind)
     _run_page(ROOT / "README.md", url, env, tmp_path)
+
+
+PYTEST_BLOCKS = [b for b in all_blocks() if b.info == "python pytest"]
+
+
+@pytest.mark.parametrize("block", PYTEST_BLOCKS, ids=lambda b: b.where)
+def test_pytest_blocks_pass(block: Block, tmp_path: Path) -> None:
+    """A documented test file, copied as is into a project of its own, passes under pytest."""
+    (tmp_path / "test_from_the_docs.py").write_text(block.source, encoding="utf-8")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", "test_from_the_docs.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=PAGE_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, f"{block.where}: the documented test file failed:\n{proc.stdout}\n{proc.stderr}"
 
 
 def test_api_reference_matches_the_code() -> None:

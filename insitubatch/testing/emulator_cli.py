@@ -103,6 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser, emulator: type) -> argparse.A
         action="store_true",
         help="also stop when standard input closes (for a parent process that runs it as a child)",
     )
+    parser.add_argument("--quiet", action="store_true", help="print only the URL (no groups, no request counts)")
     parser.set_defaults(serve=emulator)
     return parser
 
@@ -128,8 +129,10 @@ def _groups(root: Path) -> Iterator[Path]:
                 yield d
 
 
-def _announce(url: str, root: Path) -> None:
+def _announce(url: str, root: Path, quiet: bool) -> None:
     print(url, flush=True)  # the first line: what a parent process reads
+    if quiet:
+        return
     for group in _groups(root):
         key = group.relative_to(root).as_posix()
         bucket, _, prefix = key.partition("/")
@@ -156,17 +159,18 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with emulator(root, **options) as emu:
-            _announce(emu.url, Path(root))
+            _announce(emu.url, Path(root), args.quiet)
             if args.watch_stdin:
                 threading.Thread(target=_stop_at_eof, args=(stop,), name="emulator-stdin", daemon=True).start()
             while not stop.wait(1.0):  # short waits: the main thread stays responsive to signals
                 pass
             s = emu.stats()
-        print(
-            f"served {s.requests} requests: {s.gets} GETs, {s.heads} HEADs, {s.bytes_sent} bytes, "
-            f"{s.not_found} not found",
-            file=sys.stderr,
-        )
+        if not args.quiet:
+            print(
+                f"served {s.requests} requests: {s.gets} GETs, {s.heads} HEADs, {s.bytes_sent} bytes, "
+                f"{s.not_found} not found",
+                file=sys.stderr,
+            )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

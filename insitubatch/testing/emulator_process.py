@@ -50,6 +50,7 @@ class EmulatorProcess:
             "insitubatch.testing.emulator",
             str(self.root),
             "--watch-stdin",  # a parent that dies closes our stdin: the child never outlives it
+            "--quiet",
             "--latency-s",
             str(latency_s),
             "--jitter-s",
