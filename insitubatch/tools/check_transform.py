@@ -264,8 +264,8 @@ def check_gil(transform: Callable[[DecodedChunk], object], name: str, chunk: Dec
             "no scheduler accounting and one usable core, or threads never got a core: scaling cannot be measured",
         )
     how = (
-        f"{probe.parallelism:.2f} of {probe.threads} threads busy at once ({probe.method}; flag below "
-        f"{probe.threshold:.2f}; {probe.samples} samples per call, {probe.call_s * 1e3:.1f} ms)"
+        f"{probe.describe()}; flag below {probe.threshold:.2f}; {probe.samples} samples per call, "
+        f"{probe.call_s * 1e3:.1f} ms"
     )
     if probe.holds_gil:
         return CheckResult(

@@ -1,4 +1,4 @@
-"""The GIL probe: how many threads a chunk transform keeps busy at once.
+"""The GIL probe: how many threads running a chunk transform make progress in parallel.
 
 A transform runs on the decode pool, where one that holds the GIL serializes
 every decode thread; ``insitubatch-check-transform`` runs this probe on a real
@@ -13,10 +13,12 @@ one) and the probe computes the *effective parallelism*
 
     P = sum over threads of  cpu_time / (wall_time - runqueue_wait)
 
-— how many threads made progress at once, had every runnable thread had a
-core. Waiting for a core is excluded, so a busy or small machine (2 cores, 4
-threads) does not lower P; waiting for the GIL is a sleep and is not
-excluded. A transform that releases the GIL measures P close to N; one that
+— how many threads made progress in parallel whenever they had a core. It
+is not how many CPUs were busy (that is at most the machine's CPUs): waiting
+for a core is excluded, so a busy or small machine (2 cores, 4 threads) does
+not lower P, and 4 threads on 2 cores can measure P close to 4; waiting for
+the GIL is a sleep and is not excluded. The check's line says so, with the
+machine's CPU count beside it. A transform that releases the GIL measures P close to N; one that
 holds it measures P close to 1 however many cores there are. The probe
 flags ``P < 1 + 0.3 * (N - 1)`` (1.9 of 4 threads): less than 30% of the
 parallelism a GIL-free transform adds. Where the accounting is unavailable
@@ -92,6 +94,16 @@ class ProbeResult:
     threshold: float
     samples: int
     call_s: float
+    cpus: int = 1  # usable CPUs of the machine: at most this many threads ran at any instant
+
+    def describe(self) -> str:
+        """What was measured, in words that hold on a machine with fewer CPUs than threads."""
+        if self.method == "schedstat":
+            return (
+                f"{self.parallelism:.2f} of {self.threads} threads progressed in parallel whenever they had a CPU "
+                f"(time waiting for one of this machine's {self.cpus} CPUs excluded)"
+            )
+        return f"{self.threads} threads did {self.parallelism:.2f}x the work of one ({self.cpus} CPUs)"
 
     @property
     def holds_gil(self) -> bool:
@@ -218,7 +230,7 @@ def gil_probe(
     window_s: float = PROBE_WINDOW_S,
     trials: int = PROBE_TRIALS,
 ) -> ProbeResult | None:
-    """Measure how many threads ``transform`` keeps busy at once (see the module docstring).
+    """Measure how many threads running ``transform`` progress in parallel (see the module docstring).
 
     Returns ``None`` when nothing can be concluded: no scheduler accounting
     and fewer than two usable cores, or threads that never got a core.
@@ -274,4 +286,4 @@ def gil_probe(
             break
     if best == -math.inf:
         return None
-    return ProbeResult(method, n, best, threshold, probe_chunk.data.shape[0], call_s)
+    return ProbeResult(method, n, best, threshold, probe_chunk.data.shape[0], call_s, _usable_cpus())

@@ -67,3 +67,19 @@ def test_gil_probe_reports_a_transform_that_fails_in_threads() -> None:
     chunk = DecodedChunk(ChunkRead("t", 0), np.zeros((2, 3), "f4"), 0)
     with pytest.raises(RuntimeError, match="raised in a probe thread.*not thread-safe"):
         gil_probe(fails_off_the_main_thread, chunk, threads=2)
+
+
+def test_the_report_never_claims_more_cpus_busy_than_the_machine_has() -> None:
+    """4 threads on a 2-CPU machine may measure ~3.9: the line says what that is, beside the CPU count."""
+    from insitubatch.tools.gil_probe import ProbeResult
+
+    probe = ProbeResult("schedstat", threads=4, parallelism=3.9, threshold=1.9, samples=4, call_s=0.005, cpus=2)
+    text = probe.describe()
+    assert "3.90 of 4 threads progressed in parallel whenever they had a CPU" in text
+    assert "(time waiting for one of this machine's 2 CPUs excluded)" in text
+    assert "busy at once" not in text
+    wall = ProbeResult("wall-clock", threads=2, parallelism=1.8, threshold=1.3, samples=4, call_s=0.005, cpus=2)
+    assert wall.describe() == "2 threads did 1.80x the work of one (2 CPUs)"
+    chunk = DecodedChunk(ChunkRead("t", 0), np.full((4, 64, 64), 300.0, "f4"), 0)
+    measured = gil_probe(kelvin_to_celsius, chunk, threads=4)
+    assert measured is None or measured.cpus == _usable_cpus()
