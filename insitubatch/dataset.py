@@ -209,10 +209,7 @@ class InSituDataset:
     # -- construction helpers ---------------------------------------------------
     def _resolve_variables(self, variables) -> dict[str, ArrayGeometry]:
         if variables is None:
-            found = open_geometries(self.store)
-            if not found:
-                raise ValueError("the store has no data variables (only coordinates or nothing); pass variables=")
-            resolved = dict(found)
+            resolved = dict(open_geometries(self.store))  # raises, naming what it found, when there is no data
         elif isinstance(variables, Mapping):
             resolved = {}
             for label, g in variables.items():
@@ -384,6 +381,8 @@ class InSituDataset:
             iterations=iterations,
             budget_bytes=self.pool.explicit_budget,
             batch_geometries=self.outputs,
+            split_chunks={name: len(self.manifest.chunks(name)) for name in self.manifest.names},
+            world_size=self.world_size,
         )
         info["resolved"] = {
             "shuffle": self.shuffle,

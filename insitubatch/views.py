@@ -8,6 +8,7 @@ preempted job resumes without re-reading what it consumed.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -18,12 +19,15 @@ from ._engine.prefetch import PassIterator, _PassState
 from ._engine.stats import PassStats
 from ._validate import positive_int
 from .io.geometry import ArrayGeometry
+from .plan.cost import empty_split_note
 from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner, History
 
 __all__ = ["DatasetView", "InferView"]
 
 STATE_FORMAT = 1
+
+logger = logging.getLogger("insitubatch")
 
 
 class DatasetView:
@@ -76,7 +80,12 @@ class DatasetView:
         ctx = self.context
         ctx.check_open()
         start_batch = positive_int("start_batch", start_batch, minimum=0)
-        state = _PassState(ctx, self.split, self._plan_for_pass(history), ctx.epoch, start_batch)
+        plan = self._plan_for_pass(history)
+        if plan.n_samples == 0:  # never a silently empty loop
+            manifest = self.planner.manifest
+            chunks = len(manifest.chunks(self.split)) if self.split in manifest.names else None
+            logger.warning("insitubatch: %s", empty_split_note(self.split, chunks, self.planner.world_size))
+        state = _PassState(ctx, self.split, plan, ctx.epoch, start_batch)
         state.history = history
         state.on_stats = self._record_stats
         ctx.passes.add(state)

@@ -76,8 +76,7 @@ class _Bookkeeping:
             )
             raise StaleCacheError(
                 f"cache_dir {str(self.cache_dir)!r} holds stale entries for arrays {sorted(stale)} — their chunk "
-                f"transforms changed ({detail}). Pass reset_stale_cache=True to delete and rebuild just those "
-                "arrays, or use another cache_dir."
+                f"transforms changed ({detail}). {self._stale_advice('delete and rebuild just those arrays')}"
             )
         for key in [k for k, e in entries.items() if e.path in stale]:
             self._remove_file(entries.pop(key).file)
@@ -88,13 +87,22 @@ class _Bookkeeping:
         elif not self.readonly:
             self._open_log()
 
+    def _stale_advice(self, reset_does: str) -> str:
+        """What to do about stale entries: a writer can reset them; a readonly reader cannot write at all."""
+        if self.readonly:
+            return (
+                "A readonly_cache reader never writes, so it cannot rebuild them: rewarm the cache with one "
+                f"writing run (persist=True, reset_stale_cache=True: {reset_does}) using these chunk transforms, "
+                "read it with the transforms that made it, or point the readers at another cache_dir."
+            )
+        return f"Pass reset_stale_cache=True to {reset_does}, or use another cache_dir."
+
     def _reset_other_version(self, version: int) -> None:
         """A log of another format version: nothing in it can be read, so every entry is stale."""
         if not self._reset_stale:
             raise StaleCacheError(
                 f"{self.log_path} is cache log format version {version}; this insitubatch reads version "
-                f"{LOG_VERSION}. Pass reset_stale_cache=True to delete the whole cache and rebuild it, or "
-                "use another cache_dir."
+                f"{LOG_VERSION}. {self._stale_advice('delete the whole cache and rebuild it')}"
             )
         for name in os.listdir(self.cache_dir):
             if _OWNED_TILE_FILE.match(name):

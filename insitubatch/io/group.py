@@ -253,7 +253,9 @@ def open_geometries(
     ------
     ValueError
         An unknown variable, a 0-D variable, a ``sample_axis`` outside a
-        variable's dims, or chunks over ``max_chunk_bytes``, each named.
+        variable's dims, or chunks over ``max_chunk_bytes``, each named; a
+        group with no data variable (only coordinates, statics or nothing),
+        naming what it holds.
     StoreReadError
         The store failed (naming it and the cause), or cannot list and has
         no consolidated metadata while ``variables`` is not given.
@@ -263,7 +265,10 @@ def open_geometries(
     limit = _chunk_byte_limit(max_chunk_bytes)
     group = _check_group(group)
     if variables is None:
-        return scan_group(store, sample_axis=sample_axis, group=group, max_chunk_bytes=limit).variables
+        contents = scan_group(store, sample_axis=sample_axis, group=group, max_chunk_bytes=limit)
+        if not contents.variables:
+            raise ValueError(_no_data_message(store, group, sample_axis, contents))
+        return contents.variables
     if isinstance(variables, str):
         raise TypeError("variables must be a list of array paths, not a single string")
     zstore = as_store(store)
@@ -274,6 +279,15 @@ def open_geometries(
         arr = _open_array(zstore, path, "variable")
         out[path] = geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit, coords=source)
     return out
+
+
+def _no_data_message(store: Any, group: str, sample_axis: int, contents: GroupContents) -> str:
+    found = contents.left_out()
+    what = ", ".join(f"{path!r} ({why})" for path, why in sorted(found.items())) if found else "no arrays at all"
+    return (
+        f"the zarr group {group or '/'!r} of {_store_name(store)} has no data variable along sample_axis="
+        f"{sample_axis}; it holds {what}. Name the arrays to read with variables=[...]"
+    )
 
 
 def open_statics(

@@ -18,7 +18,7 @@ from typing import Any
 from ..io.geometry import ArrayGeometry
 from .epoch import EpochPlan
 
-__all__ = ["READ_AHEAD_SHARE", "describe_loader", "format_summary", "read_ceiling"]
+__all__ = ["READ_AHEAD_SHARE", "describe_loader", "empty_split_note", "format_summary", "read_ceiling"]
 
 MB = 1e6
 MIB = 1 << 20
@@ -35,6 +35,19 @@ KNOBS = ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")
 # the same share; measured on 30 ms emulated GETs, the windows of 24-32 GETs
 # kept 12-20 in flight.)
 READ_AHEAD_SHARE = 2
+
+
+def empty_split_note(split: str, split_chunks: int | None = None, world_size: int = 1) -> str:
+    """Why iterating ``split`` yields nothing, in one sentence (``split_chunks``: its chunks, when known)."""
+    if split_chunks == 0:
+        why = "it has no chunks (its fraction of the chunks rounds to none): give it a larger fraction"
+    else:
+        why = (
+            "none of its anchors has every label's window (anchor + offset) inside the arrays"
+            + (", or this rank's share of it is empty" if world_size > 1 else "")
+            + ": shorten the offsets, or give the split more (or later/earlier) chunks"
+        )
+    return f"split {split!r} yields no sample — {why}; iterating it is an empty loop"
 
 
 def _gets_per_read(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> float:
@@ -99,6 +112,8 @@ def describe_loader(
     batch_geometries: Mapping[str, ArrayGeometry] | None = None,
     stored_tile_bytes: Mapping[str, int | None] | None = None,
     ceiling: Mapping[str, Any] | None = None,
+    split_chunks: Mapping[str, int] | None = None,
+    world_size: int = 1,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -108,7 +123,9 @@ def describe_loader(
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
     sizes, ``None`` where unknown. ``ceiling`` is a :func:`read_ceiling`
-    (plus any ``suggest`` entry), reported as given.
+    (plus any ``suggest`` entry), reported as given. A split whose plan has
+    no sample gets a note saying why (``split_chunks``, each split's chunk
+    count, and ``world_size`` make the reason precise).
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
@@ -168,6 +185,10 @@ def describe_loader(
             f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
             f"max_inflight={knobs['max_inflight']} holds up to {inflight_bytes / MIB:.0f} MiB"
         )
+    for name, plan in plans.items():
+        if plan.n_samples == 0:
+            chunks = None if split_chunks is None else split_chunks.get(name)
+            notes.append(empty_split_note(name, chunks, world_size))
     if budget_bytes is not None and budget_bytes < working:
         notes.append(
             f"cache_budget_bytes={budget_bytes} is below the working set of {working} bytes for "

@@ -120,7 +120,8 @@ def epoch_order(
     """The global sample order of one epoch; depends on (seed, epoch) only.
 
     Every valid anchor of the split appears exactly once; anchors whose window
-    (``anchor + offset`` for some label) would read off its array are dropped.
+    (``anchor + offset`` for some label) would read off its array are dropped,
+    and so is a block left without any (it would plan no sample, only reads).
     ``anchor_range`` further restricts anchors to ``[start, stop)``.
     """
     S = manifest.sample_chunk_size
@@ -139,8 +140,10 @@ def epoch_order(
             if w1 > w0:
                 within = np.arange(w0, w1, dtype=np.int64)
                 rows.append(np.stack([np.full_like(within, c), within], axis=1))
-        part = np.concatenate(rows) if rows else np.empty((0, 2), dtype=np.int64)
-        if shuffle and len(part):
+        if not rows:  # every anchor of these chunks is off a window's edge: no block, no reads, no memory
+            continue
+        part = np.concatenate(rows)
+        if shuffle:
             part = part[rng.permutation(len(part))]
         parts.append(part)
         block_starts.append(block_starts[-1] + len(part))

@@ -322,6 +322,23 @@ def test_editing_a_scoped_transform_invalidates_only_its_array(tmp_path: Path) -
         assert c.dropped == {}
 
 
+def test_a_readonly_reader_of_a_stale_cache_is_told_what_works_there(tmp_path: Path) -> None:
+    """reset_stale_cache=True is refused under readonly_cache=True, so the message must not advise it alone."""
+    old, new = {PATH: "0123456789abcdef"}, {PATH: "fedcba9876543210"}
+    with DiskCache(tmp_path, persist=True, fingerprints=old) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    with pytest.raises(StaleCacheError) as info:
+        DiskCache(tmp_path, persist=True, readonly=True, fingerprints=new)
+    message = str(info.value)
+    assert "'t2m'" in message and "readonly_cache reader never writes" in message
+    assert "writing run (persist=True, reset_stale_cache=True" in message and "another cache_dir" in message
+    # the advice works: a writer resets the stale array, then the reader opens
+    with DiskCache(tmp_path, persist=True, fingerprints=new, reset_stale=True) as c:
+        assert c.dropped == {"stale": 1}
+    with DiskCache(tmp_path, persist=True, readonly=True, fingerprints=new) as c:
+        assert len(c.entries()) == 0
+
+
 def test_fingerprint_rules() -> None:
     # pinned: a change here silently invalidates every user's persisted cache (bump FINGERPRINT_FORMAT)
     assert pipeline_fingerprint([]) == pipeline_fingerprint(()) == EMPTY_PIPELINE_FINGERPRINT

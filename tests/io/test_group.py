@@ -110,3 +110,17 @@ def test_a_store_that_cannot_list_says_what_to_pass(served) -> None:
     assert "\n" not in str(info.value) and info.value.__cause__ is not None
     with pytest.raises(ValueError, match="variable 'nope' is not an array .*cannot list"):
         open_geometries(store, variables=["nope"])
+
+
+def test_a_group_of_only_coordinates_or_nothing_raises_naming_what_it_holds(tmp_path) -> None:
+    root = zarr.open_group(tmp_path / "coords.zarr", mode="w")
+    root.create_array("time", shape=(4,), dtype="i8", dimension_names=("time",))
+    root.create_array("lat", shape=(3,), dtype="f4", dimension_names=("lat",))
+    with pytest.raises(ValueError, match="no data variable") as info:
+        open_geometries(str(tmp_path / "coords.zarr"))
+    message = str(info.value)
+    assert "'time' (coordinate of dimension 'time')" in message and "'lat'" in message
+    assert "variables=[...]" in message
+    zarr.open_group(tmp_path / "empty.zarr", mode="w")
+    with pytest.raises(ValueError, match="holds no arrays at all"):
+        open_geometries(str(tmp_path / "empty.zarr"))

@@ -98,3 +98,53 @@ def test_print_summary_is_the_inspect_report(zarr_path, capsys) -> None:
     assert [ln for ln in report.splitlines() if ln.startswith("working")] == [
         ln for ln in text.splitlines() if ln.startswith("working")
     ]
+
+
+def test_a_split_that_can_yield_nothing_is_noted_and_warned_once_per_pass(zarr_path, caplog) -> None:
+    """val is the last chunk of 4 samples; a label 8 steps ahead leaves it no anchor: an empty loop, said aloud."""
+    store = local_store(zarr_path)
+    geoms = open_geometries(store)
+    t2m = geoms["t2m"]
+    manifest = split_by_chunk(t2m, fractions={"train": 23 / 24, "val": 1 / 24})
+    assert manifest.chunks("val") == (23,)
+    with InSituDataset(store, manifest, {"x": t2m, "y": t2m.shift(8)}, batch_size=8, block_chunks=3) as ds:
+        notes = ds.describe()["notes"]
+        (note,) = [n for n in notes if "'val'" in n]
+        assert "yields no sample" in note and "window" in note and "empty loop" in note
+        assert not [n for n in notes if "'train'" in n and "no sample" in n]
+        with caplog.at_level("WARNING", logger="insitubatch"):
+            assert list(ds.val) == []
+            list(ds.train)
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "split 'val' yields no sample" in warned[0]
+
+
+def test_a_split_without_chunks_says_so(zarr_path, caplog) -> None:
+    store = local_store(zarr_path)
+    geoms = open_geometries(store)
+    manifest = split_by_chunk(geoms["t2m"], fractions=(1.0, 0.0))
+    assert manifest.chunks("val") == ()
+    with InSituDataset(store, manifest, geoms, batch_size=8) as ds:
+        (note,) = [n for n in ds.describe()["notes"] if "'val'" in n]
+        assert "has no chunks" in note
+        with caplog.at_level("WARNING", logger="insitubatch"):
+            assert list(ds.val) == []
+        assert "has no chunks" in caplog.records[-1].getMessage()
+
+
+def test_blocks_left_empty_by_a_window_edge_are_dropped_from_the_plan(zarr_path) -> None:
+    """24 chunks of 4 samples, one chunk per block, a label 8 steps ahead: the last two chunks plan no block."""
+    store = local_store(zarr_path)
+    geoms = open_geometries(store)
+    t2m = geoms["t2m"]
+    manifest = split_by_chunk(t2m, fractions=(1.0,))
+    variables = {"x": t2m, "y": t2m.shift(8)}
+    with InSituDataset(store, manifest, variables, batch_size=8, block_chunks=1, shuffle=False) as ds:
+        plan = ds.train.plan()
+        assert plan.n_samples == 96 - 8
+        assert plan.n_blocks == 22  # not 24: chunks 22 and 23 hold no valid anchor
+        assert all(np.diff(plan.block_starts) > 0)
+        assert ds.describe()["splits"]["train"]["blocks"] == 22
+    with InSituDataset(store, manifest, variables, batch_size=8, block_chunks=1, seed=3) as ds:  # shuffled too
+        plan = ds.train.plan()
+        assert plan.n_blocks == 22 and all(np.diff(plan.block_starts) > 0)
