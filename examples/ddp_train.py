@@ -17,8 +17,11 @@ import argparse
 import os
 import time
 
-import torch
-import torch.distributed as dist
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as exc:  # the torch extra
+    raise SystemExit("ddp_train.py needs PyTorch: pip install 'insitubatch[torch]'") from exc
 
 from insitubatch import InSituDataset, as_torch, obstore_store, open_geometries, split_by_chunk
 from insitubatch.tools.demo import DEFAULT_PATH, write_demo_dataset

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import argparse
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+
+try:
+    import jax
+    import jax.numpy as jnp
+except ImportError as exc:  # the jax extra
+    raise SystemExit("infer_jax.py needs JAX: pip install 'insitubatch[jax]'") from exc
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk, to_jax
 from insitubatch.tools.demo import DEFAULT_PATH, write_demo_dataset

@@ -17,7 +17,10 @@ import json
 import time
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError as exc:  # the torch extra
+    raise SystemExit("train_torch.py needs PyTorch: pip install 'insitubatch[torch]'") from exc
 
 from insitubatch import InSituDataset, as_torch, obstore_store, open_geometries, split_by_chunk
 from insitubatch.tools.demo import DEFAULT_PATH, write_demo_dataset

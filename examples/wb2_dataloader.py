@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError as exc:  # the torch extra
+    raise SystemExit("wb2_dataloader.py needs PyTorch: pip install 'insitubatch[torch]'") from exc
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch.tools.inspect_store import inspect_store
@@ -38,12 +41,15 @@ LOCAL_LATENCY_MS = 30.0
 LOCAL_DIR = Path(tempfile.gettempdir()) / "insitubatch-wb2-local"
 
 
-def local_wb2(directory: Path, n_time: int, latency_ms: float):
-    """Serve the WeatherBench2-sized preset from the loopback emulator (needs the repo's ``bench``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.wb2 import local_wb2 as serve
+@contextlib.contextmanager
+def local_wb2(directory: Path, n_time: int, latency_ms: float) -> Iterator[str]:
+    """Write the WeatherBench2-sized preset under ``directory`` (once) and serve it; yields its URL."""
+    from insitubatch.testing.data import wb2_64x32, write_era5_like
+    from insitubatch.testing.served import serve_zarr
 
-    return serve(directory, n_time, latency_ms)
+    spec = wb2_64x32(n_time)
+    with serve_zarr(write_era5_like(directory / spec.name, spec), latency_s=latency_ms / 1e3) as served:
+        yield served.url
 
 
 def store_options(url: str) -> dict[str, bool]:

@@ -13,17 +13,23 @@ on the same data — each in a fresh interpreter, so every first batch is cold.
 ``fork`` is not offered: once the parent process has used obstore (whose
 Rust runtime's threads do not survive a fork), a forked worker's first read
 hangs; ``python -m bench.run`` records this as its fork probe.
+
+Needs PyTorch and the ``bench`` extra (xarray and xbatcher)::
+
+    pip install 'insitubatch[torch,bench]'
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +46,27 @@ PRELOAD = ["torch", "numpy", "xarray", "xbatcher", "zarr", "obstore"]
 RESULT_TAG = "WB2_RESULT "
 
 
-def local_wb2(directory: Path, n_time: int, latency_ms: float):
-    """Serve the WeatherBench2-sized preset from the loopback emulator (needs the repo's ``bench``)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.wb2 import local_wb2 as serve
+# what this example needs beyond insitubatch, and the extra that brings each
+NEEDS = {"torch": "torch", "xarray": "bench", "xbatcher": "bench"}
 
-    return serve(directory, n_time, latency_ms)
+
+def check_extras() -> None:
+    """Say which extras to install before anything runs (a --compare child would only fail mid-table)."""
+    missing = [module for module in NEEDS if importlib.util.find_spec(module) is None]
+    if missing:
+        extras = ",".join(sorted({NEEDS[m] for m in missing}))
+        raise SystemExit(f"wb2_xbatcher.py needs {', '.join(missing)}: pip install 'insitubatch[{extras}]'")
+
+
+@contextlib.contextmanager
+def local_wb2(directory: Path, n_time: int, latency_ms: float) -> Iterator[str]:
+    """Write the WeatherBench2-sized preset under ``directory`` (once) and serve it; yields its URL."""
+    from insitubatch.testing.data import wb2_64x32, write_era5_like
+    from insitubatch.testing.served import serve_zarr
+
+    spec = wb2_64x32(n_time)
+    with serve_zarr(write_era5_like(directory / spec.name, spec), latency_s=latency_ms / 1e3) as served:
+        yield served.url
 
 
 def open_store(url: str) -> Any:
@@ -161,8 +182,10 @@ def compare(args: argparse.Namespace, url: str) -> None:
             "--variables",
             *args.variables,
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        line = next(ln for ln in out.splitlines() if ln.startswith(RESULT_TAG))
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:  # the child's own words, not a CalledProcessError
+            raise SystemExit(f"the {variant} run failed:\n{proc.stderr.strip() or proc.stdout.strip()}")
+        line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_TAG))
         rows.append(json.loads(line[len(RESULT_TAG) :]))
         print(f"  {variant:<20} done", flush=True)
     base = next(r for r in rows if r["variant"] == "insitubatch")
@@ -194,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)  # one --compare run
     args = parser.parse_args(argv)
+    check_extras()
 
     if args.variant:
         result = run_variant(args.variant, args.url, args.variables, args.batch_size, args.workers, args.max_batches)

@@ -129,3 +129,35 @@ def test_wb2_dataloader_against_the_local_emulator(tmp_path) -> None:
     pytest.importorskip("torch")
     out = _run([str(EXAMPLES / "wb2_dataloader.py"), "--local", "--local-dir", str(tmp_path / "wb2")], tmp_path)
     assert "epoch 0: first batch" in out and "epoch 1" in out
+
+
+def _run_without(modules: list[str], script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` as ``__main__`` with ``modules`` unimportable (as on a machine without that extra)."""
+    blocker = (
+        "import runpy, sys\n"
+        f"for name in {modules!r}: sys.modules[name] = None\n"
+        f"sys.argv = [{str(script)!r}, *{list(args)!r}]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
+    )
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path)
+    return subprocess.run(
+        [sys.executable, "-c", blocker], cwd=cwd, capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+@pytest.mark.parametrize(
+    ("script", "missing", "extra"),
+    [
+        ("train_torch.py", ["torch"], "insitubatch[torch]"),
+        ("ddp_train.py", ["torch"], "insitubatch[torch]"),
+        ("wb2_dataloader.py", ["torch"], "insitubatch[torch]"),
+        ("infer_jax.py", ["jax"], "insitubatch[jax]"),
+        ("wb2_xbatcher.py", ["xbatcher", "xarray"], "insitubatch[bench]"),
+    ],
+)
+def test_an_example_says_which_extra_it_needs(tmp_path, script: str, missing: list[str], extra: str) -> None:
+    proc = _run_without(missing, EXAMPLES / script, "--local", cwd=tmp_path)
+    assert proc.returncode != 0
+    message = proc.stderr.strip().splitlines()[-1]
+    assert extra in message and script in message, proc.stderr

@@ -49,11 +49,18 @@ def test_sdist_ships_the_cython_sources(tmp_path: Path) -> None:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the license is an SPDX expression with its file: setuptools' warning about the table form is gone
+    assert "License classifiers are deprecated" not in proc.stdout + proc.stderr
+    assert "project.license" not in proc.stdout + proc.stderr
     (archive,) = out.glob("insitubatch-*.tar.gz")
     with tarfile.open(archive) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     wanted = {str(p.relative_to(ROOT)) for pattern in ("*.pyx", "*.pxd") for p in (ROOT / "_ext").glob(pattern)}
     assert any(name.endswith(".pxd") for name in wanted)
     assert wanted <= names, f"the sdist lacks {sorted(wanted - names)}"
-    assert {"setup.py", "pyproject.toml", "MANIFEST.in"} <= names
+    assert {"setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE"} <= names
+    with tarfile.open(archive) as tar:
+        (pkg_info,) = [m for m in tar.getmembers() if m.name.count("/") == 1 and m.name.endswith("/PKG-INFO")]
+        metadata = tar.extractfile(pkg_info).read().decode()
+    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
     assert not [n for n in names if n.endswith((".so", ".c"))], "build outputs in the sdist"
