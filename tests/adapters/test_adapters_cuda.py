@@ -1,6 +1,7 @@
 """The CUDA path of ``as_torch``: pinned batch buffers, side-stream copies, device transforms.
 
-Runs where torch sees a GPU (CI machines have none; a GPU session runs it).
+Runs where torch sees a GPU: CI machines have none, so these skip there;
+``python -m bench.gpu_check`` runs them on a GPU machine, beside its own checks.
 """
 
 from __future__ import annotations
