@@ -18,8 +18,10 @@ loader on the same data in the same run:
 It writes ``results.json``, ``report.md`` and PNG plots to ``--out``
 (default ``bench/out/``) and prints the table. Throughput ratios use each
 run's steady rate (first batch excluded), which favours the worker
-baselines; time to first batch is reported on its own. The bars of
-``BRIEF.md`` are evaluated and printed as measured, pass or miss.
+baselines; time to first batch is reported on its own. The design targets
+(the "bars": throughput against each baseline and ceiling, time to first
+batch, warm against cold, GETs, peak RSS) are evaluated and printed as
+measured, pass or miss.
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ MB = 1e6
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 # A single object-store stream moves on the order of 100 MB/s.
 DEFAULT_BANDWIDTH_MB_S = 100.0
-# The RSS bar's allowance for the interpreter and its libraries (BRIEF, "The bar").
+# The RSS target's allowance for the interpreter and its libraries (peak RSS <= budget + queue +
+# in flight + this).
 RSS_ALLOWANCE_MB = 300.0
-# The memory pass reads a split at least this many times the pool budget (issue 15), so
+# The memory pass reads a split at least this many times the pool budget, so
 # memory held past eviction would show; block_chunks is lowered until the split is that large.
 MEMORY_SPLIT_OVER_BUDGET = 8
 # the working set spans about this many shuffle blocks (the gathered ones and the read-ahead)
@@ -435,7 +438,7 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def bars(tables: dict[int, list[dict[str, Any]]], main_spc: int, *, isolated: bool = True) -> list[dict[str, Any]]:
-    """The BRIEF's bars that this run measures, each with its measured value and verdict.
+    """The design targets this run measures, each with its measured value and verdict.
 
     Without isolation (every run in one process) peak RSS is not a run's
     own, so the RSS bar is reported without a verdict.
@@ -462,7 +465,7 @@ def bars(tables: dict[int, list[dict[str, Any]]], main_spc: int, *, isolated: bo
             str(r["best_dataloader"]),
         )
         bar(
-            "cold (30 ms store) >= 0.85x decode-bound ceiling, as BRIEF states it",
+            "cold (30 ms store) >= 0.85x decode-bound ceiling, as the design target states it",
             r["fraction_of_decode_ceiling"],
             0.85,
             main_spc,

@@ -1,6 +1,6 @@
 """Inference with parallel writes: N worker processes fill one preallocated zarr output group.
 
-What it shows (BRIEF G2):
+What it shows (parallel, chunk-aligned writes; see docs/writes.md):
 
 1. an input archive (here a small synthetic ERA5-like cube written to a temp dir);
 2. ``create_layout``: the output arrays at their full, fixed extent, before any worker runs;

@@ -1,4 +1,4 @@
-"""Parallel, chunk-aligned writes into one zarr group from many processes (BRIEF G2).
+"""Parallel, chunk-aligned writes into one zarr group from many processes (see ``docs/writes.md``).
 
 The flow: a coordinator calls :func:`create_layout` (every array at its full,
 fixed extent), then :func:`plan_slots` (disjoint ranges aligned to every
