@@ -32,6 +32,7 @@ from insitubatch.testing.data import wb2_64x32, write_era5_like
 from insitubatch.testing.emulator import DEFAULT_JITTER_S, EmulatorProcess
 
 from .baselines import run_config
+from .provenance import stamp_line
 from .run import DEFAULT_BANDWIDTH_MB_S, MB, SPLIT_FRACTIONS
 
 __all__ = ["main", "measure"]
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_era5_like(args.out / spec.name, spec)
     rows = measure(path, list(spec.variables), threads=[t or None for t in args.threads], repeats=args.repeats)
     ceiling, ceiling_cpu = rows[0]["rate_samples_per_s"], rows[0]["cpu_s_per_sample"]
-    print(f"cpus={os.cpu_count()}  dataset={spec.name}  load={os.getloadavg()[0]:.1f}")
+    print(f"{stamp_line()}; cpus={os.cpu_count()}  dataset={spec.name}  load={os.getloadavg()[0]:.1f}")
     print(f"{'run':<24}{'samples/s':>12}{'x ceiling':>11}{'cpu x ceiling':>15}{'switches/tile':>15}")
     for row in rows:
         rate = row["rate_samples_per_s"]

@@ -48,6 +48,7 @@ from insitubatch.testing.data import DatasetSpec, wb2_64x32, write_era5_like
 from insitubatch.testing.emulator import DEFAULT_JITTER_S, DEFAULT_LATENCY_S, EmulatorProcess
 
 from .baselines import RESULT_PREFIX, data_key_predicate, run_config, supports_persist
+from .provenance import provenance, stamp_line
 
 __all__ = ["FULL", "QUICK", "Profile", "main"]
 
@@ -600,6 +601,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"batch size {meta['batch_size']}; insitubatch {meta['insitu_knobs']}.",
         f"Command: `{meta['command']}`; {meta['elapsed_s']:.0f} s.",
         "",
+        f"{stamp_line(meta['measured'])}." if meta.get("measured") else "Measured: date and commit not recorded.",
+        "",
     ]
     header = (
         "| loader | samples/s | MB/s | TTFB s | peak RSS MB | GETs | min GETs | insitu × |\n"
@@ -884,6 +887,7 @@ def run(
             }
         )
     results["meta"] = {
+        "measured": provenance(),
         "profile": profile.name,
         "command": " ".join([Path(sys.executable).name, "-m", "bench.run", *sys.argv[1:]]),
         "elapsed_s": time.perf_counter() - started,

@@ -361,7 +361,7 @@ def test_readme_keeps_the_two_quick_start_commands() -> None:
     assert "./dev demo" in commands and "./dev test" in commands
 
 
-# A block importing one of these needs it; the Python 3.12 CI leg installs neither.
+# A block importing one of these needs it; CI leg 2 (Python 3.13) installs neither.
 _FRAMEWORK_IMPORT = re.compile(r"^\s*(?:import|from)\s+(torch|jax)\b", re.M)
 PAGES_WITH_CODE = [p for p in DOC_FILES if any(b.info == "python" for b in blocks(p))]
 
@@ -549,6 +549,47 @@ def test_bash_blocks_use_real_commands_and_flags() -> None:
                 bad.append(f"{b.where}: {' '.join(argv)}: rejected by the parser ({parser.format_usage().strip()})")
     assert not bad, "\n".join(bad)
     _xfail_if_unregistered(pending)
+
+
+# Words of the project's internal planning, which mean nothing to a user reading the docs or the code.
+PLANNING_WORDS = re.compile(r"\bBRIEF\b|\bissue #?\d+|\bseeds?/|design card", re.I)
+USER_FACING = [
+    *DOC_FILES,
+    ROOT / "docs" / "bench" / "report.md",
+    *sorted((ROOT / "examples").glob("*.py")),
+    *sorted((ROOT / "insitubatch").rglob("*.py")),
+    *sorted((ROOT / "bench").glob("*.py")),
+]
+
+
+def test_no_internal_planning_words_in_user_facing_text() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+        for path in USER_FACING
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if PLANNING_WORDS.search(line)
+    ]
+    assert not found, "internal planning words in user-facing text:\n" + "\n".join(found)
+
+
+def _stamps(text: str) -> list[tuple[str, str]]:
+    from bench.provenance import STAMP
+
+    return STAMP.findall(text)
+
+
+def test_published_numbers_are_dated_and_name_their_commit() -> None:
+    """README's measured table and the report it comes from name the same run; the tuning tables are stamped."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    measured = readme.split("## Measured", 1)[1].split("\n## ", 1)[0]
+    report = (ROOT / "docs" / "bench" / "report.md").read_text(encoding="utf-8")
+    assert _stamps(measured), "README's Measured section needs 'Measured YYYY-MM-DD at commit <sha>'"
+    assert _stamps(measured)[0] == _stamps(report)[0], "README's numbers and docs/bench/report.md name different runs"
+    tuning = (ROOT / "docs" / "tuning.md").read_text(encoding="utf-8")
+    decode_threads = tuning.split("One thread per core stays the default.", 1)[1].split("\n## ", 1)[0]
+    assert _stamps(decode_threads), "the decode-thread table in docs/tuning.md needs its date and commit"
 
 
 def test_yaml_and_json_blocks_parse() -> None:

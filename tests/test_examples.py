@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,15 +150,16 @@ def _run_without(modules: list[str], script: Path, *args: str, cwd: Path) -> sub
 @pytest.mark.parametrize(
     ("script", "missing", "extra"),
     [
-        ("train_torch.py", ["torch"], "insitubatch[torch]"),
-        ("ddp_train.py", ["torch"], "insitubatch[torch]"),
-        ("wb2_dataloader.py", ["torch"], "insitubatch[torch]"),
-        ("infer_jax.py", ["jax"], "insitubatch[jax]"),
-        ("wb2_xbatcher.py", ["xbatcher", "xarray"], "insitubatch[bench]"),
+        ("train_torch.py", ["torch"], "torch"),
+        ("ddp_train.py", ["torch"], "torch"),
+        ("wb2_dataloader.py", ["torch"], "torch"),
+        ("infer_jax.py", ["jax"], "jax"),
+        ("wb2_xbatcher.py", ["xbatcher", "xarray"], "bench"),
     ],
 )
 def test_an_example_says_which_extra_it_needs(tmp_path, script: str, missing: list[str], extra: str) -> None:
     proc = _run_without(missing, EXAMPLES / script, "--local", cwd=tmp_path)
     assert proc.returncode != 0
     message = proc.stderr.strip().splitlines()[-1]
-    assert extra in message and script in message, proc.stderr
+    # pip install 'insitubatch[<extras>]' naming this one (others too, where more are missing)
+    assert re.search(rf"pip install 'insitubatch\[[\w,]*\b{extra}\b", message) and script in message, proc.stderr

@@ -8,7 +8,7 @@ import zarr
 
 from insitubatch import Batch, InSituDataset, as_torch, open_geometries, split_by_chunk, to_jax, to_torch
 
-torch = pytest.importorskip("torch")  # the Python 3.12 CI leg installs no torch
+torch = pytest.importorskip("torch")  # CI leg 2 (Python 3.13) installs no torch
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import zarr
 from insitubatch import InSituDataset, as_torch, open_geometries, split_by_chunk
 from insitubatch.adapters.pinned import _buffer_of
 
-torch = pytest.importorskip("torch")  # the Python 3.12 CI leg installs no torch
+torch = pytest.importorskip("torch")  # CI leg 2 (Python 3.13) installs no torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
