@@ -100,6 +100,10 @@ API_EXTRAS = {
     "insitubatch.transforms": ("Coarsen", "KelvinToCelsius", "Regrid", "StandardScaler", "kelvin_to_celsius"),
     "insitubatch.tools.inspect_store": ("inspect_store",),
     "insitubatch.tools.demo": ("write_demo_dataset",),
+    # what the pytest plugin's fixtures return, and the helpers under them (docs/testing.md)
+    "insitubatch.testing.served": ("ServedZarr", "serve_zarr"),
+    "insitubatch.testing.loader_bench": ("LoaderBenchmark", "PassReport", "measure_loader"),
+    "insitubatch.testing.ceiling": ("GetCeiling", "raw_get_ceiling"),
 }
 
 PREAMBLE = f"""
