@@ -370,6 +370,15 @@ _FRAMEWORK_IMPORT = re.compile(r"^\s*(?:import|from)\s+(torch|jax)\b", re.M)
 PAGES_WITH_CODE = [p for p in DOC_FILES if any(b.info == "python" for b in blocks(p))]
 
 
+def _python(args: list[str], cwd: Path, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """This interpreter on ``args`` in ``cwd``, importing the tree under test, one OpenMP thread."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, **(env_extra or {}), OMP_NUM_THREADS="1", PYTHONPATH=path)
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=PAGE_TIMEOUT_S
+    )
+
+
 def _run_page(page: Path, url: str, env_extra: dict[str, str], tmp_path: Path) -> None:
     code = [(str(b.path.relative_to(ROOT)), b.line, b.source) for b in blocks(page) if b.info == "python"]
     for framework in sorted({m[1] for _, _, source in code for m in _FRAMEWORK_IMPORT.finditer(source)}):
@@ -378,21 +387,7 @@ def _run_page(page: Path, url: str, env_extra: dict[str, str], tmp_path: Path) -
     script.write_text(json.dumps(code), encoding="utf-8")
     work = tmp_path / "work"
     work.mkdir()
-    env = dict(
-        os.environ,
-        **{URL_ENV: url},
-        **env_extra,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-W", "error", "-c", RUNNER, str(script), PREAMBLE],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=PAGE_TIMEOUT_S,
-    )
+    proc = _python(["-W", "error", "-c", RUNNER, str(script), PREAMBLE], work, {URL_ENV: url, **env_extra})
     assert proc.returncode == 0, f"a python block of {page.name} failed with url={url}:\n{proc.stdout}\n{proc.stderr}"
     # a warning raised in a finalizer or a logged one does not change the exit status; it still fails
     noise = [
@@ -422,19 +417,7 @@ PYTEST_BLOCKS = [b for b in all_blocks() if b.info == "python pytest"]
 def test_pytest_blocks_pass(block: Block, tmp_path: Path) -> None:
     """A documented test file, copied as is into a project of its own, passes under pytest."""
     (tmp_path / "test_from_the_docs.py").write_text(block.source, encoding="utf-8")
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", "test_from_the_docs.py"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=PAGE_TIMEOUT_S,
-    )
+    proc = _python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", "test_from_the_docs.py"], tmp_path)
     assert proc.returncode == 0, f"{block.where}: the documented test file failed:\n{proc.stdout}\n{proc.stderr}"
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -53,9 +53,10 @@ def _raw(store: Any) -> Any:
     return store if module.startswith("obstore") else None
 
 
-async def _replay_obstore(raw: Any, keys: Sequence[str], concurrency: int, deadline: float | None) -> tuple[int, int]:
-    import obstore
-
+async def _replay(
+    fetch: Callable[[str], Awaitable[int]], keys: Sequence[str], concurrency: int, deadline: float | None
+) -> tuple[int, int]:
+    """``fetch`` every key (it returns the body's size), ``concurrency`` at a time; ``(GETs done, bytes)``."""
     semaphore = asyncio.Semaphore(concurrency)
     done = nbytes = 0
 
@@ -64,29 +65,8 @@ async def _replay_obstore(raw: Any, keys: Sequence[str], concurrency: int, deadl
         async with semaphore:
             if deadline is not None and time.perf_counter() > deadline:
                 return
-            result = await obstore.get_async(raw, key)
-            body = await result.bytes_async()  # awaited first: `nbytes += len(await ...)` loses updates
-            nbytes += len(body)
-            done += 1
-
-    await asyncio.gather(*(one(k) for k in keys))
-    return done, nbytes
-
-
-async def _replay_zarr(store: Any, keys: Sequence[str], concurrency: int, deadline: float | None) -> tuple[int, int]:
-    from zarr.core.buffer import default_buffer_prototype
-
-    semaphore = asyncio.Semaphore(concurrency)
-    prototype = default_buffer_prototype()
-    done = nbytes = 0
-
-    async def one(key: str) -> None:
-        nonlocal done, nbytes
-        async with semaphore:
-            if deadline is not None and time.perf_counter() > deadline:
-                return
-            buf = await store.get(key, prototype)
-            nbytes += 0 if buf is None else len(buf)
+            size = await fetch(key)  # awaited first: `nbytes += await ...` loses updates
+            nbytes += size
             done += 1
 
     await asyncio.gather(*(one(k) for k in keys))
@@ -115,9 +95,23 @@ def raw_get_ceiling(store: Any, keys: Sequence[str], concurrency: int, *, window
     deadline = None if window_s is None else t0 + window_s
     raw = _raw(store)
     if raw is not None:
-        done, nbytes = asyncio.run(_replay_obstore(raw, keys, concurrency, deadline))
+        import obstore
+
+        async def get_raw(key: str) -> int:
+            result = await obstore.get_async(raw, key)
+            return len(await result.bytes_async())
+
+        done, nbytes = asyncio.run(_replay(get_raw, keys, concurrency, deadline))
     else:
+        from zarr.core.buffer import default_buffer_prototype
+
         from .._zarr_compat import sync
 
-        done, nbytes = sync(_replay_zarr(store, keys, concurrency, deadline))
+        prototype = default_buffer_prototype()
+
+        async def get_zarr(key: str) -> int:
+            buf = await store.get(key, prototype)
+            return 0 if buf is None else len(buf)
+
+        done, nbytes = sync(_replay(get_zarr, keys, concurrency, deadline))
     return GetCeiling(done, nbytes, time.perf_counter() - t0, concurrency)
