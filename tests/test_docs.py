@@ -498,6 +498,8 @@ def _commands(source: str) -> Iterator[list[str]]:
         if not line or line.startswith("#"):
             continue
         argv = shlex.split(line)
+        if argv and argv[-1] == "&":  # started in the background
+            argv = argv[:-1]
         while argv and re.match(r"^[A-Z_][A-Z0-9_]*=", argv[0]):
             argv = argv[1:]
         if argv[:3] == ["python", "-m", "insitubatch.tools.check_transform"]:

@@ -33,8 +33,6 @@ from typing import Any
 __all__ = ["add_arguments", "main", "run"]
 
 PROG = "python -m insitubatch.testing.emulator"
-# Group metadata documents, zarr v3 and v2: a directory holding one is served as a dataset.
-GROUP_DOCUMENTS = ("zarr.json", ".zgroup")
 # How deep below the root the startup message looks for groups (bucket/dataset.zarr is 2).
 FIND_DEPTH = 2
 # Emulator parameters that are not link settings (the root is the positional argument).
@@ -119,14 +117,22 @@ def build_parser(emulator: type) -> argparse.ArgumentParser:
     )
 
 
+def _is_group(d: Path) -> bool:
+    if (d / ".zgroup").is_file():
+        return True
+    try:
+        return json.loads((d / "zarr.json").read_text(encoding="utf-8")).get("node_type") == "group"
+    except (OSError, ValueError):
+        return False
+
+
 def _groups(root: Path) -> Iterator[Path]:
-    """Zarr groups directly under ``root`` or one level down (a bucket's datasets)."""
+    """Zarr groups directly under ``root`` or one level down (a bucket's datasets); never inside a group."""
     level = [root]
     for _ in range(FIND_DEPTH):
-        level = sorted(p for d in level for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
-        for d in level:
-            if any((d / name).is_file() for name in GROUP_DOCUMENTS):
-                yield d
+        below = sorted(p for d in level for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+        yield from (d for d in below if _is_group(d))
+        level = [d for d in below if not _is_group(d)]
 
 
 def _announce(url: str, root: Path, quiet: bool) -> None:

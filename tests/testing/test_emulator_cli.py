@@ -27,6 +27,8 @@ START_TIMEOUT_S = 60
 def served(tmp_path: Path) -> Path:
     (tmp_path / "bucket" / "ds.zarr").mkdir(parents=True)
     (tmp_path / "bucket" / "ds.zarr" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    (tmp_path / "bucket" / "ds.zarr" / "t2m").mkdir()  # an array of the group: not a dataset of its own
+    (tmp_path / "bucket" / "ds.zarr" / "t2m" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "array"}')
     return tmp_path
 
 
@@ -58,12 +60,13 @@ def test_runs_in_the_foreground_until_a_signal(served: Path, stop: signal.Signal
             assert b"node_type" in resp.read()
         assert time.perf_counter() - t0 >= LATENCY_S  # the latency it was given applies
         proc.send_signal(stop)
-        _, err = proc.communicate(timeout=START_TIMEOUT_S)
+        rest, err = proc.communicate(timeout=START_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0
+    assert rest == ""  # one group listed; its arrays are not datasets
     assert "served 1 requests: 1 GETs" in err
 
 
