@@ -4,11 +4,13 @@
   from a known set, so nothing meant to run hides in an untagged block.
 * Every ```` ```python ```` block runs. A page's blocks run in order, in one
   fresh interpreter per page (``-W error``, a temporary working directory),
-  after a hidden preamble that defines ``url``: the demo dataset (as
-  ``./dev demo`` writes it) served over HTTP by the loopback emulator
-  (``insitubatch.testing.emulator``), i.e. a real zarr group behind a real,
-  slightly slow HTTP server on 127.0.0.1. README's blocks run once per kind
-  of ``url`` a newcomer may give them (``README_URLS``): a local path,
+  Each page's first block sets ``url = "demo_data/era5_demo.zarr"`` (``URL_LINE``),
+  so the blocks run as written from the repository root after ``./dev demo``;
+  the test sets that ``url`` to the same dataset served over HTTP by the
+  loopback emulator (``insitubatch.testing.emulator``), i.e. a real zarr
+  group behind a real, slightly slow HTTP server on 127.0.0.1. README's
+  blocks run once as written (beside a ``demo_data/`` directory) and once
+  per kind of ``url`` a newcomer may give them (``README_URLS``):
   ``file://``, and HTTP and S3 against the emulator, with and without
   consolidated metadata.
 * ```` ```python pytest ```` blocks are complete test files: each is written
@@ -73,24 +75,25 @@ SIGNATURE_WIDTH = 88
 # The "bucket" the emulator serves the demo data from (the first path segment, as S3 reads it).
 BUCKET = "docs"
 S3_REGION = "us-east-1"
-# Every way README's python blocks are run: a local path, file://, and the S3 and HTTP protocols
-# against the emulator, each with and without consolidated metadata (HTTP cannot list).
+# Every way README's python blocks are run: as written (the local path ./dev demo writes), file://,
+# and the S3 and HTTP protocols against the emulator, with and without consolidated metadata.
 README_URLS = (
-    "local",
-    "file+consolidated",
+    "as written",
+    "file",
     "http",
     "http+consolidated",
     "s3",
     "s3+consolidated",
 )
 # The ones the fast lane runs (the others are marked slow; CI runs them all).
-README_FAST_URLS = ("local", "http", "s3")
+README_FAST_URLS = ("as written", "http", "s3")
+# The line that starts each page's code, and that the test points elsewhere (its value: what ./dev demo writes).
+URL_LINE = 'url = "demo_data/era5_demo.zarr"'
+DEMO_NAME = "era5_demo.zarr"
 # Time to first byte the emulator adds to every request: cloud-like, but keeps the test fast.
 EMULATOR_LATENCY_S = 0.005
 # A page's snippets must finish within this (they read a few MB from loopback).
 PAGE_TIMEOUT_S = 120
-# Environment variable through which the hidden preamble learns the dataset's URL.
-URL_ENV = "INSITUBATCH_DOCS_URL"
 
 # Namespaces whose ``__all__`` is the public API, in the order a name is attributed
 # to (a name exported by two is documented under the first).
@@ -106,10 +109,8 @@ API_EXTRAS = {
     "insitubatch.testing.ceiling": ("GetCeiling", "raw_get_ceiling"),
 }
 
-PREAMBLE = f"""
-import os
-url = os.environ[{URL_ENV!r}]  # the demo dataset behind the loopback emulator (HTTP, {EMULATOR_LATENCY_S * 1e3:g} ms)
-"""
+# Run before a page's blocks (nothing today: each page sets its own url).
+PREAMBLE = ""
 
 RUNNER = """
 import json, pathlib, sys
@@ -314,12 +315,12 @@ class Served:
     http: str  # the emulator's base URL; the datasets are under /BUCKET/
     url: str  # what every page's ``url`` is: the consolidated dataset over HTTP
 
-    def where(self, kind: str) -> tuple[str, dict[str, str]]:
-        """``(url, extra environment)`` of one way to reach the demo data (``README_URLS``)."""
+    def where(self, kind: str) -> tuple[str | None, dict[str, str]]:
+        """``(url, extra environment)`` of one way to reach the demo data (``README_URLS``); None: as written."""
         path = self.consolidated if kind.endswith("+consolidated") else self.plain
         scheme = kind.split("+")[0]
-        if scheme == "local":
-            return str(path), {}
+        if scheme == "as written":
+            return None, {}
         if scheme == "file":
             return path.as_uri(), {}
         if scheme == "http":
@@ -343,8 +344,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     from insitubatch.tools.demo import write_demo_dataset
 
     root = tmp_path_factory.mktemp("docs-data")
-    consolidated = write_demo_dataset(root / BUCKET / "era5.zarr")
-    plain = _without_consolidated_metadata(consolidated, root / BUCKET / "era5_plain.zarr")
+    consolidated = write_demo_dataset(root / BUCKET / DEMO_NAME)
+    plain = _without_consolidated_metadata(consolidated, root / BUCKET / "era5_demo_plain.zarr")
     with Emulator(root, latency_s=EMULATOR_LATENCY_S, jitter_s=0.0) as emulator:
         yield Served(consolidated, plain, emulator.url, emulator.url_for(f"{BUCKET}/{consolidated.name}"))
 
@@ -379,15 +380,24 @@ def _python(args: list[str], cwd: Path, env_extra: dict[str, str] | None = None)
     )
 
 
-def _run_page(page: Path, url: str, env_extra: dict[str, str], tmp_path: Path) -> None:
-    code = [(str(b.path.relative_to(ROOT)), b.line, b.source) for b in blocks(page) if b.info == "python"]
+def _pointed_at(source: str, url: str | None) -> str:
+    """A block with ``URL_LINE`` set to ``url`` instead (unchanged for None: run as written)."""
+    return source if url is None else source.replace(URL_LINE, f"url = {json.dumps(url)}")
+
+
+def _run_page(page: Path, url: str | None, env_extra: dict[str, str], tmp_path: Path, data: Path) -> None:
+    """Run a page's python blocks in order; ``url=None`` as written, beside a ``demo_data/`` holding ``data``."""
+    code = [
+        (str(b.path.relative_to(ROOT)), b.line, _pointed_at(b.source, url)) for b in blocks(page) if b.info == "python"
+    ]
     for framework in sorted({m[1] for _, _, source in code for m in _FRAMEWORK_IMPORT.finditer(source)}):
         pytest.importorskip(framework)  # a page that trains with torch or runs jax needs it installed
     script = tmp_path / "blocks.json"
     script.write_text(json.dumps(code), encoding="utf-8")
     work = tmp_path / "work"
-    work.mkdir()
-    proc = _python(["-W", "error", "-c", RUNNER, str(script), PREAMBLE], work, {URL_ENV: url, **env_extra})
+    (work / "demo_data").mkdir(parents=True)
+    (work / "demo_data" / DEMO_NAME).symlink_to(data, target_is_directory=True)  # where ./dev demo writes it
+    proc = _python(["-W", "error", "-c", RUNNER, str(script), PREAMBLE], work, env_extra)
     assert proc.returncode == 0, f"a python block of {page.name} failed with url={url}:\n{proc.stdout}\n{proc.stderr}"
     # a warning raised in a finalizer or a logged one does not change the exit status; it still fails
     noise = [
@@ -398,7 +408,7 @@ def _run_page(page: Path, url: str, env_extra: dict[str, str], tmp_path: Path) -
 
 @pytest.mark.parametrize("page", [p for p in PAGES_WITH_CODE if p.name != "README.md"], ids=lambda p: p.name)
 def test_python_blocks_run(page: Path, served: Served, tmp_path: Path) -> None:
-    _run_page(page, served.url, {}, tmp_path)
+    _run_page(page, served.url, {}, tmp_path, served.consolidated)
 
 
 @pytest.mark.parametrize(
@@ -407,7 +417,17 @@ def test_python_blocks_run(page: Path, served: Served, tmp_path: Path) -> None:
 def test_readme_runs_as_written(kind: str, served: Served, tmp_path: Path) -> None:
     """README's blocks, unchanged, on every kind of url a newcomer may give them."""
     url, env = served.where(kind)
-    _run_page(ROOT / "README.md", url, env, tmp_path)
+    _run_page(ROOT / "README.md", url, env, tmp_path, served.consolidated)
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=lambda p: p.name)
+def test_a_page_sets_its_url_where_its_code_starts(page: Path) -> None:
+    """Pasted in order from the repository root after ./dev demo, a page's blocks run as they are."""
+    code = [b for b in blocks(page) if b.info == "python"]
+    uses = [b for b in code if re.search(r"\burl\b", b.source)]
+    if uses:
+        first = code[0].source.splitlines()
+        assert any(line.startswith(URL_LINE) for line in first), f"{code[0].where}: its first block sets {URL_LINE}"
 
 
 PYTEST_BLOCKS = [b for b in all_blocks() if b.info == "python pytest"]
