@@ -39,18 +39,21 @@ class CountingStore(WrapperStore):
         self._open = threading.Event()
         self._open.set()
         self._passes = 0  # GETs still let through while held
+        self._allow: frozenset[str] = frozenset()  # keys whose GETs are let through while held
 
-    def hold(self, after: int = 0) -> None:
+    def hold(self, after: int = 0, allow: frozenset[str] = frozenset()) -> None:
+        """Park GETs until ``release()``: all but the next ``after``, and never those of the keys in ``allow``."""
         with self._lock:
             self._passes = after
+            self._allow = frozenset(allow)
             self._open.clear()
 
     def release(self) -> None:
         self._open.set()
 
-    def _let_through(self) -> bool:
+    def _let_through(self, key: str) -> bool:
         with self._lock:
-            if self._open.is_set():
+            if self._open.is_set() or key in self._allow:
                 return True
             if self._passes > 0:
                 self._passes -= 1
@@ -66,7 +69,7 @@ class CountingStore(WrapperStore):
             self.inflight += 1
             self.peak_inflight = max(self.peak_inflight, self.inflight)
         try:
-            if not self._let_through():
+            if not self._let_through(key):
                 while not self._open.is_set():
                     await asyncio.sleep(HOLD_POLL_S)
             if self.latency_s:

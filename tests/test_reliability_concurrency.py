@@ -305,8 +305,15 @@ def _abandon_first(ds, how: str):
     store = ds.store
     if how == "break":
         plan = ds.train.plan()
-        first_block_gets = sum(ds.readers[plan.reads[i][0]].geometry.tiles_per_chunk for i in plan.block_reads[0])
-        store.hold(after=first_block_gets)  # the first batch arrives, the next block stays in flight
+        first_block = frozenset(
+            g.chunk_key(g.physical_chunk_coord(chunk, tile))
+            for path, chunk in (plan.reads[i] for i in plan.block_reads[0])
+            for g in [ds.readers[path].geometry]
+            for tile in range(g.tiles_per_chunk)
+        )
+        # the first batch arrives, the next block stays in flight: by key, since a pass with a disk cache
+        # may send a later block's GETs before the first block's (its revival batches race)
+        store.hold(allow=first_block)
         for _ in ds.train:  # the loop's iterator dies with this frame after the break
             first = ds.train._pass()
             second = iter(ds.train)
