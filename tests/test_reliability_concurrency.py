@@ -288,12 +288,12 @@ def _finish(it, ds, data, expected: list[int]) -> None:
     assert sorted(seen) == sorted(expected)
 
 
-def _slow_ds(path, **kw) -> InSituDataset:
+def _slow_ds(path, max_inflight: int = 2, **kw) -> InSituDataset:
     store = CountingStore(local_store(path), latency_s=ABANDON_STORE_S)
     g = open_geometries(store)["t2m"]
     manifest = split_by_chunk(g, fractions=(0.7, 0.15, 0.15))
     # blocks of several batches: a pass that yielded its first batch still fetches its next block
-    return InSituDataset(store, manifest, batch_size=4, block_chunks=4, max_inflight=2, **kw)
+    return InSituDataset(store, manifest, batch_size=4, block_chunks=4, max_inflight=max_inflight, **kw)
 
 
 def _abandon_first(ds, how: str):
@@ -312,7 +312,8 @@ def _abandon_first(ds, how: str):
             for tile in range(g.tiles_per_chunk)
         )
         # the first batch arrives, the next block stays in flight: by key, since a pass with a disk cache
-        # may send a later block's GETs before the first block's (its revival batches race)
+        # may send a later block's GETs before the first block's (its revival batches race), and with
+        # permits to spare (see the test), so parked GETs of a later block cannot starve the first
         store.hold(allow=first_block)
         for _ in ds.train:  # the loop's iterator dies with this frame after the break
             first = ds.train._pass()
@@ -341,7 +342,9 @@ def _abandon_first(ds, how: str):
 def test_abandoning_a_pass_never_hangs_one_that_shares_its_fetches(local, tmp_path, how, cache) -> None:
     path, data = local
     kw = {"cache_dir": tmp_path / "cache", "persist": True} if cache else {}
-    with _slow_ds(path, **kw) as ds:
+    # "break" parks every GET but the first block's while that block is read: permits for the whole
+    # read-ahead window, so a later block's parked GETs never hold every permit
+    with _slow_ds(path, max_inflight=64 if how == "break" else 2, **kw) as ds:
         second = _abandon_first(ds, how)
         _finish(second, ds, data, ds.train.plan().anchors.tolist())
 
