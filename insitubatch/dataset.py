@@ -158,14 +158,15 @@ class InSituDataset:
         self.chunk_transforms = callables("chunk_transforms", chunk_transforms)
         check_scopes(self.chunk_transforms, {g.path for g in self.variables.values()})
         self.batch_transforms = callables("batch_transforms", batch_transforms)
+        # one reader per source (an array path and its selection): labels sharing one share its reads
         self.readers: dict[str, ArrayReader] = {}
         for g in self.variables.values():
-            if g.path not in self.readers:
+            if g.source not in self.readers:
                 base = g.shift(-g.offset)
-                self.readers[g.path] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
+                self.readers[g.source] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
         # what entries hold and batches carry: each label's geometry after its chunk transforms
         self.outputs = {
-            lb: self.readers[g.path].output.shift(g.offset - self.readers[g.path].output.offset)
+            lb: self.readers[g.source].output.shift(g.offset - self.readers[g.source].output.offset)
             for lb, g in self.variables.items()
         }
         self.cache = self._open_cache(cache_dir, persist, reset_stale_cache, readonly_cache)
@@ -247,7 +248,8 @@ class InSituDataset:
             return None
         if readonly and not persist:
             raise ValueError("readonly_cache=True reads a persisted cache: pass persist=True with it")
-        fingerprints = array_fingerprints(self.chunk_transforms, list(self.readers))
+        by_path = array_fingerprints(self.chunk_transforms, {r.geometry.path for r in self.readers.values()})
+        fingerprints = {source: by_path[r.geometry.path] for source, r in self.readers.items()}
         return DiskCache(
             cache_dir,
             persist=bool(persist),
@@ -374,7 +376,7 @@ class InSituDataset:
         iterations = positive_int("iterations", iterations)
         plans = {name: self.plan(name) for name in self.manifest.names}
         split = max(plans, key=lambda name: plans[name].working_set_bytes)
-        stored = {lb: self.readers[g.path].geometry for lb, g in self.variables.items()}
+        stored = {lb: self.readers[g.source].geometry for lb, g in self.variables.items()}
         info = describe_loader(
             stored,
             plans,

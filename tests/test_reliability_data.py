@@ -26,7 +26,8 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, StoreReadError
-from insitubatch.io.geometry import MAX_CHUNK_BYTES, MAX_CHUNKS_PER_READ, ArrayGeometry
+from insitubatch.io.arrays import MAX_CHUNK_BYTES, MAX_CHUNKS_PER_READ
+from insitubatch.io.geometry import ArrayGeometry
 from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
 

@@ -46,9 +46,9 @@ class _Stopped(Exception):
     """The pass was closed while the producer waited."""
 
 
-def _held_entry(held: Mapping[ReadKey, Entry | None], path: str, chunk: int) -> Entry:
-    """The entry a batch's block holds for chunk ``chunk`` of array ``path``."""
-    entry = held[(path, chunk)]
+def _held_entry(held: Mapping[ReadKey, Entry | None], source: str, chunk: int) -> Entry:
+    """The entry a batch's block holds for chunk ``chunk`` of read source ``source``."""
+    entry = held[(source, chunk)]
     assert entry is not None  # a block's reads stay referenced until the block is released
     return entry
 
@@ -221,7 +221,7 @@ class _PassState:
                 # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
                 buf = ctx.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
                 out = buf[: len(anchors)]
-                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.path))
+                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.source))
                 arrays[label] = out
             coords = None
             if self.coords is not None:

@@ -110,19 +110,24 @@ class PassDriver(_TileJobs):
         self._stopping = False
         self._wake = asyncio.Event()
         self._main: concurrent.futures.Future | None = None
-        self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
+        # readers are keyed by source (a path and its selection); decoders and codec kinds by array path
+        self._decoders = {r.geometry.path: make_decoder(r.geometry) for r in readers.values()}
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
         self._group = group
         # zstd/blosc arrays with the sample axis first decode through the tilegroup kernel (any store)
         self._kinds = {
-            path: k
-            for path, r in readers.items()
-            if r.geometry.sample_axis == 0 and (k := kernel_kind(self._decoders[path]))
+            r.geometry.path: k
+            for r in readers.values()
+            if r.geometry.sample_axis == 0 and (k := kernel_kind(self._decoders[r.geometry.path]))
         }
         # on a local directory their tiles are also read by it, a group per call, unless a transform or the
         # disk cache must see each tile first
-        grouped = {path: k for path, k in self._kinds.items() if not readers[path].pipeline}
+        grouped = {
+            r.geometry.path: self._kinds[r.geometry.path]
+            for r in readers.values()
+            if not r.pipeline and r.geometry.path in self._kinds
+        }
         self._groups: LocalGroups | None = None
         if isinstance(self._get_sync, _LocalFiles) and cache is None and grouped:
             self._groups = LocalGroups(self._get_sync, self._decoders, grouped)
@@ -281,13 +286,13 @@ class PassDriver(_TileJobs):
 
     def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> None:
         if self._get_sync is not None:
-            self._queued.extend((entry, reader, chunk_index, t) for t in range(reader.geometry.tiles_per_chunk))
+            self._queued.extend((entry, reader, chunk_index, t) for t in range(reader.n_tiles))
             if self._pump is None or self._pump.done():
                 self._pump = self.loop.create_task(self._pump_tiles())
                 self._tasks.add(self._pump)
                 self._pump.add_done_callback(self._tasks.discard)
             return
-        for t in range(reader.geometry.tiles_per_chunk):
+        for t in range(reader.n_tiles):
             self._spawn(self._fetch_tile(entry, reader, chunk_index, t), work=True)
 
     async def _pump_tiles(self) -> None:
@@ -346,7 +351,7 @@ class PassDriver(_TileJobs):
         """
         cache = self.cache
         assert cache is not None  # revival is scheduled only with a disk cache
-        requests = [(r.geometry.path, c, r.entry_tile_shapes(c), r.output.dtype) for _, r, c in items]
+        requests = [(r.source, c, r.entry_tile_shapes(c), r.output.dtype) for _, r, c in items]
         async with self.semaphore:
             job = self.executor.submit(_lookup_all, cache, requests)
             try:
@@ -360,14 +365,13 @@ class PassDriver(_TileJobs):
                 self._orphan(job, forget_all)
                 raise
         for (entry, reader, chunk_index), result in zip(items, results):
-            path = reader.geometry.path
             if isinstance(result, BaseException):
                 self.pool.fail(entry, result)
             elif result is not None:
                 if not self.pool.replace_tiles(entry, result, reader.ready_origins(), revived_for=self.owner):
                     self._forget(reader, chunk_index)  # abandoned while we looked it up
             elif cache.readonly:
-                self.pool.fail(entry, cache.miss_error(path, chunk_index))
+                self.pool.fail(entry, cache.miss_error(reader.source, chunk_index))
             else:
                 self._fetch(entry, reader, chunk_index)
 
@@ -400,7 +404,7 @@ class PassDriver(_TileJobs):
 
     async def _fetch_tile(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int) -> None:
         g = reader.geometry
-        coord = g.physical_chunk_coord(chunk_index, tile)
+        coord = reader.tile_coord(chunk_index, tile)
         key = g.chunk_key(coord)
         buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
         async with self.semaphore:

@@ -22,7 +22,7 @@ from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
-from .kernels import assemble_tiles, fill_region
+from .kernels import assemble_tiles, fill_region, select_block
 from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
@@ -63,14 +63,14 @@ class _TileJobs:
         )
 
     def _tile_job(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf) -> None:
-        """Decode thread: one tile from its bytes (or its key, on a sync store) into the pool."""
+        """Decode thread: one read tile from its bytes (or its key, on a sync store) into the pool, as its pieces."""
         tally = _Tally()
         try:
-            data = self._tile(entry, reader, chunk_index, tile, coord, key, buf, tally)
+            pieces = self._tile(entry, reader, chunk_index, tile, coord, key, buf, tally)
         finally:
             tally.add_to(self.owner.counters, self.pool.lock)
-        if data is not None:
-            self.pool.deliver(entry, tile, data)
+        if pieces:
+            self.pool.deliver_many([(entry, p, data) for p, data in pieces])
 
     def _group_job(self, group: list[tuple[Entry, ArrayReader, int, int]]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
@@ -93,15 +93,14 @@ class _TileJobs:
         for entry, reader, chunk_index, tile in rest:
             if self._stopping or entry.state == FAILED:
                 continue  # the pass is stopping, or another tile of the chunk already failed it
-            g = reader.geometry
-            coord = g.physical_chunk_coord(chunk_index, tile)
+            coord = reader.tile_coord(chunk_index, tile)
+            key = reader.geometry.chunk_key(coord)
             try:
-                data = self._tile(entry, reader, chunk_index, tile, coord, g.chunk_key(coord), _GET_IN_JOB, tally)
+                pieces = self._tile(entry, reader, chunk_index, tile, coord, key, _GET_IN_JOB, tally)
             except Exception as exc:  # a store or bad-chunk failure (or a bug): its entry's waiters raise it
                 self.pool.fail(entry, exc)
                 continue
-            if data is not None:
-                landed.append((entry, tile, data))
+            landed.extend((entry, p, data) for p, data in pieces or ())
         tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
 
@@ -115,8 +114,9 @@ class _TileJobs:
         for item in group:
             _, reader, chunk_index, tile = item
             g = reader.geometry
-            kind = groups.kinds.get(g.path, 0)
-            path = groups.files.path_of(g.chunk_key(g.physical_chunk_coord(chunk_index, tile))) if kind else None
+            # a tile of a selection is decoded into scratch and cut into pieces: the general path
+            kind = groups.kinds.get(g.path, 0) if reader.layout.identity else 0
+            path = groups.files.path_of(g.chunk_key(reader.tile_coord(chunk_index, tile))) if kind else None
             if path is None:
                 rest.append(item)
                 continue
@@ -143,15 +143,15 @@ class _TileJobs:
 
     def _tile(
         self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf, tally: _Tally
-    ) -> np.ndarray | None:
-        """Decode thread: read (``buf`` is ``_GET_IN_JOB``), decode and transform one tile.
+    ) -> list[tuple[int, np.ndarray]] | None:
+        """Decode thread: read (``buf`` is ``_GET_IN_JOB``), decode, cut and transform read tile ``tile``.
 
-        Returns the tile for the caller to deliver, or None when it was staged
-        (a chunk assembled before its transforms, or one persisted). A store
-        failure raises ``StoreReadError``; a bad chunk under
-        ``on_bad_chunk="raise"`` raises ``BadChunkError``. The caller adds
-        ``tally`` to the counters before the tile lands, so a consumer that
-        saw the data sees them too.
+        Returns its pieces ``(piece index, array)`` for the caller to deliver,
+        or None when they were staged (a chunk assembled before its
+        transforms, or one persisted). A store failure raises
+        ``StoreReadError``; a bad chunk under ``on_bad_chunk="raise"`` raises
+        ``BadChunkError``. The caller adds ``tally`` to the counters before
+        the pieces land, so a consumer that saw the data sees them too.
         """
         g = reader.geometry
         if buf is _GET_IN_JOB:
@@ -165,25 +165,49 @@ class _TileJobs:
                 self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
-        data: np.ndarray | _BadTile
+        pieces: list[tuple[int, np.ndarray | _BadTile]]
         try:
-            data = self._decode(reader, chunk_index, tile, coord, buf)
+            pieces = self._cut(reader, chunk_index, tile, self._decode(reader, chunk_index, tile, coord, buf))
         except BadChunkError:
             if self.on_bad_chunk == "raise":
                 raise
-            data = self._bad_tile(reader, chunk_index, tile)
+            pieces = self._bad_tile(reader, chunk_index, tile)
             # never persisted: a later run retries the read
-            self._record_bad(entry, BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+            self._record_bad(entry, BadChunkRecord(g.path, chunk_index, reader.tile_inner_coord(tile)))
             self.owner.counters.trace.add("bad_tiles", 1)
         tally.decoded_tiles += 1
+        if reader.pipeline and reader.layout.n_pieces == 1:
+            ((p, data),) = pieces
+            if not isinstance(data, _BadTile):
+                pieces = [(p, self._transform(reader, chunk_index, data))]
         if reader.assembles or self.cache is not None:
-            self._stage(entry, reader, chunk_index, tile, data)
+            for p, data in pieces:
+                self._stage(entry, reader, chunk_index, p, data)
             return None
-        assert not isinstance(data, _BadTile)  # only a chunk that assembles marks a tile, and it was staged
-        return data
+        # only a chunk that assembles marks a piece, and it was staged
+        return cast("list[tuple[int, np.ndarray]]", pieces)
+
+    def _cut(
+        self, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray
+    ) -> list[tuple[int, np.ndarray | _BadTile]]:
+        """Decode thread: a decoded read tile as its pieces (itself, without a selection), each in pool memory."""
+        layout = reader.layout
+        if layout.identity:
+            return [(tile, data)]
+        n = data.shape[0]
+        out: list[tuple[int, np.ndarray | _BadTile]] = []
+        for p in layout.by_tile[tile]:
+            piece = layout.pieces[p]
+            dest = self.pool.take_tile((n, *piece.shape), data.dtype)
+            select_block(dest, data, piece)
+            out.append((p, dest))
+        return out
 
     def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
         """Decode one stored chunk into a sample-first tile of its own, clipped to the array (decode thread).
+
+        Under a selection the tile goes to this thread's scratch instead, to be
+        cut into pieces (``_cut``) before the thread decodes again.
 
         A zstd or blosc tile of a sample-axis-0 array goes through the
         tilegroup kernel. Otherwise a full tile of a sample-axis-0 array is
@@ -199,21 +223,32 @@ class _TileJobs:
         t0 = time.perf_counter()
         decoder = self._decoders[g.path]
         shape = reader.tile_rows_shape(chunk_index, tile)
+        take = self.pool.take_tile if reader.layout.identity else self._tile_scratch
         kind = self._kinds.get(g.path, 0) if buf is not None else 0
-        data = self._kernel_tile(kind, buf, shape, decoder) if kind else None
+        data = self._kernel_tile(kind, buf, shape, decoder, take) if kind else None
         if data is None:
-            data = self._general_tile(reader, chunk_index, tile, coord, buf, shape, decoder)
+            data = self._general_tile(reader, chunk_index, tile, coord, buf, shape, decoder, take)
         self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
-        if reader.pipeline and g.tiles_per_chunk == 1:
-            data = self._transform(reader, chunk_index, data)
         return data
 
-    def _kernel_tile(self, kind: int, buf, shape: tuple[int, ...], decoder: ChunkDecoder) -> np.ndarray | None:
+    def _tile_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """This thread's array for a decoded read tile that is cut into pieces at once."""
+        arrays = getattr(self._scratches, "tiles", None)
+        if arrays is None:
+            arrays = self._scratches.tiles = {}
+        tile = arrays.get((shape, dtype))
+        if tile is None:
+            tile = arrays[(shape, dtype)] = np.empty(shape, dtype=dtype)
+        return tile
+
+    def _kernel_tile(
+        self, kind: int, buf, shape: tuple[int, ...], decoder: ChunkDecoder, take: Callable[..., np.ndarray]
+    ) -> np.ndarray | None:
         """Decode thread: a zstd/blosc tile of a sample-first array, frame checks, decode and an edge's copy in C.
 
         None when the kernel hands it back (the general path then raises or falls back).
         """
-        dest = self.pool.take_tile(shape, decoder.dtype)  # stale contents: overwritten whole when placed
+        dest = take(shape, decoder.dtype)  # stale contents: overwritten whole when placed
         whole = self._scratch(decoder.shape, decoder.dtype).reshape(-1).view(np.uint8)
         return dest if decode_buffer(kind, _as_uint8(buf), dest, decoder.shape, whole) == PLACED else None
 
@@ -226,24 +261,25 @@ class _TileJobs:
         buf,
         shape: tuple[int, ...],
         decoder: ChunkDecoder,
+        take: Callable[..., np.ndarray],
     ) -> np.ndarray:
-        """Decode thread: a tile through the decoder's chain, then its clipped, sample-first part into pool memory.
+        """Decode thread: a tile through the decoder's chain, then its clipped, sample-first part into ``take``'s memory.
 
-        The destination comes from the pool and is overwritten whole.
+        The destination (pool memory, or scratch to cut) is overwritten whole.
         """
         g = reader.geometry
         if g.sample_axis == 0 and shape == decoder.shape:
-            data = self.pool.take_tile(shape, decoder.dtype)
+            data = take(shape, decoder.dtype)
             decoder.decode_into(buf, coord, data)
         elif g.sample_axis == 0:  # a clipped edge tile: whole into this thread's scratch, then its valid part
             whole = self._scratch(decoder.shape, decoder.dtype)
             decoder.decode_into(buf, coord, whole)
-            data = self.pool.take_tile(shape, decoder.dtype)
-            np.copyto(data, whole[reader.selection(chunk_index, tile)])
+            data = take(shape, decoder.dtype)
+            np.copyto(data, whole[reader.clip(chunk_index, tile)])
         else:
             raw = decoder(buf, coord)
-            data = self.pool.take_tile(shape, raw.dtype)
-            np.copyto(data, np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0))
+            data = take(shape, raw.dtype)
+            np.copyto(data, np.moveaxis(raw[reader.clip(chunk_index, tile)], g.sample_axis, 0))
         return data
 
     def _scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -269,21 +305,19 @@ class _TileJobs:
         finally:
             self.owner.counters.trace.add("transform_s", time.perf_counter() - t0)
 
-    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray | _BadTile:
-        """A bad tile's stand-in: NaN for floats, else the fill value (then transformed like any tile).
+    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> list[tuple[int, np.ndarray | _BadTile]]:
+        """A bad tile's stand-in pieces: NaN for floats, else the fill value (then transformed like any piece).
 
-        A tile of a chunk that is assembled before its transforms is only
-        marked; ``_finalize`` fills its rectangle of the chunk in place.
+        The pieces of a chunk that is assembled before its transforms are
+        only marked; ``_finalize`` fills their rectangles of the chunk in place.
         """
         g = reader.geometry
         if reader.assembles:
-            return _BAD_TILE
+            return [(p, _BAD_TILE) for p in reader.layout.by_tile[tile]]
         shape = reader.tile_rows_shape(chunk_index, tile)
         data = np.empty(shape, dtype=g.dtype)
         fill_region(data, (0,) * data.ndim, shape, _fill_value(g))
-        if reader.pipeline and g.tiles_per_chunk == 1:
-            data = self._transform(reader, chunk_index, data)
-        return data
+        return self._cut(reader, chunk_index, tile, data)
 
     def _stage(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
         """Decode thread: hold a tile until the chunk is complete; the last one assembles/transforms/persists it."""
@@ -298,9 +332,9 @@ class _TileJobs:
 
         An entry another pass fetches or will adopt keeps the mapping: it is that pass's now.
         """
-        path = reader.geometry.path
-        if self.cache is not None and not self.pool.kept_for_others((path, chunk_index), self.owner):
-            self.cache.evict(path, chunk_index)
+        source = reader.source
+        if self.cache is not None and not self.pool.kept_for_others((source, chunk_index), self.owner):
+            self.cache.evict(source, chunk_index)
 
     def _finalize(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
         """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
@@ -314,9 +348,8 @@ class _TileJobs:
             good = [t for t, part in enumerate(tiles) if part is not _BAD_TILE]
             assemble_tiles(full, [tiles[t] for t in good], reader.origins[good])
             for t in (t for t, part in enumerate(tiles) if part is _BAD_TILE):
-                fill_region(
-                    full, (0, *reader.origins[t].tolist()), (n, *reader.tile_shapes[t].tolist()), _fill_value(g)
-                )
+                piece = reader.layout.pieces[t]
+                fill_region(full, (0, *piece.origin), (n, *piece.shape), _fill_value(g))
             tiles = [self._transform(reader, chunk_index, full)]
             origins = reader.single_origin
         if self.cache is not None and not entry.bad:
@@ -327,7 +360,7 @@ class _TileJobs:
         cache = self.cache
         assert cache is not None  # called only with a disk cache
         handle = cache.begin(
-            reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)), reader.output.dtype
+            reader.source, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)), reader.output.dtype
         )
         try:
             for t, tile in enumerate(tiles):

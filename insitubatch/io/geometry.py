@@ -10,38 +10,17 @@ import dataclasses
 import functools
 import itertools
 import math
-import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import zarr
 
 from .._zarr_compat import ArrayV2Metadata, ArrayV3Metadata, ChunkProjection
 from .coords import Coordinate, CoordinateSource
+from .selection import AxisSelection, SelectMethod, isel_axis, sel_positions
 
-__all__ = [
-    "MAX_CHUNK_BYTES",
-    "MAX_CHUNK_BYTES_ENV",
-    "MAX_CHUNKS_PER_READ",
-    "ArrayGeometry",
-    "geometry_of",
-]
-
-# Largest decoded chunk the engine will allocate, in bytes. A stored chunk (the
-# shard of a sharded array: what one decode returns) and a sample-axis chunk
-# across its tiles (what one pool entry holds) must each fit. Real archives keep
-# chunks near 1-100 MB and shards within a few GB; metadata past this is corrupt
-# or hostile, and believing it would allocate that much. Raise it per call with
-# ``max_chunk_bytes=``, or process-wide with the environment variable below.
-MAX_CHUNK_BYTES = 4 * 2**30
-MAX_CHUNK_BYTES_ENV = "INSITUBATCH_MAX_CHUNK_BYTES"
-# Most stored chunks one sample-axis chunk may span, and most inner chunks one
-# shard may hold: each costs a GET or a shard-index entry plus a Python call per
-# read. 2**20 covers a 4 GiB read of 4 KiB chunks; more is a chunking no engine
-# can stream, and its bookkeeping alone would allocate gigabytes.
-MAX_CHUNKS_PER_READ = 2**20
+__all__ = ["ArrayGeometry", "sample_coords"]
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -57,6 +36,9 @@ class ArrayGeometry:
     key holds (the shard on a sharded array, else ``chunks``). The engine reads
     whole stored chunks ("tiles"). ``offset`` makes a windowed view:
     sample ``i`` of the view reads ``array[i + offset]`` along the sample axis.
+    ``selection`` keeps some positions of field axes (``isel`` / ``sel``): a
+    sample is then ``inner_shape``, the selected part of ``field_shape``, and
+    only the tiles it touches are read.
     """
 
     path: str
@@ -72,6 +54,9 @@ class ArrayGeometry:
     metadata: ArrayV2Metadata | ArrayV3Metadata | None = field(default=None, compare=False, repr=False, hash=False)
     # where this array's coordinate arrays are read from (set by ``open_geometries``)
     coords: CoordinateSource | None = field(default=None, compare=False, repr=False, hash=False)
+    selection: tuple[AxisSelection, ...] = ()
+    # the read source of a geometry made by a reshaping chunk transform: what its rows come from
+    origin: str | None = field(default=None, compare=False, repr=False, hash=False)
 
     # -- sample axis -----------------------------------------------------
     @property
@@ -101,9 +86,36 @@ class ArrayGeometry:
 
     # -- field (inner) axes ---------------------------------------------
     @functools.cached_property
-    def inner_shape(self) -> tuple[int, ...]:
-        """Per-sample payload shape: every axis but the sample axis, in physical order."""
+    def field_shape(self) -> tuple[int, ...]:
+        """Every axis but the sample axis, whole, in physical order: what the tiles cover."""
         return tuple(s for k, s in enumerate(self.shape) if k != self.sample_axis)
+
+    @functools.cached_property
+    def inner_shape(self) -> tuple[int, ...]:
+        """Per-sample payload shape: the selected part of ``field_shape`` (a scalar selection drops its axis)."""
+        chosen = self._chosen
+        out = []
+        for k, s in enumerate(self.shape):
+            if k == self.sample_axis:
+                continue
+            picked = chosen.get(k)
+            if picked is None:
+                out.append(s)
+            elif not picked.drop:
+                out.append(picked.size)
+        return tuple(out)
+
+    @functools.cached_property
+    def inner_dims(self) -> tuple[str | None, ...]:
+        """The dimension names of ``inner_shape``'s axes (None where unnamed)."""
+        chosen, names = self._chosen, self.dimension_names or (None,) * self.ndim
+        return tuple(
+            names[k] for k in range(self.ndim) if k != self.sample_axis and not (k in chosen and chosen[k].drop)
+        )
+
+    @functools.cached_property
+    def _chosen(self) -> dict[int, AxisSelection]:
+        return {a.axis: a for a in self.selection}
 
     @functools.cached_property
     def inner_stored_chunks(self) -> tuple[int, ...]:
@@ -112,11 +124,21 @@ class ArrayGeometry:
     @functools.cached_property
     def tile_grid(self) -> tuple[int, ...]:
         """Stored chunks per inner axis (the grid of tiles one sample-axis chunk spans)."""
-        return tuple(_ceil_div(s, c) for s, c in zip(self.inner_shape, self.inner_stored_chunks))
+        return tuple(_ceil_div(s, c) for s, c in zip(self.field_shape, self.inner_stored_chunks))
 
     @functools.cached_property
     def tiles_per_chunk(self) -> int:
         return math.prod(self.tile_grid)
+
+    @functools.cached_property
+    def tiles_read(self) -> int:
+        """Tiles (GETs) one sample-axis chunk of this view reads: those its selection touches."""
+        count = 1
+        for j, k in enumerate(k for k in range(self.ndim) if k != self.sample_axis):
+            picked = self._chosen.get(k)
+            size = self.inner_stored_chunks[j]
+            count *= self.tile_grid[j] if picked is None else len(np.unique(picked.array // size))
+        return count
 
     @property
     def itemsize(self) -> int:
@@ -129,7 +151,7 @@ class ArrayGeometry:
 
     @functools.cached_property
     def chunk_nbytes(self) -> int:
-        """Decoded bytes of one full sample-axis chunk (all its tiles)."""
+        """Decoded bytes one full sample-axis chunk keeps: its selected part (all of it without a selection)."""
         return self.sample_chunk_size * self.sample_nbytes
 
     @functools.cached_property
@@ -148,14 +170,14 @@ class ArrayGeometry:
         return self._tile_coords[tile_index]
 
     def tile_origins(self) -> np.ndarray:
-        """``(tiles_per_chunk, len(inner_shape))`` origin of each tile in the inner field."""
+        """``(tiles_per_chunk, len(field_shape))`` origin of each tile in the whole field."""
         grid = np.indices(self.tile_grid).reshape(len(self.tile_grid), self.tiles_per_chunk).T
         return (grid * np.asarray(self.inner_stored_chunks, dtype=np.intp)).astype(np.intp)
 
     def tile_shapes(self) -> np.ndarray:
-        """``(tiles_per_chunk, len(inner_shape))`` real extent of each tile (edge tiles are clipped)."""
+        """``(tiles_per_chunk, len(field_shape))`` real extent of each tile (edge tiles are clipped)."""
         origins = self.tile_origins()
-        return np.minimum(np.asarray(self.inner_stored_chunks), np.asarray(self.inner_shape) - origins).astype(np.intp)
+        return np.minimum(np.asarray(self.inner_stored_chunks), np.asarray(self.field_shape) - origins).astype(np.intp)
 
     def physical_chunk_coord(self, chunk_index: int, tile: int | Sequence[int] = 0) -> tuple[int, ...]:
         """The stored-chunk coordinates (physical order) of a tile of a sample-axis chunk."""
@@ -225,7 +247,9 @@ class ArrayGeometry:
         return self.coords.coordinate(dim, self.shape[axis], self.path)
 
     def coord(self, dim: str) -> np.ndarray:
-        """The values labelling dimension ``dim``: its coordinate array, decoded (time as ``datetime64``).
+        """The values labelling dimension ``dim`` in this view: its coordinate array, decoded (time as ``datetime64``).
+
+        A selected dimension gives the selected values (a 0-d array after a scalar selection).
 
         Raises
         ------
@@ -239,7 +263,125 @@ class ArrayGeometry:
                 f"(looked for a 1-D array {dim!r} of length {self.shape[self._dim_index(dim)]} next to it "
                 "and in its parent groups)"
             )
-        return found.values
+        picked = self._chosen.get(self._dim_index(dim))
+        if picked is None:
+            return found.values
+        return found.values[picked.indices[0]] if picked.drop else found.values[picked.array]
+
+    def inner_coords(self) -> dict[str, np.ndarray]:
+        """The coordinate values of each named field dimension of this view that the store labels."""
+        out = {}
+        for k, name in enumerate(self.dimension_names or ()):
+            if k != self.sample_axis and name is not None and self._coordinate(name) is not None:
+                out[name] = self.coord(name)
+        return out
+
+    # -- selections ----------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """What this view reads: the array path, plus its selection (``t[level=3, lat=0:90]``).
+
+        Views with one source share their reads and pool entries; the disk cache keys chunks by it.
+        """
+        if self.origin is not None:
+            return self.origin
+        if not self.selection:
+            return self.path
+        return f"{self.path}[{', '.join(f'{a.name}={a.text()}' for a in self.selection)}]"
+
+    def _field_axis(self, dim: str | int, verb: str) -> int:
+        """The physical axis ``dim`` names (a name, or a physical axis number), never the sample axis."""
+        if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool):
+            axis = int(dim)
+            if not -self.ndim <= axis < self.ndim:
+                raise ValueError(f"array {self.path!r}: axis {axis} is out of range for its {self.ndim} dims")
+            axis %= self.ndim
+        else:
+            axis = self._dim_index(str(dim))
+        if axis == self.sample_axis:
+            name = self.dimension_names[axis] if self.dimension_names else f"axis {axis}"
+            raise ValueError(
+                f"array {self.path!r}: {name!r} is the sample axis, which {verb} cannot select; choose samples "
+                "with split_by_chunk/split_by_time (training) or ds.infer(...) (a range)"
+            )
+        return axis
+
+    def _indexers(self, indexers: Mapping[Any, Any] | None, kwargs: Mapping[str, Any], verb: str) -> dict[Any, Any]:
+        merged: dict[Any, Any] = dict(indexers or {})
+        for k, v in kwargs.items():
+            if k in merged:
+                raise ValueError(f"{verb}: dimension {k!r} is given twice")
+            merged[k] = v
+        if not merged:
+            raise ValueError(f"{verb}() of array {self.path!r} needs at least one dimension to select")
+        return merged
+
+    def _with(self, picked: AxisSelection) -> ArrayGeometry:
+        chosen = {**self._chosen, picked.axis: picked}
+        return dataclasses.replace(self, selection=tuple(chosen[a] for a in sorted(chosen)))
+
+    def isel(self, indexers: Mapping[Any, Any] | None = None, **kwargs: Any) -> ArrayGeometry:
+        """A view keeping positions of field dimensions: ``isel(level=[0, 3], lat=slice(None, None, -1))``.
+
+        Each value is an int (the axis is dropped), a slice (a negative step
+        reverses) or a list of ints (kept in that order); positions count
+        within what an earlier selection kept. ``indexers`` may key by
+        physical axis number, for arrays without dimension names.
+
+        Raises
+        ------
+        KeyError
+            An unknown dimension.
+        ValueError
+            The sample axis, a position out of range, or an empty selection.
+        """
+        g = self
+        for dim, key in self._indexers(indexers, kwargs, "isel").items():
+            axis = g._field_axis(dim, "isel")
+            name = g.dimension_names[axis] if g.dimension_names else None
+            g = g._with(
+                isel_axis(g.shape[axis], g._chosen.get(axis), key, axis=axis, dim=name, where=f"array {g.path!r}")
+            )
+        return g
+
+    def sel(
+        self,
+        indexers: Mapping[str, Any] | None = None,
+        *,
+        method: SelectMethod = None,
+        tolerance: Any = None,
+        **kwargs: Any,
+    ) -> ArrayGeometry:
+        """A view keeping labels of field dimensions, resolved against the store's coordinates (as xarray's ``sel``).
+
+        A label drops the axis, a list keeps it in the given order, a slice
+        follows the coordinate's own order (``slice(60, 30)`` on a descending
+        latitude) and wraps across the seam of a periodic axis
+        (``slice(350, 20)`` on a 0..360 longitude). ``method="nearest"``
+        takes the closest label, within ``tolerance`` when given.
+
+        Raises
+        ------
+        KeyError
+            An unknown dimension, a label not in the coordinate (naming the
+            nearest ones) or beyond ``tolerance``, or a dimension without a
+            coordinate array.
+        ValueError
+            The sample axis, no dimension names (select by position with
+            ``isel``), a slice over a non-monotonic coordinate, or an empty selection.
+        """
+        g = self
+        for dim, key in self._indexers(indexers, kwargs, "sel").items():
+            axis = g._field_axis(str(dim), "sel")
+            values = g.coord(str(dim))
+            if values.ndim == 0:
+                raise ValueError(
+                    f"array {g.path!r}, dimension {dim!r}: was already selected by a scalar; it has no axis left"
+                )
+            where = f"array {g.path!r}"
+            positions = sel_positions(values, key, method=method, tolerance=tolerance, where=where, dim=str(dim))
+            g = g._with(isel_axis(g.shape[axis], g._chosen.get(axis), positions, axis=axis, dim=str(dim), where=where))
+        return g
 
     # -- views -------------------------------------------------------------
     def shift(self, k: int) -> ArrayGeometry:
@@ -262,106 +404,6 @@ def _normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
             f"{sample_axis=} is out of range for array {path!r} with {ndim} dims (shape must have an axis {sample_axis})"
         )
     return int(sample_axis) % ndim
-
-
-def _dimension_names(arr: zarr.Array) -> tuple[str | None, ...] | None:
-    """v3 ``dimension_names``, else xarray's ``_ARRAY_DIMENSIONS`` attribute (v2, or v3 written that way)."""
-    md = arr.metadata
-    if isinstance(md, ArrayV3Metadata) and md.dimension_names is not None:
-        return tuple(md.dimension_names)
-    dims = arr.attrs.get("_ARRAY_DIMENSIONS")
-    if isinstance(dims, (list, tuple)) and len(dims) == arr.ndim and all(isinstance(d, str) for d in dims):
-        return tuple(dims)
-    return None
-
-
-def _chunk_byte_limit(max_chunk_bytes: int | None) -> int:
-    """``max_chunk_bytes``, else the environment's limit, else ``MAX_CHUNK_BYTES``."""
-    if max_chunk_bytes is None:
-        text = os.environ.get(MAX_CHUNK_BYTES_ENV)
-        if not text:
-            return MAX_CHUNK_BYTES
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise ValueError(f"{MAX_CHUNK_BYTES_ENV}={text!r} must be a positive integer number of bytes")
-        return value
-    if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)):
-        raise TypeError(f"max_chunk_bytes must be an int (bytes) or None, got {type(max_chunk_bytes).__name__}")
-    if max_chunk_bytes < 1:
-        raise ValueError(f"{max_chunk_bytes=} must be >= 1 (bytes), or None for the default {MAX_CHUNK_BYTES}")
-    return int(max_chunk_bytes)
-
-
-def _check_size(g: ArrayGeometry, limit: int) -> None:
-    """Refuse metadata whose chunks would decode to more than ``limit`` bytes, before anything is allocated."""
-    override = f"if the array is real, pass max_chunk_bytes= or set {MAX_CHUNK_BYTES_ENV}"
-    for what, nbytes in (("one stored chunk", g.stored_chunk_nbytes), ("one sample-axis chunk", g.chunk_nbytes)):
-        if nbytes > limit:
-            raise ValueError(
-                f"array {g.path!r} (shape {g.shape}, stored chunks {g.stored_chunks}, dtype {g.dtype}): "
-                f"{what} decodes to {nbytes} bytes, over max_chunk_bytes={limit}; "
-                f"the metadata is likely corrupt ({override})"
-            )
-    inner_per_shard = math.prod(_ceil_div(s, c) for s, c in zip(g.stored_chunks, g.chunks))
-    for what, count in (
-        ("stored chunks per sample-axis chunk", g.tiles_per_chunk),
-        ("inner chunks per shard", inner_per_shard),
-    ):
-        if count > MAX_CHUNKS_PER_READ:
-            raise ValueError(
-                f"array {g.path!r} (shape {g.shape}, chunks {g.chunks}, stored chunks {g.stored_chunks}) has "
-                f"{count} {what}, over the limit of {MAX_CHUNKS_PER_READ}; the chunking is corrupt or too fine to stream"
-            )
-
-
-def geometry_of(
-    arr: zarr.Array,
-    *,
-    sample_axis: int = 0,
-    max_chunk_bytes: int | None = None,
-    coords: CoordinateSource | None = None,
-) -> ArrayGeometry:
-    """The ``ArrayGeometry`` of an open zarr array.
-
-    ``coords`` is where its coordinate arrays are read from (default: the array's own store).
-
-    Raises
-    ------
-    ValueError
-        A chunk would decode to more than ``max_chunk_bytes`` (default
-        ``MAX_CHUNK_BYTES``, or the ``INSITUBATCH_MAX_CHUNK_BYTES`` environment
-        variable), or a read spans more than ``MAX_CHUNKS_PER_READ`` chunks.
-    """
-    limit = _chunk_byte_limit(max_chunk_bytes)
-    ndim = arr.ndim
-    axis = _normalize_axis(sample_axis, ndim, arr.path)
-    chunks = tuple(int(c) for c in arr.chunks)
-    shards = getattr(arr, "shards", None)
-    stored = tuple(int(c) for c in shards) if shards is not None else chunks
-    dtype = np.dtype(arr.dtype)
-    if dtype.hasobject or dtype.kind == "T" or (dtype.kind in "US" and dtype.itemsize == 0):
-        raise ValueError(
-            f"array {arr.path!r} has variable-size dtype {arr.dtype}; only fixed-size dtypes are supported"
-        )
-    geometry = ArrayGeometry(
-        path=arr.path,
-        shape=tuple(int(s) for s in arr.shape),
-        chunks=chunks,
-        stored_chunks=stored,
-        dtype=dtype,
-        fill_value=arr.fill_value,
-        sample_axis=axis,
-        offset=0,
-        zarr_format=arr.metadata.zarr_format,
-        dimension_names=_dimension_names(arr),
-        metadata=arr.metadata,
-        coords=coords if coords is not None else CoordinateSource(arr.store),
-    )
-    _check_size(geometry, limit)
-    return geometry
 
 
 def sample_coords(variables: Iterable[ArrayGeometry], n: int) -> dict[str, np.ndarray]:

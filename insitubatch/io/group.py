@@ -23,8 +23,9 @@ import zarr
 import zarr.errors
 
 from ..errors import StoreReadError
+from .arrays import _chunk_byte_limit, _dimension_names, geometry_of
 from .coords import CoordinateSource
-from .geometry import ArrayGeometry, _chunk_byte_limit, _dimension_names, _normalize_axis, geometry_of
+from .geometry import ArrayGeometry, _normalize_axis
 
 __all__ = ["GroupContents", "open_geometries", "open_statics", "scan_group"]
 

@@ -32,7 +32,7 @@ KNOBS = ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")
 
 
 def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
-    gets = sum(tiles_per_read[path] for path, _ in plan.reads)
+    gets = sum(tiles_per_read[source] for source, _ in plan.reads)
     return {
         "samples": plan.n_samples,
         "batches": plan.n_batches,
@@ -66,15 +66,18 @@ def describe_loader(
     sizes, ``None`` where unknown.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
-    tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
+    tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
     variables: dict[str, dict[str, Any]] = {}
     for label, g in geometries.items():
         variables[label] = {
             "path": g.path,
+            "selection": {a.name: a.text() for a in g.selection},
             "shape": list(g.shape),
+            "sample_shape": list(rows[label].inner_shape),
             "dtype": str(g.dtype),
             "stored_chunk": list(g.stored_chunks),
-            "tiles": g.tiles_per_chunk,
+            "tiles": g.tiles_read,
+            "tiles_per_chunk": g.tiles_per_chunk,
             "samples_per_chunk": g.sample_chunk_size,
             "chunk_bytes": int(g.chunk_nbytes),
             "tile_bytes": int(g.stored_chunk_nbytes),
@@ -116,8 +119,17 @@ def describe_loader(
             f"a shuffle block holds {block_samples} samples, under {MIN_BLOCK_SAMPLES_PER_BATCH} batches: "
             "raise block_chunks for a better shuffle"
         )
-    if math.prod(first.tile_grid) > 1:
-        notes.append(f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs that many GETs")
+    if first.tiles_read > 1:
+        notes.append(
+            f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs {first.tiles_read} GETs"
+        )
+    for label, g in geometries.items():
+        if g.selection:
+            notes.append(
+                f"{label!r} reads {g.source}: {g.tiles_read} of {g.tiles_per_chunk} tiles per chunk, "
+                f"{g.chunk_nbytes / MB:.3f} of {g.sample_chunk_size * math.prod(g.field_shape) * g.itemsize / MB:.3f} "
+                "MB kept per chunk"
+            )
     if tile_bytes >= FAT_TILE_BYTES:
         notes.append(
             f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "

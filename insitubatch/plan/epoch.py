@@ -30,7 +30,10 @@ __all__ = [
 ]
 
 ReadKey = tuple[str, int]
-"""``(array_path, sample-axis chunk index)``: one residency unit (all of a chunk's tiles)."""
+"""``(source, sample-axis chunk index)``: one residency unit (what a chunk keeps of its tiles).
+
+The source is ``ArrayGeometry.source``: the array path, plus the selection when there is one.
+"""
 
 
 def valid_anchor_range(manifest: SplitManifest, variables: Mapping[str, ArrayGeometry]) -> tuple[int, int]:
@@ -194,9 +197,9 @@ def build_plan(
     S = manifest.sample_chunk_size
     anchors = order[:, 0] * S + order[:, 1]
     block_starts = np.asarray(block_starts, dtype=np.int64)
-    paths: dict[str, ArrayGeometry] = {}
+    sources: dict[str, ArrayGeometry] = {}  # labels with one source (path and selection) share its reads
     for g in variables.values():
-        paths.setdefault(g.path, g)
+        sources.setdefault(g.source, g)
     index: dict[ReadKey, int] = {}
     reads: list[ReadKey] = []
     first: list[int] = []
@@ -206,11 +209,11 @@ def build_plan(
     for b in range(len(block_starts) - 1):
         a = anchors[block_starts[b] : block_starts[b + 1]]
         mine: list[int] = []
-        for path, g in paths.items():
-            offsets = sorted({v.offset for v in variables.values() if v.path == path})
+        for source, g in sources.items():
+            offsets = sorted({v.offset for v in variables.values() if v.source == source})
             chunk_ids = np.unique(np.concatenate([(a + off) // g.sample_chunk_size for off in offsets]))
             for c in chunk_ids.tolist():
-                key = (path, int(c))
+                key = (source, int(c))
                 i = index.get(key)
                 if i is not None and release_per_block and last[i] < b - 1:
                     i = None  # not used by the previous block: release it and revive it later

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
-from insitubatch.io.geometry import geometry_of
+from insitubatch.io.arrays import geometry_of
 from insitubatch.io.group import open_geometries
 
 

@@ -8,7 +8,8 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from insitubatch.io.geometry import ArrayGeometry, geometry_of
+from insitubatch.io.arrays import geometry_of
+from insitubatch.io.geometry import ArrayGeometry
 from insitubatch.plan.splits import SplitManifest, split_by_chunk
 
 
