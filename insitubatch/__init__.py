@@ -32,8 +32,9 @@ from .errors import (
 )
 from .io.decode import read_stored_chunk
 from .io.geometry import ArrayGeometry
-from .io.group import open_geometries
+from .io.group import open_geometries, open_statics
 from .io.owned import close_store
+from .io.statics import StaticField
 from .io.store_adapters import fsspec_store, icechunk_store
 from .io.stores import as_store, obstore_store
 from .plan.epoch import shuffle_quality
@@ -65,6 +66,7 @@ __all__ = [
     "InSituError",
     "PassStats",
     "SplitManifest",
+    "StaticField",
     "StoreReadError",
     "TorchView",
     "applies",
@@ -75,6 +77,7 @@ __all__ = [
     "icechunk_store",
     "obstore_store",
     "open_geometries",
+    "open_statics",
     "print_debug_info",
     "read_stored_chunk",
     "shuffle_quality",

@@ -9,6 +9,8 @@ to plan and start passes (``_engine/prefetch.py``).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,8 +26,9 @@ from ._validate import callables, flag, positive_int
 from .cache import DiskCache
 from .cache.fingerprint import array_fingerprints
 from .io.geometry import ArrayGeometry, sample_coords
-from .io.group import open_geometries
+from .io.group import resolve_statics, resolve_variables
 from .io.owned import close_store
+from .io.statics import StaticField, read_statics
 from .io.stores import as_store
 from .plan.cost import KNOBS, describe_loader, format_summary
 from .plan.distributed import REMAINDER_POLICIES, Remainder, resolve_world
@@ -56,9 +59,15 @@ class InSituDataset:
     manifest
         The ``SplitManifest`` whose chunk grid is the anchor grid.
     variables
-        ``{label: ArrayGeometry}`` (a ``shift(k)`` view is a windowed label),
-        a list of array paths (labels = paths), or ``None`` for every data
-        variable ``open_geometries`` finds.
+        ``{label: ArrayGeometry}`` (a ``shift(k)`` view is a windowed label,
+        an ``isel``/``sel`` view reads only what it selects), a list of array
+        paths (labels = paths), or ``None`` for every array with the sample
+        axis (``describe()`` lists what that left out, and why).
+    statics
+        Static fields (arrays without the sample axis: masks, orography):
+        ``{label: StaticField}`` from ``open_statics`` (selections allowed),
+        or a list of array paths. Read once here; ``ds.statics`` and every
+        batch's ``batch.statics`` hold the same read-only arrays.
     batch_size, shuffle, block_chunks, seed
         Batches per step; whether ``train`` is shuffled (``val``/``test`` are
         always sequential); chunks per shuffle block; the order's seed.
@@ -123,6 +132,7 @@ class InSituDataset:
         persist: bool = False,
         reset_stale_cache: bool = False,
         readonly_cache: bool = False,
+        statics: Mapping[str, StaticField] | Sequence[str] | None = None,
     ) -> None:
         if not isinstance(manifest, SplitManifest):
             raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
@@ -154,7 +164,12 @@ class InSituDataset:
         self.manifest = manifest
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
         self.store = as_store(store)
-        self.variables = self._resolve_variables(variables)
+        # what variables=None left out of the store, with why
+        self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
+        self.static_fields = resolve_statics(self.store, statics)
+        clash = sorted(set(self.static_fields) & set(self.variables))
+        if clash:
+            raise ValueError(f"labels {clash} name both a variable and a static; give each its own label")
         self.chunk_transforms = callables("chunk_transforms", chunk_transforms)
         check_scopes(self.chunk_transforms, {g.path for g in self.variables.values()})
         self.batch_transforms = callables("batch_transforms", batch_transforms)
@@ -162,11 +177,11 @@ class InSituDataset:
         self.readers: dict[str, ArrayReader] = {}
         for g in self.variables.values():
             if g.source not in self.readers:
-                base = g.shift(-g.offset)
+                base = g.source_view()
                 self.readers[g.source] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
         # what entries hold and batches carry: each label's geometry after its chunk transforms
         self.outputs = {
-            lb: self.readers[g.source].output.shift(g.offset - self.readers[g.source].output.offset)
+            lb: dataclasses.replace(self.readers[g.source].output, offset=g.offset, window_steps=g.window_steps)
             for lb, g in self.variables.items()
         }
         self.cache = self._open_cache(cache_dir, persist, reset_stale_cache, readonly_cache)
@@ -180,6 +195,7 @@ class InSituDataset:
             readers=self.readers,
             outputs=self.outputs,
             offsets={lb: g.offset for lb, g in self.variables.items()},
+            windows={lb: g.window_steps for lb, g in self.variables.items() if g.window_steps},
             pool=self.pool,
             buffers=self.buffers,
             executor=self.executor,
@@ -191,6 +207,7 @@ class InSituDataset:
             persist=self.persist,
             batch_transforms=self.batch_transforms,
             sample_coords=self.sample_coords,
+            statics=read_statics(self.store, self.static_fields),
         )
         self.planner = EpochPlanner(
             manifest=manifest,
@@ -205,39 +222,19 @@ class InSituDataset:
             release_per_block=self.persist,
         )
         self._views: dict[str, DatasetView] = {}
-        self._coords: dict[str, np.ndarray] | None = None
+        # the sample axis's coordinate, read here once (not during a pass, whose GETs are the chunks')
+        self._coords: dict[str, np.ndarray] = sample_coords(self.variables.values(), self.manifest.n_samples)
 
     # -- construction helpers ---------------------------------------------------
-    def _resolve_variables(self, variables) -> dict[str, ArrayGeometry]:
-        if variables is None:
-            found = open_geometries(self.store)
-            if not found:
-                raise ValueError("the store has no data variables (only coordinates or nothing); pass variables=")
-            resolved = dict(found)
-        elif isinstance(variables, Mapping):
-            resolved = {}
-            for label, g in variables.items():
-                if not isinstance(g, ArrayGeometry):
-                    raise TypeError(
-                        f"variables[{label!r}] must be an ArrayGeometry (from open_geometries), got {type(g).__name__}"
-                    )
-                resolved[str(label)] = g
-        elif isinstance(variables, (list, tuple)):
-            resolved = dict(open_geometries(self.store, variables=list(variables)))
-        else:
-            raise TypeError(
-                f"variables must be a mapping of label to ArrayGeometry, a list of array paths, or None; "
-                f"got {type(variables).__name__}"
-            )
-        if not resolved:
-            raise ValueError("variables is empty: name at least one array")
-        n = self.manifest.n_samples
-        bad = {lb: g.n_samples for lb, g in resolved.items() if g.n_samples != n}
-        if bad:
-            raise ValueError(
-                f"every variable must have the manifest's {n} samples along its sample axis; these differ: {bad}"
-            )
-        return resolved
+    @functools.cached_property
+    def inner_coords(self) -> dict[str, dict[str, np.ndarray]]:
+        """Per label, the coordinate values of its (selected) field dimensions: once per dataset, not per batch."""
+        return {label: g.inner_coords() for label, g in self.variables.items()}
+
+    @property
+    def statics(self) -> Mapping[str, np.ndarray]:
+        """The static fields by label: read-only arrays, read once, the same objects every batch carries."""
+        return self.context.statics
 
     def _open_cache(self, cache_dir, persist, reset_stale, readonly) -> DiskCache | None:
         if cache_dir is None:
@@ -348,19 +345,18 @@ class InSituDataset:
             if not 0 <= start < stop <= n:
                 raise ValueError(f"sample_range={(start, stop)} must satisfy 0 <= start < stop <= {n}")
             for label, g in self.outputs.items():
-                if start + g.offset < 0 or stop - 1 + g.offset >= n:
+                first, last = min(g.read_offsets), max(g.read_offsets)
+                if start + first < 0 or stop - 1 + last >= n:
                     raise ValueError(
-                        f"label {label!r} reads anchor + {g.offset}, so sample_range={(start, stop)} would read "
-                        f"[{start + g.offset}, {stop + g.offset}) off its array of {n} samples; "
-                        f"anchors with every window inside the arrays are [{lo}, {hi})"
+                        f"label {label!r} reads anchor + {list(g.read_offsets) if g.window_steps else g.offset}, so "
+                        f"sample_range={(start, stop)} would read [{start + first}, {stop + last}) off its array of "
+                        f"{n} samples; anchors with every window inside the arrays are [{lo}, {hi})"
                     )
         bs = self.batch_size if batch_size is None else positive_int("batch_size", batch_size)
         return InferView(self.context, self.planner, (start, stop), bs, dataset=self)
 
     def sample_coords(self) -> dict[str, np.ndarray]:
-        """The sample-axis coordinate values, read once from the store (or the indices)."""
-        if self._coords is None:
-            self._coords = sample_coords(self.variables.values(), self.manifest.n_samples)
+        """The sample-axis coordinate values (decoded), read once from the store when the dataset opened (or indices)."""
         return self._coords
 
     # -- cost before the first byte --------------------------------------------
@@ -386,6 +382,8 @@ class InSituDataset:
             iterations=iterations,
             budget_bytes=self.pool.explicit_budget,
             batch_geometries=self.outputs,
+            statics={label: (self.context.statics[label], f) for label, f in self.static_fields.items()},
+            left_out=self.left_out,
         )
         info["resolved"] = {
             "shuffle": self.shuffle,

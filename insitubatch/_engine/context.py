@@ -50,7 +50,7 @@ class PassContext:
     store: Any
     readers: dict[str, ArrayReader]  # by array path
     outputs: dict[str, ArrayGeometry]  # by label, after chunk transforms: what entries hold and batches carry
-    offsets: dict[str, int]  # by label: the window shift a batch reports (``Batch.offsets``)
+    offsets: dict[str, int]  # by label: the shift a batch reports (``Batch.offsets``)
     pool: ChunkPool
     buffers: BufferPool
     executor: concurrent.futures.ThreadPoolExecutor
@@ -62,6 +62,10 @@ class PassContext:
     persist: bool
     batch_transforms: Sequence[BatchTransform]
     sample_coords: Callable[[], Mapping[str, np.ndarray]]  # read once, on the first inference pass
+    statics: Mapping[str, np.ndarray] = field(default_factory=dict)  # read once at open, the same in every batch
+    windows: dict[str, tuple[int, ...]] = field(
+        default_factory=dict
+    )  # by windowed label: its steps (``Batch.windows``)
     epoch: int = 0
     bad_chunks: list[BadChunkRecord] = field(default_factory=list)  # this epoch's; a new epoch starts a new list
     epoch_counters: list[PassCounters] = field(default_factory=list)  # this epoch's passes'

@@ -10,15 +10,16 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .._zarr_compat import ArrayV2Metadata, ArrayV3Metadata, ChunkProjection
-from .coords import Coordinate, CoordinateSource
-from .selection import AxisSelection, SelectMethod, isel_axis, sel_positions
+from .coords import CoordinateSource
+from .labelled import Labelled
+from .selection import AxisSelection
 
 __all__ = ["ArrayGeometry", "sample_coords"]
 
@@ -28,7 +29,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True)
-class ArrayGeometry:
+class ArrayGeometry(Labelled):
     """Shape and chunking of one zarr array, seen along one sample axis.
 
     ``shape``, ``chunks`` and ``stored_chunks`` are in physical (zarr) axis
@@ -55,14 +56,12 @@ class ArrayGeometry:
     # where this array's coordinate arrays are read from (set by ``open_geometries``)
     coords: CoordinateSource | None = field(default=None, compare=False, repr=False, hash=False)
     selection: tuple[AxisSelection, ...] = ()
+    # steps of a native window: sample i reads array[i + offset + s] for each s, as one (steps, *inner) row
+    window_steps: tuple[int, ...] = ()
     # the read source of a geometry made by a reshaping chunk transform: what its rows come from
     origin: str | None = field(default=None, compare=False, repr=False, hash=False)
 
     # -- sample axis -----------------------------------------------------
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
     @functools.cached_property
     def n_samples(self) -> int:
         """Length of the array along the sample axis."""
@@ -112,10 +111,6 @@ class ArrayGeometry:
         return tuple(
             names[k] for k in range(self.ndim) if k != self.sample_axis and not (k in chosen and chosen[k].drop)
         )
-
-    @functools.cached_property
-    def _chosen(self) -> dict[int, AxisSelection]:
-        return {a.axis: a for a in self.selection}
 
     @functools.cached_property
     def inner_stored_chunks(self) -> tuple[int, ...]:
@@ -222,173 +217,60 @@ class ArrayGeometry:
             is_complete_chunk=complete,
         )
 
-    # -- dimensions and coordinates ---------------------------------------------
-    @property
-    def dims(self) -> tuple[str | None, ...] | None:
-        """Dimension names in physical order (v3 ``dimension_names`` or xarray's ``_ARRAY_DIMENSIONS``), or None."""
-        return self.dimension_names
-
-    def _dim_index(self, dim: str) -> int:
-        dims = self.dimension_names
-        if not dims or any(d is None for d in dims):
-            raise ValueError(
-                f"array {self.path!r} has no dimension names (neither zarr v3 dimension_names nor xarray's "
-                f"_ARRAY_DIMENSIONS), so dimension {dim!r} cannot be found; select by position with isel"
-            )
-        if dim not in dims:
-            raise KeyError(f"array {self.path!r} has no dimension {dim!r}; its dimensions are {list(dims)}")
-        return dims.index(dim)
-
-    def _coordinate(self, dim: str) -> Coordinate | None:
-        """The store's coordinate array of dimension ``dim`` (read once), or None when it has none."""
-        axis = self._dim_index(dim)
-        if self.coords is None:
-            return None
-        return self.coords.coordinate(dim, self.shape[axis], self.path)
-
-    def coord(self, dim: str) -> np.ndarray:
-        """The values labelling dimension ``dim`` in this view: its coordinate array, decoded (time as ``datetime64``).
-
-        A selected dimension gives the selected values (a 0-d array after a scalar selection).
-
-        Raises
-        ------
-        KeyError
-            The array has no such dimension, or the store no coordinate array for it.
-        """
-        found = self._coordinate(dim)
-        if found is None:
-            raise KeyError(
-                f"array {self.path!r}: dimension {dim!r} has no coordinate array in the store "
-                f"(looked for a 1-D array {dim!r} of length {self.shape[self._dim_index(dim)]} next to it "
-                "and in its parent groups)"
-            )
-        picked = self._chosen.get(self._dim_index(dim))
-        if picked is None:
-            return found.values
-        return found.values[picked.indices[0]] if picked.drop else found.values[picked.array]
-
-    def inner_coords(self) -> dict[str, np.ndarray]:
-        """The coordinate values of each named field dimension of this view that the store labels."""
-        out = {}
-        for k, name in enumerate(self.dimension_names or ()):
-            if k != self.sample_axis and name is not None and self._coordinate(name) is not None:
-                out[name] = self.coord(name)
-        return out
-
-    # -- selections ----------------------------------------------------------------
-    @property
-    def source(self) -> str:
-        """What this view reads: the array path, plus its selection (``t[level=3, lat=0:90]``).
-
-        Views with one source share their reads and pool entries; the disk cache keys chunks by it.
-        """
-        if self.origin is not None:
-            return self.origin
-        if not self.selection:
-            return self.path
-        return f"{self.path}[{', '.join(f'{a.name}={a.text()}' for a in self.selection)}]"
-
-    def _field_axis(self, dim: str | int, verb: str) -> int:
-        """The physical axis ``dim`` names (a name, or a physical axis number), never the sample axis."""
-        if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool):
-            axis = int(dim)
-            if not -self.ndim <= axis < self.ndim:
-                raise ValueError(f"array {self.path!r}: axis {axis} is out of range for its {self.ndim} dims")
-            axis %= self.ndim
-        else:
-            axis = self._dim_index(str(dim))
-        if axis == self.sample_axis:
-            name = self.dimension_names[axis] if self.dimension_names else f"axis {axis}"
-            raise ValueError(
-                f"array {self.path!r}: {name!r} is the sample axis, which {verb} cannot select; choose samples "
-                "with split_by_chunk/split_by_time (training) or ds.infer(...) (a range)"
-            )
-        return axis
-
-    def _indexers(self, indexers: Mapping[Any, Any] | None, kwargs: Mapping[str, Any], verb: str) -> dict[Any, Any]:
-        merged: dict[Any, Any] = dict(indexers or {})
-        for k, v in kwargs.items():
-            if k in merged:
-                raise ValueError(f"{verb}: dimension {k!r} is given twice")
-            merged[k] = v
-        if not merged:
-            raise ValueError(f"{verb}() of array {self.path!r} needs at least one dimension to select")
-        return merged
-
-    def _with(self, picked: AxisSelection) -> ArrayGeometry:
-        chosen = {**self._chosen, picked.axis: picked}
-        return dataclasses.replace(self, selection=tuple(chosen[a] for a in sorted(chosen)))
-
-    def isel(self, indexers: Mapping[Any, Any] | None = None, **kwargs: Any) -> ArrayGeometry:
-        """A view keeping positions of field dimensions: ``isel(level=[0, 3], lat=slice(None, None, -1))``.
-
-        Each value is an int (the axis is dropped), a slice (a negative step
-        reverses) or a list of ints (kept in that order); positions count
-        within what an earlier selection kept. ``indexers`` may key by
-        physical axis number, for arrays without dimension names.
-
-        Raises
-        ------
-        KeyError
-            An unknown dimension.
-        ValueError
-            The sample axis, a position out of range, or an empty selection.
-        """
-        g = self
-        for dim, key in self._indexers(indexers, kwargs, "isel").items():
-            axis = g._field_axis(dim, "isel")
-            name = g.dimension_names[axis] if g.dimension_names else None
-            g = g._with(
-                isel_axis(g.shape[axis], g._chosen.get(axis), key, axis=axis, dim=name, where=f"array {g.path!r}")
-            )
-        return g
-
-    def sel(
-        self,
-        indexers: Mapping[str, Any] | None = None,
-        *,
-        method: SelectMethod = None,
-        tolerance: Any = None,
-        **kwargs: Any,
-    ) -> ArrayGeometry:
-        """A view keeping labels of field dimensions, resolved against the store's coordinates (as xarray's ``sel``).
-
-        A label drops the axis, a list keeps it in the given order, a slice
-        follows the coordinate's own order (``slice(60, 30)`` on a descending
-        latitude) and wraps across the seam of a periodic axis
-        (``slice(350, 20)`` on a 0..360 longitude). ``method="nearest"``
-        takes the closest label, within ``tolerance`` when given.
-
-        Raises
-        ------
-        KeyError
-            An unknown dimension, a label not in the coordinate (naming the
-            nearest ones) or beyond ``tolerance``, or a dimension without a
-            coordinate array.
-        ValueError
-            The sample axis, no dimension names (select by position with
-            ``isel``), a slice over a non-monotonic coordinate, or an empty selection.
-        """
-        g = self
-        for dim, key in self._indexers(indexers, kwargs, "sel").items():
-            axis = g._field_axis(str(dim), "sel")
-            values = g.coord(str(dim))
-            if values.ndim == 0:
-                raise ValueError(
-                    f"array {g.path!r}, dimension {dim!r}: was already selected by a scalar; it has no axis left"
-                )
-            where = f"array {g.path!r}"
-            positions = sel_positions(values, key, method=method, tolerance=tolerance, where=where, dim=str(dim))
-            g = g._with(isel_axis(g.shape[axis], g._chosen.get(axis), positions, axis=axis, dim=str(dim), where=where))
-        return g
-
     # -- views -------------------------------------------------------------
     def shift(self, k: int) -> ArrayGeometry:
-        """A windowed view: sample ``i`` reads ``array[i + offset + k]`` along the sample axis."""
+        """A shifted view: sample ``i`` reads ``array[i + offset + k]`` along the sample axis."""
         if not isinstance(k, (int, np.integer)):
             raise TypeError(f"shift(k) takes an int, got {type(k).__name__}")
         return dataclasses.replace(self, offset=self.offset + int(k))
+
+    def window(self, offsets: Iterable[int]) -> ArrayGeometry:
+        """A native multi-step view: sample ``i`` is ``array[i + offset + s]`` for each ``s``, one ``(steps, *inner)`` row.
+
+        ``window([-1, 0])`` is two input steps; ``window(range(-6, 1, 6))``
+        the step six before and this one. Composes with ``shift`` and
+        selections; steps that share a stored chunk cost one read.
+
+        Raises
+        ------
+        TypeError
+            ``offsets`` is not a sequence of ints.
+        ValueError
+            It is empty, or the view is already windowed.
+        """
+        try:
+            steps = tuple(offsets)
+        except TypeError as exc:
+            raise TypeError(f"window(offsets) takes a sequence of ints, got {type(offsets).__name__}") from exc
+        if not steps:
+            raise ValueError(f"window() of array {self.path!r} needs at least one step")
+        bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, (int, np.integer))]
+        if bad:
+            raise TypeError(f"window() steps must be ints, got {bad[0]!r} in {list(steps)}")
+        if self.window_steps:
+            raise ValueError(
+                f"array {self.path!r} is already windowed with steps {list(self.window_steps)}; give all steps at once"
+            )
+        return dataclasses.replace(self, window_steps=tuple(int(s) for s in steps))
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """The window's steps, ``(0,)`` for a plain view."""
+        return self.window_steps or (0,)
+
+    @property
+    def read_offsets(self) -> tuple[int, ...]:
+        """Every sample-axis offset a sample of this view reads: ``offset + s`` per step."""
+        return tuple(self.offset + s for s in self.steps)
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """One sample of this view in a batch: ``(steps, *inner_shape)`` when windowed, else ``inner_shape``."""
+        return ((len(self.window_steps),) if self.window_steps else ()) + self.inner_shape
+
+    def source_view(self) -> ArrayGeometry:
+        """This view's source: its array and selection, without offset or window (what a reader decodes)."""
+        return dataclasses.replace(self, offset=0, window_steps=())
 
     def with_sample_axis(self, sample_axis: int) -> ArrayGeometry:
         return dataclasses.replace(self, sample_axis=_normalize_axis(sample_axis, self.ndim, self.path))

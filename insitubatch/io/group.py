@@ -26,8 +26,9 @@ from ..errors import StoreReadError
 from .arrays import _chunk_byte_limit, _dimension_names, geometry_of
 from .coords import CoordinateSource
 from .geometry import ArrayGeometry, _normalize_axis
+from .statics import StaticField, static_of
 
-__all__ = ["GroupContents", "open_geometries", "open_statics", "scan_group"]
+__all__ = ["GroupContents", "open_geometries", "open_statics", "resolve_statics", "resolve_variables", "scan_group"]
 
 # What zarr raises for a path that holds no array (missing, a group, unreadable metadata).
 _NOT_AN_ARRAY = (FileNotFoundError, KeyError, zarr.errors.NodeTypeValidationError)
@@ -47,7 +48,7 @@ class GroupContents:
     """
 
     variables: dict[str, ArrayGeometry]
-    statics: dict[str, zarr.Array]
+    statics: dict[str, StaticField]
     skipped: dict[str, str]
     sample_dim: str | None
 
@@ -213,12 +214,12 @@ def scan_group(
     dim = _sample_dim(candidates, sample_axis)
     source = CoordinateSource(zstore)
     variables: dict[str, ArrayGeometry] = {}
-    statics: dict[str, zarr.Array] = {}
+    statics: dict[str, StaticField] = {}
     for path, arr in candidates.items():
         if _has_sample_axis(arr, sample_axis, dim):
             variables[path] = geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit, coords=source)
         else:
-            statics[path] = arr
+            statics[path] = static_of(arr, source)
     return GroupContents(variables, statics, skipped, dim)
 
 
@@ -279,15 +280,95 @@ def open_geometries(
 
 def open_statics(
     store: Any, *, variables: Sequence[str] | None = None, sample_axis: int = 0, group: str = ""
-) -> dict[str, zarr.Array]:
-    """A group's statics (arrays without the sample axis), keyed by path; ``variables`` names them instead."""
+) -> dict[str, StaticField]:
+    """A group's static fields (arrays without the sample axis: masks, orography), keyed by array path.
+
+    Without ``variables``: every static ``scan_group`` finds (listing the
+    group as ``open_geometries`` does). Naming arrays in ``variables`` opens
+    exactly those, without listing. Nothing is read here: the dataset reads
+    each static's (selected) values once when it opens.
+
+    Raises
+    ------
+    ValueError
+        An unknown array.
+    StoreReadError
+        The store failed, or cannot list and has no consolidated metadata.
+    """
     from .stores import as_store
 
     group = _check_group(group)
     if variables is None:
         return scan_group(store, sample_axis=sample_axis, group=group).statics
+    if isinstance(variables, str):
+        raise TypeError("variables must be a list of array paths, not a single string")
     zstore = as_store(store)
-    return {
-        path: _open_array(zstore, path, "static")
-        for path in (f"{group}/{v}".strip("/") if group else str(v) for v in variables)
-    }
+    source = CoordinateSource(zstore)
+    out = {}
+    for v in [str(v) for v in variables]:
+        path = f"{group}/{v}".strip("/") if group else v
+        out[path] = static_of(_open_array(zstore, path, "static"), source)
+    return out
+
+
+def resolve_statics(store: Any, statics: Mapping[str, StaticField] | Sequence[str] | None) -> dict[str, StaticField]:
+    """``InSituDataset``'s ``statics`` argument as ``{label: StaticField}`` (a list names array paths)."""
+    if statics is None:
+        return {}
+    if isinstance(statics, Mapping):
+        out = {}
+        for label, f in statics.items():
+            if not isinstance(f, StaticField):
+                raise TypeError(f"statics[{label!r}] must be a StaticField (from open_statics), got {type(f).__name__}")
+            out[str(label)] = f
+        return out
+    if isinstance(statics, (list, tuple)):
+        return dict(open_statics(store, variables=[str(s) for s in statics]))
+    raise TypeError(
+        f"statics must be a mapping of label to StaticField, a list of array paths, or None; got {type(statics).__name__}"
+    )
+
+
+def resolve_variables(
+    store: Any, variables: Mapping[str, ArrayGeometry] | Sequence[str] | None, n_samples: int
+) -> tuple[dict[str, ArrayGeometry], dict[str, str]]:
+    """``InSituDataset``'s ``variables`` as ``{label: ArrayGeometry}``, and what ``None`` left out (with why).
+
+    Raises
+    ------
+    ValueError
+        No variable, or one whose sample axis is not ``n_samples`` long (the manifest's).
+    """
+    left_out: dict[str, str] = {}
+    if variables is None:
+        contents = scan_group(store)
+        left_out = contents.left_out()
+        if not contents.variables:
+            raise ValueError(
+                "the store has no array with a sample axis to draw from; it holds "
+                f"{left_out or 'no arrays'}; pass variables= (and statics= for arrays without it)"
+            )
+        resolved = dict(contents.variables)
+    elif isinstance(variables, Mapping):
+        resolved = {}
+        for label, g in variables.items():
+            if not isinstance(g, ArrayGeometry):
+                raise TypeError(
+                    f"variables[{label!r}] must be an ArrayGeometry (from open_geometries), got {type(g).__name__}"
+                )
+            resolved[str(label)] = g
+    elif isinstance(variables, (list, tuple)):
+        resolved = dict(open_geometries(store, variables=list(variables)))
+    else:
+        raise TypeError(
+            f"variables must be a mapping of label to ArrayGeometry, a list of array paths, or None; "
+            f"got {type(variables).__name__}"
+        )
+    if not resolved:
+        raise ValueError("variables is empty: name at least one array")
+    bad = {lb: g.n_samples for lb, g in resolved.items() if g.n_samples != n_samples}
+    if bad:
+        raise ValueError(
+            f"every variable must have the manifest's {n_samples} samples along its sample axis; these differ: {bad}"
+        )
+    return resolved, left_out

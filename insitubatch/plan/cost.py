@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ..io.geometry import ArrayGeometry
 from .epoch import EpochPlan
 
@@ -55,6 +57,8 @@ def describe_loader(
     budget_bytes: int | None = None,
     batch_geometries: Mapping[str, ArrayGeometry] | None = None,
     stored_tile_bytes: Mapping[str, int | None] | None = None,
+    statics: Mapping[str, tuple[np.ndarray, Any]] | None = None,
+    left_out: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -63,7 +67,9 @@ def describe_loader(
     default the same); ``plans`` one epoch plan per split; ``split`` the one
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
-    sizes, ``None`` where unknown.
+    sizes, ``None`` where unknown. ``statics`` are ``{label: (values, StaticField)}``
+    (held once, counted in the memory plan); ``left_out`` what the dataset
+    did not take from the store, with why.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
@@ -93,6 +99,17 @@ def describe_loader(
     # queued + the one in assembly + the one the consumer holds (its buffer is not reused before)
     queue_bytes = iterations * (knobs["prefetch_depth"] + 2) * batch_bytes
     working = iterations * mine["working_set_bytes"]
+    static_rows = {
+        label: {
+            "path": f.path,
+            "selection": {a.name: a.text() for a in f.selection},
+            "shape": list(values.shape),
+            "dtype": str(values.dtype),
+            "bytes": int(values.nbytes),
+        }
+        for label, (values, f) in (statics or {}).items()
+    }
+    static_bytes = sum(r["bytes"] for r in static_rows.values())
     memory = {
         "iterations": iterations,
         "working_set_bytes": working,
@@ -103,7 +120,8 @@ def describe_loader(
         "inflight_wire_bytes": None if wire is None else int(wire),
         "batch_bytes": int(batch_bytes),
         "queue_bytes": int(queue_bytes),
-        "total_bytes": int(working + inflight_bytes + queue_bytes),
+        "statics_bytes": int(static_bytes),
+        "total_bytes": int(working + inflight_bytes + queue_bytes + static_bytes),
     }
     first = next(iter(geometries.values()))
     spc = first.sample_chunk_size
@@ -148,6 +166,8 @@ def describe_loader(
         "split": split,
         "splits": splits,
         "memory": memory,
+        "statics": static_rows,
+        "left_out": dict(left_out or {}),
         "notes": notes,
     }
 
@@ -211,7 +231,14 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold{per} = {_mb(mem['queue_bytes'])} MB "
         f"({_mb(mem['batch_bytes'])} MB per batch)",
         f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
-        "(working set + in flight + queue), before the interpreter",
+        "(working set + in flight + queue + statics), before the interpreter",
     ]
+    for label, v in info.get("statics", {}).items():
+        picked = "".join(f" {k}={t}" for k, t in v["selection"].items())
+        lines.append(
+            f"static     {label}: {v['path']}{picked} {tuple(v['shape'])} {v['dtype']}, {_mb(v['bytes'])} MB once"
+        )
+    for path, why in info.get("left_out", {}).items():
+        lines.append(f"left out   {path}: {why}")
     lines += [f"hint       {h}" for h in info["notes"]]
     return "\n".join(lines)

@@ -37,9 +37,9 @@ The source is ``ArrayGeometry.source``: the array path, plus the selection when 
 
 
 def valid_anchor_range(manifest: SplitManifest, variables: Mapping[str, ArrayGeometry]) -> tuple[int, int]:
-    """Anchors ``[lo, hi)`` for which every label's ``anchor + offset`` lies inside its array."""
+    """Anchors ``[lo, hi)`` for which every label's ``anchor + offset`` (every window step) lies inside its array."""
     n = manifest.n_samples
-    offsets = [g.offset for g in variables.values()]
+    offsets = [off for g in variables.values() for off in g.read_offsets]
     lo = max(0, -min(offsets))
     hi = min(n, n - max(offsets))
     return lo, max(lo, hi)
@@ -210,7 +210,7 @@ def build_plan(
         a = anchors[block_starts[b] : block_starts[b + 1]]
         mine: list[int] = []
         for source, g in sources.items():
-            offsets = sorted({v.offset for v in variables.values() if v.source == source})
+            offsets = sorted({off for v in variables.values() if v.source == source for off in v.read_offsets})
             chunk_ids = np.unique(np.concatenate([(a + off) // g.sample_chunk_size for off in offsets]))
             for c in chunk_ids.tolist():
                 key = (source, int(c))
