@@ -124,3 +124,14 @@ def test_wb2_dataloader_against_the_local_emulator(tmp_path) -> None:
     pytest.importorskip("torch")
     out = _run([str(EXAMPLES / "wb2_dataloader.py"), "--local", "--local-dir", str(tmp_path / "wb2")], tmp_path)
     assert "epoch 0: first batch" in out and "epoch 1" in out
+
+
+def test_era5_region(tmp_path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("xarray")
+    out = _run([str(EXAMPLES / "era5_region.py"), "--path", str(tmp_path / "era5.zarr")], tmp_path)
+    reads = next(line for line in out.splitlines() if line.startswith("reads "))
+    assert "4 of 32 tiles per chunk" in reads
+    gets = int(next(line for line in out.splitlines() if line.startswith("epoch 0")).split(" GETs")[0].split()[-1])
+    whole = int(out.split("would cost ")[1].split()[0])
+    assert gets < whole / 4  # the selection reads a fraction of the field

@@ -254,14 +254,9 @@ class ArrayGeometry(Labelled):
         return dataclasses.replace(self, window_steps=tuple(int(s) for s in steps))
 
     @property
-    def steps(self) -> tuple[int, ...]:
-        """The window's steps, ``(0,)`` for a plain view."""
-        return self.window_steps or (0,)
-
-    @property
     def read_offsets(self) -> tuple[int, ...]:
         """Every sample-axis offset a sample of this view reads: ``offset + s`` per step."""
-        return tuple(self.offset + s for s in self.steps)
+        return tuple(self.offset + s for s in self.window_steps or (0,))
 
     @property
     def row_shape(self) -> tuple[int, ...]:

@@ -58,7 +58,7 @@ class StaticField(Labelled):
     def nbytes(self) -> int:
         return math.prod(self.value_shape) * self.dtype.itemsize
 
-    def index(self) -> tuple[Any, ...]:
+    def _index(self) -> tuple[Any, ...]:
         """zarr's orthogonal index of the selection: per axis an int, a list of positions or everything."""
         chosen = self._chosen
         out: list[Any] = []
@@ -100,7 +100,7 @@ def read_static(store: Any, static: StaticField) -> np.ndarray:
         if arr.ndim == 0:
             values = np.asarray(arr[()])
         elif static.selection:
-            values = np.asarray(arr.oindex[static.index()])
+            values = np.asarray(arr.oindex[static._index()])
         else:
             values = np.asarray(arr[...])
     except Exception as exc:  # any backend's failure, named for the user
