@@ -33,12 +33,16 @@ def write_store(path: Path, n_time: int = 8 * 92) -> Path:
     try:
         import xarray as xr
     except ImportError:
-        raise SystemExit("this example builds its store with xarray: pip install xarray (or insitubatch[bench])")
+        raise SystemExit(
+            "this example builds its store with xarray: pip install xarray (or insitubatch[bench])"
+        ) from None
     rng = np.random.default_rng(0)
     time_axis = np.datetime64("2020-06-01T00", "ns") + np.arange(n_time) * np.timedelta64(6, "h")
     lat, lon = np.linspace(90, -90, 33), np.arange(64) * 5.625
     phase = np.arange(n_time)[:, None, None, None] / 4.0
-    field = 250 + 20 * np.cos(np.deg2rad(lat))[None, None, :, None] + np.sin(phase + np.deg2rad(lon)[None, None, None, :])
+    field = (
+        250 + 20 * np.cos(np.deg2rad(lat))[None, None, :, None] + np.sin(phase + np.deg2rad(lon)[None, None, None, :])
+    )
     temperature = (field + rng.standard_normal((n_time, len(LEVELS), 33, 64))).astype("f4")
     ds = xr.Dataset(
         {
