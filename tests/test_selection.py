@@ -182,3 +182,25 @@ def test_arrays_without_dimension_names_select_by_position(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"no dimension names .* select by position with isel"):
         g.sel(x=1)
     assert g.isel({1: [3, 0], 2: 4}).inner_shape == (2,)
+
+
+@pytest.mark.parametrize("persist", [False, True])
+def test_selections_of_one_array_share_its_reads(stores, tmp_path, persist) -> None:
+    """Two selections of one array (and a shift between them) read each stored tile once in all."""
+    path = stores["v3"]
+    xds = xr.open_zarr(path, consolidated=False)
+    store = CountingStore(local_store(path))
+    g = open_geometries(store)["t"]
+    both = g.sel(level=[850, 500], latitude=slice(60, -60))
+    one = g.sel(level=850, latitude=slice(60, -60)).shift(2)
+    manifest = split_by_chunk(g, fractions=(1.0,))
+    cache = {"cache_dir": tmp_path / "c", "persist": True} if persist else {}
+    with InSituDataset(store, manifest, {"both": both, "one": one}, batch_size=4, block_chunks=2, **cache) as ds:
+        store.reset()
+        for batch in ds.train:
+            np.testing.assert_array_equal(
+                batch.arrays["one"], _expected(xds, "t", [("sel", {"level": 850, "latitude": slice(60, -60)})], batch.read_indices("one"))
+            )
+        gets = store.chunk_gets()
+    assert set(gets.values()) == {1}
+    assert set(gets) == _tile_keys(path, both, range(g.n_chunks))

@@ -37,7 +37,9 @@ from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
+from .revival import _Revival
 from .tile_jobs import _GET_IN_JOB, _TileJobs
+from .wants import Want, Wants
 
 __all__ = ["PassDriver", "tile_group"]
 
@@ -60,18 +62,7 @@ def tile_group(max_inflight: int, decode_threads: int) -> int:
     return max(1, min(MAX_TILE_GROUP, max_inflight // (2 * max(decode_threads, 1))))
 
 
-def _lookup_all(cache: DiskCache, requests: list) -> list:
-    """Decode thread: look up many chunks; a failure is returned in its place, not raised."""
-    out: list = []
-    for path, chunk_index, shapes, dtype in requests:
-        try:
-            out.append(cache.lookup(path, chunk_index, shapes, dtype))
-        except Exception as exc:  # handed to that chunk's entry, the others still revive
-            out.append(exc)
-    return out
-
-
-class PassDriver(_TileJobs):
+class PassDriver(_TileJobs, _Revival):
     """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
 
     def __init__(
@@ -133,6 +124,7 @@ class PassDriver(_TileJobs):
             self._groups = LocalGroups(self._get_sync, self._decoders, grouped)
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
+        self._wants = Wants()  # stored tiles waiting to be read: another selection's entry may join one
         self._pump: asyncio.Task | None = None
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
@@ -235,6 +227,9 @@ class PassDriver(_TileJobs):
     async def _drive(self) -> None:
         plan, pool, owner = self.plan, self.pool, self.owner
         revivals: list[tuple[Entry, ArrayReader, int]] = []  # admitted misses to look up on disk together
+        # admitted misses of one array chunk (its selections), fetched together so they share tile reads
+        fetches: list[tuple[Entry, ArrayReader, int]] = []
+        chunk: tuple[str, int] | None = None
         block = -1
         since_yield = 0
         for i in np.argsort(plan.read_first, kind="stable").tolist():
@@ -246,6 +241,12 @@ class PassDriver(_TileJobs):
                 self._flush(revivals)
                 block = int(plan.read_first[i])
             reader = self.readers[key[0]]
+            if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
+                chunk = (reader.geometry.path, key[1])
+                self._fetch_all(fetches)
+                if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
+                    since_yield = 0
+                    await asyncio.sleep(0)
             # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
             own = not reader.pipeline and self.cache is None
             while True:  # a hit or join pins what is there; a miss is admitted; else wait for room
@@ -253,6 +254,7 @@ class PassDriver(_TileJobs):
                 if entry is not None:
                     break
                 self._flush(revivals)
+                self._fetch_all(fetches)
                 await self._wait()
             if not admitted and entry.bad:  # a hit on a replaced tile is listed for this epoch too
                 for record in list(entry.bad_records):
@@ -264,12 +266,15 @@ class PassDriver(_TileJobs):
                 if self.cache is not None:
                     revivals.append((entry, reader, key[1]))
                 else:
-                    self._fetch(entry, reader, key[1])
+                    fetches.append((entry, reader, key[1]))
             since_yield += 1
-            if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
-                since_yield = 0
-                await asyncio.sleep(0)
+        self._fetch_all(fetches)
         self._flush(revivals)
+
+    def _fetch_all(self, fetches: list[tuple[Entry, ArrayReader, int]]) -> None:
+        for entry, reader, chunk_index in fetches:
+            self._fetch(entry, reader, chunk_index)
+        fetches.clear()
 
     def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
         if revivals:
@@ -285,15 +290,17 @@ class PassDriver(_TileJobs):
             task.add_done_callback(self._work_ended)
 
     def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> None:
+        """Read the tiles ``entry`` needs: each joins a read of the same stored tile still waiting, else starts one."""
+        fresh = self._wants.add(entry, reader, chunk_index)
         if self._get_sync is not None:
-            self._queued.extend((entry, reader, chunk_index, t) for t in range(reader.n_tiles))
-            if self._pump is None or self._pump.done():
+            self._queued.extend(fresh)
+            if fresh and (self._pump is None or self._pump.done()):
                 self._pump = self.loop.create_task(self._pump_tiles())
                 self._tasks.add(self._pump)
                 self._pump.add_done_callback(self._tasks.discard)
             return
-        for t in range(reader.n_tiles):
-            self._spawn(self._fetch_tile(entry, reader, chunk_index, t), work=True)
+        for want in fresh:
+            self._spawn(self._fetch_tile(want), work=True)
 
     async def _pump_tiles(self) -> None:
         """A store with a synchronous get: queued tiles go to the decode pool in groups of ``self._group``.
@@ -342,39 +349,6 @@ class PassDriver(_TileJobs):
         with self._jobs_lock:  # called on the decode thread that ran it
             self._jobs.discard(job)
 
-    async def _revive_or_fetch(self, items: list[tuple[Entry, ArrayReader, int]]) -> None:
-        """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
-
-        One executor job looks up a block's worth of chunks, so reviving costs
-        one thread hop per batch of lookups; it runs as a task, overlapping the
-        admission of later chunks, under the ``max_inflight`` semaphore.
-        """
-        cache = self.cache
-        assert cache is not None  # revival is scheduled only with a disk cache
-        requests = [(r.source, c, r.entry_tile_shapes(c), r.output.dtype) for _, r, c in items]
-        async with self.semaphore:
-            job = self.executor.submit(_lookup_all, cache, requests)
-            try:
-                results = await asyncio.wrap_future(job)
-            except asyncio.CancelledError:
-                # the lookups still finish in their thread: let go of mappings nobody will adopt
-                def forget_all() -> None:
-                    for _, r, c in items:
-                        self._forget(r, c)
-
-                self._orphan(job, forget_all)
-                raise
-        for (entry, reader, chunk_index), result in zip(items, results):
-            if isinstance(result, BaseException):
-                self.pool.fail(entry, result)
-            elif result is not None:
-                if not self.pool.replace_tiles(entry, result, reader.ready_origins(), revived_for=self.owner):
-                    self._forget(reader, chunk_index)  # abandoned while we looked it up
-            elif cache.readonly:
-                self.pool.fail(entry, cache.miss_error(reader.source, chunk_index))
-            else:
-                self._fetch(entry, reader, chunk_index)
-
     async def _wait(self) -> None:
         self._wake.clear()
         self._waiting = True
@@ -402,9 +376,10 @@ class PassDriver(_TileJobs):
         if self._active == 0 and self._waiting:
             self._stall_from = time.perf_counter()
 
-    async def _fetch_tile(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int) -> None:
+    async def _fetch_tile(self, want: Want) -> None:
+        entry, reader, k = want.consumers[0]
         g = reader.geometry
-        coord = reader.tile_coord(chunk_index, tile)
+        coord = reader.tile_coord(want.chunk_index, k)
         key = g.chunk_key(coord)
         buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
         async with self.semaphore:
@@ -417,7 +392,9 @@ class PassDriver(_TileJobs):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    self.pool.fail(entry, self._read_error(g, coord, key, exc))
+                    error = self._read_error(g, coord, key, exc)
+                    for consumer, _, _ in want.seal():
+                        self.pool.fail(consumer, error)
                     return
                 finally:
                     trace.inflight_reads -= 1
@@ -429,9 +406,10 @@ class PassDriver(_TileJobs):
             else:
                 buf = _GET_IN_JOB
             # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers
-            landed, job = self._landings.submit(self._tile_job, entry, reader, chunk_index, tile, coord, key, buf)
+            landed, job = self._landings.submit(self._tile_job, want, coord, key, buf)
             self._track(job)
             try:
                 await landed
             except Exception as exc:
-                self.pool.fail(entry, exc)
+                for consumer, _, _ in want.consumers:
+                    self.pool.fail(consumer, exc)

@@ -27,6 +27,7 @@ from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
+from .wants import Consumer, Want
 
 
 class _BadTile:
@@ -62,61 +63,77 @@ class _TileJobs:
             f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
         )
 
-    def _tile_job(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf) -> None:
-        """Decode thread: one read tile from its bytes (or its key, on a sync store) into the pool, as its pieces."""
+    def _tile_job(self, want: Want, coord, key: str, buf) -> None:
+        """Decode thread: one stored tile from its bytes (or its key, on a sync store) into every entry that wants it."""
+        consumers = want.seal()
+        if not consumers:
+            return
         tally = _Tally()
         try:
-            pieces = self._tile(entry, reader, chunk_index, tile, coord, key, buf, tally)
+            landed = self._tile(consumers, want.chunk_index, coord, key, buf, tally)
+        except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
+            for entry, _, _ in consumers:
+                self.pool.fail(entry, exc)
+            return
         finally:
             tally.add_to(self.owner.counters, self.pool.lock)
-        if pieces:
-            self.pool.deliver_many([(entry, p, data) for p, data in pieces])
+        if landed:
+            self.pool.deliver_many(landed)
 
-    def _group_job(self, group: list[tuple[Entry, ArrayReader, int, int]]) -> None:
+    def _group_job(self, group: list[Want]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
 
         Tiles the group kernel can take are read and decoded in one call
         (``local_groups``); the rest, and any it hands back, one by one. A
-        tile's failure fails its entry only.
+        tile's failure fails the entries that want it only.
         """
-        live = [item for item in group if not self._stopping and item[0].state != FAILED]
+        live = [(want, consumers) for want in group if (consumers := want.seal())]
+        if self._stopping:
+            return
         try:
             self._place_group(live)
         except Exception as exc:  # a bug, not a bad chunk (those fail their own entry): the group's entries raise it
-            for entry, *_ in live:
-                self.pool.fail(entry, exc)
+            for _, consumers in live:
+                for entry, _, _ in consumers:
+                    self.pool.fail(entry, exc)
 
-    def _place_group(self, live: list[tuple[Entry, ArrayReader, int, int]]) -> None:
+    def _place_group(self, live: list[tuple[Want, list[Consumer]]]) -> None:
         tally = _Tally()
         landed: list[tuple[Entry, int, np.ndarray]] = []
         rest = live if self._groups is None else self._kernel_tiles(live, tally, landed)
-        for entry, reader, chunk_index, tile in rest:
-            if self._stopping or entry.state == FAILED:
-                continue  # the pass is stopping, or another tile of the chunk already failed it
-            coord = reader.tile_coord(chunk_index, tile)
+        for want, consumers in rest:
+            consumers = [c for c in consumers if c[0].state != FAILED]
+            if self._stopping or not consumers:
+                continue  # the pass is stopping, or other tiles of the chunks already failed them
+            _, reader, k = consumers[0]
+            coord = reader.tile_coord(want.chunk_index, k)
             key = reader.geometry.chunk_key(coord)
             try:
-                pieces = self._tile(entry, reader, chunk_index, tile, coord, key, _GET_IN_JOB, tally)
-            except Exception as exc:  # a store or bad-chunk failure (or a bug): its entry's waiters raise it
-                self.pool.fail(entry, exc)
-                continue
-            landed.extend((entry, p, data) for p, data in pieces or ())
+                landed.extend(self._tile(consumers, want.chunk_index, coord, key, _GET_IN_JOB, tally))
+            except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
+                for entry, _, _ in consumers:
+                    self.pool.fail(entry, exc)
         tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
 
-    def _kernel_tiles(self, group: list, tally: _Tally, landed: list) -> list:
-        """Place the group's tiles the kernel takes; returns the others (and those it handed back)."""
+    def _kernel_tiles(self, group: list[tuple[Want, list[Consumer]]], tally: _Tally, landed: list) -> list:
+        """Place the group's tiles the kernel takes; returns the others (and those it handed back).
+
+        The kernel decodes straight into one entry's memory, so it takes a
+        tile wanted by one view without a selection; a tile cut into pieces,
+        or wanted by several selections, goes the general path.
+        """
         groups = self._groups
         assert groups is not None  # called only for a local directory
         # one kernel call per codec and rank: a call's tiles share both
         by_kind: dict[tuple[int, int], tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
         rest = []
         for item in group:
-            _, reader, chunk_index, tile = item
+            want, consumers = item
+            entry, reader, k = consumers[0]
             g = reader.geometry
-            # a tile of a selection is decoded into scratch and cut into pieces: the general path
-            kind = groups.kinds.get(g.path, 0) if reader.layout.identity else 0
-            path = groups.files.path_of(g.chunk_key(reader.tile_coord(chunk_index, tile))) if kind else None
+            kind = groups.kinds.get(g.path, 0) if len(consumers) == 1 and reader.layout.identity else 0
+            path = groups.files.path_of(g.chunk_key(reader.tile_coord(want.chunk_index, k))) if kind else None
             if path is None:
                 rest.append(item)
                 continue
@@ -124,7 +141,7 @@ class _TileJobs:
             items, paths, dests, stored = by_kind.setdefault((kind, len(decoder.shape)), ([], [], [], []))
             items.append(item)
             paths.append(os.fsencode(path))
-            dests.append(self.pool.take_tile(reader.tile_rows_shape(chunk_index, tile), decoder.dtype))
+            dests.append(self.pool.take_tile(reader.tile_rows_shape(want.chunk_index, k), decoder.dtype))
             stored.append(decoder.shape)
         for (kind, _), (items, paths, dests, stored) in by_kind.items():
             status, nbytes, times = groups.run(kind, paths, dests, stored)
@@ -138,22 +155,29 @@ class _TileJobs:
                 tally.gets += 1
                 tally.get_bytes += size
                 tally.decoded_tiles += 1
-                landed.append((item[0], item[3], dest))
+                entry, _, k = item[1][0]
+                landed.append((entry, k, dest))
         return rest
 
     def _tile(
-        self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf, tally: _Tally
-    ) -> list[tuple[int, np.ndarray]] | None:
-        """Decode thread: read (``buf`` is ``_GET_IN_JOB``), decode, cut and transform read tile ``tile``.
+        self, consumers: list[Consumer], chunk_index: int, coord, key: str, buf, tally: _Tally
+    ) -> list[tuple[Entry, int, np.ndarray]]:
+        """Decode thread: read (``buf`` is ``_GET_IN_JOB``) and decode one stored tile, then cut it for each consumer.
 
-        Returns its pieces ``(piece index, array)`` for the caller to deliver,
-        or None when they were staged (a chunk assembled before its
-        transforms, or one persisted). A store failure raises
-        ``StoreReadError``; a bad chunk under ``on_bad_chunk="raise"`` raises
-        ``BadChunkError``. The caller adds ``tally`` to the counters before
-        the pieces land, so a consumer that saw the data sees them too.
+        Every consumer is ``(entry, reader, k)``: read tile ``k`` of
+        ``reader``'s chunk ``chunk_index``, the same stored tile for all of
+        them (views of one array with different selections). The tile is
+        decoded once, into the memory of the consumer that keeps it whole (a
+        view without a selection) if there is one, else into scratch. Returns
+        the pieces ``(entry, piece index, array)`` for the caller to deliver;
+        pieces of chunks assembled before their transforms, or persisted, are
+        staged instead. A store failure raises ``StoreReadError``; a bad chunk
+        under ``on_bad_chunk="raise"`` raises ``BadChunkError``. The caller
+        adds ``tally`` to the counters before the pieces land, so a consumer
+        that saw the data sees them too.
         """
-        g = reader.geometry
+        _, first, k0 = consumers[0]
+        g = first.geometry
         if buf is _GET_IN_JOB:
             assert self._get_sync is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
             t0 = time.perf_counter()
@@ -165,27 +189,40 @@ class _TileJobs:
                 self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
-        pieces: list[tuple[int, np.ndarray | _BadTile]]
+        whole = next((c for c in consumers if c[1].layout.identity), None)
+        decoder_reader, k = (whole[1], whole[2]) if whole is not None else (first, k0)
+        tiles: dict[int, list[tuple[int, np.ndarray | _BadTile]]] = {}
         try:
-            pieces = self._cut(reader, chunk_index, tile, self._decode(reader, chunk_index, tile, coord, buf))
+            data = self._decode(decoder_reader, chunk_index, k, coord, buf)
+            # cut the selections first: the whole view's tile may be transformed in place below
+            for i, (_, reader, ck) in enumerate(consumers):
+                if reader.layout.identity:
+                    tiles[i] = [(ck, data)]
+                else:
+                    tiles[i] = self._cut(reader, chunk_index, ck, data)
         except BadChunkError:
             if self.on_bad_chunk == "raise":
                 raise
-            pieces = self._bad_tile(reader, chunk_index, tile)
-            # never persisted: a later run retries the read
-            self._record_bad(entry, BadChunkRecord(g.path, chunk_index, reader.tile_inner_coord(tile)))
+            for i, (entry, reader, ck) in enumerate(consumers):
+                tiles[i] = self._bad_tile(reader, chunk_index, ck)
+                # never persisted: a later run retries the read
+                self._record_bad(entry, BadChunkRecord(g.path, chunk_index, reader.tile_inner_coord(ck)))
             self.owner.counters.trace.add("bad_tiles", 1)
         tally.decoded_tiles += 1
-        if reader.pipeline and reader.layout.n_pieces == 1:
-            ((p, data),) = pieces
-            if not isinstance(data, _BadTile):
-                pieces = [(p, self._transform(reader, chunk_index, data))]
-        if reader.assembles or self.cache is not None:
-            for p, data in pieces:
-                self._stage(entry, reader, chunk_index, p, data)
-            return None
-        # only a chunk that assembles marks a piece, and it was staged
-        return cast("list[tuple[int, np.ndarray]]", pieces)
+        landed: list[tuple[Entry, int, np.ndarray]] = []
+        for i, (entry, reader, _) in enumerate(consumers):
+            pieces = tiles[i]
+            if reader.pipeline and reader.layout.n_pieces == 1:
+                ((p, piece),) = pieces
+                if not isinstance(piece, _BadTile):
+                    pieces = [(p, self._transform(reader, chunk_index, piece))]
+            if reader.assembles or self.cache is not None:
+                for p, piece in pieces:
+                    self._stage(entry, reader, chunk_index, p, piece)
+                continue
+            # only a chunk that assembles marks a piece, and it was staged
+            landed.extend((entry, p, cast(np.ndarray, piece)) for p, piece in pieces)
+        return landed
 
     def _cut(
         self, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray

@@ -200,6 +200,11 @@ def build_plan(
     sources: dict[str, ArrayGeometry] = {}  # labels with one source (path and selection) share its reads
     for g in variables.values():
         sources.setdefault(g.source, g)
+    read_offsets = {
+        source: sorted({off for v in variables.values() if v.source == source for off in v.read_offsets})
+        for source in sources
+    }
+    paths = {path: k for k, path in enumerate(dict.fromkeys(g.path for g in sources.values()))}
     index: dict[ReadKey, int] = {}
     reads: list[ReadKey] = []
     first: list[int] = []
@@ -209,25 +214,31 @@ def build_plan(
     for b in range(len(block_starts) - 1):
         a = anchors[block_starts[b] : block_starts[b + 1]]
         mine: list[int] = []
-        for source, g in sources.items():
-            offsets = sorted({off for v in variables.values() if v.source == source for off in v.read_offsets})
-            chunk_ids = np.unique(np.concatenate([(a + off) // g.sample_chunk_size for off in offsets]))
-            for c in chunk_ids.tolist():
-                key = (source, int(c))
-                i = index.get(key)
-                if i is not None and release_per_block and last[i] < b - 1:
-                    i = None  # not used by the previous block: release it and revive it later
-                if i is None:
-                    i = len(reads)
-                    index[key] = i
-                    reads.append(key)
-                    first.append(b)
-                    last.append(b)
-                    nbytes.append(g.chunk_len(int(c)) * g.sample_nbytes)
-                else:
-                    last[i] = b
-                mine.append(i)
+        # (array, chunk, source): selections of one array chunk by chunk, so they share tile reads
+        wanted: list[tuple[int, int, int, str, ArrayGeometry]] = []
+        for order_of_source, (source, g) in enumerate(sources.items()):
+            chunk_ids = np.unique(np.concatenate([(a + off) // g.sample_chunk_size for off in read_offsets[source]]))
+            wanted.extend((paths[g.path], int(c), order_of_source, source, g) for c in chunk_ids.tolist())
+        for _, c, _, source, g in sorted(wanted, key=lambda w: w[:3]):
+            key = (source, c)
+            i = index.get(key)
+            if i is not None and release_per_block and last[i] < b - 1:
+                i = None  # not used by the previous block: release it and revive it later
+            if i is None:
+                i = len(reads)
+                index[key] = i
+                reads.append(key)
+                first.append(b)
+                last.append(b)
+                nbytes.append(g.chunk_len(c) * g.sample_nbytes)
+            else:
+                last[i] = b
+            mine.append(i)
         block_reads.append(tuple(mine))
+    if not release_per_block and len(sources) > len(paths):
+        reads, first, last, nbytes, block_reads = _read_chunks_together(
+            reads, first, last, nbytes, block_reads, {s: (paths[g.path], k) for k, (s, g) in enumerate(sources.items())}
+        )
     plan = EpochPlan(
         order=order,
         anchors=anchors,
@@ -246,6 +257,42 @@ def build_plan(
     object.__setattr__(plan, "working_set_bytes", ws)
     object.__setattr__(plan, "read_ahead_bound", bound)
     return plan
+
+
+def _read_chunks_together(
+    reads: list[ReadKey],
+    first: list[int],
+    last: list[int],
+    nbytes: list[int],
+    block_reads: list[tuple[int, ...]],
+    rank: Mapping[str, tuple[int, int]],
+) -> tuple[list[ReadKey], list[int], list[int], list[int], list[tuple[int, ...]]]:
+    """Admit every selection's read of one array chunk with the first of them, side by side.
+
+    Two selections of one array (``t[level=850]`` and ``t[level=[850, 500]]``)
+    are two sources with reads of their own, and a shift can make one need a
+    chunk blocks before the other. Admitted together, adjacent in admission
+    order, they share one read of each stored tile (``Want``); the later one
+    is then resident from the earlier block on, which the working set counts.
+    ``rank`` orders sources: ``(array index, source index)``.
+    """
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (source, chunk) in enumerate(reads):
+        groups.setdefault((rank[source][0], chunk), []).append(i)
+    first = list(first)
+    for members in groups.values():
+        start = min(first[i] for i in members)
+        for i in members:
+            first[i] = start
+    order = sorted(range(len(reads)), key=lambda i: (first[i], rank[reads[i][0]][0], reads[i][1], rank[reads[i][0]][1]))
+    new_index = {old: new for new, old in enumerate(order)}
+    return (
+        [reads[i] for i in order],
+        [first[i] for i in order],
+        [last[i] for i in order],
+        [nbytes[i] for i in order],
+        [tuple(new_index[i] for i in mine) for mine in block_reads],
+    )
 
 
 def _peak_live(plan: EpochPlan) -> tuple[int, int]:
