@@ -175,11 +175,12 @@ def inference_range(
     if not 0 <= first < end <= n:
         raise ValueError(f"sample_range={(first, end)} must satisfy 0 <= start < stop <= {n}")
     for label, g in outputs.items():
-        if first + g.offset < 0 or end - 1 + g.offset >= n:
+        low, high = min(g.read_offsets), max(g.read_offsets)
+        if first + low < 0 or end - 1 + high >= n:
             raise ValueError(
-                f"label {label!r} reads anchor + {g.offset}, so sample_range={(first, end)} would read "
-                f"[{first + g.offset}, {end + g.offset}) off its array of {n} samples; "
-                f"anchors with every window inside the arrays are [{lo}, {hi})"
+                f"label {label!r} reads anchor + {list(g.read_offsets) if g.window_steps else g.offset}, so "
+                f"sample_range={(first, end)} would read [{first + low}, {end + high}) off its array of "
+                f"{n} samples; anchors with every window inside the arrays are [{lo}, {hi})"
             )
     return first, end
 
