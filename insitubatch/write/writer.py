@@ -16,7 +16,8 @@ from zarr.abc.store import Store
 from ..errors import WriteIntentRangeError
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
 from .layout import WriteLayout, read_layout
-from .slots import ENV_PLAN, ENV_STORE, SlotPlan, assigned_ranges
+from .slots import ENV_PLAN, ENV_STORE, SlotPlan
+from .tasks import assigned_ranges
 
 __all__ = ["SlotWriter"]
 
