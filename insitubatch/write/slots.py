@@ -23,6 +23,7 @@ from zarr.abc.store import Store
 
 from ..errors import SlotAlignmentError, SlotPlanBlockedError
 from ._intervals import Interval, merge, overlaps, subtract
+from .coords import IndexCoordinate
 from .layout import WriteLayout, read_layout
 from .status import write_status
 
@@ -58,10 +59,16 @@ PLAN_VERSION = 1
 
 @dataclass(frozen=True, order=True)
 class SlotRange:
-    """A half-open index range ``[start, stop)`` one worker owns."""
+    """A half-open index range ``[start, stop)`` one worker owns.
+
+    ``first``/``last`` are the index coordinate at its first and last index
+    (as text), when the layout stores one.
+    """
 
     start: int
     stop: int
+    first: str | None = field(default=None, compare=False)
+    last: str | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
@@ -76,8 +83,10 @@ class SlotRange:
         return env
 
 
-def _ranges(pairs: Any) -> tuple[SlotRange, ...]:
-    return tuple(SlotRange(int(a), int(b)) for a, b in pairs)
+def _ranges(pairs: Any, coord: IndexCoordinate | None = None) -> tuple[SlotRange, ...]:
+    """Ranges from ``(start, stop)`` pairs, labelled by ``coord`` when given."""
+    spans = [(int(a), int(b)) for a, b in pairs]
+    return tuple(SlotRange(a, b, *(coord.span(a, b) if coord is not None else (None, None))) for a, b in spans)
 
 
 @dataclass(frozen=True)
@@ -161,7 +170,7 @@ class SlotPlan:
             "task_index_variables": [name for name, _ in TASK_INDEX_VARIABLES],
             "slurm_array": f"0-{n - 1}" if n else None,
             "ranges": [
-                {"task": i, "start": r.start, "stop": r.stop, "env": r.env(self.group, self.store_url)}
+                {"task": i, "start": r.start, "stop": r.stop, **_labels(r), "env": r.env(self.group, self.store_url)}
                 for i, r in enumerate(self.ranges)
             ],
             "completed": [[r.start, r.stop] for r in self.completed],
@@ -183,7 +192,9 @@ class SlotPlan:
             extent=int(data["extent"]),
             alignment=int(data["alignment"]),
             slot_size=int(data["slot_size"]),
-            ranges=_ranges((r["start"], r["stop"]) for r in data["ranges"]),
+            ranges=tuple(
+                SlotRange(int(r["start"]), int(r["stop"]), r.get("first"), r.get("last")) for r in data["ranges"]
+            ),
             indexed={k: int(v) for k, v in data.get("indexed", {}).items()},
             completed=_ranges(data.get("completed", ())),
             in_progress=_ranges(data.get("in_progress", ())),
@@ -204,6 +215,10 @@ class SlotPlan:
     def load(cls, path: str | os.PathLike[str]) -> SlotPlan:
         """Read a plan saved by :meth:`save`."""
         return cls.from_json(Path(path).read_text())
+
+
+def _labels(r: SlotRange) -> dict[str, str]:
+    return {} if r.first is None else {"first": r.first, "last": str(r.last)}
 
 
 def _by_size(gaps: list[Interval], step: int) -> list[Interval]:
@@ -320,11 +335,11 @@ def plan_slots(
         extent=layout.extent,
         alignment=alignment,
         slot_size=size,
-        ranges=_ranges(ranges),
+        ranges=_ranges(ranges, layout.coord),
         indexed={a.name: a.axis for a in layout.arrays},
-        completed=_ranges(completed),
-        in_progress=_ranges(busy),
-        stale=_ranges(r for r in stale if any(overlaps(r, g) for g in ranges)),
+        completed=_ranges(completed, layout.coord),
+        in_progress=_ranges(busy, layout.coord),
+        stale=_ranges((r for r in stale if any(overlaps(r, g) for g in ranges)), layout.coord),
         store_url=store_url,
     )
 
