@@ -68,31 +68,32 @@ class SplitDates:
     dropped: tuple[DateRun, ...] = ()
     shared_chunks: tuple[int, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "start": self.start,
-            "stop": self.stop,
-            "first": self.first,
-            "last": self.last,
-            "samples": self.samples,
-            "dropped": [{"first": r.first, "last": r.last, "samples": r.samples} for r in self.dropped],
-            "shared_chunks": list(self.shared_chunks),
-        }
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SplitDates:
-        def text(v: Any) -> str | None:
-            return None if v is None else str(v)
+def _dates_to_json(d: SplitDates) -> dict[str, Any]:
+    return {
+        "start": d.start,
+        "stop": d.stop,
+        "first": d.first,
+        "last": d.last,
+        "samples": d.samples,
+        "dropped": [{"first": r.first, "last": r.last, "samples": r.samples} for r in d.dropped],
+        "shared_chunks": list(d.shared_chunks),
+    }
 
-        return cls(
-            start=text(d["start"]),
-            stop=text(d["stop"]),
-            first=text(d["first"]),
-            last=text(d["last"]),
-            samples=int(d["samples"]),
-            dropped=tuple(DateRun(str(r["first"]), str(r["last"]), int(r["samples"])) for r in d.get("dropped", ())),
-            shared_chunks=tuple(int(c) for c in d.get("shared_chunks", ())),
-        )
+
+def _dates_from_json(d: Mapping[str, Any]) -> SplitDates:
+    def text(v: Any) -> str | None:
+        return None if v is None else str(v)
+
+    return SplitDates(
+        start=text(d["start"]),
+        stop=text(d["stop"]),
+        first=text(d["first"]),
+        last=text(d["last"]),
+        samples=int(d["samples"]),
+        dropped=tuple(DateRun(str(r["first"]), str(r["last"]), int(r["samples"])) for r in d.get("dropped", ())),
+        shared_chunks=tuple(int(c) for c in d.get("shared_chunks", ())),
+    )
 
 
 @dataclass(frozen=True)
@@ -227,7 +228,7 @@ class SplitManifest:
             doc["sample_ranges"] = {name: list(bounds) for name, bounds in self.sample_ranges}
             doc["dim"] = self.dim
             doc["edges"] = self.edges
-            doc["dates"] = {name: d.to_dict() for name, d in self.dates}
+            doc["dates"] = {name: _dates_to_json(d) for name, d in self.dates}
         else:
             doc["format"] = CHUNK_ONLY_FORMAT
         return json.dumps(doc, sort_keys=False)
@@ -252,7 +253,7 @@ class SplitManifest:
                 sample_ranges=tuple((str(k), (int(v[0]), int(v[1]))) for k, v in d.get("sample_ranges", {}).items()),
                 dim=None if d.get("dim") is None else str(d["dim"]),
                 edges=None if d.get("edges") is None else str(d["edges"]),
-                dates=tuple((str(k), SplitDates.from_dict(v)) for k, v in d.get("dates", {}).items()),
+                dates=tuple((str(k), _dates_from_json(v)) for k, v in d.get("dates", {}).items()),
             )
         except (KeyError, TypeError, IndexError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a SplitManifest JSON document: {exc}") from exc
