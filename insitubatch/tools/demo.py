@@ -42,8 +42,14 @@ def write_demo_dataset(path: str | Path, *, shape=DEMO_SHAPE, chunks=DEMO_CHUNKS
     root = zarr.open_group(path, mode="w")
     n, ny, nx = shape
     t = np.arange(n, dtype="i8")
-    cf = {"units": DEMO_TIME_UNITS, "calendar": "proleptic_gregorian"}  # as xarray writes an ERA5 time axis
-    time_axis = root.create_array("time", shape=(n,), chunks=(n,), dtype="i8", dimension_names=("time",), attributes=cf)
+    time_axis = root.create_array(
+        "time",
+        shape=(n,),
+        chunks=(n,),
+        dtype="i8",
+        dimension_names=("time",),
+        attributes={"units": DEMO_TIME_UNITS, "calendar": "proleptic_gregorian"},  # as xarray writes ERA5's
+    )
     time_axis[:] = t * DEMO_STEP_HOURS
     lat = np.linspace(-87.2, 87.2, ny).astype("f4")
     lon = np.linspace(0, 354.4, nx).astype("f4")
