@@ -191,8 +191,9 @@ class SplitManifest:
             count = f"{len(samples)} samples in {len(chunks)} chunks"
             d = dates.get(name)
             if d is None:
-                where = f"samples {samples[0]} .. {samples[-1]}" if len(samples) else "no samples"
-                lines.append(f"  {name:<{width}}  {where}: {count}")
+                runs = self.contiguous or self.split_range(name) is not None
+                where = f"samples {samples[0]} .. {samples[-1]}: " if len(samples) and runs else ""
+                lines.append(f"  {name:<{width}}  {where}{count}")
                 continue
             lines.append(
                 f"  {name:<{width}}  {d.first} .. {d.last}: {count} "

@@ -283,6 +283,8 @@ class SlotWriter:
                 f"array={array!r} is not an indexed array of group={self.group!r}; slot writers write "
                 f"only {layout.names} (other arrays are written once by the coordinator)"
             ) from None
+        if at is not None and data is None and index_range is not None:
+            index_range, data = None, index_range  # write(array, data, at=values): with at=, the data comes second
         if (index_range is None) == (at is None):
             raise TypeError("give index_range=(start, stop) or at=<coordinate values>, exactly one of them")
         if data is None:
@@ -332,7 +334,8 @@ class SlotWriter:
             In place of ``index_range``: the index coordinate's values (dates
             or numbers, as ``LayoutSpec(coords=...)`` gave them), one per index
             written, consecutive and increasing. A date string names its
-            instant (``"2020-01-01T06"`` is 06:00).
+            instant (``"2020-01-01T06"`` is 06:00). ``write(array, data, at=values)``
+            also reads: with ``at``, the second argument is the data.
 
         Raises
         ------

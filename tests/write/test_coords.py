@@ -121,7 +121,7 @@ def test_writing_at_values_equals_writing_at_their_indices(tmp_path: Path) -> No
 def test_at_takes_any_date_like(out: Path, at) -> None:
     with SlotWriter(LocalStore(out), 12, 24, group=GROUP) as w:
         w.write("count", at=at, data=np.array([7, 8], "i4"))
-        w.write("count", at="2020-01-04T18", data=np.array([9], "i4"))  # one value
+        w.write("count", np.array([9], "i4"), at="2020-01-04T18")  # one value; the data second
     assert _xr(out)["count"].values[13:16].tolist() == [7, 8, 9]
 
 
