@@ -246,3 +246,17 @@ def test_infer_takes_inclusive_dates(dated) -> None:
             ds.infer(start="2030-01-01")
         with pytest.raises(TypeError, match="not a date"):
             ds.infer(start=3)
+
+
+def test_a_date_split_through_the_torch_adapter(dated) -> None:
+    torch = pytest.importorskip("torch")
+    from insitubatch import as_torch
+
+    g = _geometry(dated)
+    m = split_by_time(g, RANGES, edges="exact")
+    times = open_xr(dated)["time"].values
+    with InSituDataset(LocalStore(dated, read_only=True), m, {"t2m": g}, batch_size=16, shuffle=False) as ds:
+        rows = torch.cat([item["t2m"] for item in as_torch(ds.val)])
+    want = open_xr(dated)["t2m"].sel(time=slice(*RANGES["val"])).values
+    np.testing.assert_array_equal(rows.numpy(), want)
+    assert len(want) == len(times[m.sample_indices("val")])
