@@ -31,8 +31,9 @@ from .io.owned import close_store
 from .io.statics import StaticField, read_statics
 from .io.stores import as_store
 from .plan.cost import KNOBS, describe_loader, format_summary
+from .plan.dates import inference_range
 from .plan.distributed import REMAINDER_POLICIES, Remainder, resolve_world
-from .plan.epoch import EpochPlan, valid_anchor_range
+from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner
 from .plan.splits import SplitManifest
 from .transforms import ChunkTransform, check_scopes, pipeline_for
@@ -314,46 +315,39 @@ class InSituDataset:
         """
         return self.planner.plan(split, self.epoch if epoch is None else epoch, history)
 
-    def infer(self, sample_range: tuple[int, int] | None = None, *, batch_size: int | None = None) -> InferView:
+    def infer(
+        self,
+        sample_range: tuple[int, int] | None = None,
+        *,
+        start: Any = None,
+        stop: Any = None,
+        batch_size: int | None = None,
+    ) -> InferView:
         """A sequential, deterministic pass over anchors ``[start, stop)``, across splits.
 
-        ``None`` means every anchor whose window fits the arrays. Unlike
-        training, an anchor whose window would read off an array is an error,
-        not a dropped sample. Each batch carries ``coords``: the sample-axis
-        coordinate values of its anchors (or the anchors themselves when the
-        store has no coordinate array for that axis).
+        ``sample_range`` is ``(start, stop)`` anchor indices; ``start=``/``stop=``
+        select by the sample axis's coordinate instead, both inclusive like
+        ``.sel(time=slice(start, stop))`` (dates, or numbers for a numeric
+        coordinate; either may be left out). With neither, every anchor whose
+        window fits the arrays. Unlike training, an anchor whose window would
+        read off an array is an error, not a dropped sample. Each batch carries
+        ``coords``: the sample-axis coordinate values of its anchors (or the
+        anchors themselves when the store has no coordinate array for that axis).
 
         Raises
         ------
         ValueError
             The range is empty, outside the array, or a label's window
-            (``anchor + offset``) would leave its array; the message names the
-            label and the valid range.
+            (``anchor + offset``) would leave its array (the message names the
+            label and the valid range); indices and coordinates both given, or
+            coordinates without a coordinate array to match them.
+        TypeError
+            A ``start``/``stop`` of the wrong kind (no date, or no number).
         """
         self._check_open()
-        lo, hi = valid_anchor_range(self.manifest, self.outputs)
-        n = self.manifest.n_samples
-        if sample_range is None:
-            start, stop = lo, hi
-            if start >= stop:
-                raise ValueError(f"no anchor has every window inside the arrays (valid range would be [{lo}, {hi}))")
-        else:
-            try:
-                start, stop = (int(v) for v in sample_range)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"sample_range={sample_range!r} must be a (start, stop) pair of ints") from exc
-            if not 0 <= start < stop <= n:
-                raise ValueError(f"sample_range={(start, stop)} must satisfy 0 <= start < stop <= {n}")
-            for label, g in self.outputs.items():
-                first, last = min(g.read_offsets), max(g.read_offsets)
-                if start + first < 0 or stop - 1 + last >= n:
-                    raise ValueError(
-                        f"label {label!r} reads anchor + {list(g.read_offsets) if g.window_steps else g.offset}, so "
-                        f"sample_range={(start, stop)} would read [{start + first}, {stop + last}) off its array of "
-                        f"{n} samples; anchors with every window inside the arrays are [{lo}, {hi})"
-                    )
+        anchors = inference_range(self.manifest, self.outputs, self.variables.values(), sample_range, start, stop)
         bs = self.batch_size if batch_size is None else positive_int("batch_size", batch_size)
-        return InferView(self.context, self.planner, (start, stop), bs, dataset=self)
+        return InferView(self.context, self.planner, anchors, bs, dataset=self)
 
     def sample_coords(self) -> dict[str, np.ndarray]:
         """The sample-axis coordinate values (decoded), read once from the store when the dataset opened (or indices)."""

@@ -6,6 +6,7 @@ __all__ = [
     "BadChunkError",
     "BuildError",
     "CacheCorruptError",
+    "CalendarError",
     "CacheLockedError",
     "CacheMissError",
     "DatasetClosedError",
@@ -35,6 +36,10 @@ class StoreReadError(InSituError, OSError):
 
 class BadChunkError(InSituError, ValueError):
     """A stored chunk could not be decoded; names the array, chunk and key."""
+
+
+class CalendarError(InSituError, ValueError):
+    """A time coordinate cannot be decoded: its calendar needs cftime (not installed), or its units are not CF time."""
 
 
 class CacheCorruptError(InSituError, ValueError):

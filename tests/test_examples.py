@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from insitubatch.tools.demo import write_demo_dataset
@@ -110,6 +111,12 @@ def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
 def test_inference_write(tmp_path) -> None:
     out = _run([str(EXAMPLES / "inference_write.py"), "--dir", str(tmp_path / "run")], tmp_path)
     assert "bit-identical" in out
+    xr = pytest.importorskip("xarray")
+    # the forecasts were written by valid time: xarray decodes the coordinate and finds every one
+    ds = xr.open_zarr(tmp_path / "run" / "outputs.zarr", group="parallel", consolidated=False)
+    assert ds["pred"].dims == ("valid_time", "lat", "lon")
+    assert ds["valid_time"].values[0] == np.datetime64("2020-01-01T12:00")  # 2 input steps + a 6 h lead
+    assert not np.isnan(ds["pred"].sel(valid_time=slice("2020-01-02", "2020-01-03")).values).any()
 
 
 def _free_port() -> int:

@@ -124,12 +124,14 @@ def epoch_order(
 
     Every valid anchor of the split appears exactly once; anchors whose window
     (``anchor + offset`` for some label) would read off its array are dropped.
-    ``anchor_range`` further restricts anchors to ``[start, stop)``.
+    ``anchor_range`` further restricts anchors to ``[start, stop)``, as does
+    the split's own range in the manifest (a split cut at exact dates).
     """
     S = manifest.sample_chunk_size
     lo, hi = valid_anchor_range(manifest, variables)
-    if anchor_range is not None:
-        lo, hi = max(lo, int(anchor_range[0])), min(hi, int(anchor_range[1]))
+    for bounds in (anchor_range, manifest.split_range(split)):
+        if bounds is not None:
+            lo, hi = max(lo, int(bounds[0])), min(hi, int(bounds[1]))
     rng = np.random.default_rng([int(seed), int(epoch)])
     blocks = _block_order(np.asarray(manifest.chunks(split), dtype=np.int64), block_chunks, shuffle, rng)
     parts: list[np.ndarray] = []
