@@ -199,7 +199,8 @@ def test_selections_of_one_array_share_its_reads(stores, tmp_path, persist) -> N
         store.reset()
         for batch in ds.train:
             np.testing.assert_array_equal(
-                batch.arrays["one"], _expected(xds, "t", [("sel", {"level": 850, "latitude": slice(60, -60)})], batch.read_indices("one"))
+                batch.arrays["one"],
+                _expected(xds, "t", [("sel", {"level": 850, "latitude": slice(60, -60)})], batch.read_indices("one")),
             )
         gets = store.chunk_gets()
     assert set(gets.values()) == {1}

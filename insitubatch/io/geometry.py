@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,11 +18,14 @@ from typing import Any
 import numpy as np
 
 from .._zarr_compat import ArrayV2Metadata, ArrayV3Metadata, ChunkProjection
+from ..errors import CalendarError
 from .coords import CoordinateSource
 from .labelled import Labelled
 from .selection import AxisSelection
 
 __all__ = ["ArrayGeometry", "sample_coords"]
+
+logger = logging.getLogger("insitubatch")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -284,12 +288,21 @@ def _normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
 
 
 def sample_coords(variables: Iterable[ArrayGeometry], n: int) -> dict[str, np.ndarray]:
-    """The sample axis's coordinate (by dimension name) from the first variable whose store has it, else indices."""
+    """The sample axis's coordinate (by dimension name) from the first variable whose store has it, else indices.
+
+    A time coordinate that cannot be decoded here (a calendar that needs
+    cftime, which is not installed) gives indices and one WARNING: batches
+    still flow; date splits and ``coord()`` raise the full error.
+    """
     for g in variables:
         dims = g.dimension_names
         name = dims[g.sample_axis] if dims else None
         if name and g.n_samples == n:
-            found = g._coordinate(name)
+            try:
+                found = g._coordinate(name)
+            except CalendarError as exc:
+                logger.warning("insitubatch: batch coords carry sample indices: %s", exc)
+                break
             if found is not None:
                 return {name: found.values}
     return {"sample": np.arange(n)}

@@ -227,3 +227,19 @@ def test_cftime_dates_encode_in_their_calendar() -> None:
     encoded, attrs = encode_time_coordinate(times)
     assert attrs == {"units": "hours since 2000-02-27 00:00:00.000000", "calendar": "360_day"}
     assert list(decode_time_coordinate(encoded, attrs)) == list(times)
+
+
+def test_a_dataset_over_an_undecodable_calendar_still_trains(tmp_path, monkeypatch, caplog) -> None:
+    """Without cftime a noleap store still opens and iterates; batch coords fall back to sample indices."""
+    from insitubatch import InSituDataset, split_by_chunk
+
+    times = xr.date_range("2000-01-01", periods=14, freq="6h", calendar="noleap", use_cftime=True)
+    path = write_dated(tmp_path / "n.zarr", times)
+    monkeypatch.setitem(sys.modules, "cftime", None)
+    g = open_geometries(LocalStore(path, read_only=True))["t2m"]
+    with caplog.at_level("WARNING", logger="insitubatch"):
+        with InSituDataset(str(path), split_by_chunk(g, fractions=(1.0,)), {"x": g}, batch_size=4) as ds:
+            batches = list(ds.train)
+    assert sum(len(b) for b in batches) == 14
+    assert all(set(b.coords) == {"sample"} for b in batches)
+    assert sum("batch coords carry sample indices" in r.message for r in caplog.records) == 1
