@@ -7,6 +7,7 @@ it uses lives on the driver and is declared here for the type checker.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -15,10 +16,11 @@ from typing import cast
 
 import numpy as np
 from zarr.abc.buffer import BufferPrototype
+from zarr.abc.store import RangeByteRequest
 
 from ..cache import DiskCache
 from ..errors import BadChunkError, StoreReadError
-from ..io.decode import ChunkDecoder
+from ..io.decode import ChunkDecoder, _ShardStage
 from ..io.direct import ChunkData, _as_uint8
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
@@ -27,6 +29,7 @@ from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
+from .shard_index import ShardIndexes
 from .wants import Consumer, Want
 
 
@@ -52,6 +55,8 @@ class _TileJobs:
     _get_sync: Callable[..., ChunkData | None] | None
     _groups: LocalGroups | None
     _kinds: dict[str, int]  # per array path: the tilegroup kernel's codec kind (sample-first zstd/blosc arrays)
+    _shards: dict[str, _ShardStage]  # per array path read by inner chunk: its sharding stage (index and inner chains)
+    shard_indexes: ShardIndexes
     _scratches: threading.local
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
@@ -179,16 +184,15 @@ class _TileJobs:
         _, first, k0 = consumers[0]
         g = first.geometry
         if buf is _GET_IN_JOB:
-            assert self._get_sync is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
             t0 = time.perf_counter()
             try:
-                buf = self._get_sync(key, prototype=self._prototype)
+                buf = self._read_tile_sync(g, coord, key, tally)
+            except BadChunkError:
+                raise
             except Exception as exc:
                 raise self._read_error(g, coord, key, exc) from exc
             finally:
                 self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
-            tally.gets += 1
-            tally.get_bytes += 0 if buf is None else len(buf)
         whole = next((c for c in consumers if c[1].layout.identity), None)
         decoder_reader, k = (whole[1], whole[2]) if whole is not None else (first, k0)
         tiles: dict[int, list[tuple[int, np.ndarray | _BadTile]]] = {}
@@ -223,6 +227,37 @@ class _TileJobs:
             # only a chunk that assembles marks a piece, and it was staged
             landed.extend((entry, p, cast(np.ndarray, piece)) for p, piece in pieces)
         return landed
+
+    def _read_tile_sync(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
+        """Decode thread: a tile's bytes from a store that reads on this thread (None: missing, the fill value).
+
+        An inner chunk of a shard is read by byte range, after the shard's
+        index (read once per dataset, ``ShardIndexes``).
+        """
+        get = self._get_sync
+        assert get is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
+        if not g.sharded_reads:
+            buf = get(key, prototype=self._prototype)
+            tally.gets += 1
+            tally.get_bytes += 0 if buf is None else len(buf)
+            return buf
+        stored, place = g.tile_key(coord)
+        assert place is not None  # sharded reads place every tile in its shard
+        index = self.shard_indexes.read_sync(
+            stored, self._shards[g.path], functools.partial(get, prototype=self._prototype)
+        )
+        span = None if index is None else index.span(place)
+        if span is None:
+            return None  # the shard, or this inner chunk of it, was never written
+        buf = get(stored, prototype=self._prototype, byte_range=RangeByteRequest(*span))
+        tally.gets += 1
+        tally.get_bytes += 0 if buf is None else len(buf)
+        if buf is None or len(buf) != span[1] - span[0]:
+            raise BadChunkError(
+                f"array {g.path!r} chunk {tuple(coord)}: inner chunk {place} of key {stored!r} should be bytes "
+                f"[{span[0]}, {span[1]}), the store returned {0 if buf is None else len(buf)} bytes"
+            )
+        return buf
 
     def _cut(
         self, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray

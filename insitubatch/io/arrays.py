@@ -15,6 +15,7 @@ import zarr
 
 from .._zarr_compat import ArrayV3Metadata
 from .coords import CoordinateSource
+from .decode import partial_shards
 from .geometry import ArrayGeometry, _ceil_div, _normalize_axis
 
 __all__ = [
@@ -134,6 +135,8 @@ def geometry_of(
         dimension_names=_dimension_names(arr),
         metadata=arr.metadata,
         coords=coords if coords is not None else CoordinateSource(arr.store),
+        # a shard's inner chunks are read alone (by byte range, after its index) when nothing else encodes the shard
+        read_chunks=chunks if shards is not None and partial_shards(arr.metadata) else (),
     )
     _check_size(geometry, limit)
     return geometry

@@ -211,6 +211,40 @@ class _ShardStage:
         )
         self._inner = _Chain(codec.codecs, inner_spec)
 
+    @property
+    def inner_chain(self) -> _Chain:
+        """The codec chain of one inner chunk."""
+        return self._inner
+
+    def read_index(self, raw: np.ndarray, shard_nbytes: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(offsets, lengths, present)`` from the index bytes alone (read by a ranged GET).
+
+        ``shard_nbytes`` bounds the entries when known; without it only what
+        the index itself says is checked (a read past the shard's end comes
+        back short and fails its inner chunk).
+        """
+        if raw.size != self.index_nbytes:
+            raise _DecodeFailure(f"shard index is {raw.size} bytes, expected {self.index_nbytes}")
+        try:
+            index = self._index(raw)
+        except _DecodeFailure as exc:
+            raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
+        offsets, lengths = index[..., 0], index[..., 1]
+        absent = offsets == _ABSENT
+        if not np.array_equal(absent, lengths == _ABSENT):
+            where = tuple(int(i) for i in np.argwhere(absent != (lengths == _ABSENT))[0])
+            raise _DecodeFailure(f"shard index entry {where} is half empty")
+        lo = self.index_nbytes if self.index_at_start else 0
+        hi = shard_nbytes - (0 if self.index_at_start else self.index_nbytes) if shard_nbytes is not None else 2**63
+        outside = ~absent & ((offsets < lo) | (offsets > hi) | (lengths > hi - np.minimum(offsets, hi)))
+        if outside.any():
+            where = tuple(int(i) for i in np.argwhere(outside)[0])
+            raise _DecodeFailure(
+                f"shard index entry {where} (offset {int(offsets[where])}, length {int(lengths[where])}) "
+                f"points outside the shard's data bytes"
+            )
+        return offsets, lengths, ~absent
+
     def _read_index(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = raw.size
         if n < self.index_nbytes:
@@ -260,6 +294,27 @@ class _ShardStage:
                 raise _DecodeFailure(f"inner chunk {tuple(int(i) for i in where)}: {exc}") from exc.__cause__
 
 
+def partial_shards(metadata: Any) -> bool:
+    """Whether a sharded array's inner chunks can be read alone: the sharding codec is its only codec.
+
+    An array→array codec before it, or a bytes→bytes codec after it (the
+    whole shard compressed again), leaves whole-shard reads only.
+    """
+    codecs: tuple[Any, ...] = tuple(getattr(metadata, "codecs", ()))
+    return len(codecs) == 1 and isinstance(codecs[0], ShardingCodec)
+
+
+def shard_stage(geometry: ArrayGeometry) -> _ShardStage:
+    """The sharding stage of a geometry whose tiles are inner chunks: its index and inner chains."""
+    metadata = geometry.metadata
+    codecs: tuple[Any, ...] = tuple(getattr(metadata, "codecs", ())) if metadata is not None else ()
+    codec = codecs[0] if partial_shards(metadata) else None
+    if metadata is None or not isinstance(codec, ShardingCodec):
+        raise ValueError(f"array {geometry.path!r} is not sharded with the sharding codec alone")
+    spec = chunk_spec(metadata, tuple(geometry.stored_chunks), _CONFIG, _PROTOTYPE)
+    return _ShardStage(codec, spec)
+
+
 class ChunkDecoder:
     """Decodes one array's stored chunks: ``decoder(data, coord) -> ndarray``.
 
@@ -267,18 +322,22 @@ class ChunkDecoder:
     need no event loop.
     """
 
-    def __init__(self, geometry: ArrayGeometry) -> None:
+    def __init__(self, geometry: ArrayGeometry, *, tile: bool = False) -> None:
         metadata = geometry.metadata
         if metadata is None:
             raise ValueError(f"geometry of {geometry.path!r} carries no zarr metadata to build a decoder from")
         self.geometry = geometry
-        self.shape = tuple(geometry.stored_chunks)
+        # a tile decoder of a sharded array read by byte range decodes one inner chunk with the inner chain
+        self.inner = tile and geometry.sharded_reads
+        self.shape = tuple(geometry.tile_chunks if self.inner else geometry.stored_chunks)
         self.dtype = np.dtype(geometry.dtype)
         spec = chunk_spec(metadata, self.shape, _CONFIG, _PROTOTYPE)
         self.fill_value = _fill_value(spec)
         self._chain: _V2Chain | _Chain
         if isinstance(metadata, ArrayV2Metadata):
             self._chain = _V2Chain(metadata, spec)
+        elif self.inner:
+            self._chain = shard_stage(geometry).inner_chain
         else:
             self._chain = _Chain(metadata.codecs, spec)
 
@@ -340,31 +399,38 @@ class ChunkDecoder:
 
     def _bad(self, coord: Sequence[int], why: str) -> BadChunkError:
         coord = tuple(int(c) for c in coord)
-        return BadChunkError(
-            f"cannot decode chunk {coord} of array {self.geometry.path!r} "
-            f"(key {self.geometry.chunk_key(coord)!r}): {why}"
-        )
+        if self.inner:
+            key, place = self.geometry.tile_key(coord)
+            where = f"key {key!r}, inner chunk {place}"
+        else:
+            where = f"key {self.geometry.chunk_key(coord)!r}"
+        return BadChunkError(f"cannot decode chunk {coord} of array {self.geometry.path!r} ({where}): {why}")
 
 
 # Decoders keyed by the identity of the zarr metadata they were built from;
 # an entry goes away with its metadata object.
-_DECODERS: dict[int, tuple[weakref.ref[Any], ChunkDecoder]] = {}
+_DECODERS: dict[tuple[int, bool], tuple[weakref.ref[Any], ChunkDecoder]] = {}
 
 
-def _forget_decoder(key: int, ref: weakref.ref[Any]) -> None:
+def _forget_decoder(key: tuple[int, bool], ref: weakref.ref[Any]) -> None:
     cache = _DECODERS  # None while the interpreter tears module globals down
     if cache is not None and cache.get(key, (None,))[0] is ref:
         del cache[key]
 
 
-def make_decoder(geometry: ArrayGeometry) -> ChunkDecoder:
-    """The (cached) ``ChunkDecoder`` for ``geometry``'s array."""
+def make_decoder(geometry: ArrayGeometry, *, tile: bool = False) -> ChunkDecoder:
+    """The (cached) ``ChunkDecoder`` for ``geometry``'s array: of a stored chunk, or with ``tile`` of one tile.
+
+    A tile is the stored chunk, or a shard's inner chunk when the engine
+    reads those by byte range (``geometry.sharded_reads``).
+    """
     metadata = geometry.metadata
-    key = id(metadata)
+    tile = tile and geometry.sharded_reads
+    key = (id(metadata), tile)
     entry = _DECODERS.get(key)
     if entry is not None and entry[0]() is metadata and entry[1].dtype == geometry.dtype:
         return entry[1]
-    decoder = ChunkDecoder(geometry)
+    decoder = ChunkDecoder(geometry, tile=tile)
     try:
         ref = weakref.ref(metadata, functools.partial(_forget_decoder, key))
     except TypeError:  # metadata that cannot be weakly referenced is simply not cached
