@@ -31,6 +31,7 @@ from zarr.buffer import default_buffer_prototype
 from ..cache import DiskCache
 from ..errors import BadChunkError
 from ..io.decode import make_decoder, shard_stage
+from ..io.direct import ChunkData, _DecodeFailure
 from ..io.geometry import ArrayGeometry
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
@@ -40,7 +41,7 @@ from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .revival import _Revival
-from .shard_index import ShardIndexes
+from .shard_index import ShardIndexes, check_span
 from .tile_jobs import _GET_IN_JOB, _TileJobs
 from .wants import Want, Wants
 
@@ -386,29 +387,34 @@ class PassDriver(_TileJobs, _Revival):
     async def _get_range(self, key: str, byte_range: ByteRequest | None) -> Buffer | None:
         return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
 
-    async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> Buffer | None:
-        """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range, after the shard's index."""
+    async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> ChunkData | BadChunkError | None:
+        """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range, after the shard's index.
+
+        Bytes found bad (a damaged index entry, a short range) come back as the
+        ``BadChunkError`` the decode job treats as a bad tile.
+        """
         if not g.sharded_reads:
             return await self._get_range(key, None)
         stored, place = g.tile_key(coord)
         assert place is not None  # sharded reads place every tile in its shard
-        index = await self.shard_indexes.read(stored, self._shards[g.path], self._get_range)
-        span = None if index is None else index.span(place)
+        decoder = self._decoders[g.path]
+        try:
+            index = await self.shard_indexes.read(stored, self._shards[g.path], self._get_range)
+            span = None if index is None else index.span(place)
+        except _DecodeFailure as exc:
+            return decoder._bad(coord, str(exc))  # a bad chunk, handed to the decode job as such
         if span is None:
             return None  # the shard, or this inner chunk of it, was never written
-        buf = await self._get_range(stored, RangeByteRequest(*span))
-        if buf is None or len(buf) != span[1] - span[0]:
-            raise BadChunkError(
-                f"array {g.path!r} chunk {tuple(coord)}: inner chunk {place} of key {stored!r} should be bytes "
-                f"[{span[0]}, {span[1]}), the store returned {0 if buf is None else len(buf)} bytes"
-            )
-        return buf
+        try:
+            return check_span(decoder, coord, span, await self._get_range(stored, RangeByteRequest(*span)))
+        except BadChunkError as exc:
+            return exc
 
     async def _fetch_tile(self, want: Want) -> None:
         entry, reader, k = want.consumers[0]
         g = reader.geometry
         coord = reader.tile_coord(want.chunk_index, k)
-        key = g.chunk_key(coord)
+        key = g.tile_key(coord)[0]
         buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
         async with self.semaphore:
             if self._get_sync is None:
@@ -429,7 +435,7 @@ class PassDriver(_TileJobs, _Revival):
                     trace.add("fetch_s", time.perf_counter() - t0)
                 counters = self.owner.counters
                 counters.gets += 1
-                if buf is not None:
+                if buf is not None and not isinstance(buf, BadChunkError):
                     counters.get_bytes += len(buf)
             else:
                 buf = _GET_IN_JOB

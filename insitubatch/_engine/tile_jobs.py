@@ -21,7 +21,7 @@ from zarr.abc.store import RangeByteRequest
 from ..cache import DiskCache
 from ..errors import BadChunkError, StoreReadError
 from ..io.decode import ChunkDecoder, _ShardStage
-from ..io.direct import ChunkData, _as_uint8
+from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
 from .kernels import assemble_tiles, fill_region, select_block
@@ -29,7 +29,7 @@ from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
-from .shard_index import ShardIndexes
+from .shard_index import ShardIndexes, check_span
 from .wants import Consumer, Want
 
 
@@ -64,9 +64,9 @@ class _TileJobs:
 
     @staticmethod
     def _read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
-        return StoreReadError(
-            f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
-        )
+        place = g.tile_key(coord)[1]
+        where = f"key {key!r}" + (f", inner chunk {place}" if place is not None else "")
+        return StoreReadError(f"reading array {g.path!r} chunk {coord} ({where}) failed: {type(exc).__name__}: {exc}")
 
     def _tile_job(self, want: Want, coord, key: str, buf) -> None:
         """Decode thread: one stored tile from its bytes (or its key, on a sync store) into every entry that wants it."""
@@ -112,7 +112,7 @@ class _TileJobs:
                 continue  # the pass is stopping, or other tiles of the chunks already failed them
             _, reader, k = consumers[0]
             coord = reader.tile_coord(want.chunk_index, k)
-            key = reader.geometry.chunk_key(coord)
+            key = reader.geometry.tile_key(coord)[0]
             try:
                 landed.extend(self._tile(consumers, want.chunk_index, coord, key, _GET_IN_JOB, tally))
             except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
@@ -138,7 +138,7 @@ class _TileJobs:
             entry, reader, k = consumers[0]
             g = reader.geometry
             kind = groups.kinds.get(g.path, 0) if len(consumers) == 1 and reader.layout.identity else 0
-            path = groups.files.path_of(g.chunk_key(reader.tile_coord(want.chunk_index, k))) if kind else None
+            path = groups.files.path_of(g.tile_key(reader.tile_coord(want.chunk_index, k))[0]) if kind else None
             if path is None:
                 rest.append(item)
                 continue
@@ -183,20 +183,14 @@ class _TileJobs:
         """
         _, first, k0 = consumers[0]
         g = first.geometry
-        if buf is _GET_IN_JOB:
-            t0 = time.perf_counter()
-            try:
-                buf = self._read_tile_sync(g, coord, key, tally)
-            except BadChunkError:
-                raise
-            except Exception as exc:
-                raise self._read_error(g, coord, key, exc) from exc
-            finally:
-                self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
         whole = next((c for c in consumers if c[1].layout.identity), None)
         decoder_reader, k = (whole[1], whole[2]) if whole is not None else (first, k0)
         tiles: dict[int, list[tuple[int, np.ndarray | _BadTile]]] = {}
         try:
+            if buf is _GET_IN_JOB:
+                buf = self._timed_read(g, coord, key, tally)
+            elif isinstance(buf, BadChunkError):  # the loop's read found the bytes bad (a shard index, a short range)
+                raise buf
             data = self._decode(decoder_reader, chunk_index, k, coord, buf)
             # cut the selections first: the whole view's tile may be transformed in place below
             for i, (_, reader, ck) in enumerate(consumers):
@@ -228,6 +222,18 @@ class _TileJobs:
             landed.extend((entry, p, cast(np.ndarray, piece)) for p, piece in pieces)
         return landed
 
+    def _timed_read(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
+        """Decode thread: ``_read_tile_sync``, timed; a store failure becomes ``StoreReadError``, bad bytes stay bad."""
+        t0 = time.perf_counter()
+        try:
+            return self._read_tile_sync(g, coord, key, tally)
+        except BadChunkError:
+            raise
+        except Exception as exc:
+            raise self._read_error(g, coord, key, exc) from exc
+        finally:
+            self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
+
     def _read_tile_sync(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
         """Decode thread: a tile's bytes from a store that reads on this thread (None: missing, the fill value).
 
@@ -243,21 +249,18 @@ class _TileJobs:
             return buf
         stored, place = g.tile_key(coord)
         assert place is not None  # sharded reads place every tile in its shard
-        index = self.shard_indexes.read_sync(
-            stored, self._shards[g.path], functools.partial(get, prototype=self._prototype)
-        )
-        span = None if index is None else index.span(place)
+        stage, decoder = self._shards[g.path], self._decoders[g.path]
+        try:
+            index = self.shard_indexes.read_sync(stored, stage, functools.partial(get, prototype=self._prototype))
+            span = None if index is None else index.span(place)
+        except _DecodeFailure as exc:
+            raise decoder._bad(coord, str(exc)) from exc.__cause__
         if span is None:
             return None  # the shard, or this inner chunk of it, was never written
         buf = get(stored, prototype=self._prototype, byte_range=RangeByteRequest(*span))
         tally.gets += 1
         tally.get_bytes += 0 if buf is None else len(buf)
-        if buf is None or len(buf) != span[1] - span[0]:
-            raise BadChunkError(
-                f"array {g.path!r} chunk {tuple(coord)}: inner chunk {place} of key {stored!r} should be bytes "
-                f"[{span[0]}, {span[1]}), the store returned {0 if buf is None else len(buf)} bytes"
-            )
-        return buf
+        return check_span(decoder, coord, span, buf)
 
     def _cut(
         self, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray

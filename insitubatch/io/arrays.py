@@ -83,8 +83,8 @@ def _check_size(g: ArrayGeometry, limit: int) -> None:
             )
     inner_per_shard = math.prod(_ceil_div(s, c) for s, c in zip(g.stored_chunks, g.chunks))
     for what, count in (
-        ("stored chunks per sample-axis chunk", g.tiles_per_chunk),
         ("inner chunks per shard", inner_per_shard),
+        ("tiles per sample-axis chunk", g.tiles_per_chunk),
     ):
         if count > MAX_CHUNKS_PER_READ:
             raise ValueError(

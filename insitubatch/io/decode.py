@@ -80,6 +80,8 @@ __all__ = ["ChunkDecoder", "clip_to_array", "make_decoder", "read_stored_chunk"]
 
 # Shard-index entry of an inner chunk that was never written (zarr sharding spec).
 _ABSENT = 2**64 - 1
+# What ``_ShardStage.read_index`` says of each entry.
+INDEX_OK, INDEX_HALF_EMPTY, INDEX_OUTSIDE = 0, 1, 2
 # Decode into host numpy memory whatever zarr's configured default buffer is.
 _PROTOTYPE = numpy_buffer_prototype()
 _CONFIG = ArrayConfig(order="C", write_empty_chunks=False)
@@ -216,12 +218,15 @@ class _ShardStage:
         """The codec chain of one inner chunk."""
         return self._inner
 
-    def read_index(self, raw: np.ndarray, shard_nbytes: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(offsets, lengths, present)`` from the index bytes alone (read by a ranged GET).
+    def read_index(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(offsets, lengths, problems)`` from the index bytes alone (read by a ranged GET).
 
-        ``shard_nbytes`` bounds the entries when known; without it only what
-        the index itself says is checked (a read past the shard's end comes
-        back short and fails its inner chunk).
+        A damaged index (wrong size, failed checksum) raises. A damaged entry
+        only marks its inner chunk: ``problems`` is ``INDEX_HALF_EMPTY`` or
+        ``INDEX_OUTSIDE`` there, ``INDEX_OK`` elsewhere (an absent chunk has
+        both offset and length ``2**64 - 1``). The shard's size is not known
+        from the index alone, so an entry past its end shows when the read of
+        that inner chunk comes back short.
         """
         if raw.size != self.index_nbytes:
             raise _DecodeFailure(f"shard index is {raw.size} bytes, expected {self.index_nbytes}")
@@ -229,21 +234,14 @@ class _ShardStage:
             index = self._index(raw)
         except _DecodeFailure as exc:
             raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
-        offsets, lengths = index[..., 0], index[..., 1]
+        offsets, lengths = index[..., 0].copy(), index[..., 1].copy()
         absent = offsets == _ABSENT
-        if not np.array_equal(absent, lengths == _ABSENT):
-            where = tuple(int(i) for i in np.argwhere(absent != (lengths == _ABSENT))[0])
-            raise _DecodeFailure(f"shard index entry {where} is half empty")
+        problems = np.zeros(offsets.shape, dtype=np.uint8)
+        problems[absent != (lengths == _ABSENT)] = INDEX_HALF_EMPTY
         lo = self.index_nbytes if self.index_at_start else 0
-        hi = shard_nbytes - (0 if self.index_at_start else self.index_nbytes) if shard_nbytes is not None else 2**63
-        outside = ~absent & ((offsets < lo) | (offsets > hi) | (lengths > hi - np.minimum(offsets, hi)))
-        if outside.any():
-            where = tuple(int(i) for i in np.argwhere(outside)[0])
-            raise _DecodeFailure(
-                f"shard index entry {where} (offset {int(offsets[where])}, length {int(lengths[where])}) "
-                f"points outside the shard's data bytes"
-            )
-        return offsets, lengths, ~absent
+        outside = ~absent & (lengths != _ABSENT) & ((offsets < lo) | (lengths > _ABSENT - offsets))
+        problems[outside] = INDEX_OUTSIDE
+        return offsets, lengths, problems
 
     def _read_index(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = raw.size
