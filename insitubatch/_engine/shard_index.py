@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
-from ..io.decode import _ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, ChunkDecoder, _ShardStage
+from ..io.chain import _ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
+from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 
 __all__ = ["ShardIndex", "ShardIndexes", "check_span", "index_request"]

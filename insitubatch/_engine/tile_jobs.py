@@ -20,7 +20,8 @@ from zarr.abc.store import RangeByteRequest
 
 from ..cache import DiskCache
 from ..errors import BadChunkError, StoreReadError
-from ..io.decode import ChunkDecoder, _ShardStage
+from ..io.chain import _ShardStage
+from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
