@@ -26,6 +26,7 @@ from .batch import Batch
 from .buffers import BufferPool
 from .pool import ChunkPool
 from .reader import ArrayReader, BadChunkRecord
+from .shard_index import ShardIndexes
 from .stats import PassCounters
 
 __all__ = ["ON_BAD_CHUNK", "BatchTransform", "OnBadChunk", "PassContext"]
@@ -63,9 +64,9 @@ class PassContext:
     batch_transforms: Sequence[BatchTransform]
     sample_coords: Callable[[], Mapping[str, np.ndarray]]  # read once, on the first inference pass
     statics: Mapping[str, np.ndarray] = field(default_factory=dict)  # read once at open, the same in every batch
-    windows: dict[str, tuple[int, ...]] = field(
-        default_factory=dict
-    )  # by windowed label: its steps (``Batch.windows``)
+    # by windowed label: its steps (``Batch.windows``)
+    windows: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shard_indexes: ShardIndexes = field(default_factory=ShardIndexes)  # read once per shard, kept for every pass
     epoch: int = 0
     bad_chunks: list[BadChunkRecord] = field(default_factory=list)  # this epoch's; a new epoch starts a new list
     epoch_counters: list[PassCounters] = field(default_factory=list)  # this epoch's passes'

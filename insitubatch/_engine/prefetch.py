@@ -130,6 +130,7 @@ class _PassState:
             first_block=self._first_block(),
             cache=ctx.cache,
             group=tile_group(ctx.max_inflight, ctx.decode_threads),
+            shard_indexes=ctx.shard_indexes,
         )
         self.driver.seen_keys = ctx.fetched_keys
         self.driver.start()

@@ -91,7 +91,7 @@ class ArrayReader:
     def _piece_box(self) -> tuple[int, ...]:
         """Per axis, the largest piece extent (a tile's, without a selection)."""
         if self.layout.identity:
-            return self.geometry.inner_stored_chunks
+            return self.geometry.tile_shape
         return tuple(int(x) for x in np.max([p.shape for p in self.layout.pieces], axis=0))
 
     def tile_coord(self, chunk_index: int, k: int) -> tuple[int, ...]:

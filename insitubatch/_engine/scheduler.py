@@ -25,11 +25,14 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from zarr.abc.buffer import Buffer
-from zarr.abc.store import Store
+from zarr.abc.store import ByteRequest, RangeByteRequest, Store
 from zarr.buffer import default_buffer_prototype
 
 from ..cache import DiskCache
-from ..io.decode import make_decoder
+from ..errors import BadChunkError
+from ..io.decode import make_decoder, shard_stage
+from ..io.direct import ChunkData, _DecodeFailure
+from ..io.geometry import ArrayGeometry
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
 from .landings import _Landings, _release
@@ -38,6 +41,7 @@ from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .revival import _Revival
+from .shard_index import ShardIndexes, check_span
 from .tile_jobs import _GET_IN_JOB, _TileJobs
 from .wants import Want, Wants
 
@@ -80,6 +84,7 @@ class PassDriver(_TileJobs, _Revival):
         first_block: int = 0,
         cache: DiskCache | None = None,
         group: int = MAX_TILE_GROUP,
+        shard_indexes: ShardIndexes | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
@@ -102,7 +107,9 @@ class PassDriver(_TileJobs, _Revival):
         self._wake = asyncio.Event()
         self._main: concurrent.futures.Future | None = None
         # readers are keyed by source (a path and its selection); decoders and codec kinds by array path
-        self._decoders = {r.geometry.path: make_decoder(r.geometry) for r in readers.values()}
+        self._decoders = {r.geometry.path: make_decoder(r.geometry, tile=True) for r in readers.values()}
+        self._shards = {r.geometry.path: shard_stage(r.geometry) for r in readers.values() if r.geometry.sharded_reads}
+        self.shard_indexes = shard_indexes if shard_indexes is not None else ShardIndexes()
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
         self._group = group
@@ -114,10 +121,11 @@ class PassDriver(_TileJobs, _Revival):
         }
         # on a local directory their tiles are also read by it, a group per call, unless a transform or the
         # disk cache must see each tile first
+        # (inner chunks of shards are ranges of a file, not files: the general path reads them)
         grouped = {
             r.geometry.path: self._kinds[r.geometry.path]
             for r in readers.values()
-            if not r.pipeline and r.geometry.path in self._kinds
+            if not r.pipeline and r.geometry.path in self._kinds and not r.geometry.sharded_reads
         }
         self._groups: LocalGroups | None = None
         if isinstance(self._get_sync, _LocalFiles) and cache is None and grouped:
@@ -376,11 +384,37 @@ class PassDriver(_TileJobs, _Revival):
         if self._active == 0 and self._waiting:
             self._stall_from = time.perf_counter()
 
+    async def _get_range(self, key: str, byte_range: ByteRequest | None) -> Buffer | None:
+        return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
+
+    async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> ChunkData | BadChunkError | None:
+        """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range, after the shard's index.
+
+        Bytes found bad (a damaged index entry, a short range) come back as the
+        ``BadChunkError`` the decode job treats as a bad tile.
+        """
+        if not g.sharded_reads:
+            return await self._get_range(key, None)
+        stored, place = g.tile_key(coord)
+        assert place is not None  # sharded reads place every tile in its shard
+        decoder = self._decoders[g.path]
+        try:
+            index = await self.shard_indexes.read(stored, self._shards[g.path], self._get_range)
+            span = None if index is None else index.span(place)
+        except _DecodeFailure as exc:
+            return decoder._bad(coord, str(exc))  # a bad chunk, handed to the decode job as such
+        if span is None:
+            return None  # the shard, or this inner chunk of it, was never written
+        try:
+            return check_span(decoder, coord, span, await self._get_range(stored, RangeByteRequest(*span)))
+        except BadChunkError as exc:
+            return exc
+
     async def _fetch_tile(self, want: Want) -> None:
         entry, reader, k = want.consumers[0]
         g = reader.geometry
         coord = reader.tile_coord(want.chunk_index, k)
-        key = g.chunk_key(coord)
+        key = g.tile_key(coord)[0]
         buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
         async with self.semaphore:
             if self._get_sync is None:
@@ -388,7 +422,7 @@ class PassDriver(_TileJobs, _Revival):
                 trace.inflight_reads += 1
                 t0 = time.perf_counter()
                 try:
-                    buf = await self.store.get(key, prototype=self._prototype)
+                    buf = await self._get_tile(g, coord, key)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -401,7 +435,7 @@ class PassDriver(_TileJobs, _Revival):
                     trace.add("fetch_s", time.perf_counter() - t0)
                 counters = self.owner.counters
                 counters.gets += 1
-                if buf is not None:
+                if buf is not None and not isinstance(buf, BadChunkError):
                     counters.get_bytes += len(buf)
             else:
                 buf = _GET_IN_JOB

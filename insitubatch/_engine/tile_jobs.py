@@ -7,6 +7,7 @@ it uses lives on the driver and is declared here for the type checker.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -15,11 +16,13 @@ from typing import cast
 
 import numpy as np
 from zarr.abc.buffer import BufferPrototype
+from zarr.abc.store import RangeByteRequest
 
 from ..cache import DiskCache
 from ..errors import BadChunkError, StoreReadError
+from ..io.chain import _ShardStage
 from ..io.decode import ChunkDecoder
-from ..io.direct import ChunkData, _as_uint8
+from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
 from .kernels import assemble_tiles, fill_region, select_block
@@ -27,6 +30,7 @@ from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
+from .shard_index import ShardIndexes, check_span
 from .wants import Consumer, Want
 
 
@@ -52,6 +56,8 @@ class _TileJobs:
     _get_sync: Callable[..., ChunkData | None] | None
     _groups: LocalGroups | None
     _kinds: dict[str, int]  # per array path: the tilegroup kernel's codec kind (sample-first zstd/blosc arrays)
+    _shards: dict[str, _ShardStage]  # per array path read by inner chunk: its sharding stage (index and inner chains)
+    shard_indexes: ShardIndexes
     _scratches: threading.local
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
@@ -59,9 +65,9 @@ class _TileJobs:
 
     @staticmethod
     def _read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
-        return StoreReadError(
-            f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
-        )
+        place = g.tile_key(coord)[1]
+        where = f"key {key!r}" + (f", inner chunk {place}" if place is not None else "")
+        return StoreReadError(f"reading array {g.path!r} chunk {coord} ({where}) failed: {type(exc).__name__}: {exc}")
 
     def _tile_job(self, want: Want, coord, key: str, buf) -> None:
         """Decode thread: one stored tile from its bytes (or its key, on a sync store) into every entry that wants it."""
@@ -107,7 +113,7 @@ class _TileJobs:
                 continue  # the pass is stopping, or other tiles of the chunks already failed them
             _, reader, k = consumers[0]
             coord = reader.tile_coord(want.chunk_index, k)
-            key = reader.geometry.chunk_key(coord)
+            key = reader.geometry.tile_key(coord)[0]
             try:
                 landed.extend(self._tile(consumers, want.chunk_index, coord, key, _GET_IN_JOB, tally))
             except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
@@ -133,7 +139,7 @@ class _TileJobs:
             entry, reader, k = consumers[0]
             g = reader.geometry
             kind = groups.kinds.get(g.path, 0) if len(consumers) == 1 and reader.layout.identity else 0
-            path = groups.files.path_of(g.chunk_key(reader.tile_coord(want.chunk_index, k))) if kind else None
+            path = groups.files.path_of(g.tile_key(reader.tile_coord(want.chunk_index, k))[0]) if kind else None
             if path is None:
                 rest.append(item)
                 continue
@@ -178,21 +184,14 @@ class _TileJobs:
         """
         _, first, k0 = consumers[0]
         g = first.geometry
-        if buf is _GET_IN_JOB:
-            assert self._get_sync is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
-            t0 = time.perf_counter()
-            try:
-                buf = self._get_sync(key, prototype=self._prototype)
-            except Exception as exc:
-                raise self._read_error(g, coord, key, exc) from exc
-            finally:
-                self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
-            tally.gets += 1
-            tally.get_bytes += 0 if buf is None else len(buf)
         whole = next((c for c in consumers if c[1].layout.identity), None)
         decoder_reader, k = (whole[1], whole[2]) if whole is not None else (first, k0)
         tiles: dict[int, list[tuple[int, np.ndarray | _BadTile]]] = {}
         try:
+            if buf is _GET_IN_JOB:
+                buf = self._timed_read(g, coord, key, tally)
+            elif isinstance(buf, BadChunkError):  # the loop's read found the bytes bad (a shard index, a short range)
+                raise buf
             data = self._decode(decoder_reader, chunk_index, k, coord, buf)
             # cut the selections first: the whole view's tile may be transformed in place below
             for i, (_, reader, ck) in enumerate(consumers):
@@ -223,6 +222,46 @@ class _TileJobs:
             # only a chunk that assembles marks a piece, and it was staged
             landed.extend((entry, p, cast(np.ndarray, piece)) for p, piece in pieces)
         return landed
+
+    def _timed_read(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
+        """Decode thread: ``_read_tile_sync``, timed; a store failure becomes ``StoreReadError``, bad bytes stay bad."""
+        t0 = time.perf_counter()
+        try:
+            return self._read_tile_sync(g, coord, key, tally)
+        except BadChunkError:
+            raise
+        except Exception as exc:
+            raise self._read_error(g, coord, key, exc) from exc
+        finally:
+            self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
+
+    def _read_tile_sync(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
+        """Decode thread: a tile's bytes from a store that reads on this thread (None: missing, the fill value).
+
+        An inner chunk of a shard is read by byte range, after the shard's
+        index (read once per dataset, ``ShardIndexes``).
+        """
+        get = self._get_sync
+        assert get is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
+        if not g.sharded_reads:
+            buf = get(key, prototype=self._prototype)
+            tally.gets += 1
+            tally.get_bytes += 0 if buf is None else len(buf)
+            return buf
+        stored, place = g.tile_key(coord)
+        assert place is not None  # sharded reads place every tile in its shard
+        stage, decoder = self._shards[g.path], self._decoders[g.path]
+        try:
+            index = self.shard_indexes.read_sync(stored, stage, functools.partial(get, prototype=self._prototype))
+            span = None if index is None else index.span(place)
+        except _DecodeFailure as exc:
+            raise decoder._bad(coord, str(exc)) from exc.__cause__
+        if span is None:
+            return None  # the shard, or this inner chunk of it, was never written
+        buf = get(stored, prototype=self._prototype, byte_range=RangeByteRequest(*span))
+        tally.gets += 1
+        tally.get_bytes += 0 if buf is None else len(buf)
+        return check_span(decoder, coord, span, buf)
 
     def _cut(
         self, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray

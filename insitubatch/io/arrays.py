@@ -15,6 +15,7 @@ import zarr
 
 from .._zarr_compat import ArrayV3Metadata
 from .coords import CoordinateSource
+from .decode import partial_shards
 from .geometry import ArrayGeometry, _ceil_div, _normalize_axis
 
 __all__ = [
@@ -82,8 +83,8 @@ def _check_size(g: ArrayGeometry, limit: int) -> None:
             )
     inner_per_shard = math.prod(_ceil_div(s, c) for s, c in zip(g.stored_chunks, g.chunks))
     for what, count in (
-        ("stored chunks per sample-axis chunk", g.tiles_per_chunk),
         ("inner chunks per shard", inner_per_shard),
+        ("tiles per sample-axis chunk", g.tiles_per_chunk),
     ):
         if count > MAX_CHUNKS_PER_READ:
             raise ValueError(
@@ -134,6 +135,8 @@ def geometry_of(
         dimension_names=_dimension_names(arr),
         metadata=arr.metadata,
         coords=coords if coords is not None else CoordinateSource(arr.store),
+        # a shard's inner chunks are read alone (by byte range, after its index) when nothing else encodes the shard
+        read_chunks=chunks if shards is not None and partial_shards(arr.metadata) else (),
     )
     _check_size(geometry, limit)
     return geometry

@@ -38,8 +38,9 @@ class ArrayGeometry(Labelled):
 
     ``shape``, ``chunks`` and ``stored_chunks`` are in physical (zarr) axis
     order. ``chunks`` is zarr's read chunk; ``stored_chunks`` is what one store
-    key holds (the shard on a sharded array, else ``chunks``). The engine reads
-    whole stored chunks ("tiles"). ``offset`` makes a windowed view:
+    key holds (the shard on a sharded array, else ``chunks``). The engine
+    reads ``tile_chunks`` at a time ("tiles"): ``read_chunks`` when set (the
+    inner chunk of a shard, fetched by byte range), else whole stored chunks. ``offset`` makes a windowed view:
     sample ``i`` of the view reads ``array[i + offset]`` along the sample axis.
     ``selection`` keeps some positions of field axes (``isel`` / ``sel``): a
     sample is then ``inner_shape``, the selected part of ``field_shape``, and
@@ -62,6 +63,8 @@ class ArrayGeometry(Labelled):
     selection: tuple[AxisSelection, ...] = ()
     # steps of a native window: sample i reads array[i + offset + s] for each s, as one (steps, *inner) row
     window_steps: tuple[int, ...] = ()
+    # the engine's read unit when it is not the stored chunk: a shard's inner chunk, read by byte range
+    read_chunks: tuple[int, ...] = ()
     # the read source of a geometry made by a reshaping chunk transform: what its rows come from
     origin: str | None = field(default=None, compare=False, repr=False, hash=False)
 
@@ -72,9 +75,19 @@ class ArrayGeometry(Labelled):
         return self.shape[self.sample_axis]
 
     @functools.cached_property
+    def tile_chunks(self) -> tuple[int, ...]:
+        """What one tile read holds, physical order: ``read_chunks`` (a shard's inner chunk) or the stored chunk."""
+        return self.read_chunks or self.stored_chunks
+
+    @property
+    def sharded_reads(self) -> bool:
+        """Whether tiles are inner chunks of shards, each fetched by byte range after the shard's index."""
+        return self.tile_chunks != self.stored_chunks
+
+    @functools.cached_property
     def sample_chunk_size(self) -> int:
-        """Samples per stored chunk along the sample axis."""
-        return self.stored_chunks[self.sample_axis]
+        """Samples per tile along the sample axis: the chunk grid splits, blocks and the pool work in."""
+        return self.tile_chunks[self.sample_axis]
 
     @functools.cached_property
     def n_chunks(self) -> int:
@@ -121,9 +134,14 @@ class ArrayGeometry(Labelled):
         return tuple(s for k, s in enumerate(self.stored_chunks) if k != self.sample_axis)
 
     @functools.cached_property
+    def tile_shape(self) -> tuple[int, ...]:
+        """A tile's extent along the field axes (``tile_chunks`` without the sample axis)."""
+        return tuple(s for k, s in enumerate(self.tile_chunks) if k != self.sample_axis)
+
+    @functools.cached_property
     def tile_grid(self) -> tuple[int, ...]:
-        """Stored chunks per inner axis (the grid of tiles one sample-axis chunk spans)."""
-        return tuple(_ceil_div(s, c) for s, c in zip(self.field_shape, self.inner_stored_chunks))
+        """Tiles per field axis (the grid of tiles one sample-axis chunk spans)."""
+        return tuple(_ceil_div(s, c) for s, c in zip(self.field_shape, self.tile_shape))
 
     @functools.cached_property
     def tiles_per_chunk(self) -> int:
@@ -135,7 +153,7 @@ class ArrayGeometry(Labelled):
         count = 1
         for j, k in enumerate(k for k in range(self.ndim) if k != self.sample_axis):
             picked = self._chosen.get(k)
-            size = self.inner_stored_chunks[j]
+            size = self.tile_shape[j]
             count *= self.tile_grid[j] if picked is None else len(np.unique(picked.array // size))
         return count
 
@@ -152,6 +170,11 @@ class ArrayGeometry(Labelled):
     def chunk_nbytes(self) -> int:
         """Decoded bytes one full sample-axis chunk keeps: its selected part (all of it without a selection)."""
         return self.sample_chunk_size * self.sample_nbytes
+
+    @functools.cached_property
+    def tile_nbytes(self) -> int:
+        """Decoded bytes of one full tile: what one read in flight costs once decoded."""
+        return math.prod(self.tile_chunks) * self.itemsize
 
     @functools.cached_property
     def stored_chunk_nbytes(self) -> int:
@@ -171,15 +194,15 @@ class ArrayGeometry(Labelled):
     def tile_origins(self) -> np.ndarray:
         """``(tiles_per_chunk, len(field_shape))`` origin of each tile in the whole field."""
         grid = np.indices(self.tile_grid).reshape(len(self.tile_grid), self.tiles_per_chunk).T
-        return (grid * np.asarray(self.inner_stored_chunks, dtype=np.intp)).astype(np.intp)
+        return (grid * np.asarray(self.tile_shape, dtype=np.intp)).astype(np.intp)
 
     def tile_shapes(self) -> np.ndarray:
         """``(tiles_per_chunk, len(field_shape))`` real extent of each tile (edge tiles are clipped)."""
         origins = self.tile_origins()
-        return np.minimum(np.asarray(self.inner_stored_chunks), np.asarray(self.field_shape) - origins).astype(np.intp)
+        return np.minimum(np.asarray(self.tile_shape), np.asarray(self.field_shape) - origins).astype(np.intp)
 
     def physical_chunk_coord(self, chunk_index: int, tile: int | Sequence[int] = 0) -> tuple[int, ...]:
-        """The stored-chunk coordinates (physical order) of a tile of a sample-axis chunk."""
+        """The coordinates (physical order, in the grid of ``tile_chunks``) of a tile of a sample-axis chunk."""
         inner = self.tile_coord(tile) if isinstance(tile, (int, np.integer)) else tuple(int(t) for t in tile)
         if len(inner) != self.ndim - 1:
             raise ValueError(f"tile coordinate {inner} must have {self.ndim - 1} entries for array {self.path!r}")
@@ -194,6 +217,18 @@ class ArrayGeometry(Labelled):
         key = self.metadata.encode_chunk_key(tuple(int(c) for c in coord))
         return f"{self.path}/{key}" if self.path else key
 
+    def tile_key(self, coord: Sequence[int]) -> tuple[str, tuple[int, ...] | None]:
+        """Where the tile at ``coord`` (tile grid, physical order) is stored: its key, and its place in the shard.
+
+        The place is the inner-chunk position within the shard when tiles are
+        read by byte range (``sharded_reads``), else None (the key is the tile).
+        """
+        if not self.sharded_reads:
+            return self.chunk_key(coord), None
+        per = [s // c for s, c in zip(self.stored_chunks, self.tile_chunks)]
+        shard = tuple(int(c) // p for c, p in zip(coord, per))
+        return self.chunk_key(shard), tuple(int(c) % p for c, p in zip(coord, per))
+
     def tile_placement(self, chunk_index: int, tile: int | Sequence[int] = 0) -> ChunkProjection:
         """Where a tile's valid data sits: in its decoded stored chunk and in the chunk's pool entry.
 
@@ -206,7 +241,7 @@ class ArrayGeometry(Labelled):
         chunk_sel: list[slice] = []
         out_inner: list[slice] = []
         complete = True
-        for k, (c, size, ext) in enumerate(zip(coord, self.stored_chunks, self.shape)):
+        for k, (c, size, ext) in enumerate(zip(coord, self.tile_chunks, self.shape)):
             start = c * size
             stop = min(start + size, ext)
             if stop - start < size:

@@ -86,13 +86,15 @@ def describe_loader(
             "tiles_per_chunk": g.tiles_per_chunk,
             "samples_per_chunk": g.sample_chunk_size,
             "chunk_bytes": int(g.chunk_nbytes),
-            "tile_bytes": int(g.stored_chunk_nbytes),
+            "tile_bytes": int(g.tile_nbytes),
+            "read_chunk": list(g.tile_chunks),
+            "shard_reads": "inner chunks by byte range" if g.sharded_reads else None,
             "stored_tile_bytes": None if stored_tile_bytes is None else stored_tile_bytes.get(label),
         }
     splits = {name: _split_row(plan, tiles_per_read) for name, plan in plans.items()}
     mine = splits[split]
     batch_bytes = knobs["batch_size"] * sum(g.sample_nbytes for g in rows.values())
-    tile_bytes = max(g.stored_chunk_nbytes for g in geometries.values())
+    tile_bytes = max(g.tile_nbytes for g in geometries.values())
     inflight_bytes = knobs["max_inflight"] * tile_bytes  # one semaphore over every pass
     ratios = [v["tile_bytes"] / v["stored_tile_bytes"] for v in variables.values() if v["stored_tile_bytes"]]
     wire = inflight_bytes / (sum(ratios) / len(ratios)) if ratios else None
