@@ -37,6 +37,7 @@ from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
+from .revivals import _Revivals
 from .tile_jobs import _GET_IN_JOB, _TileJobs
 
 __all__ = ["PassDriver", "tile_group"]
@@ -60,18 +61,7 @@ def tile_group(max_inflight: int, decode_threads: int) -> int:
     return max(1, min(MAX_TILE_GROUP, max_inflight // (2 * max(decode_threads, 1))))
 
 
-def _lookup_all(cache: DiskCache, requests: list) -> list:
-    """Decode thread: look up many chunks; a failure is returned in its place, not raised."""
-    out: list = []
-    for path, chunk_index, shapes, dtype in requests:
-        try:
-            out.append(cache.lookup(path, chunk_index, shapes, dtype))
-        except Exception as exc:  # handed to that chunk's entry, the others still revive
-            out.append(exc)
-    return out
-
-
-class PassDriver(_TileJobs):
+class PassDriver(_TileJobs, _Revivals):
     """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
 
     def __init__(
@@ -133,6 +123,7 @@ class PassDriver(_TileJobs):
         self._jobs_lock = threading.Lock()
         self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
         self.seen_keys: set | None = None  # keys fetched before (any pass): an admission of one is a re-read
+        self._turn: asyncio.Future | None = None  # the latest disk-cache lookup's: its misses are fetched first
         self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
         self._waiting = False
         self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
@@ -336,40 +327,6 @@ class PassDriver(_TileJobs):
     def _job_ended(self, job: concurrent.futures.Future) -> None:
         with self._jobs_lock:  # called on the decode thread that ran it
             self._jobs.discard(job)
-
-    async def _revive_or_fetch(self, items: list[tuple[Entry, ArrayReader, int]]) -> None:
-        """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
-
-        One executor job looks up a block's worth of chunks, so reviving costs
-        one thread hop per batch of lookups; it runs as a task, overlapping the
-        admission of later chunks, under the ``max_inflight`` semaphore.
-        """
-        cache = self.cache
-        assert cache is not None  # revival is scheduled only with a disk cache
-        requests = [(r.geometry.path, c, r.entry_tile_shapes(c), r.output.dtype) for _, r, c in items]
-        async with self.semaphore:
-            job = self.executor.submit(_lookup_all, cache, requests)
-            try:
-                results = await asyncio.wrap_future(job)
-            except asyncio.CancelledError:
-                # the lookups still finish in their thread: let go of mappings nobody will adopt
-                def forget_all() -> None:
-                    for _, r, c in items:
-                        self._forget(r, c)
-
-                self._orphan(job, forget_all)
-                raise
-        for (entry, reader, chunk_index), result in zip(items, results):
-            path = reader.geometry.path
-            if isinstance(result, BaseException):
-                self.pool.fail(entry, result)
-            elif result is not None:
-                if not self.pool.replace_tiles(entry, result, reader.ready_origins(), revived_for=self.owner):
-                    self._forget(reader, chunk_index)  # abandoned while we looked it up
-            elif cache.readonly:
-                self.pool.fail(entry, cache.miss_error(path, chunk_index))
-            else:
-                self._fetch(entry, reader, chunk_index)
 
     async def _wait(self) -> None:
         self._wake.clear()

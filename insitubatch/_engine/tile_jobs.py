@@ -321,14 +321,19 @@ class _TileJobs:
             origins = reader.single_origin
         if self.cache is not None and not entry.bad:
             tiles = self._persist(reader, chunk_index, tiles)
+        elif self.cache is not None:  # never persisted: a later run retries the read
+            self.cache.release(g.path, chunk_index)
         return tiles, origins
 
     def _persist(self, reader: ArrayReader, chunk_index: int, tiles: list[np.ndarray]) -> list[np.ndarray]:
+        """Write a finished chunk to the disk cache and hand back its mapped views (or ``tiles``, when not kept)."""
         cache = self.cache
         assert cache is not None  # called only with a disk cache
         handle = cache.begin(
             reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)), reader.output.dtype
         )
+        if handle is None:  # a full disk, the disk budget, or another writer's claim: the pool keeps the tiles
+            return tiles
         try:
             for t, tile in enumerate(tiles):
                 cache.write(handle, t, np.ascontiguousarray(tile))
