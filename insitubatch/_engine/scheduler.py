@@ -123,7 +123,9 @@ class PassDriver(_TileJobs, _Revivals):
         self._jobs_lock = threading.Lock()
         self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
         self.seen_keys: set | None = None  # keys fetched before (any pass): an admission of one is a re-read
+        self._claimed: set = set()  # disk-cache claims this pass took (released when it stops, if still held)
         self._turn: asyncio.Future | None = None  # the latest disk-cache lookup's: its misses are fetched first
+        self._budget_warned = False
         self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
         self._waiting = False
         self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
@@ -184,6 +186,7 @@ class PassDriver(_TileJobs, _Revivals):
         for job, cleanup in orphans:
             await asyncio.gather(asyncio.wrap_future(job), return_exceptions=True)
             cleanup()
+        self._release_claims()
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
         """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its entry for later hits."""

@@ -7,6 +7,7 @@ it uses lives on the driver and is declared here for the type checker.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -27,6 +28,8 @@ from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
+
+logger = logging.getLogger("insitubatch")
 
 
 class _BadTile:
@@ -52,6 +55,7 @@ class _TileJobs:
     _groups: LocalGroups | None
     _kinds: dict[str, int]  # per array path: the tilegroup kernel's codec kind (sample-first zstd/blosc arrays)
     _scratches: threading.local
+    _budget_warned: bool  # this pass already said the disk budget is spent
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
         raise NotImplementedError  # PassDriver's
@@ -333,6 +337,7 @@ class _TileJobs:
             reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)), reader.output.dtype
         )
         if handle is None:  # a full disk, the disk budget, or another writer's claim: the pool keeps the tiles
+            self._not_persisted(cache)
             return tiles
         try:
             for t, tile in enumerate(tiles):
@@ -341,3 +346,19 @@ class _TileJobs:
         except BaseException:
             cache.abort(handle)
             raise
+
+    def _not_persisted(self, cache: DiskCache) -> None:
+        """Count a chunk the disk cache did not keep; the first one over ``cache_disk_bytes`` in a pass warns."""
+        with self.pool.lock:
+            self.owner.counters.not_persisted += 1
+            warn = cache.over_budget and not self._budget_warned
+            self._budget_warned |= warn
+        if warn:
+            logger.warning(
+                "insitubatch: cache_dir %r holds %d bytes of chunks, and cache_disk_bytes=%d leaves no room for more; "
+                "this pass keeps its new chunks in memory and does not persist them (raise cache_disk_bytes, or "
+                "delete the cache_dir to rebuild it)",
+                str(cache.cache_dir),
+                cache.disk_used_bytes,
+                cache.disk_bytes,
+            )
