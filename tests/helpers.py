@@ -127,6 +127,16 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def put_chunk(cache, path: str, chunk: int, tile: np.ndarray) -> bool:
+    """Write a one-tile chunk through ``DiskCache.begin``/``write``/``commit``; False when ``begin`` declined it."""
+    handle = cache.begin(path, chunk, 1, tile.shape, tile.dtype)
+    if handle is None:
+        return False
+    cache.write(handle, 0, tile)
+    cache.commit(handle, [tile.shape])
+    return True
+
+
 def cache_log_entries(cache_dir: Path) -> list[dict]:
     """Every complete entry line of a persisted cache: its base log, then each writer's segment (headers left out)."""
     files = [Path(cache_dir) / "insitu_cache.jsonl", *sorted((Path(cache_dir) / "insitu_cache.d").glob("*.jsonl"))]

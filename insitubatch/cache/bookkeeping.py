@@ -252,7 +252,7 @@ class _Bookkeeping:
                 f"array {path!r} has no fingerprint; DiskCache(fingerprints=...) covers {sorted(self.fingerprints)}"
             ) from None
 
-    def _refresh(self, force: bool = False) -> None:
+    def _refresh(self) -> None:
         """Take in the lines other writers logged since the last look (lock held)."""
         if self.readonly or not self.persist:
             return

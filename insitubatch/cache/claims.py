@@ -16,6 +16,7 @@ the chunk if it was finished, and revives it instead of fetching it again.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from .lock import try_lock
@@ -29,16 +30,21 @@ _TAKE_TRIES = 8
 class Claims:
     """The claims one writer holds in ``shared_dir``; its descriptors are listed in ``fds`` (closed on collection).
 
-    Not thread-safe: ``DiskCache`` calls it under its lock.
+    Thread-safe; the file work runs outside its lock. Two threads of one
+    writer racing for one claim see each other as another writer (the loser
+    is told it is taken), which the engine never does: it fetches a chunk
+    once per process.
     """
 
     def __init__(self, shared_dir: Path, fds: list[int]) -> None:
         self.shared_dir = shared_dir
         self._fds = fds
         self._held: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def holds(self, name: str) -> bool:
-        return name in self._held
+        with self._lock:
+            return name in self._held
 
     def take(self, name: str) -> bool:
         """Claim ``name``: True when this writer holds it now (or already did), False while another does.
@@ -48,7 +54,7 @@ class Claims:
         OSError
             When the claim file cannot be created (a full disk: ``ENOSPC``).
         """
-        if name in self._held:
+        if self.holds(name):
             return True
         path = self.shared_dir / name
         for _ in range(_TAKE_TRIES):
@@ -68,26 +74,32 @@ class Claims:
                 os.close(fd)
                 raise
             if same:
-                self._held[name] = fd
-                self._fds.append(fd)
+                with self._lock:
+                    self._held[name] = fd
+                    self._fds.append(fd)
                 return True
             os.close(fd)
         return False
 
     def release(self, name: str) -> None:
         """Let another writer make the chunk. A no-op for a claim not held."""
-        fd = self._held.pop(name, None)
+        with self._lock:
+            fd = self._held.pop(name, None)
         if fd is None:
             return
         try:
             (self.shared_dir / name).unlink(missing_ok=True)  # while still locked: see the module docstring
         finally:
-            self._fds.remove(fd)
+            with self._lock:
+                self._fds.remove(fd)
             os.close(fd)
 
     def release_all(self) -> None:
-        for name in list(self._held):
+        with self._lock:
+            names = list(self._held)
+        for name in names:
             self.release(name)
 
     def __len__(self) -> int:
-        return len(self._held)
+        with self._lock:
+            return len(self._held)

@@ -73,6 +73,7 @@ class Ledger:
         self._writable = False  # its header is written: lines may follow
         self._read: dict[str, int] = {}  # other segments: bytes consumed so far
         self._broken: set[str] = set()  # segments that went bad mid-run: no longer read
+        self._finished: set[str] = set()  # segments of writers already dead at load: read once
 
     # -- reading ------------------------------------------------------------------
     def segment_names(self) -> list[str]:
@@ -113,6 +114,8 @@ class Ledger:
             except FileNotFoundError:  # compacted away by a writer that was alone: we are not, so cannot be
                 continue
             alive = name in live
+            if not alive:
+                self._finished.add(name)  # a dead writer's segment never grows: not read again
             if b"\n" not in data:  # no header yet: a registration that failed (a full disk) or is in progress
                 out.torn += not alive and bool(data)
                 self._read[name] = 0
@@ -157,7 +160,7 @@ class Ledger:
         """
         new: list[LogEntry] = []
         for name in self.segment_names():
-            if name == self.segment_name or name in self._broken:
+            if name == self.segment_name or name in self._broken or name in self._finished:
                 continue
             path = self.shared_dir / name
             start = self._read.get(name, 0)

@@ -111,22 +111,23 @@ class _Reading(_Bookkeeping):
         shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
         dt = np.dtype(dtype)
         found = self._revive(key, shapes, dt)
-        if found is not None or not claim or self.readonly or not self.persist:
+        if found is not None or not claim or self.readonly or not self.persist or not self._persisting:
             return found or _MISS
-        with self._lock:
-            self._check_open()
-            if not self._persisting:
-                return _MISS
-            name = claim_name(persisted_basename(path, key[1], self.fingerprints[path]))
-            try:
-                if not self._claims.take(name):
-                    return _BUSY
-            except OSError as exc:
-                if exc.errno not in _FULL_ERRNOS:
-                    raise
+        name = claim_name(persisted_basename(path, key[1], self.fingerprints[path]))
+        try:
+            if not self._claims.take(name):  # file work: not under the cache's lock
+                return _BUSY
+        except OSError as exc:
+            if exc.errno not in _FULL_ERRNOS:
+                raise
+            with self._lock:
                 self._disk_full(exc, 0)
-                return _MISS
-            self._refresh(force=True)  # a writer that held it logged it before letting go
+            return _MISS
+        with self._lock:
+            if self._closed:
+                self._claims.release(name)
+                self._check_open()
+            self._refresh()  # a writer that held it logged it before letting go
         found = self._revive(key, shapes, dt)
         if found is not None:
             with self._lock:

@@ -11,11 +11,12 @@ import errno
 import logging
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FullAfter, can_mount_tmpfs, small_tmpfs
+from helpers import FullAfter, can_mount_tmpfs, put_chunk, small_tmpfs
 
 from insitubatch.cache import SHARED_DIR, DiskCache, persisted_basename
 from insitubatch.cache import ledger as ledger_mod
@@ -40,12 +41,16 @@ def _writer(d: Path, **kw) -> DiskCache:
 
 
 def _put(c: DiskCache, chunk: int) -> bool:
-    h = c.begin(PATH, chunk, 1, TILE, np.float32)
-    if h is None:
-        return False
-    c.write(h, 0, _tile(chunk))
-    c.commit(h, SHAPES)
-    return True
+    return put_chunk(c, PATH, chunk, _tile(chunk))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a real filesystem of ``TMPFS_SIZE`` bytes."""
+    d = tmp_path / "small"
+    d.mkdir()
+    with small_tmpfs(d, TMPFS_SIZE):
+        yield d
 
 
 def _full_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -93,17 +98,15 @@ def test_injected_enospc_stops_persisting_with_one_warning(
 
 
 @needs_mount
-def test_a_real_full_filesystem_stops_persisting_with_one_warning(tmp_path: Path, caplog) -> None:
-    d = tmp_path / "small"
-    d.mkdir()
-    with small_tmpfs(d, TMPFS_SIZE):
-        written = _fill(d, caplog)
-        _check_revived(d, written)
-        for chunk in written[:2]:  # the user frees space
-            (d / persisted_basename(PATH, chunk, FP)).unlink()
-        with _writer(d) as c:
-            assert c.persisting and _put(c, 100)
-            assert c.lookup(PATH, 0, SHAPES, np.float32) is None  # a deleted file is a miss, never garbage
+def test_a_real_full_filesystem_stops_persisting_with_one_warning(small_disk: Path, caplog) -> None:
+    d = small_disk
+    written = _fill(d, caplog)
+    _check_revived(d, written)
+    for chunk in written[:2]:  # the user frees space
+        (d / persisted_basename(PATH, chunk, FP)).unlink()
+    with _writer(d) as c:
+        assert c.persisting and _put(c, 100)
+        assert c.lookup(PATH, 0, SHAPES, np.float32) is None  # a deleted file is a miss, never garbage
 
 
 def test_a_full_disk_while_logging_leaves_no_line_and_nothing_to_revive(
@@ -141,22 +144,20 @@ def test_spill_falls_back_to_memory_on_a_full_disk(tmp_path: Path, caplog, monke
 
 
 @needs_mount
-def test_a_writer_opening_on_a_full_filesystem_still_runs(tmp_path: Path, caplog) -> None:
-    d = tmp_path / "small"
-    d.mkdir()
-    with small_tmpfs(d, TMPFS_SIZE):
-        written = _fill(d, caplog)
-        fd = os.open(d / "ballast", os.O_WRONLY | os.O_CREAT)  # take the last free pages too
-        try:
-            while True:
-                os.write(fd, b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-        finally:
-            os.close(fd)
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="insitubatch"), _writer(d) as c:
-            assert not c.persisting  # its log segment could not even take its header
-            assert (c.lookup(PATH, written[0], SHAPES, np.float32)[0] == written[0]).all()
-            assert not _put(c, 50)
-        assert len(_full_warnings(caplog)) == 1
+def test_a_writer_opening_on_a_full_filesystem_still_runs(small_disk: Path, caplog) -> None:
+    d = small_disk
+    written = _fill(d, caplog)
+    fd = os.open(d / "ballast", os.O_WRONLY | os.O_CREAT)  # take the last free pages too
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError as exc:
+        assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="insitubatch"), _writer(d) as c:
+        assert not c.persisting  # its log segment could not even take its header
+        assert (c.lookup(PATH, written[0], SHAPES, np.float32)[0] == written[0]).all()
+        assert not _put(c, 50)
+    assert len(_full_warnings(caplog)) == 1

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from helpers import put_chunk
 
 from insitubatch.cache import LOCK_NAME, SHARED_DIR, DiskCache, network_filesystem, persisted_basename
 from insitubatch.cache import lock as lock_mod
@@ -47,10 +48,7 @@ def _writer(d: Path) -> DiskCache:
 
 
 def _put(c: DiskCache, chunk: int, value: float = 7.0) -> None:
-    h = c.begin(PATH, chunk, 1, (4, 5, 4), np.float32)
-    assert h is not None
-    c.write(h, 0, np.full((4, 5, 4), value, dtype=np.float32))
-    c.commit(h, [(4, 5, 4)])
+    assert put_chunk(c, PATH, chunk, np.full((4, 5, 4), value, dtype=np.float32))
 
 
 _OPEN = """

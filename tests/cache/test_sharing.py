@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import put_chunk
 
 from insitubatch.cache import LOG_NAME, DiskCache, persisted_basename, spill_basename
 from insitubatch.errors import CacheLockedError, StaleCacheError
@@ -32,12 +33,7 @@ def _writer(d: Path, fp: str = FP_A, **kw) -> DiskCache:
 
 
 def _put(c: DiskCache, chunk: int, value: float = 1.0) -> bool:
-    h = c.begin(PATH, chunk, 1, TILE, np.float32)
-    if h is None:
-        return False
-    c.write(h, 0, _tile(value))
-    c.commit(h, SHAPES)
-    return True
+    return put_chunk(c, PATH, chunk, _tile(value))
 
 
 def test_each_writer_revives_what_the_other_finished(tmp_path: Path) -> None:
