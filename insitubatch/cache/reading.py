@@ -168,10 +168,10 @@ class _Reading(_Bookkeeping):
         tile_file, problem = self._open_entry(entry, shapes, dt)  # file I/O and the checksum: not under the lock
         with self._lock:
             if tile_file is None:
-                self._bad[key] = (entry, None)
                 self._reject(key, *problem)
                 if problem[0] != REJECT_MISSING:
-                    self._damaged(key, entry, problem[1])
+                    self._damaged(key, entry, problem[1])  # raises under on_corrupt="raise", every time
+                self._bad[key] = (entry, None)
                 return None
             held = self._mapped.get(key)
             if held is not None or self._closed:  # another thread revived it meanwhile (or we closed)
@@ -236,11 +236,12 @@ class _Reading(_Bookkeeping):
         if entry.file not in self._warned_files:
             self._warned_files.add(entry.file)
             logger.warning(
-                "insitubatch: cache tile file %s (array %r chunk %d) is damaged: %s; re-fetching it from the store",
+                "insitubatch: cache tile file %s (array %r chunk %d) is damaged: %s; %s",
                 where,
                 key[0],
                 key[1],
                 why,
+                "a readonly cache cannot re-make it" if self.readonly else "re-fetching it from the store",
             )
 
     def _reject(self, key: Key, reason: str, detail: str) -> None:
