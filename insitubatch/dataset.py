@@ -23,8 +23,9 @@ from ._engine.loop import decode_pool
 from ._engine.pool import ChunkPool, Entry
 from ._engine.reader import ArrayReader, BadChunkRecord
 from ._validate import callables, flag, positive_int
-from .cache import DiskCache
+from .cache import OnCorrupt
 from .cache.fingerprint import array_fingerprints
+from .cache.options import open_dataset_cache
 from .io.geometry import ArrayGeometry, sample_coords
 from .io.group import resolve_statics, resolve_variables
 from .io.owned import close_store
@@ -98,7 +99,8 @@ class InSituDataset:
         (see ``insitubatch.plan.distributed``).
     cache_dir
         Back the pool with mmap'd tile-major ``.npy`` tile files here (local
-        NVMe). One writing process per directory (an advisory lock).
+        NVMe). Any number of processes of one host may write one directory
+        (DDP ranks, several jobs): each revives what the others finished.
     persist
         Keep tile files and log each completed chunk, so later runs revive
         them without fetching or decoding. Windowed shuffled passes then
@@ -107,6 +109,15 @@ class InSituDataset:
         Rebuild the arrays whose chunk transforms changed instead of raising.
     readonly_cache
         Share a warmed cache with other readers; a chunk it lacks raises.
+    cache_disk_bytes
+        Most bytes the persisted tile files in ``cache_dir`` may take, across
+        every writer; past it new chunks stay in memory only (one WARNING per
+        pass). ``None``: until the disk is full, which also only stops
+        persisting (one WARNING).
+    on_corrupt_cache
+        A persisted tile file whose checksum (or header) is wrong is re-made
+        from the store with one WARNING (``"refetch"``), or raises
+        ``CacheCorruptError`` (``"raise"``).
     """
 
     def __init__(
@@ -134,6 +145,8 @@ class InSituDataset:
         reset_stale_cache: bool = False,
         readonly_cache: bool = False,
         statics: Mapping[str, StaticField] | Sequence[str] | None = None,
+        cache_disk_bytes: int | None = None,
+        on_corrupt_cache: OnCorrupt = "refetch",
     ) -> None:
         if not isinstance(manifest, SplitManifest):
             raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
@@ -152,11 +165,8 @@ class InSituDataset:
         persist = flag("persist", persist)
         reset_stale_cache = flag("reset_stale_cache", reset_stale_cache)
         readonly_cache = flag("readonly_cache", readonly_cache)
-        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-            raise TypeError(
-                f"cache_dir must be a directory path (str or os.PathLike) or None, got "
-                f"{type(cache_dir).__name__} ({cache_dir!r})"
-            )
+        if cache_disk_bytes is not None:
+            cache_disk_bytes = positive_int("cache_disk_bytes", cache_disk_bytes)
         self.rank, self.world_size = resolve_world(rank, world_size)
         if remainder not in REMAINDER_POLICIES:
             raise ValueError(f"remainder={remainder!r} must be one of {REMAINDER_POLICIES}")
@@ -185,7 +195,15 @@ class InSituDataset:
             lb: dataclasses.replace(self.readers[g.source].output, offset=g.offset, window_steps=g.window_steps)
             for lb, g in self.variables.items()
         }
-        self.cache = self._open_cache(cache_dir, persist, reset_stale_cache, readonly_cache)
+        self.cache = open_dataset_cache(
+            cache_dir,
+            persist=persist,
+            readonly=readonly_cache,
+            reset_stale=reset_stale_cache,
+            disk_bytes=cache_disk_bytes,
+            on_corrupt=on_corrupt_cache,
+            fingerprints=self._fingerprints,
+        )
         self.persist = bool(persist)
         self.pool = ChunkPool(cache_budget_bytes, on_evict=self._evicted if self.cache is not None else None)
         self.buffers = BufferPool()
@@ -237,24 +255,10 @@ class InSituDataset:
         """The static fields by label: read-only arrays, read once, the same objects every batch carries."""
         return self.context.statics
 
-    def _open_cache(self, cache_dir, persist, reset_stale, readonly) -> DiskCache | None:
-        if cache_dir is None:
-            if persist or readonly or reset_stale:
-                raise ValueError(
-                    f"persist={persist}, readonly_cache={readonly}, reset_stale_cache={reset_stale} need a cache_dir"
-                )
-            return None
-        if readonly and not persist:
-            raise ValueError("readonly_cache=True reads a persisted cache: pass persist=True with it")
+    def _fingerprints(self) -> dict[str, str]:
+        """Each read source's chunk-transform fingerprint: its array path's (a selection changes the name, not it)."""
         by_path = array_fingerprints(self.chunk_transforms, {r.geometry.path for r in self.readers.values()})
-        fingerprints = {source: by_path[r.geometry.path] for source, r in self.readers.items()}
-        return DiskCache(
-            cache_dir,
-            persist=bool(persist),
-            readonly=bool(readonly),
-            fingerprints=fingerprints,
-            reset_stale=bool(reset_stale),
-        )
+        return {source: by_path[r.geometry.path] for source, r in self.readers.items()}
 
     def _evicted(self, entry: Entry) -> None:
         if self.cache is not None:  # always: registered only with a cache

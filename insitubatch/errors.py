@@ -9,6 +9,7 @@ __all__ = [
     "CalendarError",
     "CacheLockedError",
     "CacheMissError",
+    "CachePlatformError",
     "DatasetClosedError",
     "InSituError",
     "LayoutMismatchError",
@@ -51,11 +52,15 @@ class StaleCacheError(InSituError, ValueError):
 
 
 class CacheLockedError(InSituError, OSError):
-    """Another process holds the cache directory's writer lock."""
+    """The cache directory is held in a conflicting way (readers against writers); names the holders' PIDs."""
 
 
 class CacheMissError(InSituError, KeyError):
     """A read-only cache does not hold a chunk the pass needs."""
+
+
+class CachePlatformError(InSituError, OSError):
+    """The platform lacks the file locks a disk cache needs (``fcntl.flock``); names the platform."""
 
 
 class WriteIntentRangeError(InSituError, IndexError):

@@ -96,6 +96,10 @@ def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
             demo_path,
             "--batch-size",
             "128",
+            "--epochs",
+            "2",
+            "--cache-dir",
+            str(tmp_path / "node-cache"),
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -105,6 +109,11 @@ def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "rank 0/2" in proc.stdout and "rank 1/2" in proc.stdout and "all ranks" in proc.stdout
+    # one cache_dir for both ranks: the reshuffled second epoch fetches nothing on either
+    assert "rank 0/2 epoch 1:" in proc.stdout and "rank 1/2 epoch 1:" in proc.stdout
+    for line in proc.stdout.splitlines():
+        if " epoch 1:" in line:
+            assert ", 0 GETs" in line, line
 
 
 @pytest.mark.slow

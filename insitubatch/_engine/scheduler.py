@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 from zarr.abc.buffer import Buffer
-from zarr.abc.store import ByteRequest, RangeByteRequest, Store
+from zarr.abc.store import ByteRequest, Store
 from zarr.buffer import default_buffer_prototype
 
 from ..cache import DiskCache
 from ..errors import BadChunkError
 from ..io.decode import make_decoder, shard_stage
-from ..io.direct import ChunkData, _DecodeFailure
+from ..io.direct import ChunkData
 from ..io.geometry import ArrayGeometry
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
@@ -40,8 +40,8 @@ from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
-from .revival import _Revival
-from .shard_index import ShardIndexes, check_span
+from .revivals import _Revivals
+from .shard_index import ShardIndexes, read_inner_chunk
 from .tile_jobs import _GET_IN_JOB, _TileJobs
 from .wants import Want, Wants
 
@@ -66,7 +66,7 @@ def tile_group(max_inflight: int, decode_threads: int) -> int:
     return max(1, min(MAX_TILE_GROUP, max_inflight // (2 * max(decode_threads, 1))))
 
 
-class PassDriver(_TileJobs, _Revival):
+class PassDriver(_TileJobs, _Revivals):
     """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
 
     def __init__(
@@ -138,6 +138,9 @@ class PassDriver(_TileJobs, _Revival):
         self._jobs_lock = threading.Lock()
         self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
         self.seen_keys: set | None = None  # keys fetched before (any pass): an admission of one is a re-read
+        self._claimed: set = set()  # disk-cache claims this pass took (released when it stops, if still held)
+        self._turn: asyncio.Future | None = None  # the latest disk-cache lookup's: its misses are fetched first
+        self._budget_warned = False
         self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
         self._waiting = False
         self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
@@ -198,6 +201,7 @@ class PassDriver(_TileJobs, _Revival):
         for job, cleanup in orphans:
             await asyncio.gather(asyncio.wrap_future(job), return_exceptions=True)
             cleanup()
+        self._release_claims()
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
         """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its entry for later hits."""
@@ -388,27 +392,11 @@ class PassDriver(_TileJobs, _Revival):
         return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
 
     async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> ChunkData | BadChunkError | None:
-        """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range, after the shard's index.
-
-        Bytes found bad (a damaged index entry, a short range) come back as the
-        ``BadChunkError`` the decode job treats as a bad tile.
-        """
+        """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range (``read_inner_chunk``)."""
         if not g.sharded_reads:
             return await self._get_range(key, None)
-        stored, place = g.tile_key(coord)
-        assert place is not None  # sharded reads place every tile in its shard
-        decoder = self._decoders[g.path]
-        try:
-            index = await self.shard_indexes.read(stored, self._shards[g.path], self._get_range)
-            span = None if index is None else index.span(place)
-        except _DecodeFailure as exc:
-            return decoder._bad(coord, str(exc))  # a bad chunk, handed to the decode job as such
-        if span is None:
-            return None  # the shard, or this inner chunk of it, was never written
-        try:
-            return check_span(decoder, coord, span, await self._get_range(stored, RangeByteRequest(*span)))
-        except BadChunkError as exc:
-            return exc
+        stage, decoder = self._shards[g.path], self._decoders[g.path]
+        return await read_inner_chunk(self.shard_indexes, stage, decoder, coord, self._get_range)
 
     async def _fetch_tile(self, want: Want) -> None:
         entry, reader, k = want.consumers[0]

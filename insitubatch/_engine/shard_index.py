@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
+from ..errors import BadChunkError
 from ..io.chain import _ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
 from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 
-__all__ = ["ShardIndex", "ShardIndexes", "check_span", "index_request"]
+__all__ = ["ShardIndex", "ShardIndexes", "check_span", "index_request", "read_inner_chunk"]
 
 # what a shard's index entries cost held: an offset and a length per inner chunk
 INDEX_ENTRY_BYTES = 16
@@ -157,3 +158,31 @@ def check_span(decoder: ChunkDecoder, coord: Any, span: tuple[int, int], buf: Ch
             "the entry points outside the shard",
         )
     return buf
+
+
+async def read_inner_chunk(
+    indexes: ShardIndexes,
+    stage: _ShardStage,
+    decoder: ChunkDecoder,
+    coord: Any,
+    get_range: Callable[[str, ByteRequest], Awaitable[Any]],
+) -> ChunkData | BadChunkError | None:
+    """Loop: the bytes of the inner chunk at tile ``coord`` (None: never written), after its shard's index.
+
+    Bytes found bad (a damaged index or entry, a short range) come back as
+    the ``BadChunkError`` a decode job treats as a bad tile; a store failure
+    raises.
+    """
+    stored, place = decoder.geometry.tile_key(coord)
+    assert place is not None  # sharded reads place every tile in its shard
+    try:
+        index = await indexes.read(stored, stage, get_range)
+        span = None if index is None else index.span(place)
+    except _DecodeFailure as exc:
+        return decoder._bad(coord, str(exc))
+    if span is None:
+        return None  # the shard, or this inner chunk of it, was never written
+    try:
+        return check_span(decoder, coord, span, await get_range(stored, RangeByteRequest(*span)))
+    except BadChunkError as exc:
+        return exc

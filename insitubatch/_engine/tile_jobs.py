@@ -25,7 +25,8 @@ from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
-from .kernels import assemble_tiles, fill_region, select_block
+from .finishing import _BAD_TILE, _BadTile, _Finishing
+from .kernels import fill_region, select_block
 from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
@@ -33,17 +34,11 @@ from .reader import ArrayReader, BadChunkRecord, _fill_value
 from .shard_index import ShardIndexes, check_span
 from .wants import Consumer, Want
 
-
-class _BadTile:
-    """Marks a bad tile of a chunk that is assembled: its rectangle is filled in place."""
-
-
-_BAD_TILE = _BadTile()
 # a tile job's ``buf`` when the job reads the key itself (a store with a synchronous get)
 _GET_IN_JOB = object()
 
 
-class _TileJobs:
+class _TileJobs(_Finishing):
     """Decode-thread methods of ``PassDriver``."""
 
     pool: ChunkPool
@@ -394,54 +389,3 @@ class _TileJobs:
         data = np.empty(shape, dtype=g.dtype)
         fill_region(data, (0,) * data.ndim, shape, _fill_value(g))
         return self._cut(reader, chunk_index, tile, data)
-
-    def _stage(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
-        """Decode thread: hold a tile until the chunk is complete; the last one assembles/transforms/persists it."""
-        if not self.pool.stage(entry, tile, data):
-            return
-        tiles, origins = self._finalize(entry, reader, chunk_index)
-        if not self.pool.replace_tiles(entry, tiles, origins):
-            self._forget(reader, chunk_index)  # abandoned while it was being finished
-
-    def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
-        """Unmap a chunk the cache committed for an entry nobody adopted (its file stays if persisted).
-
-        An entry another pass fetches or will adopt keeps the mapping: it is that pass's now.
-        """
-        source = reader.source
-        if self.cache is not None and not self.pool.kept_for_others((source, chunk_index), self.owner):
-            self.cache.evict(source, chunk_index)
-
-    def _finalize(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
-        """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
-        g = reader.geometry
-        # complete: every tile staged (a _BAD_TILE mark only where the chunk assembles, filled below)
-        tiles = cast("list[np.ndarray]", list(entry.tiles))
-        origins = entry.origins
-        if reader.assembles:
-            n = g.chunk_len(chunk_index)
-            full = np.empty((n, *g.inner_shape), dtype=g.dtype)
-            good = [t for t, part in enumerate(tiles) if part is not _BAD_TILE]
-            assemble_tiles(full, [tiles[t] for t in good], reader.origins[good])
-            for t in (t for t, part in enumerate(tiles) if part is _BAD_TILE):
-                piece = reader.layout.pieces[t]
-                fill_region(full, (0, *piece.origin), (n, *piece.shape), _fill_value(g))
-            tiles = [self._transform(reader, chunk_index, full)]
-            origins = reader.single_origin
-        if self.cache is not None and not entry.bad:
-            tiles = self._persist(reader, chunk_index, tiles)
-        return tiles, origins
-
-    def _persist(self, reader: ArrayReader, chunk_index: int, tiles: list[np.ndarray]) -> list[np.ndarray]:
-        cache = self.cache
-        assert cache is not None  # called only with a disk cache
-        handle = cache.begin(
-            reader.source, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)), reader.output.dtype
-        )
-        try:
-            for t, tile in enumerate(tiles):
-                cache.write(handle, t, np.ascontiguousarray(tile))
-            return cache.commit(handle, [tile.shape for tile in tiles])
-        except BaseException:
-            cache.abort(handle)
-            raise
