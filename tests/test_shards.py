@@ -113,3 +113,15 @@ def test_the_wire_carries_the_inner_chunks_needed_and_one_index_per_shard(tmp_pa
         assert got.gets <= len(needed) + 1, key  # one index, then at most one GET per inner chunk
     untouched = [k for k in stats.keys if k.startswith("s.zarr/v/c/") and k[len("s.zarr/") :] not in spans]
     assert untouched == []
+
+
+def test_describe_names_the_shards_and_their_inner_chunks(tmp_path) -> None:
+    path = tmp_path / "s.zarr"
+    _write(path)
+    g = open_geometries(str(path))["v"]
+    with InSituDataset(str(path), split_by_chunk(g, fractions=(1.0,)), {"v": g}) as ds:
+        info = ds.describe()
+    row = info["variables"]["v"]
+    assert row["stored_chunk"] == [8, 10, 12] and row["read_chunk"] == [2, 5, 6] and row["shard_reads"]
+    assert info["memory"]["shard_index_bytes"] == 16 * 19 * 2 * 2  # every inner chunk's entry, at most
+    assert any("is sharded: its tiles are inner chunks (2, 5, 6) of shards (8, 10, 12)" in n for n in info["notes"])

@@ -23,14 +23,11 @@ import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
 from ..errors import BadChunkError
-from ..io.chain import _ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
+from ..io.chain import _ABSENT, INDEX_ENTRY_BYTES, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
 from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 
 __all__ = ["ShardIndex", "ShardIndexes", "check_span", "index_request", "read_inner_chunk"]
-
-# what a shard's index entries cost held: an offset and a length per inner chunk
-INDEX_ENTRY_BYTES = 16
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from .epoch import EpochPlan
 
@@ -112,6 +113,11 @@ def describe_loader(
         for label, (values, f) in (statics or {}).items()
     }
     static_bytes = sum(r["bytes"] for r in static_rows.values())
+    # every index of a sharded array read by inner chunk is held once read: 16 bytes per inner chunk, at most
+    sharded = {g.path: g for g in geometries.values() if g.sharded_reads}
+    index_bytes = sum(
+        INDEX_ENTRY_BYTES * math.prod(-(-s // c) for s, c in zip(g.shape, g.tile_chunks)) for g in sharded.values()
+    )
     memory = {
         "iterations": iterations,
         "working_set_bytes": working,
@@ -123,7 +129,8 @@ def describe_loader(
         "batch_bytes": int(batch_bytes),
         "queue_bytes": int(queue_bytes),
         "statics_bytes": int(static_bytes),
-        "total_bytes": int(working + inflight_bytes + queue_bytes + static_bytes),
+        "shard_index_bytes": int(index_bytes),
+        "total_bytes": int(working + inflight_bytes + queue_bytes + static_bytes + index_bytes),
     }
     first = next(iter(geometries.values()))
     spc = first.sample_chunk_size
@@ -142,6 +149,11 @@ def describe_loader(
     if first.tiles_read > 1:
         notes.append(
             f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs {first.tiles_read} GETs"
+        )
+    for path, g in sharded.items():
+        notes.append(
+            f"{path!r} is sharded: its tiles are inner chunks {g.tile_chunks} of shards {g.stored_chunks}, read by "
+            f"byte range after each shard's index (one GET per shard, all of them at most {index_bytes / MB:.3f} MB held)"
         )
     for label, g in geometries.items():
         if g.selection:
