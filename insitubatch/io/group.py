@@ -163,13 +163,15 @@ def _sample_dim(candidates: Mapping[str, zarr.Array], sample_axis: int) -> str |
     return named.most_common(1)[0][0] if named else None
 
 
-def _has_sample_axis(arr: zarr.Array, sample_axis: int, dim: str | None) -> bool:
-    """An array with the sample dimension at ``sample_axis``; without dimension names, any with that axis."""
-    axis = _axis(arr, sample_axis)
-    if axis is None:
-        return False
+def _sample_axis_of(arr: zarr.Array, sample_axis: int, dim: str | None) -> int | None:
+    """Where ``arr`` has the sample dimension (wherever its names put it), else None.
+
+    An array without dimension names has it at ``sample_axis`` when it has that axis.
+    """
     dims = _dimension_names(arr)
-    return dims is None or dim is None or dims[axis] == dim
+    if dims is not None and dim is not None:
+        return dims.index(dim) if dim in dims else None
+    return _axis(arr, sample_axis)
 
 
 def scan_group(
@@ -178,9 +180,10 @@ def scan_group(
     """Sort every array of a group into data variables, statics and coordinates.
 
     The sample dimension is the one most of the group's (non-coordinate)
-    named data has at ``sample_axis``; arrays with it are
-    data variables, the rest statics (an array without dimension names is
-    a data variable when it has that axis). Coordinates (self-named 1-D arrays),
+    named data has at ``sample_axis``; arrays with it are data variables,
+    each sampled along it wherever its dimensions put it, the rest statics
+    (an array without dimension names is a data variable sampled along
+    ``sample_axis`` when it has that axis). Coordinates (self-named 1-D arrays),
     CF grid mappings and auxiliary coordinates named in a ``coordinates``
     attribute are skipped. Lists the group (through consolidated metadata
     when it has some).
@@ -216,8 +219,9 @@ def scan_group(
     variables: dict[str, ArrayGeometry] = {}
     statics: dict[str, StaticField] = {}
     for path, arr in candidates.items():
-        if _has_sample_axis(arr, sample_axis, dim):
-            variables[path] = geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit, coords=source)
+        axis = _sample_axis_of(arr, sample_axis, dim)
+        if axis is not None:
+            variables[path] = geometry_of(arr, sample_axis=axis, max_chunk_bytes=limit, coords=source)
         else:
             statics[path] = static_of(arr, source)
     return GroupContents(variables, statics, skipped, dim)

@@ -110,3 +110,12 @@ def test_a_store_that_cannot_list_says_what_to_pass(served) -> None:
     assert "\n" not in str(info.value) and info.value.__cause__ is not None
     with pytest.raises(ValueError, match="variable 'nope' is not an array .*cannot list"):
         open_geometries(store, variables=["nope"])
+
+
+def test_each_variable_is_sampled_along_the_sample_dimension_wherever_it_lies(tmp_path) -> None:
+    root = zarr.open_group(tmp_path / "t.zarr", mode="w")
+    root.create_array("a", shape=(8, 3, 4), chunks=(4, 3, 4), dtype="f4", dimension_names=("time", "y", "x"))
+    root.create_array("b", shape=(3, 4, 8), chunks=(3, 4, 4), dtype="f4", dimension_names=("y", "x", "time"))
+    geoms = open_geometries(str(tmp_path / "t.zarr"))
+    assert geoms["a"].sample_axis == 0 and geoms["b"].sample_axis == 2
+    assert geoms["b"].inner_shape == (3, 4) and geoms["b"].n_samples == 8
