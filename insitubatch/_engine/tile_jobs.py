@@ -294,23 +294,13 @@ class _TileJobs(_Finishing):
         t0 = time.perf_counter()
         decoder = self._decoders[g.path]
         shape = reader.tile_rows_shape(chunk_index, tile)
-        take = self.pool.take_tile if reader.layout.identity else self._tile_scratch
+        take = self.pool.take_tile if reader.layout.identity else functools.partial(self._scratch, use="cut")
         kind = self._kinds.get(g.path, 0) if buf is not None else 0
         data = self._kernel_tile(kind, buf, shape, decoder, take) if kind else None
         if data is None:
             data = self._general_tile(reader, chunk_index, tile, coord, buf, shape, decoder, take)
         self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
         return data
-
-    def _tile_scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """This thread's array for a decoded read tile that is cut into pieces at once."""
-        arrays = getattr(self._scratches, "tiles", None)
-        if arrays is None:
-            arrays = self._scratches.tiles = {}
-        tile = arrays.get((shape, dtype))
-        if tile is None:
-            tile = arrays[(shape, dtype)] = np.empty(shape, dtype=dtype)
-        return tile
 
     def _kernel_tile(
         self, kind: int, buf, shape: tuple[int, ...], decoder: ChunkDecoder, take: Callable[..., np.ndarray]
@@ -353,15 +343,17 @@ class _TileJobs(_Finishing):
             np.copyto(data, np.moveaxis(raw[reader.clip(chunk_index, tile)], g.sample_axis, 0))
         return data
 
-    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """Decode thread: this thread's array of ``shape`` to decode a whole edge chunk into before clipping.
+    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype, use: str = "edge") -> np.ndarray:
+        """Decode thread: this thread's array of ``shape`` for ``use``, reused by its every tile (no allocation).
 
-        Reused for every edge tile the thread decodes (no allocation, no page
-        faults per tile); freed with the driver.
+        ``"edge"``: a whole edge chunk, decoded before its valid part is
+        clipped out. ``"cut"``: a decoded tile cut into pieces at once. Freed
+        with the driver.
         """
-        arrays = getattr(self._scratches, "arrays", None)
+        arrays = getattr(self._scratches, use, None)
         if arrays is None:
-            arrays = self._scratches.arrays = {}
+            arrays = {}
+            setattr(self._scratches, use, arrays)
         whole = arrays.get((shape, dtype))
         if whole is None:
             whole = arrays[(shape, dtype)] = np.empty(shape, dtype=dtype)

@@ -235,6 +235,20 @@ def _check_group(group: Any) -> str:
     return group.strip("/")
 
 
+def _open_named(
+    store: Any, variables: Sequence[str] | Mapping[str, Any], group: str, what: str
+) -> list[tuple[str, zarr.Array, CoordinateSource]]:
+    """The arrays ``variables`` names (relative to ``group``), opened one by one without listing the store."""
+    from .stores import as_store
+
+    if isinstance(variables, str):
+        raise TypeError("variables must be a list of array paths, not a single string")
+    zstore = as_store(store)
+    source = CoordinateSource(zstore)
+    paths = [f"{group}/{v}".strip("/") if group else str(v) for v in variables]
+    return [(path, _open_array(zstore, path, what), source) for path in paths]
+
+
 def open_geometries(
     store: Any,
     *,
@@ -264,22 +278,15 @@ def open_geometries(
         The store failed (naming it and the cause), or cannot list and has
         no consolidated metadata while ``variables`` is not given.
     """
-    from .stores import as_store
 
     limit = _chunk_byte_limit(max_chunk_bytes)
     group = _check_group(group)
     if variables is None:
         return scan_group(store, sample_axis=sample_axis, group=group, max_chunk_bytes=limit).variables
-    if isinstance(variables, str):
-        raise TypeError("variables must be a list of array paths, not a single string")
-    zstore = as_store(store)
-    source = CoordinateSource(zstore)
-    out = {}
-    for v in [str(v) for v in variables]:
-        path = f"{group}/{v}".strip("/") if group else v
-        arr = _open_array(zstore, path, "variable")
-        out[path] = geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit, coords=source)
-    return out
+    return {
+        path: geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit, coords=source)
+        for path, arr, source in _open_named(store, variables, group, "variable")
+    }
 
 
 def open_statics(
@@ -299,20 +306,11 @@ def open_statics(
     StoreReadError
         The store failed, or cannot list and has no consolidated metadata.
     """
-    from .stores import as_store
 
     group = _check_group(group)
     if variables is None:
         return scan_group(store, sample_axis=sample_axis, group=group).statics
-    if isinstance(variables, str):
-        raise TypeError("variables must be a list of array paths, not a single string")
-    zstore = as_store(store)
-    source = CoordinateSource(zstore)
-    out = {}
-    for v in [str(v) for v in variables]:
-        path = f"{group}/{v}".strip("/") if group else v
-        out[path] = static_of(_open_array(zstore, path, "static"), source)
-    return out
+    return {path: static_of(arr, source) for path, arr, source in _open_named(store, variables, group, "static")}
 
 
 def resolve_statics(store: Any, statics: Mapping[str, StaticField] | Sequence[str] | None) -> dict[str, StaticField]:
