@@ -30,6 +30,7 @@ from zarr.buffer import default_buffer_prototype
 
 from ..cache import DiskCache
 from ..errors import BadChunkError
+from ..io.chain import _ShardStage
 from ..io.decode import make_decoder, shard_stage
 from ..io.direct import ChunkData
 from ..io.geometry import ArrayGeometry
@@ -41,7 +42,7 @@ from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .revivals import _Revivals
-from .shard_index import ShardIndexes, read_inner_chunk
+from .shard_index import ShardIndexes, prefetch, read_inner_chunk, shard_keys
 from .tile_jobs import _GET_IN_JOB, _TileJobs
 from .wants import Want, Wants
 
@@ -53,6 +54,8 @@ REVIVE_BATCH = 64
 # (``tile_group``): a group costs the loop one submit and one wake-up, and on small tiles
 # 8 beat 4 by ~10% and 16 added nothing (bench.engine_probe, 64 kB zstd tiles)
 MAX_TILE_GROUP = 8
+# shard indexes a remote pass reads at once when it starts, ahead of the tiles that need them
+INDEX_PREFETCH = 16
 # reads the driver admits between two yields to the loop: a yield per read costs a loop
 # turn (and the GIL, to whichever decode thread wants it) for every tile on small chunks
 ADMIT_BURST = 4
@@ -228,6 +231,7 @@ class PassDriver(_TileJobs, _Revivals):
     # -- the driver ----------------------------------------------------------------
     async def _run(self) -> None:
         try:
+            self._prefetch_shard_indexes()
             await self._drive()
         except asyncio.CancelledError:
             raise
@@ -235,6 +239,22 @@ class PassDriver(_TileJobs, _Revivals):
             self.error = exc
             with self.pool.cond:
                 self.pool.cond.notify_all()
+
+    def _prefetch_shard_indexes(self) -> None:
+        """A remote store: read the indexes of the shards this pass reads, in first-use order, as it starts."""
+        sharded = {source: r for source, r in self.readers.items() if r.geometry.sharded_reads}
+        if not sharded or self._get_sync is not None:
+            return  # a local store reads an index in a decode job, as fast as a tile
+        plan = self.plan
+        order = [
+            i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
+        ]
+        wanted: dict[str, tuple[str, _ShardStage]] = {}
+        for source, r in sharded.items():
+            chunks = [plan.reads[i][1] for i in order if plan.reads[i][0] == source]
+            for key in shard_keys(r.geometry, r.layout.tiles, chunks):
+                wanted.setdefault(key, (key, self._shards[r.geometry.path]))
+        self._spawn(prefetch(self.shard_indexes, list(wanted.values()), self._get_range, INDEX_PREFETCH))
 
     async def _drive(self) -> None:
         plan, pool, owner = self.plan, self.pool, self.owner

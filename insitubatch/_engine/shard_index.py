@@ -14,8 +14,9 @@ requests for one index wait for the same read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,9 @@ from ..errors import BadChunkError
 from ..io.chain import _ABSENT, INDEX_ENTRY_BYTES, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
 from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
+from ..io.geometry import ArrayGeometry
 
-__all__ = ["ShardIndex", "ShardIndexes", "check_span", "index_request", "read_inner_chunk"]
+__all__ = ["ShardIndex", "ShardIndexes", "check_span", "index_request", "prefetch", "read_inner_chunk", "shard_keys"]
 
 
 @dataclass(frozen=True)
@@ -183,3 +185,38 @@ async def read_inner_chunk(
         return check_span(decoder, coord, span, await get_range(stored, RangeByteRequest(*span)))
     except BadChunkError as exc:
         return exc
+
+
+def shard_keys(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> list[str]:
+    """The shard keys sample-axis chunks ``chunks`` (in this order) read for tiles ``tiles``, each once, in first use."""
+    axis = g.sample_axis
+    per = [s // c for s, c in zip(g.stored_chunks, g.tile_chunks)]
+    field = sorted({tuple(c // p for c, p in zip(g.tile_coord(t), per[:axis] + per[axis + 1 :])) for t in tiles})
+    keys: dict[str, None] = {}
+    for row in dict.fromkeys(int(c) // per[axis] for c in chunks):
+        for f in field:
+            keys.setdefault(g.chunk_key((*f[:axis], row, *f[axis:])))
+    return list(keys)
+
+
+async def prefetch(
+    indexes: ShardIndexes,
+    wanted: Sequence[tuple[str, _ShardStage]],
+    get_range: Callable[[str, ByteRequest], Awaitable[Any]],
+    concurrency: int,
+) -> None:
+    """Loop: read the indexes of ``wanted`` shards, in order, ``concurrency`` at a time, ahead of their tiles.
+
+    A pass's tiles then find their shard's index read (or being read)
+    instead of each first tile of a shard holding a read permit for a round
+    trip while its index comes. Failures are left for those tiles to meet
+    and report.
+    """
+    pending = iter(wanted)
+
+    async def worker() -> None:
+        for key, stage in pending:
+            with contextlib.suppress(Exception):
+                await indexes.read(key, stage, get_range)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
