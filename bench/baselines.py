@@ -541,7 +541,8 @@ def _insitu_bounds(ds: Any, plan: Any) -> dict[str, Any]:
         "working_set_mb": plan.working_set_bytes / MB,
         "budget_mb": (ds.pool.explicit_budget or plan.working_set_bytes) / MB,
         "queue_mb": (ds.prefetch_depth + 2) * batch_bytes / MB,  # queued + the one being gathered + the consumer's
-        "inflight_mb": 2 * ds.max_inflight * tile / MB,  # encoded + decoded, as an upper bound
+        # encoded + decoded, as an upper bound; under max_inflight="auto" at its cap
+        "inflight_mb": 2 * ds.context.inflight_cap() * tile / MB,
     }
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .window import WindowUser
+
 
 class _Landings:
     """Tile jobs run on the decode pool; their completions go back to the loop in bursts.
@@ -86,6 +88,6 @@ class _Tally:
             counters.decoded_tiles += self.decoded_tiles
 
 
-def _release(semaphore: asyncio.Semaphore, n: int) -> None:
+def _release(semaphore: WindowUser, n: int) -> None:
     for _ in range(n):
         semaphore.release()

@@ -2,13 +2,17 @@
 
 The driver walks the plan's reads in admission order. A read already in the
 pool is pinned and costs nothing; a miss is admitted under the pass's
-read-ahead limit and its tiles are fetched under one ``max_inflight``
-semaphore over every tile. The loop decides what and when; each tile then
+read-ahead limit and its tiles are fetched under the dataset's read permits
+(``window``: one per tile, a pinned ``max_inflight`` or the self-tuning
+limit). The loop decides what and when; each tile then
 costs one hop to the process-wide ``insitu-dec`` pool (passed explicitly,
 never the loop's default executor), whose job decodes it straight into the
 tile's own memory, transforms it and hands it to the pool. A network store's
 GET is awaited on the loop first; a local or memory store is read inside the
-job, with tiles grouped per job. Finished jobs return to the loop in bursts.
+job, with tiles grouped per job. A remote store's tiles go out through the
+pass's ``Fetcher`` (hedged, stall-proof, retried; ``net_reads``) as callbacks,
+and a burst of answers lands in a few decode jobs. Finished jobs return to
+the loop in bursts.
 Teardown cancels only the tasks this driver started, waits for the decode-pool
 jobs they left behind, and only then lets the pool hand this pass's unfinished
 fetches to a pass still waiting on them (``Owner.refetch``, re-admitted on the loop).
@@ -32,12 +36,15 @@ from ..cache import DiskCache
 from ..io.decode import make_decoder
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
+from .fetch import Fetcher
 from .landings import _Landings, _release
 from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
+from .net_reads import _NetReads
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .tile_jobs import _GET_IN_JOB, _TileJobs
+from .window import WindowUser
 
 __all__ = ["PassDriver", "tile_group"]
 
@@ -71,7 +78,7 @@ def _lookup_all(cache: DiskCache, requests: list) -> list:
     return out
 
 
-class PassDriver(_TileJobs):
+class PassDriver(_TileJobs, _NetReads):
     """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
 
     def __init__(
@@ -82,20 +89,22 @@ class PassDriver(_TileJobs):
         owner: Owner,
         plan: EpochPlan,
         readers: Mapping[str, ArrayReader],
-        semaphore: asyncio.Semaphore,
+        semaphore: WindowUser,
         executor: concurrent.futures.Executor,
         on_bad_chunk: str,
         bad_chunks: list[BadChunkRecord],
         first_block: int = 0,
         cache: DiskCache | None = None,
         group: int = MAX_TILE_GROUP,
+        fetcher: Fetcher | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
         self.owner = owner
         self.plan = plan
         self.readers = readers
-        self.semaphore = semaphore
+        self.semaphore = semaphore  # the read permits: one per tile in flight
+        self.fetcher = fetcher  # a remote store's reads, hedged and retried (None: its own get, or a sync read)
         self.executor = executor
         self.on_bad_chunk = on_bad_chunk
         self.bad_chunks = bad_chunks
@@ -128,6 +137,7 @@ class PassDriver(_TileJobs):
             self._groups = LocalGroups(self._get_sync, self._decoders, grouped)
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
+        self._net_init()  # a remote store's tiles waiting for a permit, GETs in flight, answers to decode
         self._pump: asyncio.Task | None = None
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
@@ -185,6 +195,7 @@ class PassDriver(_TileJobs):
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        self._net_cancel()  # this pass's GETs in flight: cancelled, their connections closed
         with self._jobs_lock:
             jobs = list(self._jobs)
         if jobs:  # no read or decode of a stopped pass is still running once stop returns
@@ -280,6 +291,9 @@ class PassDriver(_TileJobs):
             task.add_done_callback(self._work_ended)
 
     def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> None:
+        if self.fetcher is not None:
+            self._net_add(entry, reader, chunk_index)
+            return
         if self._get_sync is not None:
             self._queued.extend((entry, reader, chunk_index, t) for t in range(reader.geometry.tiles_per_chunk))
             if self._pump is None or self._pump.done():

@@ -18,7 +18,7 @@ from typing import Any
 from ..io.geometry import ArrayGeometry
 from .epoch import EpochPlan
 
-__all__ = ["describe_loader", "format_summary"]
+__all__ = ["AUTO_INFLIGHT_CEILING", "auto_inflight_cap", "describe_loader", "format_summary"]
 
 MB = 1e6
 MIB = 1 << 20
@@ -29,6 +29,17 @@ MIN_BLOCK_SAMPLES_PER_BATCH = 4
 # cost (the "fat chunks" regime of docs/tuning.md); the note says how much.
 FAT_TILE_BYTES = 16 * MIB
 KNOBS = ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")
+# max_inflight="auto" lets the engine raise the reads in flight while throughput still rises, up to a cap:
+# as many decoded tiles as fit AUTO_INFLIGHT_BYTES, never more than AUTO_INFLIGHT_CEILING reads (each is a
+# connection to the store) nor fewer than AUTO_INFLIGHT_FLOOR however fat the tiles.
+AUTO_INFLIGHT_BYTES = 512 * MIB
+AUTO_INFLIGHT_CEILING = 256
+AUTO_INFLIGHT_FLOOR = 4
+
+
+def auto_inflight_cap(tile_bytes: int) -> int:
+    """The most reads ``max_inflight="auto"`` holds at once for decoded tiles of ``tile_bytes``."""
+    return max(AUTO_INFLIGHT_FLOOR, min(AUTO_INFLIGHT_CEILING, AUTO_INFLIGHT_BYTES // max(int(tile_bytes), 1)))
 
 
 def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
@@ -47,7 +58,7 @@ def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, 
 def describe_loader(
     geometries: Mapping[str, ArrayGeometry],
     plans: Mapping[str, EpochPlan],
-    knobs: Mapping[str, int],
+    knobs: Mapping[str, Any],
     *,
     split: str,
     store: str = "",
@@ -63,7 +74,8 @@ def describe_loader(
     default the same); ``plans`` one epoch plan per split; ``split`` the one
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
-    sizes, ``None`` where unknown.
+    sizes, ``None`` where unknown. ``knobs["max_inflight"]`` may be
+    ``"auto"``: the in-flight terms are then stated at its cap.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
@@ -84,7 +96,9 @@ def describe_loader(
     mine = splits[split]
     batch_bytes = knobs["batch_size"] * sum(g.sample_nbytes for g in rows.values())
     tile_bytes = max(g.stored_chunk_nbytes for g in geometries.values())
-    inflight_bytes = knobs["max_inflight"] * tile_bytes  # one semaphore over every pass
+    auto = knobs["max_inflight"] == "auto"
+    inflight_tiles = auto_inflight_cap(tile_bytes) if auto else int(knobs["max_inflight"])
+    inflight_bytes = inflight_tiles * tile_bytes  # one set of permits over every pass
     ratios = [v["tile_bytes"] / v["stored_tile_bytes"] for v in variables.values() if v["stored_tile_bytes"]]
     wire = inflight_bytes / (sum(ratios) / len(ratios)) if ratios else None
     # queued + the one in assembly + the one the consumer holds (its buffer is not reused before)
@@ -95,7 +109,8 @@ def describe_loader(
         "working_set_bytes": working,
         "budget_bytes": working if budget_bytes is None else int(budget_bytes),
         "budget": "auto" if budget_bytes is None else "explicit",
-        "inflight_tiles": knobs["max_inflight"],
+        "inflight_tiles": inflight_tiles,
+        "inflight_auto": auto,
         "inflight_bytes": int(inflight_bytes),
         "inflight_wire_bytes": None if wire is None else int(wire),
         "batch_bytes": int(batch_bytes),
@@ -109,7 +124,8 @@ def describe_loader(
     if spc == 1:
         notes.append(
             "one sample per chunk: every GET serves one sample, so throughput is max_inflight / latency "
-            "samples per second at best; raise max_inflight"
+            "samples per second at best; "
+            + (f"max_inflight='auto' raises it up to {inflight_tiles}" if auto else "raise max_inflight")
         )
     if block_samples < MIN_BLOCK_SAMPLES_PER_BATCH * knobs["batch_size"]:
         notes.append(
@@ -121,7 +137,7 @@ def describe_loader(
     if tile_bytes >= FAT_TILE_BYTES:
         notes.append(
             f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
-            f"max_inflight={knobs['max_inflight']} holds up to {inflight_bytes / MIB:.0f} MiB"
+            f"max_inflight={knobs['max_inflight']!r} holds up to {inflight_bytes / MIB:.0f} MiB"
         )
     if budget_bytes is not None and budget_bytes < working:
         notes.append(
@@ -132,7 +148,7 @@ def describe_loader(
         "store": store,
         "probed": stored_tile_bytes is not None,
         "variables": variables,
-        "knobs": {k: int(knobs[k]) for k in KNOBS},
+        "knobs": {k: knobs[k] if knobs[k] == "auto" else int(knobs[k]) for k in KNOBS},
         "split": split,
         "splits": splits,
         "memory": memory,
@@ -194,8 +210,8 @@ def format_summary(info: Mapping[str, Any]) -> str:
     if mem["budget"] == "explicit":
         lines.append(f"budget     cache_budget_bytes = {_mb(mem['budget_bytes'])} MB")
     lines += [
-        f"in flight  {mem['inflight_tiles']} tiles at once ≤ {_mb(mem['inflight_bytes'])} MB decoded"
-        + (f" (~{_mb(wire)} MB on the wire)" if wire is not None else ""),
+        f"in flight  {'auto, up to ' if mem.get('inflight_auto') else ''}{mem['inflight_tiles']} tiles at once "
+        f"≤ {_mb(mem['inflight_bytes'])} MB decoded" + (f" (~{_mb(wire)} MB on the wire)" if wire is not None else ""),
         f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold{per} = {_mb(mem['queue_bytes'])} MB "
         f"({_mb(mem['batch_bytes'])} MB per batch)",
         f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
