@@ -227,13 +227,14 @@ class Read:
             self._failed(exc)
 
     def _answer(self, answer: Any, seconds: float) -> None:
-        fetcher = self.fetcher
-        if answer is None or isinstance(answer, Buffer):  # a zarr store's own get (None: missing)
-            fetcher.window.completed(0 if answer is None else len(answer), seconds)
-            self._finish(answer, None)
-            return
-        fetcher.window.completed(len(answer), seconds)
-        self._finish(fetcher._prototype.buffer.from_bytes(memoryview(answer)), None)  # obstore's bytes, not copied
+        fetcher, counters = self.fetcher, self.fetcher.counters
+        nbytes = 0 if answer is None else len(answer)
+        counters.gets += 1
+        counters.get_bytes += nbytes
+        fetcher.window.completed(nbytes, seconds)
+        if answer is not None and not isinstance(answer, Buffer):  # obstore's bytes, not copied
+            answer = fetcher._prototype.buffer.from_bytes(memoryview(answer))
+        self._finish(answer, None)  # (a zarr store's own get returns a Buffer, or None for a missing key)
 
     def _failed(self, exc: BaseException) -> None:
         fetcher, policy = self.fetcher, self.fetcher.policy
@@ -244,6 +245,7 @@ class Read:
         else:
             outcome = classify(exc)
             if outcome is Outcome.MISSING:
+                fetcher.counters.gets += 1
                 self._finish(None, None)
                 return
             if self.byte_range is None and not self._plain and "416" in str(exc)[:400]:

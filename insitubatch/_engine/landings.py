@@ -83,8 +83,11 @@ class _Tally:
 
     def add_to(self, counters, lock: threading.Lock) -> None:
         with lock:
-            counters.gets += self.gets
-            counters.get_bytes += self.get_bytes
+            # a remote store's GETs are counted on the loop, without this lock: a job that made none
+            # must not write the counts back (a read-add-write of 0 could undo the loop's increment)
+            if self.gets or self.get_bytes:
+                counters.gets += self.gets
+                counters.get_bytes += self.get_bytes
             counters.decoded_tiles += self.decoded_tiles
 
 

@@ -135,9 +135,6 @@ class _NetReads:
             self.pool.fail(entry, self._read_error(reader.geometry, coord, key, exc))
             self._net_done(1)
             return
-        counters.gets += 1
-        if buf is not None:
-            counters.get_bytes += len(buf)
         if not self._net_landed:
             self.loop.call_soon(self._net_flush)
         self._net_landed.append((tile, coord, key, buf))

@@ -54,6 +54,9 @@ HEDGE_FLOOR_S = 0.1
 HEDGE_SHARE = 0.05
 HEDGE_BURST = 2.0
 HEDGE_QUIET_S = 1.0
+# No duplicates on a link whose median GET is under this: a local or loopback store has no tail worth one,
+# and there a busy machine's pauses would pass for stragglers.
+HEDGE_MIN_P50_S = 0.005
 # The quantiles mean nothing before this many GETs: no hedging, and the stall timer at its floor.
 MIN_SAMPLES = 32
 # Stalls: an attempt with no answer for STALL_FACTOR x the recent p99 (at least STALL_FLOOR_S, at most the
@@ -79,7 +82,7 @@ class StoreLink:
 
     def hedge_after(self) -> float:
         """Seconds after which an outstanding GET gets a duplicate (``inf``: not yet known)."""
-        if self.latency.count < MIN_SAMPLES:
+        if self.latency.count < MIN_SAMPLES or self.latency.p50 < HEDGE_MIN_P50_S:
             return math.inf
         return max(HEDGE_FLOOR_S, HEDGE_FACTOR * self.latency.p90)
 

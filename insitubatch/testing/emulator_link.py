@@ -14,8 +14,9 @@ draws, per request, what the server does before the response starts:
   first ``throttle_burst_s`` of every period (bursts, as a bucket prefix
   that is hit too hard answers);
 * **silence** — a ``hold_share`` of GETs, and every GET of a key matching
-  the glob ``hold_key`` (a dead object), gets no byte at all: the request
-  is held open until the client gives up or the emulator closes.
+  the glob ``hold_key`` (a dead object; with ``hold_times``, only that many
+  of them, then it answers), gets no byte at all: the request is held open
+  until the client gives up or the emulator closes.
 
 The server waits out the delay watching its socket, so a client that
 abandons the request (a cancelled duplicate, a retried stall) ends the wait
@@ -60,6 +61,8 @@ class LinkModel:
         self.throttle_burst_s = 0.0
         self.hold_share = 0.0
         self.hold_key: str | None = None
+        self.hold_times: int | None = None
+        self._held = 0  # GETs held for hold_key since it was set
         self.bandwidth_bytes_per_s: float | None = None
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
@@ -91,6 +94,13 @@ class LinkModel:
             if key is not None and not isinstance(key, str):
                 raise ValueError(f"hold_key={key!r} must be a key glob or None")
             self.hold_key = key
+            self._held = 0
+        if "hold_times" in settings:
+            times = settings["hold_times"]
+            if times is not None and (isinstance(times, bool) or not isinstance(times, int) or times < 1):
+                raise ValueError(f"hold_times={times!r} must be an int >= 1, or None for every GET")
+            self.hold_times = times
+            self._held = 0
         if "bandwidth_bytes_per_s" in settings:
             rate = settings["bandwidth_bytes_per_s"]
             if rate is not None and not float(rate) > 0:
@@ -112,6 +122,7 @@ class LinkModel:
             "throttle_burst_s": self.throttle_burst_s,
             "hold_share": self.hold_share,
             "hold_key": self.hold_key,
+            "hold_times": self.hold_times,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
         }
 
@@ -146,7 +157,10 @@ class LinkModel:
     def held(self, key: str) -> bool:
         """Whether this GET of ``key`` gets no byte at all."""
         if self.hold_key is not None and fnmatch.fnmatchcase(key, self.hold_key):
-            return True
+            with self._lock:
+                if self.hold_times is None or self._held < self.hold_times:
+                    self._held += 1
+                    return True
         return self.hold_share > 0 and self._draw() < self.hold_share
 
 

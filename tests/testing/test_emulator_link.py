@@ -71,6 +71,10 @@ def test_settings_are_checked_and_reported() -> None:
     with pytest.raises(ValueError, match="tail_s"):
         link.configure(tail_s=-1)
     assert link.held("a/b") and not link.held("b/a")
+    link.configure(hold_times=2)
+    assert [link.held("a/b") for _ in range(3)] == [True, True, False]  # a key that answers after two silences
+    with pytest.raises(ValueError, match="hold_times"):
+        link.configure(hold_times=0)
 
 
 def test_throttle_bursts_throttle_only_inside_the_burst() -> None:
