@@ -18,10 +18,12 @@ after the limit last changed, so the window has refilled):
    point): it settles at the smallest limit that moves the most bytes, the
    link's bandwidth-delay product, and follows the link when it changes.
 3. **Throttling.** A throttling answer (HTTP 429/503, S3 ``SlowDown``) halves
-   the limit at once, at most once per ``CUT_TURNS`` mean GET times (the
-   GETs already in flight were sent at the old rate), and probing up pauses
-   for ``THROTTLE_QUIET`` intervals: many clients on one bucket prefix back
-   off together and then creep back.
+   the limit at once; while the store keeps throttling, again every
+   ``CUT_TURNS`` mean GET times (the answers in between were to GETs sent
+   at the old rate). Once it has been quiet for ``QUIET_TURNS`` mean GET
+   times the limit doubles every ``QUIET_TURNS`` up to what the first cut
+   left (half the limit before the episode), then probes up as above: many
+   clients on one bucket prefix back off together and creep back.
 4. An interval in which the window was mostly not full (the pass could not
    use the limit: a slow consumer, a small read-ahead) says nothing about
    the link and changes nothing; a probe it was testing is undone.
@@ -56,10 +58,11 @@ INTERVAL_MIN_GETS = 64
 INTERVAL_MIN_S = 0.05
 # A share of an interval's completions that found the window full, below which the pass, not the link, limited.
 SATURATED_SHARE = 0.5
-# Throttling: the cut, how long after a cut the next can come, and how many intervals probing up waits.
+# Throttling: the cut; how many mean GET times after a cut the next may come, and how many without a
+# throttling answer before (and between) the doublings that take the limit back.
 THROTTLE_CUT = 0.5
-CUT_TURNS = 2
-THROTTLE_QUIET = 2
+CUT_TURNS = 6
+QUIET_TURNS = 4
 # Mean GET time before any GET finished (a cloud store's tens of ms).
 PRIOR_GET_S = 0.05
 # How fast the mean GET time follows the link.
@@ -97,6 +100,8 @@ class ConcurrencyController:
         self._steady = 0  # steady intervals since the last probe or cut (negative: quiet after a cut)
         self._probe_up_next = True
         self._last_cut = -float("inf")
+        self._last_throttle = -float("inf")
+        self._regain = self.limit  # what recovery doubles back up to (the limit after an episode's first cut)
         self._begin = 0.0
         self._restart(0.0)
 
@@ -104,6 +109,9 @@ class ConcurrencyController:
     def on_complete(self, now: float, nbytes: int, seconds: float, saturated: bool) -> None:
         """A GET finished at ``now`` with ``nbytes`` in ``seconds``; ``saturated``: the window was full."""
         self.mean_get_s += MEAN_WEIGHT * (seconds - self.mean_get_s)
+        if self._mode == "recover":
+            self._recover(now)
+            return
         if now < self._begin:
             return  # the window is still refilling after a change
         self._bytes += nbytes
@@ -118,14 +126,30 @@ class ConcurrencyController:
     def on_throttle(self, now: float) -> None:
         """The store answered a GET with a throttling status at ``now``: halve the limit (once per window)."""
         self.throttled += 1
+        self._last_throttle = now
         if now - self._last_cut < CUT_TURNS * self.mean_get_s:
             return
         self._last_cut = now
         self.cuts += 1
         self._set(max(MIN_LIMIT, int(self.limit * THROTTLE_CUT)), now)
+        if self._mode != "recover":  # the first cut of an episode: recovery will double back up to here
+            self._regain = self.limit
         self._base_limit, self._base_rate, self._peak_rate = self.limit, None, None
-        self._mode = "steady"
-        self._steady = -THROTTLE_QUIET
+        self._mode = "recover"
+        self._history.append(self.limit)
+        self.intervals += 1
+
+    def _recover(self, now: float) -> None:
+        """After throttling: nothing until the store is quiet, then a doubling per quiet spell up to ``_regain``."""
+        quiet = QUIET_TURNS * self.mean_get_s
+        if now - self._last_throttle < quiet or now - self._begin < quiet - self.mean_get_s:
+            return
+        if self.limit < min(self._regain, self.cap):
+            self._set(min(self._regain, self.cap, 2 * self.limit), now)
+            self._history.append(self.limit)
+            self.intervals += 1
+            return
+        self._base_limit, self._mode, self._steady = self.limit, "steady", 0
 
     def set_cap(self, cap: int, now: float) -> None:
         """A new memory cap (readers came or went); the limit follows it down at once."""
