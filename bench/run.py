@@ -13,7 +13,11 @@ loader on the same data in the same run:
   directory (network not the limit), and the two ceilings: decode of the
   same chunks from memory on every core, and the raw concurrent GETs;
 * the **fork probe**: DataLoader ``fork`` workers after the parent used obstore;
-* a **samples-per-chunk sweep** and a **max_inflight sweep**.
+* a **samples-per-chunk sweep** and a **max_inflight sweep**;
+* the **network scenarios** of ``bench.network`` (full profile only): a
+  heavy-tailed link, stragglers, throttling bursts, CPU per sample over
+  HTTP and S3 against local files, silent GETs and dead objects, and the
+  sharded copy of the data.
 
 It writes ``results.json``, ``report.md`` and PNG plots to ``--out``
 (default ``bench/out/``) and prints the table. Throughput ratios use each
@@ -71,6 +75,7 @@ _PRELOAD = {
     "insitu": ["insitubatch.dataset"],
     "insitu_warm": ["insitubatch.dataset"],
     "insitu_persist": ["insitubatch.dataset"],
+    "insitu_steady": ["insitubatch.dataset"],
     "decode_ceiling": ["insitubatch.io.decode"],
     "get_ceiling": ["obstore", "insitubatch.io.stores"],
 }
@@ -666,6 +671,10 @@ def markdown(results: dict[str, Any]) -> str:
             if r["loader"] == loader
         }
         lines.append(f"| {label} | " + " | ".join(_fmt(got.get(v)) for v in values) + " |")
+    if results.get("network"):
+        from .network import markdown as network_markdown
+
+        lines += ["", network_markdown(results["network"]).rstrip()]
     lines += ["", "## Plots", ""] + [f"- {p}" for p in results.get("plots", [])]
     return "\n".join(lines) + "\n"
 
@@ -801,6 +810,7 @@ def run(
     jitter_s: float,
     bandwidth_mb_s: float | None,
     plot: bool = True,
+    network: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Measure everything ``profile`` names; write ``results.json``, ``report.md`` and plots under ``out``."""
@@ -864,6 +874,11 @@ def run(
             bench.close()
     for spc, rows in results["tables"].items():
         results["ratios"][spc] = ratios(rows)
+    if network and profile.name == FULL.name:  # the quick smoke run leaves them out (minutes of windows)
+        from .network import NET_FULL, run_scenarios
+
+        log("network scenarios")
+        results["network"] = run_scenarios(out / "network", NET_FULL, log=log)
     results["bars"] = bars(results["tables"], profile.main_spc, isolated=profile.isolate)
     mem = results.get("memory") or {}
     if mem.get("inspect_bound_mb") is not None:
@@ -969,6 +984,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--bandwidth-mb-s", type=float, default=DEFAULT_BANDWIDTH_MB_S, help="per-connection body rate (0: unpaced)"
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-network", action="store_true", help="skip the network scenarios (bench.network)")
     args = parser.parse_args(argv)
     profile = QUICK if args.quick else FULL
     results = run(
@@ -978,6 +994,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jitter_s=args.jitter_ms / 1e3,
         bandwidth_mb_s=args.bandwidth_mb_s or None,
         plot=not args.no_plots,
+        network=not args.no_network,
     )
     print()
     print(markdown(results))
