@@ -102,6 +102,7 @@ class ConcurrencyController:
         self._last_cut = -float("inf")
         self._last_throttle = -float("inf")
         self._regain = self.limit  # what recovery doubles back up to (the limit after an episode's first cut)
+        self._capped_from = 0  # the limit a lower cap cut, restored when the cap rises again
         self._begin = 0.0
         self._restart(0.0)
 
@@ -152,11 +153,17 @@ class ConcurrencyController:
         self._base_limit, self._mode, self._steady = self.limit, "steady", 0
 
     def set_cap(self, cap: int, now: float) -> None:
-        """A new memory cap (readers came or went); the limit follows it down at once."""
+        """A new memory cap (readers came or went): the limit follows it down at once, and back up
+        to what it was when the cap rises again."""
         self.cap = max(MIN_LIMIT, int(cap))
         if self.limit > self.cap:
+            self._capped_from = max(self._capped_from, self.limit)
             self._set(self.cap, now)
-        self._base_limit = min(self._base_limit, self.cap)
+        elif self._capped_from > self.limit:
+            self._set(min(self.cap, self._capped_from), now)
+        if self._capped_from <= self.cap:
+            self._capped_from = 0
+        self._base_limit = min(max(self._base_limit, self.limit), self.cap)
 
     def history(self, since: int = 0) -> LimitHistory:
         """The limits in force from the end of interval ``since`` (a pass notes ``intervals`` when it starts) on."""

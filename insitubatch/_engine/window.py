@@ -80,7 +80,8 @@ class ReadWindow:
         """Under "auto", the controller's cap is the ceiling or what the active users may hold together."""
         if self.controller is not None:
             caps = sum(u.cap for u in self._users if u.active)
-            self.controller.set_cap(min(self.ceiling, max(caps, 1)), time.monotonic())
+            if caps:  # with no reader left the limit stays where it was, for the next one
+                self.controller.set_cap(min(self.ceiling, caps), time.monotonic())
 
     def _give_back(self, user: WindowUser) -> None:
         self.inflight -= 1

@@ -132,3 +132,23 @@ def test_the_controller_moves_the_limit_and_the_readers_caps_bound_it() -> None:
         assert controller.cap == 100 and controller.limit == 9
 
     run(main())
+
+
+def test_the_limit_outlives_readers_coming_and_going() -> None:
+    async def main() -> None:
+        controller = ConcurrencyController(cap=256, start=64)
+        window = ReadWindow(64, controller=controller, ceiling=256)
+        first = window.user(100)
+        assert first.try_acquire()
+        first.release()
+        first.leave()  # the last reader left (a dataset closed): the next one starts where it ended
+        assert controller.limit == 64
+        fat = window.user(8)  # a reader of fat tiles alone: its cap holds the limit down ...
+        assert fat.try_acquire()
+        assert controller.limit == 8
+        fat.release()
+        second = window.user(100)
+        assert second.try_acquire()  # ... and a reader with room brings it back to what the link had
+        assert controller.cap == 108 and controller.limit == 64
+
+    run(main())
