@@ -204,7 +204,7 @@ def stall(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callab
         manifest = split_by_chunk(next(iter(geoms.values())), fractions=SPLIT_FRACTIONS)
         g = next(iter(geoms.values()))
         chunk = manifest.chunks("train")[len(manifest.chunks("train")) // 2]
-        key = f"{spec.name}/{g.path}/{g.chunk_key(g.physical_chunk_coord(chunk, 0))}"
+        key = f"{spec.name}/{g.chunk_key(g.physical_chunk_coord(chunk, 0))}"
 
         def timed_pass(**kw: Any) -> float:
             with InSituDataset(store, manifest, geoms, shuffle=False, **kw) as ds:
@@ -218,11 +218,11 @@ def stall(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callab
             plain = timed_pass(hedge=hedge)
             emu.configure(hold_key=key, hold_times=1)
             held = timed_pass(hedge=hedge)
-            emu.configure(hold_key=None)
+            emu.configure(hold_key=None, hold_times=None)
             result[f"silent_get_added_s_hedge_{hedge}"] = held - plain
             log(f"stall: one silent GET (hedge={hedge}) added {held - plain:.2f} s to a {plain:.2f} s pass")
         if net.dead_object:
-            emu.configure(hold_key=key)
+            emu.configure(hold_key=key, hold_times=None)  # every GET of it, for good
             t0 = time.perf_counter()
             try:
                 timed_pass()

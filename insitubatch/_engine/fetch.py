@@ -19,8 +19,10 @@ no task per GET: a read is a loop of attempts bounded by the store's
   transient failure is retried; a missing key is ``None``; a denied or
   malformed request fails at once.
 
-No attempt starts later than ``retry_timeout`` after the first, so a key
-that never answers fails within about that long, naming the attempts.
+No attempt starts later than ``retry_timeout`` after the first, and a
+silent attempt is cut where that window ends (but not before the 2 s
+floor), so a key that never answers fails within ``retry_timeout`` + 2 s,
+naming the attempts.
 
 A read whose ``size_hint`` is over ``STREAM_OVER_BYTES`` is a large one:
 its race ends with the response's first byte, and its body is streamed
@@ -43,7 +45,7 @@ from zarr.buffer import default_buffer_prototype
 
 from .read_policy import Outcome, classify
 from .stats import PassCounters
-from .store_link import STALL_GROWTH, StoreClient, _ObstoreBackend
+from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient, _ObstoreBackend
 from .window import WindowUser
 
 __all__ = ["Fetcher", "Read"]
@@ -187,7 +189,10 @@ class Read:
         self._timer = None
         self.attempt += 1
         fetcher, backend, key, byte_range = self.fetcher, self.fetcher.backend, self.key, self.byte_range
-        stall = self._stall_s
+        # a silent attempt never outlasts the retry window by more than the stall floor: a key that never
+        # answers fails within retry_timeout + STALL_FLOOR_S, whatever the timer grew to
+        left = self.first + fetcher.policy.retry_timeout_s - self.loop.time()
+        stall = min(self._stall_s, max(STALL_FLOOR_S, left))
         if self._large and isinstance(backend, _ObstoreBackend):
             raw = backend.raw
             launch: Callable[[], asyncio.Future] = lambda: _open(raw, key, byte_range)  # noqa: E731
