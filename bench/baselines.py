@@ -542,9 +542,10 @@ def _insitu_bounds(ds: Any, plan: Any) -> dict[str, Any]:
     g = ds.variables
     batch_bytes = ds.batch_size * sum(v.sample_nbytes for v in g.values())
     tile = max(v.stored_chunk_nbytes for v in g.values())
+    ahead = ds.context.read_ahead(plan)[0]  # max_inflight="auto" on a remote store reads further ahead
     return {
         "working_set_mb": plan.working_set_bytes / MB,
-        "budget_mb": (ds.pool.explicit_budget or plan.working_set_bytes) / MB,
+        "budget_mb": (ds.pool.explicit_budget or plan.working_set_bytes + ahead) / MB,
         "queue_mb": (ds.prefetch_depth + 2) * batch_bytes / MB,  # queued + the one being gathered + the consumer's
         # encoded + decoded, as an upper bound; under max_inflight="auto" at its cap
         "inflight_mb": 2 * ds.context.inflight_cap() * tile / MB,

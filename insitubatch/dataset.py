@@ -368,11 +368,10 @@ class InSituDataset:
     def describe(self, iterations: int = 1) -> dict[str, Any]:
         """What this configuration will cost, from metadata alone, as a JSON-able dict.
 
-        Geometry per label, the resolved knobs, every split's samples,
-        batches, GETs and working set (this rank's share), and the memory plan
-        term by term for ``iterations`` passes open at once (train and val
-        zipped is 2), sized for the split with the largest working set; notes;
-        the reads-in-flight limit (``concurrency``). Nothing is fetched.
+        Geometry per label, the resolved knobs, every split's samples, batches, GETs and working set
+        (this rank's share), and the memory plan term by term for ``iterations`` passes open at once
+        (train and val zipped is 2), sized for the split with the largest working set; notes; the
+        reads-in-flight limit (``concurrency``). Nothing is fetched.
         """
         iterations = positive_int("iterations", iterations)
         plans = {name: self.plan(name) for name in self.manifest.names}
@@ -387,6 +386,7 @@ class InSituDataset:
             iterations=iterations,
             budget_bytes=self.pool.explicit_budget,
             batch_geometries=self.outputs,
+            remote=self.context.client() is not None,
         )
         info["resolved"] = {
             "shuffle": self.shuffle,

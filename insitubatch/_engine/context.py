@@ -23,7 +23,8 @@ from ..cache import DiskCache
 from ..errors import DatasetClosedError
 from ..io.geometry import ArrayGeometry
 from ..io.sync_get import _sync_get
-from ..plan.cost import auto_inflight_cap
+from ..plan.cost import auto_inflight_cap, auto_read_ahead
+from ..plan.epoch import EpochPlan
 from .batch import Batch
 from .buffers import BufferPool
 from .concurrency import AUTO_START, LimitHistory
@@ -95,6 +96,13 @@ class PassContext:
         if not self.auto:
             return int(self.max_inflight)
         return auto_inflight_cap(max(r.geometry.stored_chunk_nbytes for r in self.readers.values()))
+
+    def read_ahead(self, plan: EpochPlan) -> tuple[int, int]:
+        """``(bytes, reads)`` a pass of ``plan`` may read beyond its working set: under "auto" on a remote store."""
+        if not self.auto or self.client() is None:
+            return 0, 0
+        tiles = {r.geometry.path: r.geometry.tiles_per_chunk for r in self.readers.values()}
+        return auto_read_ahead(plan, tiles, self.inflight_cap())
 
     def permits(self) -> WindowUser:
         """The read permits every pass of this dataset takes, one per tile in flight (made on first use).

@@ -124,7 +124,10 @@ class _PassState:
         ctx = self.ctx
         self.started_at = time.perf_counter()
         self.evictions_at_start = ctx.pool.totals.evictions
-        self.owner = ctx.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
+        # under "auto" on a remote store the pass may read further ahead than its working set, so the window fills
+        self.owner = ctx.pool.open_owner(
+            self.plan.working_set_bytes, self.plan.read_ahead_bound, *ctx.read_ahead(self.plan)
+        )
         ctx.track(self.owner.counters)
         permits, client = ctx.permits(), ctx.client()
         controller = permits.window.controller

@@ -52,7 +52,7 @@ WHOLE_OBJECT_END = 1 << 50
 HEDGE_FACTOR = 3.0
 HEDGE_FLOOR_S = 0.1
 HEDGE_SHARE = 0.05
-HEDGE_BURST = 2.0
+HEDGE_BURST = 10.0
 HEDGE_QUIET_S = 1.0
 # No duplicates on a link whose median GET is under this: a local or loopback store has no tail worth one,
 # and there a busy machine's pauses would pass for stragglers.

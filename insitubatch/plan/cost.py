@@ -18,7 +18,7 @@ from typing import Any
 from ..io.geometry import ArrayGeometry
 from .epoch import EpochPlan
 
-__all__ = ["AUTO_INFLIGHT_CEILING", "auto_inflight_cap", "describe_loader", "format_summary"]
+__all__ = ["AUTO_INFLIGHT_CEILING", "auto_inflight_cap", "auto_read_ahead", "describe_loader", "format_summary"]
 
 MB = 1e6
 MIB = 1 << 20
@@ -40,6 +40,21 @@ AUTO_INFLIGHT_FLOOR = 4
 def auto_inflight_cap(tile_bytes: int) -> int:
     """The most reads ``max_inflight="auto"`` holds at once for decoded tiles of ``tile_bytes``."""
     return max(AUTO_INFLIGHT_FLOOR, min(AUTO_INFLIGHT_CEILING, AUTO_INFLIGHT_BYTES // max(int(tile_bytes), 1)))
+
+
+def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int) -> tuple[int, int]:
+    """``(bytes, reads)`` a remote pass under ``max_inflight="auto"`` may read ahead beyond its working set.
+
+    The plan reads one shuffle block ahead, which can hold fewer tiles than
+    the window wants in flight: a pass may then run ``cap`` tiles' worth of
+    reads further ahead, so the window can fill while the consumer works on
+    the current block. Their decoded bytes are a term of the memory plan.
+    """
+    if not plan.reads:
+        return 0, 0
+    per_read = sum(tiles_per_read[path] for path, _ in plan.reads) / len(plan.reads)
+    reads = math.ceil(cap / per_read)
+    return reads * int(plan.read_nbytes.max()), reads
 
 
 def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
@@ -66,6 +81,7 @@ def describe_loader(
     budget_bytes: int | None = None,
     batch_geometries: Mapping[str, ArrayGeometry] | None = None,
     stored_tile_bytes: Mapping[str, int | None] | None = None,
+    remote: bool = False,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -75,7 +91,8 @@ def describe_loader(
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
     sizes, ``None`` where unknown. ``knobs["max_inflight"]`` may be
-    ``"auto"``: the in-flight terms are then stated at its cap.
+    ``"auto"``: the in-flight terms are then stated at its cap, and on a
+    ``remote`` store the read-ahead beyond the working set is a term too.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
@@ -104,10 +121,16 @@ def describe_loader(
     # queued + the one in assembly + the one the consumer holds (its buffer is not reused before)
     queue_bytes = iterations * (knobs["prefetch_depth"] + 2) * batch_bytes
     working = iterations * mine["working_set_bytes"]
+    ahead = 0
+    if auto and remote:
+        ahead = iterations * auto_read_ahead(plans[split], tiles_per_read, inflight_tiles)[0]
+        if budget_bytes is not None:  # granted as far as an explicit budget has room
+            ahead = max(0, min(ahead, int(budget_bytes) - working))
     memory = {
         "iterations": iterations,
         "working_set_bytes": working,
-        "budget_bytes": working if budget_bytes is None else int(budget_bytes),
+        "read_ahead_bytes": ahead,
+        "budget_bytes": working + ahead if budget_bytes is None else int(budget_bytes),
         "budget": "auto" if budget_bytes is None else "explicit",
         "inflight_tiles": inflight_tiles,
         "inflight_auto": auto,
@@ -115,7 +138,7 @@ def describe_loader(
         "inflight_wire_bytes": None if wire is None else int(wire),
         "batch_bytes": int(batch_bytes),
         "queue_bytes": int(queue_bytes),
-        "total_bytes": int(working + inflight_bytes + queue_bytes),
+        "total_bytes": int(working + ahead + inflight_bytes + queue_bytes),
     }
     first = next(iter(geometries.values()))
     spc = first.sample_chunk_size
@@ -202,6 +225,11 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"working    {_mb(mem['working_set_bytes'])} MB resident at most ({s['read_ahead_bound']} chunk reads{per}) — "
         f"the pool's floor and its automatic budget",
     ]
+    if mem.get("read_ahead_bytes"):
+        lines.append(
+            f"ahead      {_mb(mem['read_ahead_bytes'])} MB more read ahead (max_inflight=auto on a remote store: "
+            "the window fills while the current block is consumed)"
+        )
     if n > 1:
         lines.append(
             f"iterations {n} open at once: pool budget {n} × working = {_mb(mem['working_set_bytes'])} MB, "
@@ -215,7 +243,8 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold{per} = {_mb(mem['queue_bytes'])} MB "
         f"({_mb(mem['batch_bytes'])} MB per batch)",
         f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
-        "(working set + in flight + queue), before the interpreter",
+        f"(working set{' + read ahead' if mem.get('read_ahead_bytes') else ''} + in flight + queue), "
+        "before the interpreter",
     ]
     lines += [f"hint       {h}" for h in info["notes"]]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from .._zarr_compat import sync
 from ..io.geometry import ArrayGeometry, open_geometries
 from ..io.owned import close_store
 from ..io.stores import as_store, obstore_store
+from ..io.sync_get import _sync_get
 from ..plan.cost import describe_loader, format_summary
 from ..plan.epoch import plan_epoch
 from ..plan.splits import DEFAULT_FRACTIONS, split_by_chunk
@@ -164,7 +165,14 @@ def _describe(
     stored = {p: _stored_nbytes(store, g) for p, g in geoms.items()} if probe else None
     label = where if isinstance(where, str) else type(where).__name__
     info = describe_loader(
-        geoms, {split: plan}, knobs, split=split, store=label, stored_tile_bytes=stored, iterations=iterations
+        geoms,
+        {split: plan},
+        knobs,
+        split=split,
+        store=label,
+        stored_tile_bytes=stored,
+        iterations=iterations,
+        remote=_sync_get(store) is None,
     )
     return format_summary(info)
 
