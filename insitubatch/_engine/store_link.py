@@ -56,7 +56,7 @@ HEDGE_BURST = 10.0
 HEDGE_QUIET_S = 1.0
 # No duplicates on a link whose median GET is under this: a local or loopback store has no tail worth one,
 # and there a busy machine's pauses would pass for stragglers.
-HEDGE_MIN_P50_S = 0.005
+HEDGE_MIN_P50_S = 0.010
 # The quantiles mean nothing before this many GETs: no hedging, and the stall timer at its floor.
 MIN_SAMPLES = 32
 # Stalls: an attempt with no answer for STALL_FACTOR x the recent p99 (at least STALL_FLOOR_S, at most the

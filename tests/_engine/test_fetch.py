@@ -121,7 +121,7 @@ def test_a_uniform_latency_store_gets_no_duplicate(root: Path) -> None:
 def test_stragglers_get_one_duplicate_past_the_threshold_within_the_cap_and_the_loser_is_cancelled(
     root: Path,
 ) -> None:
-    with Emulator(root, latency_s=0.01, jitter_s=0.002, straggler_share=0.05, straggler_s=3.0, seed=2) as emu:
+    with Emulator(root, latency_s=0.02, jitter_s=0.002, straggler_share=0.05, straggler_s=3.0, seed=2) as emu:
         store = http_store(emu)
         f = fetcher_for(store)
         launched: dict[str, list[float]] = {}
@@ -190,7 +190,7 @@ def test_a_get_held_open_forever_is_retried_on_a_fresh_request_after_the_stall_t
 
 
 def test_a_silent_get_is_hedged_long_before_it_stalls(root: Path) -> None:
-    with Emulator(root, latency_s=0.01, jitter_s=0.0) as emu:
+    with Emulator(root, latency_s=0.02, jitter_s=0.0) as emu:
         store = http_store(emu)
         f = fetcher_for(store)
         read_all(f, keys(64))
