@@ -14,9 +14,10 @@ after the limit last changed, so the window has refilled):
 2. **Probing.** Every ``PROBE_EVERY`` steady intervals the limit tries
    ``PROBE_UP`` times itself (kept if bytes/s rose by ``PROBE_GAIN``, and
    then it climbs again) or, alternately, ``PROBE_DOWN`` times (kept if it
-   still moves ``KEEP_SHARE`` of the best bytes/s seen at this operating
-   point): it settles at the smallest limit that moves the most bytes, the
-   link's bandwidth-delay product, and follows the link when it changes.
+   still moves ``KEEP_SHARE`` of the operating point's bytes/s): it settles
+   at the smallest limit that moves the most bytes, the link's
+   bandwidth-delay product, and follows the link when it changes; where
+   more reads in flight buy nothing (the CPU binds), it drifts down.
 3. **Throttling.** A throttling answer (HTTP 429/503, S3 ``SlowDown``) halves
    the limit at once; while the store keeps throttling, again every
    ``CUT_TURNS`` mean GET times (the answers in between were to GETs sent
@@ -96,7 +97,6 @@ class ConcurrencyController:
         self._mode = "start"
         self._base_limit = self.limit  # the operating point and its bytes/s
         self._base_rate: float | None = None
-        self._peak_rate: float | None = None  # the best bytes/s seen since the last cut
         self._steady = 0  # steady intervals since the last probe or cut (negative: quiet after a cut)
         self._probe_up_next = True
         self._last_cut = -float("inf")
@@ -135,7 +135,7 @@ class ConcurrencyController:
         self._set(max(MIN_LIMIT, int(self.limit * THROTTLE_CUT)), now)
         if self._mode != "recover":  # the first cut of an episode: recovery will double back up to here
             self._regain = self.limit
-        self._base_limit, self._base_rate, self._peak_rate = self.limit, None, None
+        self._base_limit, self._base_rate = self.limit, None
         self._mode = "recover"
         self._history.append(self.limit)
         self.intervals += 1
@@ -181,7 +181,6 @@ class ConcurrencyController:
             self._history.append(self.limit)
             self._restart(now)
             return
-        peak = self._peak_rate = rate if self._peak_rate is None else max(self._peak_rate, rate)
         base = self._base_rate
         if self._mode == "start":
             if base is None or rate >= START_GAIN * base:
@@ -203,7 +202,7 @@ class ConcurrencyController:
                 self._mode = "steady"
                 self._set(self._base_limit, now)
         elif self._mode == "probe_down":
-            if rate >= KEEP_SHARE * peak:
+            if base is None or rate >= KEEP_SHARE * base:
                 self._base_limit, self._base_rate = self.limit, rate
             self._mode = "steady"
             self._set(self._base_limit, now)

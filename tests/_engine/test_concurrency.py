@@ -163,3 +163,11 @@ def test_the_history_of_a_pass_covers_only_its_own_intervals() -> None:
     mine = link.controller.history(since)
     assert mine.min >= seen_before and mine.max <= PROBE_UP * 1.5 * BDP + 1
     assert BDP <= mine.median <= 1.5 * BDP
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_where_more_reads_buy_nothing_it_does_not_climb(seed: int) -> None:
+    small = 16 * TILE / RTT_S  # a pipe full at 16 reads in flight (a CPU-bound client looks like this)
+    link = Link(ConcurrencyController(cap=1024), bandwidth=small, noise=random.Random(seed))
+    link.run_until(30.0)
+    assert link.operating_point(15.0, 30.0) <= 3 * 16
