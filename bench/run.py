@@ -82,6 +82,8 @@ _PRELOAD = {
 WORKER_LOADERS = ("dataloader", "xbatcher")
 FORK_PROBE_BATCH = 4
 BASELINE_LOADERS = ("dataloader", "xbatcher", "zarr")
+# the raw-GET ceiling's concurrency when an "auto" run did not say what it chose (the engine's old default)
+AUTO_FALLBACK_CONCURRENCY = 32
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,8 @@ class Bench:
         if dask:
             rows.append(self.run(spc, "xbatcher-dask-0", "xbatcher", num_workers=0, xarray_chunks={}))
         rows.append(self.run(spc, "zarr-contiguous", "zarr"))
-        rows.append(self.insitu(spc, "insitu-cold", repeats=repeats))
+        cold = self.insitu(spc, "insitu-cold", repeats=repeats)
+        rows.append(cold)
         if warm_and_local:
             rows.extend(self._warm_and_local(spc, repeats))
         rows.append(self.run(spc, "decode-ceiling", "decode_ceiling", repeats=repeats))
@@ -336,7 +339,7 @@ class Bench:
                 spc,
                 "get-ceiling",
                 "get_ceiling",
-                concurrency=self.insitu_knobs["max_inflight"],
+                concurrency=ceiling_concurrency(self.insitu_knobs["max_inflight"], cold),
                 window_s=math.inf,
                 repeats=repeats,
             )
@@ -369,6 +372,13 @@ class Bench:
             )
             for variant in self.profile.fork_variants
         ]
+
+
+def ceiling_concurrency(max_inflight: Any, insitu_row: dict[str, Any]) -> int:
+    """The raw-GET ceiling's concurrency: insitubatch's pinned ``max_inflight``, or the limit "auto" chose."""
+    if max_inflight != "auto":
+        return int(max_inflight)
+    return int(insitu_row.get("inflight_median") or AUTO_FALLBACK_CONCURRENCY)
 
 
 def _in_process(config: dict[str, Any]) -> dict[str, Any]:
@@ -954,7 +964,7 @@ def _spc_sweep(
             spc,
             "get-ceiling",
             "get_ceiling",
-            concurrency=bench.insitu_knobs["max_inflight"],
+            concurrency=ceiling_concurrency(bench.insitu_knobs["max_inflight"], cold),
             window_s=profile.sweep_window_s,
         )
         rows.append({**gets, "series": series_of["get-ceiling"]})
