@@ -3,7 +3,7 @@
 :meth:`Fetcher.start` begins a read and calls back once with its bytes (or
 ``None`` for a missing key) or its error; :meth:`Fetcher.get` is the same as
 a coroutine. Everything runs on zarr's loop as callbacks and timers, with
-no task per GET: a read is a loop of attempts bounded by the store's
+no task of its own: a read is a loop of attempts bounded by the store's
 :class:`~.read_policy.ReadPolicy`, and an attempt is a race:
 
 * the request goes out; if no answer came after the link's hedge time

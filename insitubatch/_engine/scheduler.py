@@ -9,9 +9,8 @@ costs one hop to the process-wide ``insitu-dec`` pool (passed explicitly,
 never the loop's default executor), whose job decodes it straight into the
 tile's own memory, transforms it and hands it to the pool. A network store's
 GET is awaited on the loop first; a local or memory store is read inside the
-job, with tiles grouped per job. A remote store's tiles go out through the
-pass's ``Fetcher`` (hedged, stall-proof, retried; ``net_reads``) as callbacks,
-and a burst of answers lands in a few decode jobs. Finished jobs return to
+job, with tiles grouped per job. A remote store's GET goes through the
+pass's ``Fetcher`` (hedged, stall-proof, retried). Finished jobs return to
 the loop in bursts.
 Teardown cancels only the tasks this driver started, waits for the decode-pool
 jobs they left behind, and only then lets the pool hand this pass's unfinished
@@ -40,7 +39,6 @@ from .fetch import Fetcher
 from .landings import _Landings, _release
 from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
-from .net_reads import _NetReads
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .tile_jobs import _GET_IN_JOB, _TileJobs
@@ -78,7 +76,7 @@ def _lookup_all(cache: DiskCache, requests: list) -> list:
     return out
 
 
-class PassDriver(_TileJobs, _NetReads):
+class PassDriver(_TileJobs):
     """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
 
     def __init__(
@@ -137,7 +135,6 @@ class PassDriver(_TileJobs, _NetReads):
             self._groups = LocalGroups(self._get_sync, self._decoders, grouped)
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
-        self._net_init()  # a remote store's tiles waiting for a permit, GETs in flight, answers to decode
         self._pump: asyncio.Task | None = None
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
@@ -195,7 +192,6 @@ class PassDriver(_TileJobs, _NetReads):
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        self._net_cancel()  # this pass's GETs in flight: cancelled, their connections closed
         with self._jobs_lock:
             jobs = list(self._jobs)
         if jobs:  # no read or decode of a stopped pass is still running once stop returns
@@ -291,9 +287,6 @@ class PassDriver(_TileJobs, _NetReads):
             task.add_done_callback(self._work_ended)
 
     def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> None:
-        if self.fetcher is not None:
-            self._net_add(entry, reader, chunk_index)
-            return
         if self._get_sync is not None:
             self._queued.extend((entry, reader, chunk_index, t) for t in range(reader.geometry.tiles_per_chunk))
             if self._pump is None or self._pump.done():
@@ -423,7 +416,10 @@ class PassDriver(_TileJobs, _NetReads):
                 trace.inflight_reads += 1
                 t0 = time.perf_counter()
                 try:
-                    buf = await self.store.get(key, prototype=self._prototype)
+                    if self.fetcher is not None:  # counts its GETs and bytes itself
+                        buf = await self.fetcher.get(key, size_hint=g.stored_chunk_nbytes)
+                    else:
+                        buf = await self.store.get(key, prototype=self._prototype)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -432,10 +428,11 @@ class PassDriver(_TileJobs, _NetReads):
                 finally:
                     trace.inflight_reads -= 1
                     trace.add("fetch_s", time.perf_counter() - t0)
-                counters = self.owner.counters
-                counters.gets += 1
-                if buf is not None:
-                    counters.get_bytes += len(buf)
+                if self.fetcher is None:
+                    counters = self.owner.counters
+                    counters.gets += 1
+                    if buf is not None:
+                        counters.get_bytes += len(buf)
             else:
                 buf = _GET_IN_JOB
             # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers

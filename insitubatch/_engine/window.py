@@ -19,7 +19,6 @@ import asyncio
 import collections
 import time
 import weakref
-from collections.abc import Callable
 
 from .concurrency import ConcurrencyController
 
@@ -128,27 +127,10 @@ class WindowUser:
             return True
         return False
 
-    def when_free(self, callback: Callable[[], None]) -> asyncio.Future:
-        """Queue for a permit: ``callback()`` runs holding it (one loop turn after it is granted).
-
-        Cancel the returned future to stop waiting; once it is done the
-        permit is the callback's, which must release it if it has no use for it.
-        """
-        fut = asyncio.get_running_loop().create_future()
-        self.window._waiters.append((fut, self))
-
-        def granted(done: asyncio.Future) -> None:
-            if not done.cancelled():
-                callback()
-
-        fut.add_done_callback(granted)
-        return fut
-
     async def acquire(self) -> bool:
-        w = self.window
-        if not w._waiters and w._can(self):
-            w._take(self)
+        if self.try_acquire():
             return True
+        w = self.window
         fut = asyncio.get_running_loop().create_future()
         w._waiters.append((fut, self))
         try:

@@ -97,20 +97,6 @@ def test_a_cancelled_waiter_never_holds_a_permit() -> None:
     run(main())
 
 
-def test_when_free_calls_back_holding_a_permit() -> None:
-    async def main() -> None:
-        user = ReadWindow(1).user(1)
-        assert user.try_acquire()
-        called: list[int] = []
-        user.when_free(lambda: called.append(user.held))
-        user.release()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert called == [1]
-
-    run(main())
-
-
 def test_the_controller_moves_the_limit_and_the_readers_caps_bound_it() -> None:
     async def main() -> None:
         controller = ConcurrencyController(cap=256, start=4)
