@@ -260,7 +260,7 @@ def _open_store(url: str) -> Any:
 
 
 def _geometries(store: Any, variables: Sequence[str]) -> dict[str, Any]:
-    from insitubatch.io.geometry import open_geometries
+    from insitubatch.io.group import open_geometries
 
     return open_geometries(store, variables=list(variables))
 

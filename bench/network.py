@@ -192,7 +192,7 @@ def stall(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callab
     """In this process: what one silent GET adds to a sequential pass, and when a dead key raises."""
     from insitubatch.dataset import InSituDataset
     from insitubatch.errors import StoreReadError
-    from insitubatch.io.geometry import open_geometries
+    from insitubatch.io.group import open_geometries
     from insitubatch.io.owned import close_store
     from insitubatch.io.stores import obstore_store
     from insitubatch.plan.splits import split_by_chunk

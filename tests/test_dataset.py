@@ -13,7 +13,7 @@ from helpers import CountingStore, local_store, open_fds, smooth_field, write_ar
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, DatasetClosedError, StoreReadError
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.plan.epoch import plan_epoch
 from insitubatch.plan.splits import split_by_chunk
 

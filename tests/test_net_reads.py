@@ -21,7 +21,7 @@ from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.io.owned import close_store
 from insitubatch.io.stores import DEFAULT_RETRY_TIMEOUT, obstore_store
 from insitubatch.plan.cost import auto_inflight_cap

@@ -20,7 +20,7 @@ from helpers import CountingStore, assert_batch_matches, local_store, smooth_fie
 from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.io.owned import close_store
 from insitubatch.io.stores import obstore_store
 from insitubatch.plan.splits import split_by_chunk
@@ -306,7 +306,14 @@ def _abandon_first(ds, how: str):
     store = ds.store
     if how == "break":
         plan = ds.train.plan()
-        first_block_gets = sum(ds.readers[plan.reads[i][0]].geometry.tiles_per_chunk for i in plan.block_reads[0])
+        first_block_gets, shards = 0, set()
+        for i in plan.block_reads[0]:
+            source, chunk = plan.reads[i]
+            g = ds.readers[source].geometry
+            first_block_gets += g.tiles_per_chunk
+            if g.sharded_reads:  # each shard's index is one more GET, read once
+                shards.update(g.tile_key(g.physical_chunk_coord(chunk, t))[0] for t in range(g.tiles_per_chunk))
+        first_block_gets += len(shards)
         store.hold(after=first_block_gets)  # the first batch arrives, the next block stays in flight
         for _ in ds.train:  # the loop's iterator dies with this frame after the break
             first = ds.train._pass()

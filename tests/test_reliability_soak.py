@@ -14,7 +14,7 @@ from helpers import CountingStore, assert_batch_matches, local_store, open_fds, 
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import DatasetClosedError
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
 
 EPOCHS = 30

@@ -31,6 +31,7 @@ from .concurrency import AUTO_START, LimitHistory
 from .loop import zarr_loop
 from .pool import ChunkPool
 from .reader import ArrayReader, BadChunkRecord
+from .shard_index import ShardIndexes
 from .stats import PassCounters
 from .store_link import StoreClient, client_for
 from .window import ReadWindow, WindowUser
@@ -57,7 +58,7 @@ class PassContext:
     store: Any
     readers: dict[str, ArrayReader]  # by array path
     outputs: dict[str, ArrayGeometry]  # by label, after chunk transforms: what entries hold and batches carry
-    offsets: dict[str, int]  # by label: the window shift a batch reports (``Batch.offsets``)
+    offsets: dict[str, int]  # by label: the shift a batch reports (``Batch.offsets``)
     pool: ChunkPool
     buffers: BufferPool
     executor: concurrent.futures.ThreadPoolExecutor
@@ -69,6 +70,10 @@ class PassContext:
     persist: bool
     batch_transforms: Sequence[BatchTransform]
     sample_coords: Callable[[], Mapping[str, np.ndarray]]  # read once, on the first inference pass
+    statics: Mapping[str, np.ndarray] = field(default_factory=dict)  # read once at open, the same in every batch
+    # by windowed label: its steps (``Batch.windows``)
+    windows: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shard_indexes: ShardIndexes = field(default_factory=ShardIndexes)  # read once per shard, kept for every pass
     hedge: bool = True  # duplicate a remote GET that is far slower than its peers
     epoch: int = 0
     bad_chunks: list[BadChunkRecord] = field(default_factory=list)  # this epoch's; a new epoch starts a new list
@@ -95,13 +100,13 @@ class PassContext:
         """The most reads in flight at once: the pinned value, or under "auto" the memory plan's cap."""
         if not self.auto:
             return int(self.max_inflight)
-        return auto_inflight_cap(max(r.geometry.stored_chunk_nbytes for r in self.readers.values()))
+        return auto_inflight_cap(max(r.geometry.tile_nbytes for r in self.readers.values()))
 
     def read_ahead(self, plan: EpochPlan) -> tuple[int, int]:
         """``(bytes, reads)`` a pass of ``plan`` may read beyond its working set: under "auto" on a remote store."""
         if not self.auto or self.client() is None:
             return 0, 0
-        tiles = {r.geometry.path: r.geometry.tiles_per_chunk for r in self.readers.values()}
+        tiles = {r.geometry.source: r.geometry.tiles_read for r in self.readers.values()}
         return auto_read_ahead(plan, tiles, self.inflight_cap())
 
     def permits(self) -> WindowUser:

@@ -41,6 +41,7 @@ from typing import Any
 
 import obstore
 from zarr.abc.buffer import Buffer
+from zarr.abc.store import RangeByteRequest
 from zarr.buffer import default_buffer_prototype
 
 from .read_policy import Outcome, classify
@@ -295,6 +296,8 @@ class Fetcher:
         spent, names the key and the attempts (``TimeoutError`` when no
         attempt got an answer). Call ``cancel()`` on the result to abandon it.
         """
+        if size_hint is None and isinstance(byte_range, RangeByteRequest):
+            size_hint = byte_range.end - byte_range.start
         return Read(self, key, byte_range, size_hint, done)
 
     async def get(self, key: str, byte_range: Any = None, size_hint: int | None = None) -> Buffer | None:

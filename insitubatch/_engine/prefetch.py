@@ -47,9 +47,9 @@ class _Stopped(Exception):
     """The pass was closed while the producer waited."""
 
 
-def _held_entry(held: Mapping[ReadKey, Entry | None], path: str, chunk: int) -> Entry:
-    """The entry a batch's block holds for chunk ``chunk`` of array ``path``."""
-    entry = held[(path, chunk)]
+def _held_entry(held: Mapping[ReadKey, Entry | None], source: str, chunk: int) -> Entry:
+    """The entry a batch's block holds for chunk ``chunk`` of read source ``source``."""
+    entry = held[(source, chunk)]
     assert entry is not None  # a block's reads stay referenced until the block is released
     return entry
 
@@ -74,7 +74,7 @@ class _PassState:
         self._close_lock = threading.Lock()
         self.consumed = start_batch
         self.history: tuple[tuple[int, int], ...] = ()
-        self.coords = ctx.sample_coords() if split == "__infer__" else None
+        self.coords = ctx.sample_coords()  # the sample axis's coordinate, read once per dataset
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.evictions_at_start = 0
@@ -146,6 +146,7 @@ class _PassState:
             first_block=self._first_block(),
             cache=ctx.cache,
             group=tile_group(permits.window.limit, ctx.decode_threads),
+            shard_indexes=ctx.shard_indexes,
             fetcher=None if client is None else Fetcher(client, permits, self.owner.counters, hedge=ctx.hedge),
         )
         self.driver.seen_keys = ctx.fetched_keys
@@ -235,21 +236,21 @@ class _PassState:
             held = {plan.reads[i]: entries[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
             arrays = {}
             for label, g in ctx.outputs.items():
-                # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
-                buf = ctx.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
+                # g is the post-transform geometry: rows are (*row_shape,) of its dtype
+                buf = ctx.buffers.take(label, (plan.batch_size, *g.row_shape), g.dtype)
                 out = buf[: len(anchors)]
-                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.path))
+                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.source))
                 arrays[label] = out
-            coords = None
-            if self.coords is not None:
-                coords = {name: values[anchors] for name, values in self.coords.items()}
+            coords = self._batch_coords(anchors)
             batch = Batch(
                 arrays=arrays,
                 sample_indices=anchors.copy(),
                 offsets=dict(ctx.offsets),
+                windows=ctx.windows,
                 coords=coords,
                 epoch=self.epoch,
                 index=k,
+                statics=ctx.statics,
             )
             if plan.padded is not None:
                 batch.extras["padded"] = plan.padded[start:stop].copy()
@@ -270,6 +271,20 @@ class _PassState:
             self._put(batch)
             counters.trace.add("producer_wait_s", time.perf_counter() - t0)
             del batch, arrays, out, buf
+
+    def _batch_coords(self, anchors: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch's anchor coordinates, and each shifted or windowed label's (``"<label>.<dim>"``)."""
+        ctx = self.ctx
+        coords = {}
+        for name, values in self.coords.items():
+            coords[name] = values[anchors]
+            for label, offset in ctx.offsets.items():
+                steps = ctx.windows.get(label)
+                if steps:
+                    coords[f"{label}.{name}"] = values[anchors[:, None] + offset + np.asarray(steps)[None, :]]
+                elif offset:
+                    coords[f"{label}.{name}"] = values[anchors + offset]
+        return coords
 
     # -- teardown ---------------------------------------------------------------
     def close(self) -> None:

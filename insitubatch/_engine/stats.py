@@ -95,6 +95,8 @@ class PassCounters:
     misses: int = 0
     joins: int = 0  # reads that attached to a fetch or revival already in flight: no fetch of their own
     revived: int = 0
+    revived_from_others: int = 0  # the part of revived another writer made (another process, or an earlier run)
+    not_persisted: int = 0  # fetched chunks the disk cache did not keep (a full disk, cache_disk_bytes, claimed)
     gets: int = 0
     get_bytes: int = 0
     decoded_tiles: int = 0

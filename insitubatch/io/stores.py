@@ -60,7 +60,7 @@ DEFAULT_READ_TIMEOUT = "30s"
 # The whole request, connect to last body byte. obstore's own default (30 s)
 # fails every read of a large shard on a shared link (256 MB at the 4 MB/s one
 # of 32 concurrent streams gets takes 64 s); 10 min carries a 4 GiB stored chunk
-# (geometry.MAX_CHUNK_BYTES) at ~7 MB/s.
+# (arrays.MAX_CHUNK_BYTES) at ~7 MB/s.
 DEFAULT_TIMEOUT = "600s"
 # Establishing a TCP (+TLS) connection (obstore's default).
 DEFAULT_CONNECT_TIMEOUT = "5s"

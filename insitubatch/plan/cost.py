@@ -15,6 +15,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
+from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from .epoch import EpochPlan
 
@@ -52,13 +55,13 @@ def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int
     """
     if not plan.reads:
         return 0, 0
-    per_read = sum(tiles_per_read[path] for path, _ in plan.reads) / len(plan.reads)
+    per_read = sum(tiles_per_read[source] for source, _ in plan.reads) / len(plan.reads)
     reads = math.ceil(cap / per_read)
     return reads * int(plan.read_nbytes.max()), reads
 
 
 def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
-    gets = sum(tiles_per_read[path] for path, _ in plan.reads)
+    gets = sum(tiles_per_read[source] for source, _ in plan.reads)
     return {
         "samples": plan.n_samples,
         "batches": plan.n_batches,
@@ -81,6 +84,8 @@ def describe_loader(
     budget_bytes: int | None = None,
     batch_geometries: Mapping[str, ArrayGeometry] | None = None,
     stored_tile_bytes: Mapping[str, int | None] | None = None,
+    statics: Mapping[str, tuple[np.ndarray, Any]] | None = None,
+    left_out: Mapping[str, str] | None = None,
     remote: bool = False,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
@@ -90,29 +95,36 @@ def describe_loader(
     default the same); ``plans`` one epoch plan per split; ``split`` the one
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
-    sizes, ``None`` where unknown. ``knobs["max_inflight"]`` may be
+    sizes, ``None`` where unknown. ``statics`` are ``{label: (values, StaticField)}``
+    (held once, counted in the memory plan); ``left_out`` what the dataset
+    did not take from the store, with why. ``knobs["max_inflight"]`` may be
     ``"auto"``: the in-flight terms are then stated at its cap, and on a
     ``remote`` store the read-ahead beyond the working set is a term too.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
-    tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
+    tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
     variables: dict[str, dict[str, Any]] = {}
     for label, g in geometries.items():
         variables[label] = {
             "path": g.path,
+            "selection": {a.name: a.text() for a in g.selection},
             "shape": list(g.shape),
+            "sample_shape": list(rows[label].inner_shape),
             "dtype": str(g.dtype),
             "stored_chunk": list(g.stored_chunks),
-            "tiles": g.tiles_per_chunk,
+            "tiles": g.tiles_read,
+            "tiles_per_chunk": g.tiles_per_chunk,
             "samples_per_chunk": g.sample_chunk_size,
             "chunk_bytes": int(g.chunk_nbytes),
-            "tile_bytes": int(g.stored_chunk_nbytes),
+            "tile_bytes": int(g.tile_nbytes),
+            "read_chunk": list(g.tile_chunks),
+            "shard_reads": "inner chunks by byte range" if g.sharded_reads else None,
             "stored_tile_bytes": None if stored_tile_bytes is None else stored_tile_bytes.get(label),
         }
     splits = {name: _split_row(plan, tiles_per_read) for name, plan in plans.items()}
     mine = splits[split]
     batch_bytes = knobs["batch_size"] * sum(g.sample_nbytes for g in rows.values())
-    tile_bytes = max(g.stored_chunk_nbytes for g in geometries.values())
+    tile_bytes = max(g.tile_nbytes for g in geometries.values())
     auto = knobs["max_inflight"] == "auto"
     inflight_tiles = auto_inflight_cap(tile_bytes) if auto else int(knobs["max_inflight"])
     inflight_bytes = inflight_tiles * tile_bytes  # one set of permits over every pass
@@ -126,6 +138,22 @@ def describe_loader(
         ahead = iterations * auto_read_ahead(plans[split], tiles_per_read, inflight_tiles)[0]
         if budget_bytes is not None:  # granted as far as an explicit budget has room
             ahead = max(0, min(ahead, int(budget_bytes) - working))
+    static_rows = {
+        label: {
+            "path": f.path,
+            "selection": {a.name: a.text() for a in f.selection},
+            "shape": list(values.shape),
+            "dtype": str(values.dtype),
+            "bytes": int(values.nbytes),
+        }
+        for label, (values, f) in (statics or {}).items()
+    }
+    static_bytes = sum(r["bytes"] for r in static_rows.values())
+    # every index of a sharded array read by inner chunk is held once read: 16 bytes per inner chunk, at most
+    sharded = {g.path: g for g in geometries.values() if g.sharded_reads}
+    index_bytes = sum(
+        INDEX_ENTRY_BYTES * math.prod(-(-s // c) for s, c in zip(g.shape, g.tile_chunks)) for g in sharded.values()
+    )
     memory = {
         "iterations": iterations,
         "working_set_bytes": working,
@@ -138,7 +166,9 @@ def describe_loader(
         "inflight_wire_bytes": None if wire is None else int(wire),
         "batch_bytes": int(batch_bytes),
         "queue_bytes": int(queue_bytes),
-        "total_bytes": int(working + ahead + inflight_bytes + queue_bytes),
+        "statics_bytes": int(static_bytes),
+        "shard_index_bytes": int(index_bytes),
+        "total_bytes": int(working + ahead + inflight_bytes + queue_bytes + static_bytes + index_bytes),
     }
     first = next(iter(geometries.values()))
     spc = first.sample_chunk_size
@@ -155,8 +185,22 @@ def describe_loader(
             f"a shuffle block holds {block_samples} samples, under {MIN_BLOCK_SAMPLES_PER_BATCH} batches: "
             "raise block_chunks for a better shuffle"
         )
-    if math.prod(first.tile_grid) > 1:
-        notes.append(f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs that many GETs")
+    if first.tiles_read > 1:
+        notes.append(
+            f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs {first.tiles_read} GETs"
+        )
+    for path, g in sharded.items():
+        notes.append(
+            f"{path!r} is sharded: its tiles are inner chunks {g.tile_chunks} of shards {g.stored_chunks}, read by "
+            f"byte range after each shard's index (one GET per shard, all of them at most {index_bytes / MB:.3f} MB held)"
+        )
+    for label, g in geometries.items():
+        if g.selection:
+            notes.append(
+                f"{label!r} reads {g.source}: {g.tiles_read} of {g.tiles_per_chunk} tiles per chunk, "
+                f"{g.chunk_nbytes / MB:.3f} of {g.sample_chunk_size * math.prod(g.field_shape) * g.itemsize / MB:.3f} "
+                "MB kept per chunk"
+            )
     if tile_bytes >= FAT_TILE_BYTES:
         notes.append(
             f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
@@ -175,6 +219,8 @@ def describe_loader(
         "split": split,
         "splits": splits,
         "memory": memory,
+        "statics": static_rows,
+        "left_out": dict(left_out or {}),
         "notes": notes,
     }
 
@@ -243,8 +289,15 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold{per} = {_mb(mem['queue_bytes'])} MB "
         f"({_mb(mem['batch_bytes'])} MB per batch)",
         f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
-        f"(working set{' + read ahead' if mem.get('read_ahead_bytes') else ''} + in flight + queue), "
+        f"(working set{' + read ahead' if mem.get('read_ahead_bytes') else ''} + in flight + queue + statics), "
         "before the interpreter",
     ]
+    for label, v in info.get("statics", {}).items():
+        picked = "".join(f" {k}={t}" for k, t in v["selection"].items())
+        lines.append(
+            f"static     {label}: {v['path']}{picked} {tuple(v['shape'])} {v['dtype']}, {_mb(v['bytes'])} MB once"
+        )
+    for path, why in info.get("left_out", {}).items():
+        lines.append(f"left out   {path}: {why}")
     lines += [f"hint       {h}" for h in info["notes"]]
     return "\n".join(lines)

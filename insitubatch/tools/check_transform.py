@@ -32,7 +32,8 @@ from typing import Any, Literal
 import numpy as np
 
 from ..io.decode import read_stored_chunk
-from ..io.geometry import ArrayGeometry, open_geometries
+from ..io.geometry import ArrayGeometry
+from ..io.group import open_geometries
 from ..io.stores import obstore_store
 from ..transforms import ChunkRead, DecodedChunk, Scoped
 from .gil_probe import PROBE_THREADS, gil_probe

@@ -16,7 +16,7 @@ import numpy as np
 import zarr
 
 from ..dataset import InSituDataset
-from ..io.geometry import open_geometries
+from ..io.group import open_geometries
 from ..io.stores import obstore_store
 from ..plan.splits import split_by_chunk
 from ..progress import progress
@@ -28,6 +28,9 @@ DEFAULT_PATH = "demo_data/era5_demo.zarr"
 DEMO_SHAPE = (2920, 32, 64)
 DEMO_CHUNKS = (16, 32, 32)
 DEMO_VARIABLES = ("t2m", "u10", "v10")
+# The time coordinate: 6-hourly steps from ERA5's first date, CF-encoded (decoded to dates when read).
+DEMO_TIME_UNITS = "hours since 1979-01-01 00:00:00"
+DEMO_STEP_HOURS = 6
 
 
 def write_demo_dataset(path: str | Path, *, shape=DEMO_SHAPE, chunks=DEMO_CHUNKS, seed: int = 0) -> Path:
@@ -39,7 +42,15 @@ def write_demo_dataset(path: str | Path, *, shape=DEMO_SHAPE, chunks=DEMO_CHUNKS
     root = zarr.open_group(path, mode="w")
     n, ny, nx = shape
     t = np.arange(n, dtype="i8")
-    root.create_array("time", shape=(n,), chunks=(n,), dtype="i8", dimension_names=("time",))[:] = t
+    time_axis = root.create_array(
+        "time",
+        shape=(n,),
+        chunks=(n,),
+        dtype="i8",
+        dimension_names=("time",),
+        attributes={"units": DEMO_TIME_UNITS, "calendar": "proleptic_gregorian"},  # as xarray writes ERA5's
+    )
+    time_axis[:] = t * DEMO_STEP_HOURS
     lat = np.linspace(-87.2, 87.2, ny).astype("f4")
     lon = np.linspace(0, 354.4, nx).astype("f4")
     root.create_array("lat", shape=(ny,), chunks=(ny,), dtype="f4", dimension_names=("lat",))[:] = lat

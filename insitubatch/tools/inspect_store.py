@@ -22,7 +22,8 @@ from typing import Any, Literal
 from zarr.abc.store import Store
 
 from .._zarr_compat import sync
-from ..io.geometry import ArrayGeometry, open_geometries
+from ..io.geometry import ArrayGeometry
+from ..io.group import open_geometries
 from ..io.owned import close_store
 from ..io.stores import as_store, obstore_store
 from ..io.sync_get import _sync_get

@@ -14,7 +14,7 @@ from insitubatch._engine.context import PassContext
 from insitubatch._engine.loop import decode_pool
 from insitubatch._engine.pool import ChunkPool
 from insitubatch._engine.reader import ArrayReader
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.plan.planner import EpochPlanner
 from insitubatch.plan.splits import split_by_chunk
 

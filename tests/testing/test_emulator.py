@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zarr
 
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.io.stores import obstore_store
 from insitubatch.testing.data import DatasetSpec, write_era5_like
 from insitubatch.testing.emulator import FAULT_KINDS, Emulator, EmulatorProcess

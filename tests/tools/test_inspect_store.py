@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from insitubatch.dataset import InSituDataset
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.io.stores import obstore_store
 from insitubatch.plan.epoch import plan_epoch
 from insitubatch.plan.splits import split_by_chunk

@@ -14,7 +14,7 @@ import zarr
 from helpers import smooth_field, write_array
 
 from insitubatch.dataset import InSituDataset
-from insitubatch.io.geometry import open_geometries
+from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
 from insitubatch.tools.check_transform import read_chunk
 from insitubatch.tools.gil_probe import SCHEDSTAT_PATH, _usable_cpus, gil_probe
