@@ -2,8 +2,8 @@
 
 The dataset resolves the variables and builds, once, what every pass
 shares: a ``PassContext`` (readers, the ``ChunkPool`` and its disk cache,
-batch buffers, the decode pool, the ``max_inflight`` semaphore, the epoch's
-counters) and an ``EpochPlanner``. Views (``views.py``) read only those two
+batch buffers, the decode pool, the read permits, the epoch's counters) and
+an ``EpochPlanner``. Views (``views.py``) read only those two
 to plan and start passes (``_engine/prefetch.py``).
 """
 
@@ -13,16 +13,16 @@ import dataclasses
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ._engine.buffers import BufferPool
-from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext
+from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, concurrency_report
 from ._engine.loop import decode_pool
 from ._engine.pool import ChunkPool, Entry
 from ._engine.reader import ArrayReader, BadChunkRecord
-from ._validate import callables, flag, positive_int
+from ._validate import callables, flag, positive_int, positive_int_or_auto
 from .cache import OnCorrupt
 from .cache.fingerprint import array_fingerprints
 from .cache.options import open_dataset_cache
@@ -52,12 +52,9 @@ class InSituDataset:
     ----------
     store
         A zarr ``Store``, or a URL/path (opened read-only with ``obstore_store``).
-        Fault tolerance is the store's: ``obstore_store(url, retry=...,
-        client_options=...)`` retries transient failures and times out stalls
-        (its defaults are ``stores.DEFAULT_RETRY`` and
-        ``stores.DEFAULT_CLIENT_OPTIONS``). What still fails reaches the
-        consumer as ``StoreReadError`` naming array, chunk and key; a missing
-        chunk key reads as the fill value.
+        Reads retry within the store's ``retry`` bounds and abandon stalls
+        (docs/tuning.md); what still fails raises ``StoreReadError`` naming
+        array, chunk and key. A missing chunk key reads as the fill value.
     manifest
         The ``SplitManifest`` whose chunk grid is the anchor grid.
     variables
@@ -74,7 +71,8 @@ class InSituDataset:
         Batches per step; whether ``train`` is shuffled (``val``/``test`` are
         always sequential); chunks per shuffle block; the order's seed.
     max_inflight
-        Stored-chunk fetches in flight at once, across every pass of this dataset.
+        Fetches in flight at once, across every pass: ``"auto"`` (tuned while
+        passes run, up to the memory plan's cap; docs/tuning.md) or an int.
     prefetch_depth
         Batches the producer assembles ahead of the consumer.
     cache_budget_bytes
@@ -90,6 +88,8 @@ class InSituDataset:
         Per-chunk transforms (decode pool, cached) and per-batch ones (producer thread).
     decode_threads
         Threads of the process-wide decode pool (default: one per core).
+    hedge
+        Duplicate a remote GET far slower than its peers (at most 5% extra GETs).
     rank, world_size
         This process's share of each epoch. Unset: from an initialized
         ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
@@ -129,7 +129,7 @@ class InSituDataset:
         batch_size: int = 32,
         shuffle: bool = True,
         block_chunks: int = 16,
-        max_inflight: int = 32,
+        max_inflight: int | Literal["auto"] = "auto",
         prefetch_depth: int = 2,
         cache_budget_bytes: int | None = None,
         seed: int = 0,
@@ -147,12 +147,14 @@ class InSituDataset:
         statics: Mapping[str, StaticField] | Sequence[str] | None = None,
         cache_disk_bytes: int | None = None,
         on_corrupt_cache: OnCorrupt = "refetch",
+        hedge: bool = True,
     ) -> None:
         if not isinstance(manifest, SplitManifest):
             raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
         self.batch_size = positive_int("batch_size", batch_size)
         self.block_chunks = positive_int("block_chunks", block_chunks)
-        self.max_inflight = positive_int("max_inflight", max_inflight)
+        self.max_inflight: int | Literal["auto"] = positive_int_or_auto("max_inflight", max_inflight)
+        self.hedge = flag("hedge", hedge)
         self.prefetch_depth = positive_int("prefetch_depth", prefetch_depth)
         self.seed = positive_int("seed", seed, minimum=0)
         if decode_threads is not None:
@@ -227,6 +229,7 @@ class InSituDataset:
             batch_transforms=self.batch_transforms,
             sample_coords=self.sample_coords,
             statics=read_statics(self.store, self.static_fields),
+            hedge=self.hedge,
         )
         self.planner = EpochPlanner(
             manifest=manifest,
@@ -361,11 +364,10 @@ class InSituDataset:
     def describe(self, iterations: int = 1) -> dict[str, Any]:
         """What this configuration will cost, from metadata alone, as a JSON-able dict.
 
-        Geometry per label, the resolved knobs, every split's samples,
-        batches, GETs and working set (this rank's share), and the memory plan
-        term by term for ``iterations`` passes open at once (train and val
-        zipped is 2), sized for the split with the largest working set; plus
-        notes. The same arithmetic as ``insitubatch inspect``; nothing is fetched.
+        Geometry per label, the resolved knobs, every split's samples, batches, GETs and working set
+        (this rank's share), and the memory plan term by term for ``iterations`` passes open at once
+        (train and val zipped is 2), sized for the split with the largest working set; notes; the
+        reads-in-flight limit (``concurrency``). Nothing is fetched.
         """
         iterations = positive_int("iterations", iterations)
         plans = {name: self.plan(name) for name in self.manifest.names}
@@ -382,6 +384,7 @@ class InSituDataset:
             batch_geometries=self.outputs,
             statics={label: (self.context.statics[label], f) for label, f in self.static_fields.items()},
             left_out=self.left_out,
+            remote=self.context.client() is not None,
         )
         info["resolved"] = {
             "shuffle": self.shuffle,
@@ -397,7 +400,7 @@ class InSituDataset:
             "chunk_transforms": len(self.chunk_transforms),
             "batch_transforms": len(self.batch_transforms),
         }
-        return info
+        return {**info, "concurrency": concurrency_report(self.context)}  # the reads-in-flight limit, as chosen
 
     def print_summary(self, iterations: int = 1) -> None:
         """Print :meth:`describe` as the text ``insitubatch inspect`` shows."""

@@ -195,7 +195,8 @@ def test_a_consumer_slower_than_the_producer(local) -> None:
         assert sorted(seen) == list(range(N))
         # the producer ran ahead and waited: the queue was full, never over its depth
         assert max(queued) == ds.prefetch_depth
-        assert ds.pool.totals.peak_resident_bytes <= plan.working_set_bytes
+        # (a wrapping store is read as a remote one: under max_inflight="auto" it may read further ahead)
+        assert ds.pool.totals.peak_resident_bytes <= plan.working_set_bytes + ds.context.read_ahead(plan)[0]
 
 
 def test_a_consumer_faster_than_the_producer(local) -> None:

@@ -23,6 +23,7 @@ from ..errors import DatasetClosedError
 from ..plan.epoch import EpochPlan, ReadKey
 from .batch import Batch
 from .context import PassContext
+from .fetch import Fetcher
 from .gather import gather_label
 from .pool import FAILED, PENDING, Entry, Owner
 from .scheduler import PassDriver, tile_group
@@ -77,6 +78,8 @@ class _PassState:
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.evictions_at_start = 0
+        self.intervals_at_start = 0  # the auto controller's intervals and cuts before this pass
+        self.cuts_at_start = 0
         self.on_stats: Callable[[PassStats], None] | None = None  # told the final stats when the pass closes
         release_order = np.argsort(plan.read_last, kind="stable")
         bounds = np.searchsorted(plan.read_last[release_order], np.arange(plan.n_blocks + 1))
@@ -98,6 +101,7 @@ class _PassState:
         ctx, now = self.ctx, time.perf_counter()
         started = self.started_at if self.started_at is not None else now
         ended = self.ended_at if self.ended_at is not None else now
+        limit, history = ctx.concurrency(self.intervals_at_start)
         return PassStats._from_trace(
             self.counters.trace,
             self.counters,
@@ -105,7 +109,12 @@ class _PassState:
             epoch=self.epoch,
             wall_s=ended - started,
             evictions=ctx.pool.totals.evictions - self.evictions_at_start,
-            max_inflight=ctx.max_inflight,
+            max_inflight=limit,
+            inflight_auto=history is not None,
+            inflight_min=limit if history is None else history.min,
+            inflight_median=limit if history is None else history.median,
+            inflight_max=limit if history is None else history.max,
+            throttle_cuts=0 if history is None else history.cuts - self.cuts_at_start,
             decode_threads=ctx.decode_threads,
             cache_budget_bytes=ctx.pool.explicit_budget,
             finished=self.ended_at is not None,
@@ -115,22 +124,30 @@ class _PassState:
         ctx = self.ctx
         self.started_at = time.perf_counter()
         self.evictions_at_start = ctx.pool.totals.evictions
-        self.owner = ctx.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
+        # under "auto" on a remote store the pass may read further ahead than its working set, so the window fills
+        self.owner = ctx.pool.open_owner(
+            self.plan.working_set_bytes, self.plan.read_ahead_bound, *ctx.read_ahead(self.plan)
+        )
         ctx.track(self.owner.counters)
+        permits, client = ctx.permits(), ctx.client()
+        controller = permits.window.controller
+        if controller is not None:
+            self.intervals_at_start, self.cuts_at_start = controller.intervals, controller.cuts
         self.driver = PassDriver(
             store=ctx.store,
             pool=ctx.pool,
             owner=self.owner,
             plan=self.plan,
             readers=ctx.readers,
-            semaphore=ctx.semaphore(),
+            semaphore=permits,
             executor=ctx.executor,
             on_bad_chunk=ctx.on_bad_chunk,
             bad_chunks=ctx.bad_chunks,
             first_block=self._first_block(),
             cache=ctx.cache,
-            group=tile_group(ctx.max_inflight, ctx.decode_threads),
+            group=tile_group(permits.window.limit, ctx.decode_threads),
             shard_indexes=ctx.shard_indexes,
+            fetcher=None if client is None else Fetcher(client, permits, self.owner.counters, hedge=ctx.hedge),
         )
         self.driver.seen_keys = ctx.fetched_keys
         self.driver.start()

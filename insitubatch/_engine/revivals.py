@@ -19,6 +19,7 @@ from collections.abc import Callable
 from ..cache import DiskCache
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader
+from .window import WindowUser
 
 # a chunk another writer of the cache_dir is making is looked up again after this, doubling up to
 # BUSY_POLL_MAX_S; past BUSY_WAIT_S (a writer stuck or stopped) it is fetched here and kept in memory
@@ -44,7 +45,7 @@ class _Revivals:
     cache: DiskCache | None
     pool: ChunkPool
     owner: Owner
-    semaphore: asyncio.Semaphore
+    semaphore: WindowUser  # the read permits
     executor: concurrent.futures.Executor
     loop: asyncio.AbstractEventLoop
     _claimed: set  # (path, chunk) claims this pass took (released when it stops, if still held)
@@ -67,7 +68,7 @@ class _Revivals:
 
         One executor job looks up a block's worth of chunks, so reviving costs
         one thread hop per batch of lookups; it runs as a task, overlapping the
-        admission of later chunks, under the ``max_inflight`` semaphore. A miss
+        admission of later chunks, under the read permits (``max_inflight``). A miss
         is claimed for this process before it is fetched; one that another
         writer of the ``cache_dir`` is making is looked up again a little later
         (``waited`` seconds so far), so it is revived rather than fetched twice.

@@ -2,13 +2,16 @@
 
 The driver walks the plan's reads in admission order. A read already in the
 pool is pinned and costs nothing; a miss is admitted under the pass's
-read-ahead limit and its tiles are fetched under one ``max_inflight``
-semaphore over every tile. The loop decides what and when; each tile then
+read-ahead limit and its tiles are fetched under the dataset's read permits
+(``window``: one per tile, a pinned ``max_inflight`` or the self-tuning
+limit). The loop decides what and when; each tile then
 costs one hop to the process-wide ``insitu-dec`` pool (passed explicitly,
 never the loop's default executor), whose job decodes it straight into the
 tile's own memory, transforms it and hands it to the pool. A network store's
 GET is awaited on the loop first; a local or memory store is read inside the
-job, with tiles grouped per job. Finished jobs return to the loop in bursts.
+job, with tiles grouped per job. A remote store's GET goes through the
+pass's ``Fetcher`` (hedged, stall-proof, retried). Finished jobs return to
+the loop in bursts.
 Teardown cancels only the tasks this driver started, waits for the decode-pool
 jobs they left behind, and only then lets the pool hand this pass's unfinished
 fetches to a pass still waiting on them (``Owner.refetch``, re-admitted on the loop).
@@ -36,6 +39,7 @@ from ..io.direct import ChunkData
 from ..io.geometry import ArrayGeometry
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
+from .fetch import Fetcher
 from .landings import _Landings, _release
 from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
@@ -45,6 +49,7 @@ from .revivals import _Revivals
 from .shard_index import ShardIndexes, prefetch, read_inner_chunk, shard_keys
 from .tile_jobs import _GET_IN_JOB, _TileJobs
 from .wants import Want, Wants
+from .window import WindowUser
 
 __all__ = ["PassDriver", "tile_group"]
 
@@ -80,7 +85,7 @@ class PassDriver(_TileJobs, _Revivals):
         owner: Owner,
         plan: EpochPlan,
         readers: Mapping[str, ArrayReader],
-        semaphore: asyncio.Semaphore,
+        semaphore: WindowUser,
         executor: concurrent.futures.Executor,
         on_bad_chunk: str,
         bad_chunks: list[BadChunkRecord],
@@ -88,13 +93,15 @@ class PassDriver(_TileJobs, _Revivals):
         cache: DiskCache | None = None,
         group: int = MAX_TILE_GROUP,
         shard_indexes: ShardIndexes | None = None,
+        fetcher: Fetcher | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
         self.owner = owner
         self.plan = plan
         self.readers = readers
-        self.semaphore = semaphore
+        self.semaphore = semaphore  # the read permits: one per tile in flight
+        self.fetcher = fetcher  # a remote store's reads, hedged and retried (None: its own get, or a sync read)
         self.executor = executor
         self.on_bad_chunk = on_bad_chunk
         self.bad_chunks = bad_chunks
@@ -408,13 +415,15 @@ class PassDriver(_TileJobs, _Revivals):
         if self._active == 0 and self._waiting:
             self._stall_from = time.perf_counter()
 
-    async def _get_range(self, key: str, byte_range: ByteRequest | None) -> Buffer | None:
+    async def _get_range(self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None) -> Buffer | None:
+        if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
+            return await self.fetcher.get(key, byte_range, size_hint)
         return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
 
     async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> ChunkData | BadChunkError | None:
         """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range (``read_inner_chunk``)."""
         if not g.sharded_reads:
-            return await self._get_range(key, None)
+            return await self._get_range(key, None, g.tile_nbytes)
         stage, decoder = self._shards[g.path], self._decoders[g.path]
         return await read_inner_chunk(self.shard_indexes, stage, decoder, coord, self._get_range)
 
@@ -441,10 +450,11 @@ class PassDriver(_TileJobs, _Revivals):
                 finally:
                     trace.inflight_reads -= 1
                     trace.add("fetch_s", time.perf_counter() - t0)
-                counters = self.owner.counters
-                counters.gets += 1
-                if buf is not None and not isinstance(buf, BadChunkError):
-                    counters.get_bytes += len(buf)
+                if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
+                    counters = self.owner.counters
+                    counters.gets += 1
+                    if buf is not None and not isinstance(buf, BadChunkError):
+                        counters.get_bytes += len(buf)
             else:
                 buf = _GET_IN_JOB
             # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers

@@ -21,7 +21,7 @@ from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from .epoch import EpochPlan
 
-__all__ = ["describe_loader", "format_summary"]
+__all__ = ["AUTO_INFLIGHT_CEILING", "auto_inflight_cap", "auto_read_ahead", "describe_loader", "format_summary"]
 
 MB = 1e6
 MIB = 1 << 20
@@ -32,6 +32,32 @@ MIN_BLOCK_SAMPLES_PER_BATCH = 4
 # cost (the "fat chunks" regime of docs/tuning.md); the note says how much.
 FAT_TILE_BYTES = 16 * MIB
 KNOBS = ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")
+# max_inflight="auto" lets the engine raise the reads in flight while throughput still rises, up to a cap:
+# as many decoded tiles as fit AUTO_INFLIGHT_BYTES, never more than AUTO_INFLIGHT_CEILING reads (each is a
+# connection to the store) nor fewer than AUTO_INFLIGHT_FLOOR however fat the tiles.
+AUTO_INFLIGHT_BYTES = 512 * MIB
+AUTO_INFLIGHT_CEILING = 256
+AUTO_INFLIGHT_FLOOR = 4
+
+
+def auto_inflight_cap(tile_bytes: int) -> int:
+    """The most reads ``max_inflight="auto"`` holds at once for decoded tiles of ``tile_bytes``."""
+    return max(AUTO_INFLIGHT_FLOOR, min(AUTO_INFLIGHT_CEILING, AUTO_INFLIGHT_BYTES // max(int(tile_bytes), 1)))
+
+
+def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int) -> tuple[int, int]:
+    """``(bytes, reads)`` a remote pass under ``max_inflight="auto"`` may read ahead beyond its working set.
+
+    The plan reads one shuffle block ahead, which can hold fewer tiles than
+    the window wants in flight: a pass may then run ``cap`` tiles' worth of
+    reads further ahead, so the window can fill while the consumer works on
+    the current block. Their decoded bytes are a term of the memory plan.
+    """
+    if not plan.reads:
+        return 0, 0
+    per_read = sum(tiles_per_read[source] for source, _ in plan.reads) / len(plan.reads)
+    reads = math.ceil(cap / per_read)
+    return reads * int(plan.read_nbytes.max()), reads
 
 
 def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
@@ -50,7 +76,7 @@ def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, 
 def describe_loader(
     geometries: Mapping[str, ArrayGeometry],
     plans: Mapping[str, EpochPlan],
-    knobs: Mapping[str, int],
+    knobs: Mapping[str, Any],
     *,
     split: str,
     store: str = "",
@@ -60,6 +86,7 @@ def describe_loader(
     stored_tile_bytes: Mapping[str, int | None] | None = None,
     statics: Mapping[str, tuple[np.ndarray, Any]] | None = None,
     left_out: Mapping[str, str] | None = None,
+    remote: bool = False,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -70,7 +97,9 @@ def describe_loader(
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
     sizes, ``None`` where unknown. ``statics`` are ``{label: (values, StaticField)}``
     (held once, counted in the memory plan); ``left_out`` what the dataset
-    did not take from the store, with why.
+    did not take from the store, with why. ``knobs["max_inflight"]`` may be
+    ``"auto"``: the in-flight terms are then stated at its cap, and on a
+    ``remote`` store the read-ahead beyond the working set is a term too.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
@@ -96,12 +125,19 @@ def describe_loader(
     mine = splits[split]
     batch_bytes = knobs["batch_size"] * sum(g.sample_nbytes for g in rows.values())
     tile_bytes = max(g.tile_nbytes for g in geometries.values())
-    inflight_bytes = knobs["max_inflight"] * tile_bytes  # one semaphore over every pass
+    auto = knobs["max_inflight"] == "auto"
+    inflight_tiles = auto_inflight_cap(tile_bytes) if auto else int(knobs["max_inflight"])
+    inflight_bytes = inflight_tiles * tile_bytes  # one set of permits over every pass
     ratios = [v["tile_bytes"] / v["stored_tile_bytes"] for v in variables.values() if v["stored_tile_bytes"]]
     wire = inflight_bytes / (sum(ratios) / len(ratios)) if ratios else None
     # queued + the one in assembly + the one the consumer holds (its buffer is not reused before)
     queue_bytes = iterations * (knobs["prefetch_depth"] + 2) * batch_bytes
     working = iterations * mine["working_set_bytes"]
+    ahead = 0
+    if auto and remote:
+        ahead = iterations * auto_read_ahead(plans[split], tiles_per_read, inflight_tiles)[0]
+        if budget_bytes is not None:  # granted as far as an explicit budget has room
+            ahead = max(0, min(ahead, int(budget_bytes) - working))
     static_rows = {
         label: {
             "path": f.path,
@@ -121,16 +157,18 @@ def describe_loader(
     memory = {
         "iterations": iterations,
         "working_set_bytes": working,
-        "budget_bytes": working if budget_bytes is None else int(budget_bytes),
+        "read_ahead_bytes": ahead,
+        "budget_bytes": working + ahead if budget_bytes is None else int(budget_bytes),
         "budget": "auto" if budget_bytes is None else "explicit",
-        "inflight_tiles": knobs["max_inflight"],
+        "inflight_tiles": inflight_tiles,
+        "inflight_auto": auto,
         "inflight_bytes": int(inflight_bytes),
         "inflight_wire_bytes": None if wire is None else int(wire),
         "batch_bytes": int(batch_bytes),
         "queue_bytes": int(queue_bytes),
         "statics_bytes": int(static_bytes),
         "shard_index_bytes": int(index_bytes),
-        "total_bytes": int(working + inflight_bytes + queue_bytes + static_bytes + index_bytes),
+        "total_bytes": int(working + ahead + inflight_bytes + queue_bytes + static_bytes + index_bytes),
     }
     first = next(iter(geometries.values()))
     spc = first.sample_chunk_size
@@ -139,7 +177,8 @@ def describe_loader(
     if spc == 1:
         notes.append(
             "one sample per chunk: every GET serves one sample, so throughput is max_inflight / latency "
-            "samples per second at best; raise max_inflight"
+            "samples per second at best; "
+            + (f"max_inflight='auto' raises it up to {inflight_tiles}" if auto else "raise max_inflight")
         )
     if block_samples < MIN_BLOCK_SAMPLES_PER_BATCH * knobs["batch_size"]:
         notes.append(
@@ -165,7 +204,7 @@ def describe_loader(
     if tile_bytes >= FAT_TILE_BYTES:
         notes.append(
             f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
-            f"max_inflight={knobs['max_inflight']} holds up to {inflight_bytes / MIB:.0f} MiB"
+            f"max_inflight={knobs['max_inflight']!r} holds up to {inflight_bytes / MIB:.0f} MiB"
         )
     if budget_bytes is not None and budget_bytes < working:
         notes.append(
@@ -176,7 +215,7 @@ def describe_loader(
         "store": store,
         "probed": stored_tile_bytes is not None,
         "variables": variables,
-        "knobs": {k: int(knobs[k]) for k in KNOBS},
+        "knobs": {k: knobs[k] if knobs[k] == "auto" else int(knobs[k]) for k in KNOBS},
         "split": split,
         "splits": splits,
         "memory": memory,
@@ -232,6 +271,11 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"working    {_mb(mem['working_set_bytes'])} MB resident at most ({s['read_ahead_bound']} chunk reads{per}) — "
         f"the pool's floor and its automatic budget",
     ]
+    if mem.get("read_ahead_bytes"):
+        lines.append(
+            f"ahead      {_mb(mem['read_ahead_bytes'])} MB more read ahead (max_inflight=auto on a remote store: "
+            "the window fills while the current block is consumed)"
+        )
     if n > 1:
         lines.append(
             f"iterations {n} open at once: pool budget {n} × working = {_mb(mem['working_set_bytes'])} MB, "
@@ -240,12 +284,13 @@ def format_summary(info: Mapping[str, Any]) -> str:
     if mem["budget"] == "explicit":
         lines.append(f"budget     cache_budget_bytes = {_mb(mem['budget_bytes'])} MB")
     lines += [
-        f"in flight  {mem['inflight_tiles']} tiles at once ≤ {_mb(mem['inflight_bytes'])} MB decoded"
-        + (f" (~{_mb(wire)} MB on the wire)" if wire is not None else ""),
+        f"in flight  {'auto, up to ' if mem.get('inflight_auto') else ''}{mem['inflight_tiles']} tiles at once "
+        f"≤ {_mb(mem['inflight_bytes'])} MB decoded" + (f" (~{_mb(wire)} MB on the wire)" if wire is not None else ""),
         f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold{per} = {_mb(mem['queue_bytes'])} MB "
         f"({_mb(mem['batch_bytes'])} MB per batch)",
         f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
-        "(working set + in flight + queue + statics), before the interpreter",
+        f"(working set{' + read ahead' if mem.get('read_ahead_bytes') else ''} + in flight + queue + statics), "
+        "before the interpreter",
     ]
     for label, v in info.get("statics", {}).items():
         picked = "".join(f" {k}={t}" for k, t in v["selection"].items())

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import inspect as _pyinspect
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from zarr.abc.store import Store
 
@@ -26,6 +26,7 @@ from ..io.geometry import ArrayGeometry
 from ..io.group import open_geometries
 from ..io.owned import close_store
 from ..io.stores import as_store, obstore_store
+from ..io.sync_get import _sync_get
 from ..plan.cost import describe_loader, format_summary
 from ..plan.epoch import plan_epoch
 from ..plan.splits import DEFAULT_FRACTIONS, split_by_chunk
@@ -39,6 +40,10 @@ def _dataset_defaults() -> dict[str, Any]:
 
     params = _pyinspect.signature(InSituDataset).parameters
     return {k: params[k].default for k in ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")}
+
+
+def _int_or_auto(text: str) -> int | str:
+    return text if text == "auto" else int(text)
 
 
 def _stored_nbytes(store: Store, g: ArrayGeometry) -> int | None:
@@ -57,7 +62,7 @@ def inspect_store(
     *,
     batch_size: int | None = None,
     block_chunks: int | None = None,
-    max_inflight: int | None = None,
+    max_inflight: int | Literal["auto"] | None = None,
     prefetch_depth: int | None = None,
     iterations: int = 1,
     variables: Sequence[str] | None = None,
@@ -76,6 +81,7 @@ def inspect_store(
         A zarr ``Store`` or a URL / path (opened read-only with ``obstore_store``).
     batch_size, block_chunks, max_inflight, prefetch_depth
         The loader knobs; ``None`` takes ``InSituDataset``'s default.
+        ``max_inflight="auto"`` states the in-flight memory at its cap.
     iterations
         Passes of this size open at once (``zip(ds.train, ds.val)`` is 2):
         each adds its working set to the automatic budget and its batches.
@@ -110,6 +116,8 @@ def inspect_store(
     }
     knobs = {k: defaults[k] if v is None else v for k, v in given.items()}
     for name, value in (*knobs.items(), ("iterations", iterations)):
+        if name == "max_inflight" and value == "auto":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     opened = not isinstance(url_or_store, Store)
@@ -128,7 +136,7 @@ def inspect_store(
 def _describe(
     store: Store,
     where: Any,
-    knobs: dict[str, int],
+    knobs: dict[str, Any],
     iterations: int,
     variables: Sequence[str] | None,
     sample_axis: int,
@@ -158,7 +166,14 @@ def _describe(
     stored = {p: _stored_nbytes(store, g) for p, g in geoms.items()} if probe else None
     label = where if isinstance(where, str) else type(where).__name__
     info = describe_loader(
-        geoms, {split: plan}, knobs, split=split, store=label, stored_tile_bytes=stored, iterations=iterations
+        geoms,
+        {split: plan},
+        knobs,
+        split=split,
+        store=label,
+        stored_tile_bytes=stored,
+        iterations=iterations,
+        remote=_sync_get(store) is None,
     )
     return format_summary(info)
 
@@ -173,7 +188,7 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("url", help="store URL (gs://, s3://, http(s)://, file://) or a local path")
     parser.add_argument("--batch-size", type=int, default=None)
     parser.add_argument("--block-chunks", type=int, default=None)
-    parser.add_argument("--max-inflight", type=int, default=None)
+    parser.add_argument("--max-inflight", type=_int_or_auto, default=None, help='an int, or "auto" (the default)')
     parser.add_argument("--prefetch-depth", type=int, default=None)
     parser.add_argument(
         "--iterations", type=int, default=1, help="passes open at once, e.g. 2 for zip(ds.train, ds.val) (default: 1)"
