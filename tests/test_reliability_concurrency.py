@@ -306,12 +306,12 @@ def _abandon_first(ds, how: str):
     store = ds.store
     if how == "break":
         plan = ds.train.plan()
-        first_block_gets, shards = 0, set()
-        for i in plan.block_reads[0]:
-            source, chunk = plan.reads[i]
+        first_block_gets = sum(ds.readers[plan.reads[i][0]].geometry.tiles_per_chunk for i in plan.block_reads[0])
+        # a remote pass reads every shard index it will need as it starts: one more GET each, read once
+        shards = set()
+        for source, chunk in plan.reads:
             g = ds.readers[source].geometry
-            first_block_gets += g.tiles_per_chunk
-            if g.sharded_reads:  # each shard's index is one more GET, read once
+            if g.sharded_reads:
                 shards.update(g.tile_key(g.physical_chunk_coord(chunk, t))[0] for t in range(g.tiles_per_chunk))
         first_block_gets += len(shards)
         store.hold(after=first_block_gets)  # the first batch arrives, the next block stays in flight

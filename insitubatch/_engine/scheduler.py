@@ -27,16 +27,11 @@ import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
-from zarr.abc.buffer import Buffer
-from zarr.abc.store import ByteRequest, Store
+from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
 
 from ..cache import DiskCache
-from ..errors import BadChunkError
-from ..io.chain import _ShardStage
 from ..io.decode import make_decoder, shard_stage
-from ..io.direct import ChunkData
-from ..io.geometry import ArrayGeometry
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
 from .fetch import Fetcher
@@ -45,10 +40,11 @@ from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
+from .remote_tiles import _RemoteTiles
 from .revivals import _Revivals
-from .shard_index import ShardIndexes, prefetch, read_inner_chunk, shard_keys
-from .tile_jobs import _GET_IN_JOB, _TileJobs
-from .wants import Want, Wants
+from .shard_index import ShardIndexes
+from .tile_jobs import _TileJobs
+from .wants import Wants
 from .window import WindowUser
 
 __all__ = ["PassDriver", "tile_group"]
@@ -59,8 +55,6 @@ REVIVE_BATCH = 64
 # (``tile_group``): a group costs the loop one submit and one wake-up, and on small tiles
 # 8 beat 4 by ~10% and 16 added nothing (bench.engine_probe, 64 kB zstd tiles)
 MAX_TILE_GROUP = 8
-# shard indexes a remote pass reads at once when it starts, ahead of the tiles that need them
-INDEX_PREFETCH = 16
 # reads the driver admits between two yields to the loop: a yield per read costs a loop
 # turn (and the GIL, to whichever decode thread wants it) for every tile on small chunks
 ADMIT_BURST = 4
@@ -74,7 +68,7 @@ def tile_group(max_inflight: int, decode_threads: int) -> int:
     return max(1, min(MAX_TILE_GROUP, max_inflight // (2 * max(decode_threads, 1))))
 
 
-class PassDriver(_TileJobs, _Revivals):
+class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
     """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
 
     def __init__(
@@ -247,22 +241,6 @@ class PassDriver(_TileJobs, _Revivals):
             with self.pool.cond:
                 self.pool.cond.notify_all()
 
-    def _prefetch_shard_indexes(self) -> None:
-        """A remote store: read the indexes of the shards this pass reads, in first-use order, as it starts."""
-        sharded = {source: r for source, r in self.readers.items() if r.geometry.sharded_reads}
-        if not sharded or self._get_sync is not None:
-            return  # a local store reads an index in a decode job, as fast as a tile
-        plan = self.plan
-        order = [
-            i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
-        ]
-        wanted: dict[str, tuple[str, _ShardStage]] = {}
-        for source, r in sharded.items():
-            chunks = [plan.reads[i][1] for i in order if plan.reads[i][0] == source]
-            for key in shard_keys(r.geometry, r.layout.tiles, chunks):
-                wanted.setdefault(key, (key, self._shards[r.geometry.path]))
-        self._spawn(prefetch(self.shard_indexes, list(wanted.values()), self._get_range, INDEX_PREFETCH))
-
     async def _drive(self) -> None:
         plan, pool, owner = self.plan, self.pool, self.owner
         revivals: list[tuple[Entry, ArrayReader, int]] = []  # admitted misses to look up on disk together
@@ -414,54 +392,3 @@ class PassDriver(_TileJobs, _Revivals):
         self._active -= 1
         if self._active == 0 and self._waiting:
             self._stall_from = time.perf_counter()
-
-    async def _get_range(self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None) -> Buffer | None:
-        if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
-            return await self.fetcher.get(key, byte_range, size_hint)
-        return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
-
-    async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> ChunkData | BadChunkError | None:
-        """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range (``read_inner_chunk``)."""
-        if not g.sharded_reads:
-            return await self._get_range(key, None, g.tile_nbytes)
-        stage, decoder = self._shards[g.path], self._decoders[g.path]
-        return await read_inner_chunk(self.shard_indexes, stage, decoder, coord, self._get_range)
-
-    async def _fetch_tile(self, want: Want) -> None:
-        entry, reader, k = want.consumers[0]
-        g = reader.geometry
-        coord = reader.tile_coord(want.chunk_index, k)
-        key = g.tile_key(coord)[0]
-        buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
-        async with self.semaphore:
-            if self._get_sync is None:
-                trace = self.owner.counters.trace
-                trace.inflight_reads += 1
-                t0 = time.perf_counter()
-                try:
-                    buf = await self._get_tile(g, coord, key)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    error = self._read_error(g, coord, key, exc)
-                    for consumer, _, _ in want.seal():
-                        self.pool.fail(consumer, error)
-                    return
-                finally:
-                    trace.inflight_reads -= 1
-                    trace.add("fetch_s", time.perf_counter() - t0)
-                if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
-                    counters = self.owner.counters
-                    counters.gets += 1
-                    if buf is not None and not isinstance(buf, BadChunkError):
-                        counters.get_bytes += len(buf)
-            else:
-                buf = _GET_IN_JOB
-            # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers
-            landed, job = self._landings.submit(self._tile_job, want, coord, key, buf)
-            self._track(job)
-            try:
-                await landed
-            except Exception as exc:
-                for consumer, _, _ in want.consumers:
-                    self.pool.fail(consumer, exc)

@@ -203,20 +203,23 @@ async def prefetch(
     indexes: ShardIndexes,
     wanted: Sequence[tuple[str, _ShardStage]],
     get_range: Callable[[str, ByteRequest], Awaitable[Any]],
+    permits: Any,
     concurrency: int,
 ) -> None:
     """Loop: read the indexes of ``wanted`` shards, in order, ``concurrency`` at a time, ahead of their tiles.
 
     A pass's tiles then find their shard's index read (or being read)
     instead of each first tile of a shard holding a read permit for a round
-    trip while its index comes. Failures are left for those tiles to meet
-    and report.
+    trip while its index comes. Each read takes one of the pass's read
+    ``permits`` (an ``asyncio.Semaphore``-like), so reads in flight stay
+    within ``max_inflight``. Failures are left for those tiles to meet and report.
     """
     pending = iter(wanted)
 
     async def worker() -> None:
         for key, stage in pending:
             with contextlib.suppress(Exception):
-                await indexes.read(key, stage, get_range)
+                async with permits:
+                    await indexes.read(key, stage, get_range)
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
