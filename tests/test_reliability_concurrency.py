@@ -305,17 +305,9 @@ def _abandon_first(ds, how: str):
     """
     store = ds.store
     if how == "break":
-        plan = ds.train.plan()
-        first_block_gets = sum(ds.readers[plan.reads[i][0]].geometry.tiles_per_chunk for i in plan.block_reads[0])
-        # a remote pass reads every shard index it will need as it starts: one more GET each, read once
-        shards = set()
-        for source, chunk in plan.reads:
-            g = ds.readers[source].geometry
-            if g.sharded_reads:
-                shards.update(g.tile_key(g.physical_chunk_coord(chunk, t))[0] for t in range(g.tiles_per_chunk))
-        first_block_gets += len(shards)
-        store.hold(after=first_block_gets)  # the first batch arrives, the next block stays in flight
         for _ in ds.train:  # the loop's iterator dies with this frame after the break
+            # the first batch is here; the next block (more GETs than max_inflight) is still being read
+            store.hold()
             first = ds.train._pass()
             second = iter(ds.train)
             _wait_shared(second, first)

@@ -12,6 +12,7 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 from zarr.errors import ZarrUserWarning
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch._engine.remote_tiles import coalesce
 from insitubatch.io.decode import shard_stage
 from insitubatch.testing.emulator import Emulator
 
@@ -125,3 +126,31 @@ def test_describe_names_the_shards_and_their_inner_chunks(tmp_path) -> None:
     assert row["stored_chunk"] == [8, 10, 12] and row["read_chunk"] == [2, 5, 6] and row["shard_reads"]
     assert info["memory"]["shard_index_bytes"] == 16 * 19 * 2 * 2  # every inner chunk's entry, at most
     assert any("is sharded: its tiles are inner chunks (2, 5, 6) of shards (8, 10, 12)" in n for n in info["notes"])
+
+
+def test_adjacent_inner_chunks_come_in_one_get(tmp_path) -> None:
+    """A sample chunk's tiles lie back to back in its shard: one ranged GET reads them all, nothing more."""
+    path = tmp_path / "s.zarr"
+    data = _write(path)
+    spans, index_nbytes = _needed(path, lambda g: range(g.tiles_per_chunk))
+    with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("s.zarr"), read_only=True)
+        g = open_geometries(store, variables=["v"])["v"]
+        emu.reset_stats()
+        manifest = split_by_chunk(g, fractions=(1.0,))
+        with InSituDataset(store, manifest, ["v"], batch_size=5, max_inflight=64) as ds:
+            for batch in ds.train:
+                np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
+        stats = emu.stats()
+    for key, needed in spans.items():  # no gap read and thrown away
+        assert stats.keys[f"s.zarr/{key}"].bytes_sent == sum(n for _, n in needed) + index_nbytes, key
+    inner = sum(len(needed) for needed in spans.values())
+    gets = sum(stats.keys[f"s.zarr/{key}"].gets for key in spans)
+    # zarr lays a shard's inner chunks out in Morton order (the sample axis fastest): the tiles of
+    # neighbouring sample chunks touch, and chunks wanted together are read in runs
+    assert gets <= len(spans) + 2 * inner // 3, (gets, inner)  # (one GET per inner chunk: len(spans) + inner)
+
+
+def test_coalesce_joins_only_touching_spans() -> None:
+    runs = coalesce([(30, 40, "c", 2), (0, 10, "a", 0), (10, 30, "b", 1), (41, 50, "d", 3)])
+    assert [[s[2] for s in run] for run in runs] == [["a", "b", "c"], ["d"]]

@@ -51,7 +51,10 @@ class _Revivals:
     _claimed: set  # (path, chunk) claims this pass took (released when it stops, if still held)
     _turn: asyncio.Future | None  # the latest lookup's: its misses are fetched first
 
-    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> None:
+    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
+        raise NotImplementedError  # PassDriver's
+
+    def _start_remote(self) -> None:
         raise NotImplementedError  # PassDriver's
 
     def _spawn(self, coro, work: bool = False) -> None:
@@ -128,7 +131,8 @@ class _Revivals:
             else:
                 if result.claimed:
                     self._claimed.add((path, chunk_index))
-                self._fetch(entry, reader, chunk_index)
+                self._fetch(entry, reader, chunk_index, start=False)
+        self._start_remote()  # the misses' reads together: a shard's adjacent inner chunks share a GET
         if busy:
             self._spawn(self._after_others(busy, waited), work=True)
 

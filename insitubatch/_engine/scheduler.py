@@ -44,7 +44,7 @@ from .remote_tiles import _RemoteTiles
 from .revivals import _Revivals
 from .shard_index import ShardIndexes
 from .tile_jobs import _TileJobs
-from .wants import Wants
+from .wants import Want, Wants
 from .window import WindowUser
 
 __all__ = ["PassDriver", "tile_group"]
@@ -138,6 +138,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
         self._wants = Wants()  # stored tiles waiting to be read: another selection's entry may join one
         self._pump: asyncio.Task | None = None
+        self._remote_fresh: list[Want] = []  # remote tiles wanted, their reads not started yet (_start_remote)
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
         self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
@@ -260,9 +261,10 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             reader = self.readers[key[0]]
             if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
                 chunk = (reader.geometry.path, key[1])
-                self._fetch_all(fetches)
+                self._fetch_all(fetches, start=False)
                 if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
                     since_yield = 0
+                    self._start_remote()
                     await asyncio.sleep(0)
             # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
             own = not reader.pipeline and self.cache is None
@@ -288,10 +290,19 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         self._fetch_all(fetches)
         self._flush(revivals)
 
-    def _fetch_all(self, fetches: list[tuple[Entry, ArrayReader, int]]) -> None:
+    def _fetch_all(self, fetches: list[tuple[Entry, ArrayReader, int]], start: bool = True) -> None:
+        """Want the tiles of ``fetches``; ``start=False`` leaves remote ones to the next ``_start_remote``."""
         for entry, reader, chunk_index in fetches:
-            self._fetch(entry, reader, chunk_index)
+            self._fetch(entry, reader, chunk_index, start=False)
         fetches.clear()
+        if start:
+            self._start_remote()
+
+    def _start_remote(self) -> None:
+        """Start the remote reads wanted since the last call: together, so a shard's adjacent ones share a GET."""
+        if self._remote_fresh:
+            fresh, self._remote_fresh = self._remote_fresh, []
+            self._fetch_remote(fresh)
 
     def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
         if revivals:
@@ -306,7 +317,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             self._work_started()
             task.add_done_callback(self._work_ended)
 
-    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> None:
+    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
         """Read the tiles ``entry`` needs: each joins a read of the same stored tile still waiting, else starts one."""
         fresh = self._wants.add(entry, reader, chunk_index)
         if self._get_sync is not None:
@@ -316,8 +327,9 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
                 self._tasks.add(self._pump)
                 self._pump.add_done_callback(self._tasks.discard)
             return
-        for want in fresh:
-            self._spawn(self._fetch_tile(want), work=True)
+        self._remote_fresh.extend(fresh)
+        if start:
+            self._start_remote()
 
     async def _pump_tiles(self) -> None:
         """A store with a synchronous get: queued tiles go to the decode pool in groups of ``self._group``.
