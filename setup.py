@@ -57,7 +57,7 @@ extensions = [
     Extension(
         f"insitubatch._ext.{pyx.stem}",
         [str(pyx)],
-        include_dirs=[numpy.get_include()],
+        include_dirs=[numpy.get_include(), "_ext"],  # _ext/insitu_platform.h: the POSIX calls, guarded
         extra_compile_args=COMPILE_ARGS,
         extra_link_args=LINK_ARGS,
         libraries=LIBRARIES.get(pyx.stem, []),

@@ -11,7 +11,11 @@ from bytebuf cimport export_bytes
 from cpython.buffer cimport PyBUF_WRITABLE
 from libc.errno cimport errno
 from libc.string cimport memcpy
-from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
+
+# mmap/munmap on POSIX; elsewhere a mapping fails with ENOSYS (see the header)
+cdef extern from "insitu_platform.h" nogil:
+    void* insitu_map_file(int fd, size_t length, int writable)
+    int insitu_unmap_file(void* base, size_t length)
 
 cnp.import_array()
 
@@ -28,16 +32,15 @@ cdef class FileMapping:
 
     def __cinit__(self, int fd, Py_ssize_t length, bint writable):
         cdef void* p
-        cdef int prot = PROT_READ | (PROT_WRITE if writable else 0)
         cdef int err = 0
         self.base = NULL
         if length <= 0:
             raise ValueError(f"{length=} must be > 0 to map a file")
         with nogil:
-            p = mmap(NULL, <size_t>length, prot, MAP_SHARED, fd, 0)
-            if p == MAP_FAILED:
+            p = insitu_map_file(fd, <size_t>length, writable)
+            if p == NULL:
                 err = errno
-        if p == MAP_FAILED:
+        if p == NULL:
             raise OSError(err, f"mmap of {length} bytes failed")
         self.base = <char*>p
         self.length = length
@@ -67,7 +70,7 @@ cdef class FileMapping:
     cdef void _unmap(self) noexcept:
         if self.base != NULL:
             with nogil:
-                munmap(self.base, <size_t>self.length)
+                insitu_unmap_file(self.base, <size_t>self.length)
             self.base = NULL
 
     def write(self, Py_ssize_t offset, cnp.ndarray src):

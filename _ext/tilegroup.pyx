@@ -23,32 +23,15 @@ from libc.string cimport memcpy
 cnp.import_array()
 
 
-cdef extern from "<dlfcn.h>" nogil:
-    void* dlopen(const char* filename, int flags)
-    void* dlsym(void* handle, const char* symbol)
-    int dlclose(void* handle)
-    int RTLD_NOW
-    int RTLD_NOLOAD
-
-
-cdef extern from "<fcntl.h>" nogil:
-    int open(const char* path, int flags)
-    int O_RDONLY
-    int O_CLOEXEC
-
-
-cdef extern from "<unistd.h>" nogil:
-    ssize_t read(int fd, void* buf, size_t count)
-    int close(int fd)
-
-
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int clk, timespec* ts)
-    int CLOCK_MONOTONIC
+# open/read/close, dlopen/dlsym and clock_gettime on POSIX; stand-ins elsewhere (see the header)
+cdef extern from "insitu_platform.h" nogil:
+    int insitu_open_read(const char* path)
+    long long insitu_read(int fd, void* buf, size_t count)
+    int insitu_close(int fd)
+    void* insitu_loaded_module(const char* file)
+    void* insitu_symbol(void* module, const char* name)
+    void insitu_release_module(void* module)
+    long long insitu_monotonic_ns()
 
 
 ctypedef size_t (*zstd_decompress_fn)(void* dst, size_t capacity, const void* src, size_t size) noexcept nogil
@@ -92,22 +75,22 @@ cdef uint64_t ZSTD_MAGIC = 0xFD2FB528
 def bind(int kind, bytes module_file) -> bool:
     """Find ``kind``'s entry points in the already loaded extension ``module_file``; False when absent."""
     global zstd_decompress, zstd_is_error, blosc_decompress
-    cdef void* handle = dlopen(module_file, RTLD_NOW | RTLD_NOLOAD)
+    cdef void* handle = insitu_loaded_module(module_file)
     if handle == NULL:
         return False
     cdef void* a
     cdef void* b
     if kind == ZSTD:
-        a = dlsym(handle, b"ZSTD_decompress")
-        b = dlsym(handle, b"ZSTD_isError")
+        a = insitu_symbol(handle, b"ZSTD_decompress")
+        b = insitu_symbol(handle, b"ZSTD_isError")
         if a != NULL and b != NULL:
             zstd_decompress = <zstd_decompress_fn>a
             zstd_is_error = <zstd_is_error_fn>b
     elif kind == BLOSC:
-        a = dlsym(handle, b"blosc_decompress_ctx")
+        a = insitu_symbol(handle, b"blosc_decompress_ctx")
         if a != NULL:
             blosc_decompress = <blosc_decompress_fn>a
-    dlclose(handle)  # NOLOAD took a reference to the loaded module; it stays loaded
+    insitu_release_module(handle)  # NOLOAD took a reference to the loaded module; it stays loaded
     return bound(kind)
 
 
@@ -180,34 +163,32 @@ cdef int decode_one(int kind, const uint8_t* src, size_t n, void* dst, size_t ca
 
 cdef int read_file(const char* path, uint8_t* buf, size_t capacity, size_t* nread) noexcept nogil:
     """Read the whole file at ``path`` into ``buf``; one byte spare tells a file that filled it."""
-    cdef int fd = open(path, O_RDONLY | O_CLOEXEC)
-    cdef ssize_t got
+    cdef int fd = insitu_open_read(path)
+    cdef long long got
     cdef size_t n = 0
     cdef int err
     if fd < 0:
         err = errno
         return MISSING if err == ENOENT or err == ENOTDIR or err == EISDIR else IO_ERROR
     while True:
-        got = read(fd, buf + n, capacity - n)
+        got = insitu_read(fd, buf + n, capacity - n)
         if got < 0:
             err = errno
-            close(fd)
+            insitu_close(fd)
             return MISSING if err == EISDIR else IO_ERROR
         if got == 0:
             break
         n += got
         if n == capacity:
-            close(fd)
+            insitu_close(fd)
             return TOO_BIG
-    close(fd)
+    insitu_close(fd)
     nread[0] = n
     return DONE
 
 
 cdef inline int64_t now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+    return <int64_t>insitu_monotonic_ns()
 
 
 cdef void copy_prefix(

@@ -36,6 +36,11 @@ Loaders (``config["loader"]``):
     With ``cache_dir`` and ``persist=True`` (only when ``InSituDataset``
     accepts them): ``phase`` ``"fill"`` writes the cache, ``"warm"`` reads it
     in a new process.
+``insitu_steady``
+    One dataset, passes back to back: ``warmup_s`` seconds untimed (the
+    self-tuning window settles), then ``window_s`` seconds timed, with the
+    process's CPU per sample and the last pass's reads-in-flight stats
+    (``bench.network``).
 ``decode_ceiling``
     The split's stored chunks, read from disk into memory, decoded with
     ``insitubatch.io.decode.make_decoder`` on a thread pool of every core.
@@ -523,7 +528,7 @@ def _insitu_dataset(cfg: dict[str, Any], store: Any, geoms: dict[str, Any], **ex
     manifest = split_by_chunk(next(iter(geoms.values())), fractions=tuple(cfg["fractions"]))
     knobs = {
         k: cfg[k]
-        for k in ("max_inflight", "block_chunks", "prefetch_depth", "decode_threads")
+        for k in ("max_inflight", "block_chunks", "prefetch_depth", "decode_threads", "hedge")
         if cfg.get(k) is not None
     }
     return InSituDataset(
@@ -536,11 +541,13 @@ def _insitu_bounds(ds: Any, plan: Any) -> dict[str, Any]:
     g = ds.variables
     batch_bytes = ds.batch_size * sum(v.sample_nbytes for v in g.values())
     tile = max(v.stored_chunk_nbytes for v in g.values())
+    ahead = ds.context.read_ahead(plan)[0]  # max_inflight="auto" on a remote store reads further ahead
     return {
         "working_set_mb": plan.working_set_bytes / MB,
-        "budget_mb": (ds.pool.explicit_budget or plan.working_set_bytes) / MB,
+        "budget_mb": (ds.pool.explicit_budget or plan.working_set_bytes + ahead) / MB,
         "queue_mb": (ds.prefetch_depth + 2) * batch_bytes / MB,  # queued + the one being gathered + the consumer's
-        "inflight_mb": 2 * ds.max_inflight * tile / MB,  # encoded + decoded, as an upper bound
+        # encoded + decoded, as an upper bound; under max_inflight="auto" at its cap
+        "inflight_mb": 2 * ds.context.inflight_cap() * tile / MB,
     }
 
 
@@ -597,6 +604,7 @@ def _insitu_counters(it: Any) -> dict[str, Any]:
         "hits": c.hits,
         "misses": c.misses,
         "limiting_stage": it.stats.limiting_stage,
+        "inflight_median": it.stats.inflight_median,  # the reads-in-flight limit the pass ran at
     }
 
 
@@ -623,6 +631,53 @@ def _run_insitu_warm(cfg: dict[str, Any]) -> dict[str, Any]:
     out.update(_insitu_counters(holder["it"]), cache_budget_mb=budget / MB)
     ds.close()
     return out
+
+
+def _run_insitu_steady(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Passes of one dataset back to back; the rate and CPU per sample of a window after a warm-up."""
+    import resource
+
+    from insitubatch.io.stores import obstore_store
+
+    store = obstore_store(cfg["url"], read_only=True, **cfg.get("store_options", {}))
+    geoms = _geometries(store, cfg["variables"])
+    ds = _insitu_dataset(cfg, store, geoms)
+    warmup, window = float(cfg.get("warmup_s", 0.0)), float(cfg["window_s"])
+    t_start = time.perf_counter()
+    t0 = cpu0 = None
+    samples = passes = 0
+    stats = None
+    while t0 is None or time.perf_counter() - t0 < window:
+        ds.set_epoch(passes)
+        it = iter(ds.train)
+        for batch in it:
+            now = time.perf_counter()
+            if t0 is None and now - t_start >= warmup:
+                usage = resource.getrusage(resource.RUSAGE_SELF)
+                t0, cpu0 = now, usage.ru_utime + usage.ru_stime
+            elif t0 is not None:
+                samples += len(batch.sample_indices)
+                if now - t0 >= window:
+                    break
+        stats = it.stats
+        it.close()
+        passes += 1
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    elapsed = time.perf_counter() - t0
+    assert stats is not None and cpu0 is not None  # at least one batch came after the warm-up
+    ds.close()
+    return {
+        "name": cfg["name"],
+        "loader": "insitu_steady",
+        "samples": samples,
+        "elapsed_s": elapsed,
+        "passes": passes,
+        "rate_samples_per_s": samples / elapsed,
+        "rate_basis": f"steady: {window:g} s after {warmup:g} s of passes",
+        "cpu_us_per_sample": 1e6 * (usage.ru_utime + usage.ru_stime - cpu0) / max(samples, 1),
+        "mb_per_s": samples * _sample_nbytes(geoms) / elapsed / MB,
+        "last_pass": stats.to_dict(),
+    }
 
 
 def _reset_emulator(cfg: dict[str, Any]) -> None:
@@ -766,6 +821,7 @@ _RUNNERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "insitu": _run_insitu,
     "insitu_warm": _run_insitu_warm,
     "insitu_persist": _run_insitu_persist,
+    "insitu_steady": _run_insitu_steady,
     "decode_ceiling": _run_decode_ceiling,
     "get_ceiling": _run_get_ceiling,
 }

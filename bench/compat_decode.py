@@ -24,8 +24,8 @@ from zarr.buffer.cpu import numpy_buffer_prototype
 from zarr.codecs import BloscCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 from insitubatch._zarr_compat import ArrayConfig, chunk_spec, sync
+from insitubatch.io.arrays import geometry_of
 from insitubatch.io.decode import make_decoder
-from insitubatch.io.geometry import geometry_of
 
 # Chunk shapes: the demo's (8 steps of a 32x64 grid, 64 KB) and a 1 MB cube,
 # the two ends of what the engine decodes per stored chunk.

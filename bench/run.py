@@ -13,7 +13,11 @@ loader on the same data in the same run:
   directory (network not the limit), and the two ceilings: decode of the
   same chunks from memory on every core, and the raw concurrent GETs;
 * the **fork probe**: DataLoader ``fork`` workers after the parent used obstore;
-* a **samples-per-chunk sweep** and a **max_inflight sweep**.
+* a **samples-per-chunk sweep** and a **max_inflight sweep**;
+* the **network scenarios** of ``bench.network`` (full profile only): a
+  heavy-tailed link, stragglers, throttling bursts, CPU per sample over
+  HTTP and S3 against local files, silent GETs and dead objects, and the
+  sharded copy of the data.
 
 It writes ``results.json``, ``report.md`` and PNG plots to ``--out``
 (default ``bench/out/``) and prints the table. Throughput ratios use each
@@ -75,12 +79,15 @@ _PRELOAD = {
     "insitu": ["insitubatch.dataset"],
     "insitu_warm": ["insitubatch.dataset"],
     "insitu_persist": ["insitubatch.dataset"],
+    "insitu_steady": ["insitubatch.dataset"],
     "decode_ceiling": ["insitubatch.io.decode"],
     "get_ceiling": ["obstore", "insitubatch.io.stores"],
 }
 WORKER_LOADERS = ("dataloader", "xbatcher")
 FORK_PROBE_BATCH = 4
 BASELINE_LOADERS = ("dataloader", "xbatcher", "zarr")
+# the raw-GET ceiling's concurrency when an "auto" run did not say what it chose (the engine's old default)
+AUTO_FALLBACK_CONCURRENCY = 32
 
 
 @dataclass(frozen=True)
@@ -326,7 +333,8 @@ class Bench:
         if dask:
             rows.append(self.run(spc, "xbatcher-dask-0", "xbatcher", num_workers=0, xarray_chunks={}))
         rows.append(self.run(spc, "zarr-contiguous", "zarr"))
-        rows.append(self.insitu(spc, "insitu-cold", repeats=repeats))
+        cold = self.insitu(spc, "insitu-cold", repeats=repeats)
+        rows.append(cold)
         if warm_and_local:
             rows.extend(self._warm_and_local(spc, repeats))
         rows.append(self.run(spc, "decode-ceiling", "decode_ceiling", repeats=repeats))
@@ -335,7 +343,7 @@ class Bench:
                 spc,
                 "get-ceiling",
                 "get_ceiling",
-                concurrency=self.insitu_knobs["max_inflight"],
+                concurrency=ceiling_concurrency(self.insitu_knobs["max_inflight"], cold),
                 window_s=math.inf,
                 repeats=repeats,
             )
@@ -368,6 +376,13 @@ class Bench:
             )
             for variant in self.profile.fork_variants
         ]
+
+
+def ceiling_concurrency(max_inflight: Any, insitu_row: dict[str, Any]) -> int:
+    """The raw-GET ceiling's concurrency: insitubatch's pinned ``max_inflight``, or the limit "auto" chose."""
+    if max_inflight != "auto":
+        return int(max_inflight)
+    return int(insitu_row.get("inflight_median") or AUTO_FALLBACK_CONCURRENCY)
 
 
 def _in_process(config: dict[str, Any]) -> dict[str, Any]:
@@ -672,6 +687,10 @@ def markdown(results: dict[str, Any]) -> str:
             if r["loader"] == loader
         }
         lines.append(f"| {label} | " + " | ".join(_fmt(got.get(v)) for v in values) + " |")
+    if results.get("network"):
+        from .network import markdown as network_markdown
+
+        lines += ["", network_markdown(results["network"]).rstrip()]
     lines += ["", "## Plots", ""] + [f"- {p}" for p in results.get("plots", [])]
     return "\n".join(lines) + "\n"
 
@@ -807,6 +826,7 @@ def run(
     jitter_s: float,
     bandwidth_mb_s: float | None,
     plot: bool = True,
+    network: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Measure everything ``profile`` names; write ``results.json``, ``report.md`` and plots under ``out``."""
@@ -870,6 +890,11 @@ def run(
             bench.close()
     for spc, rows in results["tables"].items():
         results["ratios"][spc] = ratios(rows)
+    if network and profile.name == FULL.name:  # the quick smoke run leaves them out (minutes of windows)
+        from .network import NET_FULL, run_scenarios
+
+        log("network scenarios")
+        results["network"] = run_scenarios(out / "network", NET_FULL, log=log)
     results["bars"] = bars(results["tables"], profile.main_spc, isolated=profile.isolate)
     mem = results.get("memory") or {}
     if mem.get("inspect_bound_mb") is not None:
@@ -946,7 +971,7 @@ def _spc_sweep(
             spc,
             "get-ceiling",
             "get_ceiling",
-            concurrency=bench.insitu_knobs["max_inflight"],
+            concurrency=ceiling_concurrency(bench.insitu_knobs["max_inflight"], cold),
             window_s=profile.sweep_window_s,
         )
         rows.append({**gets, "series": series_of["get-ceiling"]})
@@ -976,6 +1001,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--bandwidth-mb-s", type=float, default=DEFAULT_BANDWIDTH_MB_S, help="per-connection body rate (0: unpaced)"
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-network", action="store_true", help="skip the network scenarios (bench.network)")
     args = parser.parse_args(argv)
     profile = QUICK if args.quick else FULL
     results = run(
@@ -985,6 +1011,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jitter_s=args.jitter_ms / 1e3,
         bandwidth_mb_s=args.bandwidth_mb_s or None,
         plot=not args.no_plots,
+        network=not args.no_network,
     )
     print()
     print(markdown(results))

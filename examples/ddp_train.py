@@ -1,14 +1,15 @@
 """Data-parallel training with torchrun: each rank reads only its own chunks.
 
-    torchrun --nproc_per_node=2 examples/ddp_train.py
+    torchrun --nproc_per_node=2 examples/ddp_train.py --epochs 2 --cache-dir /local/nvme/era5-cache
 
 The loader takes rank and world size from the initialized process group.
 Each epoch's shuffle blocks are dealt across ranks from one seeded order
 (no communication), so every chunk is fetched by exactly one rank, and
 every rank gets the same number of batches (``remainder="pad"``), so the
-gradient all-reduce never waits on a rank that ran out of data. Ranks on
-one node may share a persisted cache only read-only (``readonly_cache=True``)
-after one job warmed it; otherwise give each rank its own ``cache_dir``.
+gradient all-reduce never waits on a rank that ran out of data. With
+``--cache-dir`` the ranks of a node persist into one directory: each epoch
+reshuffles which rank reads which chunk, and a chunk another rank fetched
+is revived from disk, so from the second epoch on no rank fetches anything.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", default=DEFAULT_PATH)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--cache-dir", help="one persisted cache for every rank of this node (a local disk)")
     args = parser.parse_args(argv)
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         model = model.to(device)
     model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    with InSituDataset(store, manifest, geoms, batch_size=args.batch_size, block_chunks=4) as ds:
+    cache = {"cache_dir": args.cache_dir, "persist": True} if args.cache_dir else {}
+    with InSituDataset(store, manifest, geoms, batch_size=args.batch_size, block_chunks=4, **cache) as ds:
         for epoch in range(args.epochs):
             ds.set_epoch(epoch)
             t0, samples = time.perf_counter(), 0
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             total = torch.tensor([rate], device=device)
             dist.all_reduce(total)
             print(
-                f"rank {rank}/{world} epoch {epoch}: {len(ds.train)} batches, {rate:.0f} samples/s"
+                f"rank {rank}/{world} epoch {epoch}: {len(ds.train)} batches, {rate:.0f} samples/s, {ds.gets} GETs"
                 + (f"; all ranks {total.item():.0f} samples/s" if rank == 0 else ""),
                 flush=True,
             )

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     err, times = np.concatenate(errors), np.concatenate(times)
     print(
         f"{len(err)} samples on {jax.devices()[0]}: persistence RMSE at lead {args.lead} "
-        f"mean {err.mean():.3f} K, max {err.max():.3f} K (times {int(times[0])}..{int(times[-1])})"
+        f"mean {err.mean():.3f} K, max {err.max():.3f} K (valid {times[0]} .. {times[-1]})"
     )
     return 0
 

@@ -1,13 +1,19 @@
-"""Inference with parallel writes: N worker processes fill one preallocated zarr output group.
+"""Inference with parallel writes by valid time: N worker processes fill one preallocated zarr output group.
 
 What it shows (parallel, chunk-aligned writes; see docs/writes.md):
 
-1. an input archive (here a small synthetic ERA5-like cube written to a temp dir);
-2. ``create_layout``: the output arrays at their full, fixed extent, before any worker runs;
-3. ``plan_slots``: disjoint ranges aligned to every output array's chunks *and* shards;
-4. ``run_plan``: each range runs in a spawn worker process, which reads its input
-   windows, runs a small model and writes predictions through a ``SlotWriter``
-   (writes checked against its range, atomic claim, coverage recorded at the end);
+1. an input archive (here a small synthetic ERA5-like cube with a CF time
+   coordinate, written to a temp dir);
+2. ``create_layout``: the output arrays at their full, fixed extent, and the
+   forecasts' valid times as the index coordinate (CF-encoded, so
+   ``xarray.open_zarr`` of the output decodes it), before any worker runs;
+3. ``plan_slots``: disjoint ranges aligned to every output array's chunks *and*
+   shards, each labelled with its first and last valid time;
+4. ``run_plan``: each range runs in a spawn worker process, which reads the
+   input windows ending 6 hours before each of its valid times (by date, with
+   ``infer(start=, stop=)``), runs a small model and writes each forecast at its
+   valid time (``writer.write(..., at=valid_times)``: checked against the
+   writer's slot, atomic claim, coverage recorded at the end);
 5. a single-writer run of the same model into a second group, and a check that
    the parallel result is bit-identical to it.
 
@@ -53,8 +59,14 @@ from insitubatch.write import (
 # Input cube: (time, channel, lat, lon), chunked one day (8 steps) per chunk.
 TIMES, CHANNELS, LAT, LON = 96, 4, 16, 32
 INPUT_CHUNK = 8
-# The model sees WINDOW consecutive steps and predicts one field per window.
+# 3-hourly input steps from here, stored as CF "hours since" integers (what xarray writes).
+START, STEP = np.datetime64("2020-01-01T00", "ns"), np.timedelta64(3, "h")
+INPUT_TIMES = START + np.arange(TIMES) * STEP
+# The model sees WINDOW consecutive steps and forecasts one field LEAD after the last of them.
 WINDOW = 3
+LEAD = np.timedelta64(6, "h")
+# Valid time of each window's forecast: the output's index coordinate.
+VALID_TIMES = INPUT_TIMES[WINDOW - 1 :] + LEAD
 # Output chunking: inner chunks of 4 steps inside shards of 12. Slots align to 12.
 OUT_CHUNK, OUT_SHARD = 4, 12
 # Windows per model call inside a worker.
@@ -80,20 +92,27 @@ def make_inputs(path: Path) -> None:
         dimension_names=("time", "channel", "lat", "lon"),
     )
     arr[...] = field.astype(np.float32)
+    cf = {"units": "hours since 2020-01-01 00:00:00", "calendar": "proleptic_gregorian"}
+    time = group.create_array("time", shape=(TIMES,), dtype="int64", dimension_names=("time",), attributes=cf)
+    time[...] = (INPUT_TIMES - START) // np.timedelta64(1, "h")
 
 
-def read_windows(input_path: str, start: int, stop: int) -> np.ndarray:
-    """Input windows for anchors ``[start, stop)``: shape ``(stop - start, WINDOW, C, LAT, LON)``.
+def read_windows(input_path: str, valid: np.ndarray) -> np.ndarray:
+    """Input windows for forecasts valid at ``valid``: shape ``(len(valid), WINDOW, C, LAT, LON)``.
 
-    The loader's inference pass reads each stored chunk once however many
-    window labels (``x0`` = step ``i``, ``x1`` = step ``i + 1``, ...) alias it,
-    and raises rather than silently dropping a window that runs off the input.
+    A window is anchored at its first step, ``(WINDOW - 1) * STEP + LEAD``
+    before its valid time; the inference pass selects anchors by date (both
+    ends inclusive), reads each stored chunk once however many window labels
+    (``x0`` = step ``i``, ``x1`` = step ``i + 1``, ...) alias it, and raises
+    rather than silently dropping a window that runs off the input.
     """
     store = obstore_store(input_path, read_only=True)
     g = open_geometries(store)["x"]
     labels = {f"x{k}": g.shift(k) for k in range(WINDOW)}
-    with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), labels, batch_size=stop - start) as ds:
-        windows = [batch.stack(list(labels), axis=1) for batch in ds.infer((start, stop))]
+    back = (WINDOW - 1) * STEP + LEAD
+    with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), labels, batch_size=len(valid)) as ds:
+        batches = ds.infer(start=valid[0] - back, stop=valid[-1] - back)
+        windows = [batch.stack(list(labels), axis=1) for batch in batches]
     return np.concatenate(windows)
 
 
@@ -112,31 +131,31 @@ def model(windows: np.ndarray) -> np.ndarray:
 
 
 def predict_slot(writer: SlotWriter, *, input_path: str) -> int:
-    """The work one task does for its range: read, predict, write, in batches."""
-    for lo in range(writer.start, writer.stop, BATCH):
-        hi = min(lo + BATCH, writer.stop)
-        writer.write("pred", (lo, hi), model(read_windows(input_path, lo, hi)))
-        writer.write("anchor_time", (lo, hi), np.arange(lo, hi, dtype=np.int64) + WINDOW - 1)
-    return writer.stop - writer.start
+    """The work one task does for its range: read, predict, write at the forecasts' valid times, in batches."""
+    valid_times = writer.slot_coord  # the valid times of this writer's slot, from the layout
+    assert valid_times is not None
+    for k in range(0, len(valid_times), BATCH):
+        valid = valid_times[k : k + BATCH]
+        writer.write("pred", at=valid, data=model(read_windows(input_path, valid)))
+    return len(valid_times)
 
 
 def output_spec() -> LayoutSpec:
-    """The output group: one prediction per window anchor, sharded along time."""
-    anchors = TIMES - WINDOW + 1  # 94: the last shard is partial
+    """The output group: one forecast per valid time, sharded along it; valid times and latitudes as coordinates."""
+    n = len(VALID_TIMES)  # 94: the last shard is partial
     return LayoutSpec(
         (
             OutputArray(
                 "pred",
-                (anchors, LAT, LON),
+                (n, LAT, LON),
                 (OUT_CHUNK, LAT, LON),
                 "float32",
                 shards=(OUT_SHARD, LAT, LON),
-                dimension_names=("anchor", "lat", "lon"),
+                dimension_names=("valid_time", "lat", "lon"),
                 fill_value=float("nan"),
             ),
-            OutputArray("anchor_time", (anchors,), (OUT_SHARD,), "int64", dimension_names=("anchor",)),
-            OutputArray("lat", (LAT,), (LAT,), "float64", index_axis=None, dimension_names=("lat",)),
-        )
+        ),
+        coords={"valid_time": VALID_TIMES, "lat": np.linspace(-90, 90, LAT)},
     )
 
 
@@ -148,13 +167,12 @@ def run(workers: int, root: Path) -> bool:
     work = functools.partial(predict_slot, input_path=input_path)
 
     for group in ("parallel", "single"):
-        create_layout(out, output_spec(), group=group)
-        zarr.open_array(out, path=f"{group}/lat", mode="r+")[:] = np.linspace(-90, 90, LAT)  # coordinator-only array
+        create_layout(out, output_spec(), group=group)  # the coordinator: arrays, valid times, latitudes
 
     plan = plan_slots(out, group="parallel", workers=workers)
     print(
-        f"plan: {len(plan)} ranges of up to {plan.slot_size} anchors (alignment {plan.alignment}): "
-        + ", ".join(f"[{r.start}, {r.stop})" for r in plan.ranges)
+        f"plan: {len(plan)} ranges of up to {plan.slot_size} valid times (alignment {plan.alignment}): "
+        + ", ".join(f"[{r.start}, {r.stop}) = {r.first} .. {r.last}" for r in plan.ranges)
     )
     began = time.perf_counter()
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -167,14 +185,15 @@ def run(workers: int, root: Path) -> bool:
     print(f"single writer: {time.perf_counter() - began:.2f}s")
 
     status = write_status(out, "parallel")
-    print(f"coverage: {status.completed}, remaining: {status.remaining}, claims: {len(status.claims)}")
+    completed = ", ".join(status.describe(a, b) for a, b in status.completed)
+    print(f"coverage: {completed}; remaining: {status.remaining}, claims: {len(status.claims)}")
     return _identical(root / "outputs.zarr", "parallel", "single")
 
 
 def _identical(path: Path, a: str, b: str) -> bool:
     """Every stored object of the arrays is byte-for-byte the same in groups ``a`` and ``b``."""
     same = True
-    for name in ("pred", "anchor_time", "lat"):
+    for name in ("pred", "valid_time", "lat"):
         files_a = {p.relative_to(path / a / name): p.read_bytes() for p in (path / a / name).rglob("*") if p.is_file()}
         files_b = {p.relative_to(path / b / name): p.read_bytes() for p in (path / b / name).rglob("*") if p.is_file()}
         same = same and files_a == files_b

@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--block-chunks", type=int, default=16)
-    parser.add_argument("--max-inflight", type=int, default=64)
+    parser.add_argument(
+        "--max-inflight", type=lambda v: v if v == "auto" else int(v), default="auto", help='an int, or "auto"'
+    )
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--max-batches", type=int, default=100, help="per epoch; 0 for whole epochs")
     args = parser.parse_args(argv)

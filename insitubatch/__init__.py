@@ -32,12 +32,14 @@ from .errors import (
 )
 from .io.decode import read_stored_chunk
 from .io.geometry import ArrayGeometry
-from .io.group import open_geometries
+from .io.group import open_geometries, open_statics
 from .io.owned import close_store
+from .io.statics import StaticField
 from .io.store_adapters import fsspec_store, icechunk_store
 from .io.stores import as_store, obstore_store
+from .plan.dates import split_by_time
 from .plan.epoch import shuffle_quality
-from .plan.splits import SplitManifest, split_by_chunk
+from .plan.splits import DateRun, SplitDates, SplitManifest, split_by_chunk
 from .tools.debug import print_debug_info
 from .transforms import DecodedChunk, applies
 from .views import DatasetView
@@ -60,11 +62,14 @@ __all__ = [
     "Batch",
     "DatasetClosedError",
     "DatasetView",
+    "DateRun",
     "DecodedChunk",
     "InSituDataset",
     "InSituError",
     "PassStats",
+    "SplitDates",
     "SplitManifest",
+    "StaticField",
     "StoreReadError",
     "TorchView",
     "applies",
@@ -75,10 +80,12 @@ __all__ = [
     "icechunk_store",
     "obstore_store",
     "open_geometries",
+    "open_statics",
     "print_debug_info",
     "read_stored_chunk",
     "shuffle_quality",
     "split_by_chunk",
+    "split_by_time",
     "to_jax",
     "to_torch",
 ]

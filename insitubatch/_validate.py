@@ -16,6 +16,15 @@ def positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+def positive_int_or_auto(name: str, value: Any) -> Any:
+    """``"auto"`` as given, else a positive int (the message names both forms)."""
+    if value == "auto" and isinstance(value, str):
+        return "auto"
+    if isinstance(value, str):
+        raise ValueError(f'{name}={value!r} must be "auto" or a positive int')
+    return positive_int(name, value)
+
+
 def flag(name: str, value: Any) -> bool:
     # bool("false") is True: a string or a number here is a mistake, not a flag
     if not isinstance(value, (bool, np.bool_)):

@@ -2,34 +2,39 @@
 
 The dataset resolves the variables and builds, once, what every pass
 shares: a ``PassContext`` (readers, the ``ChunkPool`` and its disk cache,
-batch buffers, the decode pool, the ``max_inflight`` semaphore, the epoch's
-counters) and an ``EpochPlanner``. Views (``views.py``) read only those two
+batch buffers, the decode pool, the read permits, the epoch's counters) and
+an ``EpochPlanner``. Views (``views.py``) read only those two
 to plan and start passes (``_engine/prefetch.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ._engine.buffers import BufferPool
-from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext
+from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, concurrency_report
 from ._engine.loop import decode_pool
 from ._engine.pool import ChunkPool, Entry
 from ._engine.reader import ArrayReader, BadChunkRecord
-from ._validate import callables, flag, positive_int
-from .cache import DiskCache
+from ._validate import callables, flag, positive_int, positive_int_or_auto
+from .cache import OnCorrupt
 from .cache.fingerprint import array_fingerprints
+from .cache.options import open_dataset_cache
 from .io.geometry import ArrayGeometry, sample_coords
-from .io.group import open_geometries
+from .io.group import resolve_statics, resolve_variables
 from .io.owned import close_store
+from .io.statics import StaticField, read_statics
 from .io.stores import as_store
 from .plan.cost import KNOBS, describe_loader, format_summary
+from .plan.dates import inference_range
 from .plan.distributed import REMAINDER_POLICIES, Remainder, resolve_world
-from .plan.epoch import EpochPlan, valid_anchor_range
+from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner
 from .plan.splits import SplitManifest
 from .transforms import ChunkTransform, check_scopes, pipeline_for
@@ -47,23 +52,27 @@ class InSituDataset:
     ----------
     store
         A zarr ``Store``, or a URL/path (opened read-only with ``obstore_store``).
-        Fault tolerance is the store's: ``obstore_store(url, retry=...,
-        client_options=...)`` retries transient failures and times out stalls
-        (its defaults are ``stores.DEFAULT_RETRY`` and
-        ``stores.DEFAULT_CLIENT_OPTIONS``). What still fails reaches the
-        consumer as ``StoreReadError`` naming array, chunk and key; a missing
-        chunk key reads as the fill value.
+        Reads retry within the store's ``retry`` bounds and abandon stalls
+        (docs/tuning.md); what still fails raises ``StoreReadError`` naming
+        array, chunk and key. A missing chunk key reads as the fill value.
     manifest
         The ``SplitManifest`` whose chunk grid is the anchor grid.
     variables
-        ``{label: ArrayGeometry}`` (a ``shift(k)`` view is a windowed label),
-        a list of array paths (labels = paths), or ``None`` for every data
-        variable ``open_geometries`` finds.
+        ``{label: ArrayGeometry}`` (a ``shift(k)`` view is a windowed label,
+        an ``isel``/``sel`` view reads only what it selects), a list of array
+        paths (labels = paths), or ``None`` for every array with the sample
+        axis (``describe()`` lists what that left out, and why).
+    statics
+        Static fields (arrays without the sample axis: masks, orography):
+        ``{label: StaticField}`` from ``open_statics`` (selections allowed),
+        or a list of array paths. Read once here; ``ds.statics`` and every
+        batch's ``batch.statics`` hold the same read-only arrays.
     batch_size, shuffle, block_chunks, seed
         Batches per step; whether ``train`` is shuffled (``val``/``test`` are
         always sequential); chunks per shuffle block; the order's seed.
     max_inflight
-        Stored-chunk fetches in flight at once, across every pass of this dataset.
+        Fetches in flight at once, across every pass: ``"auto"`` (tuned while
+        passes run, up to the memory plan's cap; docs/tuning.md) or an int.
     prefetch_depth
         Batches the producer assembles ahead of the consumer.
     cache_budget_bytes
@@ -79,6 +88,8 @@ class InSituDataset:
         Per-chunk transforms (decode pool, cached) and per-batch ones (producer thread).
     decode_threads
         Threads of the process-wide decode pool (default: one per core).
+    hedge
+        Duplicate a remote GET far slower than its peers (at most 5% extra GETs).
     rank, world_size
         This process's share of each epoch. Unset: from an initialized
         ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
@@ -88,7 +99,8 @@ class InSituDataset:
         (see ``insitubatch.plan.distributed``).
     cache_dir
         Back the pool with mmap'd tile-major ``.npy`` tile files here (local
-        NVMe). One writing process per directory (an advisory lock).
+        NVMe). Any number of processes of one host may write one directory
+        (DDP ranks, several jobs): each revives what the others finished.
     persist
         Keep tile files and log each completed chunk, so later runs revive
         them without fetching or decoding. Windowed shuffled passes then
@@ -97,6 +109,15 @@ class InSituDataset:
         Rebuild the arrays whose chunk transforms changed instead of raising.
     readonly_cache
         Share a warmed cache with other readers; a chunk it lacks raises.
+    cache_disk_bytes
+        Most bytes the persisted tile files in ``cache_dir`` may take, across
+        every writer; past it new chunks stay in memory only (one WARNING per
+        pass). ``None``: until the disk is full, which also only stops
+        persisting (one WARNING).
+    on_corrupt_cache
+        A persisted tile file whose checksum (or header) is wrong is re-made
+        from the store with one WARNING (``"refetch"``), or raises
+        ``CacheCorruptError`` (``"raise"``).
     """
 
     def __init__(
@@ -108,7 +129,7 @@ class InSituDataset:
         batch_size: int = 32,
         shuffle: bool = True,
         block_chunks: int = 16,
-        max_inflight: int = 32,
+        max_inflight: int | Literal["auto"] = "auto",
         prefetch_depth: int = 2,
         cache_budget_bytes: int | None = None,
         seed: int = 0,
@@ -123,12 +144,17 @@ class InSituDataset:
         persist: bool = False,
         reset_stale_cache: bool = False,
         readonly_cache: bool = False,
+        statics: Mapping[str, StaticField] | Sequence[str] | None = None,
+        cache_disk_bytes: int | None = None,
+        on_corrupt_cache: OnCorrupt = "refetch",
+        hedge: bool = True,
     ) -> None:
         if not isinstance(manifest, SplitManifest):
             raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
         self.batch_size = positive_int("batch_size", batch_size)
         self.block_chunks = positive_int("block_chunks", block_chunks)
-        self.max_inflight = positive_int("max_inflight", max_inflight)
+        self.max_inflight: int | Literal["auto"] = positive_int_or_auto("max_inflight", max_inflight)
+        self.hedge = flag("hedge", hedge)
         self.prefetch_depth = positive_int("prefetch_depth", prefetch_depth)
         self.seed = positive_int("seed", seed, minimum=0)
         if decode_threads is not None:
@@ -141,11 +167,8 @@ class InSituDataset:
         persist = flag("persist", persist)
         reset_stale_cache = flag("reset_stale_cache", reset_stale_cache)
         readonly_cache = flag("readonly_cache", readonly_cache)
-        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-            raise TypeError(
-                f"cache_dir must be a directory path (str or os.PathLike) or None, got "
-                f"{type(cache_dir).__name__} ({cache_dir!r})"
-            )
+        if cache_disk_bytes is not None:
+            cache_disk_bytes = positive_int("cache_disk_bytes", cache_disk_bytes)
         self.rank, self.world_size = resolve_world(rank, world_size)
         if remainder not in REMAINDER_POLICIES:
             raise ValueError(f"remainder={remainder!r} must be one of {REMAINDER_POLICIES}")
@@ -154,21 +177,35 @@ class InSituDataset:
         self.manifest = manifest
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
         self.store = as_store(store)
-        self.variables = self._resolve_variables(variables)
+        # what variables=None left out of the store, with why
+        self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
+        self.static_fields = resolve_statics(self.store, statics)
+        clash = sorted(set(self.static_fields) & set(self.variables))
+        if clash:
+            raise ValueError(f"labels {clash} name both a variable and a static; give each its own label")
         self.chunk_transforms = callables("chunk_transforms", chunk_transforms)
         check_scopes(self.chunk_transforms, {g.path for g in self.variables.values()})
         self.batch_transforms = callables("batch_transforms", batch_transforms)
+        # one reader per source (an array path and its selection): labels sharing one share its reads
         self.readers: dict[str, ArrayReader] = {}
         for g in self.variables.values():
-            if g.path not in self.readers:
-                base = g.shift(-g.offset)
-                self.readers[g.path] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
+            if g.source not in self.readers:
+                base = g.source_view()
+                self.readers[g.source] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
         # what entries hold and batches carry: each label's geometry after its chunk transforms
         self.outputs = {
-            lb: self.readers[g.path].output.shift(g.offset - self.readers[g.path].output.offset)
+            lb: dataclasses.replace(self.readers[g.source].output, offset=g.offset, window_steps=g.window_steps)
             for lb, g in self.variables.items()
         }
-        self.cache = self._open_cache(cache_dir, persist, reset_stale_cache, readonly_cache)
+        self.cache = open_dataset_cache(
+            cache_dir,
+            persist=persist,
+            readonly=readonly_cache,
+            reset_stale=reset_stale_cache,
+            disk_bytes=cache_disk_bytes,
+            on_corrupt=on_corrupt_cache,
+            fingerprints=self._fingerprints,
+        )
         self.persist = bool(persist)
         self.pool = ChunkPool(cache_budget_bytes, on_evict=self._evicted if self.cache is not None else None)
         self.buffers = BufferPool()
@@ -179,6 +216,7 @@ class InSituDataset:
             readers=self.readers,
             outputs=self.outputs,
             offsets={lb: g.offset for lb, g in self.variables.items()},
+            windows={lb: g.window_steps for lb, g in self.variables.items() if g.window_steps},
             pool=self.pool,
             buffers=self.buffers,
             executor=self.executor,
@@ -190,6 +228,8 @@ class InSituDataset:
             persist=self.persist,
             batch_transforms=self.batch_transforms,
             sample_coords=self.sample_coords,
+            statics=read_statics(self.store, self.static_fields),
+            hedge=self.hedge,
         )
         self.planner = EpochPlanner(
             manifest=manifest,
@@ -204,54 +244,24 @@ class InSituDataset:
             release_per_block=self.persist,
         )
         self._views: dict[str, DatasetView] = {}
-        self._coords: dict[str, np.ndarray] | None = None
+        # the sample axis's coordinate, read here once (not during a pass, whose GETs are the chunks')
+        self._coords: dict[str, np.ndarray] = sample_coords(self.variables.values(), self.manifest.n_samples)
 
     # -- construction helpers ---------------------------------------------------
-    def _resolve_variables(self, variables) -> dict[str, ArrayGeometry]:
-        if variables is None:
-            resolved = dict(open_geometries(self.store))  # raises, naming what it found, when there is no data
-        elif isinstance(variables, Mapping):
-            resolved = {}
-            for label, g in variables.items():
-                if not isinstance(g, ArrayGeometry):
-                    raise TypeError(
-                        f"variables[{label!r}] must be an ArrayGeometry (from open_geometries), got {type(g).__name__}"
-                    )
-                resolved[str(label)] = g
-        elif isinstance(variables, (list, tuple)):
-            resolved = dict(open_geometries(self.store, variables=list(variables)))
-        else:
-            raise TypeError(
-                f"variables must be a mapping of label to ArrayGeometry, a list of array paths, or None; "
-                f"got {type(variables).__name__}"
-            )
-        if not resolved:
-            raise ValueError("variables is empty: name at least one array")
-        n = self.manifest.n_samples
-        bad = {lb: g.n_samples for lb, g in resolved.items() if g.n_samples != n}
-        if bad:
-            raise ValueError(
-                f"every variable must have the manifest's {n} samples along its sample axis; these differ: {bad}"
-            )
-        return resolved
+    @functools.cached_property
+    def inner_coords(self) -> dict[str, dict[str, np.ndarray]]:
+        """Per label, the coordinate values of its (selected) field dimensions: once per dataset, not per batch."""
+        return {label: g.inner_coords() for label, g in self.variables.items()}
 
-    def _open_cache(self, cache_dir, persist, reset_stale, readonly) -> DiskCache | None:
-        if cache_dir is None:
-            if persist or readonly or reset_stale:
-                raise ValueError(
-                    f"persist={persist}, readonly_cache={readonly}, reset_stale_cache={reset_stale} need a cache_dir"
-                )
-            return None
-        if readonly and not persist:
-            raise ValueError("readonly_cache=True reads a persisted cache: pass persist=True with it")
-        fingerprints = array_fingerprints(self.chunk_transforms, list(self.readers))
-        return DiskCache(
-            cache_dir,
-            persist=bool(persist),
-            readonly=bool(readonly),
-            fingerprints=fingerprints,
-            reset_stale=bool(reset_stale),
-        )
+    @property
+    def statics(self) -> Mapping[str, np.ndarray]:
+        """The static fields by label: read-only arrays, read once, the same objects every batch carries."""
+        return self.context.statics
+
+    def _fingerprints(self) -> dict[str, str]:
+        """Each read source's chunk-transform fingerprint: its array path's (a selection changes the name, not it)."""
+        by_path = array_fingerprints(self.chunk_transforms, {r.geometry.path for r in self.readers.values()})
+        return {source: by_path[r.geometry.path] for source, r in self.readers.items()}
 
     def _evicted(self, entry: Entry) -> None:
         if self.cache is not None:  # always: registered only with a cache
@@ -312,66 +322,57 @@ class InSituDataset:
         """
         return self.planner.plan(split, self.epoch if epoch is None else epoch, history)
 
-    def infer(self, sample_range: tuple[int, int] | None = None, *, batch_size: int | None = None) -> InferView:
+    def infer(
+        self,
+        sample_range: tuple[int, int] | None = None,
+        *,
+        start: Any = None,
+        stop: Any = None,
+        batch_size: int | None = None,
+    ) -> InferView:
         """A sequential, deterministic pass over anchors ``[start, stop)``, across splits.
 
-        ``None`` means every anchor whose window fits the arrays. Unlike
-        training, an anchor whose window would read off an array is an error,
-        not a dropped sample. Each batch carries ``coords``: the sample-axis
-        coordinate values of its anchors (or the anchors themselves when the
-        store has no coordinate array for that axis).
+        ``sample_range`` is ``(start, stop)`` anchor indices; ``start=``/``stop=``
+        select by the sample axis's coordinate instead, both inclusive like
+        ``.sel(time=slice(start, stop))`` (dates, or numbers for a numeric
+        coordinate; either may be left out). With neither, every anchor whose
+        window fits the arrays. Unlike training, an anchor whose window would
+        read off an array is an error, not a dropped sample. Each batch carries
+        ``coords``: the sample-axis coordinate values of its anchors (or the
+        anchors themselves when the store has no coordinate array for that axis).
 
         Raises
         ------
         ValueError
             The range is empty, outside the array, or a label's window
-            (``anchor + offset``) would leave its array; the message names the
-            label and the valid range.
+            (``anchor + offset``) would leave its array (the message names the
+            label and the valid range); indices and coordinates both given, or
+            coordinates without a coordinate array to match them.
+        TypeError
+            A ``start``/``stop`` of the wrong kind (no date, or no number).
         """
         self._check_open()
-        lo, hi = valid_anchor_range(self.manifest, self.outputs)
-        n = self.manifest.n_samples
-        if sample_range is None:
-            start, stop = lo, hi
-            if start >= stop:
-                raise ValueError(f"no anchor has every window inside the arrays (valid range would be [{lo}, {hi}))")
-        else:
-            try:
-                start, stop = (int(v) for v in sample_range)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"sample_range={sample_range!r} must be a (start, stop) pair of ints") from exc
-            if not 0 <= start < stop <= n:
-                raise ValueError(f"sample_range={(start, stop)} must satisfy 0 <= start < stop <= {n}")
-            for label, g in self.outputs.items():
-                if start + g.offset < 0 or stop - 1 + g.offset >= n:
-                    raise ValueError(
-                        f"label {label!r} reads anchor + {g.offset}, so sample_range={(start, stop)} would read "
-                        f"[{start + g.offset}, {stop + g.offset}) off its array of {n} samples; "
-                        f"anchors with every window inside the arrays are [{lo}, {hi})"
-                    )
+        anchors = inference_range(self.manifest, self.outputs, self.variables.values(), sample_range, start, stop)
         bs = self.batch_size if batch_size is None else positive_int("batch_size", batch_size)
-        return InferView(self.context, self.planner, (start, stop), bs, dataset=self)
+        return InferView(self.context, self.planner, anchors, bs, dataset=self)
 
     def sample_coords(self) -> dict[str, np.ndarray]:
-        """The sample-axis coordinate values, read once from the store (or the indices)."""
-        if self._coords is None:
-            self._coords = sample_coords(self.variables.values(), self.manifest.n_samples)
+        """The sample-axis coordinate values (decoded), read once from the store when the dataset opened (or indices)."""
         return self._coords
 
     # -- cost before the first byte --------------------------------------------
     def describe(self, iterations: int = 1) -> dict[str, Any]:
         """What this configuration will cost, from metadata alone, as a JSON-able dict.
 
-        Geometry per label, the resolved knobs, every split's samples,
-        batches, GETs and working set (this rank's share), and the memory plan
-        term by term for ``iterations`` passes open at once (train and val
-        zipped is 2), sized for the split with the largest working set; plus
-        notes. The same arithmetic as ``insitubatch inspect``; nothing is fetched.
+        Geometry per label, the resolved knobs, every split's samples, batches, GETs and working set
+        (this rank's share), and the memory plan term by term for ``iterations`` passes open at once
+        (train and val zipped is 2), sized for the split with the largest working set; notes; the
+        reads-in-flight limit (``concurrency``). Nothing is fetched.
         """
         iterations = positive_int("iterations", iterations)
         plans = {name: self.plan(name) for name in self.manifest.names}
         split = max(plans, key=lambda name: plans[name].working_set_bytes)
-        stored = {lb: self.readers[g.path].geometry for lb, g in self.variables.items()}
+        stored = {lb: self.readers[g.source].geometry for lb, g in self.variables.items()}
         info = describe_loader(
             stored,
             plans,
@@ -383,6 +384,9 @@ class InSituDataset:
             batch_geometries=self.outputs,
             split_chunks={name: len(self.manifest.chunks(name)) for name in self.manifest.names},
             world_size=self.world_size,
+            statics=self.static_fields,
+            left_out=self.left_out,
+            remote=self.context.client() is not None,
         )
         info["resolved"] = {
             "shuffle": self.shuffle,
@@ -398,7 +402,7 @@ class InSituDataset:
             "chunk_transforms": len(self.chunk_transforms),
             "batch_transforms": len(self.batch_transforms),
         }
-        return info
+        return {**info, "concurrency": concurrency_report(self.context)}  # the reads-in-flight limit, as chosen
 
     def print_summary(self, iterations: int = 1) -> None:
         """Print :meth:`describe` as the text ``insitubatch inspect`` shows."""

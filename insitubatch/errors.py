@@ -6,8 +6,10 @@ __all__ = [
     "BadChunkError",
     "BuildError",
     "CacheCorruptError",
+    "CalendarError",
     "CacheLockedError",
     "CacheMissError",
+    "CachePlatformError",
     "DatasetClosedError",
     "InSituError",
     "LayoutMismatchError",
@@ -37,6 +39,10 @@ class BadChunkError(InSituError, ValueError):
     """A stored chunk could not be decoded; names the array, chunk and key."""
 
 
+class CalendarError(InSituError, ValueError):
+    """A time coordinate cannot be decoded: its calendar needs cftime (not installed), or its units are not CF time."""
+
+
 class CacheCorruptError(InSituError, ValueError):
     """The persistent cache's log or files are damaged or tampered with."""
 
@@ -46,11 +52,15 @@ class StaleCacheError(InSituError, ValueError):
 
 
 class CacheLockedError(InSituError, OSError):
-    """Another process holds the cache directory's writer lock."""
+    """The cache directory is held in a conflicting way (readers against writers); names the holders' PIDs."""
 
 
 class CacheMissError(InSituError, KeyError):
     """A read-only cache does not hold a chunk the pass needs."""
+
+
+class CachePlatformError(InSituError, OSError):
+    """The platform lacks the file locks a disk cache needs (``fcntl.flock``); names the platform."""
 
 
 class WriteIntentRangeError(InSituError, IndexError):

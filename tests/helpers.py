@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import functools
 import gc
+import json
 import os
+import subprocess
+import tempfile
 import threading
 import weakref
 from collections import Counter
@@ -122,6 +128,73 @@ def write_array(root: zarr.Group, name: str, data: np.ndarray, chunks, *, shards
 
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def put_chunk(cache, path: str, chunk: int, tile: np.ndarray) -> bool:
+    """Write a one-tile chunk through ``DiskCache.begin``/``write``/``commit``; False when ``begin`` declined it."""
+    handle = cache.begin(path, chunk, 1, tile.shape, tile.dtype)
+    if handle is None:
+        return False
+    cache.write(handle, 0, tile)
+    cache.commit(handle, [tile.shape])
+    return True
+
+
+def cache_log_entries(cache_dir: Path) -> list[dict]:
+    """Every complete entry line of a persisted cache: its base log, then each writer's segment (headers left out)."""
+    files = [Path(cache_dir) / "insitu_cache.jsonl", *sorted((Path(cache_dir) / "insitu_cache.d").glob("*.jsonl"))]
+    entries = []
+    for f in files:
+        if f.exists():
+            lines = f.read_bytes().split(b"\n")[1:-1]  # the header, and an unterminated (torn) final line, out
+            entries += [json.loads(line) for line in lines]
+    return entries
+
+
+@functools.cache
+def can_mount_tmpfs() -> bool:
+    """Whether this process may mount a tmpfs (root with CAP_SYS_ADMIN): tried once, on a scratch directory."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return False
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            with small_tmpfs(Path(scratch), "64k"):
+                return True
+        except (OSError, subprocess.CalledProcessError):
+            return False
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str):
+    """A real filesystem of ``size`` bytes (a tmpfs) mounted at the existing directory ``where``."""
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True, capture_output=True)
+    try:
+        yield where
+    finally:  # lazily: a view a test still holds keeps its mapping until it dies
+        subprocess.run(["umount", "-l", str(where)], check=False, capture_output=True)
+
+
+class FullAfter:
+    """``os.posix_fallocate`` that reserves the first ``n`` files, then fails ``ENOSPC`` like a full disk.
+
+    Installed with ``monkeypatch.setattr(os, "posix_fallocate", FullAfter(n))``:
+    the tile-file write path of the disk cache (``tilefile.create_tile_file``).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.failed = 0
+        self._real = os.posix_fallocate
+        self._lock = threading.Lock()
+
+    def __call__(self, fd: int, offset: int, length: int) -> None:
+        with self._lock:
+            full = self.left <= 0
+            self.left -= 1
+            self.failed += full
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self._real(fd, offset, length)
 
 
 def local_store(path: Path, read_only: bool = True) -> Store:

@@ -220,8 +220,17 @@ def _docstring_raises(obj: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _members(cls: type) -> dict[str, object]:
+    """``cls``'s own attributes and those it inherits from insitubatch's own (private) bases."""
+    members: dict[str, object] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is cls or klass.__module__.startswith("insitubatch."):
+            members.update(vars(klass))
+    return members
+
+
 def _member_entries(cls: type, owner: str) -> Iterator[Entry]:
-    for name, attr in vars(cls).items():
+    for name, attr in _members(cls).items():
         if name.startswith("_"):
             continue
         key = f"{owner}.{name}"

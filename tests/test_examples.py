@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from insitubatch.tools.demo import write_demo_dataset
@@ -101,6 +102,10 @@ def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
             demo_path,
             "--batch-size",
             "128",
+            "--epochs",
+            "2",
+            "--cache-dir",
+            str(tmp_path / "node-cache"),
         ],
         cwd=tmp_path,
         capture_output=True,
@@ -110,12 +115,23 @@ def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "rank 0/2" in proc.stdout and "rank 1/2" in proc.stdout and "all ranks" in proc.stdout
+    # one cache_dir for both ranks: the reshuffled second epoch fetches nothing on either
+    assert "rank 0/2 epoch 1:" in proc.stdout and "rank 1/2 epoch 1:" in proc.stdout
+    for line in proc.stdout.splitlines():
+        if " epoch 1:" in line:
+            assert ", 0 GETs" in line, line
 
 
 @pytest.mark.slow
 def test_inference_write(tmp_path) -> None:
     out = _run([str(EXAMPLES / "inference_write.py"), "--dir", str(tmp_path / "run")], tmp_path)
     assert "bit-identical" in out
+    xr = pytest.importorskip("xarray")
+    # the forecasts were written by valid time: xarray decodes the coordinate and finds every one
+    ds = xr.open_zarr(tmp_path / "run" / "outputs.zarr", group="parallel", consolidated=False)
+    assert ds["pred"].dims == ("valid_time", "lat", "lon")
+    assert ds["valid_time"].values[0] == np.datetime64("2020-01-01T12:00")  # 2 input steps + a 6 h lead
+    assert not np.isnan(ds["pred"].sel(valid_time=slice("2020-01-02", "2020-01-03")).values).any()
 
 
 def _free_port() -> int:
@@ -163,3 +179,14 @@ def test_an_example_says_which_extra_it_needs(tmp_path, script: str, missing: li
     message = proc.stderr.strip().splitlines()[-1]
     # pip install 'insitubatch[<extras>]' naming this one (others too, where more are missing)
     assert re.search(rf"pip install 'insitubatch\[[\w,]*\b{extra}\b", message) and script in message, proc.stderr
+
+
+def test_era5_region(tmp_path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("xarray")
+    out = _run([str(EXAMPLES / "era5_region.py"), "--path", str(tmp_path / "era5.zarr")], tmp_path)
+    reads = next(line for line in out.splitlines() if line.startswith("reads "))
+    assert "4 of 32 tiles per chunk" in reads
+    gets = int(next(line for line in out.splitlines() if line.startswith("epoch 0")).split(" GETs")[0].split()[-1])
+    whole = int(out.split("would cost ")[1].split()[0])
+    assert gets < whole / 4  # the selection reads a fraction of the field

@@ -55,7 +55,7 @@ def test_sdist_ships_the_cython_sources(tmp_path: Path) -> None:
     (archive,) = out.glob("insitubatch-*.tar.gz")
     with tarfile.open(archive) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    wanted = {str(p.relative_to(ROOT)) for pattern in ("*.pyx", "*.pxd") for p in (ROOT / "_ext").glob(pattern)}
+    wanted = {str(p.relative_to(ROOT)) for pattern in ("*.pyx", "*.pxd", "*.h") for p in (ROOT / "_ext").glob(pattern)}
     assert any(name.endswith(".pxd") for name in wanted)
     assert wanted <= names, f"the sdist lacks {sorted(wanted - names)}"
     assert {"setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE"} <= names

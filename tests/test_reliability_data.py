@@ -26,7 +26,9 @@ from zarr.codecs import BloscCodec, Crc32cCodec
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, StoreReadError
-from insitubatch.io.geometry import MAX_CHUNK_BYTES, MAX_CHUNKS_PER_READ, ArrayGeometry
+from insitubatch.io.arrays import MAX_CHUNK_BYTES, MAX_CHUNKS_PER_READ
+from insitubatch.io.decode import shard_stage
+from insitubatch.io.geometry import ArrayGeometry
 from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
 
@@ -68,7 +70,25 @@ def _open(path: Path, name: str) -> tuple[ArrayGeometry, object]:
 
 
 def _key_file(path: Path, g: ArrayGeometry, chunk: int, tile: int) -> Path:
-    return path / g.chunk_key(g.physical_chunk_coord(chunk, tile))
+    """The file a tile is stored in: its own, or its shard's."""
+    return path / g.tile_key(g.physical_chunk_coord(chunk, tile))[0]
+
+
+def _shard_tiles(g: ArrayGeometry, chunk: int, tile: int) -> list[tuple[int, int]]:
+    """Every ``(chunk, tile)`` stored in the same file as ``(chunk, tile)``: a damaged file makes all of them bad."""
+    key = g.tile_key(g.physical_chunk_coord(chunk, tile))[0]
+    return [
+        (c, t)
+        for c in range(g.n_chunks)
+        for t in range(g.tiles_per_chunk)
+        if g.tile_key(g.physical_chunk_coord(c, t))[0] == key
+    ]
+
+
+def _where(g: ArrayGeometry, coord: tuple[int, ...]) -> str:
+    """How an error names a tile's bytes: its key, and its inner chunk when it is read out of a shard."""
+    key, place = g.tile_key(coord)
+    return f"key {key!r}" + (f", inner chunk {place}" if place is not None else "")
 
 
 def _tile_region(g: ArrayGeometry, chunk: int, tile: int) -> tuple[slice, ...]:
@@ -91,23 +111,41 @@ def _iterate(path: Path, name: str, expected: np.ndarray, **kw) -> InSituDataset
     return ds
 
 
-def _expect_bad(path: Path, name: str, g: ArrayGeometry, chunk: int, tile: int, why: str) -> None:
-    coord = g.physical_chunk_coord(chunk, tile)
+def _expect_bad(
+    path: Path, name: str, g: ArrayGeometry, chunk: int, tile: int, why: str, *, also: list[tuple[int, int]] = ()
+) -> None:
+    """Iterating raises ``BadChunkError`` naming tile ``(chunk, tile)`` (or one of ``also``, damaged with it)."""
     _, manifest = _open(path, name)
     with InSituDataset(str(path), manifest, [name], batch_size=BATCH_SIZE, block_chunks=2) as ds:
         with pytest.raises(BadChunkError) as info:
             for _ in ds.train:
                 pass
     message = str(info.value)
-    assert f"chunk {coord} of array {name!r} (key {g.chunk_key(coord)!r})" in message, message
+    coords = [g.physical_chunk_coord(c, t) for c, t in [(chunk, tile), *also]]
+    named = [f"chunk {coord} of array {name!r} ({_where(g, coord)})" for coord in coords]
+    assert any(n in message for n in named), message
     assert why.lower() in message.lower(), message
 
 
-def _expect_nan_tile(path: Path, name: str, data: np.ndarray, g: ArrayGeometry, chunk: int, tile: int) -> None:
+def _expect_nan_tile(
+    path: Path,
+    name: str,
+    data: np.ndarray,
+    g: ArrayGeometry,
+    chunk: int,
+    tile: int,
+    *,
+    also: list[tuple[int, int]] = (),
+) -> None:
+    """Under ``on_bad_chunk="nan"`` exactly tile ``(chunk, tile)`` (and ``also``) is NaN and listed, nothing else."""
     expected = data.copy()
-    expected[_tile_region(g, chunk, tile)] = np.nan
+    bad = sorted({(chunk, tile), *also})
+    for c, t in bad:
+        expected[_tile_region(g, c, t)] = np.nan
     ds = _iterate(path, name, expected, on_bad_chunk="nan")
-    assert [(r.array, r.chunk_index, r.inner_coord) for r in ds.bad_chunks] == [(name, chunk, g.tile_coord(tile))]
+    listed = sorted((r.chunk_index, r.inner_coord) for r in ds.bad_chunks)
+    assert all(r.array == name for r in ds.bad_chunks)
+    assert listed == sorted((c, g.tile_coord(t)) for c, t in bad)
 
 
 # --- garbage and wrong-length chunks ----------------------------------------------
@@ -127,8 +165,28 @@ def test_garbage_bytes_raise_or_become_nan_exactly_there(tmp_path: Path, name: s
         # so the engine must read exactly what zarr reads
         _iterate(path, name, zarr.open_array(path / name, mode="r")[...])
         return
-    _expect_bad(path, name, g, chunk, tile, "checksum" if name == "crc" else "")
-    _expect_nan_tile(path, name, data, g, chunk, tile)
+    # a garbled shard garbles its index too: every inner chunk read through it is bad, none other
+    also = [t for t in _shard_tiles(g, chunk, tile) if t != (chunk, tile)]
+    _expect_bad(path, name, g, chunk, tile, "checksum" if name == "crc" else "", also=also)
+    _expect_nan_tile(path, name, data, g, chunk, tile, also=also)
+
+
+def test_garbage_in_one_inner_chunk_of_a_shard_is_bad_there_only(tmp_path: Path) -> None:
+    """Inner chunks are read alone: damage inside one leaves its shard's other inner chunks good."""
+    path = tmp_path / "g.zarr"
+    data = _write(path, "sharded")
+    g, _ = _open(path, "sharded")
+    chunk, tile = 3, 1
+    target = _key_file(path, g, chunk, tile)
+    blob = bytearray(target.read_bytes())
+    stage = shard_stage(g)
+    offsets, lengths, _ = stage.read_index(np.frombuffer(bytes(blob[-stage.index_nbytes :]), dtype=np.uint8))
+    place = g.tile_key(g.physical_chunk_coord(chunk, tile))[1]
+    start, n = int(offsets[place]), int(lengths[place])
+    blob[start : start + n] = bytes(b ^ 0xA5 for b in blob[start : start + n])
+    target.write_bytes(bytes(blob))
+    _expect_bad(path, "sharded", g, chunk, tile, "")
+    _expect_nan_tile(path, "sharded", data, g, chunk, tile)
 
 
 @pytest.mark.parametrize("name", list(ARRAYS))
@@ -145,8 +203,10 @@ def test_chunks_of_the_wrong_length_are_never_data(tmp_path: Path, name: str, ch
     why = "expected" if name == "raw" and change != "empty" else ""
     if name == "crc" and change == "extended":
         why = "checksum"
-    _expect_bad(path, name, g, chunk, tile, why)
-    _expect_nan_tile(path, name, data, g, chunk, tile)
+    # a shard of the wrong length has a wrong index at its end: all of its inner chunks are bad
+    also = [t for t in _shard_tiles(g, chunk, tile) if t != (chunk, tile)]
+    _expect_bad(path, name, g, chunk, tile, why, also=also)
+    _expect_nan_tile(path, name, data, g, chunk, tile, also=also)
 
 
 def test_an_uncompressed_chunk_of_the_wrong_length_names_both_sizes(tmp_path: Path) -> None:
@@ -191,8 +251,10 @@ def test_a_shard_index_pointing_out_of_bounds_is_a_bad_chunk(tmp_path: Path, ent
     # a valid checksum over the hostile index, so the bounds check itself must catch it
     target.write_bytes(blob[:-n_index] + body + struct.pack("<I", crc32c.crc32c(body)))
     why = "half empty" if entry[1] == 2**64 - 1 else "points outside the shard"
-    _expect_bad(path, "sharded", g, 2, 0, why)
-    _expect_nan_tile(path, "sharded", data, g, 2, 0)
+    # entry 1 of the shard's 2x1x2 grid of inner chunks: sample-axis chunk 2, tile 1; only it is bad
+    assert g.tile_key(g.physical_chunk_coord(2, 1))[1] == (0, 0, 1)
+    _expect_bad(path, "sharded", g, 2, 1, why)
+    _expect_nan_tile(path, "sharded", data, g, 2, 1)
 
 
 # --- metadata that disagrees with the chunks --------------------------------------
@@ -258,7 +320,7 @@ def _absurd(path: Path, name: str, shape, chunks, shards=None, dtype="f4") -> No
             (1, 1, 1),
             None,
             "u1",
-            rf"has 2097152 stored chunks per sample-axis chunk, over the limit of {MAX_CHUNKS_PER_READ}",
+            rf"has 2097152 tiles per sample-axis chunk, over the limit of {MAX_CHUNKS_PER_READ}",
         ),
         ((4, 2048, 1024), (1, 1, 1), (1, 2048, 1024), "u1", r"has 2097152 inner chunks per shard"),
     ],

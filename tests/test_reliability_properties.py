@@ -15,22 +15,44 @@ Invariants, each checked against an independent computation:
 * ranks: equal batch counts on every rank, every sample once across ranks,
   chunk-disjoint training partitions, exactly complete evaluation partitions,
   and a resume at another world size that neither repeats nor skips a sample.
+
+Splits come from ``split_by_chunk`` and from ``split_by_time`` (chunk-granular
+and exact edges) over a real time coordinate, so date splits meet every
+invariant too.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
+import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from zarr.storage import MemoryStore
 
+from insitubatch.io.coords import CoordinateSource
 from insitubatch.io.geometry import ArrayGeometry
+from insitubatch.plan.dates import split_by_time
 from insitubatch.plan.distributed import rank_streams
 from insitubatch.plan.epoch import EpochPlan, build_plan, epoch_order, plan_epoch
 from insitubatch.plan.splits import SplitManifest, split_by_chunk
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# the time coordinate of the property arrays: hourly steps from here
+EPOCH = np.datetime64("2000-01-01T00", "ns")
+
+
+@functools.cache
+def _hourly(n: int) -> CoordinateSource:
+    """A store holding only an ``n``-step hourly ``time`` coordinate, CF-encoded."""
+    store = MemoryStore()
+    cf = {"units": "hours since 2000-01-01", "calendar": "proleptic_gregorian"}
+    zarr.create_array(store, name="time", shape=(n,), dtype="i8", dimension_names=("time",), attributes=cf)[:] = (
+        np.arange(n)
+    )
+    return CoordinateSource(store)
 
 
 def _geometry(path: str, n: int, size: int, inner: tuple[int, ...], dtype: str) -> ArrayGeometry:
@@ -41,7 +63,19 @@ def _geometry(path: str, n: int, size: int, inner: tuple[int, ...], dtype: str) 
         stored_chunks=(size, *inner),
         dtype=np.dtype(dtype),
         fill_value=0,
+        dimension_names=("time", *(f"d{k}" for k in range(len(inner)))),
+        coords=_hourly(n),
     )
+
+
+def _date_split(anchor: ArrayGeometry, cut: int, exact: bool) -> SplitManifest | None:
+    """train up to step ``cut - 1``, val from step ``cut`` on, by date; None when a side has no whole chunk."""
+    last, first = EPOCH + np.timedelta64(cut - 1, "h"), EPOCH + np.timedelta64(cut, "h")
+    ranges = {"train": (None, last), "val": (first, None)}
+    try:
+        return split_by_time(anchor, ranges, edges="exact" if exact else "chunk")
+    except ValueError:
+        return None
 
 
 @dataclass
@@ -73,13 +107,17 @@ def layouts(draw) -> Layout:
         variables[f"w{k}"] = g.shift(draw(st.integers(-6, 6)))
     for g in arrays[1:]:
         variables.setdefault(g.path, g)
-    train = draw(st.sampled_from([1.0, 0.7, 0.5]))
-    manifest = split_by_chunk(
-        anchor,
-        fractions=(train, 1.0 - train) if train < 1 else (1.0,),
-        contiguous=draw(st.booleans()),
-        seed=draw(st.integers(0, 100)),
-    )
+    manifest = None
+    if n > 1 and draw(st.booleans()):
+        manifest = _date_split(anchor, draw(st.integers(1, n - 1)), draw(st.booleans()))
+    if manifest is None:
+        train = draw(st.sampled_from([1.0, 0.7, 0.5]))
+        manifest = split_by_chunk(
+            anchor,
+            fractions=(train, 1.0 - train) if train < 1 else (1.0,),
+            contiguous=draw(st.booleans()),
+            seed=draw(st.integers(0, 100)),
+        )
     anchor_range = None
     if draw(st.booleans()):
         lo = draw(st.integers(0, n - 1))
@@ -412,7 +450,7 @@ def test_resume_at_another_world_size_neither_repeats_nor_skips(layout: Layout, 
 
 def test_property_settings_are_not_trivially_small() -> None:
     """Guard: the strategies above really reach multi-block, multi-batch, windowed layouts."""
-    seen = {"blocks": 0, "windows": 0, "batches": 0}
+    seen = {"blocks": 0, "windows": 0, "batches": 0, "exact_dates": 0}
 
     @settings(max_examples=60, deadline=None, derandomize=True)
     @given(layout=layouts())
@@ -431,6 +469,8 @@ def test_property_settings_are_not_trivially_small() -> None:
         seen["blocks"] = max(seen["blocks"], plan.n_blocks)
         seen["batches"] = max(seen["batches"], plan.n_batches)
         seen["windows"] = max(seen["windows"], sum(1 for g in layout.variables.values() if g.offset))
+        seen["exact_dates"] += layout.manifest.split_range(layout.split) is not None
 
     probe()
     assert seen["blocks"] >= 5 and seen["batches"] >= 5 and seen["windows"] >= 2, seen
+    assert seen["exact_dates"] >= 5, seen

@@ -16,7 +16,14 @@ class Batch:
     """One batch: ``arrays[label]`` is ``(len(batch), *inner)`` for every label.
 
     ``sample_indices`` are the anchors on the manifest's grid; label ``L``
-    read ``sample_indices + offsets[L]`` along its sample axis.
+    read ``sample_indices + offsets[L]`` along its sample axis, and a
+    windowed label (``windows[L]`` its steps) ``sample_indices + offsets[L] +
+    step`` for each step, as ``(batch, steps, *inner)``. ``coords`` holds
+    the anchors' sample-axis coordinate (by dimension name, decoded: time as
+    ``datetime64``; ``"sample"`` indices when the store has none) and, for
+    each shifted or windowed label, its valid coordinates under
+    ``"<label>.<dim>"``: ``(batch,)``, or ``(batch, steps)``. ``statics``
+    are the dataset's static fields: the same read-only arrays in every batch.
     """
 
     arrays: dict[str, np.ndarray]
@@ -26,14 +33,19 @@ class Batch:
     epoch: int = 0
     index: int = 0
     extras: dict[str, Any] = field(default_factory=dict)
+    windows: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    statics: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.sample_indices)
 
     def read_indices(self, label: str) -> np.ndarray:
-        """The sample-axis indices ``label`` was read at (``sample_indices + offset``)."""
+        """The sample-axis indices ``label`` was read at: ``(batch,)``, or ``(batch, steps)`` for a windowed label."""
         if label not in self.offsets:
             raise KeyError(f"label {label!r} is not in this batch; labels are {sorted(self.offsets)}")
+        steps = self.windows.get(label)
+        if steps:
+            return self.sample_indices[:, None] + self.offsets[label] + np.asarray(steps)[None, :]
         return self.sample_indices + self.offsets[label]
 
     def stack(self, labels: Sequence[str], axis: int = 1) -> np.ndarray:

@@ -1,14 +1,14 @@
 """``PassContext``: what a dataset builds once and every pass of it reads.
 
 The store and its readers, the chunk pool (and its disk cache), the batch
-buffers, the decode executor, the ``max_inflight`` semaphore, the epoch's
+buffers, the decode executor, the read permits (a pinned ``max_inflight``
+window of its own, or a share of the store's self-tuning one), the epoch's
 counters and bad chunks, the open passes. Passes (``prefetch``) and views
 read only this object, so neither needs the dataset that made it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import threading
@@ -22,13 +22,21 @@ import numpy as np
 from ..cache import DiskCache
 from ..errors import DatasetClosedError
 from ..io.geometry import ArrayGeometry
+from ..io.sync_get import _sync_get
+from ..plan.cost import auto_inflight_cap, auto_read_ahead
+from ..plan.epoch import EpochPlan
 from .batch import Batch
 from .buffers import BufferPool
+from .concurrency import AUTO_START, LimitHistory
+from .loop import zarr_loop
 from .pool import ChunkPool
 from .reader import ArrayReader, BadChunkRecord
+from .shard_index import ShardIndexes
 from .stats import PassCounters
+from .store_link import StoreClient, client_for
+from .window import ReadWindow, WindowUser
 
-__all__ = ["ON_BAD_CHUNK", "BatchTransform", "OnBadChunk", "PassContext"]
+__all__ = ["ON_BAD_CHUNK", "BatchTransform", "OnBadChunk", "PassContext", "concurrency_report"]
 
 logger = logging.getLogger("insitubatch")
 
@@ -50,11 +58,11 @@ class PassContext:
     store: Any
     readers: dict[str, ArrayReader]  # by array path
     outputs: dict[str, ArrayGeometry]  # by label, after chunk transforms: what entries hold and batches carry
-    offsets: dict[str, int]  # by label: the window shift a batch reports (``Batch.offsets``)
+    offsets: dict[str, int]  # by label: the shift a batch reports (``Batch.offsets``)
     pool: ChunkPool
     buffers: BufferPool
     executor: concurrent.futures.ThreadPoolExecutor
-    max_inflight: int
+    max_inflight: int | Literal["auto"]
     decode_threads: int
     prefetch_depth: int
     on_bad_chunk: OnBadChunk
@@ -62,6 +70,11 @@ class PassContext:
     persist: bool
     batch_transforms: Sequence[BatchTransform]
     sample_coords: Callable[[], Mapping[str, np.ndarray]]  # read once, on the first inference pass
+    statics: Mapping[str, np.ndarray] = field(default_factory=dict)  # read once at open, the same in every batch
+    # by windowed label: its steps (``Batch.windows``)
+    windows: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    shard_indexes: ShardIndexes = field(default_factory=ShardIndexes)  # read once per shard, kept for every pass
+    hedge: bool = True  # duplicate a remote GET that is far slower than its peers
     epoch: int = 0
     bad_chunks: list[BadChunkRecord] = field(default_factory=list)  # this epoch's; a new epoch starts a new list
     epoch_counters: list[PassCounters] = field(default_factory=list)  # this epoch's passes'
@@ -69,14 +82,58 @@ class PassContext:
     passes: weakref.WeakSet[_OpenPass] = field(default_factory=weakref.WeakSet)  # open ones, closed on close()
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
-    _semaphore: asyncio.Semaphore | None = None
+    _permits: WindowUser | None = None
+    _client: StoreClient | None = None
     _warned_epochs: set[int] = field(default_factory=set)
 
-    def semaphore(self) -> asyncio.Semaphore:
-        """The ``max_inflight`` semaphore every pass's fetches share (binds to zarr's loop on first use)."""
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.max_inflight)
-        return self._semaphore
+    @property
+    def auto(self) -> bool:
+        return self.max_inflight == "auto"
+
+    def client(self) -> StoreClient | None:
+        """The engine's client for a remote store (``None`` for one read synchronously: local, memory)."""
+        if self._client is None and _sync_get(self.store) is None:
+            self._client = client_for(self.store)
+        return self._client
+
+    def inflight_cap(self) -> int:
+        """The most reads in flight at once: the pinned value, or under "auto" the memory plan's cap."""
+        if not self.auto:
+            return int(self.max_inflight)
+        return auto_inflight_cap(max(r.geometry.tile_nbytes for r in self.readers.values()))
+
+    def read_ahead(self, plan: EpochPlan) -> tuple[int, int]:
+        """``(bytes, reads)`` a pass of ``plan`` may read beyond its working set: under "auto" on a remote store."""
+        if not self.auto or self.client() is None:
+            return 0, 0
+        tiles = {r.geometry.source: r.geometry.tiles_read for r in self.readers.values()}
+        return auto_read_ahead(plan, tiles, self.inflight_cap())
+
+    def permits(self) -> WindowUser:
+        """The read permits every pass of this dataset takes, one per tile in flight (made on first use).
+
+        A pinned ``max_inflight`` is a window of this dataset's own. Under
+        "auto" a remote store's passes share its link's window, whose
+        controller sets the limit, this dataset holding at most its cap; a
+        local store reads with ``AUTO_START`` permits (nothing to tune there).
+        """
+        with self.lock:
+            if self._permits is None:
+                client = self.client() if self.auto else None
+                if client is not None:
+                    self._permits = client.link.window.user(self.inflight_cap())
+                else:
+                    limit = AUTO_START if self.auto else int(self.max_inflight)
+                    self._permits = ReadWindow(limit).user(limit)
+            return self._permits
+
+    def concurrency(self, since: int = 0) -> tuple[int, LimitHistory | None]:
+        """The reads-in-flight limit now, and under "auto" its history since controller interval ``since``."""
+        permits = self.permits()
+        controller = permits.window.controller
+        if controller is None:
+            return permits.window.limit, None
+        return min(controller.limit, permits.cap), controller.history(since)
 
     def check_open(self) -> None:
         if self.closed:
@@ -117,5 +174,24 @@ class PassContext:
         self.closed = True
         for state in list(self.passes):
             state.close()
+        if self._permits is not None:  # its cap stops counting toward the store's shared cap (on the loop)
+            try:
+                zarr_loop().call_soon_threadsafe(self._permits.leave)
+            except RuntimeError:  # the loop is closed (interpreter exit)
+                pass
         self.pool.clear()
         self.buffers.clear()
+
+
+def concurrency_report(ctx: PassContext) -> dict[str, Any]:
+    """The reads-in-flight limit as ``describe()`` states it: the knob, the cap, the limit now and its history."""
+    limit, history = ctx.concurrency()
+    return {
+        "max_inflight": ctx.max_inflight,
+        "cap": ctx.inflight_cap(),
+        "limit": limit,
+        "history": None if history is None else {"min": history.min, "median": history.median, "max": history.max},
+        "throttled": 0 if history is None else history.throttled,
+        "throttle_cuts": 0 if history is None else history.cuts,
+        "hedge": ctx.hedge,
+    }

@@ -26,13 +26,20 @@ def gather_label(
     geometry: ArrayGeometry,
     entry_of: Callable[[int], Entry],
 ) -> None:
-    """Fill ``out`` (``(len(anchors), *inner)``) with ``geometry``'s samples at ``anchors + offset``.
+    """Fill ``out`` (``(len(anchors), *row_shape)``) with ``geometry``'s samples at ``anchors + offset``.
 
+    A windowed view's rows are ``(steps, *inner)``: its samples at every
+    ``anchors + offset + step`` are gathered by the same C call straight
+    into ``out`` seen as ``(len(anchors) * steps, *inner)``.
     ``entry_of(chunk_index)`` returns the ready entry holding that chunk.
     """
     if len(anchors) == 0:
         return
-    samples = anchors + geometry.offset
+    if geometry.window_steps:
+        samples = (anchors[:, None] + np.asarray(geometry.read_offsets, dtype=anchors.dtype)[None, :]).reshape(-1)
+        out = out.reshape(len(samples), *geometry.inner_shape)
+    else:
+        samples = anchors + geometry.offset
     size = geometry.sample_chunk_size
     n_tiles = entry_of(int(samples[0]) // size).n_tiles  # every ready entry of a label holds as many tiles
     chunks, runs = batch_runs(samples, size, n_tiles)

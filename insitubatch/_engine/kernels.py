@@ -10,6 +10,7 @@ C-contiguous ``(n_rows, *tile_inner)`` block whose inner rectangle starts at an
 - ``gather`` copies runs of tile rows into a ``(batch, *inner)`` buffer — the
   loader's one call per batch and label; ``coalesce_runs`` builds its run table.
 - ``assemble_tiles`` / ``place_tile`` / ``fill_region`` build a whole chunk.
+- ``select_block`` cuts a selection's piece out of a decoded tile.
 
 The tile-major ``.npy`` files of the disk cache live in ``cache.tilefile``.
 """
@@ -22,6 +23,9 @@ import numpy as np
 
 import insitubatch._ext.assemble as _assemble
 import insitubatch._ext.gather as _gather
+import insitubatch._ext.select as _select
+
+from .pieces import Piece
 
 __all__ = [
     "assemble_tiles",
@@ -31,6 +35,7 @@ __all__ = [
     "gather",
     "place_tile",
     "rect_geometry",
+    "select_block",
 ]
 
 _STATUS = _gather.STATUS
@@ -341,3 +346,22 @@ def assemble_tiles(dest: np.ndarray, tiles: Sequence[np.ndarray], origins: objec
     status, index = _assemble.assemble_tiles(dest, tiles, origins, _STREAM_MIN_BYTES)
     if status:
         raise _kernel_error(status, index, "dest", dest, tiles, origins)
+
+
+def select_block(dest: np.ndarray, src: np.ndarray, piece: Piece) -> None:
+    """Copy the block ``piece`` selects from every row of the decoded tile ``src`` into ``dest``.
+
+    ``src`` is a C-contiguous ``(rows, *tile_shape)`` tile; ``dest`` a
+    C-contiguous, writeable ``(rows, *piece.shape)`` array of its dtype. The
+    copy runs in C without the GIL (strided, reversed and listed positions).
+    """
+    _require_writable_rows("dest", dest)
+    _require_c_contiguous("src", src)
+    if src.dtype != dest.dtype:
+        raise ValueError(f"src dtype {src.dtype} does not match dest dtype {dest.dtype}")
+    if dest.shape != (src.shape[0], *piece.shape):
+        raise ValueError(f"dest has shape {dest.shape}; the piece needs {(src.shape[0], *piece.shape)}")
+    row_bytes = src.strides[0] if src.ndim else 0
+    if src.shape[0] and piece.reach > row_bytes:
+        raise ValueError(f"the piece reads {piece.reach} bytes into a row of src, whose rows hold {row_bytes}")
+    _select.select_rows(dest, src, piece.offsets, piece.starts, piece.extents, piece.fixed, piece.last_run)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .window import WindowUser
+
 
 class _Landings:
     """Tile jobs run on the decode pool; their completions go back to the loop in bursts.
@@ -81,11 +83,14 @@ class _Tally:
 
     def add_to(self, counters, lock: threading.Lock) -> None:
         with lock:
-            counters.gets += self.gets
-            counters.get_bytes += self.get_bytes
+            # a remote store's GETs are counted on the loop, without this lock: a job that made none
+            # must not write the counts back (a read-add-write of 0 could undo the loop's increment)
+            if self.gets or self.get_bytes:
+                counters.gets += self.gets
+                counters.get_bytes += self.get_bytes
             counters.decoded_tiles += self.decoded_tiles
 
 
-def _release(semaphore: asyncio.Semaphore, n: int) -> None:
+def _release(semaphore: WindowUser, n: int) -> None:
     for _ in range(n):
         semaphore.release()

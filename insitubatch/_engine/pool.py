@@ -69,10 +69,23 @@ class ChunkPool:
         self.awaited_bytes = 0  # the pending entries' ``awaited``, summed
 
     # -- owners ------------------------------------------------------------
-    def open_owner(self, working_set_bytes: int, read_ahead_bound: int) -> Owner:
-        """Register an iteration; raise if an explicit budget cannot hold its working set."""
+    def open_owner(
+        self, working_set_bytes: int, read_ahead_bound: int, extra_bytes: int = 0, extra_reads: int = 0
+    ) -> Owner:
+        """Register an iteration; raise if an explicit budget cannot hold its working set.
+
+        ``extra_bytes`` / ``extra_reads`` is read-ahead beyond the working set
+        (``max_inflight="auto"`` on a remote store), granted in full under the
+        automatic budget and as far as it fits under an explicit one.
+        """
         with self.lock:
             reserved = sum(o.reservation for o in self._owners.values())
+            if self.explicit_budget is not None and extra_bytes > 0:
+                room = max(0, self.explicit_budget - reserved - working_set_bytes)
+                extra_reads = extra_reads * min(room, extra_bytes) // extra_bytes
+                extra_bytes = min(room, extra_bytes)
+            working_set_bytes += extra_bytes
+            read_ahead_bound += extra_reads
             need = reserved + working_set_bytes
             if self.explicit_budget is None:
                 if self._owners and need > self.budget:

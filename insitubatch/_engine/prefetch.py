@@ -23,6 +23,7 @@ from ..errors import DatasetClosedError
 from ..plan.epoch import EpochPlan, ReadKey
 from .batch import Batch
 from .context import PassContext
+from .fetch import Fetcher
 from .gather import gather_label
 from .pool import FAILED, PENDING, Entry, Owner
 from .scheduler import PassDriver, tile_group
@@ -46,9 +47,9 @@ class _Stopped(Exception):
     """The pass was closed while the producer waited."""
 
 
-def _held_entry(held: Mapping[ReadKey, Entry | None], path: str, chunk: int) -> Entry:
-    """The entry a batch's block holds for chunk ``chunk`` of array ``path``."""
-    entry = held[(path, chunk)]
+def _held_entry(held: Mapping[ReadKey, Entry | None], source: str, chunk: int) -> Entry:
+    """The entry a batch's block holds for chunk ``chunk`` of read source ``source``."""
+    entry = held[(source, chunk)]
     assert entry is not None  # a block's reads stay referenced until the block is released
     return entry
 
@@ -73,10 +74,12 @@ class _PassState:
         self._close_lock = threading.Lock()
         self.consumed = start_batch
         self.history: tuple[tuple[int, int], ...] = ()
-        self.coords = ctx.sample_coords() if split == "__infer__" else None
+        self.coords = ctx.sample_coords()  # the sample axis's coordinate, read once per dataset
         self.started_at: float | None = None
         self.ended_at: float | None = None
         self.evictions_at_start = 0
+        self.intervals_at_start = 0  # the auto controller's intervals and cuts before this pass
+        self.cuts_at_start = 0
         self.on_stats: Callable[[PassStats], None] | None = None  # told the final stats when the pass closes
         release_order = np.argsort(plan.read_last, kind="stable")
         bounds = np.searchsorted(plan.read_last[release_order], np.arange(plan.n_blocks + 1))
@@ -98,6 +101,7 @@ class _PassState:
         ctx, now = self.ctx, time.perf_counter()
         started = self.started_at if self.started_at is not None else now
         ended = self.ended_at if self.ended_at is not None else now
+        limit, history = ctx.concurrency(self.intervals_at_start)
         return PassStats._from_trace(
             self.counters.trace,
             self.counters,
@@ -105,7 +109,12 @@ class _PassState:
             epoch=self.epoch,
             wall_s=ended - started,
             evictions=ctx.pool.totals.evictions - self.evictions_at_start,
-            max_inflight=ctx.max_inflight,
+            max_inflight=limit,
+            inflight_auto=history is not None,
+            inflight_min=limit if history is None else history.min,
+            inflight_median=limit if history is None else history.median,
+            inflight_max=limit if history is None else history.max,
+            throttle_cuts=0 if history is None else history.cuts - self.cuts_at_start,
             decode_threads=ctx.decode_threads,
             cache_budget_bytes=ctx.pool.explicit_budget,
             finished=self.ended_at is not None,
@@ -115,21 +124,30 @@ class _PassState:
         ctx = self.ctx
         self.started_at = time.perf_counter()
         self.evictions_at_start = ctx.pool.totals.evictions
-        self.owner = ctx.pool.open_owner(self.plan.working_set_bytes, self.plan.read_ahead_bound)
+        # under "auto" on a remote store the pass may read further ahead than its working set, so the window fills
+        self.owner = ctx.pool.open_owner(
+            self.plan.working_set_bytes, self.plan.read_ahead_bound, *ctx.read_ahead(self.plan)
+        )
         ctx.track(self.owner.counters)
+        permits, client = ctx.permits(), ctx.client()
+        controller = permits.window.controller
+        if controller is not None:
+            self.intervals_at_start, self.cuts_at_start = controller.intervals, controller.cuts
         self.driver = PassDriver(
             store=ctx.store,
             pool=ctx.pool,
             owner=self.owner,
             plan=self.plan,
             readers=ctx.readers,
-            semaphore=ctx.semaphore(),
+            semaphore=permits,
             executor=ctx.executor,
             on_bad_chunk=ctx.on_bad_chunk,
             bad_chunks=ctx.bad_chunks,
             first_block=self._first_block(),
             cache=ctx.cache,
-            group=tile_group(ctx.max_inflight, ctx.decode_threads),
+            group=tile_group(permits.window.limit, ctx.decode_threads),
+            shard_indexes=ctx.shard_indexes,
+            fetcher=None if client is None else Fetcher(client, permits, self.owner.counters, hedge=ctx.hedge),
         )
         self.driver.seen_keys = ctx.fetched_keys
         self.driver.start()
@@ -218,21 +236,21 @@ class _PassState:
             held = {plan.reads[i]: entries[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
             arrays = {}
             for label, g in ctx.outputs.items():
-                # g is the post-transform geometry: rows are (*inner_shape,) of its dtype
-                buf = ctx.buffers.take(label, (plan.batch_size, *g.inner_shape), g.dtype)
+                # g is the post-transform geometry: rows are (*row_shape,) of its dtype
+                buf = ctx.buffers.take(label, (plan.batch_size, *g.row_shape), g.dtype)
                 out = buf[: len(anchors)]
-                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.path))
+                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.source))
                 arrays[label] = out
-            coords = None
-            if self.coords is not None:
-                coords = {name: values[anchors] for name, values in self.coords.items()}
+            coords = self._batch_coords(anchors)
             batch = Batch(
                 arrays=arrays,
                 sample_indices=anchors.copy(),
                 offsets=dict(ctx.offsets),
+                windows=ctx.windows,
                 coords=coords,
                 epoch=self.epoch,
                 index=k,
+                statics=ctx.statics,
             )
             if plan.padded is not None:
                 batch.extras["padded"] = plan.padded[start:stop].copy()
@@ -253,6 +271,20 @@ class _PassState:
             self._put(batch)
             counters.trace.add("producer_wait_s", time.perf_counter() - t0)
             del batch, arrays, out, buf
+
+    def _batch_coords(self, anchors: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch's anchor coordinates, and each shifted or windowed label's (``"<label>.<dim>"``)."""
+        ctx = self.ctx
+        coords = {}
+        for name, values in self.coords.items():
+            coords[name] = values[anchors]
+            for label, offset in ctx.offsets.items():
+                steps = ctx.windows.get(label)
+                if steps:
+                    coords[f"{label}.{name}"] = values[anchors[:, None] + offset + np.asarray(steps)[None, :]]
+                elif offset:
+                    coords[f"{label}.{name}"] = values[anchors + offset]
+        return coords
 
     # -- teardown ---------------------------------------------------------------
     def close(self) -> None:

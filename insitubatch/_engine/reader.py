@@ -10,6 +10,7 @@ import numpy as np
 
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkTransform, output_geometry, stage_outputs
+from .pieces import ReadLayout, plan_reads
 
 __all__ = ["ArrayReader", "BadChunkRecord"]
 
@@ -25,74 +26,95 @@ class BadChunkRecord:
 
 @dataclass
 class ArrayReader:
-    """Everything the driver needs to fetch, decode and transform one array path's reads.
+    """Everything the driver needs to fetch, decode and transform one read source's chunks.
 
-    ``output`` is the geometry after chunk transforms: what entries hold and
-    gather copies. With a pipeline on a multi-tile chunk, tiles are assembled
-    into one scratch chunk before the transforms run.
+    ``geometry`` is the source: an array path and its selection (no offset).
+    ``layout`` lists the tiles each sample-axis chunk reads and the pieces
+    its entry holds (the tiles themselves without a selection). ``output``
+    is the geometry after chunk transforms: what entries hold and gather
+    copies. With a pipeline on a chunk of several pieces, they are assembled
+    into one scratch chunk (the selected block) before the transforms run.
     """
 
     geometry: ArrayGeometry
     pipeline: tuple[ChunkTransform, ...]
     stages: list
     output: ArrayGeometry
-    origins: np.ndarray
-    tile_shapes: np.ndarray
+    layout: ReadLayout
+    origins: np.ndarray  # each piece's origin in the selected field (what a pending entry holds)
 
     @classmethod
     def build(cls, geometry: ArrayGeometry, pipeline: Sequence[ChunkTransform]) -> ArrayReader:
         pipeline = tuple(pipeline)
         out = output_geometry(geometry, pipeline)
-        if geometry.tiles_per_chunk == 1:
-            origins = np.zeros((1, len(out.inner_shape)), dtype=np.intp)
-        else:
-            origins = geometry.tile_origins()
-        return cls(geometry, pipeline, stage_outputs(pipeline, geometry), out, origins, geometry.tile_shapes())
+        layout = plan_reads(geometry)
+        return cls(geometry, pipeline, stage_outputs(pipeline, geometry), out, layout, layout.origins())
+
+    @property
+    def source(self) -> str:
+        """The pool and disk-cache name of this reader's chunks (``ArrayGeometry.source``)."""
+        return self.geometry.source
+
+    @property
+    def n_tiles(self) -> int:
+        """Tiles (GETs) one sample-axis chunk reads: those the selection touches."""
+        return self.layout.n_tiles
 
     @property
     def assembles(self) -> bool:
-        return bool(self.pipeline) and self.geometry.tiles_per_chunk > 1
+        return bool(self.pipeline) and self.layout.n_pieces > 1
 
     @property
     def single(self) -> bool:
-        """Whether a ready entry holds one tile spanning the whole (post-transform) field."""
-        return self.geometry.tiles_per_chunk == 1 or self.assembles
+        """Whether a ready entry holds one array spanning the whole (selected, post-transform) field."""
+        return self.layout.n_pieces == 1 or self.assembles
 
     @property
     def single_origin(self) -> np.ndarray:
         return np.zeros((1, len(self.output.inner_shape)), dtype=np.intp)
 
     def entry_tile_shapes(self, chunk_index: int) -> list[tuple[int, ...]]:
-        """The real shape of each tile a ready entry of ``chunk_index`` holds."""
+        """The real shape of each array a ready entry of ``chunk_index`` holds."""
         n = self.geometry.chunk_len(chunk_index)
         if self.single:
             return [(n, *self.output.inner_shape)]
-        return [(n, *shape) for shape in self.tile_shapes.tolist()]
+        return [(n, *p.shape) for p in self.layout.pieces]
 
     def stored_tile_shape(self, n_tiles: int) -> tuple[int, ...]:
-        """The full (unclipped) tile shape of a tile file."""
+        """The full (unclipped) shape of one of a tile file's ``n_tiles`` arrays."""
         size = self.geometry.sample_chunk_size
         if n_tiles == 1 and self.single:
             return (size, *self.output.inner_shape)
-        return (size, *self.geometry.inner_stored_chunks)
+        return (size, *self._piece_box)
 
-    def selection(self, chunk_index: int, tile: int) -> tuple[slice, ...]:
-        """Where a decoded stored chunk's valid data sits (edge chunks are clipped), physical order."""
-        inner = self._inner_selections[tile]
+    @functools.cached_property
+    def _piece_box(self) -> tuple[int, ...]:
+        """Per axis, the largest piece extent (a tile's, without a selection)."""
+        if self.layout.identity:
+            return self.geometry.tile_shape
+        return tuple(int(x) for x in np.max([p.shape for p in self.layout.pieces], axis=0))
+
+    def tile_coord(self, chunk_index: int, k: int) -> tuple[int, ...]:
+        """Physical stored-chunk coordinates of read tile ``k`` of a sample-axis chunk."""
+        return self.geometry.physical_chunk_coord(chunk_index, self.layout.tiles[k])
+
+    def tile_inner_coord(self, k: int) -> tuple[int, ...]:
+        """Read tile ``k``'s coordinates in the field's tile grid."""
+        return self.geometry.tile_coord(self.layout.tiles[k])
+
+    def clip(self, chunk_index: int, k: int) -> tuple[slice, ...]:
+        """Where read tile ``k``'s valid data sits in its decoded stored chunk (edge chunks are clipped), physical order."""
+        inner = self._inner_clips[k]
         axis = self.geometry.sample_axis
         return (*inner[:axis], slice(0, self.geometry.chunk_len(chunk_index)), *inner[axis:])
 
-    def tile_rows_shape(self, chunk_index: int, tile: int) -> tuple[int, ...]:
-        """A decoded tile's shape, sample axis first: the chunk's samples by the tile's clipped inner extent."""
-        return (self.geometry.chunk_len(chunk_index), *self._tile_shapes[tile])
+    def tile_rows_shape(self, chunk_index: int, k: int) -> tuple[int, ...]:
+        """Read tile ``k`` decoded, sample axis first: the chunk's samples by the tile's clipped extent."""
+        return (self.geometry.chunk_len(chunk_index), *self.layout.tile_shapes[k])
 
     @functools.cached_property
-    def _tile_shapes(self) -> list[tuple[int, ...]]:
-        return [tuple(shape) for shape in self.tile_shapes.tolist()]
-
-    @functools.cached_property
-    def _inner_selections(self) -> list[tuple[slice, ...]]:
-        return [tuple(slice(0, int(e)) for e in shape) for shape in self.tile_shapes]
+    def _inner_clips(self) -> list[tuple[slice, ...]]:
+        return [tuple(slice(0, int(e)) for e in shape) for shape in self.layout.tile_shapes]
 
     def ready_origins(self) -> np.ndarray:
         return self.single_origin if self.single else self.origins

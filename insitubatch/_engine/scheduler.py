@@ -2,13 +2,16 @@
 
 The driver walks the plan's reads in admission order. A read already in the
 pool is pinned and costs nothing; a miss is admitted under the pass's
-read-ahead limit and its tiles are fetched under one ``max_inflight``
-semaphore over every tile. The loop decides what and when; each tile then
+read-ahead limit and its tiles are fetched under the dataset's read permits
+(``window``: one per tile, a pinned ``max_inflight`` or the self-tuning
+limit). The loop decides what and when; each tile then
 costs one hop to the process-wide ``insitu-dec`` pool (passed explicitly,
 never the loop's default executor), whose job decodes it straight into the
 tile's own memory, transforms it and hands it to the pool. A network store's
 GET is awaited on the loop first; a local or memory store is read inside the
-job, with tiles grouped per job. Finished jobs return to the loop in bursts.
+job, with tiles grouped per job. A remote store's GET goes through the
+pass's ``Fetcher`` (hedged, stall-proof, retried). Finished jobs return to
+the loop in bursts.
 Teardown cancels only the tasks this driver started, waits for the decode-pool
 jobs they left behind, and only then lets the pool hand this pass's unfinished
 fetches to a pass still waiting on them (``Owner.refetch``, re-admitted on the loop).
@@ -24,20 +27,25 @@ import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
-from zarr.abc.buffer import Buffer
 from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
 
 from ..cache import DiskCache
-from ..io.decode import make_decoder
+from ..io.decode import make_decoder, shard_stage
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
+from .fetch import Fetcher
 from .landings import _Landings, _release
 from .local_groups import LocalGroups, kernel_kind
 from .loop import zarr_loop
 from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
-from .tile_jobs import _GET_IN_JOB, _TileJobs
+from .remote_tiles import _RemoteTiles
+from .revivals import _Revivals
+from .shard_index import ShardIndexes
+from .tile_jobs import _TileJobs
+from .wants import Want, Wants
+from .window import WindowUser
 
 __all__ = ["PassDriver", "tile_group"]
 
@@ -60,18 +68,7 @@ def tile_group(max_inflight: int, decode_threads: int) -> int:
     return max(1, min(MAX_TILE_GROUP, max_inflight // (2 * max(decode_threads, 1))))
 
 
-def _lookup_all(cache: DiskCache, requests: list) -> list:
-    """Decode thread: look up many chunks; a failure is returned in its place, not raised."""
-    out: list = []
-    for path, chunk_index, shapes, dtype in requests:
-        try:
-            out.append(cache.lookup(path, chunk_index, shapes, dtype))
-        except Exception as exc:  # handed to that chunk's entry, the others still revive
-            out.append(exc)
-    return out
-
-
-class PassDriver(_TileJobs):
+class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
     """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
 
     def __init__(
@@ -82,20 +79,23 @@ class PassDriver(_TileJobs):
         owner: Owner,
         plan: EpochPlan,
         readers: Mapping[str, ArrayReader],
-        semaphore: asyncio.Semaphore,
+        semaphore: WindowUser,
         executor: concurrent.futures.Executor,
         on_bad_chunk: str,
         bad_chunks: list[BadChunkRecord],
         first_block: int = 0,
         cache: DiskCache | None = None,
         group: int = MAX_TILE_GROUP,
+        shard_indexes: ShardIndexes | None = None,
+        fetcher: Fetcher | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
         self.owner = owner
         self.plan = plan
         self.readers = readers
-        self.semaphore = semaphore
+        self.semaphore = semaphore  # the read permits: one per tile in flight
+        self.fetcher = fetcher  # a remote store's reads, hedged and retried (None: its own get, or a sync read)
         self.executor = executor
         self.on_bad_chunk = on_bad_chunk
         self.bad_chunks = bad_chunks
@@ -110,29 +110,42 @@ class PassDriver(_TileJobs):
         self._stopping = False
         self._wake = asyncio.Event()
         self._main: concurrent.futures.Future | None = None
-        self._decoders = {path: make_decoder(r.geometry) for path, r in readers.items()}
+        # readers are keyed by source (a path and its selection); decoders and codec kinds by array path
+        self._decoders = {r.geometry.path: make_decoder(r.geometry, tile=True) for r in readers.values()}
+        self._shards = {r.geometry.path: shard_stage(r.geometry) for r in readers.values() if r.geometry.sharded_reads}
+        self.shard_indexes = shard_indexes if shard_indexes is not None else ShardIndexes()
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
         self._group = group
         # zstd/blosc arrays with the sample axis first decode through the tilegroup kernel (any store)
         self._kinds = {
-            path: k
-            for path, r in readers.items()
-            if r.geometry.sample_axis == 0 and (k := kernel_kind(self._decoders[path]))
+            r.geometry.path: k
+            for r in readers.values()
+            if r.geometry.sample_axis == 0 and (k := kernel_kind(self._decoders[r.geometry.path]))
         }
         # on a local directory their tiles are also read by it, a group per call, unless a transform or the
         # disk cache must see each tile first
-        grouped = {path: k for path, k in self._kinds.items() if not readers[path].pipeline}
+        # (inner chunks of shards are ranges of a file, not files: the general path reads them)
+        grouped = {
+            r.geometry.path: self._kinds[r.geometry.path]
+            for r in readers.values()
+            if not r.pipeline and r.geometry.path in self._kinds and not r.geometry.sharded_reads
+        }
         self._groups: LocalGroups | None = None
         if isinstance(self._get_sync, _LocalFiles) and cache is None and grouped:
             self._groups = LocalGroups(self._get_sync, self._decoders, grouped)
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
+        self._wants = Wants()  # stored tiles waiting to be read: another selection's entry may join one
         self._pump: asyncio.Task | None = None
+        self._remote_fresh: list[Want] = []  # remote tiles wanted, their reads not started yet (_start_remote)
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
         self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
         self.seen_keys: set | None = None  # keys fetched before (any pass): an admission of one is a re-read
+        self._claimed: set = set()  # disk-cache claims this pass took (released when it stops, if still held)
+        self._turn: asyncio.Future | None = None  # the latest disk-cache lookup's: its misses are fetched first
+        self._budget_warned = False
         self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
         self._waiting = False
         self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
@@ -193,6 +206,7 @@ class PassDriver(_TileJobs):
         for job, cleanup in orphans:
             await asyncio.gather(asyncio.wrap_future(job), return_exceptions=True)
             cleanup()
+        self._release_claims()
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
         """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its entry for later hits."""
@@ -219,6 +233,7 @@ class PassDriver(_TileJobs):
     # -- the driver ----------------------------------------------------------------
     async def _run(self) -> None:
         try:
+            self._prefetch_shard_indexes()
             await self._drive()
         except asyncio.CancelledError:
             raise
@@ -230,6 +245,9 @@ class PassDriver(_TileJobs):
     async def _drive(self) -> None:
         plan, pool, owner = self.plan, self.pool, self.owner
         revivals: list[tuple[Entry, ArrayReader, int]] = []  # admitted misses to look up on disk together
+        # admitted misses of one array chunk (its selections), fetched together so they share tile reads
+        fetches: list[tuple[Entry, ArrayReader, int]] = []
+        chunk: tuple[str, int] | None = None
         block = -1
         since_yield = 0
         for i in np.argsort(plan.read_first, kind="stable").tolist():
@@ -241,6 +259,13 @@ class PassDriver(_TileJobs):
                 self._flush(revivals)
                 block = int(plan.read_first[i])
             reader = self.readers[key[0]]
+            if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
+                chunk = (reader.geometry.path, key[1])
+                self._fetch_all(fetches, start=False)
+                if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
+                    since_yield = 0
+                    self._start_remote()
+                    await asyncio.sleep(0)
             # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
             own = not reader.pipeline and self.cache is None
             while True:  # a hit or join pins what is there; a miss is admitted; else wait for room
@@ -248,6 +273,7 @@ class PassDriver(_TileJobs):
                 if entry is not None:
                     break
                 self._flush(revivals)
+                self._fetch_all(fetches)
                 await self._wait()
             if not admitted and entry.bad:  # a hit on a replaced tile is listed for this epoch too
                 for record in list(entry.bad_records):
@@ -259,12 +285,24 @@ class PassDriver(_TileJobs):
                 if self.cache is not None:
                     revivals.append((entry, reader, key[1]))
                 else:
-                    self._fetch(entry, reader, key[1])
+                    fetches.append((entry, reader, key[1]))
             since_yield += 1
-            if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
-                since_yield = 0
-                await asyncio.sleep(0)
+        self._fetch_all(fetches)
         self._flush(revivals)
+
+    def _fetch_all(self, fetches: list[tuple[Entry, ArrayReader, int]], start: bool = True) -> None:
+        """Want the tiles of ``fetches``; ``start=False`` leaves remote ones to the next ``_start_remote``."""
+        for entry, reader, chunk_index in fetches:
+            self._fetch(entry, reader, chunk_index, start=False)
+        fetches.clear()
+        if start:
+            self._start_remote()
+
+    def _start_remote(self) -> None:
+        """Start the remote reads wanted since the last call: together, so a shard's adjacent ones share a GET."""
+        if self._remote_fresh:
+            fresh, self._remote_fresh = self._remote_fresh, []
+            self._fetch_remote(fresh)
 
     def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
         if revivals:
@@ -279,16 +317,19 @@ class PassDriver(_TileJobs):
             self._work_started()
             task.add_done_callback(self._work_ended)
 
-    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> None:
+    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
+        """Read the tiles ``entry`` needs: each joins a read of the same stored tile still waiting, else starts one."""
+        fresh = self._wants.add(entry, reader, chunk_index)
         if self._get_sync is not None:
-            self._queued.extend((entry, reader, chunk_index, t) for t in range(reader.geometry.tiles_per_chunk))
-            if self._pump is None or self._pump.done():
+            self._queued.extend(fresh)
+            if fresh and (self._pump is None or self._pump.done()):
                 self._pump = self.loop.create_task(self._pump_tiles())
                 self._tasks.add(self._pump)
                 self._pump.add_done_callback(self._tasks.discard)
             return
-        for t in range(reader.geometry.tiles_per_chunk):
-            self._spawn(self._fetch_tile(entry, reader, chunk_index, t), work=True)
+        self._remote_fresh.extend(fresh)
+        if start:
+            self._start_remote()
 
     async def _pump_tiles(self) -> None:
         """A store with a synchronous get: queued tiles go to the decode pool in groups of ``self._group``.
@@ -337,40 +378,6 @@ class PassDriver(_TileJobs):
         with self._jobs_lock:  # called on the decode thread that ran it
             self._jobs.discard(job)
 
-    async def _revive_or_fetch(self, items: list[tuple[Entry, ArrayReader, int]]) -> None:
-        """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
-
-        One executor job looks up a block's worth of chunks, so reviving costs
-        one thread hop per batch of lookups; it runs as a task, overlapping the
-        admission of later chunks, under the ``max_inflight`` semaphore.
-        """
-        cache = self.cache
-        assert cache is not None  # revival is scheduled only with a disk cache
-        requests = [(r.geometry.path, c, r.entry_tile_shapes(c), r.output.dtype) for _, r, c in items]
-        async with self.semaphore:
-            job = self.executor.submit(_lookup_all, cache, requests)
-            try:
-                results = await asyncio.wrap_future(job)
-            except asyncio.CancelledError:
-                # the lookups still finish in their thread: let go of mappings nobody will adopt
-                def forget_all() -> None:
-                    for _, r, c in items:
-                        self._forget(r, c)
-
-                self._orphan(job, forget_all)
-                raise
-        for (entry, reader, chunk_index), result in zip(items, results):
-            path = reader.geometry.path
-            if isinstance(result, BaseException):
-                self.pool.fail(entry, result)
-            elif result is not None:
-                if not self.pool.replace_tiles(entry, result, reader.ready_origins(), revived_for=self.owner):
-                    self._forget(reader, chunk_index)  # abandoned while we looked it up
-            elif cache.readonly:
-                self.pool.fail(entry, cache.miss_error(path, chunk_index))
-            else:
-                self._fetch(entry, reader, chunk_index)
-
     async def _wait(self) -> None:
         self._wake.clear()
         self._waiting = True
@@ -397,37 +404,3 @@ class PassDriver(_TileJobs):
         self._active -= 1
         if self._active == 0 and self._waiting:
             self._stall_from = time.perf_counter()
-
-    async def _fetch_tile(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int) -> None:
-        g = reader.geometry
-        coord = g.physical_chunk_coord(chunk_index, tile)
-        key = g.chunk_key(coord)
-        buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
-        async with self.semaphore:
-            if self._get_sync is None:
-                trace = self.owner.counters.trace
-                trace.inflight_reads += 1
-                t0 = time.perf_counter()
-                try:
-                    buf = await self.store.get(key, prototype=self._prototype)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    self.pool.fail(entry, self._read_error(g, coord, key, exc))
-                    return
-                finally:
-                    trace.inflight_reads -= 1
-                    trace.add("fetch_s", time.perf_counter() - t0)
-                counters = self.owner.counters
-                counters.gets += 1
-                if buf is not None:
-                    counters.get_bytes += len(buf)
-            else:
-                buf = _GET_IN_JOB
-            # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers
-            landed, job = self._landings.submit(self._tile_job, entry, reader, chunk_index, tile, coord, key, buf)
-            self._track(job)
-            try:
-                await landed
-            except Exception as exc:
-                self.pool.fail(entry, exc)

@@ -116,11 +116,20 @@ class PassCounters:
     misses: int = 0
     joins: int = 0  # reads that attached to a fetch or revival already in flight: no fetch of their own
     revived: int = 0
+    revived_from_others: int = 0  # the part of revived another writer made (another process, or an earlier run)
+    not_persisted: int = 0  # fetched chunks the disk cache did not keep (a full disk, cache_disk_bytes, claimed)
     gets: int = 0
     get_bytes: int = 0
     decoded_tiles: int = 0
     samples: int = 0
     batches: int = 0
+    # the remote store's answers (``_engine.fetch``): duplicates sent and won, attempts repeated after a
+    # failure or stall, attempts abandoned for silence, throttling answers
+    hedged: int = 0
+    hedge_wins: int = 0
+    retries: int = 0
+    stalls: int = 0
+    throttled: int = 0
     trace: PassTrace = field(default_factory=PassTrace, repr=False, compare=False)  # stage times, waits, depths
 
 
@@ -143,6 +152,15 @@ class PassStats:
     the mean number of GETs outstanding and ``(decode_s + transform_s) /
     wall_s`` the mean number of decode threads busy. ``finished`` is False
     for a pass still running (the numbers so far).
+
+    ``max_inflight`` is the reads-in-flight limit at the end of the pass:
+    the pinned value, or under ``max_inflight="auto"`` (``inflight_auto``)
+    the one the controller chose, with ``inflight_min`` / ``_median`` /
+    ``_max`` over the pass and ``throttle_cuts``, the times a throttling
+    answer halved it. ``throttled`` counts this pass's throttling answers,
+    ``hedged`` the duplicate GETs it sent and ``hedge_wins`` those that
+    answered first, ``stalls`` its attempts abandoned for silence and
+    ``retries`` its attempts repeated after a stall or a failure.
     """
 
     split: str
@@ -175,6 +193,16 @@ class PassStats:
     cache_budget_bytes: int | None
     finished: bool
     read_window: int = 0  # GETs the read-ahead may hold at once (pinned reads x tiles per read); 0: unknown
+    inflight_auto: bool = False
+    inflight_min: int = 0
+    inflight_median: int = 0
+    inflight_max: int = 0
+    throttle_cuts: int = 0
+    throttled: int = 0
+    hedged: int = 0
+    hedge_wins: int = 0
+    stalls: int = 0
+    retries: int = 0
 
     @property
     def samples_per_s(self) -> float:
@@ -281,7 +309,22 @@ class PassStats:
             f"decode {self.decode_s:.2f} s, transform {self.transform_s:.2f} s, gather {self.gather_s:.2f} s; "
             f"waits consumer {self.consumer_wait_s:.2f} s, producer {self.producer_wait_s:.2f} s, "
             f"budget {self.budget_wait_s:.2f} s; mean depth in flight {self.inflight_depth_mean:.1f}, "
-            f"queue {self.queue_depth_mean:.1f}; limited by: {self.limiting_stage} — {self.advice}"
+            f"queue {self.queue_depth_mean:.1f}; {self.reads_in_flight()}; "
+            f"limited by: {self.limiting_stage} — {self.advice}"
+        )
+
+    def reads_in_flight(self) -> str:
+        """The reads-in-flight limit and what the store did to the reads, as the INFO line says it."""
+        if self.inflight_auto:
+            limit = (
+                f"max_inflight auto {self.max_inflight} (min {self.inflight_min}, median {self.inflight_median}, "
+                f"max {self.inflight_max}; {self.throttle_cuts} throttle cuts)"
+            )
+        else:
+            limit = f"max_inflight {self.max_inflight}"
+        return (
+            f"{limit}, {self.throttled} throttled, {self.hedged} hedged ({self.hedge_wins} won), "
+            f"{self.stalls} stalls, {self.retries} retries"
         )
 
     @classmethod
@@ -312,6 +355,11 @@ class PassStats:
             inflight_depth_max=trace.inflight_depth_max,
             queue_depth_mean=trace.queue_depth_sum / n,
             queue_depth_max=trace.queue_depth_max,
+            throttled=counters.throttled,
+            hedged=counters.hedged,
+            hedge_wins=counters.hedge_wins,
+            stalls=counters.stalls,
+            retries=counters.retries,
             **fields,
         )
 

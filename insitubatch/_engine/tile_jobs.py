@@ -7,6 +7,7 @@ it uses lives on the driver and is declared here for the type checker.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -15,30 +16,29 @@ from typing import cast
 
 import numpy as np
 from zarr.abc.buffer import BufferPrototype
+from zarr.abc.store import RangeByteRequest
 
 from ..cache import DiskCache
 from ..errors import BadChunkError, StoreReadError
+from ..io.chain import _ShardStage
 from ..io.decode import ChunkDecoder
-from ..io.direct import ChunkData, _as_uint8
+from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ..io.geometry import ArrayGeometry
 from ..transforms import ChunkRead, DecodedChunk, run_pipeline
-from .kernels import assemble_tiles, fill_region
+from .finishing import _BAD_TILE, _BadTile, _Finishing
+from .kernels import fill_region, select_block
 from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .pool import FAILED, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord, _fill_value
+from .shard_index import ShardIndexes, check_span
+from .wants import Consumer, Want
 
-
-class _BadTile:
-    """Marks a bad tile of a chunk that is assembled: its rectangle is filled in place."""
-
-
-_BAD_TILE = _BadTile()
 # a tile job's ``buf`` when the job reads the key itself (a store with a synchronous get)
 _GET_IN_JOB = object()
 
 
-class _TileJobs:
+class _TileJobs(_Finishing):
     """Decode-thread methods of ``PassDriver``."""
 
     pool: ChunkPool
@@ -51,6 +51,8 @@ class _TileJobs:
     _get_sync: Callable[..., ChunkData | None] | None
     _groups: LocalGroups | None
     _kinds: dict[str, int]  # per array path: the tilegroup kernel's codec kind (sample-first zstd/blosc arrays)
+    _shards: dict[str, _ShardStage]  # per array path read by inner chunk: its sharding stage (index and inner chains)
+    shard_indexes: ShardIndexes
     _scratches: threading.local
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
@@ -58,65 +60,81 @@ class _TileJobs:
 
     @staticmethod
     def _read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
-        return StoreReadError(
-            f"reading array {g.path!r} chunk {coord} (key {key!r}) failed: {type(exc).__name__}: {exc}"
-        )
+        place = g.tile_key(coord)[1]
+        where = f"key {key!r}" + (f", inner chunk {place}" if place is not None else "")
+        return StoreReadError(f"reading array {g.path!r} chunk {coord} ({where}) failed: {type(exc).__name__}: {exc}")
 
-    def _tile_job(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf) -> None:
-        """Decode thread: one tile from its bytes (or its key, on a sync store) into the pool."""
+    def _tile_job(self, want: Want, coord, key: str, buf) -> None:
+        """Decode thread: one stored tile from its bytes (or its key, on a sync store) into every entry that wants it."""
+        consumers = want.seal()
+        if not consumers:
+            return
         tally = _Tally()
         try:
-            data = self._tile(entry, reader, chunk_index, tile, coord, key, buf, tally)
+            landed = self._tile(consumers, want.chunk_index, coord, key, buf, tally)
+        except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
+            for entry, _, _ in consumers:
+                self.pool.fail(entry, exc)
+            return
         finally:
             tally.add_to(self.owner.counters, self.pool.lock)
-        if data is not None:
-            self.pool.deliver(entry, tile, data)
+        if landed:
+            self.pool.deliver_many(landed)
 
-    def _group_job(self, group: list[tuple[Entry, ArrayReader, int, int]]) -> None:
+    def _group_job(self, group: list[Want]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
 
         Tiles the group kernel can take are read and decoded in one call
         (``local_groups``); the rest, and any it hands back, one by one. A
-        tile's failure fails its entry only.
+        tile's failure fails the entries that want it only.
         """
-        live = [item for item in group if not self._stopping and item[0].state != FAILED]
+        live = [(want, consumers) for want in group if (consumers := want.seal())]
+        if self._stopping:
+            return
         try:
             self._place_group(live)
         except Exception as exc:  # a bug, not a bad chunk (those fail their own entry): the group's entries raise it
-            for entry, *_ in live:
-                self.pool.fail(entry, exc)
+            for _, consumers in live:
+                for entry, _, _ in consumers:
+                    self.pool.fail(entry, exc)
 
-    def _place_group(self, live: list[tuple[Entry, ArrayReader, int, int]]) -> None:
+    def _place_group(self, live: list[tuple[Want, list[Consumer]]]) -> None:
         tally = _Tally()
         landed: list[tuple[Entry, int, np.ndarray]] = []
         rest = live if self._groups is None else self._kernel_tiles(live, tally, landed)
-        for entry, reader, chunk_index, tile in rest:
-            if self._stopping or entry.state == FAILED:
-                continue  # the pass is stopping, or another tile of the chunk already failed it
-            g = reader.geometry
-            coord = g.physical_chunk_coord(chunk_index, tile)
+        for want, consumers in rest:
+            consumers = [c for c in consumers if c[0].state != FAILED]
+            if self._stopping or not consumers:
+                continue  # the pass is stopping, or other tiles of the chunks already failed them
+            _, reader, k = consumers[0]
+            coord = reader.tile_coord(want.chunk_index, k)
+            key = reader.geometry.tile_key(coord)[0]
             try:
-                data = self._tile(entry, reader, chunk_index, tile, coord, g.chunk_key(coord), _GET_IN_JOB, tally)
-            except Exception as exc:  # a store or bad-chunk failure (or a bug): its entry's waiters raise it
-                self.pool.fail(entry, exc)
-                continue
-            if data is not None:
-                landed.append((entry, tile, data))
+                landed.extend(self._tile(consumers, want.chunk_index, coord, key, _GET_IN_JOB, tally))
+            except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
+                for entry, _, _ in consumers:
+                    self.pool.fail(entry, exc)
         tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
 
-    def _kernel_tiles(self, group: list, tally: _Tally, landed: list) -> list:
-        """Place the group's tiles the kernel takes; returns the others (and those it handed back)."""
+    def _kernel_tiles(self, group: list[tuple[Want, list[Consumer]]], tally: _Tally, landed: list) -> list:
+        """Place the group's tiles the kernel takes; returns the others (and those it handed back).
+
+        The kernel decodes straight into one entry's memory, so it takes a
+        tile wanted by one view without a selection; a tile cut into pieces,
+        or wanted by several selections, goes the general path.
+        """
         groups = self._groups
         assert groups is not None  # called only for a local directory
         # one kernel call per codec and rank: a call's tiles share both
         by_kind: dict[tuple[int, int], tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
         rest = []
         for item in group:
-            _, reader, chunk_index, tile = item
+            want, consumers = item
+            entry, reader, k = consumers[0]
             g = reader.geometry
-            kind = groups.kinds.get(g.path, 0)
-            path = groups.files.path_of(g.chunk_key(g.physical_chunk_coord(chunk_index, tile))) if kind else None
+            kind = groups.kinds.get(g.path, 0) if len(consumers) == 1 and reader.layout.identity else 0
+            path = groups.files.path_of(g.tile_key(reader.tile_coord(want.chunk_index, k))[0]) if kind else None
             if path is None:
                 rest.append(item)
                 continue
@@ -124,7 +142,7 @@ class _TileJobs:
             items, paths, dests, stored = by_kind.setdefault((kind, len(decoder.shape)), ([], [], [], []))
             items.append(item)
             paths.append(os.fsencode(path))
-            dests.append(self.pool.take_tile(reader.tile_rows_shape(chunk_index, tile), decoder.dtype))
+            dests.append(self.pool.take_tile(reader.tile_rows_shape(want.chunk_index, k), decoder.dtype))
             stored.append(decoder.shape)
         for (kind, _), (items, paths, dests, stored) in by_kind.items():
             status, nbytes, times = groups.run(kind, paths, dests, stored)
@@ -138,52 +156,129 @@ class _TileJobs:
                 tally.gets += 1
                 tally.get_bytes += size
                 tally.decoded_tiles += 1
-                landed.append((item[0], item[3], dest))
+                entry, _, k = item[1][0]
+                landed.append((entry, k, dest))
         return rest
 
     def _tile(
-        self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, coord, key: str, buf, tally: _Tally
-    ) -> np.ndarray | None:
-        """Decode thread: read (``buf`` is ``_GET_IN_JOB``), decode and transform one tile.
+        self, consumers: list[Consumer], chunk_index: int, coord, key: str, buf, tally: _Tally
+    ) -> list[tuple[Entry, int, np.ndarray]]:
+        """Decode thread: read (``buf`` is ``_GET_IN_JOB``) and decode one stored tile, then cut it for each consumer.
 
-        Returns the tile for the caller to deliver, or None when it was staged
-        (a chunk assembled before its transforms, or one persisted). A store
-        failure raises ``StoreReadError``; a bad chunk under
-        ``on_bad_chunk="raise"`` raises ``BadChunkError``. The caller adds
-        ``tally`` to the counters before the tile lands, so a consumer that
-        saw the data sees them too.
+        Every consumer is ``(entry, reader, k)``: read tile ``k`` of
+        ``reader``'s chunk ``chunk_index``, the same stored tile for all of
+        them (views of one array with different selections). The tile is
+        decoded once, into the memory of the consumer that keeps it whole (a
+        view without a selection) if there is one, else into scratch. Returns
+        the pieces ``(entry, piece index, array)`` for the caller to deliver;
+        pieces of chunks assembled before their transforms, or persisted, are
+        staged instead. A store failure raises ``StoreReadError``; a bad chunk
+        under ``on_bad_chunk="raise"`` raises ``BadChunkError``. The caller
+        adds ``tally`` to the counters before the pieces land, so a consumer
+        that saw the data sees them too.
         """
-        g = reader.geometry
-        if buf is _GET_IN_JOB:
-            assert self._get_sync is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
-            t0 = time.perf_counter()
-            try:
-                buf = self._get_sync(key, prototype=self._prototype)
-            except Exception as exc:
-                raise self._read_error(g, coord, key, exc) from exc
-            finally:
-                self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
-            tally.gets += 1
-            tally.get_bytes += 0 if buf is None else len(buf)
-        data: np.ndarray | _BadTile
+        _, first, k0 = consumers[0]
+        g = first.geometry
+        whole = next((c for c in consumers if c[1].layout.identity), None)
+        decoder_reader, k = (whole[1], whole[2]) if whole is not None else (first, k0)
+        tiles: dict[int, list[tuple[int, np.ndarray | _BadTile]]] = {}
         try:
-            data = self._decode(reader, chunk_index, tile, coord, buf)
+            if buf is _GET_IN_JOB:
+                buf = self._timed_read(g, coord, key, tally)
+            elif isinstance(buf, BadChunkError):  # the loop's read found the bytes bad (a shard index, a short range)
+                raise buf
+            data = self._decode(decoder_reader, chunk_index, k, coord, buf)
+            # cut the selections first: the whole view's tile may be transformed in place below
+            for i, (_, reader, ck) in enumerate(consumers):
+                if reader.layout.identity:
+                    tiles[i] = [(ck, data)]
+                else:
+                    tiles[i] = self._cut(reader, chunk_index, ck, data)
         except BadChunkError:
             if self.on_bad_chunk == "raise":
                 raise
-            data = self._bad_tile(reader, chunk_index, tile)
-            # never persisted: a later run retries the read
-            self._record_bad(entry, BadChunkRecord(g.path, chunk_index, g.tile_coord(tile)))
+            for i, (entry, reader, ck) in enumerate(consumers):
+                tiles[i] = self._bad_tile(reader, chunk_index, ck)
+                # never persisted: a later run retries the read
+                self._record_bad(entry, BadChunkRecord(g.path, chunk_index, reader.tile_inner_coord(ck)))
             self.owner.counters.trace.add("bad_tiles", 1)
         tally.decoded_tiles += 1
-        if reader.assembles or self.cache is not None:
-            self._stage(entry, reader, chunk_index, tile, data)
-            return None
-        assert not isinstance(data, _BadTile)  # only a chunk that assembles marks a tile, and it was staged
-        return data
+        landed: list[tuple[Entry, int, np.ndarray]] = []
+        for i, (entry, reader, _) in enumerate(consumers):
+            pieces = tiles[i]
+            if reader.pipeline and reader.layout.n_pieces == 1:
+                ((p, piece),) = pieces
+                if not isinstance(piece, _BadTile):
+                    pieces = [(p, self._transform(reader, chunk_index, piece))]
+            if reader.assembles or self.cache is not None:
+                for p, piece in pieces:
+                    self._stage(entry, reader, chunk_index, p, piece)
+                continue
+            # only a chunk that assembles marks a piece, and it was staged
+            landed.extend((entry, p, cast(np.ndarray, piece)) for p, piece in pieces)
+        return landed
+
+    def _timed_read(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
+        """Decode thread: ``_read_tile_sync``, timed; a store failure becomes ``StoreReadError``, bad bytes stay bad."""
+        t0 = time.perf_counter()
+        try:
+            return self._read_tile_sync(g, coord, key, tally)
+        except BadChunkError:
+            raise
+        except Exception as exc:
+            raise self._read_error(g, coord, key, exc) from exc
+        finally:
+            self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
+
+    def _read_tile_sync(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
+        """Decode thread: a tile's bytes from a store that reads on this thread (None: missing, the fill value).
+
+        An inner chunk of a shard is read by byte range, after the shard's
+        index (read once per dataset, ``ShardIndexes``).
+        """
+        get = self._get_sync
+        assert get is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
+        if not g.sharded_reads:
+            buf = get(key, prototype=self._prototype)
+            tally.gets += 1
+            tally.get_bytes += 0 if buf is None else len(buf)
+            return buf
+        stored, place = g.tile_key(coord)
+        assert place is not None  # sharded reads place every tile in its shard
+        stage, decoder = self._shards[g.path], self._decoders[g.path]
+        try:
+            index = self.shard_indexes.read_sync(stored, stage, functools.partial(get, prototype=self._prototype))
+            span = None if index is None else index.span(place)
+        except _DecodeFailure as exc:
+            raise decoder._bad(coord, str(exc)) from exc.__cause__
+        if span is None:
+            return None  # the shard, or this inner chunk of it, was never written
+        buf = get(stored, prototype=self._prototype, byte_range=RangeByteRequest(*span))
+        tally.gets += 1
+        tally.get_bytes += 0 if buf is None else len(buf)
+        return check_span(decoder, coord, span, buf)
+
+    def _cut(
+        self, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray
+    ) -> list[tuple[int, np.ndarray | _BadTile]]:
+        """Decode thread: a decoded read tile as its pieces (itself, without a selection), each in pool memory."""
+        layout = reader.layout
+        if layout.identity:
+            return [(tile, data)]
+        n = data.shape[0]
+        out: list[tuple[int, np.ndarray | _BadTile]] = []
+        for p in layout.by_tile[tile]:
+            piece = layout.pieces[p]
+            dest = self.pool.take_tile((n, *piece.shape), data.dtype)
+            select_block(dest, data, piece)
+            out.append((p, dest))
+        return out
 
     def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
         """Decode one stored chunk into a sample-first tile of its own, clipped to the array (decode thread).
+
+        Under a selection the tile goes to this thread's scratch instead, to be
+        cut into pieces (``_cut``) before the thread decodes again.
 
         A zstd or blosc tile of a sample-axis-0 array goes through the
         tilegroup kernel. Otherwise a full tile of a sample-axis-0 array is
@@ -199,21 +294,22 @@ class _TileJobs:
         t0 = time.perf_counter()
         decoder = self._decoders[g.path]
         shape = reader.tile_rows_shape(chunk_index, tile)
+        take = self.pool.take_tile if reader.layout.identity else functools.partial(self._scratch, use="cut")
         kind = self._kinds.get(g.path, 0) if buf is not None else 0
-        data = self._kernel_tile(kind, buf, shape, decoder) if kind else None
+        data = self._kernel_tile(kind, buf, shape, decoder, take) if kind else None
         if data is None:
-            data = self._general_tile(reader, chunk_index, tile, coord, buf, shape, decoder)
+            data = self._general_tile(reader, chunk_index, tile, coord, buf, shape, decoder, take)
         self.owner.counters.trace.add("decode_s", time.perf_counter() - t0)
-        if reader.pipeline and g.tiles_per_chunk == 1:
-            data = self._transform(reader, chunk_index, data)
         return data
 
-    def _kernel_tile(self, kind: int, buf, shape: tuple[int, ...], decoder: ChunkDecoder) -> np.ndarray | None:
+    def _kernel_tile(
+        self, kind: int, buf, shape: tuple[int, ...], decoder: ChunkDecoder, take: Callable[..., np.ndarray]
+    ) -> np.ndarray | None:
         """Decode thread: a zstd/blosc tile of a sample-first array, frame checks, decode and an edge's copy in C.
 
         None when the kernel hands it back (the general path then raises or falls back).
         """
-        dest = self.pool.take_tile(shape, decoder.dtype)  # stale contents: overwritten whole when placed
+        dest = take(shape, decoder.dtype)  # stale contents: overwritten whole when placed
         whole = self._scratch(decoder.shape, decoder.dtype).reshape(-1).view(np.uint8)
         return dest if decode_buffer(kind, _as_uint8(buf), dest, decoder.shape, whole) == PLACED else None
 
@@ -226,35 +322,38 @@ class _TileJobs:
         buf,
         shape: tuple[int, ...],
         decoder: ChunkDecoder,
+        take: Callable[..., np.ndarray],
     ) -> np.ndarray:
-        """Decode thread: a tile through the decoder's chain, then its clipped, sample-first part into pool memory.
+        """Decode thread: a tile through the decoder's chain, then its clipped, sample-first part into ``take``'s memory.
 
-        The destination comes from the pool and is overwritten whole.
+        The destination (pool memory, or scratch to cut) is overwritten whole.
         """
         g = reader.geometry
         if g.sample_axis == 0 and shape == decoder.shape:
-            data = self.pool.take_tile(shape, decoder.dtype)
+            data = take(shape, decoder.dtype)
             decoder.decode_into(buf, coord, data)
         elif g.sample_axis == 0:  # a clipped edge tile: whole into this thread's scratch, then its valid part
             whole = self._scratch(decoder.shape, decoder.dtype)
             decoder.decode_into(buf, coord, whole)
-            data = self.pool.take_tile(shape, decoder.dtype)
-            np.copyto(data, whole[reader.selection(chunk_index, tile)])
+            data = take(shape, decoder.dtype)
+            np.copyto(data, whole[reader.clip(chunk_index, tile)])
         else:
             raw = decoder(buf, coord)
-            data = self.pool.take_tile(shape, raw.dtype)
-            np.copyto(data, np.moveaxis(raw[reader.selection(chunk_index, tile)], g.sample_axis, 0))
+            data = take(shape, raw.dtype)
+            np.copyto(data, np.moveaxis(raw[reader.clip(chunk_index, tile)], g.sample_axis, 0))
         return data
 
-    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """Decode thread: this thread's array of ``shape`` to decode a whole edge chunk into before clipping.
+    def _scratch(self, shape: tuple[int, ...], dtype: np.dtype, use: str = "edge") -> np.ndarray:
+        """Decode thread: this thread's array of ``shape`` for ``use``, reused by its every tile (no allocation).
 
-        Reused for every edge tile the thread decodes (no allocation, no page
-        faults per tile); freed with the driver.
+        ``"edge"``: a whole edge chunk, decoded before its valid part is
+        clipped out. ``"cut"``: a decoded tile cut into pieces at once. Freed
+        with the driver.
         """
-        arrays = getattr(self._scratches, "arrays", None)
+        arrays = getattr(self._scratches, use, None)
         if arrays is None:
-            arrays = self._scratches.arrays = {}
+            arrays = {}
+            setattr(self._scratches, use, arrays)
         whole = arrays.get((shape, dtype))
         if whole is None:
             whole = arrays[(shape, dtype)] = np.empty(shape, dtype=dtype)
@@ -269,70 +368,16 @@ class _TileJobs:
         finally:
             self.owner.counters.trace.add("transform_s", time.perf_counter() - t0)
 
-    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> np.ndarray | _BadTile:
-        """A bad tile's stand-in: NaN for floats, else the fill value (then transformed like any tile).
+    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> list[tuple[int, np.ndarray | _BadTile]]:
+        """A bad tile's stand-in pieces: NaN for floats, else the fill value (then transformed like any piece).
 
-        A tile of a chunk that is assembled before its transforms is only
-        marked; ``_finalize`` fills its rectangle of the chunk in place.
+        The pieces of a chunk that is assembled before its transforms are
+        only marked; ``_finalize`` fills their rectangles of the chunk in place.
         """
         g = reader.geometry
         if reader.assembles:
-            return _BAD_TILE
+            return [(p, _BAD_TILE) for p in reader.layout.by_tile[tile]]
         shape = reader.tile_rows_shape(chunk_index, tile)
         data = np.empty(shape, dtype=g.dtype)
         fill_region(data, (0,) * data.ndim, shape, _fill_value(g))
-        if reader.pipeline and g.tiles_per_chunk == 1:
-            data = self._transform(reader, chunk_index, data)
-        return data
-
-    def _stage(self, entry: Entry, reader: ArrayReader, chunk_index: int, tile: int, data) -> None:
-        """Decode thread: hold a tile until the chunk is complete; the last one assembles/transforms/persists it."""
-        if not self.pool.stage(entry, tile, data):
-            return
-        tiles, origins = self._finalize(entry, reader, chunk_index)
-        if not self.pool.replace_tiles(entry, tiles, origins):
-            self._forget(reader, chunk_index)  # abandoned while it was being finished
-
-    def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
-        """Unmap a chunk the cache committed for an entry nobody adopted (its file stays if persisted).
-
-        An entry another pass fetches or will adopt keeps the mapping: it is that pass's now.
-        """
-        path = reader.geometry.path
-        if self.cache is not None and not self.pool.kept_for_others((path, chunk_index), self.owner):
-            self.cache.evict(path, chunk_index)
-
-    def _finalize(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
-        """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
-        g = reader.geometry
-        # complete: every tile staged (a _BAD_TILE mark only where the chunk assembles, filled below)
-        tiles = cast("list[np.ndarray]", list(entry.tiles))
-        origins = entry.origins
-        if reader.assembles:
-            n = g.chunk_len(chunk_index)
-            full = np.empty((n, *g.inner_shape), dtype=g.dtype)
-            good = [t for t, part in enumerate(tiles) if part is not _BAD_TILE]
-            assemble_tiles(full, [tiles[t] for t in good], reader.origins[good])
-            for t in (t for t, part in enumerate(tiles) if part is _BAD_TILE):
-                fill_region(
-                    full, (0, *reader.origins[t].tolist()), (n, *reader.tile_shapes[t].tolist()), _fill_value(g)
-                )
-            tiles = [self._transform(reader, chunk_index, full)]
-            origins = reader.single_origin
-        if self.cache is not None and not entry.bad:
-            tiles = self._persist(reader, chunk_index, tiles)
-        return tiles, origins
-
-    def _persist(self, reader: ArrayReader, chunk_index: int, tiles: list[np.ndarray]) -> list[np.ndarray]:
-        cache = self.cache
-        assert cache is not None  # called only with a disk cache
-        handle = cache.begin(
-            reader.geometry.path, chunk_index, len(tiles), reader.stored_tile_shape(len(tiles)), reader.output.dtype
-        )
-        try:
-            for t, tile in enumerate(tiles):
-                cache.write(handle, t, np.ascontiguousarray(tile))
-            return cache.commit(handle, [tile.shape for tile in tiles])
-        except BaseException:
-            cache.abort(handle)
-            raise
+        return self._cut(reader, chunk_index, tile, data)

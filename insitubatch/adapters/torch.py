@@ -42,14 +42,16 @@ else:
     except ImportError:  # pragma: no cover
         _IterableBase = object
 
-# An item: the tensors by label, or on an inference view (tensors, the batch's coords)
+# An item: the tensors by label (statics included), or with coords (tensors, the batch's coords)
 TorchItem = dict[str, Any] | tuple[dict[str, Any], Mapping[str, np.ndarray] | None]
 
 
 class TorchView(_IterableBase):
     """An ``IterableDataset`` of ``dict[label, torch.Tensor]``; use it with ``batch_size=None``.
 
-    Over an inference view (``ds.infer(...)``) each item is ``(tensors, coords)``.
+    With ``coords`` (the default on an inference view, ``ds.infer(...)``) each
+    item is ``(tensors, coords)``. The dataset's statics are in every item's
+    dict under their labels: the same tensors each time, moved to ``device`` once.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class TorchView(_IterableBase):
         view: DatasetView,
         device: Any = None,
         device_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        coords: bool | None = None,
     ) -> None:
         torch = _torch()
         if not isinstance(view, DatasetView):
@@ -69,7 +72,10 @@ class TorchView(_IterableBase):
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
         self.device_transform = device_transform
-        self._coords = isinstance(view, InferView)  # inference items are (tensors, coords) pairs
+        if coords is not None and not isinstance(coords, bool):
+            raise TypeError(f"coords must be True, False or None (pairs on an inference view), got {coords!r}")
+        self._coords = isinstance(view, InferView) if coords is None else coords  # items are (tensors, coords) pairs
+        self._statics: dict[str, Any] | None = None  # the statics as tensors on the device, made once
         self._cuda = self.device is not None and self.device.type == "cuda"
         if self._cuda:
             if not torch.cuda.is_available():
@@ -93,11 +99,21 @@ class TorchView(_IterableBase):
             return self._iter_cuda(torch)
         return self._iter_host(torch)
 
+    def _static_tensors(self, torch, batch: Batch) -> dict[str, Any]:
+        """The statics as tensors on the device: converted (and copied) on the first batch only."""
+        if self._statics is None:
+            statics = {label: torch.from_dlpack(arr) for label, arr in batch.statics.items()}
+            if self.device is not None:
+                statics = {k: t.to(self.device) for k, t in statics.items()}
+            self._statics = statics
+        return self._statics
+
     def _iter_host(self, torch) -> Iterator[TorchItem]:
         for batch in self.view:
             tensors = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
             if self.device is not None:
                 tensors = {k: t.to(self.device) for k, t in tensors.items()}
+            tensors.update(self._static_tensors(torch, batch))
             if self.device_transform is not None:
                 tensors = self.device_transform(tensors)
             yield (tensors, batch.coords) if self._coords else tensors
@@ -127,6 +143,7 @@ class TorchView(_IterableBase):
             t.record_stream(current)
         # the host buffer may be reused only once its copy has landed
         done.synchronize()
+        dev.update(self._static_tensors(torch, batch))
         del host, batch
         tensors = self.device_transform(dev) if self.device_transform is not None else dev
         return (tensors, coords) if self._coords else tensors
@@ -137,20 +154,26 @@ def as_torch(
     *,
     device: Any = None,
     device_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    coords: bool | None = None,
 ) -> TorchView:
     """Torch tensors over ``view``: zero-copy on CPU; pinned buffers + async copy to a CUDA ``device``.
 
     The result is a ``torch.utils.data.IterableDataset``; wrap it as
     ``DataLoader(tv, batch_size=None, num_workers=0)`` if a DataLoader is
-    wanted. ``device_transform`` runs on the device tensors. Over an
-    inference view each item is ``(tensors, coords)``: the batch's
-    coordinate mapping beside the tensors.
+    wanted. ``device_transform`` runs on the device tensors. With
+    ``coords=True`` each item is ``(tensors, coords)``: the batch's
+    coordinate mapping (``Batch.coords``) beside the tensors; ``None`` (the
+    default) means pairs on an inference view only. Statics are in every
+    item's dict, moved to ``device`` once.
     """
-    return TorchView(view, device=device, device_transform=device_transform)
+    return TorchView(view, device=device, device_transform=device_transform, coords=coords)
 
 
-def to_torch(batch: Batch, *, device: Any = None) -> dict[str, Any]:
-    """One batch as ``{label: torch.Tensor}`` by DLPack (zero-copy on the CPU), moved to ``device`` if given."""
+def to_torch(batch: Batch, *, device: Any = None, coords: bool = False) -> dict[str, Any] | TorchItem:
+    """One batch as ``{label: torch.Tensor}`` by DLPack (zero-copy on the CPU), moved to ``device`` if given.
+
+    Statics are included under their labels; ``coords=True`` returns ``(tensors, batch.coords)``.
+    """
     torch = _torch()
     if not isinstance(batch, Batch):
         raise TypeError(f"batch must be an insitubatch Batch, got {type(batch).__name__}")
@@ -158,7 +181,9 @@ def to_torch(batch: Batch, *, device: Any = None) -> dict[str, Any]:
         target = torch.device(device) if device is not None else None
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
-    tensors: dict[str, Any] = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+    tensors: dict[str, Any] = {
+        label: torch.from_dlpack(arr) for label, arr in {**batch.arrays, **batch.statics}.items()
+    }
     if target is not None:
         tensors = {k: t.to(target) for k, t in tensors.items()}
-    return tensors
+    return (tensors, batch.coords) if coords else tensors

@@ -1,72 +1,90 @@
-"""``DiskCache``: the mmap tier of the chunk pool, optionally persisted across runs.
+"""``DiskCache``: the mmap tier of the chunk pool, optionally persisted and shared by many writers.
 
-One ``DiskCache`` serves one dataset over one ``cache_dir``. Every chunk it
-holds is a tile-major ``.npy`` file (``tilefile.TileFile``) written under a
-temporary name and renamed into place, so a file under its final name is always
-complete, and a mapping another process holds keeps its own inode.
+One ``DiskCache`` serves one dataset over one ``cache_dir``; any number of
+them — DDP ranks, several jobs on one host — may write the same directory
+at once. Every chunk is a tile-major ``.npy`` file (``tilefile.TileFile``)
+written under a temporary name and renamed into place, so a file under its
+final name is always complete, and a mapping another process holds keeps its
+own inode.
 
-Without ``persist`` the directory is ephemeral spill: files are unlinked on
-eviction and on close. With ``persist`` an append-only log (``log``) records
-each completed chunk the moment it lands, and a later ``DiskCache`` over the
-same directory revives those chunks as zero-copy read-only views.
+Without ``persist`` the directory is spill space: each writer's files are
+its own, unlinked on eviction and on close. With ``persist`` each writer
+appends a line per completed chunk to its own log segment (``ledger``),
+after the file is published; ``find`` revives any logged chunk — this
+writer's, another live writer's, or an earlier run's — as zero-copy
+read-only views. A chunk nobody logged is *claimed* (``claims``) before it
+is fetched, so two writers never make it at once: a writer that finds it
+claimed is told it is busy and looks again later, by which time it is
+usually logged. What ``cache_dir`` holds is listed in ``files``; how
+writers and readonly readers keep apart, in ``lock``. The class is written
+in three parts: ``reading`` (``find``, ``lookup``), ``writing``
+(``begin`` … ``commit``), ``bookkeeping`` (opening a directory, counters).
 
-What ``cache_dir`` holds is listed in ``files``.
+Checksums
+---------
+Each log line carries the CRC-32C of its whole file. A revive verifies it
+the first time this process maps that file (same name, inode, size and
+mtime: verified once per process, at about 10 GB/s with the GIL released).
+A file that fails — checksum, size, or an unreadable header — is
+re-made from the store with one WARNING naming it, or raises
+``CacheCorruptError`` with ``on_corrupt="raise"``.
 
-Loading the log
----------------
-A torn final append is dropped (its chunk is simply re-made) and the log is
-compacted; any other damage raises ``CacheCorruptError``, whatever
-``reset_stale`` says. A well-formed header of another format version makes
-every entry stale. Entries whose fingerprint differs from
-``fingerprints[path]`` are stale: ``StaleCacheError`` names the arrays unless
-``reset_stale=True``, which deletes those arrays' files and entries. Entries
-for arrays missing from ``fingerprints`` are kept untouched. The log is
-rewritten only when a load dropped entries (stale, superseded, torn).
+A full disk, and a disk budget
+------------------------------
+``ENOSPC``/``EDQUOT`` while writing stops this cache writing, with one
+WARNING naming the directory, the bytes and the free space: ``begin`` then
+returns ``None`` and the engine keeps the chunk in memory (within its byte
+budget) instead. ``disk_bytes`` caps the bytes the directory's logged tile
+files and this writer's writes in progress take; a chunk that would pass it
+is not written (``begin`` returns ``None``), which the engine reports once
+per pass. Other writers' writes in progress are not seen, so with ``N``
+writers the directory may pass the cap by what they have in flight.
 
 Views and ``close()``
 ---------------------
-``lookup`` and ``commit`` return read-only numpy views of a ``PROT_READ``
-mapping. ``evict`` and ``close`` release the cache's hold on a mapping; the
-bytes stay mapped only while a view the caller kept is alive (``munmap``
-runs when the last one dies), so a view never dangles. An ephemeral file
-unlinked under a live view keeps its inode until the view dies. The cache
-itself holds no mapping and no file descriptor after ``close()``.
+``find``/``lookup`` and ``commit`` return read-only numpy views of a
+``PROT_READ`` mapping. ``evict`` and ``close`` release the cache's hold on a
+mapping; the bytes stay mapped while a view the caller kept is alive
+(``munmap`` runs when the last one dies), so a view never dangles. The cache
+holds no mapping and no file descriptor after ``close()``.
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import threading
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal, get_args
 
-import numpy as np
-import numpy.typing as npt
-
-from ..errors import CacheCorruptError, CacheMissError
-from .bookkeeping import _Bookkeeping
+from .claims import Claims
 from .files import (
     DROP_STALE,
     DROP_SUPERSEDED,
     DROP_TORN,
+    REJECT_CHECKSUM,
     REJECT_DTYPE,
     REJECT_FILE,
     REJECT_MISSING,
     REJECT_SHAPE,
+    SHARED_DIR,
     WriteHandle,
     _Mapped,
-    _mismatch,
-    _release_fds,
-    tile_file_basename,
+    new_writer_token,
+    persisted_basename,
+    spill_basename,
 )
 from .fingerprint import is_fingerprint
-from .lock import LOCK_NAME, acquire_lock, network_filesystem
-from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, Key, LogEntry, append_entry
-from .tilefile import create_tile_file, open_tile_file, tile_view, write_tile
+from .ledger import Ledger
+from .lock import LOCK_NAME, network_filesystem, release_fds, require_flock
+from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, Key, LogEntry
+from .reading import Found, _Reading
+from .writing import _Writing
 
 __all__ = [
     "DROP_STALE",
@@ -76,43 +94,64 @@ __all__ = [
     "LOG_FORMAT",
     "LOG_NAME",
     "LOG_VERSION",
+    "ON_CORRUPT",
+    "REJECT_CHECKSUM",
     "REJECT_DTYPE",
     "REJECT_FILE",
     "REJECT_MISSING",
     "REJECT_SHAPE",
+    "SHARED_DIR",
     "DiskCache",
+    "Found",
     "LogEntry",
+    "OnCorrupt",
     "WriteHandle",
     "network_filesystem",
-    "tile_file_basename",
+    "persisted_basename",
+    "spill_basename",
 ]
 
+OnCorrupt = Literal["refetch", "raise"]
+ON_CORRUPT: tuple[OnCorrupt, ...] = get_args(OnCorrupt)
 
-class DiskCache(_Bookkeeping):
+
+class DiskCache(_Reading, _Writing):
     """The mmap-backed chunk cache of one dataset over one ``cache_dir``.
 
     Parameters
     ----------
     cache_dir
-        Directory of the tile files, the log and the lock file; created for a
+        Directory of the tile files, the logs and the lock file; created for a
         writer. It is the dataset's identity: one directory per source dataset.
     persist
-        Keep files across runs and record each completed chunk in the log.
+        Keep files across runs and log each completed chunk.
     readonly
-        Take the lock shared and write nothing (needs ``persist=True``): a
-        miss is the caller's to raise (``miss_error``).
+        Open the cache only to read (needs ``persist=True``): no writer may
+        run meanwhile, nothing is written, and a miss is the caller's to raise
+        (``miss_error``).
     fingerprints
-        ``{array_path: 16-hex pipeline fingerprint}`` of every array this run
-        caches (``fingerprint.array_fingerprints``).
+        ``{name: 16-hex pipeline fingerprint}`` of every array this run
+        caches (``fingerprint.array_fingerprints``). A name is opaque: an
+        array path, or a path with a selection suffix.
     reset_stale
-        Delete the stale arrays' files and entries instead of raising.
+        Delete the stale arrays' files and entries instead of raising (needs
+        to be the only writer at that moment).
+    disk_bytes
+        Most bytes the directory's tile files may take (see the module
+        docstring); ``None``: up to a full disk.
+    on_corrupt
+        A damaged tile file is re-made from the store with a WARNING
+        (``"refetch"``) or raises ``CacheCorruptError`` (``"raise"``).
 
     Raises
     ------
     CacheLockedError
-        Another process holds the lock in a conflicting mode.
+        Readers hold the directory (for a writer), writers do (for a reader),
+        or a stale reset meets live writers; names their PIDs.
+    CachePlatformError
+        The platform has no ``flock``.
     CacheCorruptError
-        The log is damaged (see the module docstring).
+        A log is damaged (see ``log``).
     StaleCacheError
         Entries of arrays in ``fingerprints`` were made by other transforms.
     ValueError
@@ -126,8 +165,9 @@ class DiskCache(_Bookkeeping):
 
     Notes
     -----
-    Thread-safe: decode threads may ``write`` to different handles while the
-    scheduler calls the other methods.
+    Thread-safe: decode threads may ``find`` and ``write`` while the
+    scheduler calls the other methods. The counters are this object's; the
+    engine keeps per-pass ones.
     """
 
     def __init__(
@@ -138,6 +178,8 @@ class DiskCache(_Bookkeeping):
         readonly: bool = False,
         fingerprints: Mapping[str, str],
         reset_stale: bool = False,
+        disk_bytes: int | None = None,
+        on_corrupt: OnCorrupt = "refetch",
     ) -> None:
         self.cache_dir = Path(cache_dir)
         self.persist = bool(persist)
@@ -149,23 +191,46 @@ class DiskCache(_Bookkeeping):
         bad = {p: f for p, f in fingerprints.items() if not isinstance(p, str) or not is_fingerprint(f)}
         if bad:
             raise ValueError(f"fingerprints must map array paths to 16 lowercase hex digits; bad: {bad!r}")
+        if disk_bytes is not None and (type(disk_bytes) is not int or disk_bytes <= 0):
+            raise ValueError(f"disk_bytes={disk_bytes!r} must be a positive int or None (no cap)")
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt={on_corrupt!r} must be one of {ON_CORRUPT}")
+        require_flock(self.cache_dir)
         self.fingerprints = dict(fingerprints)
+        self.disk_bytes = disk_bytes
+        self.on_corrupt: OnCorrupt = on_corrupt
+        self.verify = True  # check each file's CRC-32C when first revived (the bench turns it off to measure it)
+        self.token = new_writer_token()
         self._reset_stale = bool(reset_stale)
         self.log_path = self.cache_dir / LOG_NAME
         self.lock_path = self.cache_dir / LOCK_NAME
         self._lock = threading.RLock()
         self._fds: list[int] = []
-        self._finalizer = weakref.finalize(self, _release_fds, self._fds)
-        self._log_fd: int | None = None
+        self._finalizer = weakref.finalize(self, release_fds, self._fds)
+        self._ledger = Ledger(self.cache_dir)
+        self._claims = Claims(self._ledger.shared_dir, self._fds)
         self._entries: dict[Key, LogEntry] = {}
+        self._own: set[tuple[Key, int]] = set()  # (key, t) of the lines this writer appended
+        self._file_bytes: dict[str, int] = {}  # every logged file's size, whoever wrote it (the disk budget)
         self._mapped: dict[Key, _Mapped] = {}
         self._pending: dict[Key, WriteHandle] = {}
         self._spilled: set[Path] = set()
         self._miss_reasons: dict[Key, str] = {}
+        # entries turned away, for any request (a damaged file: None) or for one (shapes, dtype): not tried again
+        self._bad: dict[Key, tuple[LogEntry, tuple | None]] = {}
+        self._verified: set[tuple[str, tuple[int, int, int], int]] = set()
+        self._warned_files: set[str] = set()
+        self._temp_ids = itertools.count()
+        self._last_refresh = 0.0
         self._revived = 0
+        self._revived_others = 0
         self._written = 0
         self._rejected: Counter[str] = Counter()
         self._dropped: Counter[str] = Counter()
+        self._refused: Counter[str] = Counter()
+        self._persisting = not self.readonly
+        self._full_warned = False
+        self._over_budget = False
         self._closed = False
 
         if self.readonly:
@@ -179,222 +244,20 @@ class DiskCache(_Bookkeeping):
         if fs is not None:
             warnings.warn(
                 f"cache_dir {str(self.cache_dir)!r} is on a {fs} filesystem, where flock may be per client: "
-                "two hosts writing this cache are not kept apart. Use a local disk for cache_dir.",
+                "writers and readers on two hosts are not kept apart. Use a local disk for cache_dir.",
                 UserWarning,
                 stacklevel=2,
             )
         try:
-            acquire_lock(self.cache_dir, self._fds, readonly=self.readonly)
-            if not self.readonly:
-                self._remove_temp_files()
-            if self.persist:
-                self._load_log()
-            if not self.readonly:
-                self._remove_orphans()
+            if self.readonly:
+                self._open_as_reader()
+            else:
+                self._open_as_writer()
         except BaseException:
             self._finalizer()
             raise
 
     # -- engine API ---------------------------------------------------------
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"DiskCache over {str(self.cache_dir)!r} is closed")
-
-    def _fingerprint(self, path: str) -> str:
-        try:
-            return self.fingerprints[path]
-        except KeyError:
-            raise KeyError(
-                f"array {path!r} has no fingerprint; DiskCache(fingerprints=...) covers {sorted(self.fingerprints)}"
-            ) from None
-
-    def lookup(
-        self, path: str, chunk_index: int, tile_shapes: Sequence[Sequence[int]], dtype: npt.DTypeLike
-    ) -> list[np.ndarray] | None:
-        """The chunk's tiles as read-only zero-copy views, or ``None`` on a miss.
-
-        A persisted entry is revived (mapped) when its tile shapes and dtype
-        equal ``tile_shapes`` and ``dtype``; otherwise it is a miss, counted in
-        ``rejected``, and the next ``commit`` of the chunk overwrites it. A
-        chunk this cache still holds mapped is returned again.
-
-        Parameters
-        ----------
-        path, chunk_index
-            The array path and global sample-axis chunk index.
-        tile_shapes
-            Each tile's real shape, ``(chunk_len, *tile_extent)``.
-        dtype
-            The tiles' dtype (after chunk transforms).
-        """
-        key = (path, operator.index(chunk_index))
-        shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
-        dt = np.dtype(dtype)
-        with self._lock:
-            self._check_open()
-            held = self._mapped.get(key)
-            if held is not None:
-                mismatch = _mismatch(held.tile_shapes, held.tile_file.dtype, shapes, dt)
-                if mismatch is None:
-                    return self._views(held)
-                self._reject(key, *mismatch)
-                return None
-            if not self.persist:
-                return None
-            self._fingerprint(path)
-            entry = self._entries.get(key)
-            if entry is None:
-                self._miss_reasons[key] = "no entry in the log"
-                return None
-            mismatch = _mismatch(entry.tile_shapes, entry.dtype, shapes, dt)
-            if mismatch is not None:
-                self._reject(key, *mismatch)
-                return None
-            try:
-                tile_file = open_tile_file(self.cache_dir / entry.file)
-            except FileNotFoundError:
-                self._reject(key, REJECT_MISSING, f"its file {entry.file} is missing")
-                return None
-            except CacheCorruptError as exc:
-                # a damaged tile file is re-made from the store, not a reason to stop the run
-                self._reject(key, REJECT_FILE, str(exc))
-                return None
-            fits = (
-                tile_file.dtype == dt
-                and tile_file.n_tiles == len(shapes)
-                and all(
-                    len(s) == len(tile_file.tile_shape) and all(a <= b for a, b in zip(s, tile_file.tile_shape))
-                    for s in shapes
-                )
-            )
-            if not fits:
-                tile_file.close()
-                self._reject(
-                    key,
-                    REJECT_FILE,
-                    f"its file {entry.file} holds {tile_file.n_tiles} tiles of "
-                    f"{tile_file.tile_shape} {tile_file.dtype}",
-                )
-                return None
-            held = self._mapped[key] = _Mapped(tile_file, shapes)
-            self._revived += 1
-            self._miss_reasons.pop(key, None)
-            return self._views(held)
-
-    def _reject(self, key: Key, reason: str, detail: str) -> None:
-        self._rejected[reason] += 1
-        self._miss_reasons[key] = detail
-
-    @staticmethod
-    def _views(held: _Mapped) -> list[np.ndarray]:
-        return [tile_view(held.tile_file, i, s) for i, s in enumerate(held.tile_shapes)]
-
-    def miss_error(self, path: str, chunk_index: int) -> CacheMissError:
-        """The error a readonly pass raises for a chunk ``lookup`` could not serve."""
-        key = (path, operator.index(chunk_index))
-        why = self._miss_reasons.get(key, "no entry in the log")
-        return CacheMissError(
-            f"readonly cache_dir {str(self.cache_dir)!r} cannot serve array {path!r} chunk {key[1]}: {why}. "
-            "A readonly cache must already hold every chunk the pass reads; warm it with a writing run "
-            "over the same split and transforms."
-        )
-
-    def begin(
-        self, path: str, chunk_index: int, n_tiles: int, stored_tile_shape: Sequence[int], dtype: npt.DTypeLike
-    ) -> WriteHandle:
-        """Start writing a chunk: a tile file of ``n_tiles`` × ``stored_tile_shape`` under a temporary name.
-
-        Raises
-        ------
-        PermissionError
-            On a readonly cache.
-        ValueError
-            When the chunk is already being written.
-        """
-        key = (path, operator.index(chunk_index))
-        with self._lock:
-            self._check_open()
-            if self.readonly:
-                raise PermissionError(
-                    f"readonly cache over {str(self.cache_dir)!r} writes nothing; array {path!r} chunk {key[1]} "
-                    "must already be cached (raise miss_error)"
-                )
-            if self.persist:
-                self._fingerprint(path)
-            if key in self._pending:
-                raise ValueError(f"array {path!r} chunk {key[1]} is already being written; commit or abort it first")
-            target = self.cache_dir / tile_file_basename(path, key[1], persist=self.persist)
-            handle = WriteHandle(key, create_tile_file(target, n_tiles, stored_tile_shape, dtype, temp=True))
-            self._pending[key] = handle
-            return handle
-
-    def write(self, handle: WriteHandle, tile_index: int, tile: np.ndarray) -> np.ndarray:
-        """Copy one decoded tile into its position (GIL released); returns the writable view of it."""
-        if handle.done:
-            path, chunk = handle.key
-            raise ValueError(f"the write of array {path!r} chunk {chunk} was already committed or aborted")
-        view = write_tile(handle.tile_file, tile_index, tile)
-        handle.written.add(int(tile_index))
-        return view
-
-    def commit(self, handle: WriteHandle, tile_shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
-        """Publish a fully written chunk and return its tiles as read-only zero-copy views.
-
-        The file is renamed into place; with ``persist`` its log line is
-        appended before this returns (unless the log already holds the same
-        entry). A mapping of an older file of the chunk is released.
-
-        Raises
-        ------
-        ValueError
-            When a tile was never written or ``tile_shapes`` does not fit the file.
-        """
-        shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
-        sf = handle.tile_file
-        path, chunk = handle.key
-        if handle.done:
-            raise ValueError(f"the write of array {path!r} chunk {chunk} was already committed or aborted")
-        missing = sorted(set(range(sf.n_tiles)) - handle.written)
-        if missing:
-            raise ValueError(f"array {path!r} chunk {chunk}: tiles {missing} of {sf.n_tiles} were never written")
-        if len(shapes) != sf.n_tiles or any(
-            len(s) != len(sf.tile_shape) or any(a > b for a, b in zip(s, sf.tile_shape)) for s in shapes
-        ):
-            raise ValueError(
-                f"array {path!r} chunk {chunk}: tile_shapes {shapes} must be {sf.n_tiles} shapes that fit the "
-                f"stored tile shape {sf.tile_shape}"
-            )
-        with self._lock:
-            self._check_open()
-            final = sf.publish()
-            sf.close()  # the writable mapping goes once write()'s views die
-            handle.done = True
-            del self._pending[handle.key]
-            readable = open_tile_file(final)
-            old = self._mapped.pop(handle.key, None)
-            if old is not None:
-                old.tile_file.close()
-            held = self._mapped[handle.key] = _Mapped(readable, shapes)
-            self._written += 1
-            self._miss_reasons.pop(handle.key, None)
-            if self.persist:
-                entry = LogEntry(path, chunk, final.name, shapes, sf.dtype, self.fingerprints[path])
-                if self._entries.get(handle.key) != entry:
-                    assert self._log_fd is not None
-                    append_entry(self._log_fd, entry)
-                    self._entries[handle.key] = entry
-            else:
-                self._spilled.add(final)
-            return self._views(held)
-
-    def abort(self, handle: WriteHandle) -> None:
-        """Drop an unfinished write: its temporary file is deleted. Idempotent."""
-        with self._lock:
-            if not handle.done:
-                handle.done = True
-                self._pending.pop(handle.key, None)
-                handle.tile_file.close()
 
     def evict(self, path: str, chunk_index: int) -> None:
         """Release a chunk's mapping; an ephemeral chunk's file is deleted, a persisted one stays.
@@ -414,7 +277,7 @@ class DiskCache(_Bookkeeping):
     # -- lifetime -----------------------------------------------------------
 
     def close(self) -> None:
-        """Unmap everything, delete ephemeral files, release the lock. Idempotent.
+        """Unmap everything, delete ephemeral files, release claims and locks. Idempotent.
 
         Views handed out stay valid: their bytes stay mapped until they die.
         """
@@ -424,13 +287,14 @@ class DiskCache(_Bookkeeping):
             self._closed = True
             for handle in list(self._pending.values()):
                 self.abort(handle)
+            self._claims.release_all()
             for held in self._mapped.values():
                 held.tile_file.close()
             self._mapped.clear()
             for p in self._spilled:
                 p.unlink(missing_ok=True)
             self._spilled.clear()
-            self._log_fd = None
+            self._ledger.close(self._fds)
             self._finalizer()
 
     def __enter__(self) -> DiskCache:

@@ -1,28 +1,34 @@
-"""The persisted cache's append-only log: one JSON line per completed chunk, compacted on load.
+"""The persisted cache's log lines: one JSON line per completed chunk, behind a header.
 
-``insitu_cache.jsonl``: line 1 is the header
-``{"format": "insitubatch-cache", "version": 1}``; each further line is one
-completed chunk::
+The same line format serves the compacted base log ``insitu_cache.jsonl``
+and every writer's segment ``insitu_cache.d/<writer>.jsonl`` (``ledger``
+reads them together). Line 1 is the header: the base log's is
+``{"format": "insitubatch-cache", "version": 2}``; a segment's adds who
+writes it (``writer``, ``pid``, ``host``, ``since``). Each further line is
+one completed chunk::
 
-    {"path": "t2m", "chunk": 5, "file": "cache-1a2b3c4d-5-t2m.npy",
-     "n_tiles": 2, "tile_shapes": [[24, 10, 16], [24, 10, 4]],
-     "dtype": "<f4", "fingerprint": "0123456789abcdef"}
+    {"path": "t2m", "chunk": 5, "file": "cache-1a2b3c4d-0123456789abcdef-5-t2m.npy",
+     "n_tiles": 2, "tile_shapes": [[24, 10, 16], [24, 10, 4]], "dtype": "<f4",
+     "fingerprint": "0123456789abcdef", "nbytes": 30848, "crc32c": 2914561281,
+     "t": 1718000000123456789}
 
 ``chunk`` is the global sample-axis chunk index, ``file`` a bare basename in
 the cache directory, ``tile_shapes`` each tile's real (packed) shape,
-``dtype`` numpy's ``.npy`` descr and ``fingerprint`` the 16-hex hash of the
-chunk transforms scoped to the array (``fingerprint.pipeline_fingerprint``).
-A later line for the same ``(path, chunk)`` supersedes an earlier one.
+``dtype`` numpy's ``.npy`` descr, ``fingerprint`` the 16-hex hash of the
+chunk transforms scoped to the array (``fingerprint.pipeline_fingerprint``),
+``nbytes`` the file's size, ``crc32c`` the CRC-32C of the whole file
+(header and payload), and ``t`` when it was committed (ns since the epoch):
+of two lines for one ``(path, chunk)`` the later ``t`` wins. Writes of one
+chunk are serialized by its claim, so the later line names the file that
+is there now.
 
-Each entry is appended with one ``write()`` of the whole line, newline last —
-it is in the OS page cache, so it survives the death of the process (not a
-power cut: nothing is fsynced per chunk). A *final* line without its newline
-is a torn append from a process killed mid-write: ``read_log`` reports it and
-the caller compacts. Anything else that does not parse — the header, an
-interior line, a newline-terminated final line, an entry naming a file that is
-not a bare ``.npy`` basename, two entries sharing a file — raises
-``CacheCorruptError``. Compaction (``write_log``) writes a temporary file,
-fsyncs it and renames it over the log.
+Each line is appended with one ``write()`` of the whole line, newline last,
+after its file was published. A final line without its newline is a torn
+append (its writer was killed mid-write, or the disk filled): it is not an
+entry. Anything else that does not parse — a header, an interior line, an
+entry naming a file that is not a bare ``.npy`` basename — raises
+``CacheCorruptError``. ``write_log`` (compaction) writes a temporary file,
+fsyncs it and renames it over the base log.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,21 +50,25 @@ __all__ = [
     "LOG_NAME",
     "LOG_VERSION",
     "Key",
-    "LogContents",
     "LogEntry",
+    "Parsed",
     "append_entry",
-    "open_log",
-    "read_log",
+    "header_line",
+    "parse_header",
+    "parse_lines",
     "write_log",
 ]
 
 LOG_NAME = "insitu_cache.jsonl"
 LOG_FORMAT = "insitubatch-cache"
 # Bump when an entry's fields change meaning; an older log then goes stale as a whole.
-LOG_VERSION = 1
-_ENTRY_KEYS = ("path", "chunk", "file", "n_tiles", "tile_shapes", "dtype", "fingerprint")
+# 2: per-writer segments, the fingerprint in persisted file names, nbytes, crc32c and t per entry.
+LOG_VERSION = 2
+_ENTRY_KEYS = ("path", "chunk", "file", "n_tiles", "tile_shapes", "dtype", "fingerprint", "nbytes", "crc32c", "t")
 # Bytes of a malformed line quoted in an error: enough to recognise it, never a whole file.
 _QUOTE_BYTES = 200
+# CRC-32C values are unsigned 32-bit integers.
+_CRC_LIMIT = 1 << 32
 
 Key = tuple[str, int]
 
@@ -88,6 +99,9 @@ class LogEntry:
     tile_shapes: tuple[tuple[int, ...], ...]
     dtype: np.dtype
     fingerprint: str
+    nbytes: int
+    crc32c: int
+    t: int
 
     @property
     def key(self) -> Key:
@@ -107,6 +121,9 @@ class LogEntry:
             "tile_shapes": [list(s) for s in self.tile_shapes],
             "dtype": np.lib.format.dtype_to_descr(self.dtype),
             "fingerprint": self.fingerprint,
+            "nbytes": self.nbytes,
+            "crc32c": self.crc32c,
+            "t": self.t,
         }
         return (json.dumps(record, separators=(",", ":")) + "\n").encode()
 
@@ -122,8 +139,7 @@ class LogEntry:
         """
 
         def bad(why: str) -> CacheCorruptError:
-            text = line[:_QUOTE_BYTES].decode("utf-8", "replace")
-            return CacheCorruptError(f"{where} is malformed ({why}): {text!r}")
+            return CacheCorruptError(f"{where} is malformed ({why}): {_quote(line)!r}")
 
         try:
             rec = json.loads(line)
@@ -132,7 +148,7 @@ class LogEntry:
         if not isinstance(rec, dict) or sorted(rec) != sorted(_ENTRY_KEYS):
             got = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
             raise bad(f"an entry is an object with keys {sorted(_ENTRY_KEYS)}, got {got}")
-        path, chunk, name, n_tiles, shapes, descr, fp = (rec[k] for k in _ENTRY_KEYS)
+        path, chunk, name, n_tiles, shapes, descr, fp, nbytes, crc, t = (rec[k] for k in _ENTRY_KEYS)
         if not isinstance(path, str) or not path:
             raise bad(f"path must be a non-empty string, got {path!r}")
         if not _nonneg_int(chunk):
@@ -156,79 +172,76 @@ class LogEntry:
             raise bad(f"dtype {dtype} cannot live in a tile file")
         if not is_fingerprint(fp):
             raise bad(f"fingerprint must be 16 lowercase hex digits, got {fp!r}")
-        return cls(path, chunk, name, tuple(tuple(s) for s in shapes), dtype, fp)
+        if not _nonneg_int(nbytes):
+            raise bad(f"nbytes must be an integer >= 0, got {nbytes!r}")
+        if not _nonneg_int(crc) or crc >= _CRC_LIMIT:
+            raise bad(f"crc32c must be an unsigned 32-bit integer, got {crc!r}")
+        if not _nonneg_int(t):
+            raise bad(f"t must be an integer >= 0 (ns), got {t!r}")
+        return cls(path, chunk, name, tuple(tuple(s) for s in shapes), dtype, fp, nbytes, crc, t)
 
 
-def header_line() -> bytes:
-    """The log's first line for this format version."""
-    return (json.dumps({"format": LOG_FORMAT, "version": LOG_VERSION}, separators=(",", ":")) + "\n").encode()
+def _quote(line: bytes) -> str:
+    return line[:_QUOTE_BYTES].decode("utf-8", "replace")
 
 
-@dataclass
-class LogContents:
-    """What ``read_log`` found: the header's version and, for this version, the live entries."""
-
-    version: int
-    entries: dict[Key, LogEntry]
-    superseded: int = 0
-    torn: bool = False
+def header_line(**who: Any) -> bytes:
+    """The first line of a log for this format version; ``who`` adds a segment's writer record."""
+    return (json.dumps({"format": LOG_FORMAT, "version": LOG_VERSION, **who}, separators=(",", ":")) + "\n").encode()
 
 
-def read_log(log_path: Path) -> LogContents | None:
-    """Parse the log at ``log_path``; ``None`` when there is none.
-
-    Entries are returned only for this ``LOG_VERSION`` (another version's
-    lines are not read), latest per key, in the order of their completion.
+def parse_header(line: bytes, where: str) -> dict:
+    """The header's fields (``version`` among them, maybe another version's).
 
     Raises
     ------
     CacheCorruptError
-        When the header or a complete line is malformed, or two entries share a file.
+        When the line is not an insitubatch cache header.
     """
     try:
-        data = log_path.read_bytes()
-    except FileNotFoundError:
-        return None
-    where = str(log_path)
-    lines = data.split(b"\n")
-    torn = lines.pop()  # b"" when the file ends with a newline
-    if not lines:
-        raise CacheCorruptError(f"{where} has no complete header line; it is not an insitubatch cache log")
-    try:
-        header = json.loads(lines[0])
+        header = json.loads(line)
     except (UnicodeDecodeError, json.JSONDecodeError):
         header = None
-    is_header = isinstance(header, dict) and header.get("format") == LOG_FORMAT
-    if not is_header or not _nonneg_int(header.get("version")):
+    if not isinstance(header, dict) or header.get("format") != LOG_FORMAT or not _nonneg_int(header.get("version")):
         raise CacheCorruptError(
             f"{where} line 1 is not an insitubatch cache header (want {header_line().decode().strip()}): "
-            f"{lines[0][:_QUOTE_BYTES].decode('utf-8', 'replace')!r}"
+            f"{_quote(line)!r}"
         )
-    contents = LogContents(header["version"], {}, torn=bool(torn))
-    if contents.version != LOG_VERSION:
-        return contents
-    files: dict[str, Key] = {}
-    for lineno, line in enumerate(lines[1:], start=2):
-        entry = LogEntry.from_line(line, f"{where} line {lineno}")
-        if files.get(entry.file, entry.key) != entry.key:
-            raise CacheCorruptError(
-                f"{where} line {lineno}: file {entry.file!r} is claimed by both {files[entry.file]} and {entry.key}"
-            )
-        files[entry.file] = entry.key
-        if entry.key in contents.entries:
-            contents.superseded += 1
-            del contents.entries[entry.key]  # re-insert so the order is that of the latest completion
-        contents.entries[entry.key] = entry
-    return contents
+    return header
+
+
+@dataclass
+class Parsed:
+    """Complete lines parsed from a log's bytes: the entries in order, and how many bytes they used."""
+
+    entries: list[LogEntry]
+    consumed: int  # bytes up to and including the last complete line parsed
+    tail: int  # bytes after it: a line still being appended, or a torn one
+
+
+def parse_lines(data: bytes, where: str, first_lineno: int) -> Parsed:
+    """Parse the complete (newline-terminated) entry lines of ``data``; a final unterminated line is left as ``tail``.
+
+    Raises
+    ------
+    CacheCorruptError
+        When a complete line is malformed (``where`` and the line number name it).
+    """
+    end = data.rfind(b"\n") + 1
+    entries = [
+        LogEntry.from_line(line, f"{where} line {lineno}")
+        for lineno, line in enumerate(data[:end].split(b"\n")[:-1], start=first_lineno)
+    ]
+    return Parsed(entries, end, len(data) - end)
 
 
 def write_log(log_path: Path, entries: list[LogEntry]) -> None:
-    """Write the header and ``entries`` to a temporary file, fsync it and rename it over the log."""
+    """Write the base header and ``entries`` to a temporary file, fsync it and rename it over ``log_path``."""
     body = header_line() + b"".join(e.to_line() for e in entries)
     tmp = log_path.with_name(f".{log_path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        _write_all(fd, body)
+        write_all(fd, body)
         os.fsync(fd)  # a rewrite drops lines, so it must not be half there after a crash
     except BaseException:
         os.close(fd)
@@ -238,17 +251,12 @@ def write_log(log_path: Path, entries: list[LogEntry]) -> None:
     os.replace(tmp, log_path)
 
 
-def open_log(log_path: Path) -> int:
-    """A close-on-exec append descriptor of the log (the caller owns it)."""
-    return os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-
-
 def append_entry(fd: int, entry: LogEntry) -> None:
-    """Append one entry as a single ``write`` of its whole line."""
-    _write_all(fd, entry.to_line())
+    """Append one entry as a single ``write`` of its whole line (``fd`` is opened ``O_APPEND``)."""
+    write_all(fd, entry.to_line())
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     """``write`` until every byte is out (a regular file takes it in one call unless the disk fills)."""
     view = memoryview(data)
     while view:

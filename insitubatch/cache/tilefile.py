@@ -4,7 +4,9 @@ A file holds ``(n_tiles, *tile_shape)`` elements behind a standard ``.npy``
 header, so ``numpy.load(path, mmap_mode="r")`` opens it; tile ``i`` of a chunk
 lives at position ``i``. ``create_tile_file`` / ``open_tile_file`` map a file,
 ``write_tile`` copies a decoded tile in with the GIL released and
-``tile_view`` returns the zero-copy view the gather kernel reads.
+``tile_view`` returns the zero-copy view the gather kernel reads;
+``TileFile.checksum`` is the CRC-32C of the whole file, header included,
+computed over the mapping with the GIL released.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import numpy.typing as npt
 
@@ -27,6 +30,7 @@ __all__ = [
     "TileFile",
     "create_tile_file",
     "open_tile_file",
+    "tile_file_nbytes",
     "tile_view",
     "write_tile",
 ]
@@ -94,12 +98,15 @@ class TileFile:
         n_tiles: int,
         tile_shape: tuple[int, ...],
         dtype: np.dtype,
+        identity: tuple[int, int, int] = (0, 0, 0),
     ) -> None:
         self.path = path
         self.n_tiles = n_tiles
         self.tile_shape = tile_shape
         self.dtype = dtype
         self.tile_bytes = math.prod(tile_shape) * dtype.itemsize
+        # (inode, size, mtime ns) when opened: tells this file from a later one under the same name
+        self.identity = identity
         self._file_path = file_path
         self._mapping = mapping
         self._header_bytes = header_bytes
@@ -122,6 +129,16 @@ class TileFile:
         count = self.n_tiles * math.prod(self.tile_shape)
         flat = np.frombuffer(memoryview(self._mapping), self.dtype, count, self._header_bytes)
         return flat.reshape((self.n_tiles, *self.tile_shape))
+
+    @property
+    def nbytes(self) -> int:
+        """The file's size: header and every tile position."""
+        return self._header_bytes + self.n_tiles * self.tile_bytes
+
+    def checksum(self) -> int:
+        """The CRC-32C of the whole file (header and payload), read through the mapping with the GIL released."""
+        with memoryview(self._mapping) as whole:
+            return crc32c.crc32c(whole)
 
     def publish(self) -> Path:
         """Rename the temporary file to ``path`` atomically (replacing any file there).
@@ -165,21 +182,35 @@ def _file_geometry(
     return n_tiles, shape, dt
 
 
+def tile_file_nbytes(n_tiles: int, tile_shape: Sequence[int], dtype: npt.DTypeLike) -> int:
+    """The size of the tile file ``create_tile_file`` would make, header included."""
+    n_tiles, tile_shape, dt = _file_geometry(n_tiles, tile_shape, dtype)
+    return len(_npy_header((n_tiles, *tile_shape), dt)) + n_tiles * math.prod(tile_shape) * dt.itemsize
+
+
 def create_tile_file(
-    path: str | os.PathLike, n_tiles: int, tile_shape: Sequence[int], dtype: npt.DTypeLike, *, temp: bool = False
+    path: str | os.PathLike,
+    n_tiles: int,
+    tile_shape: Sequence[int],
+    dtype: npt.DTypeLike,
+    *,
+    temp: bool | str = False,
 ) -> TileFile:
     """Create a writable tile file ``(n_tiles, *tile_shape)`` of ``dtype`` and map it.
 
     The file is sized with ``ftruncate`` and its blocks reserved with
     ``posix_fallocate`` where the platform has it, so a full disk fails here
-    rather than as a ``SIGBUS`` during a later ``write_tile``. With
-    ``temp=True`` the bytes go to a unique temporary name next to ``path``;
-    ``publish()`` renames it into place and ``close()`` without ``publish()``
-    deletes it.
+    (``OSError`` ``ENOSPC``/``EDQUOT``, nothing left behind) rather than as a
+    ``SIGBUS`` during a later ``write_tile``. With ``temp`` the bytes go to a
+    temporary name next to ``path``, ``.<name>.<tag>.tmp`` (``temp=True``: a
+    tag of the PID and random digits; a string: that tag, unique to its
+    writer); ``publish()`` renames it into place and ``close()`` without
+    ``publish()`` deletes it.
     """
     n_tiles, tile_shape, dtype = _file_geometry(n_tiles, tile_shape, dtype)
     path = Path(path)
-    file_path = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp") if temp else path
+    tag = temp if isinstance(temp, str) else f"{os.getpid()}-{secrets.token_hex(4)}"
+    file_path = path.with_name(f".{path.name}.{tag}.tmp") if temp else path
     header = _npy_header((n_tiles, *tile_shape), dtype)
     total = len(header) + n_tiles * math.prod(tile_shape) * dtype.itemsize
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_EXCL if temp else os.O_TRUNC)
@@ -219,7 +250,8 @@ def open_tile_file(path: str | os.PathLike, *, writable: bool = False) -> TileFi
             except ValueError as exc:
                 raise CacheCorruptError(f"{path} is not a readable .npy tile file: {exc}") from exc
         shape, fortran_order, dtype, header_bytes = parsed
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        size = st.st_size
         if fortran_order or len(shape) == 0 or dtype.hasobject:
             raise CacheCorruptError(
                 f"{path} holds shape {shape}, dtype {dtype}, fortran_order={fortran_order}; not a tile file"
@@ -228,7 +260,8 @@ def open_tile_file(path: str | os.PathLike, *, writable: bool = False) -> TileFi
         if size != expected:
             raise CacheCorruptError(f"{path} is {size} bytes but its header {shape} {dtype} says {expected}")
         mapping = _persist.FileMapping(f.fileno(), size, writable)
-    return TileFile(path, path, mapping, header_bytes, shape[0], tuple(shape[1:]), dtype)
+    identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return TileFile(path, path, mapping, header_bytes, shape[0], tuple(shape[1:]), dtype, identity)
 
 
 def _tile_offset(tile_file: TileFile, tile_index: int, shape: Sequence[int]) -> int:

@@ -21,6 +21,7 @@ import zarr
 import zarr.errors
 
 from ..errors import StoreReadError
+from .dates import is_time
 from .times import decode_time_coordinate
 
 __all__ = ["Coordinate", "CoordinateSource", "parent_groups"]
@@ -51,7 +52,8 @@ class Coordinate:
 
     @property
     def is_time(self) -> bool:
-        return self.values.dtype.kind == "M"
+        """Whether the values are dates (``datetime64``, or ``cftime`` objects in another calendar)."""
+        return is_time(self.values)
 
 
 @dataclass(eq=False)
@@ -101,5 +103,5 @@ class CoordinateSource:
         except Exception as exc:  # any backend's failure, named for the user
             raise StoreReadError(f"reading coordinate array {path!r} failed: {type(exc).__name__}: {exc}") from exc
         attrs = dict(arr.attrs)
-        decoded = decode_time_coordinate(raw, attrs)
+        decoded = decode_time_coordinate(raw, attrs, name=path)
         return Coordinate(dim, path, raw, attrs, raw if decoded is None else decoded)

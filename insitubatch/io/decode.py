@@ -13,11 +13,14 @@ plain calls:
   front). Decoding runs the list backwards through each codec's synchronous
   decode (``_zarr_compat.codec_decoder``: zarr's own, or the numcodecs codec
   a wrapper carries).
-* **sharded v3** — the stored chunk is the whole shard. Its index (at the
-  start or the end) is itself a small chain (normally ``bytes`` + ``crc32c``,
-  so the checksum is verified); each present inner chunk is decoded with the
-  inner chain and placed in the shard; absent ones (offset and length both
-  2**64-1) read as the fill value. Nested shards work the same way.
+* **sharded v3** — a whole shard decodes its index (at the start or the
+  end; normally ``bytes`` + ``crc32c``, so the checksum is verified), then
+  each present inner chunk with the inner chain into its place; absent ones
+  (offset and length both 2**64-1) read as the fill value. Nested shards
+  work the same way. The engine itself reads one inner chunk at a time when
+  the sharding codec is the array's only codec (``ArrayGeometry.sharded_reads``:
+  the index once per shard, then a byte range per inner chunk), and decodes
+  it with ``make_decoder(geometry, tile=True)``. The chains live in ``io.chain``.
 * **v2** — the numcodecs compressor, then the filters in reverse, then a view
   as the array's dtype laid out in its ``order``.
 
@@ -46,218 +49,38 @@ garbage is never returned as data.
 from __future__ import annotations
 
 import functools
-import math
-import sys
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
 from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
-from zarr.buffer.cpu import numpy_buffer_prototype
-from zarr.codecs.bytes import BytesCodec
 from zarr.codecs.sharding import ShardingCodec
-from zarr.dtype import UInt64
 
 from .._zarr_compat import (
-    ArrayConfig,
-    ArraySpec,
     ArrayV2Metadata,
-    bytes_codec_endian,
     chunk_spec,
-    codec_decoder,
-    shard_index_at_start,
     sync,
 )
 from ..errors import BadChunkError, StoreReadError
+from .chain import _CONFIG, _PROTOTYPE, _Chain, _fill_value, _ShardStage, partial_shards
 from .decode_v2 import _V2Chain
-from .direct import ChunkData, _as_uint8, _check_blosc_frame, _DecodeFailure, _Direct, _is_blosc
+from .direct import ChunkData, _as_uint8, _DecodeFailure
 from .geometry import ArrayGeometry
 
 __all__ = ["ChunkDecoder", "clip_to_array", "make_decoder", "read_stored_chunk"]
 
-# Shard-index entry of an inner chunk that was never written (zarr sharding spec).
-_ABSENT = 2**64 - 1
-# Decode into host numpy memory whatever zarr's configured default buffer is.
-_PROTOTYPE = numpy_buffer_prototype()
-_CONFIG = ArrayConfig(order="C", write_empty_chunks=False)
 
-
-def _fill_value(spec: ArraySpec) -> Any:
-    # zarr v2 allows a null fill value; zarr then reads missing chunks as the dtype default.
-    return spec.dtype.default_scalar() if spec.fill_value is None else spec.fill_value
-
-
-def _stage(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
-    """One codec's decode as ``numpy -> numpy``, with no event loop."""
-    if _is_blosc(codec):
-        decode = codec_decoder(codec)
-
-        def checked(a: np.ndarray, spec: ArraySpec) -> np.ndarray:
-            _check_blosc_frame(a)
-            return decode(a, spec)
-
-        return checked
-    return codec_decoder(codec)
-
-
-def _run(
-    codec: Any, decode: Callable[[np.ndarray, ArraySpec], np.ndarray], data: np.ndarray, spec: ArraySpec
-) -> np.ndarray:
-    try:
-        return decode(data, spec)
-    except _DecodeFailure:
-        raise
-    except Exception as exc:  # every codec has its own failure types
-        raise _DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
-
-
-class _Chain:
-    """A v3 codec list, decoded last to first: bytes→bytes, array→bytes, array→array."""
-
-    def __init__(self, codecs: Sequence[Any], spec: ArraySpec) -> None:
-        array_array = [c for c in codecs if isinstance(c, ArrayArrayCodec)]
-        array_bytes = [c for c in codecs if isinstance(c, ArrayBytesCodec)]
-        bytes_bytes = [c for c in codecs if isinstance(c, BytesBytesCodec)]
-        if len(array_bytes) != 1 or len(array_array) + 1 + len(bytes_bytes) != len(codecs):
-            raise ValueError(f"codec list {list(codecs)!r} needs exactly one array→bytes codec")
-        self.shape = tuple(spec.shape)
-        self.dtype = spec.dtype.to_native_dtype()
-        self._array_array = []
-        for aa in array_array:
-            self._array_array.append((aa, _stage(aa), spec))
-            spec = aa.resolve_metadata(spec)
-        (ab,) = array_bytes
-        self._array_bytes_codec = ab
-        self._array_bytes_spec = spec
-        self._array_bytes = _ShardStage(ab, spec) if isinstance(ab, ShardingCodec) else _stage(ab)
-        spec = ab.resolve_metadata(spec)
-        self._bytes_bytes = []
-        for bb in bytes_bytes:
-            self._bytes_bytes.append((bb, _stage(bb), spec))
-            spec = bb.resolve_metadata(spec)
-        # Raw size of the array→bytes input for fixed-size serializers (the `bytes` codec).
-        raw = self._array_bytes_spec
-        self._raw_nbytes = math.prod(raw.shape) * raw.dtype.to_native_dtype().itemsize
-        self._direct = self._direct_stage()
-
-    def _direct_stage(self) -> _Direct | None:
-        """The compressor to decode straight into a caller's buffer, when the chain is just that."""
-        codec = self._array_bytes_codec
-        if self._array_array or len(self._bytes_bytes) != 1 or type(codec) is not BytesCodec:
-            return None
-        if bytes_codec_endian(codec) not in (None, sys.byteorder):
-            return None
-        if self.dtype.hasobject or not self.dtype.isnative:
-            return None
-        return _Direct.of(self._bytes_bytes[0][0])
-
-    def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
-        """Decode into ``out`` (this chain's shape, C-contiguous, writeable)."""
-        if self._direct is not None and out.dtype == self.dtype and self._direct(raw, out):
-            return
-        if isinstance(self._array_bytes, _ShardStage) and not self._array_array and not self._bytes_bytes:
-            self._array_bytes.decode_into(raw, out)
-            return
-        out[...] = self(raw)
-
-    def encoded_nbytes(self) -> int:
-        """Encoded size of one chunk; only for fixed-size chains such as a shard index."""
-        nbytes = self._array_bytes_codec.compute_encoded_size(self._raw_nbytes, self._array_bytes_spec)
-        for codec, _, spec in self._bytes_bytes:
-            nbytes = codec.compute_encoded_size(nbytes, spec)
-        return nbytes
-
-    def __call__(self, raw: np.ndarray) -> np.ndarray:
-        data = raw
-        for codec, decode, spec in reversed(self._bytes_bytes):
-            data = _run(codec, decode, data, spec)
-        if isinstance(self._array_bytes, _ShardStage):
-            data = self._array_bytes(data)
-        else:
-            if getattr(self._array_bytes_codec, "is_fixed_size", False) and data.nbytes != self._raw_nbytes:
-                raise _DecodeFailure(f"decoded {data.nbytes} bytes, expected {self._raw_nbytes}")
-            data = _run(self._array_bytes_codec, self._array_bytes, data, self._array_bytes_spec)
-        for codec, decode, spec in reversed(self._array_array):
-            data = _run(codec, decode, data, spec)
-        if data.shape != self.shape:
-            raise _DecodeFailure(f"decoded shape {data.shape}, expected {self.shape}")
-        return data
-
-
-class _ShardStage:
-    """The sharding codec's decode: index, then each present inner chunk into its place."""
-
-    def __init__(self, codec: ShardingCodec, spec: ArraySpec) -> None:
-        self.shape = tuple(spec.shape)
-        self.dtype = spec.dtype.to_native_dtype()
-        self.fill = _fill_value(spec)
-        self.inner_shape = tuple(codec.chunk_shape)
-        self.grid = tuple(s // c for s, c in zip(self.shape, self.inner_shape))
-        index_spec = ArraySpec(
-            shape=(*self.grid, 2),
-            dtype=UInt64(endianness="little"),
-            fill_value=_ABSENT,
-            config=_CONFIG,
-            prototype=_PROTOTYPE,
-        )
-        self._index = _Chain(codec.index_codecs, index_spec)
-        self.index_nbytes = self._index.encoded_nbytes()
-        self.index_at_start = shard_index_at_start(codec)
-        inner_spec = ArraySpec(
-            shape=self.inner_shape, dtype=spec.dtype, fill_value=spec.fill_value, config=_CONFIG, prototype=_PROTOTYPE
-        )
-        self._inner = _Chain(codec.codecs, inner_spec)
-
-    def _read_index(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        n = raw.size
-        if n < self.index_nbytes:
-            raise _DecodeFailure(f"shard is {n} bytes, shorter than its {self.index_nbytes}-byte index")
-        if self.index_at_start:
-            index_raw, lo, hi = raw[: self.index_nbytes], self.index_nbytes, n
-        else:
-            index_raw, lo, hi = raw[n - self.index_nbytes :], 0, n - self.index_nbytes
-        try:
-            index = self._index(index_raw)
-        except _DecodeFailure as exc:
-            raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
-        offsets, lengths = index[..., 0], index[..., 1]
-        absent = offsets == _ABSENT
-        if not np.array_equal(absent, lengths == _ABSENT):
-            where = tuple(int(i) for i in np.argwhere(absent != (lengths == _ABSENT))[0])
-            raise _DecodeFailure(f"shard index entry {where} is half empty")
-        # Every present inner chunk must lie in the data region [lo, hi) of the shard.
-        outside = ~absent & ((offsets < lo) | (offsets > hi) | (lengths > hi - np.minimum(offsets, hi)))
-        if outside.any():
-            where = tuple(int(i) for i in np.argwhere(outside)[0])
-            raise _DecodeFailure(
-                f"shard index entry {where} (offset {int(offsets[where])}, length {int(lengths[where])}) "
-                f"points outside the shard's data bytes [{lo}, {hi})"
-            )
-        return offsets, lengths, ~absent
-
-    def __call__(self, raw: np.ndarray) -> np.ndarray:
-        out = np.empty(self.shape, dtype=self.dtype)
-        self.decode_into(raw, out)
-        return out
-
-    def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
-        """Each present inner chunk straight into its region of ``out``; absent ones as the fill value."""
-        offsets, lengths, present = self._read_index(raw)
-        if not present.all():
-            out[...] = self.fill
-        for where in zip(*np.nonzero(present)):
-            start = int(offsets[where])
-            region = out[tuple(slice(int(i) * c, (int(i) + 1) * c) for i, c in zip(where, self.inner_shape))]
-            try:
-                if region.flags.c_contiguous:
-                    self._inner.decode_into(raw[start : start + int(lengths[where])], region)
-                else:
-                    region[...] = self._inner(raw[start : start + int(lengths[where])])
-            except _DecodeFailure as exc:
-                raise _DecodeFailure(f"inner chunk {tuple(int(i) for i in where)}: {exc}") from exc.__cause__
+def shard_stage(geometry: ArrayGeometry) -> _ShardStage:
+    """The sharding stage of a geometry whose tiles are inner chunks: its index and inner chains."""
+    metadata = geometry.metadata
+    codecs: tuple[Any, ...] = tuple(getattr(metadata, "codecs", ())) if metadata is not None else ()
+    codec = codecs[0] if partial_shards(metadata) else None
+    if metadata is None or not isinstance(codec, ShardingCodec):
+        raise ValueError(f"array {geometry.path!r} is not sharded with the sharding codec alone")
+    spec = chunk_spec(metadata, tuple(geometry.stored_chunks), _CONFIG, _PROTOTYPE)
+    return _ShardStage(codec, spec)
 
 
 class ChunkDecoder:
@@ -267,18 +90,22 @@ class ChunkDecoder:
     need no event loop.
     """
 
-    def __init__(self, geometry: ArrayGeometry) -> None:
+    def __init__(self, geometry: ArrayGeometry, *, tile: bool = False) -> None:
         metadata = geometry.metadata
         if metadata is None:
             raise ValueError(f"geometry of {geometry.path!r} carries no zarr metadata to build a decoder from")
         self.geometry = geometry
-        self.shape = tuple(geometry.stored_chunks)
+        # a tile decoder of a sharded array read by byte range decodes one inner chunk with the inner chain
+        self.inner = tile and geometry.sharded_reads
+        self.shape = tuple(geometry.tile_chunks if self.inner else geometry.stored_chunks)
         self.dtype = np.dtype(geometry.dtype)
         spec = chunk_spec(metadata, self.shape, _CONFIG, _PROTOTYPE)
         self.fill_value = _fill_value(spec)
         self._chain: _V2Chain | _Chain
         if isinstance(metadata, ArrayV2Metadata):
             self._chain = _V2Chain(metadata, spec)
+        elif self.inner:
+            self._chain = shard_stage(geometry).inner_chain
         else:
             self._chain = _Chain(metadata.codecs, spec)
 
@@ -340,31 +167,38 @@ class ChunkDecoder:
 
     def _bad(self, coord: Sequence[int], why: str) -> BadChunkError:
         coord = tuple(int(c) for c in coord)
-        return BadChunkError(
-            f"cannot decode chunk {coord} of array {self.geometry.path!r} "
-            f"(key {self.geometry.chunk_key(coord)!r}): {why}"
-        )
+        if self.inner:
+            key, place = self.geometry.tile_key(coord)
+            where = f"key {key!r}, inner chunk {place}"
+        else:
+            where = f"key {self.geometry.chunk_key(coord)!r}"
+        return BadChunkError(f"cannot decode chunk {coord} of array {self.geometry.path!r} ({where}): {why}")
 
 
 # Decoders keyed by the identity of the zarr metadata they were built from;
 # an entry goes away with its metadata object.
-_DECODERS: dict[int, tuple[weakref.ref[Any], ChunkDecoder]] = {}
+_DECODERS: dict[tuple[int, bool], tuple[weakref.ref[Any], ChunkDecoder]] = {}
 
 
-def _forget_decoder(key: int, ref: weakref.ref[Any]) -> None:
+def _forget_decoder(key: tuple[int, bool], ref: weakref.ref[Any]) -> None:
     cache = _DECODERS  # None while the interpreter tears module globals down
     if cache is not None and cache.get(key, (None,))[0] is ref:
         del cache[key]
 
 
-def make_decoder(geometry: ArrayGeometry) -> ChunkDecoder:
-    """The (cached) ``ChunkDecoder`` for ``geometry``'s array."""
+def make_decoder(geometry: ArrayGeometry, *, tile: bool = False) -> ChunkDecoder:
+    """The (cached) ``ChunkDecoder`` for ``geometry``'s array: of a stored chunk, or with ``tile`` of one tile.
+
+    A tile is the stored chunk, or a shard's inner chunk when the engine
+    reads those by byte range (``geometry.sharded_reads``).
+    """
     metadata = geometry.metadata
-    key = id(metadata)
+    tile = tile and geometry.sharded_reads
+    key = (id(metadata), tile)
     entry = _DECODERS.get(key)
     if entry is not None and entry[0]() is metadata and entry[1].dtype == geometry.dtype:
         return entry[1]
-    decoder = ChunkDecoder(geometry)
+    decoder = ChunkDecoder(geometry, tile=tile)
     try:
         ref = weakref.ref(metadata, functools.partial(_forget_decoder, key))
     except TypeError:  # metadata that cannot be weakly referenced is simply not cached

@@ -9,39 +9,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import zarr
 
 from .._zarr_compat import ArrayV2Metadata, ArrayV3Metadata, ChunkProjection
-from .coords import Coordinate, CoordinateSource
+from ..errors import CalendarError
+from .coords import CoordinateSource
+from .labelled import Labelled
+from .selection import AxisSelection
 
-__all__ = [
-    "MAX_CHUNK_BYTES",
-    "MAX_CHUNK_BYTES_ENV",
-    "MAX_CHUNKS_PER_READ",
-    "ArrayGeometry",
-    "geometry_of",
-]
+__all__ = ["ArrayGeometry", "sample_coords"]
 
-# Largest decoded chunk the engine will allocate, in bytes. A stored chunk (the
-# shard of a sharded array: what one decode returns) and a sample-axis chunk
-# across its tiles (what one pool entry holds) must each fit. Real archives keep
-# chunks near 1-100 MB and shards within a few GB; metadata past this is corrupt
-# or hostile, and believing it would allocate that much. Raise it per call with
-# ``max_chunk_bytes=``, or process-wide with the environment variable below.
-MAX_CHUNK_BYTES = 4 * 2**30
-MAX_CHUNK_BYTES_ENV = "INSITUBATCH_MAX_CHUNK_BYTES"
-# Most stored chunks one sample-axis chunk may span, and most inner chunks one
-# shard may hold: each costs a GET or a shard-index entry plus a Python call per
-# read. 2**20 covers a 4 GiB read of 4 KiB chunks; more is a chunking no engine
-# can stream, and its bookkeeping alone would allocate gigabytes.
-MAX_CHUNKS_PER_READ = 2**20
+logger = logging.getLogger("insitubatch")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -49,14 +33,18 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True)
-class ArrayGeometry:
+class ArrayGeometry(Labelled):
     """Shape and chunking of one zarr array, seen along one sample axis.
 
     ``shape``, ``chunks`` and ``stored_chunks`` are in physical (zarr) axis
     order. ``chunks`` is zarr's read chunk; ``stored_chunks`` is what one store
-    key holds (the shard on a sharded array, else ``chunks``). The engine reads
-    whole stored chunks ("tiles"). ``offset`` makes a windowed view:
+    key holds (the shard on a sharded array, else ``chunks``). The engine
+    reads ``tile_chunks`` at a time ("tiles"): ``read_chunks`` when set (the
+    inner chunk of a shard, fetched by byte range), else whole stored chunks. ``offset`` makes a windowed view:
     sample ``i`` of the view reads ``array[i + offset]`` along the sample axis.
+    ``selection`` keeps some positions of field axes (``isel`` / ``sel``): a
+    sample is then ``inner_shape``, the selected part of ``field_shape``, and
+    only the tiles it touches are read.
     """
 
     path: str
@@ -72,21 +60,34 @@ class ArrayGeometry:
     metadata: ArrayV2Metadata | ArrayV3Metadata | None = field(default=None, compare=False, repr=False, hash=False)
     # where this array's coordinate arrays are read from (set by ``open_geometries``)
     coords: CoordinateSource | None = field(default=None, compare=False, repr=False, hash=False)
+    selection: tuple[AxisSelection, ...] = ()
+    # steps of a native window: sample i reads array[i + offset + s] for each s, as one (steps, *inner) row
+    window_steps: tuple[int, ...] = ()
+    # the engine's read unit when it is not the stored chunk: a shard's inner chunk, read by byte range
+    read_chunks: tuple[int, ...] = ()
+    # the read source of a geometry made by a reshaping chunk transform: what its rows come from
+    origin: str | None = field(default=None, compare=False, repr=False, hash=False)
 
     # -- sample axis -----------------------------------------------------
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
     @functools.cached_property
     def n_samples(self) -> int:
         """Length of the array along the sample axis."""
         return self.shape[self.sample_axis]
 
     @functools.cached_property
+    def tile_chunks(self) -> tuple[int, ...]:
+        """What one tile read holds, physical order: ``read_chunks`` (a shard's inner chunk) or the stored chunk."""
+        return self.read_chunks or self.stored_chunks
+
+    @property
+    def sharded_reads(self) -> bool:
+        """Whether tiles are inner chunks of shards, each fetched by byte range after the shard's index."""
+        return self.tile_chunks != self.stored_chunks
+
+    @functools.cached_property
     def sample_chunk_size(self) -> int:
-        """Samples per stored chunk along the sample axis."""
-        return self.stored_chunks[self.sample_axis]
+        """Samples per tile along the sample axis: the chunk grid splits, blocks and the pool work in."""
+        return self.tile_chunks[self.sample_axis]
 
     @functools.cached_property
     def n_chunks(self) -> int:
@@ -101,22 +102,60 @@ class ArrayGeometry:
 
     # -- field (inner) axes ---------------------------------------------
     @functools.cached_property
-    def inner_shape(self) -> tuple[int, ...]:
-        """Per-sample payload shape: every axis but the sample axis, in physical order."""
+    def field_shape(self) -> tuple[int, ...]:
+        """Every axis but the sample axis, whole, in physical order: what the tiles cover."""
         return tuple(s for k, s in enumerate(self.shape) if k != self.sample_axis)
+
+    @functools.cached_property
+    def inner_shape(self) -> tuple[int, ...]:
+        """Per-sample payload shape: the selected part of ``field_shape`` (a scalar selection drops its axis)."""
+        chosen = self._chosen
+        out = []
+        for k, s in enumerate(self.shape):
+            if k == self.sample_axis:
+                continue
+            picked = chosen.get(k)
+            if picked is None:
+                out.append(s)
+            elif not picked.drop:
+                out.append(picked.size)
+        return tuple(out)
+
+    @functools.cached_property
+    def inner_dims(self) -> tuple[str | None, ...]:
+        """The dimension names of ``inner_shape``'s axes (None where unnamed)."""
+        chosen, names = self._chosen, self.dimension_names or (None,) * self.ndim
+        return tuple(
+            names[k] for k in range(self.ndim) if k != self.sample_axis and not (k in chosen and chosen[k].drop)
+        )
 
     @functools.cached_property
     def inner_stored_chunks(self) -> tuple[int, ...]:
         return tuple(s for k, s in enumerate(self.stored_chunks) if k != self.sample_axis)
 
     @functools.cached_property
+    def tile_shape(self) -> tuple[int, ...]:
+        """A tile's extent along the field axes (``tile_chunks`` without the sample axis)."""
+        return tuple(s for k, s in enumerate(self.tile_chunks) if k != self.sample_axis)
+
+    @functools.cached_property
     def tile_grid(self) -> tuple[int, ...]:
-        """Stored chunks per inner axis (the grid of tiles one sample-axis chunk spans)."""
-        return tuple(_ceil_div(s, c) for s, c in zip(self.inner_shape, self.inner_stored_chunks))
+        """Tiles per field axis (the grid of tiles one sample-axis chunk spans)."""
+        return tuple(_ceil_div(s, c) for s, c in zip(self.field_shape, self.tile_shape))
 
     @functools.cached_property
     def tiles_per_chunk(self) -> int:
         return math.prod(self.tile_grid)
+
+    @functools.cached_property
+    def tiles_read(self) -> int:
+        """Tiles (GETs) one sample-axis chunk of this view reads: those its selection touches."""
+        count = 1
+        for j, k in enumerate(k for k in range(self.ndim) if k != self.sample_axis):
+            picked = self._chosen.get(k)
+            size = self.tile_shape[j]
+            count *= self.tile_grid[j] if picked is None else len(np.unique(picked.array // size))
+        return count
 
     @property
     def itemsize(self) -> int:
@@ -129,8 +168,13 @@ class ArrayGeometry:
 
     @functools.cached_property
     def chunk_nbytes(self) -> int:
-        """Decoded bytes of one full sample-axis chunk (all its tiles)."""
+        """Decoded bytes one full sample-axis chunk keeps: its selected part (all of it without a selection)."""
         return self.sample_chunk_size * self.sample_nbytes
+
+    @functools.cached_property
+    def tile_nbytes(self) -> int:
+        """Decoded bytes of one full tile: what one read in flight costs once decoded."""
+        return math.prod(self.tile_chunks) * self.itemsize
 
     @functools.cached_property
     def stored_chunk_nbytes(self) -> int:
@@ -148,17 +192,17 @@ class ArrayGeometry:
         return self._tile_coords[tile_index]
 
     def tile_origins(self) -> np.ndarray:
-        """``(tiles_per_chunk, len(inner_shape))`` origin of each tile in the inner field."""
+        """``(tiles_per_chunk, len(field_shape))`` origin of each tile in the whole field."""
         grid = np.indices(self.tile_grid).reshape(len(self.tile_grid), self.tiles_per_chunk).T
-        return (grid * np.asarray(self.inner_stored_chunks, dtype=np.intp)).astype(np.intp)
+        return (grid * np.asarray(self.tile_shape, dtype=np.intp)).astype(np.intp)
 
     def tile_shapes(self) -> np.ndarray:
-        """``(tiles_per_chunk, len(inner_shape))`` real extent of each tile (edge tiles are clipped)."""
+        """``(tiles_per_chunk, len(field_shape))`` real extent of each tile (edge tiles are clipped)."""
         origins = self.tile_origins()
-        return np.minimum(np.asarray(self.inner_stored_chunks), np.asarray(self.inner_shape) - origins).astype(np.intp)
+        return np.minimum(np.asarray(self.tile_shape), np.asarray(self.field_shape) - origins).astype(np.intp)
 
     def physical_chunk_coord(self, chunk_index: int, tile: int | Sequence[int] = 0) -> tuple[int, ...]:
-        """The stored-chunk coordinates (physical order) of a tile of a sample-axis chunk."""
+        """The coordinates (physical order, in the grid of ``tile_chunks``) of a tile of a sample-axis chunk."""
         inner = self.tile_coord(tile) if isinstance(tile, (int, np.integer)) else tuple(int(t) for t in tile)
         if len(inner) != self.ndim - 1:
             raise ValueError(f"tile coordinate {inner} must have {self.ndim - 1} entries for array {self.path!r}")
@@ -173,6 +217,18 @@ class ArrayGeometry:
         key = self.metadata.encode_chunk_key(tuple(int(c) for c in coord))
         return f"{self.path}/{key}" if self.path else key
 
+    def tile_key(self, coord: Sequence[int]) -> tuple[str, tuple[int, ...] | None]:
+        """Where the tile at ``coord`` (tile grid, physical order) is stored: its key, and its place in the shard.
+
+        The place is the inner-chunk position within the shard when tiles are
+        read by byte range (``sharded_reads``), else None (the key is the tile).
+        """
+        if not self.sharded_reads:
+            return self.chunk_key(coord), None
+        per = [s // c for s, c in zip(self.stored_chunks, self.tile_chunks)]
+        shard = tuple(int(c) // p for c, p in zip(coord, per))
+        return self.chunk_key(shard), tuple(int(c) % p for c, p in zip(coord, per))
+
     def tile_placement(self, chunk_index: int, tile: int | Sequence[int] = 0) -> ChunkProjection:
         """Where a tile's valid data sits: in its decoded stored chunk and in the chunk's pool entry.
 
@@ -185,7 +241,7 @@ class ArrayGeometry:
         chunk_sel: list[slice] = []
         out_inner: list[slice] = []
         complete = True
-        for k, (c, size, ext) in enumerate(zip(coord, self.stored_chunks, self.shape)):
+        for k, (c, size, ext) in enumerate(zip(coord, self.tile_chunks, self.shape)):
             start = c * size
             stop = min(start + size, ext)
             if stop - start < size:
@@ -200,53 +256,55 @@ class ArrayGeometry:
             is_complete_chunk=complete,
         )
 
-    # -- dimensions and coordinates ---------------------------------------------
-    @property
-    def dims(self) -> tuple[str | None, ...] | None:
-        """Dimension names in physical order (v3 ``dimension_names`` or xarray's ``_ARRAY_DIMENSIONS``), or None."""
-        return self.dimension_names
-
-    def _dim_index(self, dim: str) -> int:
-        dims = self.dimension_names
-        if not dims or any(d is None for d in dims):
-            raise ValueError(
-                f"array {self.path!r} has no dimension names (neither zarr v3 dimension_names nor xarray's "
-                f"_ARRAY_DIMENSIONS), so dimension {dim!r} cannot be found; select by position with isel"
-            )
-        if dim not in dims:
-            raise KeyError(f"array {self.path!r} has no dimension {dim!r}; its dimensions are {list(dims)}")
-        return dims.index(dim)
-
-    def _coordinate(self, dim: str) -> Coordinate | None:
-        """The store's coordinate array of dimension ``dim`` (read once), or None when it has none."""
-        axis = self._dim_index(dim)
-        if self.coords is None:
-            return None
-        return self.coords.coordinate(dim, self.shape[axis], self.path)
-
-    def coord(self, dim: str) -> np.ndarray:
-        """The values labelling dimension ``dim``: its coordinate array, decoded (time as ``datetime64``).
-
-        Raises
-        ------
-        KeyError
-            The array has no such dimension, or the store no coordinate array for it.
-        """
-        found = self._coordinate(dim)
-        if found is None:
-            raise KeyError(
-                f"array {self.path!r}: dimension {dim!r} has no coordinate array in the store "
-                f"(looked for a 1-D array {dim!r} of length {self.shape[self._dim_index(dim)]} next to it "
-                "and in its parent groups)"
-            )
-        return found.values
-
     # -- views -------------------------------------------------------------
     def shift(self, k: int) -> ArrayGeometry:
-        """A windowed view: sample ``i`` reads ``array[i + offset + k]`` along the sample axis."""
+        """A shifted view: sample ``i`` reads ``array[i + offset + k]`` along the sample axis."""
         if not isinstance(k, (int, np.integer)):
             raise TypeError(f"shift(k) takes an int, got {type(k).__name__}")
         return dataclasses.replace(self, offset=self.offset + int(k))
+
+    def window(self, offsets: Iterable[int]) -> ArrayGeometry:
+        """A native multi-step view: sample ``i`` is ``array[i + offset + s]`` for each ``s``, one ``(steps, *inner)`` row.
+
+        ``window([-1, 0])`` is two input steps; ``window(range(-6, 1, 6))``
+        the step six before and this one. Composes with ``shift`` and
+        selections; steps that share a stored chunk cost one read.
+
+        Raises
+        ------
+        TypeError
+            ``offsets`` is not a sequence of ints.
+        ValueError
+            It is empty, or the view is already windowed.
+        """
+        try:
+            steps = tuple(offsets)
+        except TypeError as exc:
+            raise TypeError(f"window(offsets) takes a sequence of ints, got {type(offsets).__name__}") from exc
+        if not steps:
+            raise ValueError(f"window() of array {self.path!r} needs at least one step")
+        bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, (int, np.integer))]
+        if bad:
+            raise TypeError(f"window() steps must be ints, got {bad[0]!r} in {list(steps)}")
+        if self.window_steps:
+            raise ValueError(
+                f"array {self.path!r} is already windowed with steps {list(self.window_steps)}; give all steps at once"
+            )
+        return dataclasses.replace(self, window_steps=tuple(int(s) for s in steps))
+
+    @property
+    def read_offsets(self) -> tuple[int, ...]:
+        """Every sample-axis offset a sample of this view reads: ``offset + s`` per step."""
+        return tuple(self.offset + s for s in self.window_steps or (0,))
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """One sample of this view in a batch: ``(steps, *inner_shape)`` when windowed, else ``inner_shape``."""
+        return ((len(self.window_steps),) if self.window_steps else ()) + self.inner_shape
+
+    def source_view(self) -> ArrayGeometry:
+        """This view's source: its array and selection, without offset or window (what a reader decodes)."""
+        return dataclasses.replace(self, offset=0, window_steps=())
 
     def with_sample_axis(self, sample_axis: int) -> ArrayGeometry:
         return dataclasses.replace(self, sample_axis=_normalize_axis(sample_axis, self.ndim, self.path))
@@ -264,113 +322,22 @@ def _normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
     return int(sample_axis) % ndim
 
 
-def _dimension_names(arr: zarr.Array) -> tuple[str | None, ...] | None:
-    """v3 ``dimension_names``, else xarray's ``_ARRAY_DIMENSIONS`` attribute (v2, or v3 written that way)."""
-    md = arr.metadata
-    if isinstance(md, ArrayV3Metadata) and md.dimension_names is not None:
-        return tuple(md.dimension_names)
-    dims = arr.attrs.get("_ARRAY_DIMENSIONS")
-    if isinstance(dims, (list, tuple)) and len(dims) == arr.ndim and all(isinstance(d, str) for d in dims):
-        return tuple(dims)
-    return None
-
-
-def _chunk_byte_limit(max_chunk_bytes: int | None) -> int:
-    """``max_chunk_bytes``, else the environment's limit, else ``MAX_CHUNK_BYTES``."""
-    if max_chunk_bytes is None:
-        text = os.environ.get(MAX_CHUNK_BYTES_ENV)
-        if not text:
-            return MAX_CHUNK_BYTES
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise ValueError(f"{MAX_CHUNK_BYTES_ENV}={text!r} must be a positive integer number of bytes")
-        return value
-    if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)):
-        raise TypeError(f"max_chunk_bytes must be an int (bytes) or None, got {type(max_chunk_bytes).__name__}")
-    if max_chunk_bytes < 1:
-        raise ValueError(f"{max_chunk_bytes=} must be >= 1 (bytes), or None for the default {MAX_CHUNK_BYTES}")
-    return int(max_chunk_bytes)
-
-
-def _check_size(g: ArrayGeometry, limit: int) -> None:
-    """Refuse metadata whose chunks would decode to more than ``limit`` bytes, before anything is allocated."""
-    override = f"if the array is real, pass max_chunk_bytes= or set {MAX_CHUNK_BYTES_ENV}"
-    for what, nbytes in (("one stored chunk", g.stored_chunk_nbytes), ("one sample-axis chunk", g.chunk_nbytes)):
-        if nbytes > limit:
-            raise ValueError(
-                f"array {g.path!r} (shape {g.shape}, stored chunks {g.stored_chunks}, dtype {g.dtype}): "
-                f"{what} decodes to {nbytes} bytes, over max_chunk_bytes={limit}; "
-                f"the metadata is likely corrupt ({override})"
-            )
-    inner_per_shard = math.prod(_ceil_div(s, c) for s, c in zip(g.stored_chunks, g.chunks))
-    for what, count in (
-        ("stored chunks per sample-axis chunk", g.tiles_per_chunk),
-        ("inner chunks per shard", inner_per_shard),
-    ):
-        if count > MAX_CHUNKS_PER_READ:
-            raise ValueError(
-                f"array {g.path!r} (shape {g.shape}, chunks {g.chunks}, stored chunks {g.stored_chunks}) has "
-                f"{count} {what}, over the limit of {MAX_CHUNKS_PER_READ}; the chunking is corrupt or too fine to stream"
-            )
-
-
-def geometry_of(
-    arr: zarr.Array,
-    *,
-    sample_axis: int = 0,
-    max_chunk_bytes: int | None = None,
-    coords: CoordinateSource | None = None,
-) -> ArrayGeometry:
-    """The ``ArrayGeometry`` of an open zarr array.
-
-    ``coords`` is where its coordinate arrays are read from (default: the array's own store).
-
-    Raises
-    ------
-    ValueError
-        A chunk would decode to more than ``max_chunk_bytes`` (default
-        ``MAX_CHUNK_BYTES``, or the ``INSITUBATCH_MAX_CHUNK_BYTES`` environment
-        variable), or a read spans more than ``MAX_CHUNKS_PER_READ`` chunks.
-    """
-    limit = _chunk_byte_limit(max_chunk_bytes)
-    ndim = arr.ndim
-    axis = _normalize_axis(sample_axis, ndim, arr.path)
-    chunks = tuple(int(c) for c in arr.chunks)
-    shards = getattr(arr, "shards", None)
-    stored = tuple(int(c) for c in shards) if shards is not None else chunks
-    dtype = np.dtype(arr.dtype)
-    if dtype.hasobject or dtype.kind == "T" or (dtype.kind in "US" and dtype.itemsize == 0):
-        raise ValueError(
-            f"array {arr.path!r} has variable-size dtype {arr.dtype}; only fixed-size dtypes are supported"
-        )
-    geometry = ArrayGeometry(
-        path=arr.path,
-        shape=tuple(int(s) for s in arr.shape),
-        chunks=chunks,
-        stored_chunks=stored,
-        dtype=dtype,
-        fill_value=arr.fill_value,
-        sample_axis=axis,
-        offset=0,
-        zarr_format=arr.metadata.zarr_format,
-        dimension_names=_dimension_names(arr),
-        metadata=arr.metadata,
-        coords=coords if coords is not None else CoordinateSource(arr.store),
-    )
-    _check_size(geometry, limit)
-    return geometry
-
-
 def sample_coords(variables: Iterable[ArrayGeometry], n: int) -> dict[str, np.ndarray]:
-    """The sample axis's coordinate (by dimension name) from the first variable whose store has it, else indices."""
+    """The sample axis's coordinate (by dimension name) from the first variable whose store has it, else indices.
+
+    A time coordinate that cannot be decoded here (a calendar that needs
+    cftime, which is not installed) gives indices and one WARNING: batches
+    still flow; date splits and ``coord()`` raise the full error.
+    """
     for g in variables:
         dims = g.dimension_names
         name = dims[g.sample_axis] if dims else None
         if name and g.n_samples == n:
-            found = g._coordinate(name)
+            try:
+                found = g._coordinate(name)
+            except CalendarError as exc:
+                logger.warning("insitubatch: batch coords carry sample indices: %s", exc)
+                break
             if found is not None:
                 return {name: found.values}
     return {"sample": np.arange(n)}

@@ -23,10 +23,12 @@ import zarr
 import zarr.errors
 
 from ..errors import StoreReadError
+from .arrays import _chunk_byte_limit, _dimension_names, geometry_of
 from .coords import CoordinateSource
-from .geometry import ArrayGeometry, _chunk_byte_limit, _dimension_names, _normalize_axis, geometry_of
+from .geometry import ArrayGeometry, _normalize_axis
+from .statics import StaticField, static_of
 
-__all__ = ["GroupContents", "open_geometries", "open_statics", "scan_group"]
+__all__ = ["GroupContents", "open_geometries", "open_statics", "resolve_statics", "resolve_variables", "scan_group"]
 
 # What zarr raises for a path that holds no array (missing, a group, unreadable metadata).
 _NOT_AN_ARRAY = (FileNotFoundError, KeyError, zarr.errors.NodeTypeValidationError)
@@ -46,7 +48,7 @@ class GroupContents:
     """
 
     variables: dict[str, ArrayGeometry]
-    statics: dict[str, zarr.Array]
+    statics: dict[str, StaticField]
     skipped: dict[str, str]
     sample_dim: str | None
 
@@ -161,13 +163,15 @@ def _sample_dim(candidates: Mapping[str, zarr.Array], sample_axis: int) -> str |
     return named.most_common(1)[0][0] if named else None
 
 
-def _has_sample_axis(arr: zarr.Array, sample_axis: int, dim: str | None) -> bool:
-    """An array with the sample dimension at ``sample_axis``; without dimension names, any with that axis."""
-    axis = _axis(arr, sample_axis)
-    if axis is None:
-        return False
+def _sample_axis_of(arr: zarr.Array, sample_axis: int, dim: str | None) -> int | None:
+    """Where ``arr`` has the sample dimension (wherever its names put it), else None.
+
+    An array without dimension names has it at ``sample_axis`` when it has that axis.
+    """
     dims = _dimension_names(arr)
-    return dims is None or dim is None or dims[axis] == dim
+    if dims is not None and dim is not None:
+        return dims.index(dim) if dim in dims else None
+    return _axis(arr, sample_axis)
 
 
 def scan_group(
@@ -176,9 +180,10 @@ def scan_group(
     """Sort every array of a group into data variables, statics and coordinates.
 
     The sample dimension is the one most of the group's (non-coordinate)
-    named data has at ``sample_axis``; arrays with it are
-    data variables, the rest statics (an array without dimension names is
-    a data variable when it has that axis). Coordinates (self-named 1-D arrays),
+    named data has at ``sample_axis``; arrays with it are data variables,
+    each sampled along it wherever its dimensions put it, the rest statics
+    (an array without dimension names is a data variable sampled along
+    ``sample_axis`` when it has that axis). Coordinates (self-named 1-D arrays),
     CF grid mappings and auxiliary coordinates named in a ``coordinates``
     attribute are skipped. Lists the group (through consolidated metadata
     when it has some).
@@ -212,12 +217,13 @@ def scan_group(
     dim = _sample_dim(candidates, sample_axis)
     source = CoordinateSource(zstore)
     variables: dict[str, ArrayGeometry] = {}
-    statics: dict[str, zarr.Array] = {}
+    statics: dict[str, StaticField] = {}
     for path, arr in candidates.items():
-        if _has_sample_axis(arr, sample_axis, dim):
-            variables[path] = geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit, coords=source)
+        axis = _sample_axis_of(arr, sample_axis, dim)
+        if axis is not None:
+            variables[path] = geometry_of(arr, sample_axis=axis, max_chunk_bytes=limit, coords=source)
         else:
-            statics[path] = arr
+            statics[path] = static_of(arr, source)
     return GroupContents(variables, statics, skipped, dim)
 
 
@@ -227,6 +233,20 @@ def _check_group(group: Any) -> str:
             f"group must be a str (a path inside the store, '' for its root), got {type(group).__name__} ({group!r})"
         )
     return group.strip("/")
+
+
+def _open_named(
+    store: Any, variables: Sequence[str] | Mapping[str, Any], group: str, what: str
+) -> list[tuple[str, zarr.Array, CoordinateSource]]:
+    """The arrays ``variables`` names (relative to ``group``), opened one by one without listing the store."""
+    from .stores import as_store
+
+    if isinstance(variables, str):
+        raise TypeError("variables must be a list of array paths, not a single string")
+    zstore = as_store(store)
+    source = CoordinateSource(zstore)
+    paths = [f"{group}/{v}".strip("/") if group else str(v) for v in variables]
+    return [(path, _open_array(zstore, path, what), source) for path in paths]
 
 
 def open_geometries(
@@ -260,7 +280,6 @@ def open_geometries(
         The store failed (naming it and the cause), or cannot list and has
         no consolidated metadata while ``variables`` is not given.
     """
-    from .stores import as_store
 
     limit = _chunk_byte_limit(max_chunk_bytes)
     group = _check_group(group)
@@ -269,16 +288,10 @@ def open_geometries(
         if not contents.variables:
             raise ValueError(_no_data_message(store, group, sample_axis, contents))
         return contents.variables
-    if isinstance(variables, str):
-        raise TypeError("variables must be a list of array paths, not a single string")
-    zstore = as_store(store)
-    source = CoordinateSource(zstore)
-    out = {}
-    for v in [str(v) for v in variables]:
-        path = f"{group}/{v}".strip("/") if group else v
-        arr = _open_array(zstore, path, "variable")
-        out[path] = geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit, coords=source)
-    return out
+    return {
+        path: geometry_of(arr, sample_axis=sample_axis, max_chunk_bytes=limit, coords=source)
+        for path, arr, source in _open_named(store, variables, group, "variable")
+    }
 
 
 def _no_data_message(store: Any, group: str, sample_axis: int, contents: GroupContents) -> str:
@@ -292,15 +305,86 @@ def _no_data_message(store: Any, group: str, sample_axis: int, contents: GroupCo
 
 def open_statics(
     store: Any, *, variables: Sequence[str] | None = None, sample_axis: int = 0, group: str = ""
-) -> dict[str, zarr.Array]:
-    """A group's statics (arrays without the sample axis), keyed by path; ``variables`` names them instead."""
-    from .stores import as_store
+) -> dict[str, StaticField]:
+    """A group's static fields (arrays without the sample axis: masks, orography), keyed by array path.
+
+    Without ``variables``: every static ``scan_group`` finds (listing the
+    group as ``open_geometries`` does). Naming arrays in ``variables`` opens
+    exactly those, without listing. Nothing is read here: the dataset reads
+    each static's (selected) values once when it opens.
+
+    Raises
+    ------
+    ValueError
+        An unknown array.
+    StoreReadError
+        The store failed, or cannot list and has no consolidated metadata.
+    """
 
     group = _check_group(group)
     if variables is None:
         return scan_group(store, sample_axis=sample_axis, group=group).statics
-    zstore = as_store(store)
-    return {
-        path: _open_array(zstore, path, "static")
-        for path in (f"{group}/{v}".strip("/") if group else str(v) for v in variables)
-    }
+    return {path: static_of(arr, source) for path, arr, source in _open_named(store, variables, group, "static")}
+
+
+def resolve_statics(store: Any, statics: Mapping[str, StaticField] | Sequence[str] | None) -> dict[str, StaticField]:
+    """``InSituDataset``'s ``statics`` argument as ``{label: StaticField}`` (a list names array paths)."""
+    if statics is None:
+        return {}
+    if isinstance(statics, Mapping):
+        out = {}
+        for label, f in statics.items():
+            if not isinstance(f, StaticField):
+                raise TypeError(f"statics[{label!r}] must be a StaticField (from open_statics), got {type(f).__name__}")
+            out[str(label)] = f
+        return out
+    if isinstance(statics, (list, tuple)):
+        return dict(open_statics(store, variables=[str(s) for s in statics]))
+    raise TypeError(
+        f"statics must be a mapping of label to StaticField, a list of array paths, or None; got {type(statics).__name__}"
+    )
+
+
+def resolve_variables(
+    store: Any, variables: Mapping[str, ArrayGeometry] | Sequence[str] | None, n_samples: int
+) -> tuple[dict[str, ArrayGeometry], dict[str, str]]:
+    """``InSituDataset``'s ``variables`` as ``{label: ArrayGeometry}``, and what ``None`` left out (with why).
+
+    Raises
+    ------
+    ValueError
+        No variable, or one whose sample axis is not ``n_samples`` long (the manifest's).
+    """
+    left_out: dict[str, str] = {}
+    if variables is None:
+        contents = scan_group(store)
+        left_out = contents.left_out()
+        if not contents.variables:
+            raise ValueError(
+                "the store has no array with a sample axis to draw from; it holds "
+                f"{left_out or 'no arrays'}; pass variables= (and statics= for arrays without it)"
+            )
+        resolved = dict(contents.variables)
+    elif isinstance(variables, Mapping):
+        resolved = {}
+        for label, g in variables.items():
+            if not isinstance(g, ArrayGeometry):
+                raise TypeError(
+                    f"variables[{label!r}] must be an ArrayGeometry (from open_geometries), got {type(g).__name__}"
+                )
+            resolved[str(label)] = g
+    elif isinstance(variables, (list, tuple)):
+        resolved = dict(open_geometries(store, variables=list(variables)))
+    else:
+        raise TypeError(
+            f"variables must be a mapping of label to ArrayGeometry, a list of array paths, or None; "
+            f"got {type(variables).__name__}"
+        )
+    if not resolved:
+        raise ValueError("variables is empty: name at least one array")
+    bad = {lb: g.n_samples for lb, g in resolved.items() if g.n_samples != n_samples}
+    if bad:
+        raise ValueError(
+            f"every variable must have the manifest's {n_samples} samples along its sample axis; these differ: {bad}"
+        )
+    return resolved, left_out

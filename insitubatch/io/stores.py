@@ -61,15 +61,16 @@ DEFAULT_READ_TIMEOUT = "30s"
 # The whole request, connect to last body byte. obstore's own default (30 s)
 # fails every read of a large shard on a shared link (256 MB at the 4 MB/s one
 # of 32 concurrent streams gets takes 64 s); 10 min carries a 4 GiB stored chunk
-# (geometry.MAX_CHUNK_BYTES) at ~7 MB/s.
+# (arrays.MAX_CHUNK_BYTES) at ~7 MB/s.
 DEFAULT_TIMEOUT = "600s"
 # Establishing a TCP (+TLS) connection (obstore's default).
 DEFAULT_CONNECT_TIMEOUT = "5s"
-# Retries of one request, and the time after its first attempt when no further
-# retry starts (obstore's defaults, stated here so an upstream change cannot
-# silently turn an outage into a longer stall).
+# Retries of one request (obstore's default), and the time after its first
+# attempt when no further retry starts: 45 s, not obstore's 3 min, so that a key
+# that never answers surfaces within a minute. The loader's own reads retry in
+# the engine's loop under the same two bounds (see docs/tuning.md).
 DEFAULT_MAX_RETRIES = 10
-DEFAULT_RETRY_TIMEOUT = timedelta(minutes=3)
+DEFAULT_RETRY_TIMEOUT = timedelta(seconds=45)
 DEFAULT_CLIENT_OPTIONS: Mapping[str, Any] = {
     "read_timeout": DEFAULT_READ_TIMEOUT,
     "timeout": DEFAULT_TIMEOUT,
@@ -225,7 +226,7 @@ def obstore_store(
         obstore ``RetryConfig`` keys: ``max_retries``, ``backoff``,
         ``retry_timeout`` (a ``timedelta``). Each key given replaces its
         default, :data:`DEFAULT_RETRY`: 10 retries, none started later than
-        3 min after the first attempt. Local and memory stores take none.
+        45 s after the first attempt. Local and memory stores take none.
     client_options
         obstore ``ClientConfig`` keys (timeouts, headers, proxies...). Each key
         given replaces its default, :data:`DEFAULT_CLIENT_OPTIONS`: a response

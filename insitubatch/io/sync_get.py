@@ -17,7 +17,14 @@ import numpy as np
 import obstore
 import obstore.store
 from zarr.abc.buffer import Buffer, BufferPrototype
-from zarr.abc.store import Store, SupportsGetSync
+from zarr.abc.store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    Store,
+    SuffixByteRequest,
+    SupportsGetSync,
+)
 from zarr.storage import ObjectStore
 
 from .direct import ChunkData
@@ -53,10 +60,26 @@ def _sync_get(store: Store) -> Callable[..., ChunkData | None] | None:
     return None
 
 
-def _obstore_get_sync(raw, key: str, *, prototype: BufferPrototype) -> Buffer | None:
-    """What zarr's ``ObjectStore.get`` returns for a whole key, read with obstore's blocking call."""
+def _obstore_range(byte_range: ByteRequest | None) -> dict | None:
+    """obstore's ``GetOptions`` for one of zarr's byte requests (None: the whole object)."""
+    if byte_range is None:
+        return None
+    if isinstance(byte_range, RangeByteRequest):
+        return {"range": (byte_range.start, byte_range.end)}
+    if isinstance(byte_range, SuffixByteRequest):
+        return {"range": {"suffix": byte_range.suffix}}
+    if isinstance(byte_range, OffsetByteRequest):
+        return {"range": {"offset": byte_range.offset}}
+    raise TypeError(f"unknown byte request {byte_range!r}")
+
+
+def _obstore_get_sync(
+    raw, key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+) -> Buffer | None:
+    """What zarr's ``ObjectStore.get`` returns for a key (or a byte range of it), read with obstore's blocking call."""
     try:
-        return prototype.buffer.from_bytes(memoryview(obstore.get(raw, key).bytes()))  # zero-copy view
+        result = obstore.get(raw, key, options=_obstore_range(byte_range))  # type: ignore[arg-type]
+        return prototype.buffer.from_bytes(memoryview(result.bytes()))  # zero-copy view
     except _MISSING:
         return None
 
@@ -94,15 +117,19 @@ class _LocalFiles:
             return None
         return os.path.join(self.root, key)
 
-    def __call__(self, key: str, *, prototype: BufferPrototype) -> ChunkData | None:
+    def __call__(
+        self, key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None
+    ) -> ChunkData | None:
         path = self.path_of(key)
         if path is None:
-            return _obstore_get_sync(self.raw, key, prototype=prototype)
+            return _obstore_get_sync(self.raw, key, prototype=prototype, byte_range=byte_range)
         try:
             fd = os.open(path, os.O_RDONLY)
         except _MISSING:
             return None
         try:
+            if byte_range is not None:
+                return self._read_range(fd, byte_range)
             size = os.fstat(fd).st_size
             buf = self._buffer(size + 1)  # one byte spare: a read that fills it means the file grew
             view = buf.data
@@ -121,6 +148,27 @@ class _LocalFiles:
             return None
         finally:
             os.close(fd)
+
+    def _read_range(self, fd: int, byte_range: ByteRequest) -> ChunkData:
+        """A byte range of the open file, into this thread's buffer (a range past the end comes back short)."""
+        size = os.fstat(fd).st_size
+        if isinstance(byte_range, RangeByteRequest):
+            start, stop = byte_range.start, min(byte_range.end, size)
+        elif isinstance(byte_range, SuffixByteRequest):
+            start, stop = max(0, size - byte_range.suffix), size
+        elif isinstance(byte_range, OffsetByteRequest):
+            start, stop = byte_range.offset, size
+        else:
+            raise TypeError(f"unknown byte request {byte_range!r}")
+        n = max(0, stop - start)
+        buf = self._buffer(n)
+        got = 0
+        while got < n:
+            part = os.preadv(fd, [buf.data[got:n]], start + got)
+            if part == 0:
+                break
+            got += part
+        return buf[:got]
 
     def _buffer(self, nbytes: int) -> np.ndarray:
         """This thread's read buffer, grown (never shrunk) to ``nbytes``."""

@@ -15,10 +15,23 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
+from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
+from ..io.statics import StaticField
 from .epoch import EpochPlan
 
-__all__ = ["READ_AHEAD_SHARE", "describe_loader", "empty_split_note", "format_summary", "read_ceiling"]
+__all__ = [
+    "AUTO_INFLIGHT_CEILING",
+    "READ_AHEAD_SHARE",
+    "auto_inflight_cap",
+    "auto_read_ahead",
+    "describe_loader",
+    "empty_split_note",
+    "format_summary",
+    "read_ceiling",
+]
 
 MB = 1e6
 MIB = 1 << 20
@@ -51,11 +64,11 @@ def empty_split_note(split: str, split_chunks: int | None = None, world_size: in
 
 
 def _gets_per_read(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> float:
-    return sum(tiles_per_read[path] for path, _ in plan.reads) / len(plan.reads) if plan.reads else 1.0
+    return sum(tiles_per_read[source] for source, _ in plan.reads) / len(plan.reads) if plan.reads else 1.0
 
 
 def read_ceiling(
-    plan: EpochPlan, geometries: Mapping[str, ArrayGeometry], max_inflight: int, latency_s: float
+    plan: EpochPlan, geometries: Mapping[str, ArrayGeometry], max_inflight: int | str, latency_s: float
 ) -> dict[str, Any]:
     """What a link of ``latency_s`` per GET allows this plan, from latency alone.
 
@@ -63,15 +76,21 @@ def read_ceiling(
     (``read_ahead_bound`` reads, in GETs) leaves in flight, whichever is
     smaller; each takes ``latency_s``, so the pass moves ``in_flight /
     latency_s`` GETs per second and ``samples / gets`` samples per GET.
-    ``bound`` names the knob that sets it: ``"read-ahead"`` (``block_chunks``)
-    or ``"max_inflight"``. Bandwidth, decode and the training step come on
-    top, so a real pass is at best this fast.
+    ``max_inflight="auto"`` is taken at its cap, with the deeper read-ahead
+    it grants a remote pass. ``bound`` names the knob that sets it:
+    ``"read-ahead"`` (``block_chunks``) or ``"max_inflight"``. Bandwidth,
+    decode and the training step come on top, so a real pass is at best
+    this fast.
     """
     if not latency_s > 0:
         raise ValueError(f"{latency_s=} must be > 0")
-    tiles = {g.path: g.tiles_per_chunk for g in geometries.values()}
-    gets = sum(tiles[path] for path, _ in plan.reads)
-    window = plan.read_ahead_bound * _gets_per_read(plan, tiles)
+    tiles = {g.source: g.tiles_read for g in geometries.values()}
+    gets = sum(tiles[source] for source, _ in plan.reads)
+    reads = plan.read_ahead_bound
+    if max_inflight == "auto":
+        max_inflight = auto_inflight_cap(max(g.tile_nbytes for g in geometries.values()))
+        reads += auto_read_ahead(plan, tiles, max_inflight)[1]
+    window = reads * _gets_per_read(plan, tiles)
     reachable = max(window / READ_AHEAD_SHARE, 1.0)
     in_flight = min(float(max_inflight), reachable)
     gets_per_s = in_flight / latency_s
@@ -81,14 +100,42 @@ def read_ceiling(
         "samples": plan.n_samples,
         "window_gets": int(round(window)),
         "in_flight": in_flight,
-        "bound": "read-ahead" if reachable < max_inflight else "max_inflight",
+        "bound": "read-ahead" if reachable < int(max_inflight) else "max_inflight",
         "gets_per_s": gets_per_s,
         "samples_per_s": gets_per_s * plan.n_samples / gets if gets else 0.0,
     }
 
 
+# max_inflight="auto" lets the engine raise the reads in flight while throughput still rises, up to a cap:
+# as many decoded tiles as fit AUTO_INFLIGHT_BYTES, never more than AUTO_INFLIGHT_CEILING reads (each is a
+# connection to the store) nor fewer than AUTO_INFLIGHT_FLOOR however fat the tiles.
+AUTO_INFLIGHT_BYTES = 512 * MIB
+AUTO_INFLIGHT_CEILING = 256
+AUTO_INFLIGHT_FLOOR = 4
+
+
+def auto_inflight_cap(tile_bytes: int) -> int:
+    """The most reads ``max_inflight="auto"`` holds at once for decoded tiles of ``tile_bytes``."""
+    return max(AUTO_INFLIGHT_FLOOR, min(AUTO_INFLIGHT_CEILING, AUTO_INFLIGHT_BYTES // max(int(tile_bytes), 1)))
+
+
+def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int) -> tuple[int, int]:
+    """``(bytes, reads)`` a remote pass under ``max_inflight="auto"`` may read ahead beyond its working set.
+
+    The plan reads one shuffle block ahead, which can hold fewer tiles than
+    the window wants in flight: a pass may then run ``cap`` tiles' worth of
+    reads further ahead, so the window can fill while the consumer works on
+    the current block. Their decoded bytes are a term of the memory plan.
+    """
+    if not plan.reads:
+        return 0, 0
+    per_read = sum(tiles_per_read[source] for source, _ in plan.reads) / len(plan.reads)
+    reads = math.ceil(cap / per_read)
+    return reads * int(plan.read_nbytes.max()), reads
+
+
 def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
-    gets = sum(tiles_per_read[path] for path, _ in plan.reads)
+    gets = sum(tiles_per_read[source] for source, _ in plan.reads)
     return {
         "samples": plan.n_samples,
         "batches": plan.n_batches,
@@ -103,7 +150,7 @@ def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, 
 def describe_loader(
     geometries: Mapping[str, ArrayGeometry],
     plans: Mapping[str, EpochPlan],
-    knobs: Mapping[str, int],
+    knobs: Mapping[str, Any],
     *,
     split: str,
     store: str = "",
@@ -114,6 +161,9 @@ def describe_loader(
     ceiling: Mapping[str, Any] | None = None,
     split_chunks: Mapping[str, int] | None = None,
     world_size: int = 1,
+    statics: Mapping[str, StaticField] | None = None,
+    left_out: Mapping[str, str] | None = None,
+    remote: bool = False,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -125,44 +175,80 @@ def describe_loader(
     sizes, ``None`` where unknown. ``ceiling`` is a :func:`read_ceiling`
     (plus any ``suggest`` entry), reported as given. A split whose plan has
     no sample gets a note saying why (``split_chunks``, each split's chunk
-    count, and ``world_size`` make the reason precise).
+    count, and ``world_size`` make the reason precise). ``statics`` are
+    ``{label: StaticField}`` (held once, counted in the memory plan); ``left_out`` what the dataset did not take from the store, with
+    why. ``knobs["max_inflight"]`` may be ``"auto"``: the in-flight terms are
+    then stated at its cap, and on a ``remote`` store the read-ahead beyond
+    the working set is a term too.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
-    tiles_per_read = {g.path: g.tiles_per_chunk for g in geometries.values()}
+    tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
     variables: dict[str, dict[str, Any]] = {}
     for label, g in geometries.items():
         variables[label] = {
             "path": g.path,
+            "selection": {a.name: a.text() for a in g.selection},
             "shape": list(g.shape),
+            "sample_shape": list(rows[label].inner_shape),
             "dtype": str(g.dtype),
             "stored_chunk": list(g.stored_chunks),
-            "tiles": g.tiles_per_chunk,
+            "tiles": g.tiles_read,
+            "tiles_per_chunk": g.tiles_per_chunk,
             "samples_per_chunk": g.sample_chunk_size,
             "chunk_bytes": int(g.chunk_nbytes),
-            "tile_bytes": int(g.stored_chunk_nbytes),
+            "tile_bytes": int(g.tile_nbytes),
+            "read_chunk": list(g.tile_chunks),
+            "shard_reads": "inner chunks by byte range" if g.sharded_reads else None,
             "stored_tile_bytes": None if stored_tile_bytes is None else stored_tile_bytes.get(label),
         }
     splits = {name: _split_row(plan, tiles_per_read) for name, plan in plans.items()}
     mine = splits[split]
     batch_bytes = knobs["batch_size"] * sum(g.sample_nbytes for g in rows.values())
-    tile_bytes = max(g.stored_chunk_nbytes for g in geometries.values())
-    inflight_bytes = knobs["max_inflight"] * tile_bytes  # one semaphore over every pass
+    tile_bytes = max(g.tile_nbytes for g in geometries.values())
+    auto = knobs["max_inflight"] == "auto"
+    inflight_tiles = auto_inflight_cap(tile_bytes) if auto else int(knobs["max_inflight"])
+    inflight_bytes = inflight_tiles * tile_bytes  # one set of permits over every pass
     ratios = [v["tile_bytes"] / v["stored_tile_bytes"] for v in variables.values() if v["stored_tile_bytes"]]
     wire = inflight_bytes / (sum(ratios) / len(ratios)) if ratios else None
     # queued + the one in assembly + the one the consumer holds (its buffer is not reused before)
     queue_bytes = iterations * (knobs["prefetch_depth"] + 2) * batch_bytes
     working = iterations * mine["working_set_bytes"]
+    ahead = 0
+    if auto and remote:
+        ahead = iterations * auto_read_ahead(plans[split], tiles_per_read, inflight_tiles)[0]
+        if budget_bytes is not None:  # granted as far as an explicit budget has room
+            ahead = max(0, min(ahead, int(budget_bytes) - working))
+    static_rows: dict[str, dict[str, Any]] = {
+        label: {
+            "path": f.path,
+            "selection": {a.name: a.text() for a in f.selection},
+            "shape": list(f.value_shape),
+            "dtype": str(f.dtype),
+            "bytes": int(f.nbytes),
+        }
+        for label, f in (statics or {}).items()
+    }
+    static_bytes = sum(r["bytes"] for r in static_rows.values())
+    # every index of a sharded array read by inner chunk is held once read: 16 bytes per inner chunk, at most
+    sharded = {g.path: g for g in geometries.values() if g.sharded_reads}
+    index_bytes = sum(
+        INDEX_ENTRY_BYTES * math.prod(-(-s // c) for s, c in zip(g.shape, g.tile_chunks)) for g in sharded.values()
+    )
     memory = {
         "iterations": iterations,
         "working_set_bytes": working,
-        "budget_bytes": working if budget_bytes is None else int(budget_bytes),
+        "read_ahead_bytes": ahead,
+        "budget_bytes": working + ahead if budget_bytes is None else int(budget_bytes),
         "budget": "auto" if budget_bytes is None else "explicit",
-        "inflight_tiles": knobs["max_inflight"],
+        "inflight_tiles": inflight_tiles,
+        "inflight_auto": auto,
         "inflight_bytes": int(inflight_bytes),
         "inflight_wire_bytes": None if wire is None else int(wire),
         "batch_bytes": int(batch_bytes),
         "queue_bytes": int(queue_bytes),
-        "total_bytes": int(working + inflight_bytes + queue_bytes),
+        "statics_bytes": int(static_bytes),
+        "shard_index_bytes": int(index_bytes),
+        "total_bytes": int(working + ahead + inflight_bytes + queue_bytes + static_bytes + index_bytes),
     }
     first = next(iter(geometries.values()))
     spc = first.sample_chunk_size
@@ -171,19 +257,34 @@ def describe_loader(
     if spc == 1:
         notes.append(
             "one sample per chunk: every GET serves one sample, so throughput is max_inflight / latency "
-            "samples per second at best; raise max_inflight"
+            "samples per second at best; "
+            + (f"max_inflight='auto' raises it up to {inflight_tiles}" if auto else "raise max_inflight")
         )
     if block_samples < MIN_BLOCK_SAMPLES_PER_BATCH * knobs["batch_size"]:
         notes.append(
             f"a shuffle block holds {block_samples} samples, under {MIN_BLOCK_SAMPLES_PER_BATCH} batches: "
             "raise block_chunks for a better shuffle"
         )
-    if math.prod(first.tile_grid) > 1:
-        notes.append(f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs that many GETs")
+    if first.tiles_read > 1:
+        notes.append(
+            f"chunks are split into {first.tiles_per_chunk} tiles: one sample-axis chunk costs {first.tiles_read} GETs"
+        )
+    for path, g in sharded.items():
+        notes.append(
+            f"{path!r} is sharded: its tiles are inner chunks {g.tile_chunks} of shards {g.stored_chunks}, read by "
+            f"byte range after each shard's index (one GET per shard, all of them at most {index_bytes / MB:.3f} MB held)"
+        )
+    for label, g in geometries.items():
+        if g.selection:
+            notes.append(
+                f"{label!r} reads {g.source}: {g.tiles_read} of {g.tiles_per_chunk} tiles per chunk, "
+                f"{g.chunk_nbytes / MB:.3f} of {g.sample_chunk_size * math.prod(g.field_shape) * g.itemsize / MB:.3f} "
+                "MB kept per chunk"
+            )
     if tile_bytes >= FAT_TILE_BYTES:
         notes.append(
             f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
-            f"max_inflight={knobs['max_inflight']} holds up to {inflight_bytes / MIB:.0f} MiB"
+            f"max_inflight={knobs['max_inflight']!r} holds up to {inflight_bytes / MIB:.0f} MiB"
         )
     for name, plan in plans.items():
         if plan.n_samples == 0:
@@ -198,10 +299,12 @@ def describe_loader(
         "store": store,
         "probed": stored_tile_bytes is not None,
         "variables": variables,
-        "knobs": {k: int(knobs[k]) for k in KNOBS},
+        "knobs": {k: knobs[k] if knobs[k] == "auto" else int(knobs[k]) for k in KNOBS},
         "split": split,
         "splits": splits,
         "memory": memory,
+        "statics": static_rows,
+        "left_out": dict(left_out or {}),
         "notes": notes,
         **({"ceiling": dict(ceiling)} if ceiling is not None else {}),
     }
@@ -253,6 +356,11 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"working    {_mb(mem['working_set_bytes'])} MB resident at most ({s['read_ahead_bound']} chunk reads{per}) — "
         f"the pool's floor and its automatic budget",
     ]
+    if mem.get("read_ahead_bytes"):
+        lines.append(
+            f"ahead      {_mb(mem['read_ahead_bytes'])} MB more read ahead (max_inflight=auto on a remote store: "
+            "the window fills while the current block is consumed)"
+        )
     if n > 1:
         lines.append(
             f"iterations {n} open at once: pool budget {n} × working = {_mb(mem['working_set_bytes'])} MB, "
@@ -261,13 +369,21 @@ def format_summary(info: Mapping[str, Any]) -> str:
     if mem["budget"] == "explicit":
         lines.append(f"budget     cache_budget_bytes = {_mb(mem['budget_bytes'])} MB")
     lines += [
-        f"in flight  {mem['inflight_tiles']} tiles at once ≤ {_mb(mem['inflight_bytes'])} MB decoded"
-        + (f" (~{_mb(wire)} MB on the wire)" if wire is not None else ""),
+        f"in flight  {'auto, up to ' if mem.get('inflight_auto') else ''}{mem['inflight_tiles']} tiles at once "
+        f"≤ {_mb(mem['inflight_bytes'])} MB decoded" + (f" (~{_mb(wire)} MB on the wire)" if wire is not None else ""),
         f"queue      {knobs['prefetch_depth']} batches ahead + 1 in assembly + 1 you hold{per} = {_mb(mem['queue_bytes'])} MB "
         f"({_mb(mem['batch_bytes'])} MB per batch)",
         f"memory     ≈ {_mb(mem['total_bytes'])} MB for the loader "
-        "(working set + in flight + queue), before the interpreter",
+        f"(working set{' + read ahead' if mem.get('read_ahead_bytes') else ''} + in flight + queue + statics), "
+        "before the interpreter",
     ]
+    for label, v in info.get("statics", {}).items():
+        picked = "".join(f" {k}={t}" for k, t in v["selection"].items())
+        lines.append(
+            f"static     {label}: {v['path']}{picked} {tuple(v['shape'])} {v['dtype']}, {_mb(v['bytes'])} MB once"
+        )
+    for path, why in info.get("left_out", {}).items():
+        lines.append(f"left out   {path}: {why}")
     ceiling = info.get("ceiling")
     if ceiling is not None:
         lines += _ceiling_lines(ceiling, knobs)

@@ -30,13 +30,16 @@ __all__ = [
 ]
 
 ReadKey = tuple[str, int]
-"""``(array_path, sample-axis chunk index)``: one residency unit (all of a chunk's tiles)."""
+"""``(source, sample-axis chunk index)``: one residency unit (what a chunk keeps of its tiles).
+
+The source is ``ArrayGeometry.source``: the array path, plus the selection when there is one.
+"""
 
 
 def valid_anchor_range(manifest: SplitManifest, variables: Mapping[str, ArrayGeometry]) -> tuple[int, int]:
-    """Anchors ``[lo, hi)`` for which every label's ``anchor + offset`` lies inside its array."""
+    """Anchors ``[lo, hi)`` for which every label's ``anchor + offset`` (every window step) lies inside its array."""
     n = manifest.n_samples
-    offsets = [g.offset for g in variables.values()]
+    offsets = [off for g in variables.values() for off in g.read_offsets]
     lo = max(0, -min(offsets))
     hi = min(n, n - max(offsets))
     return lo, max(lo, hi)
@@ -122,12 +125,14 @@ def epoch_order(
     Every valid anchor of the split appears exactly once; anchors whose window
     (``anchor + offset`` for some label) would read off its array are dropped,
     and so is a block left without any (it would plan no sample, only reads).
-    ``anchor_range`` further restricts anchors to ``[start, stop)``.
+    ``anchor_range`` further restricts anchors to ``[start, stop)``, as does
+    the split's own range in the manifest (a split cut at exact dates).
     """
     S = manifest.sample_chunk_size
     lo, hi = valid_anchor_range(manifest, variables)
-    if anchor_range is not None:
-        lo, hi = max(lo, int(anchor_range[0])), min(hi, int(anchor_range[1]))
+    for bounds in (anchor_range, manifest.split_range(split)):
+        if bounds is not None:
+            lo, hi = max(lo, int(bounds[0])), min(hi, int(bounds[1]))
     rng = np.random.default_rng([int(seed), int(epoch)])
     blocks = _block_order(np.asarray(manifest.chunks(split), dtype=np.int64), block_chunks, shuffle, rng)
     parts: list[np.ndarray] = []
@@ -197,9 +202,14 @@ def build_plan(
     S = manifest.sample_chunk_size
     anchors = order[:, 0] * S + order[:, 1]
     block_starts = np.asarray(block_starts, dtype=np.int64)
-    paths: dict[str, ArrayGeometry] = {}
+    sources: dict[str, ArrayGeometry] = {}  # labels with one source (path and selection) share its reads
     for g in variables.values():
-        paths.setdefault(g.path, g)
+        sources.setdefault(g.source, g)
+    read_offsets = {
+        source: sorted({off for v in variables.values() if v.source == source for off in v.read_offsets})
+        for source in sources
+    }
+    paths = {path: k for k, path in enumerate(dict.fromkeys(g.path for g in sources.values()))}
     index: dict[ReadKey, int] = {}
     reads: list[ReadKey] = []
     first: list[int] = []
@@ -209,25 +219,31 @@ def build_plan(
     for b in range(len(block_starts) - 1):
         a = anchors[block_starts[b] : block_starts[b + 1]]
         mine: list[int] = []
-        for path, g in paths.items():
-            offsets = sorted({v.offset for v in variables.values() if v.path == path})
-            chunk_ids = np.unique(np.concatenate([(a + off) // g.sample_chunk_size for off in offsets]))
-            for c in chunk_ids.tolist():
-                key = (path, int(c))
-                i = index.get(key)
-                if i is not None and release_per_block and last[i] < b - 1:
-                    i = None  # not used by the previous block: release it and revive it later
-                if i is None:
-                    i = len(reads)
-                    index[key] = i
-                    reads.append(key)
-                    first.append(b)
-                    last.append(b)
-                    nbytes.append(g.chunk_len(int(c)) * g.sample_nbytes)
-                else:
-                    last[i] = b
-                mine.append(i)
+        # (array, chunk, source): selections of one array chunk by chunk, so they share tile reads
+        wanted: list[tuple[int, int, int, str, ArrayGeometry]] = []
+        for order_of_source, (source, g) in enumerate(sources.items()):
+            chunk_ids = np.unique(np.concatenate([(a + off) // g.sample_chunk_size for off in read_offsets[source]]))
+            wanted.extend((paths[g.path], int(c), order_of_source, source, g) for c in chunk_ids.tolist())
+        for _, c, _, source, g in sorted(wanted, key=lambda w: w[:3]):
+            key = (source, c)
+            i = index.get(key)
+            if i is not None and release_per_block and last[i] < b - 1:
+                i = None  # not used by the previous block: release it and revive it later
+            if i is None:
+                i = len(reads)
+                index[key] = i
+                reads.append(key)
+                first.append(b)
+                last.append(b)
+                nbytes.append(g.chunk_len(c) * g.sample_nbytes)
+            else:
+                last[i] = b
+            mine.append(i)
         block_reads.append(tuple(mine))
+    if not release_per_block and len(sources) > len(paths):
+        reads, first, last, nbytes, block_reads = _read_chunks_together(
+            reads, first, last, nbytes, block_reads, {s: (paths[g.path], k) for k, (s, g) in enumerate(sources.items())}
+        )
     plan = EpochPlan(
         order=order,
         anchors=anchors,
@@ -246,6 +262,42 @@ def build_plan(
     object.__setattr__(plan, "working_set_bytes", ws)
     object.__setattr__(plan, "read_ahead_bound", bound)
     return plan
+
+
+def _read_chunks_together(
+    reads: list[ReadKey],
+    first: list[int],
+    last: list[int],
+    nbytes: list[int],
+    block_reads: list[tuple[int, ...]],
+    rank: Mapping[str, tuple[int, int]],
+) -> tuple[list[ReadKey], list[int], list[int], list[int], list[tuple[int, ...]]]:
+    """Admit every selection's read of one array chunk with the first of them, side by side.
+
+    Two selections of one array (``t[level=850]`` and ``t[level=[850, 500]]``)
+    are two sources with reads of their own, and a shift can make one need a
+    chunk blocks before the other. Admitted together, adjacent in admission
+    order, they share one read of each stored tile (``Want``); the later one
+    is then resident from the earlier block on, which the working set counts.
+    ``rank`` orders sources: ``(array index, source index)``.
+    """
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, (source, chunk) in enumerate(reads):
+        groups.setdefault((rank[source][0], chunk), []).append(i)
+    first = list(first)
+    for members in groups.values():
+        start = min(first[i] for i in members)
+        for i in members:
+            first[i] = start
+    order = sorted(range(len(reads)), key=lambda i: (first[i], rank[reads[i][0]][0], reads[i][1], rank[reads[i][0]][1]))
+    new_index = {old: new for new, old in enumerate(order)}
+    return (
+        [reads[i] for i in order],
+        [first[i] for i in order],
+        [last[i] for i in order],
+        [nbytes[i] for i in order],
+        [tuple(new_index[i] for i in mine) for mine in block_reads],
+    )
 
 
 def _peak_live(plan: EpochPlan) -> tuple[int, int]:

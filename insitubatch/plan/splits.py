@@ -1,7 +1,12 @@
-"""Chunk-granular train/val/test splits along the sample axis (leakage-safe).
+"""Train/val/test splits along the sample axis: the ``SplitManifest`` and ``split_by_chunk``.
 
-Whole stored chunks go to one split each, so no sample straddles a split
-boundary and every read serves exactly one split.
+A manifest assigns sample-axis chunks to splits. Chunk-granular splits
+(``split_by_chunk``, and ``split_by_time`` by default) give whole stored
+chunks to one split each, so no sample straddles a split boundary and every
+read serves exactly one split. A split may also carry an anchor range that
+restricts it to part of its chunks (``split_by_time(edges="exact")``): its
+first and last chunk are then read by the neighbouring split as well. A
+date split records its dates (``SplitDates``), which ``describe()`` prints.
 """
 
 from __future__ import annotations
@@ -11,18 +16,84 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..io.geometry import ArrayGeometry
 
-__all__ = ["SplitManifest", "split_by_chunk"]
+__all__ = ["DateRun", "SplitDates", "SplitManifest", "split_by_chunk"]
 
 DEFAULT_FRACTIONS = (0.8, 0.1, 0.1)
 DEFAULT_NAMES = ("train", "val", "test")
 # fractions are floats a user types; this much slack in their sum is rounding, not a mistake
 FRACTION_SUM_TOLERANCE = 1e-6
-MANIFEST_FORMAT = 1
+# JSON format of a manifest. Format 1 (chunk lists only) still loads, and a manifest
+# without anchor ranges or dates still saves as format 1, so the fingerprint a saved
+# position resumes against is the same as before format 2 existed.
+MANIFEST_FORMAT = 2
+CHUNK_ONLY_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class DateRun:
+    """Consecutive samples by date: the first and last date (ISO) and how many samples."""
+
+    first: str
+    last: str
+    samples: int
+
+    def __str__(self) -> str:
+        if self.samples == 1:
+            return f"{self.first} (1 sample)"
+        return f"{self.first} .. {self.last} ({self.samples} samples)"
+
+
+@dataclass(frozen=True)
+class SplitDates:
+    """One date split, as asked and as made.
+
+    ``start``/``stop`` are the bounds as written (inclusive, ``None`` open);
+    ``first``/``last`` the dates of the split's first and last sample;
+    ``dropped`` the runs of dates inside the bounds that the split leaves out
+    (chunks straddling a boundary, under ``edges="chunk"``);
+    ``shared_chunks`` the chunks another split reads too (``edges="exact"``).
+    """
+
+    start: str | None
+    stop: str | None
+    first: str | None
+    last: str | None
+    samples: int
+    dropped: tuple[DateRun, ...] = ()
+    shared_chunks: tuple[int, ...] = ()
+
+
+def _dates_to_json(d: SplitDates) -> dict[str, Any]:
+    return {
+        "start": d.start,
+        "stop": d.stop,
+        "first": d.first,
+        "last": d.last,
+        "samples": d.samples,
+        "dropped": [{"first": r.first, "last": r.last, "samples": r.samples} for r in d.dropped],
+        "shared_chunks": list(d.shared_chunks),
+    }
+
+
+def _dates_from_json(d: Mapping[str, Any]) -> SplitDates:
+    def text(v: Any) -> str | None:
+        return None if v is None else str(v)
+
+    return SplitDates(
+        start=text(d["start"]),
+        stop=text(d["stop"]),
+        first=text(d["first"]),
+        last=text(d["last"]),
+        samples=int(d["samples"]),
+        dropped=tuple(DateRun(str(r["first"]), str(r["last"]), int(r["samples"])) for r in d.get("dropped", ())),
+        shared_chunks=tuple(int(c) for c in d.get("shared_chunks", ())),
+    )
 
 
 @dataclass(frozen=True)
@@ -32,6 +103,10 @@ class SplitManifest:
     ``sample_chunk_size`` and ``n_samples`` describe the reference (anchor)
     grid the chunk indices refer to: chunk ``c`` holds anchors
     ``[c * sample_chunk_size, min((c + 1) * sample_chunk_size, n_samples))``.
+    ``sample_ranges`` restricts a split to the anchors ``[start, stop)`` of
+    its chunks (a split not listed has every anchor of its chunks). A date
+    split (``split_by_time``) also records the dimension it was cut along,
+    its ``edges`` rule and each split's ``SplitDates``.
     """
 
     array: str
@@ -42,6 +117,10 @@ class SplitManifest:
     fractions: tuple[float, ...]
     contiguous: bool
     seed: int
+    sample_ranges: tuple[tuple[str, tuple[int, int]], ...] = ()
+    dim: str | None = None
+    edges: str | None = None
+    dates: tuple[tuple[str, SplitDates], ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -60,36 +139,109 @@ class SplitManifest:
     def chunk_len(self, chunk_index: int) -> int:
         return min(self.sample_chunk_size, self.n_samples - chunk_index * self.sample_chunk_size)
 
+    def split_range(self, name: str) -> tuple[int, int] | None:
+        """The anchors ``[start, stop)`` split ``name`` is restricted to, or ``None`` for all of its chunks."""
+        self.chunks(name)  # raises KeyError naming the splits
+        for n, bounds in self.sample_ranges:
+            if n == name:
+                return bounds
+        return None
+
     def sample_indices(self, name: str) -> np.ndarray:
         """Every sample index (anchor) of split ``name``, ascending."""
         parts = [
             np.arange(c * self.sample_chunk_size, c * self.sample_chunk_size + self.chunk_len(c))
             for c in self.chunks(name)
         ]
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        out = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        bounds = self.split_range(name)
+        if bounds is not None:
+            out = out[(out >= bounds[0]) & (out < bounds[1])]
+        return out
+
+    def split_dates(self, name: str) -> SplitDates:
+        """What date split ``name`` asked for and holds.
+
+        Raises
+        ------
+        KeyError
+            No such split, or the manifest was not made by ``split_by_time``.
+        """
+        self.chunks(name)
+        for n, dates in self.dates:
+            if n == name:
+                return dates
+        raise KeyError(f"split {name!r} has no dates: the manifest was made by split_by_chunk, not split_by_time")
+
+    def describe(self) -> str:
+        """Each split's samples and chunks, and for a date split its first and last date, what it left out or shares."""
+        by = f" along {self.dim!r}" if self.dim else ""
+        head = f"SplitManifest of {self.array!r}: {self.n_samples} samples{by}, {self.sample_chunk_size} per chunk; "
+        if self.dates:
+            rule = {"chunk": "whole chunks only", "exact": "each sample by its own date"}.get(str(self.edges), "")
+            head += f"split by date, edges={self.edges!r} ({rule})"
+        else:
+            order = "contiguous" if self.contiguous else f"chunks permuted with seed={self.seed}"
+            head += f"split by chunk fractions {list(self.fractions)}, {order}"
+        lines = [head]
+        width = max(len(n) for n in self.names) if self.splits else 0
+        dates = dict(self.dates)
+        for name, chunks in self.splits:
+            samples = self.sample_indices(name)
+            count = f"{len(samples)} samples in {len(chunks)} chunks"
+            d = dates.get(name)
+            if d is None:
+                runs = self.contiguous or self.split_range(name) is not None
+                where = f"samples {samples[0]} .. {samples[-1]}: " if len(samples) and runs else ""
+                lines.append(f"  {name:<{width}}  {where}{count}")
+                continue
+            lines.append(
+                f"  {name:<{width}}  {d.first} .. {d.last}: {count} "
+                f"(asked {d.start or 'the start'} .. {d.stop or 'the end'})"
+            )
+            for run in d.dropped:
+                lines.append(f"  {'':<{width}}  left out {run}: in a chunk that straddles the split's boundary")
+            if len(d.shared_chunks) == 1:
+                lines.append(
+                    f"  {'':<{width}}  chunk {d.shared_chunks[0]} straddles a boundary: another split reads it too"
+                )
+            elif d.shared_chunks:
+                shared = ", ".join(str(c) for c in d.shared_chunks)
+                lines.append(f"  {'':<{width}}  chunks {shared} straddle boundaries: other splits read them too")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": MANIFEST_FORMAT,
-                "array": self.array,
-                "n_samples": self.n_samples,
-                "sample_chunk_size": self.sample_chunk_size,
-                "splits": {name: list(chunks) for name, chunks in self.splits},
-                "sample_range": list(self.sample_range),
-                "fractions": list(self.fractions),
-                "contiguous": self.contiguous,
-                "seed": self.seed,
-            },
-            sort_keys=False,
-        )
+        doc: dict[str, Any] = {
+            "format": MANIFEST_FORMAT,
+            "array": self.array,
+            "n_samples": self.n_samples,
+            "sample_chunk_size": self.sample_chunk_size,
+            "splits": {name: list(chunks) for name, chunks in self.splits},
+            "sample_range": list(self.sample_range),
+            "fractions": list(self.fractions),
+            "contiguous": self.contiguous,
+            "seed": self.seed,
+        }
+        if self.sample_ranges or self.dates:
+            doc["sample_ranges"] = {name: list(bounds) for name, bounds in self.sample_ranges}
+            doc["dim"] = self.dim
+            doc["edges"] = self.edges
+            doc["dates"] = {name: _dates_to_json(d) for name, d in self.dates}
+        else:
+            doc["format"] = CHUNK_ONLY_FORMAT
+        return json.dumps(doc, sort_keys=False)
 
     @classmethod
     def from_json(cls, text: str) -> SplitManifest:
         try:
             d = json.loads(text)
-            if d.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"manifest format {d.get('format')!r} is not the supported {MANIFEST_FORMAT}")
+            if d.get("format") not in (CHUNK_ONLY_FORMAT, MANIFEST_FORMAT):
+                raise ValueError(
+                    f"manifest format {d.get('format')!r} is not a supported one ({CHUNK_ONLY_FORMAT} or {MANIFEST_FORMAT})"
+                )
             return cls(
                 array=str(d["array"]),
                 n_samples=int(d["n_samples"]),
@@ -99,8 +251,12 @@ class SplitManifest:
                 fractions=tuple(float(f) for f in d["fractions"]),
                 contiguous=bool(d["contiguous"]),
                 seed=int(d["seed"]),
+                sample_ranges=tuple((str(k), (int(v[0]), int(v[1]))) for k, v in d.get("sample_ranges", {}).items()),
+                dim=None if d.get("dim") is None else str(d["dim"]),
+                edges=None if d.get("edges") is None else str(d["edges"]),
+                dates=tuple((str(k), _dates_from_json(v)) for k, v in d.get("dates", {}).items()),
             )
-        except (KeyError, TypeError, IndexError, json.JSONDecodeError) as exc:
+        except (KeyError, TypeError, IndexError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a SplitManifest JSON document: {exc}") from exc
 
     def save(self, path: str) -> None:

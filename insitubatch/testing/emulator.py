@@ -13,7 +13,13 @@ sockets and real HTTP:
 
 * **latency** — every request waits ``latency_s`` plus a uniform draw in
   ``[0, jitter_s]`` before the first byte of its response (time to first
-  byte), so ``latency_s`` is a floor.
+  byte), so ``latency_s`` is a floor; ``tail_s`` adds an exponential draw
+  of that mean (a heavy tail) and ``straggler_share`` of the requests wait
+  ``straggler_s`` more (see :mod:`insitubatch.testing.emulator_link`).
+* **throttling and silence** — ``throttle_share`` of GETs answered 503 with
+  an S3 ``SlowDown`` body (in bursts with ``throttle_period_s`` /
+  ``throttle_burst_s``); ``hold_share`` of GETs, and every GET of a key
+  matching ``hold_key``, never answered until the client gives up.
 * **bandwidth** — with ``bandwidth_bytes_per_s`` set, each body is written
   in slices of ``PACE_SLICE_BYTES`` no faster than that rate. One handler
   thread serves one keep-alive connection, so the cap is per connection,
@@ -47,9 +53,9 @@ stopped; :mod:`insitubatch.testing.emulator_cli` says how.
 (``python -m insitubatch.testing.emulator``) so that a benchmark's loader and the server do
 not share an interpreter; it is driven through two control endpoints the
 server answers without counting them: ``GET /_emulator/stats`` (JSON) and
-``POST /_emulator/reset``, plus ``POST /_emulator/config`` (JSON with any of
-``latency_s``, ``jitter_s``, ``bandwidth_bytes_per_s``). Faults are injected
-in-process only.
+``POST /_emulator/reset``, plus ``POST /_emulator/config`` (JSON with any
+link setting of :class:`~insitubatch.testing.emulator_link.LinkModel`).
+Faults are injected in-process only.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from __future__ import annotations
 import email.utils
 import http.server
 import json
+import math
 import os
 import random
 import re
@@ -79,6 +86,7 @@ from .emulator_http import (
     _Handler,
     _Server,
 )
+from .emulator_link import SLOWDOWN_BODY, LinkModel, wait_or_gone
 from .emulator_process import EmulatorProcess
 from .emulator_stats import DEFAULT_RETRY_AFTER_S, DEFAULT_STALL_S, EmulatorStats, Fault, KeyStats, _Counters
 
@@ -118,9 +126,12 @@ class Emulator:
         ``0`` picks a free port.
     seed
         Seeds the jitter and fault-probability draws.
+    **link
+        Any other link setting of :class:`~insitubatch.testing.emulator_link.LinkModel`
+        (``tail_s``, ``straggler_share``, ``throttle_share``, ``hold_key``, ...).
 
-    The three link settings are plain attributes and may be changed while
-    the server runs (each request reads them when it arrives).
+    :meth:`configure` changes the link settings while the server runs (each
+    request reads them when it arrives); ``emu.link`` holds them.
     """
 
     def __init__(
@@ -132,11 +143,13 @@ class Emulator:
         bandwidth_bytes_per_s: float | None = None,
         port: int = 0,
         seed: int = 0,
+        **link: Any,
     ) -> None:
         self.root = Path(root).resolve()
         if not self.root.is_dir():
             raise NotADirectoryError(f"root={str(root)!r} is not a directory")
-        self.configure(latency_s=latency_s, jitter_s=jitter_s, bandwidth_bytes_per_s=bandwidth_bytes_per_s)
+        self.link = LinkModel(seed)
+        self.configure(latency_s=latency_s, jitter_s=jitter_s, bandwidth_bytes_per_s=bandwidth_bytes_per_s, **link)
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self._counters = _Counters()
@@ -150,26 +163,15 @@ class Emulator:
         self._closed = False
 
     # -- configuration ----------------------------------------------------------
-    def configure(
-        self,
-        *,
-        latency_s: float | None = None,
-        jitter_s: float | None = None,
-        bandwidth_bytes_per_s: float | None | str = "unchanged",
-    ) -> None:
-        """Change the link settings; arguments left out keep their value."""
-        if latency_s is not None:
-            if latency_s < 0:
-                raise ValueError(f"{latency_s=} must be >= 0")
-            self.latency_s = float(latency_s)
-        if jitter_s is not None:
-            if jitter_s < 0:
-                raise ValueError(f"{jitter_s=} must be >= 0")
-            self.jitter_s = float(jitter_s)
-        if bandwidth_bytes_per_s != "unchanged":
-            if bandwidth_bytes_per_s is not None and float(bandwidth_bytes_per_s) <= 0:
-                raise ValueError(f"{bandwidth_bytes_per_s=} must be > 0, or None for unpaced")
-            self.bandwidth_bytes_per_s = None if bandwidth_bytes_per_s is None else float(bandwidth_bytes_per_s)
+    def configure(self, **settings: Any) -> dict[str, Any]:
+        """Change link settings (``latency_s``, ``jitter_s``, ``bandwidth_bytes_per_s``, ``tail_s``, ...).
+
+        Settings left out keep their value; returns them all. See
+        :class:`~insitubatch.testing.emulator_link.LinkModel` for the names
+        and what each does.
+        """
+        self.link.configure(**settings)
+        return self.link.settings()
 
     def url_for(self, path: str) -> str:
         """The URL of ``path`` (relative to ``root``) on this server."""
@@ -257,7 +259,13 @@ class Emulator:
                 self._status(h, 405, key)
                 return
             fault = self._pick_fault(key) if method == "GET" else None
-            self._wait_first_byte()
+            if not self._wait_first_byte(h, key, method):
+                h.close_connection = True
+                return
+            if method == "GET" and fault is None and self.link.throttled():
+                self._counters.throttle(key)
+                self._status(h, 503, key, body=SLOWDOWN_BODY)
+                return
             if fault is not None and fault.kind not in BODY_FAULTS:
                 self._counters.fault(key)
                 extra = {"Retry-After": str(fault.retry_after_s)} if fault.kind == "retry-after" else None
@@ -267,17 +275,30 @@ class Emulator:
         except _ClientGone:
             h.close_connection = True
 
-    def _wait_first_byte(self) -> None:
-        delay = self.latency_s
-        if self.jitter_s > 0:
-            with self._rng_lock:
-                delay += self._rng.uniform(0.0, self.jitter_s)
-        if delay > 0:
-            self._closing.wait(delay)
+    def _wait_first_byte(self, h: _Handler, key: str, method: str) -> bool:
+        """Hold the response back as the link says; False when the client (or the emulator) went first."""
+        if method == "GET" and self.link.held(key):
+            self._counters.hold(key)
+            wait_or_gone(h.connection, math.inf, self._closing)
+            self._counters.abandon(key)
+            return False
+        delay, straggler = self.link.first_byte_delay()
+        if straggler:
+            self._counters.straggle(key)
+        if delay <= 0:
+            return True
+        if wait_or_gone(h.connection, delay, self._closing):
+            return True
+        self._counters.abandon(key)
+        return False
 
-    def _status(self, h: _Handler, status: int, key: str, extra: dict[str, str] | None = None) -> None:
-        body = f"{status} {http.HTTPStatus(status).phrase}: {key}\n".encode()
-        self._send_headers(h, status, {"Content-Type": "text/plain", "Content-Length": str(len(body)), **(extra or {})})
+    def _status(
+        self, h: _Handler, status: int, key: str, extra: dict[str, str] | None = None, body: bytes | None = None
+    ) -> None:
+        if body is None:
+            body = f"{status} {http.HTTPStatus(status).phrase}: {key}\n".encode()
+        content_type = "application/xml" if body.startswith(b"<?xml") else "text/plain"
+        self._send_headers(h, status, {"Content-Type": content_type, "Content-Length": str(len(body)), **(extra or {})})
         if h.command != "HEAD":
             self._write(h, key, body, None)
 
@@ -323,10 +344,10 @@ class Emulator:
             body = f.read(stop - start)
         self._send_headers(h, status, headers)
         if fault is None:
-            self._write(h, key, body, self.bandwidth_bytes_per_s)
+            self._write(h, key, body, self.link.bandwidth_bytes_per_s)
             return
         self._counters.fault(key)
-        self._write(h, key, body[: len(body) // 2], self.bandwidth_bytes_per_s)
+        self._write(h, key, body[: len(body) // 2], self.link.bandwidth_bytes_per_s)
         h.close_connection = True
         if fault.kind == "reset":
             # linger 0: close() sends RST instead of FIN
@@ -379,16 +400,9 @@ class Emulator:
             except (TypeError, ValueError) as exc:
                 self._reply_json(h, {"error": str(exc)}, status=400)
                 return
-            self._reply_json(h, self._settings())
+            self._reply_json(h, self.link.settings())
         else:
             self._reply_json(h, {"error": f"unknown control request {method} {action!r}"}, status=404)
-
-    def _settings(self) -> dict[str, Any]:
-        return {
-            "latency_s": self.latency_s,
-            "jitter_s": self.jitter_s,
-            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
-        }
 
     def _reply_json(self, h: _Handler, payload: Any, status: int = 200) -> None:
         body = json.dumps(payload).encode()

@@ -2,8 +2,10 @@
 
 The child answers two control endpoints without counting them:
 ``GET /_emulator/stats`` (JSON) and ``POST /_emulator/reset``, plus
-``POST /_emulator/config`` (JSON with any of ``latency_s``, ``jitter_s``,
-``bandwidth_bytes_per_s``).
+``POST /_emulator/config`` (JSON with any link setting of
+:class:`~insitubatch.testing.emulator_link.LinkModel`: ``latency_s``,
+``jitter_s``, ``bandwidth_bytes_per_s``, ``tail_s``, ``straggler_share``,
+``throttle_share``, ``hold_key``, ...).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,7 @@ class EmulatorProcess:
         jitter_s: float = DEFAULT_JITTER_S,
         bandwidth_bytes_per_s: float | None = None,
         seed: int = 0,
+        **link: Any,
     ) -> None:
         self.root = Path(root).resolve()
         cmd = [
@@ -66,6 +70,12 @@ class EmulatorProcess:
         self.url = self._read_url()
         self.port = int(self.url.rsplit(":", 1)[1])
         self._closed = False
+        if link:  # the heavy tail, stragglers, throttling and holds go over the control endpoint
+            try:
+                self.configure(**link)
+            except Exception:
+                self.close()
+                raise
 
     def _read_url(self) -> str:
         result: list[str] = []
@@ -101,8 +111,14 @@ class EmulatorProcess:
         self._call("POST", "reset", {})
 
     def configure(self, **settings: Any) -> dict[str, Any]:
-        """Change ``latency_s``, ``jitter_s`` and/or ``bandwidth_bytes_per_s`` in the child."""
-        return self._call("POST", "config", settings)
+        """Change link settings in the child (any ``Emulator.configure`` keyword); returns them all.
+
+        Raises ``ValueError`` naming the child's complaint for a bad name or value.
+        """
+        try:
+            return self._call("POST", "config", settings)
+        except urllib.error.HTTPError as exc:
+            raise ValueError(json.loads(exc.read() or b"{}").get("error", str(exc))) from exc
 
     def close(self) -> None:
         """Stop the child (SIGTERM, its stdin closed too), kill it if it does not exit. Idempotent."""

@@ -49,11 +49,17 @@ class KeyStats:
     heads: int = 0
     bytes_sent: int = 0
     faults: int = 0
+    abandoned: int = 0  # requests the client gave up on before the first byte
 
 
 @dataclass(frozen=True)
 class EmulatorStats:
-    """A snapshot of the server's counters (control requests excluded)."""
+    """A snapshot of the server's counters (control requests excluded).
+
+    ``throttled``, ``held`` and ``stragglers`` count what the link model
+    did (503 SlowDown answers, GETs never answered, late answers);
+    ``abandoned`` counts requests whose client left before the first byte.
+    """
 
     requests: int = 0
     gets: int = 0
@@ -61,6 +67,10 @@ class EmulatorStats:
     bytes_sent: int = 0
     faults: int = 0
     not_found: int = 0
+    throttled: int = 0
+    held: int = 0
+    stragglers: int = 0
+    abandoned: int = 0
     keys: Mapping[str, KeyStats] = field(default_factory=dict)
 
     def gets_where(self, predicate: Any) -> int:
@@ -91,12 +101,13 @@ class _Counters:
 
     def reset(self) -> None:
         self.requests = self.gets = self.heads = self.bytes_sent = self.faults = self.not_found = 0
-        self.keys: dict[str, list[int]] = {}  # key -> [gets, heads, bytes_sent, faults]
+        self.throttled = self.held = self.stragglers = self.abandoned = 0
+        self.keys: dict[str, list[int]] = {}  # key -> [gets, heads, bytes_sent, faults, abandoned]
 
     def _row(self, key: str) -> list[int]:
         row = self.keys.get(key)
         if row is None:
-            row = self.keys[key] = [0, 0, 0, 0]
+            row = self.keys[key] = [0, 0, 0, 0, 0]
         return row
 
     def request(self, key: str, method: str) -> None:
@@ -124,6 +135,25 @@ class _Counters:
         with self.lock:
             self.not_found += 1
 
+    def throttle(self, key: str) -> None:
+        with self.lock:
+            self.throttled += 1
+            self.faults += 1
+            self._row(key)[3] += 1
+
+    def hold(self, key: str) -> None:
+        with self.lock:
+            self.held += 1
+
+    def straggle(self, key: str) -> None:
+        with self.lock:
+            self.stragglers += 1
+
+    def abandon(self, key: str) -> None:
+        with self.lock:
+            self.abandoned += 1
+            self._row(key)[4] += 1
+
     def snapshot(self) -> EmulatorStats:
         with self.lock:
             return EmulatorStats(
@@ -133,5 +163,9 @@ class _Counters:
                 bytes_sent=self.bytes_sent,
                 faults=self.faults,
                 not_found=self.not_found,
+                throttled=self.throttled,
+                held=self.held,
+                stragglers=self.stragglers,
+                abandoned=self.abandoned,
                 keys={k: KeyStats(*row) for k, row in self.keys.items()},
             )

@@ -147,8 +147,8 @@ def _run_write_status(args: argparse.Namespace) -> int:
     for note in notes:
         print(note)
     print(f"group {status.group!r}: extent {status.extent}, alignment {status.alignment}")
-    print("completed: " + (", ".join(f"[{a}, {b})" for a, b in status.completed) or "none"))
-    print("remaining: " + (", ".join(f"[{a}, {b})" for a, b in status.remaining) or "none"))
+    print("completed: " + (", ".join(status.describe(a, b) for a, b in status.completed) or "none"))
+    print("remaining: " + (", ".join(status.describe(a, b) for a, b in status.remaining) or "none"))
     print(f"claims: {len(status.claims)} ({len(status.stale_claims)} stale)")
     for claim in status.claims:
         print(f"  {claim.describe(status.now)}")

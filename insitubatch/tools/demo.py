@@ -52,6 +52,9 @@ DEMO_MAX_INFLIGHT = 16
 BUDGET_CHOICES = ("split", "auto")
 SPLIT_BUDGET_FACTOR = 2
 MB = 1e6
+# The time coordinate: 6-hourly steps from ERA5's first date, CF-encoded (decoded to dates when read).
+DEMO_TIME_UNITS = "hours since 1979-01-01 00:00:00"
+DEMO_STEP_HOURS = 6
 
 
 def _consolidated(path: Path) -> bool:
@@ -83,7 +86,15 @@ def write_demo_dataset(
     root = zarr.open_group(path, mode="w")
     n, ny, nx = shape
     t = np.arange(n, dtype="i8")
-    root.create_array("time", shape=(n,), chunks=(n,), dtype="i8", dimension_names=("time",))[:] = t
+    time_axis = root.create_array(
+        "time",
+        shape=(n,),
+        chunks=(n,),
+        dtype="i8",
+        dimension_names=("time",),
+        attributes={"units": DEMO_TIME_UNITS, "calendar": "proleptic_gregorian"},  # as xarray writes ERA5's
+    )
+    time_axis[:] = t * DEMO_STEP_HOURS
     lat = np.linspace(-87.2, 87.2, ny).astype("f4")
     lon = np.linspace(0, 354.4, nx).astype("f4")
     root.create_array("lat", shape=(ny,), chunks=(ny,), dtype="f4", dimension_names=("lat",))[:] = lat

@@ -22,18 +22,21 @@ from __future__ import annotations
 import argparse
 import inspect as _pyinspect
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from zarr.abc.store import Store
 
 from .._zarr_compat import sync
 from ..io.geometry import ArrayGeometry
-from ..io.group import open_geometries
+from ..io.group import open_geometries, scan_group
 from ..io.owned import close_store
+from ..io.statics import StaticField
 from ..io.stores import as_store, obstore_store
+from ..io.sync_get import _sync_get
 from ..plan.cost import READ_AHEAD_SHARE, describe_loader, format_summary, read_ceiling
 from ..plan.epoch import EpochPlan, plan_epoch
 from ..plan.splits import DEFAULT_FRACTIONS, SplitManifest, split_by_chunk
+from .selection_args import parse_selection, select
 from .store_args import URL_HELP, add_store_options, store_options
 
 __all__ = ["add_inspect_parser", "inspect_store", "run_inspect"]
@@ -54,6 +57,10 @@ def _dataset_defaults() -> dict[str, Any]:
     return {k: params[k].default for k in ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")}
 
 
+def _int_or_auto(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
 def _stored_nbytes(store: Store, g: ArrayGeometry) -> int | None:
     """Encoded size of the variable's first stored chunk; ``None`` if it is missing or unknowable."""
     key = g.chunk_key(g.physical_chunk_coord(0, 0))
@@ -70,7 +77,7 @@ def inspect_store(
     *,
     batch_size: int | None = None,
     block_chunks: int | None = None,
-    max_inflight: int | None = None,
+    max_inflight: int | Literal["auto"] | None = None,
     prefetch_depth: int | None = None,
     iterations: int = 1,
     variables: Sequence[str] | None = None,
@@ -81,6 +88,8 @@ def inspect_store(
     probe: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     latency_ms: float | None = None,
+    isel: Mapping[str, Any] | None = None,
+    sel: Mapping[str, Any] | None = None,
 ) -> str:
     """A human-readable summary of a store's variables and of an epoch's cost for the given knobs.
 
@@ -90,6 +99,7 @@ def inspect_store(
         A zarr ``Store`` or a URL / path (opened read-only with ``obstore_store``).
     batch_size, block_chunks, max_inflight, prefetch_depth
         The loader knobs; ``None`` takes ``InSituDataset``'s default.
+        ``max_inflight="auto"`` states the in-flight memory at its cap.
     iterations
         Passes of this size open at once (``zip(ds.train, ds.val)`` is 2):
         each adds its working set to the automatic budget and its batches.
@@ -108,6 +118,10 @@ def inspect_store(
         A link's time to first byte per GET: adds the read ceiling these
         knobs allow on it, and the ``max_inflight`` or ``block_chunks`` that
         would lift it.
+    isel, sel
+        Selections on field dimensions, applied to every variable and static
+        field that has the dimension (as xarray's ``Dataset.isel``/``sel``):
+        what is read, and what it costs, is then the selection's.
 
     Returns
     -------
@@ -118,7 +132,8 @@ def inspect_store(
     ------
     ValueError
         No data variables; variables whose sample-axis lengths differ; a bad
-        knob or ``latency_ms``.
+        knob or ``latency_ms``; a selection's dimension that no array has, or
+        a label not in its coordinate.
     StoreReadError
         The store failed, or cannot list and has no consolidated metadata
         while ``variables`` is not given.
@@ -132,6 +147,8 @@ def inspect_store(
     }
     knobs = {k: defaults[k] if v is None else v for k, v in given.items()}
     for name, value in (*knobs.items(), ("iterations", iterations)):
+        if name == "max_inflight" and value == "auto":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
     if latency_ms is not None and not latency_ms > 0:
@@ -143,28 +160,53 @@ def inspect_store(
     else:
         store = as_store(url_or_store)
     try:
-        return _describe(
-            store, url_or_store, knobs, iterations, variables, sample_axis, group, split, fractions, probe, latency_ms
-        )
+        where = url_or_store if isinstance(url_or_store, str) else type(url_or_store).__name__
+        arrays = _arrays(store, variables, sample_axis, group, isel, sel)
+        return _describe(store, where, arrays, knobs, iterations, split, fractions, probe, latency_ms)
     finally:
         if opened:
             close_store(store)
 
 
-def _describe(
+def _arrays(
     store: Store,
-    where: Any,
-    knobs: dict[str, int],
-    iterations: int,
     variables: Sequence[str] | None,
     sample_axis: int,
     group: str,
+    isel: Mapping[str, Any] | None,
+    sel: Mapping[str, Any] | None,
+) -> tuple[dict[str, ArrayGeometry], dict[str, StaticField], dict[str, str]]:
+    """The variables and static fields to describe (selected), and what a listing left out with why."""
+    statics: dict[str, StaticField] = {}
+    left_out: dict[str, str] = {}
+    if variables is None:  # what InSituDataset(variables=None) would take, and what it would leave
+        contents = scan_group(store, sample_axis=sample_axis, group=group)
+        if not contents.variables:
+            open_geometries(store, sample_axis=sample_axis, group=group)  # raises, naming what the group holds
+        geoms, statics, left_out = dict(contents.variables), dict(contents.statics), contents.left_out()
+    else:
+        geoms = open_geometries(store, sample_axis=sample_axis, variables=variables, group=group)
+    if isel or sel:
+        picked = select({**geoms, **statics}, isel, sel)
+        geoms = {p: picked[p] for p in geoms}
+        statics = {p: picked[p] for p in statics}
+    for path in statics:
+        left_out.pop(path, None)  # listed as a static field instead
+    return geoms, statics, left_out
+
+
+def _describe(
+    store: Store,
+    where: str,
+    arrays: tuple[dict[str, ArrayGeometry], dict[str, StaticField], dict[str, str]],
+    knobs: dict[str, Any],
+    iterations: int,
     split: str,
     fractions: Any,
     probe: bool,
     latency_ms: float | None,
 ) -> str:
-    geoms = open_geometries(store, sample_axis=sample_axis, variables=variables, group=group)
+    geoms, statics, left_out = arrays
     lengths = {p: g.n_samples for p, g in geoms.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"variables have different sample-axis lengths {lengths}; inspect them one at a time")
@@ -172,17 +214,19 @@ def _describe(
     manifest = split_by_chunk(first, fractions=fractions)
     plan = _plan(manifest, split, geoms, knobs, knobs["block_chunks"])
     stored = {p: _stored_nbytes(store, g) for p, g in geoms.items()} if probe else None
-    label = where if isinstance(where, str) else type(where).__name__
     ceiling = None if latency_ms is None else _ceiling(manifest, split, geoms, knobs, plan, latency_ms / 1e3)
     info = describe_loader(
         geoms,
         {split: plan},
         knobs,
         split=split,
-        store=label,
+        store=where,
         stored_tile_bytes=stored,
         iterations=iterations,
         ceiling=ceiling,
+        statics=statics,
+        left_out=left_out,
+        remote=_sync_get(store) is None,
     )
     return format_summary(info)
 
@@ -224,7 +268,7 @@ def _ceiling(
             ceiling["suggest"] = {"split_chunks": n_chunks, "usable_inflight": int(ceiling["in_flight"])}
     else:
         usable = int(ceiling["window_gets"] // READ_AHEAD_SHARE)
-        if usable > knobs["max_inflight"]:
+        if knobs["max_inflight"] != "auto" and usable > knobs["max_inflight"]:  # (auto rises to it by itself)
             lifted = read_ceiling(plan, geoms, usable, latency_s)
             tile_bytes = max(g.stored_chunk_nbytes for g in geoms.values())
             ceiling["suggest"] = {
@@ -247,7 +291,7 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
     for knob, default in _dataset_defaults().items():
         parser.add_argument(
             f"--{knob.replace('_', '-')}",
-            type=int,
+            type=_int_or_auto if knob == "max_inflight" else int,
             default=default,
             help=f"{KNOB_HELP[knob]} (default: {default}, InSituDataset's)",
         )
@@ -267,6 +311,20 @@ def add_inspect_parser(subparsers: Any) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         help="array paths; naming them skips listing (default: every data variable)",
+    )
+    parser.add_argument(
+        "--isel",
+        action="append",
+        metavar="DIM=POS",
+        help="positions on a field dimension, e.g. --isel level=0,3 or --isel latitude=::-1 (repeatable; "
+        "applies to every array with DIM; default: none)",
+    )
+    parser.add_argument(
+        "--sel",
+        action="append",
+        metavar="DIM=LABEL",
+        help="labels of a field dimension's coordinate, e.g. --sel level=500,850 or --sel latitude=60:30 "
+        "(repeatable; default: none)",
     )
     parser.add_argument("--sample-axis", type=int, default=0, help="the axis samples are drawn along (default: 0)")
     parser.add_argument("--group", default="", help="group inside the store (default: root)")
@@ -299,6 +357,8 @@ def run_inspect(args: argparse.Namespace) -> int:
             probe=args.probe,
             storage_options=store_options(args),
             latency_ms=args.latency_ms,
+            isel=parse_selection(args.isel, "--isel"),
+            sel=parse_selection(args.sel, "--sel"),
         )
     )
     return 0

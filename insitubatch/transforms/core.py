@@ -113,14 +113,26 @@ def pipeline_for(transforms: Sequence[ChunkTransform], path: str) -> tuple[Chunk
 
 
 def _with_inner(geometry: ArrayGeometry, inner: Sequence[int], dtype: np.dtype) -> ArrayGeometry:
-    """``geometry`` with its inner (field) axes and dtype replaced; the sample axis is kept."""
+    """``geometry`` with its inner (field) axes and dtype replaced; the sample axis is kept.
+
+    A selection is consumed (the new field is what the transform made of the
+    selected block); the result still names the source its rows come from.
+    """
     inner = [int(x) for x in inner]
     axis = min(geometry.sample_axis, len(inner))
     n, size = geometry.n_samples, geometry.sample_chunk_size
     shape = (*inner[:axis], n, *inner[axis:])
     stored = (*inner[:axis], size, *inner[axis:])
     return dataclasses.replace(
-        geometry, shape=shape, chunks=stored, stored_chunks=stored, dtype=np.dtype(dtype), sample_axis=axis
+        geometry,
+        shape=shape,
+        chunks=stored,
+        stored_chunks=stored,
+        dtype=np.dtype(dtype),
+        sample_axis=axis,
+        selection=(),
+        dimension_names=None,
+        origin=geometry.source,
     )
 
 

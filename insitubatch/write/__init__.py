@@ -20,9 +20,10 @@ from typing import Any
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, ClaimInfo, CoverageRecord
 from .layout import IndexedArray, WriteLayout, create_layout, diff_layout, read_layout
 from .runner import RunReport, SlotOutcome, run_plan, run_slot
-from .slots import SlotPlan, SlotRange, assigned_ranges, plan_slots, task_index_from_env
+from .slots import SlotPlan, SlotRange, plan_slots
 from .spec import LayoutSpec, OutputArray
 from .status import WriteStatus, clear_coverage, clear_stale_claims, write_status
+from .tasks import assigned_ranges, task_index_from_env
 from .writer import SlotWriter
 
 __all__ = [  # sorted

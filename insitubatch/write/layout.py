@@ -2,10 +2,12 @@
 
 Parallel writers never append. A coordinator calls :func:`create_layout` once,
 which creates each array at its final shape along the indexed axis (the
-extent never changes during the run), and records in the group's attributes
-which arrays are indexed and on which axis. Workers and the planner read that
-record back with :func:`read_layout`, recomputing chunk and shard lengths from
-the arrays themselves so the alignment they enforce is the stored truth.
+extent never changes during the run), writes the spec's coordinate arrays,
+and records in the group's attributes which arrays are indexed, on which
+axis, and which coordinate labels that axis. Workers and the planner read
+that record back with :func:`read_layout`, recomputing chunk and shard
+lengths from the arrays themselves so the alignment they enforce is the
+stored truth.
 """
 
 from __future__ import annotations
@@ -13,15 +15,17 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 import zarr
 import zarr.errors
 from zarr.abc.store import Store
 from zarr.storage import MemoryStore
 
 from ..errors import LayoutMismatchError, SlotAlignmentError
+from .coords import IndexCoordinate, read_index_coordinate
 from .spec import LayoutSpec, OutputArray
 
 __all__ = ["IndexedArray", "WriteLayout", "create_layout", "diff_layout", "read_layout"]
@@ -30,6 +34,8 @@ __all__ = ["IndexedArray", "WriteLayout", "create_layout", "diff_layout", "read_
 LAYOUT_ATTRIBUTE = "insitubatch.write"
 # Version of the layout record's schema, bumped on incompatible change.
 LAYOUT_VERSION = 1
+# Record key naming the coordinate array of the index axis (only when the spec has one).
+INDEX_COORD = "index_coord"
 
 
 @dataclass(frozen=True)
@@ -50,11 +56,12 @@ class IndexedArray:
 
 @dataclass(frozen=True)
 class WriteLayout:
-    """The layout record of a group as stored: extent, indexed arrays, alignment."""
+    """The layout record of a group as stored: extent, indexed arrays, alignment, and the index coordinate if any."""
 
     group: str
     extent: int
     arrays: tuple[IndexedArray, ...]
+    coord: IndexCoordinate | None = field(default=None, compare=False, repr=False)
 
     @property
     def alignment(self) -> int:
@@ -142,7 +149,10 @@ def _expected_summary(spec: OutputArray) -> dict[str, Any]:
 
 
 def _layout_record(spec: LayoutSpec) -> dict[str, Any]:
-    return {"version": LAYOUT_VERSION, "extent": spec.extent, "indexed": spec.indexed}
+    record: dict[str, Any] = {"version": LAYOUT_VERSION, "extent": spec.extent, "indexed": spec.indexed}
+    if spec.index_coord is not None:  # absent otherwise, so records written before coordinates still match
+        record[INDEX_COORD] = spec.index_coord
+    return record
 
 
 def _compare(name: str, stored: dict[str, Any], expected: dict[str, Any]) -> list[str]:
@@ -172,7 +182,9 @@ def _diff(root: zarr.Group, spec: LayoutSpec) -> tuple[list[str], list[OutputArr
     """Differences between ``root`` and ``spec``, and the spec arrays not yet created."""
     lines: list[str] = []
     missing: list[OutputArray] = []
-    for array_spec in spec.arrays:
+    recorded = root.attrs.get(LAYOUT_ATTRIBUTE)
+    stored_values = {c.name: values for c, values in spec.coordinate_arrays()}
+    for array_spec in (*spec.arrays, *(c for c, _ in spec.coordinate_arrays())):
         node = root.get(array_spec.name)
         if node is None:
             missing.append(array_spec)
@@ -180,16 +192,29 @@ def _diff(root: zarr.Group, spec: LayoutSpec) -> tuple[list[str], list[OutputArr
             lines.append(f"{array_spec.name}: is a group in the store but an array in the spec")
         else:
             lines.extend(_compare(array_spec.name, _summary(node), _expected_summary(array_spec)))
-    recorded = root.attrs.get(LAYOUT_ATTRIBUTE)
+            if recorded is not None and array_spec.name in stored_values:  # filled before the record was written
+                lines.extend(_compare_coordinate(node, spec.coords[array_spec.name]))
     expected = _layout_record(spec)
     if recorded is not None and recorded != json.loads(json.dumps(expected)):
         have = recorded if isinstance(recorded, Mapping) else {}  # a record that is no object matches no key
-        for key in expected:
-            if have.get(key) != json.loads(json.dumps(expected[key])):
+        for key in dict.fromkeys([*expected, INDEX_COORD]):
+            if have.get(key) != json.loads(json.dumps(expected.get(key))):
                 lines.append(
-                    f"layout record: {key} is {have.get(key)!r} in the store but {expected[key]!r} in the spec"
+                    f"layout record: {key} is {have.get(key)!r} in the store but {expected.get(key)!r} in the spec"
                 )
     return lines, missing
+
+
+def _compare_coordinate(node: zarr.Array, values: np.ndarray) -> list[str]:
+    """A line when the coordinate stored in ``node`` differs from the spec's ``values``."""
+    have = read_index_coordinate(node)
+    if have.values.shape == values.shape and bool(np.all(have.values == values)):
+        return []
+    want = IndexCoordinate(have.name, values)
+    return [
+        f"{have.name}: coordinate values are {have.describe(0, len(have.values))} in the store but "
+        f"{want.describe(0, len(values))} in the spec"
+    ]
 
 
 def diff_layout(store: Store, spec: LayoutSpec, *, group: str = "") -> tuple[str, ...]:
@@ -266,10 +291,23 @@ def create_layout(store: Store, spec: LayoutSpec, *, group: str = "") -> zarr.Gr
         lines, _ = _diff(root, spec)
         if lines:
             raise _mismatch(group, lines)
+    if root.attrs.get(LAYOUT_ATTRIBUTE) is None:
+        _write_coordinates(root, spec)  # before the record: a recorded layout always holds its coordinates
     record = json.loads(json.dumps(_layout_record(spec)))
     if root.attrs.get(LAYOUT_ATTRIBUTE) != record:
         root.update_attributes({LAYOUT_ATTRIBUTE: record})
     return root
+
+
+def _write_coordinates(root: zarr.Group, spec: LayoutSpec) -> None:
+    """Store each coordinate's values and CF attributes (idempotent: coordinators racing write the same)."""
+    for array_spec, values in spec.coordinate_arrays():
+        node = root[array_spec.name]
+        assert isinstance(node, zarr.Array)  # _diff refused anything else
+        if dict(node.attrs) != dict(array_spec.attributes):
+            node.update_attributes(dict(array_spec.attributes))
+        if not np.array_equal(node[...], values):
+            node[...] = values
 
 
 def _mismatch(group: str, lines: list[str]) -> LayoutMismatchError:
@@ -323,4 +361,12 @@ def read_layout(store: Store, group: str = "") -> WriteLayout:
             )
         shard = None if node.shards is None else int(node.shards[axis])
         arrays.append(IndexedArray(name, int(axis), tuple(node.shape), int(node.chunks[axis]), shard))
-    return WriteLayout(group=group, extent=extent, arrays=tuple(arrays))
+    coord = None
+    if record.get(INDEX_COORD) is not None:
+        node = root.get(record[INDEX_COORD])
+        if not isinstance(node, zarr.Array) or node.shape != (extent,):
+            raise LayoutMismatchError(
+                f"the index coordinate {record[INDEX_COORD]!r} of group={group!r} is missing or no longer {extent} long"
+            )
+        coord = read_index_coordinate(node)
+    return WriteLayout(group=group, extent=extent, arrays=tuple(arrays), coord=coord)

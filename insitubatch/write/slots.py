@@ -4,8 +4,10 @@
 half-open ranges whose boundaries fall on multiples of the layout's alignment
 (the LCM of every indexed array's chunk and shard length), so no two ranges
 touch the same stored object. The plan serialises to JSON with the
-environment a scheduler hands each task, and a task finds its range(s) from
-its scheduler's index variable (:func:`assigned_ranges`).
+environment a scheduler hands each task; a task finds its range(s) from its
+scheduler's index variable (``write.tasks``). When the layout stores the index
+axis's coordinate, every range also carries the coordinate of its first and
+last index.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from zarr.abc.store import Store
 
 from ..errors import SlotAlignmentError, SlotPlanBlockedError
 from ._intervals import Interval, merge, overlaps, subtract
+from .coords import IndexCoordinate
 from .layout import WriteLayout, read_layout
 from .status import write_status
 
@@ -33,9 +36,7 @@ __all__ = [
     "TASK_INDEX_VARIABLES",
     "SlotPlan",
     "SlotRange",
-    "assigned_ranges",
     "plan_slots",
-    "task_index_from_env",
 ]
 
 # Environment a scheduler passes to one worker task.
@@ -58,10 +59,16 @@ PLAN_VERSION = 1
 
 @dataclass(frozen=True, order=True)
 class SlotRange:
-    """A half-open index range ``[start, stop)`` one worker owns."""
+    """A half-open index range ``[start, stop)`` one worker owns.
+
+    ``first``/``last`` are the index coordinate at its first and last index
+    (as text), when the layout stores one.
+    """
 
     start: int
     stop: int
+    first: str | None = field(default=None, compare=False)
+    last: str | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
@@ -76,8 +83,10 @@ class SlotRange:
         return env
 
 
-def _ranges(pairs: Any) -> tuple[SlotRange, ...]:
-    return tuple(SlotRange(int(a), int(b)) for a, b in pairs)
+def _ranges(pairs: Any, coord: IndexCoordinate | None = None) -> tuple[SlotRange, ...]:
+    """Ranges from ``(start, stop)`` pairs, labelled by ``coord`` when given."""
+    spans = [(int(a), int(b)) for a, b in pairs]
+    return tuple(SlotRange(a, b, *(coord.span(a, b) if coord is not None else (None, None))) for a, b in spans)
 
 
 @dataclass(frozen=True)
@@ -161,7 +170,7 @@ class SlotPlan:
             "task_index_variables": [name for name, _ in TASK_INDEX_VARIABLES],
             "slurm_array": f"0-{n - 1}" if n else None,
             "ranges": [
-                {"task": i, "start": r.start, "stop": r.stop, "env": r.env(self.group, self.store_url)}
+                {"task": i, "start": r.start, "stop": r.stop, **_labels(r), "env": r.env(self.group, self.store_url)}
                 for i, r in enumerate(self.ranges)
             ],
             "completed": [[r.start, r.stop] for r in self.completed],
@@ -183,7 +192,9 @@ class SlotPlan:
             extent=int(data["extent"]),
             alignment=int(data["alignment"]),
             slot_size=int(data["slot_size"]),
-            ranges=_ranges((r["start"], r["stop"]) for r in data["ranges"]),
+            ranges=tuple(
+                SlotRange(int(r["start"]), int(r["stop"]), r.get("first"), r.get("last")) for r in data["ranges"]
+            ),
             indexed={k: int(v) for k, v in data.get("indexed", {}).items()},
             completed=_ranges(data.get("completed", ())),
             in_progress=_ranges(data.get("in_progress", ())),
@@ -204,6 +215,10 @@ class SlotPlan:
     def load(cls, path: str | os.PathLike[str]) -> SlotPlan:
         """Read a plan saved by :meth:`save`."""
         return cls.from_json(Path(path).read_text())
+
+
+def _labels(r: SlotRange) -> dict[str, str]:
+    return {} if r.first is None else {"first": r.first, "last": str(r.last)}
 
 
 def _by_size(gaps: list[Interval], step: int) -> list[Interval]:
@@ -320,11 +335,11 @@ def plan_slots(
         extent=layout.extent,
         alignment=alignment,
         slot_size=size,
-        ranges=_ranges(ranges),
+        ranges=_ranges(ranges, layout.coord),
         indexed={a.name: a.axis for a in layout.arrays},
-        completed=_ranges(completed),
-        in_progress=_ranges(busy),
-        stale=_ranges(r for r in stale if any(overlaps(r, g) for g in ranges)),
+        completed=_ranges(completed, layout.coord),
+        in_progress=_ranges(busy, layout.coord),
+        stale=_ranges((r for r in stale if any(overlaps(r, g) for g in ranges)), layout.coord),
         store_url=store_url,
     )
 
@@ -374,73 +389,3 @@ def _blocked(
         "must finish first, or be cleared once stale (`--clear-stale`).",
         tuple(blocked),
     )
-
-
-def task_index_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int | None, str]:
-    """The task index (and count, when exported) a scheduler gave this process.
-
-    Consults, in order, ``SLURM_ARRAY_TASK_ID`` (count ``SLURM_ARRAY_TASK_COUNT``),
-    ``JOB_COMPLETION_INDEX`` (Kubernetes indexed Jobs), and ``RANK`` (count
-    ``WORLD_SIZE``; torchrun).
-
-    Returns
-    -------
-    (index, count or None, variable name)
-
-    Raises
-    ------
-    KeyError
-        None of the variables is set.
-    ValueError
-        The variable is not a non-negative integer.
-    """
-    env = os.environ if env is None else env
-    for name, count_name in TASK_INDEX_VARIABLES:
-        if name in env:
-            try:
-                index = int(env[name])
-                count = int(env[count_name]) if count_name and count_name in env else None
-            except ValueError as exc:
-                raise ValueError(f"{name}={env[name]!r} (or its count) is not an integer") from exc
-            if index < 0:
-                raise ValueError(f"{name}={index} must be >= 0")
-            return index, count, name
-    names = ", ".join(name for name, _ in TASK_INDEX_VARIABLES)
-    raise KeyError(f"no task index in the environment: set one of {names}")
-
-
-def assigned_ranges(
-    plan: SlotPlan | None = None, env: Mapping[str, str] | None = None
-) -> tuple[tuple[SlotRange, ...], str]:
-    """The slot ranges (and group) the environment assigns to this process.
-
-    ``INSITUBATCH_SLOT_START``/``STOP`` (and ``INSITUBATCH_SLOT_GROUP``) name
-    the range directly. Otherwise the plan (``plan``, or the JSON file named
-    by ``INSITUBATCH_SLOT_PLAN``) is indexed by the scheduler's task index
-    (:func:`task_index_from_env`).
-
-    Returns
-    -------
-    (ranges, group)
-
-    Raises
-    ------
-    KeyError
-        Neither a range nor a plan plus a task index is in the environment.
-    """
-    env = os.environ if env is None else env
-    if ENV_SLOT_START in env or ENV_SLOT_STOP in env:
-        try:
-            rng = SlotRange(int(env[ENV_SLOT_START]), int(env[ENV_SLOT_STOP]))
-        except KeyError as exc:
-            raise KeyError(f"set both {ENV_SLOT_START} and {ENV_SLOT_STOP}, not just one") from exc
-        return (rng,), env.get(ENV_SLOT_GROUP, "")
-    if plan is None:
-        if ENV_PLAN not in env:
-            raise KeyError(
-                f"no slot range in the environment: set {ENV_SLOT_START}/{ENV_SLOT_STOP}, or "
-                f"{ENV_PLAN} to a saved plan plus a scheduler task index"
-            )
-        plan = SlotPlan.load(env[ENV_PLAN])
-    index, count, _ = task_index_from_env(env)
-    return plan.ranges_for_task(index, count), plan.group

@@ -1,6 +1,8 @@
 """What a write layout should be: ``OutputArray`` (one array at full extent) and ``LayoutSpec`` (the group).
 
 Pure values, checked when built; ``layout`` creates and reads them in a store.
+A spec may carry coordinates (``write.coords``): the values labelling a
+dimension, stored as their own arrays, the index axis's one addressing writes.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .coords import coordinate_values, encode_coordinate
 
 __all__ = ["LayoutSpec", "OutputArray"]
 
@@ -132,9 +136,20 @@ class LayoutSpec:
     ----------
     arrays
         The arrays, at least one of them indexed.
+    coords
+        ``{dimension: values}``: the values labelling a dimension of the
+        arrays (valid times, latitudes...), dates or numbers, one per index.
+        :func:`create_layout` stores each as a 1-D array named after the
+        dimension (dates CF-encoded as xarray encodes them, so
+        ``xarray.open_zarr`` of the output decodes them). The one on the index
+        axis (the name the indexed arrays give that axis) is the *index
+        coordinate*: plans and status show slots by it, and
+        ``SlotWriter.write(at=...)`` addresses writes by it; its values must
+        be distinct.
     """
 
     arrays: tuple[OutputArray, ...]
+    coords: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         arrays = tuple(self.arrays)
@@ -154,6 +169,37 @@ class LayoutSpec:
                 f"indexed arrays must share one extent along their index axis, got {extents}; "
                 "one slot plan cuts all of them"
             )
+        object.__setattr__(self, "coords", self._checked_coords(names))
+
+    def _checked_coords(self, names: list[str]) -> dict[str, np.ndarray]:
+        if not isinstance(self.coords, Mapping):
+            raise TypeError(f"coords must be a mapping of dimension name to values, got {type(self.coords).__name__}")
+        lengths: dict[str, set[int]] = {}
+        for a in self.arrays:
+            for dim, size in zip(a.dimension_names or (), a.shape):
+                if dim is not None:
+                    lengths.setdefault(dim, set()).add(size)
+        out = {}
+        for name, given in self.coords.items():
+            values = coordinate_values(str(name), given)
+            if name in names:
+                raise ValueError(
+                    f"coords[{name!r}] has the name of an array of the spec; a coordinate is its own array"
+                )
+            if name not in lengths:
+                raise ValueError(
+                    f"coords[{name!r}]: no array has a dimension {name!r} (dimension_names); "
+                    f"dimensions: {sorted(lengths)}"
+                )
+            if lengths[name] != {len(values)}:
+                raise ValueError(
+                    f"coords[{name!r}] has {len(values)} values but dimension {name!r} has length "
+                    f"{sorted(lengths[name])} in the arrays"
+                )
+            if name == self.index_dim and len(np.unique(values)) != len(values):
+                raise ValueError(f"coords[{name!r}] repeats a value: the index coordinate must name each index once")
+            out[str(name)] = values
+        return out
 
     @property
     def extent(self) -> int:
@@ -164,3 +210,36 @@ class LayoutSpec:
     def indexed(self) -> dict[str, int]:
         """Indexed array names and their index axis."""
         return {a.name: a.index_axis for a in self.arrays if a.index_axis is not None}
+
+    @property
+    def index_dim(self) -> str | None:
+        """The name every indexed array gives its index axis, or ``None`` when they do not all name it alike."""
+        dims = {
+            a.dimension_names[a.index_axis] if a.dimension_names is not None else None
+            for a in self.arrays
+            if a.index_axis is not None
+        }
+        return dims.pop() if len(dims) == 1 else None
+
+    @property
+    def index_coord(self) -> str | None:
+        """The coordinate on the index axis (by which writes may be addressed), or ``None``."""
+        dim = self.index_dim
+        return dim if dim is not None and dim in self.coords else None
+
+    def coordinate_arrays(self) -> tuple[tuple[OutputArray, np.ndarray], ...]:
+        """Each coordinate as the array that stores it and the values it holds (encoded)."""
+        out = []
+        for name, values in self.coords.items():
+            stored, attrs = encode_coordinate(values)
+            spec = OutputArray(
+                name,
+                (len(stored),),
+                (max(len(stored), 1),),
+                stored.dtype,
+                index_axis=None,
+                dimension_names=(name,),
+                attributes=attrs,
+            )
+            out.append((spec, stored))
+        return tuple(out)

@@ -8,13 +8,14 @@ recoveries (``insitubatch write-status --clear-stale``/``--clear-coverage``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from zarr.abc.store import Store
 
 from ._intervals import Interval, merge, overlaps, subtract
 from .claims import CLAIMS, COVERAGE, ClaimInfo, CoverageRecord
+from .coords import IndexCoordinate
 from .layout import read_layout
 from .records import RecordStore
 
@@ -26,6 +27,9 @@ class WriteStatus:
     """Claims and coverage of an output group at one moment.
 
     ``remaining`` is every range not recorded complete, whether claimed or not.
+    ``coord`` is the layout's index coordinate, when it stores one: ranges are
+    then also shown by it (:meth:`describe`, and ``first``/``last`` in
+    :meth:`to_dict`).
     """
 
     group: str
@@ -36,6 +40,7 @@ class WriteStatus:
     completed: tuple[Interval, ...]
     remaining: tuple[Interval, ...]
     now: float
+    coord: IndexCoordinate | None = field(default=None, compare=False, repr=False)
 
     @property
     def stale_claims(self) -> tuple[ClaimInfo, ...]:
@@ -47,18 +52,41 @@ class WriteStatus:
         """Claims whose holder is heartbeating."""
         return tuple(c for c in self.claims if not c.is_stale(self.now))
 
+    def describe(self, start: int, stop: int) -> str:
+        """``[start, stop)``, with the index coordinate of its first and last index when the layout has one."""
+        return f"[{start}, {stop})" if self.coord is None else self.coord.describe(start, stop)
+
+    def _labels(self, start: int, stop: int) -> dict[str, str | None]:
+        if self.coord is None:
+            return {}
+        first, last = self.coord.span(start, stop)
+        return {"first": first, "last": last}
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-able summary."""
-        return {
+        """A JSON-able summary (with each range's first and last coordinate when the layout has an index coordinate)."""
+        out = {
             "group": self.group,
             "extent": self.extent,
             "alignment": self.alignment,
             "now": self.now,
-            "claims": [{**c.payload(), "stale": c.is_stale(self.now), "age_s": c.age(self.now)} for c in self.claims],
-            "coverage": [c.payload() for c in self.coverage],
+            "claims": [
+                {
+                    **c.payload(),
+                    **self._labels(c.start, c.stop),
+                    "stale": c.is_stale(self.now),
+                    "age_s": c.age(self.now),
+                }
+                for c in self.claims
+            ],
+            "coverage": [{**c.payload(), **self._labels(c.start, c.stop)} for c in self.coverage],
             "completed": [list(r) for r in self.completed],
             "remaining": [list(r) for r in self.remaining],
         }
+        if self.coord is not None:
+            out["index_coord"] = self.coord.name
+            out["completed_coords"] = [list(self.coord.span(*r)) for r in self.completed]
+            out["remaining_coords"] = [list(self.coord.span(*r)) for r in self.remaining]
+        return out
 
 
 def _read_claims(store: Store, group: str) -> tuple[ClaimInfo, ...]:
@@ -105,6 +133,7 @@ def write_status(store: Store, group: str = "", *, now: float | None = None) -> 
         completed=tuple(completed),
         remaining=tuple(subtract((0, layout.extent), completed)),
         now=time.time() if now is None else now,
+        coord=layout.coord,
     )
 
 

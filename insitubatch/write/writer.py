@@ -16,7 +16,8 @@ from zarr.abc.store import Store
 from ..errors import WriteIntentRangeError
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
 from .layout import WriteLayout, read_layout
-from .slots import ENV_PLAN, ENV_STORE, SlotPlan, assigned_ranges
+from .slots import ENV_PLAN, ENV_STORE, SlotPlan
+from .tasks import assigned_ranges
 
 __all__ = ["SlotWriter"]
 
@@ -216,16 +217,62 @@ class SlotWriter:
             raise RuntimeError("the SlotWriter is not open: use `with SlotWriter(...) as w:` or w.open()")
         return self._claim
 
+    @property
+    def slot_coord(self) -> np.ndarray | None:
+        """The index coordinate's values over this writer's range (what ``at=`` takes), or ``None`` without one."""
+        coord = self.layout.coord
+        return None if coord is None else coord.values[self.start : self.stop]
+
     # -- writes -----------------------------------------------------------
-    def check_write(self, array: str, index_range: tuple[int, int] | slice, data: Any) -> tuple[int, int, np.ndarray]:
+    def _at_range(self, at: Any) -> tuple[int, int]:
+        """The index range ``at`` (coordinate values, one per index) names, checked against the slot."""
+        coord = self.layout.coord
+        slot = f"this writer's slot [{self.start}, {self.stop})"
+        if coord is None:
+            raise WriteIntentRangeError(
+                f"at= needs the index axis's coordinate, and group={self.group!r} stores none: create the layout "
+                "with LayoutSpec(..., coords={dim: values}), or write by index_range; nothing was written"
+            )
+        try:
+            items, idx = coord.locate(at)
+        except (TypeError, ValueError) as exc:
+            raise WriteIntentRangeError(f"at=: {exc}; nothing was written") from exc
+        if not items:
+            return self.start, self.start
+        first, last = coord.span(self.start, self.stop)
+        for value, i in zip(items, idx.tolist()):
+            if i < 0:
+                raise WriteIntentRangeError(
+                    f"at= value {coord.show(value)} is not in coordinate {coord.name!r} "
+                    f"({coord.describe(0, len(coord.values))}); nothing was written"
+                )
+            if not self.start <= i < self.stop:
+                raise WriteIntentRangeError(
+                    f"at= value {coord.show(value)} ({coord.name} index {i}) is outside {slot}, whose "
+                    f"{coord.name} runs {first} .. {last}; nothing was written"
+                )
+        if np.any(np.diff(idx) != 1):
+            raise WriteIntentRangeError(
+                f"at= values must be consecutive, increasing steps of {coord.name!r} (one run of indices), "
+                f"got indices {idx.tolist()}; write each run separately; nothing was written"
+            )
+        return int(idx[0]), int(idx[-1]) + 1
+
+    def check_write(
+        self, array: str, index_range: tuple[int, int] | slice | None, data: Any, *, at: Any = None
+    ) -> tuple[int, int, np.ndarray]:
         """Validate a write intent without writing; returns ``(start, stop, data)``.
 
         Raises
         ------
         WriteIntentRangeError
-            The array is not indexed, or the index range leaves ``[start, stop)``.
+            The array is not indexed; the index range leaves ``[start, stop)``;
+            an ``at=`` value is missing from the coordinate, outside the slot,
+            or the values are no run of consecutive indices.
         ValueError
             ``data``'s shape does not fit the selection.
+        TypeError
+            Neither or both of ``index_range`` and ``at``, or no ``data``.
         """
         self._require_claim()
         layout = self.layout
@@ -236,12 +283,21 @@ class SlotWriter:
                 f"array={array!r} is not an indexed array of group={self.group!r}; slot writers write "
                 f"only {layout.names} (other arrays are written once by the coordinator)"
             ) from None
-        if isinstance(index_range, slice):
+        if at is not None and data is None and index_range is not None:
+            index_range, data = None, index_range  # write(array, data, at=values): with at=, the data comes second
+        if (index_range is None) == (at is None):
+            raise TypeError("give index_range=(start, stop) or at=<coordinate values>, exactly one of them")
+        if data is None:
+            raise TypeError(f"write to {array!r}: data is required")
+        if at is not None:
+            index_range = self._at_range(at)
+        elif isinstance(index_range, slice):
             if index_range.step not in (None, 1) or index_range.start is None or index_range.stop is None:
                 raise WriteIntentRangeError(
                     f"index_range={index_range!r} must be a slice with explicit start and stop and step 1"
                 )
             index_range = (index_range.start, index_range.stop)
+        assert index_range is not None
         lo, hi = (int(i) for i in index_range)
         if not (self.start <= lo <= hi <= self.stop):
             raise WriteIntentRangeError(
@@ -257,8 +313,10 @@ class SlotWriter:
             )
         return lo, hi, data
 
-    def write(self, array: str, index_range: tuple[int, int] | slice, data: Any) -> None:
-        """Write ``data`` to ``array`` at ``index_range`` along its index axis.
+    def write(
+        self, array: str, index_range: tuple[int, int] | slice | None = None, data: Any = None, *, at: Any = None
+    ) -> None:
+        """Write ``data`` to ``array`` at ``index_range``, or at coordinate values ``at``, along its index axis.
 
         The intent is checked against the slot range and the claim before
         anything is written.
@@ -272,17 +330,28 @@ class SlotWriter:
             inside the writer's range.
         data
             Values covering every other axis in full.
+        at
+            In place of ``index_range``: the index coordinate's values (dates
+            or numbers, as ``LayoutSpec(coords=...)`` gave them), one per index
+            written, consecutive and increasing. A date string names its
+            instant (``"2020-01-01T06"`` is 06:00). ``write(array, data, at=values)``
+            also reads: with ``at``, the second argument is the data.
 
         Raises
         ------
         WriteIntentRangeError
-            The write leaves the range (nothing written).
+            The write leaves the range; an ``at`` value is not in the
+            coordinate or lies outside the slot (named, with the slot's first
+            and last coordinate); ``at`` values are no run of consecutive
+            indices; the layout stores no index coordinate. Nothing is written.
         WriteClaimError
             The claim was lost (cleared as stale or taken over).
         ValueError
             ``data``'s shape does not fit.
+        TypeError
+            Neither or both of ``index_range`` and ``at``, or no ``data``.
         """
-        lo, hi, values = self.check_write(array, index_range, data)
+        lo, hi, values = self.check_write(array, index_range, data, at=at)
         self._require_claim().check()
         if hi == lo:
             return

@@ -21,7 +21,7 @@ def driver_for(engine, plan, owner) -> PassDriver:
         owner=owner,
         plan=plan,
         readers=ctx.readers,
-        semaphore=ctx.semaphore(),
+        semaphore=ctx.permits(),
         executor=ctx.executor,
         on_bad_chunk=ctx.on_bad_chunk,
         bad_chunks=ctx.bad_chunks,

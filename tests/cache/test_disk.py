@@ -1,25 +1,36 @@
-"""DiskCache and pipeline fingerprints: real files in tmp_path, real subprocesses for locks and crashes."""
+"""DiskCache and pipeline fingerprints: real files in tmp_path, real subprocesses for locks and crashes.
+
+Several writers sharing one directory are ``test_sharing``; the locks between
+processes ``test_lock``; full disks ``test_full_disk``.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import signal
+import re
 import socket
 import subprocess
 import sys
-import textwrap
 import warnings
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 
-from insitubatch.cache import LOCK_NAME, LOG_NAME, DiskCache, network_filesystem, tile_file_basename
+from insitubatch.cache import (
+    LOG_NAME,
+    SHARED_DIR,
+    DiskCache,
+    persisted_basename,
+    spill_basename,
+)
 from insitubatch.cache import fingerprint as fp_mod
-from insitubatch.cache import lock as lock_mod
 from insitubatch.cache.fingerprint import array_fingerprints, pipeline_fingerprint
-from insitubatch.errors import CacheCorruptError, CacheLockedError, CacheMissError, StaleCacheError
+from insitubatch.cache.tilefile import TileFile
+from insitubatch.errors import CacheCorruptError, CacheMissError, StaleCacheError
 from insitubatch.transforms import applies
 
 FP_A, FP_B = "0123456789abcdef", "fedcba9876543210"
@@ -46,7 +57,25 @@ def _put(cache: DiskCache, path: str, chunk: int, tiles, stored=STORED) -> list[
 
 
 def _log_lines(d: Path) -> list[bytes]:
+    """The base log's lines."""
     return (d / LOG_NAME).read_bytes().splitlines()
+
+
+def _segments(d: Path) -> list[Path]:
+    shared = d / SHARED_DIR
+    return sorted(shared.glob("*.jsonl")) if shared.is_dir() else []
+
+
+def _logged(d: Path) -> list[dict]:
+    """Every entry line, base log and writers' segments, headers left out."""
+    lines = _log_lines(d)[1:] if (d / LOG_NAME).exists() else []
+    for seg in _segments(d):
+        lines += seg.read_bytes().splitlines()[1:]
+    return [json.loads(x) for x in lines]
+
+
+def _name(chunk: int, path: str = PATH, fp: str = FP_A) -> str:
+    return persisted_basename(path, chunk, fp)
 
 
 def _npy_files(d: Path) -> set[str]:
@@ -83,7 +112,7 @@ def test_commit_and_revive_are_zero_copy_read_only_views(tmp_path: Path) -> None
         with pytest.raises(ValueError):
             got[0][0, 0, 0] = 1.0
         # zero copy: a write through another shared mapping of the file shows in the views
-        mm = np.load(tmp_path / tile_file_basename(PATH, 0, persist=True), mmap_mode="r+")
+        mm = np.load(tmp_path / _name(0), mmap_mode="r+")
         mm[0, 1, 2, 3] = 999.0
         mm[1].reshape(-1)[0] = 123.0  # an edge tile is packed at the start of its position
         mm.flush()
@@ -104,10 +133,10 @@ def test_shape_or_dtype_mismatch_is_a_miss_then_overwritten(tmp_path: Path) -> N
         assert c.rejected == {"shape": 1, "dtype": 1}
         fresh = _tiles(new_shapes, seed=2)
         _put(c, PATH, 0, fresh)
-        assert len(_log_lines(tmp_path)) == 3  # header, old entry, superseding entry
+        assert len(_logged(tmp_path)) == 2  # the old entry (base log) and the superseding one (segment)
     with _writer(tmp_path) as c:
         assert c.dropped == {"superseded": 1}
-        assert len(_log_lines(tmp_path)) == 2  # compacted
+        assert len(_logged(tmp_path)) == 1  # compacted
         for v, t in zip(c.lookup(PATH, 0, new_shapes, np.float32), fresh):
             np.testing.assert_array_equal(v, t)
 
@@ -124,7 +153,7 @@ def test_missing_file_is_a_miss_and_commit_checks_its_tiles(tmp_path: Path) -> N
         c.abort(h)
         c.abort(h)
         assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    (tmp_path / tile_file_basename(PATH, 0, persist=True)).unlink()
+    (tmp_path / _name(0)).unlink()
     with _writer(tmp_path) as c:
         assert c.lookup(PATH, 0, SHAPES, np.float32) is None
         assert c.rejected == {"missing": 1}
@@ -137,41 +166,48 @@ def test_missing_file_is_a_miss_and_commit_checks_its_tiles(tmp_path: Path) -> N
 def test_log_line_lands_at_each_commit_and_deduplicates(tmp_path: Path) -> None:
     tiles = _tiles(SHAPES)
     with _writer(tmp_path) as c:
-        assert _log_lines(tmp_path) == [b'{"format":"insitubatch-cache","version":1}']
+        assert _log_lines(tmp_path) == [b'{"format":"insitubatch-cache","version":2}']
+        (segment,) = _segments(tmp_path)
+        header = json.loads(segment.read_bytes().splitlines()[0])
+        assert header["writer"] == c.token and header["pid"] == os.getpid() and header["host"] == socket.gethostname()
         _put(c, PATH, 7, tiles)
-        lines = _log_lines(tmp_path)  # read while the cache is still open
-        assert len(lines) == 2
-        entry = json.loads(lines[1])
+        (entry,) = _logged(tmp_path)  # read while the cache is still open
+        crc, t = entry.pop("crc32c"), entry.pop("t")
         assert entry == {
             "path": PATH,
             "chunk": 7,
-            "file": tile_file_basename(PATH, 7, persist=True),
+            "file": _name(7),
             "n_tiles": 2,
             "tile_shapes": [list(s) for s in SHAPES],
             "dtype": "<f4",
             "fingerprint": FP_A,
+            "nbytes": (tmp_path / _name(7)).stat().st_size,
         }
+        assert crc == crc32c.crc32c((tmp_path / _name(7)).read_bytes()) and t > 0
         _put(c, PATH, 8, tiles)
-        assert len(_log_lines(tmp_path)) == 3
+        assert len(_logged(tmp_path)) == 2
         _put(c, PATH, 7, tiles)  # re-completed: same entry, no new line
-        assert len(_log_lines(tmp_path)) == 3
-    before = (tmp_path / LOG_NAME).read_bytes()
-    with _writer(tmp_path) as c:
+        assert len(_logged(tmp_path)) == 2
+    with _writer(tmp_path) as c:  # alone: the dead writer's segment is folded into the base log
         assert set(c.entries()) == {(PATH, 7), (PATH, 8)}
+        assert len(_log_lines(tmp_path)) == 3 and len(_segments(tmp_path)) == 1
         assert c.lookup(PATH, 7, SHAPES, np.float32) is not None
         _put(c, PATH, 8, tiles)  # across a reopen too
-    assert (tmp_path / LOG_NAME).read_bytes() == before
+        assert len(_logged(tmp_path)) == 2
+    assert _segments(tmp_path) == []  # a writer that logged nothing leaves no segment
 
 
-def test_compaction_only_after_a_load_drops_entries(tmp_path: Path) -> None:
+def test_compaction_only_when_a_writer_is_alone_with_something_to_fold(tmp_path: Path) -> None:
     log = tmp_path / LOG_NAME
     with _writer(tmp_path) as c:
         _put(c, PATH, 0, _tiles(SHAPES))
+    with _writer(tmp_path) as c:
+        assert c.dropped == {}
     clean = log.read_bytes()
     ino = log.stat().st_ino
     with _writer(tmp_path) as c:
         assert c.dropped == {}
-    assert log.stat().st_ino == ino  # not rewritten
+    assert log.stat().st_ino == ino  # nothing to fold: not rewritten
     with log.open("ab") as f:  # a process killed in the middle of an append
         f.write(b'{"path":"t2m","chunk":1,"fi')
     with _writer(tmp_path) as c:
@@ -205,8 +241,10 @@ def test_readonly_keeps_a_torn_final_line_and_writes_nothing(tmp_path: Path) -> 
 
 
 def _valid_log(tmp_path: Path) -> list[bytes]:
+    """A base log holding one entry (a second writer, alone, folds the first one's segment into it)."""
     with _writer(tmp_path) as c:
         _put(c, PATH, 0, _tiles(SHAPES))
+    _writer(tmp_path).close()
     return _log_lines(tmp_path)
 
 
@@ -214,11 +252,14 @@ def _entry(**changes) -> bytes:
     rec = {
         "path": PATH,
         "chunk": 3,
-        "file": tile_file_basename(PATH, 3, persist=True),
+        "file": _name(3),
         "n_tiles": 1,
         "tile_shapes": [[4, 5, 4]],
         "dtype": "<f4",
         "fingerprint": FP_A,
+        "nbytes": 448,
+        "crc32c": 0,
+        "t": 1,
     }
     rec.update(changes)
     return json.dumps(rec).encode()
@@ -232,6 +273,7 @@ def _entry(**changes) -> bytes:
         ("interior truncated line", lambda h, e: [h, b'{"path":"t2m","chu', *e]),
         ("interior wrong field", lambda h, e: [h, _entry(chunk=-1), *e]),
         ("interior extra field", lambda h, e: [h, _entry(extra=1), *e]),
+        ("checksum out of range", lambda h, e: [h, _entry(crc32c=1 << 32), *e]),
         ("final line with its newline", lambda h, e: [h, *e, b'{"path":"t2m"']),
         ("relative escape", lambda h, e: [h, *e, _entry(file="../escape.npy")]),
         ("subdirectory", lambda h, e: [h, *e, _entry(file="sub/x.npy")]),
@@ -316,8 +358,8 @@ def test_editing_a_scoped_transform_invalidates_only_its_array(tmp_path: Path) -
         assert c.dropped == {"stale": 2}
         assert set(c.entries()) == {("u10", 0), ("u10", 1)}
         assert c.lookup("u10", 1, SHAPES, np.float32) is not None
-    assert _npy_files(tmp_path) == {tile_file_basename("u10", i, persist=True) for i in range(2)}
-    assert len(_log_lines(tmp_path)) == 3
+    assert _npy_files(tmp_path) == {_name(i, "u10", new["u10"]) for i in range(2)}
+    assert len(_logged(tmp_path)) == 2
     with DiskCache(tmp_path, persist=True, fingerprints=new) as c:  # the reset is not re-read
         assert c.dropped == {}
 
@@ -369,6 +411,7 @@ def test_fingerprint_rules() -> None:
 
 
 _STABILITY_SCRIPT = """
+import crc32c
 import numpy as np
 from insitubatch.cache.fingerprint import pipeline_fingerprint
 TAGS = {"alpha", "beta", "gamma", "delta"}
@@ -415,116 +458,6 @@ def test_source_fallback_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ---------------------------------------------------------------------------
-# locking
-
-
-def _spawn(code: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-_SECOND_WRITER = """
-import sys
-from insitubatch.cache import DiskCache
-from insitubatch.errors import CacheLockedError
-try:
-    DiskCache(sys.argv[1], persist=True, fingerprints={})
-except CacheLockedError as exc:
-    print("LOCKED", exc)
-else:
-    print("ACQUIRED")
-"""
-
-
-def test_second_writer_fails_fast_naming_pid_and_host(tmp_path: Path) -> None:
-    with _writer(tmp_path):
-        proc = _spawn(_SECOND_WRITER, str(tmp_path))
-        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-        assert out.startswith("LOCKED"), err
-        assert f"PID {os.getpid()}" in out and socket.gethostname() in out
-        with pytest.raises(CacheLockedError, match=f"PID {os.getpid()}"):  # in this process too
-            DiskCache(tmp_path, persist=False, fingerprints={})
-        with pytest.raises(CacheLockedError, match="cannot read it"):
-            DiskCache(tmp_path, persist=True, readonly=True, fingerprints={})
-    assert (tmp_path / LOCK_NAME).exists()
-
-
-_READER = """
-import sys
-from insitubatch.cache import DiskCache
-with DiskCache(sys.argv[1], persist=True, readonly=True, fingerprints={"t2m": "0123456789abcdef"}) as c:
-    print("READY", len(c.entries()), flush=True)
-    sys.stdin.read()  # hold the shared lock until the test closes our stdin
-print("DONE", flush=True)
-"""
-
-
-def test_readonly_readers_coexist_and_exclude_writers(tmp_path: Path) -> None:
-    with _writer(tmp_path) as c:
-        _put(c, PATH, 0, _tiles(SHAPES))
-    readers = [_spawn(_READER, str(tmp_path)) for _ in range(3)]
-    try:
-        for r in readers:
-            assert r.stdout.readline().split() == ["READY", "1"], r.stderr.read()
-        with DiskCache(tmp_path, persist=True, readonly=True, fingerprints={PATH: FP_A}) as mine:
-            assert mine.lookup(PATH, 0, SHAPES, np.float32) is not None
-        with pytest.raises(CacheLockedError, match="readonly readers"):
-            _writer(tmp_path)
-    finally:
-        for r in readers:
-            out, err = r.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-            assert "DONE" in out, err
-    with _writer(tmp_path):
-        pass
-
-
-_KILLED_WRITER = """
-import sys
-import numpy as np
-from insitubatch.cache import DiskCache
-c = DiskCache(sys.argv[1], persist=True, fingerprints={"t2m": "0123456789abcdef"})
-tile = np.full((4, 5, 4), 7.0, dtype=np.float32)
-for chunk in range(3):
-    h = c.begin("t2m", chunk, 1, (4, 5, 4), np.float32)
-    c.write(h, 0, tile)
-    c.commit(h, [(4, 5, 4)])
-h = c.begin("t2m", 3, 1, (4, 5, 4), np.float32)  # in flight when the kill lands
-c.write(h, 0, tile)
-print("READY", flush=True)
-sys.stdin.read()
-"""
-
-
-def test_sigkilled_writer_keeps_what_it_finished_and_its_lock_frees(tmp_path: Path) -> None:
-    lock = tmp_path / LOCK_NAME
-    proc = _spawn(_KILLED_WRITER, str(tmp_path))
-    try:
-        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
-        assert len(_log_lines(tmp_path)) == 4  # the log holds every finished chunk before any close
-        with pytest.raises(CacheLockedError, match=f"PID {proc.pid}"):
-            _writer(tmp_path)
-        ino = lock.stat().st_ino
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-    assert proc.returncode == -signal.SIGKILL
-    assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
-    with _writer(tmp_path) as c:  # re-acquired at once; nothing had to be deleted
-        assert set(c.entries()) == {(PATH, i) for i in range(3)}
-        for chunk in range(3):
-            (tile,) = c.lookup(PATH, chunk, [(4, 5, 4)], np.float32)
-            assert (tile == 7.0).all()
-        assert c.lookup(PATH, 3, [(4, 5, 4)], np.float32) is None
-    assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
-    assert lock.stat().st_ino == ino
-
-
-# ---------------------------------------------------------------------------
 # spill, eviction, arguments
 
 
@@ -533,10 +466,10 @@ def test_spill_files_go_on_evict_and_close_persisted_ones_stay(tmp_path: Path) -
     with DiskCache(spill_dir, persist=False, fingerprints={}) as c:
         _put(c, PATH, 0, _tiles(SHAPES))
         view = _put(c, PATH, 1, _tiles(SHAPES, seed=5))[0]
-        assert _npy_files(spill_dir) == {tile_file_basename(PATH, i, persist=False) for i in range(2)}
+        assert _npy_files(spill_dir) == {spill_basename(PATH, i, c.token) for i in range(2)}
         c.evict(PATH, 0)
         c.evict(PATH, 0)
-        assert _npy_files(spill_dir) == {tile_file_basename(PATH, 1, persist=False)}
+        assert _npy_files(spill_dir) == {spill_basename(PATH, 1, c.token)}
         assert c.lookup(PATH, 0, SHAPES, np.float32) is None
         assert not (spill_dir / LOG_NAME).exists()
     assert _npy_files(spill_dir) == set()
@@ -546,7 +479,7 @@ def test_spill_files_go_on_evict_and_close_persisted_ones_stay(tmp_path: Path) -
         c.evict(PATH, 0)
         assert c.mapped_bytes == 0
         assert c.lookup(PATH, 0, SHAPES, np.float32) is not None and c.revived == 1
-    assert _npy_files(keep_dir) == {tile_file_basename(PATH, 0, persist=True)}
+    assert _npy_files(keep_dir) == {_name(0)}
 
 
 def test_argument_errors(tmp_path: Path) -> None:
@@ -558,31 +491,16 @@ def test_argument_errors(tmp_path: Path) -> None:
         DiskCache(tmp_path, persist=True, fingerprints={PATH: "XYZ"})
     with pytest.raises(FileNotFoundError, match="warm it"):
         DiskCache(tmp_path / "absent", persist=True, readonly=True, fingerprints={})
+    with pytest.raises(ValueError, match="disk_bytes=0"):
+        DiskCache(tmp_path, persist=True, fingerprints={}, disk_bytes=0)
+    with pytest.raises(ValueError, match="on_corrupt='ignore'"):
+        DiskCache(tmp_path, persist=True, fingerprints={}, on_corrupt="ignore")
     with _writer(tmp_path) as c:
         with pytest.raises(KeyError, match="no fingerprint"):
             c.begin("u10", 0, 1, STORED, np.float32)
     c.close()
     with pytest.raises(ValueError, match="closed"):
         c.lookup(PATH, 0, SHAPES, np.float32)
-
-
-def test_network_filesystem_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    mounts = tmp_path / "mounts"
-    root = os.path.realpath(tmp_path)
-    mounts.write_text(
-        "/dev/vda / ext4 rw 0 0\n"
-        f"server:/export {root} nfs4 rw 0 0\n"
-        f"sshfs#me@host: {root}/fuse fuse.sshfs rw 0 0\n"
-        f"/dev/vdb {root}/local ext4 rw 0 0\n"
-        f"tmpfs {root}/with\\040space tmpfs rw 0 0\n"
-    )
-    assert network_filesystem(tmp_path / "a", mounts) == "nfs4"
-    assert network_filesystem(tmp_path / "fuse" / "x", mounts) == "fuse.sshfs"
-    assert network_filesystem(tmp_path / "local", mounts) is None
-    assert network_filesystem(tmp_path / "with space", mounts) is None
-    monkeypatch.setattr(lock_mod, "_MOUNTS", mounts)
-    with pytest.warns(UserWarning, match="nfs4 filesystem"):
-        DiskCache(tmp_path / "c", persist=True, fingerprints={}).close()
 
 
 # ---------------------------------------------------------------------------
@@ -619,3 +537,100 @@ def test_no_fd_or_mapping_outlives_close(tmp_path: Path) -> None:
     np.testing.assert_array_equal(kept[0], tiles[0])
     del kept
     assert _held(tmp_path) == (0, 0)
+
+
+# ---------------------------------------------------------------------------
+# checksums
+
+
+def _flip(path: Path, offset: int) -> None:
+    """Flip every bit of one byte in place: same size, same inode."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _damage_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+
+
+def test_a_flipped_payload_byte_is_refetched_with_one_warning(tmp_path: Path, caplog) -> None:
+    tiles = _tiles(SHAPES)
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, tiles)
+        _put(c, PATH, 1, tiles)
+    target = tmp_path / _name(0)
+    size = target.stat().st_size
+    _flip(target, size - 5)  # inside the edge tile's position, past the header
+    assert target.stat().st_size == size
+    with caplog.at_level(logging.WARNING, logger="insitubatch"), _writer(tmp_path) as c:
+        found = c.find(PATH, 0, SHAPES, np.float32)
+        assert found.tiles is None and found.claimed  # a miss this writer now makes again
+        assert c.rejected == {"checksum": 1}
+        (warning,) = _damage_warnings(caplog)
+        assert str(target) in warning and "CRC-32C" in warning and "re-fetching" in warning
+        assert c.find(PATH, 1, SHAPES, np.float32).tiles is not None  # the undamaged chunk is served
+        fresh = _put(c, PATH, 0, tiles)  # the engine's re-fetch
+        for v, t in zip(fresh, tiles):
+            np.testing.assert_array_equal(v, t)
+        assert c.find(PATH, 0, SHAPES, np.float32).tiles is not None
+        assert len(_damage_warnings(caplog)) == 1
+    with _writer(tmp_path) as c:  # repaired for good: the next run revives it without a word
+        np.testing.assert_array_equal(c.lookup(PATH, 0, SHAPES, np.float32)[0], tiles[0])
+        assert c.rejected == {}
+
+
+def test_on_corrupt_raise_names_the_damaged_file(tmp_path: Path) -> None:
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    target = tmp_path / _name(0)
+    _flip(target, target.stat().st_size // 2)
+    with _writer(tmp_path, on_corrupt="raise") as c:
+        with pytest.raises(CacheCorruptError, match=re.escape(str(target))) as info:
+            c.find(PATH, 0, SHAPES, np.float32)
+        assert "chunk 0" in str(info.value) and "CRC-32C" in str(info.value)
+
+
+@pytest.mark.parametrize("where", ["magic", "version", "shape digit", "descr", "padding", "header newline"])
+def test_a_flipped_header_byte_is_detected(tmp_path: Path, caplog, where: str) -> None:
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    target = tmp_path / _name(0)
+    header = target.read_bytes()[:128]
+    offsets = {
+        "magic": 1,
+        "version": 6,
+        "shape digit": header.index(b"(2, 4") + 1,
+        "descr": header.index(b"<f4") + 1,
+        "padding": header.index(b"\n") - 2,
+        "header newline": header.index(b"\n"),
+    }
+    _flip(target, offsets[where])
+    with caplog.at_level(logging.WARNING, logger="insitubatch"), _writer(tmp_path) as c:
+        assert c.lookup(PATH, 0, SHAPES, np.float32) is None
+        assert sum(c.rejected.values()) == 1 and set(c.rejected) <= {"file", "checksum"}
+        assert len(_damage_warnings(caplog)) == 1
+
+
+def test_a_file_is_verified_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with _writer(tmp_path) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    calls = []
+    real = TileFile.checksum
+    monkeypatch.setattr(TileFile, "checksum", lambda self: calls.append(self.path.name) or real(self))
+    with _writer(tmp_path) as c:
+        for _ in range(3):  # revived, evicted, revived again (a windowed pass releasing a block)
+            assert c.lookup(PATH, 0, SHAPES, np.float32) is not None
+            c.evict(PATH, 0)
+        assert calls == [_name(0)]
+        # an edit in place gives the file a new mtime: checked again, and caught
+        _flip(tmp_path / _name(0), 200)
+        os.utime(tmp_path / _name(0), ns=(1, 1))
+        assert c.lookup(PATH, 0, SHAPES, np.float32) is None and c.rejected == {"checksum": 1}
+    calls.clear()
+    with _writer(tmp_path) as c:
+        c.verify = False  # the bench's switch: no checksum is computed on revive
+        c.lookup(PATH, 0, SHAPES, np.float32)
+        assert calls == []

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import crc32c
 import numpy as np
 import pytest
 
-from insitubatch.cache.tilefile import create_tile_file, open_tile_file, tile_view, write_tile
+from insitubatch.cache.tilefile import create_tile_file, open_tile_file, tile_file_nbytes, tile_view, write_tile
 from insitubatch.errors import CacheCorruptError
 
 
@@ -178,3 +179,18 @@ def test_damaged_files_raise_cache_corrupt(tmp_path: Path) -> None:
         open_tile_file(path)
     with pytest.raises(ValueError, match="only fixed-size dtypes"):
         create_tile_file(tmp_path / "o.npy", 1, (2,), object)
+
+
+def test_checksum_covers_the_whole_file_and_a_temp_tag_names_its_writer(tmp_path: Path) -> None:
+    path = tmp_path / "tiles.npy"
+    with create_tile_file(path, 2, (3, 4), "f4", temp="0123456789abcdef-7") as f:
+        assert f.file_path.name == ".tiles.npy.0123456789abcdef-7.tmp"
+        write_tile(f, 0, np.ones((3, 4), "f4"))
+        write_tile(f, 1, np.full((2, 4), 2.0, "f4"))  # an edge tile
+        crc = f.checksum()
+        assert f.nbytes == tile_file_nbytes(2, (3, 4), "f4") == f.file_path.stat().st_size
+        f.publish()
+    assert crc == crc32c.crc32c(path.read_bytes())
+    with open_tile_file(path) as g:
+        st = path.stat()
+        assert g.checksum() == crc and g.identity == (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -19,8 +19,9 @@ from zarr.storage import LocalStore
 
 from insitubatch._zarr_compat import sync
 from insitubatch.errors import BadChunkError
+from insitubatch.io.arrays import geometry_of
 from insitubatch.io.decode import ChunkDecoder, clip_to_array, make_decoder, read_stored_chunk
-from insitubatch.io.geometry import ArrayGeometry, geometry_of
+from insitubatch.io.geometry import ArrayGeometry
 
 # name -> (create_array kwargs, region written or None for all). Shapes are not
 # multiples of the stored chunk, so every array has edge chunks.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
-from insitubatch.io.geometry import geometry_of
+from insitubatch.io.arrays import geometry_of
 from insitubatch.io.group import open_geometries
 
 
@@ -61,12 +61,14 @@ def test_bad_requests_name_the_problem(cf_group) -> None:
         open_geometries(str(cf_group), variables=["t2m"], sample_axis=3)
 
 
-def test_sharded_geometry_uses_the_shard_as_stored_chunk(cf_group) -> None:
+def test_a_sharded_geometry_reads_inner_chunks_out_of_its_shards(cf_group) -> None:
     g = open_geometries(str(cf_group))["levels/u"]
     assert g.chunks == (2, 1, 5, 6) and g.stored_chunks == (4, 2, 5, 6)
-    assert g.sample_chunk_size == 4 and g.n_chunks == 3 and g.chunk_len(2) == 2
-    assert g.inner_shape == (2, 5, 6) and g.tiles_per_chunk == 1
-    assert g.chunk_key(g.physical_chunk_coord(1)) == "levels/u/c/1/0/0/0"
+    assert g.sharded_reads and g.tile_chunks == g.chunks
+    assert g.sample_chunk_size == 2 and g.n_chunks == 5 and g.chunk_len(4) == 2
+    assert g.inner_shape == (2, 5, 6) and g.tiles_per_chunk == 2 and g.tile_nbytes == 2 * 5 * 6 * 4
+    # tile 1 of sample-axis chunk 3 is inner chunk (1, 1, 0, 0) of shard (1, 0, 0, 0)
+    assert g.tile_key(g.physical_chunk_coord(3, 1)) == ("levels/u/c/1/0/0/0", (1, 1, 0, 0))
 
 
 def test_tile_grid_and_placement_match_zarr_regions(cf_group) -> None:

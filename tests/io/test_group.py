@@ -124,3 +124,12 @@ def test_a_group_of_only_coordinates_or_nothing_raises_naming_what_it_holds(tmp_
     zarr.open_group(tmp_path / "empty.zarr", mode="w")
     with pytest.raises(ValueError, match="holds no arrays at all"):
         open_geometries(str(tmp_path / "empty.zarr"))
+
+
+def test_each_variable_is_sampled_along_the_sample_dimension_wherever_it_lies(tmp_path) -> None:
+    root = zarr.open_group(tmp_path / "t.zarr", mode="w")
+    root.create_array("a", shape=(8, 3, 4), chunks=(4, 3, 4), dtype="f4", dimension_names=("time", "y", "x"))
+    root.create_array("b", shape=(3, 4, 8), chunks=(3, 4, 4), dtype="f4", dimension_names=("y", "x", "time"))
+    geoms = open_geometries(str(tmp_path / "t.zarr"))
+    assert geoms["a"].sample_axis == 0 and geoms["b"].sample_axis == 2
+    assert geoms["b"].inner_shape == (3, 4) and geoms["b"].n_samples == 8

@@ -15,34 +15,46 @@ import pytest
 import zarr
 from helpers import CountingStore, local_store
 
-from insitubatch import InSituDataset, open_geometries, split_by_chunk
+from insitubatch import InSituDataset, open_geometries, split_by_chunk, split_by_time
 from insitubatch.plan.distributed import resolve_world
 
 N = 203  # not a multiple of anything, so the tail is ragged
+# Ways to split the same array: by chunk fractions, by dates at chunk granularity, by exact dates.
+# Steps are 5 hours apart and chunks 4 steps long, so day boundaries cut chunks.
+SPLITTERS = {
+    "fractions": lambda g: split_by_chunk(g, fractions=(0.8, 0.2)),
+    "dates": lambda g: split_by_time(g, {"train": (None, "2000-01-30"), "val": ("2000-01-31", None)}),
+    "exact-dates": lambda g: split_by_time(
+        g, {"train": (None, "2000-01-30"), "val": ("2000-01-31", None)}, edges="exact"
+    ),
+}
 
 
 @pytest.fixture
 def path(tmp_path) -> Path:
     root = zarr.open_group(tmp_path / "d.zarr", mode="w")
     x = np.random.default_rng(0).random((N, 3, 2), dtype="f4")
-    root.create_array("x", shape=x.shape, chunks=(4, 3, 2), dtype="f4")[:] = x
+    root.create_array("x", shape=x.shape, chunks=(4, 3, 2), dtype="f4", dimension_names=("time", "a", "b"))[:] = x
+    cf = {"units": "hours since 2000-01-01", "calendar": "proleptic_gregorian"}
+    root.create_array("time", shape=(N,), dtype="i8", dimension_names=("time",), attributes=cf)[:] = np.arange(N) * 5
     return tmp_path / "d.zarr"
 
 
-def _ds(store, rank, world, **kw):
+def _ds(store, rank, world, splitter="fractions", **kw):
     g = open_geometries(store)["x"]
-    m = split_by_chunk(g, fractions=(0.8, 0.2))
+    m = SPLITTERS[splitter](g)
     kw = {"batch_size": 6, "block_chunks": 3, "seed": 5, **kw}
     return InSituDataset(store, m, {"x": g}, rank=rank, world_size=world, **kw)
 
 
+@pytest.mark.parametrize("splitter", list(SPLITTERS))
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("remainder", ["pad", "drop"])
-def test_ranks_split_the_epoch_by_chunks_with_equal_batch_counts(path, world, remainder) -> None:
+def test_ranks_split_the_epoch_by_chunks_with_equal_batch_counts(path, world, remainder, splitter) -> None:
     per_rank, chunks, lens = [], [], []
     for rank in range(world):
         store = CountingStore(local_store(path))
-        with _ds(store, rank, world, remainder=remainder) as ds:
+        with _ds(store, rank, world, splitter, remainder=remainder) as ds:
             store.reset()
             batches = list(ds.train)
             lens.append(len(ds.train))
@@ -64,14 +76,15 @@ def test_ranks_split_the_epoch_by_chunks_with_equal_batch_counts(path, world, re
             assert not chunks[a] & chunks[b], "two ranks fetched the same chunk"
 
 
+@pytest.mark.parametrize("splitter", list(SPLITTERS))
 @pytest.mark.parametrize("world", [2, 3])
-def test_eval_passes_are_exactly_complete(path, world) -> None:
+def test_eval_passes_are_exactly_complete(path, world, splitter) -> None:
     val, infer = [], []
     for rank in range(world):
-        with _ds(str(path), rank, world) as ds:
+        with _ds(str(path), rank, world, splitter) as ds:
             val.extend(i for b in ds.val for i in b.sample_indices.tolist())
             infer.extend(i for b in ds.infer((10, 170)) for i in b.sample_indices.tolist())
-    with _ds(str(path), 0, 1) as ds:
+    with _ds(str(path), 0, 1, splitter) as ds:
         assert val == ds.manifest.sample_indices("val").tolist()
     assert infer == list(range(10, 170))
 

@@ -7,8 +7,10 @@ import pytest
 import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from zarr.codecs import GzipCodec, ShardingCodec
 
-from insitubatch.io.geometry import ArrayGeometry, geometry_of
+from insitubatch.io.arrays import geometry_of
+from insitubatch.io.geometry import ArrayGeometry
 from insitubatch.plan.splits import SplitManifest, split_by_chunk
 
 
@@ -114,7 +116,18 @@ def test_malformed_json_raises() -> None:
         SplitManifest.from_json('{"format": 1}')
 
 
-def test_split_uses_stored_chunks_of_sharded_array(tmp_path) -> None:
+def test_a_sharded_array_splits_by_inner_chunk(tmp_path) -> None:
     arr = zarr.create_array(tmp_path / "a.zarr", shape=(40, 4), chunks=(2, 4), shards=(8, 4), dtype="f4")
-    m = split_by_chunk(geometry_of(arr), fractions=(1.0,))
-    assert m.sample_chunk_size == 8 and m.chunks("train") == (0, 1, 2, 3, 4)
+    m = split_by_chunk(geometry_of(arr), fractions=(1.0,))  # inner chunks are read alone: they are the grid
+    assert m.sample_chunk_size == 2 and m.chunks("train") == tuple(range(20))
+    # a shard compressed again as a whole can only be read whole: the shard is the grid
+    with pytest.warns(UserWarning, match="disables partial reads"):
+        whole = zarr.create_array(
+            tmp_path / "b.zarr",
+            shape=(40, 4),
+            chunks=(8, 4),
+            dtype="f4",
+            serializer=ShardingCodec(chunk_shape=(2, 4)),
+            compressors=[GzipCodec()],
+        )
+    assert split_by_chunk(geometry_of(whole), fractions=(1.0,)).sample_chunk_size == 8

@@ -7,16 +7,20 @@ import logging
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zarr
 
 from insitubatch.dataset import InSituDataset
-from insitubatch.io.group import open_geometries
+from insitubatch.io.group import open_geometries, open_statics
 from insitubatch.io.stores import obstore_store
+from insitubatch.plan.cost import format_summary
 from insitubatch.plan.epoch import plan_epoch
 from insitubatch.plan.splits import split_by_chunk
 from insitubatch.testing.data import DatasetSpec, write_era5_like
 from insitubatch.testing.emulator import Emulator
 from insitubatch.tools.inspect_store import add_inspect_parser, inspect_store, run_inspect
+from insitubatch.tools.selection_args import parse_selection
 
 SPEC = DatasetSpec(
     n_time=64,
@@ -131,3 +135,81 @@ def test_cli_subcommand(dataset: Path, capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert out.startswith(f"store      {dataset}")
     assert "max_inflight=2" in out and "10m_u_component_of_wind" in out
+
+
+LEVELS = np.array([50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000])
+
+
+@pytest.fixture(scope="module")
+def levels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """13 levels stored one per chunk, 2 x 2 tiles per level, a land-sea mask and their coordinates."""
+    path = tmp_path_factory.mktemp("levels") / "lv.zarr"
+    root = zarr.open_group(path, mode="w")
+    for name, values in (
+        ("level", LEVELS),
+        ("latitude", np.linspace(90, -90, 16)),
+        ("longitude", np.arange(0, 360, 22.5)),
+        ("time", np.arange(40, dtype="i8")),
+    ):
+        root.create_array(name, data=values, dimension_names=(name,))
+    t = root.create_array("t", shape=(40, 13, 16, 16), chunks=(4, 1, 8, 8), dtype="f4", dimension_names=LEVEL_DIMS)
+    t[...] = np.random.default_rng(0).standard_normal(t.shape).astype("f4")
+    lsm = root.create_array("lsm", shape=(16, 16), dtype="f4", dimension_names=("latitude", "longitude"))
+    lsm[...] = 0.5
+    return path
+
+
+LEVEL_DIMS = ("time", "level", "latitude", "longitude")
+
+
+def test_a_selection_is_described_as_the_dataset_would_read_it(levels: Path) -> None:
+    sel = {"level": [500, 850], "latitude": slice(60, 0)}
+    text = inspect_store(str(levels), batch_size=8, max_inflight=4, sel=sel)
+    store = obstore_store(levels, read_only=True)
+    g = open_geometries(store, variables=["t"])["t"]
+    lsm = open_statics(store, variables=["lsm"])["lsm"]
+    manifest = split_by_chunk(g)
+    with InSituDataset(
+        store,
+        manifest,
+        {"t": g.sel(sel)},
+        statics={"lsm": lsm.sel(latitude=slice(60, 0))},
+        batch_size=8,
+        max_inflight=4,
+    ) as ds:
+        expected = format_summary(ds.describe())
+    for label in ("reads", "working", "static"):
+        assert _value(text, label) == _value(expected, label), label
+    assert re.search(r"t\[level=.*latitude=.*\]: 4 of 52 tiles per chunk", text), text
+    whole = inspect_store(str(levels), batch_size=8, max_inflight=4)
+    gets = int(_value(text, "reads").split("= ")[1].split()[0])
+    assert gets * 13 == int(_value(whole, "reads").split("= ")[1].split()[0])  # 4 of 52 tiles: 1/13 of the GETs
+    assert "latitude=3:8 (5, 16)" in _value(text, "static") and "lsm (16, 16)" in _value(whole, "static")
+    left = [ln for ln in whole.splitlines() if ln.startswith("left out")]
+    assert sorted(ln.split()[2].rstrip(":") for ln in left) == ["latitude", "level", "longitude", "time"]
+
+
+def test_cli_selections_match_the_api(levels: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="insitubatch")
+    add_inspect_parser(parser.add_subparsers(dest="command"))
+    argv = ["inspect", str(levels), "--batch-size", "8", "--no-probe", "--sel", "level=500,850"]
+    args = parser.parse_args([*argv, "--isel", "longitude=::-1", "--sel", "latitude=60:0"])
+    assert args.run(args) == 0
+    out = capsys.readouterr().out
+    api = inspect_store(
+        str(levels),
+        batch_size=8,
+        probe=False,
+        sel={"level": [500, 850], "latitude": slice(60, 0)},
+        isel={"longitude": slice(None, None, -1)},
+    )
+    assert out.strip() == api.strip()
+    assert parse_selection(["time=2020-01-01:", "level=0.5", "x=a,b"], "--sel") == {
+        "time": slice("2020-01-01", None),
+        "level": 0.5,
+        "x": ["a", "b"],
+    }
+    with pytest.raises(argparse.ArgumentTypeError, match="DIM=VALUE"):
+        parse_selection(["level"], "--sel")
+    with pytest.raises(ValueError, match=r"no array has dimension\(s\) \['plev'\].*'level'"):
+        inspect_store(str(levels), sel={"plev": 500})

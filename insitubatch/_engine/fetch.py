@@ -1,0 +1,354 @@
+"""A pass's reads of a remote store: a key (and an optional byte range) in, its bytes out, whatever the link does.
+
+:meth:`Fetcher.start` begins a read and calls back once with its bytes (or
+``None`` for a missing key) or its error; :meth:`Fetcher.get` is the same as
+a coroutine. Everything runs on zarr's loop as callbacks and timers, with
+no task of its own: a read is a loop of attempts bounded by the store's
+:class:`~.read_policy.ReadPolicy`, and an attempt is a race:
+
+* the request goes out; if no answer came after the link's hedge time
+  (``StoreLink.hedge_after``: 3 x the recent p90, at least 100 ms) and the
+  hedge budget allows (5% of GETs), one duplicate goes out; the first good
+  answer wins and the other request is cancelled (its connection closed);
+* if no answer came after the stall time (``StoreLink.stall_after``: 10 x
+  the recent p99, at least 2 s, at most the store's ``read_timeout``, and
+  1.5 x longer at each further stall of the same read), every request of
+  the attempt is abandoned and a fresh one starts after the backoff;
+* a throttling answer (429/503, S3 ``SlowDown``) tells the link (the auto
+  window halves, hedging pauses) and is retried after the backoff; another
+  transient failure is retried; a missing key is ``None``; a denied or
+  malformed request fails at once.
+
+No attempt starts later than ``retry_timeout`` after the first, and a
+silent attempt is cut where that window ends (but not before the 2 s
+floor), so a key that never answers fails within ``retry_timeout`` + 2 s,
+naming the attempts.
+
+A read whose ``size_hint`` is over ``STREAM_OVER_BYTES`` is a large one:
+its race ends with the response's first byte, and its body is streamed
+with the stall timer on every piece, so a slow large body is never cut
+while bytes still arrive. A smaller read is one request for headers and
+body together, its stall time stretched by what the body takes at
+``SLOW_STREAM_BYTES_PER_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from typing import Any
+
+import obstore
+from zarr.abc.buffer import Buffer
+from zarr.abc.store import RangeByteRequest
+from zarr.buffer import default_buffer_prototype
+
+from .read_policy import Outcome, classify
+from .stats import PassCounters
+from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient, _ObstoreBackend
+from .window import WindowUser
+
+__all__ = ["Fetcher", "Read"]
+
+# A read of more than this many bytes streams its body under the stall timer (a larger one may take
+# longer than a stall time to arrive even while every piece comes in time).
+STREAM_OVER_BYTES = 8 << 20
+# Pieces of a streamed body.
+STREAM_PIECE_BYTES = 1 << 20
+# A small read's stall time grows by its bytes at this rate: a body that slow is stalled too.
+SLOW_STREAM_BYTES_PER_S = 4e6
+
+Done = Callable[[Buffer | None, BaseException | None], None]
+
+
+class _Stalled(TimeoutError):
+    """No answer within the stall time."""
+
+
+class _Race:
+    """One attempt: a request and at most one duplicate; the first good answer wins, the rest are cancelled."""
+
+    __slots__ = ("_errors", "_hedge_at", "_launch", "_read", "_requests", "_stall_at", "_timer", "loop", "settled")
+
+    def __init__(self, read: Read, launch: Callable[[], asyncio.Future], hedge_s: float, stall_s: float) -> None:
+        self._read = read
+        self._launch = launch
+        self.loop = read.loop
+        self.settled = False
+        self._requests: list[tuple[asyncio.Future, float]] = []
+        self._errors = 0
+        now = self.loop.time()
+        self._hedge_at = now + hedge_s
+        self._stall_at = now + stall_s
+        self._go()
+        self._timer = self.loop.call_at(min(self._hedge_at, self._stall_at), self._tick)
+
+    def _go(self) -> None:
+        request = self._launch()
+        self._requests.append((request, self.loop.time()))
+        request.add_done_callback(self._landed)
+
+    def _settle(self, answer: Any, seconds: float, hedge_won: bool, exc: BaseException | None) -> None:
+        self.settled = True
+        self.close()
+        self._read._raced(answer, seconds, hedge_won, exc)
+
+    def _landed(self, request: asyncio.Future) -> None:
+        if self.settled or request.cancelled():
+            return
+        exc = request.exception()
+        if exc is None:
+            first, started = self._requests[0]
+            if request is not first:
+                started = self._requests[1][1]
+            self._settle(request.result(), self.loop.time() - started, request is not first, None)
+            return
+        self._errors += 1
+        if self._errors == len(self._requests) or classify(exc) is Outcome.MISSING:
+            self._settle(None, 0.0, False, exc)  # every request failed (a missing key needs no second opinion)
+
+    def _tick(self) -> None:
+        if self.settled:
+            return
+        now = self.loop.time()
+        if now >= self._stall_at:
+            self._settle(None, 0.0, False, _Stalled())
+            return
+        if now >= self._hedge_at:
+            self._hedge_at = math.inf
+            fetcher = self._read.fetcher
+            if len(self._requests) == 1 and fetcher.link.take_hedge(now):
+                fetcher.counters.hedged += 1
+                self._go()
+        self._timer = self.loop.call_at(min(self._hedge_at, self._stall_at), self._tick)
+
+    def close(self) -> None:
+        """Cancel the timer and every request still out (the loser, or all of a stalled attempt)."""
+        self._timer.cancel()
+        for request, _ in self._requests:
+            if not request.done():
+                request.cancel()
+
+
+class Read:
+    """One read in progress: attempts until an answer, a missing key or the retry bounds; ``done`` called once."""
+
+    __slots__ = (
+        "_large",
+        "_plain",
+        "_race",
+        "_stall_s",
+        "_task",
+        "_timer",
+        "attempt",
+        "byte_range",
+        "done",
+        "fetcher",
+        "first",
+        "key",
+        "loop",
+        "size_hint",
+    )
+
+    def __init__(self, fetcher: Fetcher, key: str, byte_range: Any, size_hint: int | None, done: Done) -> None:
+        self.fetcher = fetcher
+        self.key = key
+        self.byte_range = byte_range
+        self.size_hint = size_hint
+        self.done: Done | None = done
+        self.loop = asyncio.get_running_loop()
+        self.first = self.loop.time()
+        self.attempt = 0
+        self._large = (
+            size_hint is not None and size_hint > STREAM_OVER_BYTES and isinstance(fetcher.backend, _ObstoreBackend)
+        )
+        self._plain = False  # a whole-key ranged GET the server refused (an empty object): a plain GET instead
+        self._stall_s = fetcher.link.stall_after(fetcher.policy)
+        self._race: _Race | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Future | None = None
+        self._try()
+
+    def cancel(self) -> None:
+        """Abandon the read: its requests are cancelled and ``done`` is never called."""
+        self.done = None
+        if self._race is not None:
+            self._race.settled = True
+            self._race.close()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+    def _finish(self, answer: Buffer | None, exc: BaseException | None) -> None:
+        done, self.done = self.done, None
+        if done is not None:
+            done(answer, exc)
+
+    def _try(self) -> None:
+        self._timer = None
+        self.attempt += 1
+        fetcher, backend, key, byte_range = self.fetcher, self.fetcher.backend, self.key, self.byte_range
+        # a silent attempt never outlasts the retry window by more than the stall floor: a key that never
+        # answers fails within retry_timeout + STALL_FLOOR_S, whatever the timer grew to
+        left = self.first + fetcher.policy.retry_timeout_s - self.loop.time()
+        stall = min(self._stall_s, max(STALL_FLOOR_S, left))
+        if self._large and isinstance(backend, _ObstoreBackend):
+            raw = backend.raw
+            launch: Callable[[], asyncio.Future] = lambda: _open(raw, key, byte_range)  # noqa: E731
+        else:
+            stall += (self.size_hint or 0) / SLOW_STREAM_BYTES_PER_S
+            if self._plain:
+                launch = lambda: backend.whole(key)  # noqa: E731
+            else:
+                launch = lambda: backend.request(key, byte_range)  # noqa: E731
+        fetcher.link.requested()
+        self._race = _Race(self, launch, fetcher.link.hedge_after() if fetcher.hedge else math.inf, stall)
+
+    def _raced(self, answer: Any, seconds: float, hedge_won: bool, exc: BaseException | None) -> None:
+        self._race = None
+        if self.done is None:
+            return  # cancelled
+        fetcher = self.fetcher
+        if exc is None:
+            fetcher.counters.hedge_wins += hedge_won
+            fetcher.link.latency.add(seconds)
+            if self._large:
+                self._task = asyncio.ensure_future(_body(answer, self._stall_s))
+                self._task.add_done_callback(lambda task: self._streamed(task, seconds))
+                return
+            self._answer(answer, seconds)
+        else:
+            self._failed(exc)
+
+    def _streamed(self, task: asyncio.Future, seconds: float) -> None:
+        self._task = None
+        if self.done is None or task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self._answer(task.result(), seconds)
+        else:
+            self._failed(exc)
+
+    def _answer(self, answer: Any, seconds: float) -> None:
+        fetcher, counters = self.fetcher, self.fetcher.counters
+        nbytes = 0 if answer is None else len(answer)
+        counters.gets += 1
+        counters.get_bytes += nbytes
+        fetcher.window.completed(nbytes, seconds)
+        if answer is not None and not isinstance(answer, Buffer):  # obstore's bytes, not copied
+            answer = fetcher._prototype.buffer.from_bytes(memoryview(answer))
+        self._finish(answer, None)  # (a zarr store's own get returns a Buffer, or None for a missing key)
+
+    def _failed(self, exc: BaseException) -> None:
+        fetcher, policy = self.fetcher, self.fetcher.policy
+        if isinstance(exc, _Stalled):
+            fetcher.counters.stalls += 1
+            exc = TimeoutError(f"no answer for {self.key!r} within {self._stall_s:.1f}s")
+            self._stall_s = min(policy.read_timeout_s, self._stall_s * STALL_GROWTH)
+        else:
+            outcome = classify(exc)
+            if outcome is Outcome.MISSING:
+                fetcher.counters.gets += 1
+                self._finish(None, None)
+                return
+            if self.byte_range is None and not self._plain and "416" in str(exc)[:400]:
+                self._plain = True  # an empty object: nothing for a range to name
+                self.attempt -= 1
+                self._try()
+                return
+            if outcome is Outcome.FATAL or (fetcher.backend.own_retries and outcome is Outcome.RETRY):
+                self._finish(None, exc)
+                return
+            if outcome is Outcome.THROTTLE:
+                fetcher.counters.throttled += 1
+                fetcher.link.throttled(self.loop.time())
+        wait = policy.backoff(self.attempt + 1)
+        elapsed = self.loop.time() - self.first
+        if self.attempt > policy.max_retries or elapsed + wait > policy.retry_timeout_s:
+            self._finish(None, _give_up(self.key, self.attempt, elapsed, exc))
+            return
+        fetcher.counters.retries += 1
+        self._timer = self.loop.call_later(wait, self._try)
+
+
+class Fetcher:
+    """One pass's reads of one remote store, under the window's permits the caller holds. Loop thread only."""
+
+    def __init__(self, client: StoreClient, permits: WindowUser, counters: PassCounters, hedge: bool = True) -> None:
+        self.client = client
+        self.link = client.link
+        self.policy = client.policy
+        self.backend = client.backend
+        self.window = permits.window
+        self.counters = counters
+        self.hedge = hedge
+        self._prototype = default_buffer_prototype()
+
+    def start(self, key: str, byte_range: Any, size_hint: int | None, done: Done) -> Read:
+        """Begin reading ``key``; ``done(buffer_or_None, None)`` or ``done(None, error)`` is called once.
+
+        ``byte_range`` is a zarr ``ByteRequest`` or None (the whole key);
+        ``size_hint`` about how many bytes the answer holds (a large read
+        streams its body). The error, once the store's retry bounds are
+        spent, names the key and the attempts (``TimeoutError`` when no
+        attempt got an answer). Call ``cancel()`` on the result to abandon it.
+        """
+        if size_hint is None and isinstance(byte_range, RangeByteRequest):
+            size_hint = byte_range.end - byte_range.start
+        return Read(self, key, byte_range, size_hint, done)
+
+    async def get(self, key: str, byte_range: Any = None, size_hint: int | None = None) -> Buffer | None:
+        """:meth:`start` as a coroutine: the bytes of ``key``, or None if it does not exist; raises the error."""
+        outcome = asyncio.get_running_loop().create_future()
+
+        def done(answer: Buffer | None, exc: BaseException | None) -> None:
+            if outcome.done():
+                return
+            if exc is not None:
+                outcome.set_exception(exc)
+            else:
+                outcome.set_result(answer)
+
+        read = self.start(key, byte_range, size_hint, done)
+        try:
+            return await outcome
+        except asyncio.CancelledError:
+            read.cancel()
+            raise
+
+
+def _open(raw: Any, key: str, byte_range: Any) -> asyncio.Future:
+    """A future for the response to a GET of ``key`` (``byte_range`` of it), resolved at its first byte."""
+    options: Any = {}
+    if byte_range is not None:
+        start = getattr(byte_range, "start", None)
+        if start is not None:
+            options["range"] = (start, byte_range.end)
+        elif hasattr(byte_range, "offset"):
+            options["range"] = {"offset": byte_range.offset}
+        else:
+            options["range"] = {"suffix": byte_range.suffix}
+    return asyncio.ensure_future(obstore.get_async(raw, key, options=options or None))
+
+
+async def _body(result: Any, stall_s: float) -> bytes:
+    """A response's body, piece by piece; raises ``_Stalled`` when no piece comes for ``stall_s``."""
+    pieces: list[Any] = []
+    stream = result.stream(min_chunk_size=STREAM_PIECE_BYTES)
+    while True:
+        try:
+            piece = await asyncio.wait_for(stream.__anext__(), stall_s)
+        except StopAsyncIteration:
+            return b"".join(pieces)
+        except TimeoutError:
+            raise _Stalled() from None
+        pieces.append(piece)
+
+
+def _give_up(key: str, attempts: int, elapsed: float, error: BaseException) -> OSError:
+    what = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    message = f"gave up on {key!r} after {attempts} attempt(s) in {elapsed:.1f}s; the last: {what}"
+    return TimeoutError(message) if isinstance(error, TimeoutError) else OSError(message)

@@ -1,0 +1,130 @@
+"""How long a read may take and how often it is tried again: the store's own settings, read once.
+
+The engine reads a remote obstore store through a twin with obstore's
+retries off (``store_link``) and retries in its own loop, so that it sees
+each throttling answer and each stalled attempt. :func:`policy_for` takes
+that loop's bounds from the store's ``retry_config`` (``max_retries``,
+``backoff``, ``retry_timeout``) and ``client_options`` (``read_timeout``,
+the longest the stall timer may grow), falling back to the defaults of
+``insitubatch.io.stores`` for what the store leaves unset.
+:func:`classify` sorts a failed attempt into what the loop does next.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import obstore.exceptions
+
+from ..io.stores import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT, DEFAULT_RETRY_TIMEOUT
+
+__all__ = ["Outcome", "ReadPolicy", "classify", "policy_for"]
+
+# obstore's own backoff defaults (object_store's BackoffConfig): 100 ms doubling to 15 s.
+DEFAULT_INIT_BACKOFF_S = 0.1
+DEFAULT_MAX_BACKOFF_S = 15.0
+DEFAULT_BACKOFF_BASE = 2.0
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|m|min|mins|h)?\s*$")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "mins": 60.0, "h": 3600.0, None: 1.0}
+# An answer meaning "slow down": S3 SlowDown (503), GCS and Azure 429 / 503; and their words, for a
+# store whose errors carry no status
+_THROTTLE_STATUS = (429, 503)
+_THROTTLE = re.compile(r"\b(429|503)\b|SlowDown|Slow Down|TooManyRequests|RequestLimitExceeded|Throttl", re.IGNORECASE)
+_STATUS = re.compile(r"status code: (\d{3})")
+# A client error that trying again will not fix (408 Request Timeout and 429 are worth another try).
+_RETRYABLE_4XX = (408, 429)
+
+
+def _seconds(value: Any, default: float) -> float:
+    """A duration from a ``timedelta``, a number of seconds or an obstore string ("30s", "500ms", "2min")."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and (match := _DURATION.match(value)):
+        return float(match.group(1)) * _UNIT_S[match.group(2)]
+    return default
+
+
+@dataclass(frozen=True)
+class ReadPolicy:
+    """The retry loop's bounds for one store.
+
+    A read is tried at most ``1 + max_retries`` times; no attempt starts
+    later than ``retry_timeout_s`` after the first, and a silent attempt is
+    cut at that point too, so a read that never gets an answer fails within
+    about ``retry_timeout_s``. Attempt ``n`` waits ``init_backoff_s *
+    backoff_base ** (n - 1)`` (at most ``max_backoff_s``) before it starts.
+    ``read_timeout_s`` caps the stall timer.
+    """
+
+    max_retries: int = DEFAULT_MAX_RETRIES
+    retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT.total_seconds()
+    init_backoff_s: float = DEFAULT_INIT_BACKOFF_S
+    max_backoff_s: float = DEFAULT_MAX_BACKOFF_S
+    backoff_base: float = DEFAULT_BACKOFF_BASE
+    read_timeout_s: float = _seconds(DEFAULT_READ_TIMEOUT, 30.0)
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait before attempt ``attempt`` (2 is the first retry)."""
+        return min(self.max_backoff_s, self.init_backoff_s * self.backoff_base ** max(0, attempt - 2))
+
+
+def policy_for(retry_config: Mapping[str, Any] | None, client_options: Mapping[str, Any] | None) -> ReadPolicy:
+    """The bounds a store's settings give (its unset keys: insitubatch's defaults)."""
+    retry = dict(retry_config or {})
+    backoff = dict(retry.get("backoff") or {})
+    default = ReadPolicy()
+    return ReadPolicy(
+        max_retries=int(retry.get("max_retries", default.max_retries)),
+        retry_timeout_s=_seconds(retry.get("retry_timeout"), default.retry_timeout_s),
+        init_backoff_s=_seconds(backoff.get("init_backoff"), default.init_backoff_s),
+        max_backoff_s=_seconds(backoff.get("max_backoff"), default.max_backoff_s),
+        backoff_base=float(backoff.get("base", default.backoff_base)),
+        read_timeout_s=_seconds((client_options or {}).get("read_timeout"), default.read_timeout_s),
+    )
+
+
+class Outcome(enum.Enum):
+    """What a failed attempt means for its read."""
+
+    MISSING = "missing"  # the key does not exist: the read returns None (zarr's fill value)
+    FATAL = "fatal"  # trying again will not help (denied, bad request): the read fails now
+    RETRY = "retry"  # a transient failure (5xx, a dropped connection, a cut body): try again
+    THROTTLE = "throttle"  # the store asks to slow down: try again, and the window backs off
+
+
+def classify(exc: BaseException) -> Outcome:
+    """Sort a failed attempt's exception; anything unrecognised is transient."""
+    if isinstance(exc, (FileNotFoundError, obstore.exceptions.NotFoundError)):
+        return Outcome.MISSING
+    if isinstance(
+        exc,
+        (
+            obstore.exceptions.PermissionDeniedError,
+            obstore.exceptions.UnauthenticatedError,
+            obstore.exceptions.InvalidPathError,
+            obstore.exceptions.NotSupportedError,
+            obstore.exceptions.UnknownConfigurationKeyError,
+            PermissionError,
+            ValueError,
+            TypeError,
+        ),
+    ):
+        return Outcome.FATAL
+    text = str(exc)
+    status = _STATUS.search(text)
+    if status is None:  # no HTTP status in the message (another store's error): its words decide
+        return Outcome.THROTTLE if _THROTTLE.search(text) else Outcome.RETRY
+    code = int(status.group(1))
+    if code in _THROTTLE_STATUS or "SlowDown" in text:
+        return Outcome.THROTTLE
+    if 400 <= code < 500 and code not in _RETRYABLE_4XX:
+        return Outcome.FATAL
+    return Outcome.RETRY

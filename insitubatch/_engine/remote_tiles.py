@@ -1,0 +1,290 @@
+"""The loop side of a pass's remote reads: one GET per tile (a byte range of a shard), then a decode job.
+
+A mixin of ``PassDriver``: what it uses lives on the driver and is declared
+here for the type checker. A tile takes one of the pass's read permits,
+goes out through the pass's ``Fetcher`` (hedged, stall-proof, retried) or,
+without one, the store itself, and holds the permit until its decode job
+has landed. On a sharded array a tile is an inner chunk: its shard's index
+first (read once per dataset, and for the whole pass as it starts, so no
+tile idles a permit waiting for one), then its byte range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.store import ByteRequest, RangeByteRequest, Store
+
+from ..cache import DiskCache
+from ..errors import BadChunkError, StoreReadError
+from ..io.chain import _ShardStage
+from ..io.decode import ChunkDecoder
+from ..io.direct import ChunkData, _DecodeFailure
+from ..io.geometry import ArrayGeometry
+from ..plan.epoch import EpochPlan
+from .fetch import Fetcher
+from .landings import _Landings, _release
+from .pool import ChunkPool, Owner
+from .shard_index import ShardIndexes, check_span, prefetch, read_inner_chunk, shard_keys
+from .tile_jobs import _GET_IN_JOB
+from .wants import Want
+
+__all__ = ["COALESCE_GAP_BYTES", "INDEX_PREFETCH", "coalesce"]
+
+# shard indexes a remote pass reads at once when it starts, ahead of the tiles that need them
+INDEX_PREFETCH = 16
+# Inner chunks of one shard read with one GET when the next starts at most this many bytes after the
+# previous ends. 0: only back-to-back ones, so the bytes on the wire are exactly the inner chunks needed
+# (a gap would be read and thrown away; on a link where a round trip costs more than that many bytes,
+# raising it trades bytes for requests).
+COALESCE_GAP_BYTES = 0
+
+
+class _RemoteTiles:
+    """Remote-read methods of ``PassDriver``."""
+
+    store: Store
+    fetcher: Fetcher | None
+    semaphore: Any  # the read permits (``window.WindowUser``, an ``asyncio.Semaphore`` alike)
+    pool: ChunkPool
+    owner: Owner
+    plan: EpochPlan
+    readers: Any
+    cache: DiskCache | None
+    first_block: int
+    shard_indexes: ShardIndexes
+    _shards: dict[str, _ShardStage]
+    _decoders: dict[str, ChunkDecoder]
+    _prototype: BufferPrototype
+    _get_sync: Callable[..., ChunkData | None] | None
+    _landings: _Landings
+
+    def _spawn(self, coro, work: bool = False) -> None:
+        raise NotImplementedError  # PassDriver's
+
+    def _track(self, job: concurrent.futures.Future) -> None:
+        raise NotImplementedError  # PassDriver's
+
+    def _tile_job(self, want: Want, coord, key: str, buf) -> None:
+        raise NotImplementedError  # _TileJobs'
+
+    @staticmethod
+    def _read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
+        raise NotImplementedError  # _TileJobs'
+
+    def _prefetch_shard_indexes(self) -> None:
+        """A remote store: read the indexes of the shards this pass reads, in first-use order, as it starts."""
+        sharded = {source: r for source, r in self.readers.items() if r.geometry.sharded_reads}
+        # a local store reads an index in a decode job, as fast as a tile; with a disk cache, chunks it
+        # revives need no index, and the misses read theirs on demand
+        if not sharded or self._get_sync is not None or self.cache is not None:
+            return
+        plan = self.plan
+        order = [
+            i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
+        ]
+        wanted: dict[str, tuple[str, _ShardStage]] = {}
+        for source, r in sharded.items():
+            chunks = [plan.reads[i][1] for i in order if plan.reads[i][0] == source]
+            for key in shard_keys(r.geometry, r.layout.tiles, chunks):
+                wanted.setdefault(key, (key, self._shards[r.geometry.path]))
+        self._spawn(
+            prefetch(self.shard_indexes, list(wanted.values()), self._get_range, self.semaphore, INDEX_PREFETCH)
+        )
+
+    async def _get_range(self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None) -> Buffer | None:
+        if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
+            return await self.fetcher.get(key, byte_range, size_hint)
+        return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
+
+    async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> ChunkData | BadChunkError | None:
+        """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range (``read_inner_chunk``)."""
+        if not g.sharded_reads:
+            return await self._get_range(key, None, g.tile_nbytes)
+        stage, decoder = self._shards[g.path], self._decoders[g.path]
+        return await read_inner_chunk(self.shard_indexes, stage, decoder, coord, self._get_range)
+
+    async def _fetch_tile(self, want: Want) -> None:
+        entry, reader, k = want.consumers[0]
+        g = reader.geometry
+        coord = reader.tile_coord(want.chunk_index, k)
+        key = g.tile_key(coord)[0]
+        buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
+        async with self.semaphore:
+            if self._get_sync is None:
+                trace = self.owner.counters.trace
+                trace.inflight_reads += 1
+                t0 = time.perf_counter()
+                try:
+                    buf = await self._get_tile(g, coord, key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    error = self._read_error(g, coord, key, exc)
+                    for consumer, _, _ in want.seal():
+                        self.pool.fail(consumer, error)
+                    return
+                finally:
+                    trace.inflight_reads -= 1
+                    trace.add("fetch_s", time.perf_counter() - t0)
+                if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
+                    counters = self.owner.counters
+                    counters.gets += 1
+                    if buf is not None and not isinstance(buf, BadChunkError):
+                        counters.get_bytes += len(buf)
+            else:
+                buf = _GET_IN_JOB
+            # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers
+            landed, job = self._landings.submit(self._tile_job, want, coord, key, buf)
+            self._track(job)
+            try:
+                await landed
+            except Exception as exc:
+                for consumer, _, _ in want.consumers:
+                    self.pool.fail(consumer, exc)
+
+    def _fetch_remote(self, wants: list[Want]) -> None:
+        """Loop: start the GETs of freshly wanted tiles: one each, or a shard's by its coalesced byte ranges."""
+        shards: dict[str, list[Want]] = {}
+        for want in wants:
+            _, reader, k = want.consumers[0]
+            g = reader.geometry
+            if g.sharded_reads:
+                shards.setdefault(g.tile_key(reader.tile_coord(want.chunk_index, k))[0], []).append(want)
+            else:
+                self._spawn(self._fetch_tile(want), work=True)
+        for key, group in shards.items():
+            self._spawn(self._fetch_shard(key, group), work=True)
+
+    async def _fetch_shard(self, key: str, wants: list[Want]) -> None:
+        """Loop: tiles of one shard, after its index: each run of adjacent inner chunks is one ranged GET.
+
+        Inner chunks whose byte ranges touch (a gap of at most
+        ``COALESCE_GAP_BYTES``) are read together; one never written needs
+        no GET (the fill value), and a damaged index entry makes its tile a
+        bad chunk without one.
+        """
+        _, reader, k = wants[0].consumers[0]
+        g = reader.geometry
+        decoder = self._decoders[g.path]
+        broken: _DecodeFailure | None = None
+        try:
+            async with self.semaphore:  # (an index read is a read in flight like any other)
+                index = await self.shard_indexes.read(key, self._shards[g.path], self._get_range)
+        except asyncio.CancelledError:
+            raise
+        except _DecodeFailure as exc:
+            index, broken = None, exc
+        except Exception as exc:  # the store failed: every tile of the shard read now raises it
+            coord = reader.tile_coord(wants[0].chunk_index, k)
+            self._fail_wants(wants, self._read_error(g, coord, key, exc))
+            return
+        spans: list[tuple[int, int, Want, Any]] = []
+        for want in wants:
+            _, r, tk = want.consumers[0]
+            coord = r.tile_coord(want.chunk_index, tk)
+            try:
+                if broken is not None:
+                    raise broken
+                place = g.tile_key(coord)[1]
+                assert place is not None  # sharded reads place every tile in its shard
+                span = None if index is None else index.span(place)
+            except _DecodeFailure as exc:
+                self._spawn(self._land(want, coord, key, decoder._bad(coord, str(exc))), work=True)
+                continue
+            if span is None:  # the shard, or this inner chunk of it, was never written: the fill value
+                self._spawn(self._land(want, coord, key, None), work=True)
+            else:
+                spans.append((*span, want, coord))
+        for run in coalesce(spans):
+            self._spawn(self._fetch_run(key, run), work=True)
+
+    async def _fetch_run(self, key: str, run: list[tuple[int, int, Want, Any]]) -> None:
+        """Loop: one ranged GET for a run of adjacent inner chunks, then a decode job per tile.
+
+        Each tile holds a permit, as a tile read alone would: the run waits
+        for one, takes as many more as are free at once, and leaves the tiles
+        it has no permit for to a run of their own.
+        """
+        semaphore = self.semaphore
+        await semaphore.acquire()
+        held = 1
+        try:
+            while held < len(run) and not semaphore.locked():
+                await semaphore.acquire()  # free: returns without suspending
+                held += 1
+            if held < len(run):
+                self._spawn(self._fetch_run(key, run[held:]), work=True)
+                run = run[:held]
+            start, stop = run[0][0], run[-1][1]
+            t0 = time.perf_counter()
+            try:
+                buf = await self._get_range(key, RangeByteRequest(start, stop), stop - start)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                _, _, want, coord = run[0]
+                self._fail_wants(
+                    [w for _, _, w, _ in run], self._read_error(want.consumers[0][1].geometry, coord, key, exc)
+                )
+                return
+            finally:
+                self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
+            if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
+                self.owner.counters.gets += 1
+                self.owner.counters.get_bytes += 0 if buf is None else len(buf)
+            landings = []
+            for a, b, want, coord in run:
+                decoder = self._decoders[want.consumers[0][1].geometry.path]
+                part = None if buf is None or len(buf) < b - start else buf[a - start : b - start]
+                try:
+                    data: Any = check_span(decoder, coord, (a, b), part)
+                except BadChunkError as exc:
+                    data = exc
+                landed, job = self._landings.submit(self._tile_job, want, coord, key, data)
+                self._track(job)
+                landings.append((want, landed))
+            for want, landed in landings:
+                try:
+                    await landed
+                except Exception as exc:
+                    self._fail_wants([want], exc)
+        finally:
+            _release(semaphore, held)
+
+    async def _land(self, want: Want, coord: Any, key: str, buf: Any) -> None:
+        """Loop: a tile decided without a GET (never written, or bad) through a decode job, under a permit."""
+        async with self.semaphore:
+            landed, job = self._landings.submit(self._tile_job, want, coord, key, buf)
+            self._track(job)
+            try:
+                await landed
+            except Exception as exc:
+                self._fail_wants([want], exc)
+
+    def _fail_wants(self, wants: list[Want], error: BaseException) -> None:
+        for want in wants:
+            for consumer, _, _ in want.seal():
+                self.pool.fail(consumer, error)
+
+
+def coalesce(spans: list[tuple[int, int, Want, Any]]) -> list[list[tuple[int, int, Want, Any]]]:
+    """``(start, stop, want, coord)`` byte spans of one shard as runs to read with one GET each.
+
+    Sorted by offset; a span starting at most ``COALESCE_GAP_BYTES`` past the
+    previous one's end joins its run. Inner chunks a shard holds back to
+    back (one sample-axis chunk's tiles, in C order) become one request.
+    """
+    runs: list[list[tuple[int, int, Want, Any]]] = []
+    for span in sorted(spans, key=lambda s: s[0]):
+        if runs and span[0] - runs[-1][-1][1] <= COALESCE_GAP_BYTES and span[0] >= runs[-1][-1][1]:
+            runs[-1].append(span)
+        else:
+            runs.append([span])
+    return runs

@@ -1,0 +1,152 @@
+"""The disk-cache side of a pass: look its chunks up on disk, revive them, claim the misses, fetch the rest.
+
+A mixin of ``PassDriver``, on the loop like the driver itself (the lookups
+run on the decode pool); the state it uses lives on the driver and is
+declared here for the type checker.
+
+A miss is claimed for this process before it is fetched (``DiskCache.find``);
+one that another writer of the ``cache_dir`` is making is looked up again a
+little later, so it is revived rather than fetched twice. Claims this pass
+took and did not write are released when it stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable
+
+from ..cache import DiskCache
+from .pool import PENDING, ChunkPool, Entry, Owner
+from .reader import ArrayReader
+from .window import WindowUser
+
+# a chunk another writer of the cache_dir is making is looked up again after this, doubling up to
+# BUSY_POLL_MAX_S; past BUSY_WAIT_S (a writer stuck or stopped) it is fetched here and kept in memory
+BUSY_POLL_S = 0.005
+BUSY_POLL_MAX_S = 0.1
+BUSY_WAIT_S = 30.0
+
+
+def _lookup_all(cache: DiskCache, requests: list, claim: bool) -> list:
+    """Decode thread: find many chunks on disk (claiming the misses); a failure is returned in its place."""
+    out: list = []
+    for path, chunk_index, shapes, dtype in requests:
+        try:
+            out.append(cache.find(path, chunk_index, shapes, dtype, claim=claim))
+        except Exception as exc:  # handed to that chunk's entry, the others still revive
+            out.append(exc)
+    return out
+
+
+class _Revivals:
+    """Disk-cache methods of ``PassDriver``."""
+
+    cache: DiskCache | None
+    pool: ChunkPool
+    owner: Owner
+    semaphore: WindowUser  # the read permits
+    executor: concurrent.futures.Executor
+    loop: asyncio.AbstractEventLoop
+    _claimed: set  # (path, chunk) claims this pass took (released when it stops, if still held)
+    _turn: asyncio.Future | None  # the latest lookup's: its misses are fetched first
+
+    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
+        raise NotImplementedError  # PassDriver's
+
+    def _start_remote(self) -> None:
+        raise NotImplementedError  # PassDriver's
+
+    def _spawn(self, coro, work: bool = False) -> None:
+        raise NotImplementedError  # PassDriver's
+
+    def _orphan(self, job: concurrent.futures.Future, cleanup: Callable[[], None]) -> None:
+        raise NotImplementedError  # PassDriver's
+
+    def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
+        raise NotImplementedError  # _TileJobs'
+
+    async def _revive_or_fetch(self, items: list[tuple[Entry, ArrayReader, int]], waited: float = 0.0) -> None:
+        """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
+
+        One executor job looks up a block's worth of chunks, so reviving costs
+        one thread hop per batch of lookups; it runs as a task, overlapping the
+        admission of later chunks, under the read permits (``max_inflight``). A miss
+        is claimed for this process before it is fetched; one that another
+        writer of the ``cache_dir`` is making is looked up again a little later
+        (``waited`` seconds so far), so it is revived rather than fetched twice.
+        """
+        cache = self.cache
+        assert cache is not None  # revival is scheduled only with a disk cache
+        requests = [(r.source, c, r.entry_tile_shapes(c), r.output.dtype) for _, r, c in items]
+        # lookups run side by side, but their misses are fetched in the order they were admitted (first
+        # blocks first): a later block's lookup that finishes sooner waits for the earlier one's turn
+        turn, self._turn = self._turn, self.loop.create_future()
+        mine = self._turn
+        try:
+
+            def forget_all() -> None:  # mappings and claims of lookups nobody will use
+                for _, r, c in items:
+                    self._forget(r, c)
+                    cache.release(r.source, c)
+
+            async with self.semaphore:
+                job = self.executor.submit(_lookup_all, cache, requests, waited < BUSY_WAIT_S)
+                try:
+                    results = await asyncio.wrap_future(job)
+                except asyncio.CancelledError:
+                    self._orphan(job, forget_all)  # the lookups still finish in their thread
+                    raise
+            if turn is not None:
+                try:
+                    await asyncio.shield(turn)
+                except asyncio.CancelledError:
+                    forget_all()
+                    raise
+            self._dispatch(items, results, waited)
+        finally:
+            if not mine.done():
+                mine.set_result(None)
+
+    def _dispatch(self, items: list[tuple[Entry, ArrayReader, int]], results: list, waited: float) -> None:
+        """Loop: hand each looked-up chunk its revived tiles, its error, another look later, or a fetch."""
+        cache = self.cache
+        assert cache is not None
+        busy = []
+        for item, result in zip(items, results):
+            entry, reader, chunk_index = item
+            path = reader.source  # the disk cache names chunks by source: a path and its selection
+            if isinstance(result, BaseException):
+                self.pool.fail(entry, result)
+            elif result.tiles is not None:
+                counters = self.owner.counters
+                counters.revived_from_others += result.from_other  # before the data lands, as the hit is
+                if not self.pool.replace_tiles(entry, result.tiles, reader.ready_origins(), revived_for=self.owner):
+                    counters.revived_from_others -= result.from_other
+                    self._forget(reader, chunk_index)  # abandoned while we looked it up
+            elif result.busy:
+                busy.append(item)
+            elif cache.readonly:
+                self.pool.fail(entry, cache.miss_error(path, chunk_index))
+            else:
+                if result.claimed:
+                    self._claimed.add((path, chunk_index))
+                self._fetch(entry, reader, chunk_index, start=False)
+        self._start_remote()  # the misses' reads together: a shard's adjacent inner chunks share a GET
+        if busy:
+            self._spawn(self._after_others(busy, waited), work=True)
+
+    async def _after_others(self, items: list[tuple[Entry, ArrayReader, int]], waited: float) -> None:
+        """Look again for chunks another writer was making, once it has had a moment to finish them."""
+        delay = min(BUSY_POLL_MAX_S, max(BUSY_POLL_S, waited))
+        await asyncio.sleep(delay)
+        live = [item for item in items if item[0].state == PENDING]
+        if live:
+            await self._revive_or_fetch(live, waited + delay)
+
+    def _release_claims(self) -> None:
+        """Loop, once the pass stopped: claims of chunks it will not write go back, so others may make them."""
+        if self.cache is not None:
+            for path, chunk_index in self._claimed:
+                self.cache.release(path, chunk_index)
+        self._claimed.clear()

@@ -1,0 +1,225 @@
+"""Shard indexes: where each inner chunk of a shard lies, read once per shard with a ranged GET and kept.
+
+A damaged index (its checksum) raises ``_DecodeFailure`` for every inner
+chunk read through it; a damaged entry, only for its own inner chunk.
+
+A sharded array whose tiles are inner chunks (``ArrayGeometry.sharded_reads``)
+needs its shard's index before it can fetch an inner chunk by byte range.
+One ``ShardIndexes`` per dataset holds every index it has read (16 bytes per
+inner chunk, a term of the memory plan), so each shard's index costs one
+GET however many passes, epochs and selections read it; concurrent
+requests for one index wait for the same read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
+
+from ..errors import BadChunkError
+from ..io.chain import _ABSENT, INDEX_ENTRY_BYTES, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
+from ..io.decode import ChunkDecoder
+from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
+from ..io.geometry import ArrayGeometry
+
+__all__ = ["ShardIndex", "ShardIndexes", "check_span", "index_request", "prefetch", "read_inner_chunk", "shard_keys"]
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """One shard's index: per inner chunk its byte range, or absent (read as the fill value), or damaged."""
+
+    offsets: np.ndarray
+    lengths: np.ndarray
+    problems: np.ndarray  # INDEX_OK, or why an entry cannot be read (its inner chunk is a bad chunk)
+
+    def span(self, place: tuple[int, ...]) -> tuple[int, int] | None:
+        """``(start, stop)`` bytes of the inner chunk at ``place``, or None when it was never written.
+
+        Raises ``_DecodeFailure`` for a damaged entry.
+        """
+        problem = int(self.problems[place])
+        if problem == INDEX_HALF_EMPTY:
+            raise _DecodeFailure(f"shard index entry {place} is half empty")
+        offset, length = int(self.offsets[place]), int(self.lengths[place])
+        if problem == INDEX_OUTSIDE:
+            raise _DecodeFailure(
+                f"shard index entry {place} (offset {offset}, length {length}) points outside the shard's data bytes"
+            )
+        if offset == _ABSENT:
+            return None
+        return offset, offset + length
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.problems.size) * INDEX_ENTRY_BYTES
+
+
+def index_request(stage: _ShardStage) -> ByteRequest:
+    """The byte range that holds a shard's index: its first or its last ``index_nbytes``."""
+    if stage.index_at_start:
+        return RangeByteRequest(0, stage.index_nbytes)
+    return SuffixByteRequest(stage.index_nbytes)
+
+
+def _parse(stage: _ShardStage, data: ChunkData) -> ShardIndex:
+    """The index (copied out of ``data``, a read buffer its reader may reuse); raises ``_DecodeFailure``."""
+    return ShardIndex(*stage.read_index(_as_uint8(data)))
+
+
+@dataclass(eq=False)
+class ShardIndexes:
+    """Every shard index a dataset has read, by store key; ``None`` records a shard that does not exist."""
+
+    _held: dict[str, ShardIndex | None] = field(default_factory=dict)
+    _broken: dict[str, str] = field(default_factory=dict)  # indexes that did not decode, with why
+    _loading: dict[str, asyncio.Future] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    gets: int = 0
+    get_bytes: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the held indexes occupy (their entries)."""
+        with self._lock:
+            return sum(i.nbytes for i in self._held.values() if i is not None)
+
+    def _keep(self, key: str, data: ChunkData | None, stage: _ShardStage) -> ShardIndex | None:
+        with self._lock:
+            self.gets += 1
+            self.get_bytes += 0 if data is None else len(data)
+        try:
+            index = None if data is None else _parse(stage, data)
+        except _DecodeFailure as exc:
+            with self._lock:
+                self._broken[key] = str(exc)  # not read again: every inner chunk of it is a bad chunk
+            raise
+        with self._lock:
+            self._held[key] = index
+        return index
+
+    def _known(self, key: str) -> tuple[bool, ShardIndex | None]:
+        """Under the lock: whether ``key``'s index was read, and it; a broken one raises again."""
+        if key in self._broken:
+            raise _DecodeFailure(self._broken[key])
+        return key in self._held, self._held.get(key)
+
+    def read_sync(self, key: str, stage: _ShardStage, get: Callable[..., ChunkData | None]) -> ShardIndex | None:
+        """Any thread: the index of shard ``key``, read with the blocking ``get(key, byte_range=...)`` the first time."""
+        with self._lock:
+            known, index = self._known(key)
+        if known:
+            return index
+        return self._keep(key, get(key, byte_range=index_request(stage)), stage)
+
+    async def read(
+        self, key: str, stage: _ShardStage, fetch: Callable[[str, ByteRequest], Awaitable[Any]]
+    ) -> ShardIndex | None:
+        """Loop: the index of shard ``key``, fetched once with ``await fetch(key, byte_range)``; others wait for it."""
+        with self._lock:
+            known, index = self._known(key)
+            pending = self._loading.get(key)
+        if known:
+            return index
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        try:
+            index = self._keep(key, await fetch(key, index_request(stage)), stage)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: a failure nobody else awaited is not logged
+            raise
+        finally:
+            self._loading.pop(key, None)
+        future.set_result(index)
+        return index
+
+
+def check_span(decoder: ChunkDecoder, coord: Any, span: tuple[int, int], buf: ChunkData | None) -> ChunkData:
+    """An inner chunk's bytes as read by range: exactly ``span``'s length, else a bad chunk naming where it points."""
+    got = 0 if buf is None else len(buf)
+    if buf is None or got != span[1] - span[0]:
+        raise decoder._bad(
+            coord,
+            f"the shard index points at bytes [{span[0]}, {span[1]}) and the store returned {got}: "
+            "the entry points outside the shard",
+        )
+    return buf
+
+
+async def read_inner_chunk(
+    indexes: ShardIndexes,
+    stage: _ShardStage,
+    decoder: ChunkDecoder,
+    coord: Any,
+    get_range: Callable[[str, ByteRequest], Awaitable[Any]],
+) -> ChunkData | BadChunkError | None:
+    """Loop: the bytes of the inner chunk at tile ``coord`` (None: never written), after its shard's index.
+
+    Bytes found bad (a damaged index or entry, a short range) come back as
+    the ``BadChunkError`` a decode job treats as a bad tile; a store failure
+    raises.
+    """
+    stored, place = decoder.geometry.tile_key(coord)
+    assert place is not None  # sharded reads place every tile in its shard
+    try:
+        index = await indexes.read(stored, stage, get_range)
+        span = None if index is None else index.span(place)
+    except _DecodeFailure as exc:
+        return decoder._bad(coord, str(exc))
+    if span is None:
+        return None  # the shard, or this inner chunk of it, was never written
+    try:
+        return check_span(decoder, coord, span, await get_range(stored, RangeByteRequest(*span)))
+    except BadChunkError as exc:
+        return exc
+
+
+def shard_keys(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> list[str]:
+    """The shard keys sample-axis chunks ``chunks`` (in this order) read for tiles ``tiles``, each once, in first use."""
+    axis = g.sample_axis
+    per = [s // c for s, c in zip(g.stored_chunks, g.tile_chunks)]
+    field = sorted({tuple(c // p for c, p in zip(g.tile_coord(t), per[:axis] + per[axis + 1 :])) for t in tiles})
+    keys: dict[str, None] = {}
+    for row in dict.fromkeys(int(c) // per[axis] for c in chunks):
+        for f in field:
+            keys.setdefault(g.chunk_key((*f[:axis], row, *f[axis:])))
+    return list(keys)
+
+
+async def prefetch(
+    indexes: ShardIndexes,
+    wanted: Sequence[tuple[str, _ShardStage]],
+    get_range: Callable[[str, ByteRequest], Awaitable[Any]],
+    permits: Any,
+    concurrency: int,
+) -> None:
+    """Loop: read the indexes of ``wanted`` shards, in order, ``concurrency`` at a time, ahead of their tiles.
+
+    A pass's tiles then find their shard's index read (or being read)
+    instead of each first tile of a shard holding a read permit for a round
+    trip while its index comes. Each read takes one of the pass's read
+    ``permits`` (an ``asyncio.Semaphore``-like), so reads in flight stay
+    within ``max_inflight``. Failures are left for those tiles to meet and report.
+    """
+    pending = iter(wanted)
+
+    async def worker() -> None:
+        for key, stage in pending:
+            with contextlib.suppress(Exception):
+                async with permits:
+                    await indexes.read(key, stage, get_range)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))

@@ -1,0 +1,246 @@
+"""A remote store as the engine reads it: a retry-free client per store, and what all readers of it share.
+
+:func:`client_for` returns a :class:`StoreClient` for a zarr store that is
+not read synchronously (``io.sync_get``): its backend, the
+:class:`~.read_policy.ReadPolicy` its settings give, and its
+:class:`StoreLink`. A link is shared by every store on one endpoint (an
+HTTP host, an S3/GCS bucket, an Azure container) in this process, so ranks
+and concurrent passes reading one bucket share one
+:class:`~.concurrency.ConcurrencyController` and window, one latency
+distribution and one hedge budget.
+
+Backends. Behind zarr's ``ObjectStore`` over obstore's HTTP, S3, GCS or
+Azure store, the engine calls obstore directly, through a twin of the
+store built from its own config with obstore's retries turned off, so
+that every throttling answer and every stalled attempt comes back to the
+engine's retry loop (``fetch``); a whole key is one ranged GET (``bytes=0-``
+far past any object), which obstore answers in one future instead of a
+header future and a body future. Any other store is read through its own
+``get``, which has already retried by its own rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import weakref
+from datetime import timedelta
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import obstore
+import obstore.store
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.buffer import default_buffer_prototype
+from zarr.storage import ObjectStore
+
+from ..plan.cost import AUTO_INFLIGHT_CEILING
+from .concurrency import AUTO_START, ConcurrencyController
+from .latency import LatencyWindow
+from .read_policy import ReadPolicy, policy_for
+from .window import ReadWindow
+
+__all__ = ["StoreClient", "StoreLink", "client_for"]
+
+# The end of a whole-key range GET: past any object, so the server sends all of it (RFC 9110 clamps it).
+WHOLE_OBJECT_END = 1 << 50
+# Hedging: a GET outstanding HEDGE_FACTOR x the recent p90 time (at least HEDGE_FLOOR_S, which keeps a
+# busy event loop's hiccups from looking like a slow store) gets one duplicate. Duplicates are paid from a
+# budget that grows by HEDGE_SHARE per GET, holds at most HEDGE_BURST, and is not spent in the
+# HEDGE_QUIET_S after a throttling answer (a store asking for less gets no extra requests).
+HEDGE_FACTOR = 3.0
+HEDGE_FLOOR_S = 0.1
+HEDGE_SHARE = 0.05
+HEDGE_BURST = 10.0
+HEDGE_QUIET_S = 1.0
+# No duplicates on a link whose median GET is under this: a local or loopback store has no tail worth one,
+# and there a busy machine's pauses would pass for stragglers.
+HEDGE_MIN_P50_S = 0.010
+# The quantiles mean nothing before this many GETs: no hedging, and the stall timer at its floor.
+MIN_SAMPLES = 32
+# Stalls: an attempt with no answer for STALL_FACTOR x the recent p99 (at least STALL_FLOOR_S, at most the
+# store's read_timeout) is abandoned; each further stall of the same read waits STALL_GROWTH times longer.
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 2.0
+STALL_GROWTH = 1.5
+
+
+class StoreLink:
+    """What every reader of one endpoint shares: the auto window, the latency distribution, the hedge budget.
+
+    Loop thread only (created anywhere).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.latency = LatencyWindow()
+        self.controller = ConcurrencyController(cap=AUTO_INFLIGHT_CEILING, start=AUTO_START)
+        self.window = ReadWindow(AUTO_START, controller=self.controller, ceiling=AUTO_INFLIGHT_CEILING)
+        self._hedge_tokens = HEDGE_BURST
+        self._quiet_until = -math.inf
+
+    def hedge_after(self) -> float:
+        """Seconds after which an outstanding GET gets a duplicate (``inf``: not yet known)."""
+        if self.latency.count < MIN_SAMPLES or self.latency.p50 < HEDGE_MIN_P50_S:
+            return math.inf
+        return max(HEDGE_FLOOR_S, HEDGE_FACTOR * self.latency.p90)
+
+    def stall_after(self, policy: ReadPolicy) -> float:
+        """Seconds without an answer after which an attempt is abandoned and tried afresh."""
+        p99 = self.latency.p99 if self.latency.count >= MIN_SAMPLES else 0.0
+        return min(policy.read_timeout_s, max(STALL_FLOOR_S, STALL_FACTOR * p99))
+
+    def requested(self) -> None:
+        """A GET went out: it earns the hedge budget its share."""
+        self._hedge_tokens = min(HEDGE_BURST, self._hedge_tokens + HEDGE_SHARE)
+
+    def take_hedge(self, now: float) -> bool:
+        """Spend the budget on one duplicate, if there is budget and the store has not throttled lately."""
+        if now < self._quiet_until or self._hedge_tokens < 1.0:
+            return False
+        self._hedge_tokens -= 1.0
+        return True
+
+    def throttled(self, now: float) -> None:
+        """A throttling answer: the auto window backs off and hedging pauses."""
+        self.window.throttled()
+        self._quiet_until = now + HEDGE_QUIET_S
+
+
+class _ObstoreBackend:
+    """Requests straight to an obstore store (the retry-free twin): each is one asyncio future."""
+
+    def __init__(self, raw: Any, own_retries: bool = False) -> None:
+        self.raw = raw
+        self.own_retries = own_retries  # False: failures come back raw, and the engine's loop retries them
+
+    def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
+        """A future for ``key``'s bytes (an ``obstore.Bytes``), the whole object or ``byte_range`` of it."""
+        # obstore's stubs call these coroutines; they return the runtime's asyncio future (no task, no frame)
+        raw = self.raw
+        if byte_range is None:
+            return cast(asyncio.Future, obstore.get_range_async(raw, key, start=0, end=WHOLE_OBJECT_END))
+        if isinstance(byte_range, RangeByteRequest):
+            return cast(asyncio.Future, obstore.get_range_async(raw, key, start=byte_range.start, end=byte_range.end))
+        if isinstance(byte_range, OffsetByteRequest):
+            return cast(
+                asyncio.Future, obstore.get_range_async(raw, key, start=byte_range.offset, end=WHOLE_OBJECT_END)
+            )
+        if isinstance(byte_range, SuffixByteRequest):
+            return asyncio.ensure_future(self._suffix(key, byte_range.suffix))
+        raise TypeError(f"byte_range={byte_range!r} is not a zarr ByteRequest")
+
+    def whole(self, key: str) -> asyncio.Future:
+        """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
+        return asyncio.ensure_future(self._plain(key))
+
+    async def _plain(self, key: str) -> Any:
+        return await (await obstore.get_async(self.raw, key)).bytes_async()
+
+    async def _suffix(self, key: str, suffix: int) -> Any:
+        try:
+            result = await obstore.get_async(self.raw, key, options={"range": {"suffix": suffix}})
+            return await result.bytes_async()
+        except obstore.exceptions.NotSupportedError:  # Azure has no suffix ranges: the size first
+            size = (await obstore.head_async(self.raw, key))["size"]
+            return await obstore.get_range_async(self.raw, key, start=max(0, size - suffix), end=size)
+
+
+class _StoreBackend:
+    """Requests through a zarr store's own ``get`` (which retries by its own rules), each a task."""
+
+    own_retries = True
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._prototype = default_buffer_prototype()
+
+    def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
+        return asyncio.ensure_future(self.store.get(key, prototype=self._prototype, byte_range=byte_range))
+
+    def whole(self, key: str) -> asyncio.Future:
+        return self.request(key)
+
+
+class StoreClient:
+    """One store's backend, retry bounds and link."""
+
+    def __init__(self, backend: _ObstoreBackend | _StoreBackend, policy: ReadPolicy, link: StoreLink) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.link = link
+
+
+_links: dict[str, StoreLink] = {}
+_clients: dict[int, tuple[weakref.ref[Store], StoreClient]] = {}
+_lock = threading.Lock()
+_REMOTE = (obstore.store.HTTPStore, obstore.store.S3Store, obstore.store.GCSStore, obstore.store.AzureStore)
+
+
+def _endpoint(raw: Any) -> str:
+    """The name readers of one endpoint share a link under."""
+    if isinstance(raw, obstore.store.HTTPStore):
+        parts = urlsplit(raw.url)
+        return f"http:{parts.scheme}://{parts.netloc}"
+    config = dict(raw.config or {})
+    if isinstance(raw, obstore.store.S3Store):
+        return f"s3:{config.get('endpoint', '')}/{config.get('bucket', '')}"
+    if isinstance(raw, obstore.store.GCSStore):
+        return f"gcs:{config.get('base_url', '')}/{config.get('bucket', '')}"
+    return f"azure:{config.get('account_name', '')}/{config.get('container_name', '')}"
+
+
+def _retry_free(raw: Any) -> Any:
+    """``raw`` rebuilt from its own config with obstore's retries off, or ``raw`` itself if that fails."""
+    no_retries: Any = {"max_retries": 0, "retry_timeout": timedelta(0)}
+    try:
+        if isinstance(raw, obstore.store.HTTPStore):
+            return obstore.store.HTTPStore.from_url(raw.url, client_options=raw.client_options, retry_config=no_retries)
+        return type(raw)(
+            prefix=raw.prefix,
+            config=raw.config,
+            client_options=raw.client_options,
+            retry_config=no_retries,
+            credential_provider=raw.credential_provider,
+        )
+    except Exception:  # a store we cannot rebuild keeps obstore's retries: it still hedges and stalls
+        return raw
+
+
+def _build(store: Store) -> StoreClient:
+    raw = store.store if type(store) is ObjectStore else None
+    if isinstance(raw, _REMOTE):
+        twin = _retry_free(raw)
+        policy = policy_for(raw.retry_config, raw.client_options)
+        name = _endpoint(raw)
+        with _lock:
+            link = _links.get(name)
+            if link is None:
+                link = _links[name] = StoreLink(name)
+        return StoreClient(_ObstoreBackend(twin, own_retries=twin is raw), policy, link)
+    # any other store: its own get and retries; stalls and hedging still apply, with a link of its own
+    return StoreClient(_StoreBackend(store), ReadPolicy(), StoreLink(f"store:{type(store).__name__}:{id(store)}"))
+
+
+def client_for(store: Store) -> StoreClient:
+    """The engine's client for ``store`` (one per store object, built on first use)."""
+    key = id(store)
+    with _lock:
+        held = _clients.get(key)
+        if held is not None and held[0]() is store:
+            return held[1]
+    client = _build(store)
+
+    # the registry and its lock ride along as defaults: at interpreter exit the module's globals may be gone
+    def forget(ref: weakref.ref[Store], key: int = key, clients: dict = _clients, lock: Any = _lock) -> None:
+        with lock:
+            if key in clients and clients[key][0] is ref:
+                del clients[key]
+
+    with _lock:
+        held = _clients.get(key)
+        if held is not None and held[0]() is store:
+            return held[1]
+        _clients[key] = (weakref.ref(store, forget), client)
+    return client

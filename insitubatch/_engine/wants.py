@@ -1,0 +1,67 @@
+"""Stored tiles a pass waits to read, and the entries that want their pieces.
+
+Views of one array with different selections are different read sources,
+each with entries of its own. When they need the same stored tile of the
+same sample-axis chunk (the planner admits them side by side), the tile is
+read and decoded once, then cut for each of them: the second source's
+entry joins the first's ``Want`` while it still waits for its job.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from .entry import FAILED, Entry
+from .reader import ArrayReader
+
+__all__ = ["Consumer", "Want", "Wants"]
+
+# who wants a stored tile's pieces: an entry, its source's reader, and the tile's index among its reads
+Consumer = tuple[Entry, ArrayReader, int]
+
+
+@dataclass(eq=False)
+class Want:
+    """One stored tile of one sample-axis chunk a pass needs, and every entry that wants its pieces.
+
+    ``seal`` closes it to newcomers when its job starts.
+    """
+
+    path: str
+    chunk_index: int
+    tile: int  # the tile's index in the field's full tile grid
+    consumers: list[Consumer]
+    wants: Wants
+    sealed: bool = False
+
+    def seal(self) -> list[Consumer]:
+        """Decode thread: close it to newcomers; the consumers whose entry has not failed."""
+        with self.wants.lock:
+            self.sealed = True
+            key = (self.path, self.chunk_index, self.tile)
+            if self.wants.open.get(key) is self:
+                del self.wants.open[key]
+            return [c for c in self.consumers if c[0].state != FAILED]
+
+
+@dataclass(eq=False)
+class Wants:
+    """A pass's stored tiles waiting to be read, by ``(array path, chunk, tile)``."""
+
+    open: dict[tuple[str, int, int], Want] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> list[Want]:
+        """Loop: ``entry`` wants its tiles; each joins a waiting read of the same tile, the rest are new reads."""
+        path = reader.geometry.path
+        fresh: list[Want] = []
+        with self.lock:
+            for k, t in enumerate(reader.layout.tiles):
+                want = self.open.get((path, chunk_index, t))
+                if want is not None and not want.sealed:
+                    want.consumers.append((entry, reader, k))  # decoded once for both selections
+                    continue
+                want = self.open[(path, chunk_index, t)] = Want(path, chunk_index, t, [(entry, reader, k)], self)
+                fresh.append(want)
+        return fresh

@@ -1,0 +1,259 @@
+"""``DiskCache``'s reading side: ``find``/``lookup`` revive a logged chunk, verify it, or claim a miss.
+
+A mixin of ``DiskCache`` (see ``disk`` for the whole); its state is declared
+on ``_Bookkeeping``.
+
+A chunk is looked up in this process's view of every writer's log lines;
+one not there is looked for again in what the others appended since (at
+most every ``REFRESH_S`` on plain misses, and always once a claim is won,
+since the last holder of a claim logged its chunk before letting go). A
+logged file is mapped, its size checked against its line, and its CRC-32C
+verified the first time this process maps that file (name, inode, size,
+mtime). A damaged file (checksum, size, header) is a miss, re-made from the
+store with one WARNING per file, or ``CacheCorruptError`` under
+``on_corrupt="raise"``; a missing one is a plain miss.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import CacheCorruptError, CacheMissError
+from .bookkeeping import _FULL_ERRNOS, _Bookkeeping, logger
+from .files import REJECT_CHECKSUM, REJECT_FILE, REJECT_MISSING, _Mapped, _mismatch, claim_name, persisted_basename
+from .log import Key, LogEntry
+from .tilefile import TileFile, open_tile_file
+
+__all__ = ["REFRESH_S", "Found"]
+
+# Seconds between two reads of the other writers' logs on plain misses; a won claim always reads them.
+REFRESH_S = 0.05
+
+
+@dataclass(frozen=True)
+class Found:
+    """What ``DiskCache.find`` found for a chunk.
+
+    ``tiles``: its read-only views, or ``None`` on a miss. ``from_other``:
+    revived from a file another writer made. ``claimed``: a miss this writer
+    now owns — fetch it and ``begin``/``commit`` it, or ``release`` it.
+    ``busy``: a miss another live writer is making — look again later.
+    """
+
+    tiles: list[np.ndarray] | None = None
+    from_other: bool = False
+    claimed: bool = False
+    busy: bool = False
+
+
+_MISS, _BUSY, _CLAIMED = Found(), Found(busy=True), Found(claimed=True)
+
+
+class _Reading(_Bookkeeping):
+    """``find``, ``lookup`` and ``miss_error`` of ``DiskCache``."""
+
+    verify: bool
+    on_corrupt: str
+    _miss_reasons: dict[Key, str]
+    _bad: dict[Key, tuple[LogEntry, tuple | None]]
+    _verified: set[tuple[str, tuple[int, int, int], int]]
+    _warned_files: set[str]
+    _last_refresh: float
+
+    def lookup(
+        self, path: str, chunk_index: int, tile_shapes: Sequence[Sequence[int]], dtype: npt.DTypeLike
+    ) -> list[np.ndarray] | None:
+        """The chunk's tiles as read-only zero-copy views, or ``None`` on a miss (``find`` without claiming)."""
+        return self.find(path, chunk_index, tile_shapes, dtype, claim=False).tiles
+
+    def find(
+        self,
+        path: str,
+        chunk_index: int,
+        tile_shapes: Sequence[Sequence[int]],
+        dtype: npt.DTypeLike,
+        *,
+        claim: bool = True,
+    ) -> Found:
+        """Revive the chunk if any writer logged it; else, with ``claim``, claim it for this writer.
+
+        A logged entry is revived (mapped, its checksum verified on first
+        touch) when its tile shapes and dtype equal ``tile_shapes`` and
+        ``dtype``; otherwise it is a miss, counted in ``rejected``, and the
+        next ``commit`` of the chunk overwrites it. A chunk this cache holds
+        mapped is returned again.
+
+        Parameters
+        ----------
+        path, chunk_index
+            The array's (opaque) name and global sample-axis chunk index.
+        tile_shapes
+            Each tile's real shape, ``(chunk_len, *tile_extent)``.
+        dtype
+            The tiles' dtype (after chunk transforms).
+        claim
+            On a miss of a writing persisted cache, claim the chunk
+            (``Found.claimed``), or report it ``busy`` when another live writer
+            holds its claim.
+
+        Raises
+        ------
+        CacheCorruptError
+            A damaged file under ``on_corrupt="raise"``.
+        """
+        key = (path, operator.index(chunk_index))
+        shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
+        dt = np.dtype(dtype)
+        found = self._revive(key, shapes, dt)
+        if found is not None or not claim or self.readonly or not self.persist or not self._persisting:
+            return found or _MISS
+        name = claim_name(persisted_basename(path, key[1], self.fingerprints[path]))
+        try:
+            if not self._claims.take(name):  # file work: not under the cache's lock
+                return _BUSY
+        except OSError as exc:
+            if exc.errno not in _FULL_ERRNOS:
+                raise
+            with self._lock:
+                self._disk_full(exc, 0)
+            return _MISS
+        with self._lock:
+            if self._closed:
+                self._claims.release(name)
+                self._check_open()
+            self._refresh()  # a writer that held it logged it before letting go
+        found = self._revive(key, shapes, dt)
+        if found is not None:
+            with self._lock:
+                self._claims.release(name)
+            return found
+        return _CLAIMED
+
+    def _revive(self, key: Key, shapes: tuple[tuple[int, ...], ...], dt: np.dtype) -> Found | None:
+        """The chunk held or revived from its logged file; None when it cannot be."""
+        path = key[0]
+        with self._lock:
+            self._check_open()
+            held = self._mapped.get(key)
+            if held is not None:
+                mismatch = _mismatch(held.tile_shapes, held.tile_file.dtype, shapes, dt)
+                if mismatch is None:
+                    return Found(self._views(held))
+                self._reject(key, *mismatch)
+                return None
+            if not self.persist:
+                return None
+            self._fingerprint(path)
+            entry = self._entries.get(key)
+            if entry is None and not self.readonly and time.monotonic() - self._last_refresh > REFRESH_S:
+                self._refresh()
+                entry = self._entries.get(key)
+            if entry is None:
+                self._miss_reasons[key] = "no entry in the log"
+                return None
+            bad = self._bad.get(key)
+            if bad is not None and bad[0] is entry and bad[1] in (None, (shapes, dt)):
+                return None  # turned away already (a newer line of the chunk is tried)
+            mismatch = _mismatch(entry.tile_shapes, entry.dtype, shapes, dt)
+            if mismatch is not None:
+                self._bad[key] = (entry, (shapes, dt))
+                self._reject(key, *mismatch)
+                return None
+        tile_file, problem = self._open_entry(entry, shapes, dt)  # file I/O and the checksum: not under the lock
+        with self._lock:
+            if tile_file is None:
+                self._reject(key, *problem)
+                if problem[0] != REJECT_MISSING:
+                    self._damaged(key, entry, problem[1])  # raises under on_corrupt="raise", every time
+                self._bad[key] = (entry, None)
+                return None
+            held = self._mapped.get(key)
+            if held is not None or self._closed:  # another thread revived it meanwhile (or we closed)
+                tile_file.close()
+                self._check_open()
+                return Found(self._views(held)) if held is not None else None
+            held = self._mapped[key] = _Mapped(tile_file, shapes)
+            self._revived += 1
+            from_other = (key, entry.t) not in self._own
+            self._revived_others += from_other
+            self._miss_reasons.pop(key, None)
+            return Found(self._views(held), from_other=from_other)
+
+    def _open_entry(
+        self, entry: LogEntry, shapes: tuple[tuple[int, ...], ...], dt: np.dtype
+    ) -> tuple[TileFile | None, tuple[str, str]]:
+        """Map an entry's file and check it against its line: ``(file, _)`` or ``(None, (reason, detail))``."""
+        try:
+            tile_file = open_tile_file(self.cache_dir / entry.file)
+        except FileNotFoundError:
+            return None, (REJECT_MISSING, f"its file {entry.file} is missing")
+        except CacheCorruptError as exc:
+            return None, (REJECT_FILE, str(exc))
+        problem = None
+        fits = (
+            tile_file.dtype == dt
+            and tile_file.n_tiles == len(shapes)
+            and all(
+                len(s) == len(tile_file.tile_shape) and all(a <= b for a, b in zip(s, tile_file.tile_shape))
+                for s in shapes
+            )
+        )
+        if not fits:
+            problem = (
+                REJECT_FILE,
+                f"it holds {tile_file.n_tiles} tiles of {tile_file.tile_shape} {tile_file.dtype}",
+            )
+        elif tile_file.nbytes != entry.nbytes:
+            problem = (REJECT_FILE, f"it is {tile_file.nbytes} bytes, its log line says {entry.nbytes}")
+        elif self.verify:
+            seen = (entry.file, tile_file.identity, entry.crc32c)
+            if seen not in self._verified:
+                crc = tile_file.checksum()
+                if crc != entry.crc32c:
+                    problem = (REJECT_CHECKSUM, f"its CRC-32C is {crc:#010x}, its log line says {entry.crc32c:#010x}")
+                else:
+                    with self._lock:
+                        self._verified.add(seen)
+        if problem is not None:
+            tile_file.close()
+            return None, problem
+        return tile_file, ("", "")
+
+    def _damaged(self, key: Key, entry: LogEntry, why: str) -> None:
+        """A damaged tile file: raise under ``on_corrupt="raise"``, else one WARNING per file (lock held)."""
+        where = self.cache_dir / entry.file
+        if self.on_corrupt == "raise":
+            raise CacheCorruptError(
+                f"cache tile file {where} (array {key[0]!r} chunk {key[1]}) is damaged: {why}. Delete it (or the "
+                "cache_dir) to rebuild it, or pass on_corrupt_cache='refetch' to re-fetch damaged chunks"
+            )
+        if entry.file not in self._warned_files:
+            self._warned_files.add(entry.file)
+            logger.warning(
+                "insitubatch: cache tile file %s (array %r chunk %d) is damaged: %s; %s",
+                where,
+                key[0],
+                key[1],
+                why,
+                "a readonly cache cannot re-make it" if self.readonly else "re-fetching it from the store",
+            )
+
+    def _reject(self, key: Key, reason: str, detail: str) -> None:
+        self._rejected[reason] += 1
+        self._miss_reasons[key] = detail
+
+    def miss_error(self, path: str, chunk_index: int) -> CacheMissError:
+        """The error a readonly pass raises for a chunk ``lookup`` could not serve."""
+        key = (path, operator.index(chunk_index))
+        why = self._miss_reasons.get(key, "no entry in the log")
+        return CacheMissError(
+            f"readonly cache_dir {str(self.cache_dir)!r} cannot serve array {path!r} chunk {key[1]}: {why}. "
+            "A readonly cache must already hold every chunk the pass reads; warm it with a writing run "
+            "over the same split and transforms."
+        )

@@ -1,0 +1,229 @@
+"""The fetcher against the loopback emulator: bytes and ranges, hedging, throttling, stalls and give-up bounds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+from insitubatch._engine.fetch import Fetcher
+from insitubatch._engine.stats import PassCounters
+from insitubatch._engine.store_link import HEDGE_BURST, HEDGE_FLOOR_S, HEDGE_SHARE, STALL_FLOOR_S, client_for
+from insitubatch._engine.window import ReadWindow
+from insitubatch.io.owned import close_store
+from insitubatch.io.stores import obstore_store
+from insitubatch.testing.emulator import Emulator
+
+N_KEYS = 480  # distinct keys, so that two requests for one key in a run are a read and its duplicate
+KEY_BYTES = 3000
+BUCKET = "bkt"
+# a loaded 2-core CI machine: the bounds below carry this much slack on top of what the rules promise
+SLACK_S = 2.0
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(5)
+    d = tmp_path / BUCKET / "d"
+    d.mkdir(parents=True)
+    for i in range(N_KEYS):
+        (d / f"k{i}").write_bytes(rng.integers(0, 256, KEY_BYTES + i, dtype=np.uint8).tobytes())
+    (d / "empty").write_bytes(b"")
+    return tmp_path
+
+
+def content(root: Path, key: str) -> bytes:
+    return (root / BUCKET / key).read_bytes()
+
+
+def fetcher_for(store, *, hedge: bool = True, limit: int = 32) -> Fetcher:
+    return Fetcher(client_for(store), ReadWindow(limit).user(limit), PassCounters(), hedge=hedge)
+
+
+def http_store(emu: Emulator, **kw):
+    return obstore_store(emu.url_for(BUCKET), read_only=True, **kw)
+
+
+def read_all(fetcher: Fetcher, keys: list[str], concurrency: int = 16) -> tuple[list, float]:
+    """Every key through the fetcher, ``concurrency`` at a time, on a fresh loop; (answers, seconds)."""
+
+    async def main() -> list:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(key: str):
+            async with sem:
+                return await fetcher.get(key)
+
+        return await asyncio.gather(*(one(k) for k in keys))
+
+    t0 = time.perf_counter()
+    answers = asyncio.run(main())
+    return answers, time.perf_counter() - t0
+
+
+def keys(n: int = N_KEYS) -> list[str]:
+    return [f"d/k{i % N_KEYS}" for i in range(n)]
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_whole_keys_ranges_and_missing_keys_over_http_and_s3(root: Path) -> None:
+    with Emulator(root, latency_s=0.0, jitter_s=0.0) as emu:
+        stores = {
+            "http": http_store(emu),
+            "s3": obstore_store(f"s3://{BUCKET}", endpoint=emu.url, anonymous=True, region="us-east-1"),
+        }
+        for kind, store in stores.items():
+            f = fetcher_for(store)
+            data = content(root, "d/k7")
+
+            async def main(f=f):
+                return (
+                    await f.get("d/k7"),
+                    await f.get("d/k7", RangeByteRequest(10, 20)),
+                    await f.get("d/k7", OffsetByteRequest(KEY_BYTES)),
+                    await f.get("d/k7", SuffixByteRequest(5)),
+                    await f.get("d/missing"),
+                    await f.get("d/empty"),
+                )
+
+            whole, part, tail, suffix, missing, empty = asyncio.run(main())
+            assert whole is not None and whole.to_bytes() == data, kind
+            assert part is not None and part.to_bytes() == data[10:20], kind
+            assert tail is not None and tail.to_bytes() == data[KEY_BYTES:], kind
+            assert suffix is not None and suffix.to_bytes() == data[-5:], kind
+            assert missing is None, kind
+            assert empty is not None and empty.to_bytes() == b"", kind
+            assert f.counters.gets == 6 and f.counters.get_bytes == len(data) + 10 + 7 + 5, kind
+            close_store(store)
+
+
+def test_a_uniform_latency_store_gets_no_duplicate(root: Path) -> None:
+    with Emulator(root, latency_s=0.03, jitter_s=0.005) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store)
+        answers, _ = read_all(f, keys(240))
+        assert all(a is not None for a in answers)
+        assert f.counters.hedged == 0 and emu.stats().gets == 240
+        close_store(store)
+
+
+def test_stragglers_get_one_duplicate_past_the_threshold_within_the_cap_and_the_loser_is_cancelled(
+    root: Path,
+) -> None:
+    with Emulator(root, latency_s=0.02, jitter_s=0.002, straggler_share=0.05, straggler_s=3.0, seed=2) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store)
+        launched: dict[str, list[float]] = {}
+        request = f.backend.request
+
+        def recording(key, byte_range=None):
+            launched.setdefault(key, []).append(time.monotonic())
+            return request(key, byte_range)
+
+        f.backend.request = recording  # type: ignore[method-assign]
+        read_all(f, keys(64))  # the link learns its latency (no duplicates before 32 GETs)
+        launched.clear()
+        f.counters = PassCounters()
+        n = 400
+        todo = [f"d/k{i}" for i in range(64, 64 + n)]
+        answers, seconds = read_all(f, todo, concurrency=32)
+        # byte-identical, whichever request won
+        assert [a.to_bytes() for a in answers] == [content(root, k) for k in todo]
+        c = f.counters
+        assert c.hedged > 0 and 0 < c.hedge_wins <= c.hedged
+        assert c.hedged <= HEDGE_BURST + HEDGE_SHARE * n
+        # a duplicate only past the threshold: never sooner than the floor after its first request
+        # (a straggler the budget could not hedge is abandoned at the stall time and asked again: a retry)
+        assert sum(len(t) - 1 for t in launched.values()) == c.hedged + c.retries
+        assert all(t[1] - t[0] >= HEDGE_FLOOR_S for t in launched.values() if len(t) > 1)
+        # each winning duplicate's first request was cancelled: the server saw its client leave
+        wait_for(lambda: emu.stats().abandoned >= c.hedge_wins)
+        # the 3 s stragglers did not each cost 3 s: a duplicate answered in tens of milliseconds
+        assert seconds < 3.0 * emu.stats().stragglers / 2
+        close_store(store)
+
+
+def test_hedge_false_sends_every_get_once(root: Path) -> None:
+    with Emulator(root, latency_s=0.005, jitter_s=0.0, straggler_share=0.1, straggler_s=0.5, seed=3) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store, hedge=False)
+        read_all(f, keys(200), concurrency=32)
+        assert f.counters.hedged == 0 and emu.stats().gets == 200
+        close_store(store)
+
+
+def test_throttling_answers_are_retried_and_cut_the_shared_limit(root: Path) -> None:
+    with Emulator(root, latency_s=0.002, jitter_s=0.0, throttle_share=0.3, seed=4) as emu:
+        store = http_store(emu, retry={"backoff": {"init_backoff": timedelta(milliseconds=5), "base": 2}})
+        f = fetcher_for(store)
+        answers, _ = read_all(f, keys(150))
+        assert [a.to_bytes() for a in answers] == [content(root, k) for k in keys(150)]
+        c = f.counters
+        assert 0 < c.throttled <= emu.stats().throttled
+        assert c.retries >= c.throttled
+        assert f.link.controller.cuts >= 1 and f.link.controller.throttled == c.throttled
+        close_store(store)
+
+
+def test_a_get_held_open_forever_is_retried_on_a_fresh_request_after_the_stall_time(root: Path) -> None:
+    with Emulator(root, latency_s=0.0, jitter_s=0.0, hold_key=f"{BUCKET}/d/k3", hold_times=1) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store, hedge=False)
+        answers, seconds = read_all(f, ["d/k3"])
+        assert answers[0].to_bytes() == content(root, "d/k3")
+        assert STALL_FLOOR_S <= seconds < STALL_FLOOR_S + SLACK_S
+        assert f.counters.stalls == 1 and f.counters.retries == 1
+        wait_for(lambda: emu.stats().abandoned == 1)  # the silent request was closed, not left hanging
+        assert emu.stats().gets == 2
+        close_store(store)
+
+
+def test_a_silent_get_is_hedged_long_before_it_stalls(root: Path) -> None:
+    with Emulator(root, latency_s=0.02, jitter_s=0.0) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store)
+        read_all(f, keys(64))
+        emu.configure(hold_key=f"{BUCKET}/d/k5", hold_times=1)
+        answers, seconds = read_all(f, ["d/k5"])
+        assert answers[0].to_bytes() == content(root, "d/k5")
+        assert seconds < 1.0 and f.counters.hedge_wins == 1 and f.counters.stalls == 0
+        close_store(store)
+
+
+def test_an_object_that_never_answers_fails_naming_the_key_within_the_retry_timeout(root: Path) -> None:
+    retry_timeout = 4.0
+    with Emulator(root, latency_s=0.0, jitter_s=0.0, hold_key=f"{BUCKET}/d/k9") as emu:
+        store = http_store(emu, retry={"retry_timeout": timedelta(seconds=retry_timeout)})
+        f = fetcher_for(store, hedge=False)
+        t0 = time.perf_counter()
+        with pytest.raises(TimeoutError, match="gave up on 'd/k9' after 2 attempt"):
+            read_all(f, ["d/k9"])
+        # no attempt starts after retry_timeout, and a silent one is cut where the window ends (>= the floor)
+        assert time.perf_counter() - t0 < retry_timeout + STALL_FLOOR_S + SLACK_S
+        assert f.counters.stalls == 2
+        close_store(store)
+
+
+def test_a_denied_key_fails_at_once_and_a_transient_failure_is_retried(root: Path) -> None:
+    with Emulator(root, latency_s=0.0, jitter_s=0.0) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store)
+        emu.inject("403", f"{BUCKET}/d/k1")
+        emu.inject("500", f"{BUCKET}/d/k2", times=2)
+        with pytest.raises(Exception, match="403"):
+            read_all(f, ["d/k1"])
+        assert emu.stats().keys[f"{BUCKET}/d/k1"].gets == 1
+        answers, _ = read_all(f, ["d/k2"])
+        assert answers[0].to_bytes() == content(root, "d/k2") and f.counters.retries == 2
+        close_store(store)
