@@ -33,7 +33,7 @@ __all__ = ["main", "measure"]
 
 DEFAULT_ROUNDS = 5
 DEFAULT_BATCH = 32
-# verification may add at most this share to a warm persisted epoch (issue #26)
+# verification may add at most this share to a warm persisted epoch
 TARGET_RATIO = 1.05
 
 

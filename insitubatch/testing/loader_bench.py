@@ -46,6 +46,7 @@ class PassReport:
     peak_resident_bytes: int  # the pool's peak (decoded tiles held), since the dataset was built
     limiting_stage: str
     advice: str
+    max_inflight: int = 0  # the most reads in flight it allowed (under "auto": the highest limit chosen)
 
     @property
     def samples_per_s(self) -> float:
@@ -130,6 +131,7 @@ def _timed_pass(ds: Any, split: str, served: ServedZarr) -> tuple[PassReport, An
         peak_resident_bytes=int(ds.pool.totals.peak_resident_bytes),
         limiting_stage=stats.limiting_stage,
         advice=stats.advice,
+        max_inflight=int(stats.inflight_max if stats.inflight_auto else stats.max_inflight),
     )
     return report, server
 
@@ -194,7 +196,7 @@ def measure_loader(
                 "GETs: there is no throughput to compare with the store's"
             )
         warm_report = _timed_pass(ds, split, served)[0] if warm else None
-        concurrency = int(ds.max_inflight)
+        concurrency = max(1, cold_report.max_inflight)  # the replay gets what the loader had
     finally:
         while built:
             built.pop().close()
