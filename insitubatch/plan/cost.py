@@ -15,8 +15,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from ..io.statics import StaticField
