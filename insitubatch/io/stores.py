@@ -54,7 +54,6 @@ _RETRY_KEYS = frozenset({"backoff", "max_retries", "retry_timeout"})
 # error such as 403 fails at once. So a persistent fault surfaces as an error
 # after at most DEFAULT_RETRY_TIMEOUT plus one attempt (itself bounded by
 # DEFAULT_TIMEOUT), a stalled attempt after DEFAULT_READ_TIMEOUT -- never a hang.
-#
 # A response that sends no byte for this long is stalled: the attempt fails and
 # is retried. A per-read timeout, so it does not grow with the object's size.
 DEFAULT_READ_TIMEOUT = "30s"
