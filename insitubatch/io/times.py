@@ -202,7 +202,7 @@ def _decode_cftime(
 
 
 def _cftime_to_numpy(dates: np.ndarray, missing: np.ndarray) -> np.ndarray:
-    out = np.full(dates.shape, np.datetime64("NaT"), dtype=NS)
+    out = np.full(dates.shape, np.datetime64("NaT", "ns"), dtype=NS)
     for i, d in enumerate(dates):
         if not missing[i]:
             out[i] = components_to_numpy((d.year, d.month, d.day, d.hour, d.minute, d.second), d.microsecond * 1000)

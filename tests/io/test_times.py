@@ -76,7 +76,7 @@ def test_native_datetime64_passes_through(tmp_path) -> None:
 
 def test_missing_dates_decode_to_nat(tmp_path) -> None:
     times = six_hourly("1979-01-01", 8)
-    times[3] = np.datetime64("NaT")
+    times[3] = np.datetime64("NaT", "ns")
     for encoding in (None, {"units": "days since 1979-01-01", "dtype": "float64"}):
         path = write_dated(tmp_path / f"nat{encoding is None}.zarr", times, encoding=encoding)
         mine = _coord(path)
@@ -171,7 +171,7 @@ def test_date_objects_name_one_instant() -> None:
         ("yesterday", ValueError, "ISO 8601"),
         ("2015-12-31T00:00Z", ValueError, "time zones"),
         ("3000-01-01", ValueError, "datetime64"),
-        (np.datetime64("NaT"), ValueError, "NaT"),
+        (np.datetime64("NaT", "ns"), ValueError, "NaT"),
         (dt.datetime(2016, 1, 1, tzinfo=dt.UTC), ValueError, "time zone"),
         (2016, TypeError, "not a date"),
     ],
