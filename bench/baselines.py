@@ -605,6 +605,7 @@ def _insitu_counters(it: Any) -> dict[str, Any]:
         "misses": c.misses,
         "limiting_stage": it.stats.limiting_stage,
         "inflight_median": it.stats.inflight_median,  # the reads-in-flight limit the pass ran at
+        "hedged": it.stats.hedged,  # duplicate GETs the latency tail earned (the server counts them too)
     }
 
 
