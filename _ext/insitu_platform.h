@@ -1,7 +1,7 @@
 /* The POSIX calls the kernels make, behind one guard.
  *
  * On POSIX systems each insitu_* function is exactly the call it names
- * (open/read/close, dlopen/dlsym, clock_gettime, mmap/munmap), so Linux
+ * (open/read/close, dlopen/dlsym, clock_gettime, mmap/munmap, fstat), so Linux
  * behaves as if the kernels called them directly. Elsewhere (Windows) each
  * has a stand-in with the same contract, so the kernels compile there:
  * files are read with the CRT's _open/_read/_close, the monotonic clock is
@@ -65,11 +65,20 @@ static inline int insitu_unmap_file(void *base, size_t length) {
     return -1;
 }
 
+static inline void *insitu_map_path(const char *path, size_t *length, long long identity[3]) {
+    (void)path;
+    (void)length;
+    (void)identity;
+    errno = ENOSYS;
+    return NULL;
+}
+
 #else
 
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -99,6 +108,39 @@ static inline void *insitu_map_file(int fd, size_t length, int writable) {
 }
 
 static inline int insitu_unmap_file(void *base, size_t length) { return munmap(base, length); }
+
+/* open `path` read-only, map all of it shared and close the fd again, in one call: the base, with the
+ * size in *length and (inode, size, mtime ns) in identity; NULL with errno set on failure (EINVAL for an
+ * empty file, which has nothing to map) */
+static inline void *insitu_map_path(const char *path, size_t *length, long long identity[3]) {
+    struct stat st;
+    void *p = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) == 0) {
+        if (st.st_size <= 0) {
+            errno = EINVAL;
+        } else {
+            p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+            if (p == MAP_FAILED) {
+                p = NULL;
+            } else {
+                *length = (size_t)st.st_size;
+                identity[0] = (long long)st.st_ino;
+                identity[1] = (long long)st.st_size;
+#if defined(__APPLE__)
+                identity[2] = (long long)st.st_mtimespec.tv_sec * 1000000000LL + st.st_mtimespec.tv_nsec;
+#else
+                identity[2] = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+#endif
+            }
+        }
+    }
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return p;
+}
 
 #endif
 #endif /* INSITU_PLATFORM_H */

@@ -11,9 +11,11 @@ new run would be, so every tile file it revives is verified: the most a
 warm epoch pays (a file is verified once per process). The page cache is
 warm for both, so the difference is the CRC-32C itself. Rounds alternate
 to share out a noisy machine's drift. The cost is the ratio ``verified /
-unverified`` of wall times, both of the best epoch of each kind and as the
-median over back-to-back pairs (the steadier one on a loaded machine); the
-target is at most 1.05. It prints one table.
+unverified`` of wall times: the median over back-to-back pairs is the figure
+held to the target (at most 1.05), as the steadiest on a shared machine; the
+best epoch of each kind and the median of each kind are shown beside it (a
+best of a few tens of 40 ms epochs moves by several percent run to run). It
+prints one table.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def measure(data: Path, cache: Path, *, rounds: int = DEFAULT_ROUNDS, batch_size
         "verified": best[True],
         "unverified": best[False],
         "ratio": best[True]["wall_s"] / best[False]["wall_s"],
+        "median_ratio": statistics.median(x["wall_s"] for x in runs if x["verify"])
+        / statistics.median(x["wall_s"] for x in runs if not x["verify"]),
         "median_pair_ratio": statistics.median(pair_ratios),
         "cache_bytes": sum(p.stat().st_size for p in cache.glob("*.npy")),
     }
@@ -85,9 +89,11 @@ def _table(result: dict) -> str:
         lines.append(
             f"{name:<22} {row['wall_s']:8.3f} {row['samples'] / row['wall_s']:11.0f} {row['revived']:9d} {row['gets']:6d}"
         )
+    pair = result["median_pair_ratio"]
     lines.append(
-        f"verified / unverified: {result['ratio']:.3f} best against best, {result['median_pair_ratio']:.3f} median "
-        f"of back-to-back pairs (target <= {TARGET_RATIO})"
+        f"verified / unverified: {pair:.3f} median of back-to-back pairs (target <= {TARGET_RATIO}: "
+        f"{'met' if pair <= TARGET_RATIO else 'NOT met'}); {result['median_ratio']:.3f} median against median, "
+        f"{result['ratio']:.3f} best against best"
     )
     return "\n".join(lines)
 

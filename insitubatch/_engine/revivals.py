@@ -31,11 +31,18 @@ BUSY_WAIT_S = 30.0
 def _lookup_all(cache: DiskCache, requests: list, claim: bool) -> list:
     """Decode thread: find many chunks on disk (claiming the misses); a failure is returned in its place."""
     out: list = []
-    for path, chunk_index, shapes, dtype in requests:
-        try:
-            out.append(cache.find(path, chunk_index, shapes, dtype, claim=claim))
-        except Exception as exc:  # handed to that chunk's entry, the others still revive
-            out.append(exc)
+    try:  # their files mapped (and checksummed) in one call
+        premapped = cache.premap([(path, chunk_index) for path, chunk_index, _, _ in requests])
+    except Exception:  # each find below meets the same trouble and reports it for its chunk
+        premapped = {}
+    try:
+        for path, chunk_index, shapes, dtype in requests:
+            try:
+                out.append(cache.find(path, chunk_index, shapes, dtype, claim=claim, premapped=premapped))
+            except Exception as exc:  # handed to that chunk's entry, the others still revive
+                out.append(exc)
+    finally:
+        cache.close_premapped(premapped)
     return out
 
 

@@ -218,7 +218,7 @@ class DiskCache(_Reading, _Writing):
         self._miss_reasons: dict[Key, str] = {}
         # entries turned away, for any request (a damaged file: None) or for one (shapes, dtype): not tried again
         self._bad: dict[Key, tuple[LogEntry, tuple | None]] = {}
-        self._verified: set[tuple[str, tuple[int, int, int], int]] = set()
+        self._verified_files: dict[str, tuple[tuple[int, int, int], int]] = {}  # file name -> (identity, CRC) checked
         self._warned_files: set[str] = set()
         self._temp_ids = itertools.count()
         self._last_refresh = 0.0

@@ -28,9 +28,9 @@ from ..errors import CacheCorruptError, CacheMissError
 from .bookkeeping import _FULL_ERRNOS, _Bookkeeping, logger
 from .files import REJECT_CHECKSUM, REJECT_FILE, REJECT_MISSING, _Mapped, _mismatch, claim_name, persisted_basename
 from .log import Key, LogEntry
-from .tilefile import TileFile, open_tile_file
+from .tilefile import TileFile, open_tile_file, open_tile_files
 
-__all__ = ["REFRESH_S", "Found"]
+__all__ = ["REFRESH_S", "Found", "Premapped"]
 
 # Seconds between two reads of the other writers' logs on plain misses; a won claim always reads them.
 REFRESH_S = 0.05
@@ -54,6 +54,9 @@ class Found:
 
 _MISS, _BUSY, _CLAIMED = Found(), Found(busy=True), Found(claimed=True)
 
+# what premap mapped: file name -> (the log line it was mapped for, its TileFile or why it could not be)
+Premapped = dict[str, tuple[LogEntry, "TileFile | Exception"]]
+
 
 class _Reading(_Bookkeeping):
     """``find``, ``lookup`` and ``miss_error`` of ``DiskCache``."""
@@ -62,9 +65,37 @@ class _Reading(_Bookkeeping):
     on_corrupt: str
     _miss_reasons: dict[Key, str]
     _bad: dict[Key, tuple[LogEntry, tuple | None]]
-    _verified: set[tuple[str, tuple[int, int, int], int]]
+    _verified_files: dict[str, tuple[tuple[int, int, int], int]]
     _warned_files: set[str]
     _last_refresh: float
+
+    def premap(self, keys: Sequence[tuple[str, int]]) -> Premapped:
+        """Map the logged files of many chunks in one kernel call, checksummed where not verified yet.
+
+        ``find(..., premapped=)`` takes a chunk's file from the result rather
+        than mapping it alone, so a block's revival costs one GIL hand-off and
+        its checksums run while other threads hold the GIL; ``close_premapped``
+        unmaps what no ``find`` took.
+        """
+        wanted: dict[str, tuple[LogEntry, bool]] = {}
+        with self._lock:
+            if not self.persist or self._closed:
+                return {}
+            for path, chunk_index in keys:
+                key = (path, operator.index(chunk_index))
+                entry = self._entries.get(key)
+                if entry is not None and key not in self._mapped and entry.file not in wanted:
+                    wanted[entry.file] = (entry, self.verify and entry.file not in self._verified_files)
+        files = open_tile_files([self.cache_dir / name for name in wanted], [v for _, v in wanted.values()])
+        return {name: (entry, f) for (name, (entry, _)), f in zip(wanted.items(), files)}
+
+    @staticmethod
+    def close_premapped(premapped: Premapped) -> None:
+        """Unmap the files ``premap`` mapped that no ``find`` took."""
+        for _, f in premapped.values():
+            if isinstance(f, TileFile):
+                f.close()
+        premapped.clear()
 
     def lookup(
         self, path: str, chunk_index: int, tile_shapes: Sequence[Sequence[int]], dtype: npt.DTypeLike
@@ -80,6 +111,7 @@ class _Reading(_Bookkeeping):
         dtype: npt.DTypeLike,
         *,
         claim: bool = True,
+        premapped: Premapped | None = None,
     ) -> Found:
         """Revive the chunk if any writer logged it; else, with ``claim``, claim it for this writer.
 
@@ -101,6 +133,8 @@ class _Reading(_Bookkeeping):
             On a miss of a writing persisted cache, claim the chunk
             (``Found.claimed``), or report it ``busy`` when another live writer
             holds its claim.
+        premapped
+            What ``premap`` mapped for a batch of lookups this one belongs to.
 
         Raises
         ------
@@ -110,7 +144,7 @@ class _Reading(_Bookkeeping):
         key = (path, operator.index(chunk_index))
         shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
         dt = np.dtype(dtype)
-        found = self._revive(key, shapes, dt)
+        found = self._revive(key, shapes, dt, premapped)
         if found is not None or not claim or self.readonly or not self.persist or not self._persisting:
             return found or _MISS
         name = claim_name(persisted_basename(path, key[1], self.fingerprints[path]))
@@ -128,14 +162,16 @@ class _Reading(_Bookkeeping):
                 self._claims.release(name)
                 self._check_open()
             self._refresh()  # a writer that held it logged it before letting go
-        found = self._revive(key, shapes, dt)
+        found = self._revive(key, shapes, dt, premapped)
         if found is not None:
             with self._lock:
                 self._claims.release(name)
             return found
         return _CLAIMED
 
-    def _revive(self, key: Key, shapes: tuple[tuple[int, ...], ...], dt: np.dtype) -> Found | None:
+    def _revive(
+        self, key: Key, shapes: tuple[tuple[int, ...], ...], dt: np.dtype, premapped: Premapped | None = None
+    ) -> Found | None:
         """The chunk held or revived from its logged file; None when it cannot be."""
         path = key[0]
         with self._lock:
@@ -165,7 +201,8 @@ class _Reading(_Bookkeeping):
                 self._bad[key] = (entry, (shapes, dt))
                 self._reject(key, *mismatch)
                 return None
-        tile_file, problem = self._open_entry(entry, shapes, dt)  # file I/O and the checksum: not under the lock
+        # file I/O and the checksum: not under the lock
+        tile_file, problem = self._open_entry(entry, shapes, dt, premapped)
         with self._lock:
             if tile_file is None:
                 self._reject(key, *problem)
@@ -186,11 +223,21 @@ class _Reading(_Bookkeeping):
             return Found(self._views(held), from_other=from_other)
 
     def _open_entry(
-        self, entry: LogEntry, shapes: tuple[tuple[int, ...], ...], dt: np.dtype
+        self, entry: LogEntry, shapes: tuple[tuple[int, ...], ...], dt: np.dtype, premapped: Premapped | None
     ) -> tuple[TileFile | None, tuple[str, str]]:
         """Map an entry's file and check it against its line: ``(file, _)`` or ``(None, (reason, detail))``."""
+        # checksummed in the same call that maps it, unless this process verified this very file before
+        known = self._verified_files.get(entry.file) if self.verify else None
+        seen, opened = premapped.pop(entry.file, (None, None)) if premapped else (None, None)
+        if seen is not entry and isinstance(opened, TileFile):  # mapped for an older line of the chunk
+            opened.close()
         try:
-            tile_file = open_tile_file(self.cache_dir / entry.file)
+            if seen is not entry:
+                opened = open_tile_file(self.cache_dir / entry.file, checksum=self.verify and known is None)
+            elif isinstance(opened, Exception):
+                raise opened
+            assert isinstance(opened, TileFile)
+            tile_file = opened
         except FileNotFoundError:
             return None, (REJECT_MISSING, f"its file {entry.file} is missing")
         except CacheCorruptError as exc:
@@ -211,15 +258,15 @@ class _Reading(_Bookkeeping):
             )
         elif tile_file.nbytes != entry.nbytes:
             problem = (REJECT_FILE, f"it is {tile_file.nbytes} bytes, its log line says {entry.nbytes}")
-        elif self.verify:
-            seen = (entry.file, tile_file.identity, entry.crc32c)
-            if seen not in self._verified:
+        elif self.verify and known != (tile_file.identity, entry.crc32c):
+            crc = tile_file.crc_at_open
+            if crc is None:  # verified before as another file under this name: not this one
                 crc = tile_file.checksum()
-                if crc != entry.crc32c:
-                    problem = (REJECT_CHECKSUM, f"its CRC-32C is {crc:#010x}, its log line says {entry.crc32c:#010x}")
-                else:
-                    with self._lock:
-                        self._verified.add(seen)
+            if crc != entry.crc32c:
+                problem = (REJECT_CHECKSUM, f"its CRC-32C is {crc:#010x}, its log line says {entry.crc32c:#010x}")
+            else:
+                with self._lock:
+                    self._verified_files[entry.file] = (tile_file.identity, entry.crc32c)
         if problem is not None:
             tile_file.close()
             return None, problem

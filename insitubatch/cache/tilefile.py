@@ -11,14 +11,15 @@ computed over the mapping with the GIL released.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
-import crc32c
 import numpy as np
 import numpy.typing as npt
 
@@ -30,6 +31,7 @@ __all__ = [
     "TileFile",
     "create_tile_file",
     "open_tile_file",
+    "open_tile_files",
     "tile_file_nbytes",
     "tile_view",
     "write_tile",
@@ -55,22 +57,46 @@ def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     raise ValueError(f"a .npy header for shape {shape} and dtype {dtype} is too long")
 
 
+# a version-1 header is at most this long (its length field is two bytes)
+_OWN_HEADER_MAX = 10 + 0xFFFF
 _OWN_HEADER = re.compile(
     rb"\{'descr': '([<>|=]?[a-zA-Z][0-9]*)', 'fortran_order': False, 'shape': \(([0-9, ]*)\), \} *\n"
 )
 
 
-def _parse_own_header(f) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
+def _parse_own_header(head: bytes | memoryview) -> tuple[tuple[int, ...], bool, np.dtype, int] | None:
     """Parse a version-1 header exactly as ``_npy_header`` writes it (reviving is per chunk: keep it cheap)."""
-    head = f.read(10)
-    if len(head) != 10 or head[:8] != _NPY_MAGIC + b"\x01\x00":
+    if len(head) < 10 or bytes(head[:8]) != _NPY_MAGIC + b"\x01\x00":
         return None
     length = int.from_bytes(head[8:10], "little")
-    match = _OWN_HEADER.fullmatch(f.read(length))
+    match = _OWN_HEADER.fullmatch(bytes(head[10 : 10 + length]))
     if match is None:
         return None
     shape = tuple(int(x) for x in match.group(2).split(b",") if x.strip())
     return shape, False, np.dtype(match.group(1).decode("ascii")), 10 + length
+
+
+def _parse_any_header(f, path: Path) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """Any header numpy reads (a file not in ``_npy_header``'s exact form), from the start of ``f``."""
+    f.seek(0)
+    try:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return (*read(f), f.tell())
+    except ValueError as exc:
+        raise CacheCorruptError(f"{path} is not a readable .npy tile file: {exc}") from exc
+
+
+def _check_header(path: Path, parsed: tuple[tuple[int, ...], bool, np.dtype, int], size: int) -> None:
+    """A tile file's header must be C order, at least one dim, and agree with the file's size."""
+    shape, fortran_order, dtype, header_bytes = parsed
+    if fortran_order or len(shape) == 0 or dtype.hasobject:
+        raise CacheCorruptError(
+            f"{path} holds shape {shape}, dtype {dtype}, fortran_order={fortran_order}; not a tile file"
+        )
+    expected = header_bytes + math.prod(shape) * dtype.itemsize
+    if size != expected:
+        raise CacheCorruptError(f"{path} is {size} bytes but its header {shape} {dtype} says {expected}")
 
 
 class TileFile:
@@ -110,6 +136,7 @@ class TileFile:
         self._file_path = file_path
         self._mapping = mapping
         self._header_bytes = header_bytes
+        self.crc_at_open: int | None = None  # the file's CRC-32C when open_tile_file(checksum=True) mapped it
 
     @property
     def file_path(self) -> Path:
@@ -137,8 +164,7 @@ class TileFile:
 
     def checksum(self) -> int:
         """The CRC-32C of the whole file (header and payload), read through the mapping with the GIL released."""
-        with memoryview(self._mapping) as whole:
-            return crc32c.crc32c(whole)
+        return self._mapping.crc32c()
 
     def publish(self) -> Path:
         """Rename the temporary file to ``path`` atomically (replacing any file there).
@@ -229,39 +255,81 @@ def create_tile_file(
     return TileFile(path, file_path, mapping, len(header), n_tiles, tile_shape, dtype)
 
 
-def open_tile_file(path: str | os.PathLike, *, writable: bool = False) -> TileFile:
+def open_tile_file(path: str | os.PathLike, *, writable: bool = False, checksum: bool = False) -> TileFile:
     """Map an existing tile file (revive a persisted chunk), read-only unless ``writable``.
+
+    A read-only file is opened, sized and mapped in one kernel call without
+    the GIL; with ``checksum`` that call also computes its CRC-32C
+    (``TileFile.crc_at_open``), so verifying a revived file costs no second
+    pass over the mapping nor another GIL hand-off.
 
     Raises
     ------
     CacheCorruptError
         When the header is not a C-order ``.npy`` header of at least one dim, or
-        the file size disagrees with it.
+        the file size disagrees with it (an empty file included).
     """
     path = Path(path)
-    with open(path, "r+b" if writable else "rb") as f:
-        parsed = _parse_own_header(f)
+    if writable:
+        with open(path, "r+b") as f:
+            parsed = _parse_own_header(f.read(_OWN_HEADER_MAX)) or _parse_any_header(f, path)
+            st = os.fstat(f.fileno())
+            _check_header(path, parsed, st.st_size)
+            mapping = _persist.FileMapping(f.fileno(), st.st_size, True)
+        shape, _, dtype, header_bytes = parsed
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        return TileFile(path, path, mapping, header_bytes, shape[0], tuple(shape[1:]), dtype, identity)
+    try:
+        mapping, identity, crc = _persist.map_path(path, checksum)
+    except OSError as exc:
+        _raise_open_error(path, exc)
+    return _adopt_mapping(path, mapping, identity, crc)
+
+
+def open_tile_files(paths: Sequence[str | os.PathLike], checksums: Sequence[bool]) -> list[TileFile | Exception]:
+    """``open_tile_file`` (read-only) for many files, mapped and checksummed in one kernel call without the GIL.
+
+    One result per path, in order: its ``TileFile`` or the exception
+    ``open_tile_file`` would have raised (``FileNotFoundError``,
+    ``CacheCorruptError``, ...).
+    """
+    out: list[TileFile | Exception] = []
+    for path, mapped in zip(paths, _persist.map_paths(paths, checksums)):
+        path = Path(path)
+        try:
+            if isinstance(mapped, OSError):
+                _raise_open_error(path, mapped)
+            out.append(_adopt_mapping(path, *mapped))
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
+def _raise_open_error(path: Path, exc: OSError) -> NoReturn:
+    """Raise what a failed ``map_path`` means for a tile file: an empty file is a damaged one."""
+    if exc.errno == errno.EINVAL and path.is_file():
+        raise CacheCorruptError(f"{path} is empty: not a readable .npy tile file") from exc
+    raise exc
+
+
+def _adopt_mapping(
+    path: Path, mapping: _persist.FileMapping, identity: tuple[int, int, int], crc: int | None
+) -> TileFile:
+    """The read-only ``TileFile`` over a file ``map_path`` mapped: its header parsed and checked."""
+    try:
+        with memoryview(mapping) as whole:
+            parsed = _parse_own_header(whole[:_OWN_HEADER_MAX])
         if parsed is None:  # not in the exact form _npy_header writes: let numpy judge it
-            f.seek(0)
-            try:
-                version = np.lib.format.read_magic(f)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                parsed = (*read(f), f.tell())
-            except ValueError as exc:
-                raise CacheCorruptError(f"{path} is not a readable .npy tile file: {exc}") from exc
-        shape, fortran_order, dtype, header_bytes = parsed
-        st = os.fstat(f.fileno())
-        size = st.st_size
-        if fortran_order or len(shape) == 0 or dtype.hasobject:
-            raise CacheCorruptError(
-                f"{path} holds shape {shape}, dtype {dtype}, fortran_order={fortran_order}; not a tile file"
-            )
-        expected = header_bytes + math.prod(shape) * dtype.itemsize
-        if size != expected:
-            raise CacheCorruptError(f"{path} is {size} bytes but its header {shape} {dtype} says {expected}")
-        mapping = _persist.FileMapping(f.fileno(), size, writable)
-    identity = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return TileFile(path, path, mapping, header_bytes, shape[0], tuple(shape[1:]), dtype, identity)
+            with open(path, "rb") as f:
+                parsed = _parse_any_header(f, path)
+        _check_header(path, parsed, identity[1])
+    except BaseException:
+        mapping.close()
+        raise
+    shape, _, dtype, header_bytes = parsed
+    tile_file = TileFile(path, path, mapping, header_bytes, shape[0], tuple(shape[1:]), dtype, identity)
+    tile_file.crc_at_open = crc
+    return tile_file
 
 
 def _tile_offset(tile_file: TileFile, tile_index: int, shape: Sequence[int]) -> int:

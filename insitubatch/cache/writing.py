@@ -34,7 +34,7 @@ class _Writing(_Bookkeeping):
     _spilled: set
     _miss_reasons: dict[Key, str]
     _bad: dict
-    _verified: set
+    _verified_files: dict
     _temp_ids: Iterator[int]
     _over_budget: bool
 
@@ -178,7 +178,7 @@ class _Writing(_Bookkeeping):
         """Append a committed chunk's line and let go of its claim (lock held)."""
         path, chunk = key
         entry = LogEntry(path, chunk, name, shapes, sf.dtype, self.fingerprints[path], sf.nbytes, crc, now_ns())
-        self._verified.add((name, readable.identity, crc))
+        self._verified_files[name] = (readable.identity, crc)
         self._bad.pop(key, None)
         current = self._entries.get(key)
         try:

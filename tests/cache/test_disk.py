@@ -25,6 +25,7 @@ from insitubatch.cache import (
     SHARED_DIR,
     DiskCache,
     persisted_basename,
+    reading,
     spill_basename,
 )
 from insitubatch.cache import fingerprint as fp_mod
@@ -76,6 +77,11 @@ def _logged(d: Path) -> list[dict]:
 
 def _name(chunk: int, path: str = PATH, fp: str = FP_A) -> str:
     return persisted_basename(path, chunk, fp)
+
+
+def _mapped(path: Path) -> bool:
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        return any(line.rstrip().endswith(str(path)) for line in f)
 
 
 def _npy_files(d: Path) -> set[str]:
@@ -614,12 +620,51 @@ def test_a_flipped_header_byte_is_detected(tmp_path: Path, caplog, where: str) -
         assert len(_damage_warnings(caplog)) == 1
 
 
+def test_a_block_of_lookups_maps_and_checksums_its_files_in_one_call(
+    tmp_path: Path, caplog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """premap: one kernel call for the block; a damaged file among them is caught; what no find took is unmapped."""
+    with _writer(tmp_path) as c:
+        for chunk in range(4):
+            _put(c, PATH, chunk, _tiles(SHAPES, seed=chunk))
+    _flip(tmp_path / _name(2), 300)  # a payload byte: same size, same header
+    singles = []
+    real_open = reading.open_tile_file
+    monkeypatch.setattr(reading, "open_tile_file", lambda *a, **kw: singles.append(a) or real_open(*a, **kw))
+    with caplog.at_level(logging.WARNING, logger="insitubatch"), _writer(tmp_path) as c:
+        premapped = c.premap([(PATH, chunk) for chunk in (0, 1, 2, 3, 9)])  # chunk 9 was never logged
+        assert sorted(premapped) == sorted(_name(k) for k in range(4))
+        assert all(f.crc_at_open is not None for _, f in premapped.values())  # none verified yet: all summed
+        for chunk in (0, 1, 2):
+            found = c.find(PATH, chunk, SHAPES, np.float32, claim=False, premapped=premapped)
+            if chunk == 2:
+                assert found.tiles is None and c.rejected == {"checksum": 1}
+            else:
+                for got, want in zip(found.tiles, _tiles(SHAPES, seed=chunk)):
+                    np.testing.assert_array_equal(got, want)
+        assert singles == [] and list(premapped) == [_name(3)]  # every find took its file from the block
+        c.close_premapped(premapped)
+        assert premapped == {} and not _mapped(tmp_path / _name(3))
+        assert len(_damage_warnings(caplog)) == 1
+        # a held chunk is not mapped again; a verified file is not summed again; one not mapped yet is
+        c.evict(PATH, 0)
+        again = c.premap([(PATH, 0), (PATH, 1), (PATH, 3)])
+        assert {n: f.crc_at_open is None for n, (_, f) in again.items()} == {_name(0): True, _name(3): False}
+        c.close_premapped(again)
+
+
 def test_a_file_is_verified_once_per_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with _writer(tmp_path) as c:
         _put(c, PATH, 0, _tiles(SHAPES))
-    calls = []
-    real = TileFile.checksum
-    monkeypatch.setattr(TileFile, "checksum", lambda self: calls.append(self.path.name) or real(self))
+    calls = []  # every file checksummed: when mapped (open_tile_file(checksum=True)) or after (checksum())
+    real_checksum, real_open = TileFile.checksum, reading.open_tile_file
+
+    def counted_open(path, *, checksum=False, **kw):
+        calls.extend([Path(path).name] if checksum else [])
+        return real_open(path, checksum=checksum, **kw)
+
+    monkeypatch.setattr(TileFile, "checksum", lambda self: calls.append(self.path.name) or real_checksum(self))
+    monkeypatch.setattr(reading, "open_tile_file", counted_open)
     with _writer(tmp_path) as c:
         for _ in range(3):  # revived, evicted, revived again (a windowed pass releasing a block)
             assert c.lookup(PATH, 0, SHAPES, np.float32) is not None

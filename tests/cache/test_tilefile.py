@@ -9,6 +9,7 @@ import crc32c
 import numpy as np
 import pytest
 
+import insitubatch._ext.persist as _persist
 from insitubatch.cache.tilefile import create_tile_file, open_tile_file, tile_file_nbytes, tile_view, write_tile
 from insitubatch.errors import CacheCorruptError
 
@@ -194,3 +195,37 @@ def test_checksum_covers_the_whole_file_and_a_temp_tag_names_its_writer(tmp_path
     with open_tile_file(path) as g:
         st = path.stat()
         assert g.checksum() == crc and g.identity == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@pytest.mark.parametrize("offset", range(8))
+def test_the_crc32c_kernel_equals_the_crc32c_package(offset: int) -> None:
+    """Every length around the kernel's 8-byte words and three-lane rounds, at every alignment, and chained."""
+    rng = np.random.default_rng(offset)
+    blob = rng.integers(0, 256, 3 * 512 * 4 + 64, dtype=np.uint8).tobytes()
+    lengths = [0, 1, 7, 8, 9, 511, 512, 1535, 1536, 1537, 3071, 3072, 3073, 4 * 1536 + 13]
+    for n in lengths:
+        data = blob[offset : offset + n]
+        assert _persist.crc32c(data) == crc32c.crc32c(data), n
+        assert _persist.crc32c(data, 0xDEADBEEF) == crc32c.crc32c(data, 0xDEADBEEF), n
+    head, tail = blob[:1000], blob[1000:]
+    assert _persist.crc32c(tail, _persist.crc32c(head)) == crc32c.crc32c(blob)
+
+
+def test_open_with_checksum_maps_and_sums_in_one_call(tmp_path: Path) -> None:
+    path = tmp_path / "tiles.npy"
+    with create_tile_file(path, 3, (5, 7), "<f8") as f:
+        for i in range(3):
+            write_tile(f, i, np.full((5, 7), i + 0.5))
+    fds = _fds()
+    with open_tile_file(path, checksum=True) as g:
+        assert _fds() == fds  # the descriptor is closed once the file is mapped
+        assert g.crc_at_open == crc32c.crc32c(path.read_bytes()) == g.checksum()
+        np.testing.assert_array_equal(tile_view(g, 2), np.full((5, 7), 2.5))
+    assert not _mapped(path)
+    with open_tile_file(path) as g:
+        assert g.crc_at_open is None
+    with pytest.raises(FileNotFoundError):
+        open_tile_file(tmp_path / "missing.npy", checksum=True)
+    (tmp_path / "empty.npy").write_bytes(b"")
+    with pytest.raises(CacheCorruptError, match="empty"):
+        open_tile_file(tmp_path / "empty.npy", checksum=True)
