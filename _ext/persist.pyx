@@ -4,8 +4,9 @@
 buffer protocol; ``insitubatch.kernels`` builds the tile-major ``.npy`` tile
 file on top (header, sizing, views). ``close()`` unmaps at once when no view is
 alive, else as soon as the last view is released — never under a live view.
-``map_path`` opens, maps and (optionally) checksums a file in one call without
-the GIL: reviving a persisted chunk costs one GIL hand-off, not one per syscall.
+``map_paths`` opens, maps and (optionally) checksums many files in one call
+without the GIL: reviving a block of persisted chunks costs one GIL hand-off,
+not one per syscall and per file.
 """
 
 import os
@@ -14,7 +15,7 @@ cimport numpy as cnp
 from bytebuf cimport export_bytes
 from cpython.buffer cimport PyBUF_WRITABLE
 from libc.errno cimport errno
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
 # mmap/munmap on POSIX; elsewhere a mapping fails with ENOSYS (see the header)
@@ -30,7 +31,7 @@ cdef extern from "insitu_crc32c.h" nogil:
 cnp.import_array()
 insitu_crc32c_init()
 
-# only map_path holds it: FileMapping(..., _token=_ADOPT) takes a mapping made elsewhere
+# only _adopt holds it: FileMapping(..., _token=_ADOPT) takes a mapping map_paths made
 cdef object _ADOPT = object()
 
 
@@ -142,38 +143,24 @@ cdef FileMapping _adopt(void* base, size_t length):
     return mapping
 
 
-def map_path(path, bint checksum=False):
-    """Open ``path``, map all of it read-only and close it, in one call without the GIL.
-
-    Returns ``(mapping, (inode, size, mtime_ns), crc)``: ``crc`` is the
-    CRC-32C of the whole file with ``checksum``, else ``None``. Raises
-    ``OSError`` (``FileNotFoundError`` for a missing file; ``EINVAL`` for an
-    empty one, which has nothing to map).
-    """
-    cdef bytes encoded = os.fsencode(path)
-    cdef const char* c_path = encoded
-    cdef size_t length = 0
-    cdef long long identity[3]
-    cdef void* base
-    cdef unsigned int crc = 0
-    cdef int err = 0
-    with nogil:
-        base = insitu_map_path(c_path, &length, identity)
-        if base == NULL:
-            err = errno
-        elif checksum:
-            crc = insitu_crc32c(0, base, length)
-    if base == NULL:
-        raise OSError(err, os.strerror(err), os.fsdecode(encoded))
-    return _adopt(base, length), (identity[0], identity[1], identity[2]), (crc if checksum else None)
+cdef struct _PathMap:
+    const char* path
+    void* base              # NULL until mapped, and again once a FileMapping owns it
+    size_t length
+    long long identity[3]   # inode, size, mtime ns
+    unsigned int crc
+    int err
+    bint checksum
 
 
 def map_paths(paths, checksums):
-    """``map_path`` for many files in one call without the GIL: one result per path, in order.
+    """Open, map read-only and close many files in one call without the GIL; one result per path, in order.
 
-    Each result is ``(mapping, identity, crc)`` as ``map_path`` returns it, or
-    the ``OSError`` that file raised. Reviving a block of chunks thus costs one
-    GIL hand-off in all, and their checksums run while other threads hold the GIL.
+    Each result is ``(mapping, (inode, size, mtime_ns), crc)`` — ``crc`` the
+    CRC-32C of the whole file where its ``checksums`` flag is set, else
+    ``None`` — or the ``OSError`` that file raised (``FileNotFoundError``
+    for a missing one; ``EINVAL`` for an empty one, which has nothing to
+    map). The checksums run while other threads hold the GIL.
     """
     cdef list encoded = [os.fsencode(p) for p in paths]
     cdef Py_ssize_t n = len(encoded), i
@@ -181,49 +168,35 @@ def map_paths(paths, checksums):
         raise ValueError(f"{n} paths but {len(checksums)} checksum flags")
     if n == 0:
         return []
-    cdef const char** c_paths = <const char**>malloc(n * sizeof(char*))
-    cdef void** bases = <void**>calloc(n, sizeof(void*))  # NULL: nothing to unmap
-    cdef size_t* lengths = <size_t*>malloc(n * sizeof(size_t))
-    cdef long long* identities = <long long*>malloc(3 * n * sizeof(long long))
-    cdef unsigned int* crcs = <unsigned int*>malloc(n * sizeof(unsigned int))
-    cdef int* errs = <int*>malloc(n * sizeof(int))
-    cdef char* wanted = <char*>malloc(n)
+    cdef _PathMap* maps = <_PathMap*>calloc(n, sizeof(_PathMap))
+    if maps == NULL:
+        raise MemoryError()
     cdef list out = []
     try:
-        if not (c_paths and bases and lengths and identities and crcs and errs and wanted):
-            raise MemoryError()
         for i in range(n):
-            c_paths[i] = <const char*>(<bytes>encoded[i])
-            wanted[i] = 1 if checksums[i] else 0
+            maps[i].path = <const char*>(<bytes>encoded[i])
+            maps[i].checksum = bool(checksums[i])
         with nogil:
             for i in range(n):
-                errs[i] = 0
-                crcs[i] = 0
-                bases[i] = insitu_map_path(c_paths[i], &lengths[i], &identities[3 * i])
-                if bases[i] == NULL:
-                    errs[i] = errno
-                elif wanted[i]:
-                    crcs[i] = insitu_crc32c(0, bases[i], lengths[i])
+                maps[i].base = insitu_map_path(maps[i].path, &maps[i].length, maps[i].identity)
+                if maps[i].base == NULL:
+                    maps[i].err = errno
+                elif maps[i].checksum:
+                    maps[i].crc = insitu_crc32c(0, maps[i].base, maps[i].length)
         for i in range(n):
-            if bases[i] == NULL:
-                out.append(OSError(errs[i], os.strerror(errs[i]), os.fsdecode(encoded[i])))
-            else:
-                mapping = _adopt(bases[i], lengths[i])
-                bases[i] = NULL  # the mapping owns it now
-                identity = (identities[3 * i], identities[3 * i + 1], identities[3 * i + 2])
-                out.append((mapping, identity, crcs[i] if wanted[i] else None))
+            if maps[i].base == NULL:
+                err = maps[i].err
+                out.append(OSError(err, os.strerror(err), os.fsdecode(encoded[i])))
+                continue
+            mapping = _adopt(maps[i].base, maps[i].length)
+            maps[i].base = NULL  # the mapping owns it now
+            identity = (maps[i].identity[0], maps[i].identity[1], maps[i].identity[2])
+            out.append((mapping, identity, maps[i].crc if maps[i].checksum else None))
     finally:
-        if bases:
-            for i in range(n):  # mapped but never adopted (an error building the results): unmap here
-                if bases[i] != NULL:
-                    insitu_unmap_file(bases[i], lengths[i])
-        free(c_paths)
-        free(bases)
-        free(lengths)
-        free(identities)
-        free(crcs)
-        free(errs)
-        free(wanted)
+        for i in range(n):  # mapped but never adopted (an error building the results): unmap here
+            if maps[i].base != NULL:
+                insitu_unmap_file(maps[i].base, maps[i].length)
+        free(maps)
     return out
 
 

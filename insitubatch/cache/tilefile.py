@@ -279,11 +279,10 @@ def open_tile_file(path: str | os.PathLike, *, writable: bool = False, checksum:
         shape, _, dtype, header_bytes = parsed
         identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         return TileFile(path, path, mapping, header_bytes, shape[0], tuple(shape[1:]), dtype, identity)
-    try:
-        mapping, identity, crc = _persist.map_path(path, checksum)
-    except OSError as exc:
-        _raise_open_error(path, exc)
-    return _adopt_mapping(path, mapping, identity, crc)
+    (opened,) = open_tile_files([path], [checksum])
+    if isinstance(opened, Exception):
+        raise opened
+    return opened
 
 
 def open_tile_files(paths: Sequence[str | os.PathLike], checksums: Sequence[bool]) -> list[TileFile | Exception]:
@@ -306,7 +305,7 @@ def open_tile_files(paths: Sequence[str | os.PathLike], checksums: Sequence[bool
 
 
 def _raise_open_error(path: Path, exc: OSError) -> NoReturn:
-    """Raise what a failed ``map_path`` means for a tile file: an empty file is a damaged one."""
+    """Raise what a failed ``map_paths`` entry means for a tile file: an empty file is a damaged one."""
     if exc.errno == errno.EINVAL and path.is_file():
         raise CacheCorruptError(f"{path} is empty: not a readable .npy tile file") from exc
     raise exc
@@ -315,7 +314,7 @@ def _raise_open_error(path: Path, exc: OSError) -> NoReturn:
 def _adopt_mapping(
     path: Path, mapping: _persist.FileMapping, identity: tuple[int, int, int], crc: int | None
 ) -> TileFile:
-    """The read-only ``TileFile`` over a file ``map_path`` mapped: its header parsed and checked."""
+    """The read-only ``TileFile`` over a file ``map_paths`` mapped: its header parsed and checked."""
     try:
         with memoryview(mapping) as whole:
             parsed = _parse_own_header(whole[:_OWN_HEADER_MAX])
