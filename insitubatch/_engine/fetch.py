@@ -44,7 +44,7 @@ from zarr.abc.buffer import Buffer
 from zarr.abc.store import RangeByteRequest
 from zarr.buffer import default_buffer_prototype
 
-from .read_policy import Outcome, classify
+from .read_policy import Outcome, classify, http_status
 from .stats import PassCounters
 from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient, _ObstoreBackend
 from .window import WindowUser
@@ -254,7 +254,7 @@ class Read:
                 fetcher.counters.gets += 1
                 self._finish(None, None)
                 return
-            if self.byte_range is None and not self._plain and "416" in str(exc)[:400]:
+            if self.byte_range is None and not self._plain and http_status(exc) == 416:
                 self._plain = True  # an empty object: nothing for a range to name
                 self.attempt -= 1
                 self._try()

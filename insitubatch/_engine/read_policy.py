@@ -100,6 +100,12 @@ class Outcome(enum.Enum):
     THROTTLE = "throttle"  # the store asks to slow down: try again, and the window backs off
 
 
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status a store's error reports, or None when its message names none."""
+    status = _STATUS.search(str(exc))
+    return None if status is None else int(status.group(1))
+
+
 def classify(exc: BaseException) -> Outcome:
     """Sort a failed attempt's exception; anything unrecognised is transient."""
     if isinstance(exc, (FileNotFoundError, obstore.exceptions.NotFoundError)):
@@ -119,10 +125,9 @@ def classify(exc: BaseException) -> Outcome:
     ):
         return Outcome.FATAL
     text = str(exc)
-    status = _STATUS.search(text)
-    if status is None:  # no HTTP status in the message (another store's error): its words decide
+    code = http_status(exc)
+    if code is None:  # no HTTP status in the message (another store's error): its words decide
         return Outcome.THROTTLE if _THROTTLE.search(text) else Outcome.RETRY
-    code = int(status.group(1))
     if code in _THROTTLE_STATUS or "SlowDown" in text:
         return Outcome.THROTTLE
     if 400 <= code < 500 and code not in _RETRYABLE_4XX:

@@ -227,3 +227,24 @@ def test_a_denied_key_fails_at_once_and_a_transient_failure_is_retried(root: Pat
         answers, _ = read_all(f, ["d/k2"])
         assert answers[0].to_bytes() == content(root, "d/k2") and f.counters.retries == 2
         close_store(store)
+
+
+def _emulator_on_a_port_naming_416(root: Path) -> Emulator:
+    for port in range(41600, 41700):
+        try:
+            return Emulator(root, latency_s=0.0, jitter_s=0.0, port=port)
+        except OSError:
+            continue
+    raise RuntimeError("no free port in 41600..41699")
+
+
+def test_a_server_error_from_a_port_that_reads_416_is_retried_not_taken_for_an_empty_object(root: Path) -> None:
+    # the error's message carries the URL: only its status code may say "416 Range Not Satisfiable"
+    with _emulator_on_a_port_naming_416(root) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store)
+        emu.inject("500", f"{BUCKET}/d/k3", times=2)
+        answers, _ = read_all(f, ["d/k3"])
+        assert answers[0].to_bytes() == content(root, "d/k3")
+        assert f.counters.retries == 2 and emu.stats().keys[f"{BUCKET}/d/k3"].gets == 3
+        close_store(store)
