@@ -73,9 +73,7 @@ class _Revivals:
     def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
         raise NotImplementedError  # _TileJobs'
 
-    async def _revive_or_fetch(
-        self, items: list[tuple[Entry, ArrayReader, int]], waited: float = 0.0, ticket: int | None = None
-    ) -> None:
+    async def _revive_or_fetch(self, items: list[tuple[Entry, ArrayReader, int]], waited: float = 0.0) -> None:
         """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
 
         One executor job looks up a block's worth of chunks, so reviving costs
@@ -84,9 +82,6 @@ class _Revivals:
         is claimed for this process before it is fetched; one that another
         writer of the ``cache_dir`` is making is looked up again a little later
         (``waited`` seconds so far), so it is revived rather than fetched twice.
-        The lookup's permit comes in the order of ``ticket``, drawn when the
-        chunks were admitted: it goes before the fetches of misses found
-        later, so a chunk a second selection wants still joins their reads.
         """
         cache = self.cache
         assert cache is not None  # revival is scheduled only with a disk cache
@@ -102,7 +97,7 @@ class _Revivals:
                     self._forget(r, c)
                     cache.release(r.source, c)
 
-            async with self.semaphore.turn(ticket):
+            async with self.semaphore:
                 job = self.executor.submit(_lookup_all, cache, requests, waited < BUSY_WAIT_S)
                 try:
                     results = await asyncio.wrap_future(job)

@@ -314,7 +314,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
 
     def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
         if revivals:
-            self._spawn(self._revive_or_fetch(list(revivals), ticket=self.semaphore.window.ticket()), work=True)
+            self._spawn(self._revive_or_fetch(list(revivals)), work=True)
             revivals.clear()
 
     def _spawn(self, coro, work: bool = False) -> None:
