@@ -98,29 +98,6 @@ class _RemoteTiles:
             prefetch(self.shard_indexes, list(wanted.values()), self._get_range, self.semaphore, INDEX_PREFETCH)
         )
 
-    def _first_block_waits(self) -> bool:
-        """Whether the pass admits its second block only once its first block's shard indexes are in.
-
-        On a remote sharded array an inner chunk's read can start only after
-        its shard's index: until the first block's indexes are in, its tile
-        reads leave permits free, and a later block's reads taking them
-        would load the store while the first batch still waits.
-        """
-        sharded = any(r.geometry.sharded_reads for r in self.readers.values())
-        return sharded and self.fetcher is not None and self.cache is None
-
-    async def _first_block_indexes(self, reads: dict[str, list[int]]) -> None:
-        """Loop: wait for the indexes of the shards the first block's reads (chunks by source) touch."""
-        await asyncio.sleep(0)  # the first block's shard reads, just spawned, start their index reads in order
-        waits = []
-        for source, chunks in reads.items():
-            r = self.readers[source]
-            if r.geometry.sharded_reads:
-                stage = self._shards[r.geometry.path]
-                for key in shard_keys(r.geometry, r.layout.tiles, chunks):
-                    waits.append(self.shard_indexes.read(key, stage, self._get_range, self.semaphore))
-        await asyncio.gather(*waits, return_exceptions=True)  # a failed index fails its tiles, not this wait
-
     async def _get_range(self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None) -> Buffer | None:
         if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
             return await self.fetcher.get(key, byte_range, size_hint)

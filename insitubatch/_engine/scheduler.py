@@ -250,8 +250,6 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         chunk: tuple[str, int] | None = None
         block = -1
         since_yield = 0
-        # a remote sharded pass admits its second block once the first block's shard indexes are in (below)
-        first: dict[str, list[int]] | None = {} if self._first_block_waits() else None
         for i in np.argsort(plan.read_first, kind="stable").tolist():
             if plan.read_last[i] < self.first_block:
                 continue  # only batches before a resume point read it
@@ -259,13 +257,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             nbytes = int(plan.read_nbytes[i])
             if plan.read_first[i] != block or len(revivals) >= REVIVE_BATCH:
                 self._flush(revivals)
-                if first is not None and block >= 0 and plan.read_first[i] != block:
-                    self._fetch_all(fetches)
-                    await self._first_block_indexes(first)
-                    first = None
                 block = int(plan.read_first[i])
-            if first is not None:
-                first.setdefault(key[0], []).append(key[1])
             reader = self.readers[key[0]]
             if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
                 chunk = (reader.geometry.path, key[1])
