@@ -116,7 +116,7 @@ class _RemoteTiles:
         coord = reader.tile_coord(want.chunk_index, k)
         key = g.tile_key(coord)[0]
         buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
-        async with self.semaphore.turn(want.ticket):
+        async with self.semaphore:
             if self._get_sync is None:
                 trace = self.owner.counters.trace
                 trace.inflight_reads += 1
@@ -174,10 +174,9 @@ class _RemoteTiles:
         g = reader.geometry
         decoder = self._decoders[g.path]
         broken: _DecodeFailure | None = None
-        try:  # (an index read is a read in flight like any other: the one that fetches it takes a permit)
-            index = await self.shard_indexes.read(
-                key, self._shards[g.path], self._get_range, self.semaphore, min(w.ticket for w in wants)
-            )
+        try:
+            async with self.semaphore:  # (an index read is a read in flight like any other)
+                index = await self.shard_indexes.read(key, self._shards[g.path], self._get_range)
         except asyncio.CancelledError:
             raise
         except _DecodeFailure as exc:
@@ -214,7 +213,7 @@ class _RemoteTiles:
         it has no permit for to a run of their own.
         """
         semaphore = self.semaphore
-        await semaphore.acquire(min(want.ticket for _, _, want, _ in run))
+        await semaphore.acquire()
         held = 1
         try:
             while held < len(run) and not semaphore.locked():
@@ -261,7 +260,7 @@ class _RemoteTiles:
 
     async def _land(self, want: Want, coord: Any, key: str, buf: Any) -> None:
         """Loop: a tile decided without a GET (never written, or bad) through a decode job, under a permit."""
-        async with self.semaphore.turn(want.ticket):
+        async with self.semaphore:
             landed, job = self._landings.submit(self._tile_job, want, coord, key, buf)
             self._track(job)
             try:

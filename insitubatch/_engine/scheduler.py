@@ -319,7 +319,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
 
     def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
         """Read the tiles ``entry`` needs: each joins a read of the same stored tile still waiting, else starts one."""
-        fresh = self._wants.add(entry, reader, chunk_index, self.semaphore.window.ticket())
+        fresh = self._wants.add(entry, reader, chunk_index)
         if self._get_sync is not None:
             self._queued.extend(fresh)
             if fresh and (self._pump is None or self._pump.done()):

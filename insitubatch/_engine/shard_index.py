@@ -120,50 +120,19 @@ class ShardIndexes:
         return self._keep(key, get(key, byte_range=index_request(stage)), stage)
 
     async def read(
-        self,
-        key: str,
-        stage: _ShardStage,
-        fetch: Callable[[str, ByteRequest], Awaitable[Any]],
-        permits: Any = None,
-        ticket: int | None = None,
-        background: bool = False,
+        self, key: str, stage: _ShardStage, fetch: Callable[[str, ByteRequest], Awaitable[Any]]
     ) -> ShardIndex | None:
-        """Loop: the index of shard ``key``, fetched once with ``await fetch(key, byte_range)``; others wait for it.
-
-        With ``permits`` (a ``window.WindowUser``), the read that fetches
-        takes one, in ``ticket`` order, or only when no other read waits
-        (``background``); one that finds the index read or being read takes
-        none, and reads it itself if that read is cancelled (its pass closed).
-        """
-        while True:
-            with self._lock:
-                known, index = self._known(key)
-                pending = self._loading.get(key)
-            if known:
-                return index
-            if pending is not None:
-                answer = await _outcome_of(pending)
-                if answer is _CANCELLED:
-                    continue
-                return answer
-            held = False
-            if permits is not None and background:
-                await permits.acquire_idle()
-                held = True
-                if key in self._loading or key in self._held or key in self._broken:  # read, or being read, meanwhile
-                    permits.release()
-                    continue
-            return await self._fetch(key, stage, fetch, permits, ticket, held)
-
-    async def _fetch(
-        self, key: str, stage: _ShardStage, fetch: Callable[..., Awaitable[Any]], permits: Any, ticket, held: bool
-    ) -> ShardIndex | None:
+        """Loop: the index of shard ``key``, fetched once with ``await fetch(key, byte_range)``; others wait for it."""
+        with self._lock:
+            known, index = self._known(key)
+            pending = self._loading.get(key)
+        if known:
+            return index
+        if pending is not None:
+            return await asyncio.shield(pending)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._loading[key] = future
         try:
-            if permits is not None and not held:
-                await permits.acquire(ticket)
-                held = True
             index = self._keep(key, await fetch(key, index_request(stage)), stage)
         except asyncio.CancelledError:
             future.cancel()
@@ -174,24 +143,8 @@ class ShardIndexes:
             raise
         finally:
             self._loading.pop(key, None)
-            if held:
-                permits.release()
         future.set_result(index)
         return index
-
-
-_CANCELLED = object()
-
-
-async def _outcome_of(pending: asyncio.Future) -> Any:
-    """Another read's index (or its error); ``_CANCELLED`` when that read was cancelled and this task was not."""
-    try:
-        return await asyncio.shield(pending)
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if pending.cancelled() and (task is None or not task.cancelling()):
-            return _CANCELLED
-        raise
 
 
 def check_span(decoder: ChunkDecoder, coord: Any, span: tuple[int, int], buf: ChunkData | None) -> ChunkData:
@@ -255,17 +208,18 @@ async def prefetch(
 ) -> None:
     """Loop: read the indexes of ``wanted`` shards, in order, ``concurrency`` at a time, ahead of their tiles.
 
-    Reading ahead is background work: each read takes one of the pass's
-    read ``permits`` (a ``window.WindowUser``) only when no other read
-    waits for one, so the first batches' reads go first and the indexes of
-    later shards fill permits they leave idle; a tile whose index is not
-    read yet reads it itself. Failures are left for those tiles to meet and report.
+    A pass's tiles then find their shard's index read (or being read)
+    instead of each first tile of a shard holding a read permit for a round
+    trip while its index comes. Each read takes one of the pass's read
+    ``permits`` (an ``asyncio.Semaphore``-like), so reads in flight stay
+    within ``max_inflight``. Failures are left for those tiles to meet and report.
     """
     pending = iter(wanted)
 
     async def worker() -> None:
         for key, stage in pending:
             with contextlib.suppress(Exception):
-                await indexes.read(key, stage, get_range, permits, background=True)
+                async with permits:
+                    await indexes.read(key, stage, get_range)
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))

@@ -8,23 +8,15 @@ being a pinned ``max_inflight`` or, under ``"auto"``, its
 tile size, so a shared window never lets one reader exceed what its
 ``describe()`` promised. A user quacks like ``asyncio.Semaphore``
 (``acquire``, ``release``, ``locked``, ``async with``), which is what the
-scheduler holds, with no barging past a queue.
-
-Waiters are served in ticket order: a read may name the :meth:`~ReadWindow.ticket`
-its tile drew when the pass admitted it, so the reads of an early batch
-that could start only after another read (a sharded array's inner chunks,
-after their shard's index) go before those of batches admitted later; a read
-with no ticket draws one as it waits (first come, first served). Background
-reads (:meth:`WindowUser.acquire_idle`) get a permit only when no one else
-waits. Loop thread only, except :attr:`WindowUser.held`, which anyone may read.
+scheduler holds; waiters are served first come, first served, with no
+barging past a queue. Loop thread only, except :attr:`WindowUser.held`,
+which anyone may read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
-import itertools
 import time
 import weakref
 
@@ -41,19 +33,12 @@ class ReadWindow:
         self.controller = controller
         self.ceiling = ceiling if ceiling is not None else self._fixed  # the cap of all users together
         self.inflight = 0
-        self._waiters: list[tuple[int, int, asyncio.Future, WindowUser]] = []  # a heap: (ticket, arrival, ...)
-        self._idle: collections.deque[tuple[asyncio.Future, WindowUser]] = collections.deque()
-        self._tickets = itertools.count()
-        self._arrivals = itertools.count()
+        self._waiters: collections.deque[tuple[asyncio.Future, WindowUser]] = collections.deque()
         self._users: weakref.WeakSet[WindowUser] = weakref.WeakSet()
 
     @property
     def limit(self) -> int:
         return self.controller.limit if self.controller is not None else self._fixed
-
-    def ticket(self) -> int:
-        """A place in the queue: reads waiting under a smaller ticket get permits first."""
-        return next(self._tickets)
 
     def user(self, cap: int) -> WindowUser:
         """A reader's handle, holding at most ``cap`` permits (any thread; the cap counts from its first acquire)."""
@@ -103,39 +88,21 @@ class ReadWindow:
         self._wake()
 
     def _wake(self) -> None:
-        """Hand permits to waiters in ticket order (one whose reader is at its cap lets the next go first),
-        then, with none left waiting, to background waiters."""
+        """Hand permits to waiters in arrival order; one whose reader is at its cap lets the next go first."""
         waiters = self._waiters
+        if not waiters:
+            return
         skipped = []
         while waiters and self.inflight < self.limit:
-            waiter = heapq.heappop(waiters)
-            fut, user = waiter[2], waiter[3]
+            fut, user = waiters.popleft()
             if fut.done():  # cancelled while waiting
                 continue
             if user.held >= user.cap:
-                skipped.append(waiter)
+                skipped.append((fut, user))
                 continue
             self._take(user)  # the permit is the waiter's from here, even before it runs
             fut.set_result(None)
-        for waiter in skipped:
-            heapq.heappush(waiters, waiter)
-        idle = self._idle
-        while idle and not waiters and self.inflight < self.limit:
-            fut, user = idle.popleft()
-            if fut.done():
-                continue
-            if user.held >= user.cap:
-                idle.appendleft((fut, user))
-                break
-            self._take(user)
-            fut.set_result(None)
-
-    def _enqueue(self, user: WindowUser, ticket: int | None) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        if ticket is None:
-            ticket = self.ticket()
-        heapq.heappush(self._waiters, (ticket, next(self._arrivals), fut, user))
-        return fut
+        waiters.extendleft(reversed(skipped))
 
 
 class WindowUser:
@@ -160,29 +127,19 @@ class WindowUser:
             return True
         return False
 
-    async def acquire(self, ticket: int | None = None) -> bool:
-        """Wait for a permit, served in ``ticket`` order (None: behind every read already waiting)."""
+    async def acquire(self) -> bool:
         if self.try_acquire():
             return True
-        await self._wait(self.window._enqueue(self, ticket))
-        return True
-
-    async def acquire_idle(self) -> None:
-        """Wait for a permit no other read is waiting for (background work, such as reading ahead)."""
         w = self.window
-        if self.try_acquire():
-            return
         fut = asyncio.get_running_loop().create_future()
-        w._idle.append((fut, self))
-        await self._wait(fut)
-
-    async def _wait(self, fut: asyncio.Future) -> None:
+        w._waiters.append((fut, self))
         try:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # handed a permit just as it was cancelled: give it back
-                self.window._give_back(self)
+                w._give_back(self)
             raise
+        return True
 
     def release(self) -> None:
         self.window._give_back(self)
@@ -193,28 +150,8 @@ class WindowUser:
             self.active = False
             self.window._recap()
 
-    def turn(self, ticket: int | None) -> _Turn:
-        """``async with user.turn(ticket):`` holds a permit taken in ``ticket`` order."""
-        return _Turn(self, ticket)
-
     async def __aenter__(self) -> None:
         await self.acquire()
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
-
-
-class _Turn:
-    """A permit held for an ``async with`` block, taken in ticket order."""
-
-    __slots__ = ("ticket", "user")
-
-    def __init__(self, user: WindowUser, ticket: int | None) -> None:
-        self.user = user
-        self.ticket = ticket
-
-    async def __aenter__(self) -> None:
-        await self.user.acquire(self.ticket)
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.user.release()
