@@ -7,9 +7,9 @@ chunk (:mod:`insitubatch.tools.check_transform`).
 The transform runs in ``threads`` threads at once (default 4) for a fixed
 window, on a copy of the chunk cut or repeated along the sample axis so one
 call takes a few milliseconds (enough work to time, short enough that the
-window holds many calls). On Linux each thread reads its own scheduler
-accounting (``/proc/thread-self/schedstat``: time on a CPU, time waiting for
-one) and the probe computes the *effective parallelism*
+window holds many calls). On Linux each thread reads its own CPU clock and
+its scheduler accounting (``/proc/thread-self/schedstat``: time waiting for
+a CPU) and the probe computes the *effective parallelism*
 
     P = sum over threads of  cpu_time / (wall_time - runqueue_wait)
 
@@ -24,6 +24,13 @@ flags ``P < 1 + 0.3 * (N - 1)`` (1.9 of 4 threads): less than 30% of the
 parallelism a GIL-free transform adds. Where the accounting is unavailable
 it falls back to wall-clock throughput of N threads over one thread, with N
 capped at the usable cores (and skips on one core).
+
+Each thread's clock readings bracket its accounting readings, so its CPU
+time and its wait both lie inside its wall time and ``cpu_time / (wall_time -
+runqueue_wait)`` cannot pass 1 while the kernel's accounting agrees with the
+clocks. A trial where it does pass 1 (by more than clock granularity) shows
+accounting that cannot be trusted here, as some sandboxes and virtual
+kernels keep it; the probe then measures by wall-clock throughput instead.
 
 Up to five trials run; the first that clears the threshold ends the probe.
 Disturbance only ever lowers a trial — on a loaded machine, a thread
@@ -80,6 +87,10 @@ SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
 NS_PER_S = 1e9
 # CPU burnt to see whether that accounting moves at all.
 SCHEDSTAT_CHECK_S = 0.005
+# A thread may show this much more CPU than its unwaited wall time (clock granularity) before the
+# accounting is taken as contradicting the clocks.
+ACCOUNTING_SLACK = 1.05
+ACCOUNTING_SLACK_S = 0.002
 # How parallelism was measured: per-thread scheduler accounting, or throughput of N threads over one.
 ProbeMethod = Literal["schedstat", "wall-clock"]
 
@@ -160,16 +171,21 @@ def _run_together(call: Callable[[], object], threads: int, window_s: float) -> 
         ready.wait()
         if run.error is not None:
             return
-        start, t0 = _schedstat(), time.perf_counter()
+        # wall clock outside, accounting inside, CPU clock innermost: each lies within the one around it
+        t0 = time.perf_counter()
+        start = _schedstat()
+        cpu0 = time.thread_time()
         try:
             while not stop.is_set():
                 call()
                 run.calls += 1
         except BaseException as exc:
             run.error = exc
-        end, run.wall = _schedstat(), time.perf_counter() - t0
+        cpu1 = time.thread_time()
+        end = _schedstat()
+        run.wall = time.perf_counter() - t0
         if start is not None and end is not None:
-            run.on_cpu, run.waiting = end[0] - start[0], end[1] - start[1]
+            run.on_cpu, run.waiting = cpu1 - cpu0, end[1] - start[1]
 
     workers = [threading.Thread(target=body, args=(r,), name=f"gil-probe-{i}", daemon=True) for i, r in enumerate(runs)]
     for w in workers:
@@ -254,36 +270,41 @@ def gil_probe(
             if r.error is not None:
                 raise RuntimeError(f"the transform raised in a probe thread: {r.error!r}") from r.error
 
-    method: ProbeMethod
-    if _schedstat_live():
-        method, n = "schedstat", threads
-
-        def measure() -> float:
-            runs = _run_together(call, n, window_s)
-            raise_errors(runs)
-            # a thread that spent (nearly) the whole window waiting for a core says nothing
-            seen = [(r.on_cpu, r.wall - r.waiting) for r in runs if r.on_cpu is not None and r.waiting is not None]
-            seen = [(cpu, active) for cpu, active in seen if active > PROBE_MIN_CALL_S]
-            return n * sum(cpu / active for cpu, active in seen) / len(seen) if seen else -math.inf
-
-    else:
-        method, n = "wall-clock", min(threads, _usable_cpus())
-        if n < 2:
+    def by_accounting() -> float | None:
+        """Effective parallelism of one trial; ``None`` where the accounting contradicts the clocks."""
+        runs = _run_together(call, threads, window_s)
+        raise_errors(runs)
+        seen = [(r.on_cpu, r.wall - r.waiting) for r in runs if r.on_cpu is not None and r.waiting is not None]
+        if any(cpu > active * ACCOUNTING_SLACK + ACCOUNTING_SLACK_S for cpu, active in seen):
             return None
+        # a thread that spent (nearly) the whole window waiting for a core says nothing
+        seen = [(cpu, active) for cpu, active in seen if active > PROBE_MIN_CALL_S]
+        return threads * sum(cpu / active for cpu, active in seen) / len(seen) if len(seen) >= 2 else -math.inf
 
-        def measure() -> float:
-            single = _run_together(call, 1, window_s)
-            many = _run_together(call, n, window_s)
-            raise_errors(single + many)
-            rate_1 = single[0].calls / single[0].wall
-            return sum(r.calls / r.wall for r in many) / rate_1 if rate_1 > 0 else -math.inf
+    def by_throughput(n: int) -> float:
+        """Work of ``n`` threads over the work of one, in one trial."""
+        single = _run_together(call, 1, window_s)
+        many = _run_together(call, n, window_s)
+        raise_errors(single + many)
+        rate_1 = single[0].calls / single[0].wall
+        return sum(r.calls / r.wall for r in many) / rate_1 if rate_1 > 0 else -math.inf
 
-    threshold = flag_threshold(n)
+    method: ProbeMethod = "schedstat" if _schedstat_live() else "wall-clock"
+    n = threads if method == "schedstat" else min(threads, _usable_cpus())
+    if n < 2:
+        return None
     best = -math.inf
     for _ in range(trials):
-        best = max(best, measure())
-        if best >= threshold:  # disturbance only lowers a trial: one clear pass settles it
+        measured = by_accounting() if method == "schedstat" else by_throughput(n)
+        if measured is None:  # accounting not to be trusted here: measure throughput from the start
+            method, n, best = "wall-clock", min(threads, _usable_cpus()), -math.inf
+            if n < 2:
+                return None
+            measured = by_throughput(n)
+        best = max(best, measured)
+        if best >= flag_threshold(n):  # disturbance only lowers a trial: one clear pass settles it
             break
     if best == -math.inf:
         return None
+    threshold = flag_threshold(n)
     return ProbeResult(method, n, best, threshold, probe_chunk.data.shape[0], call_s, _usable_cpus())

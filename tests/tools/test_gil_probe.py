@@ -58,6 +58,32 @@ def test_gil_probe_falls_back_to_wall_clock_without_scheduler_accounting(monkeyp
     assert probe.threshold == pytest.approx(1.3) and probe.parallelism > 0
 
 
+def test_gil_probe_measures_throughput_where_the_accounting_contradicts_the_clocks(monkeypatch) -> None:
+    """Accounting that shows a thread waiting longer than the wall clock ran cannot give a verdict."""
+    import time
+
+    import insitubatch.tools.gil_probe as probe_mod
+
+    trials: list[str] = []
+    real_run_together = probe_mod._run_together
+
+    def counted(call, threads, window_s):  # type: ignore[no-untyped-def]
+        trials.append(f"{threads} threads")
+        return real_run_together(call, threads, window_s)
+
+    monkeypatch.setattr(probe_mod, "_schedstat_live", lambda: True)
+    monkeypatch.setattr(probe_mod, "_schedstat", lambda: (0.0, 2 * time.perf_counter()))  # waits run at 2x wall
+    monkeypatch.setattr(probe_mod, "_run_together", counted)
+    chunk = DecodedChunk(ChunkRead("t", 0), np.full((4, 64, 64), 300.0, "f4"), 0)
+    probe = gil_probe(kelvin_to_celsius, chunk, threads=4, trials=2)
+    if _usable_cpus() < 2:
+        assert probe is None
+        return
+    assert probe is not None and probe.method == "wall-clock", probe
+    assert probe.threads == min(4, _usable_cpus()) and probe.threshold == flag_threshold(probe.threads)
+    assert trials[0] == "4 threads" and trials[1] == "1 threads"  # one accounting trial, then throughput only
+
+
 def test_gil_probe_reports_a_transform_that_fails_in_threads() -> None:
     def fails_off_the_main_thread(c: DecodedChunk) -> DecodedChunk:
         if threading.current_thread() is not threading.main_thread():
