@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import zarr
@@ -205,3 +207,26 @@ def test_selections_of_one_array_share_its_reads(stores, tmp_path, persist) -> N
         gets = store.chunk_gets()
     assert set(gets.values()) == {1}
     assert set(gets) == _tile_keys(path, both, range(g.n_chunks))
+
+
+@pytest.mark.parametrize("persist", [False, True])
+@pytest.mark.parametrize("block_chunks", [1, 2])
+def test_selections_read_each_tile_once_when_the_read_limit_is_tight(stores, tmp_path, persist, block_chunks) -> None:
+    """Selections of one chunk wait for read-ahead room together: a wait between them would read tiles twice."""
+    path = stores["v3"]
+    store = CountingStore(local_store(path))
+    g = open_geometries(store)["t"]
+    sels = {"both": g.sel(level=[850, 500]), "one": g.sel(level=850).shift(1), "low": g.sel(level=500)}
+    manifest = split_by_chunk(g, fractions=(1.0,))
+    cache = {"cache_dir": tmp_path / "c", "persist": True} if persist else {}
+    # a pinned max_inflight: no read-ahead beyond the working set, so the driver waits for room often
+    kw = {"batch_size": 2, "block_chunks": block_chunks, "shuffle": False, "max_inflight": 4}
+    with InSituDataset(store, manifest, sels, **kw, **cache) as ds:
+        for epoch in range(3):
+            store.reset()
+            for _batch in ds.train:
+                time.sleep(0.02)  # a slow consumer: the driver runs ahead until the read limit holds it
+            gets = store.chunk_gets()
+            assert set(gets.values()) <= {1}, {k: n for k, n in gets.items() if n > 1}
+            if epoch == 0:
+                assert set(gets) == _tile_keys(path, sels["both"], range(g.n_chunks))

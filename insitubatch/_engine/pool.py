@@ -173,14 +173,14 @@ class ChunkPool:
         return sum(s.nbytes for s in self._entries.values() if s.pinned)
 
     # -- admission (event-loop side) ------------------------------------------
-    def can_take(self, owner: Owner, nbytes: int) -> bool:
-        """Whether ``owner`` has read-ahead room for one more read of ``nbytes``."""
+    def can_take(self, owner: Owner, nbytes: int, reads: int = 1) -> bool:
+        """Whether ``owner`` has read-ahead room for ``reads`` more reads of ``nbytes`` in all."""
         with self.lock:
-            return self._can_take(owner, nbytes)
+            return self._can_take(owner, nbytes, reads)
 
-    def _can_take(self, owner: Owner, nbytes: int) -> bool:
+    def _can_take(self, owner: Owner, nbytes: int, reads: int = 1) -> bool:
         return (
-            owner.pinned_bytes + nbytes <= owner.reservation and owner.pinned_reads + 1 <= owner.read_limit
+            owner.pinned_bytes + nbytes <= owner.reservation and owner.pinned_reads + reads <= owner.read_limit
         ) or owner.pinned_reads == 0
 
     def pin_existing(self, key: ReadKey, owner: Owner) -> Entry | None:

@@ -250,22 +250,30 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         chunk: tuple[str, int] | None = None
         block = -1
         since_yield = 0
-        for i in np.argsort(plan.read_first, kind="stable").tolist():
-            if plan.read_last[i] < self.first_block:
-                continue  # only batches before a resume point read it
+        order = [
+            i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
+        ]
+        for at, i in enumerate(order):  # reads only batches before a resume point need are left out
             key = plan.reads[i]
             nbytes = int(plan.read_nbytes[i])
-            if plan.read_first[i] != block or len(revivals) >= REVIVE_BATCH:
-                self._flush(revivals)
-                block = int(plan.read_first[i])
             reader = self.readers[key[0]]
             if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
                 chunk = (reader.geometry.path, key[1])
+                if plan.read_first[i] != block or len(revivals) >= REVIVE_BATCH:
+                    self._flush(revivals)
+                    block = int(plan.read_first[i])
                 self._fetch_all(fetches, start=False)
                 if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
                     since_yield = 0
                     self._start_remote()
                     await asyncio.sleep(0)
+                # a chunk's selections wait for room together: split by a wait, the first could
+                # start its tile reads before the second joins them, and the tiles would be read twice
+                reads, group_bytes = self._siblings(order, at, chunk)
+                while reads > 1 and not pool.can_take(owner, group_bytes, reads):
+                    self._flush(revivals)
+                    self._fetch_all(fetches)
+                    await self._wait()
             # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
             own = not reader.pipeline and self.cache is None
             while True:  # a hit or join pins what is there; a miss is admitted; else wait for room
@@ -289,6 +297,17 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             since_yield += 1
         self._fetch_all(fetches)
         self._flush(revivals)
+
+    def _siblings(self, order: list[int], at: int, chunk: tuple[str, int]) -> tuple[int, int]:
+        """The reads of ``chunk`` from ``order[at]`` on (the plan admits them side by side), and their bytes."""
+        plan, reads, nbytes = self.plan, 0, 0
+        for i in order[at:]:
+            key = plan.reads[i]
+            if (self.readers[key[0]].geometry.path, key[1]) != chunk:
+                break
+            reads += 1
+            nbytes += int(plan.read_nbytes[i])
+        return reads, nbytes
 
     def _fetch_all(self, fetches: list[tuple[Entry, ArrayReader, int]], start: bool = True) -> None:
         """Want the tiles of ``fetches``; ``start=False`` leaves remote ones to the next ``_start_remote``."""
