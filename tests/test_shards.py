@@ -154,3 +154,47 @@ def test_adjacent_inner_chunks_come_in_one_get(tmp_path) -> None:
 def test_coalesce_joins_only_touching_spans() -> None:
     runs = coalesce([(30, 40, "c", 2), (0, 10, "a", 0), (10, 30, "b", 1), (41, 50, "d", 3)])
     assert [[s[2] for s in run] for run in runs] == [["a", "b", "c"], ["d"]]
+
+
+def test_a_later_blocks_inner_chunks_wait_for_the_first_blocks_shard_indexes(tmp_path, monkeypatch) -> None:
+    """On a remote store the second block is admitted once the first block's indexes are in: its reads wait."""
+    import time
+
+    from insitubatch._engine.fetch import Fetcher
+    from insitubatch._engine.remote_tiles import _RemoteTiles
+    from insitubatch._engine.shard_index import shard_keys
+
+    path = tmp_path / "s.zarr"
+    data = _write(path)
+    index_done: dict[str, float] = {}
+    runs: list[tuple[float, list[int]]] = []
+    get, fetch_run = Fetcher.get, _RemoteTiles._fetch_run
+
+    async def logged_get(self, key, byte_range=None, size_hint=None):
+        answer = await get(self, key, byte_range, size_hint)
+        if byte_range is not None and type(byte_range).__name__ == "SuffixByteRequest":  # (index at the end)
+            index_done.setdefault(key, time.perf_counter())
+        return answer
+
+    async def logged_run(self, key, run):
+        runs.append((time.perf_counter(), [want.chunk_index for _, _, want, _ in run]))
+        await fetch_run(self, key, run)
+
+    monkeypatch.setattr(Fetcher, "get", logged_get)
+    monkeypatch.setattr(_RemoteTiles, "_fetch_run", logged_run)
+    with Emulator(tmp_path, latency_s=0.01, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("s.zarr"), read_only=True)
+        g = open_geometries(store, variables=["v"])["v"]
+        manifest = split_by_chunk(g, fractions=(1.0,))
+        with InSituDataset(store, manifest, ["v"], batch_size=2, block_chunks=2, seed=3) as ds:
+            it = iter(ds.train)
+            for batch in it:
+                np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
+            plan = it.plan
+    first = int(np.min(plan.read_first))
+    first_chunks = [plan.reads[i][1] for i in range(len(plan.reads)) if plan.read_first[i] == first]
+    first_shards = shard_keys(g, range(g.tiles_per_chunk), first_chunks)
+    assert set(first_shards) <= set(index_done)
+    indexes_in = max(index_done[k] for k in first_shards)
+    later = [t for t, chunks in runs if not set(chunks) <= set(first_chunks)]
+    assert later and min(later) >= indexes_in

@@ -98,6 +98,29 @@ class _RemoteTiles:
             prefetch(self.shard_indexes, list(wanted.values()), self._get_range, self.semaphore, INDEX_PREFETCH)
         )
 
+    def _first_block_waits(self) -> bool:
+        """Whether the pass admits its second block only once its first block's shard indexes are in.
+
+        On a remote sharded array an inner chunk's read can start only after
+        its shard's index: until the first block's indexes are in, its tile
+        reads leave permits free, and a later block's reads taking them
+        would load the store while the first batch still waits.
+        """
+        sharded = any(r.geometry.sharded_reads for r in self.readers.values())
+        return sharded and self.fetcher is not None and self.cache is None
+
+    async def _first_block_indexes(self, reads: dict[str, list[int]]) -> None:
+        """Loop: wait for the indexes of the shards the first block's reads (chunks by source) touch."""
+        await asyncio.sleep(0)  # the first block's shard reads, just spawned, start their index reads in order
+        waits = []
+        for source, chunks in reads.items():
+            r = self.readers[source]
+            if r.geometry.sharded_reads:
+                stage = self._shards[r.geometry.path]
+                for key in shard_keys(r.geometry, r.layout.tiles, chunks):
+                    waits.append(self.shard_indexes.read(key, stage, self._get_range, self.semaphore))
+        await asyncio.gather(*waits, return_exceptions=True)  # a failed index fails its tiles, not this wait
+
     async def _get_range(self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None) -> Buffer | None:
         if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
             return await self.fetcher.get(key, byte_range, size_hint)
@@ -174,9 +197,11 @@ class _RemoteTiles:
         g = reader.geometry
         decoder = self._decoders[g.path]
         broken: _DecodeFailure | None = None
-        try:
-            async with self.semaphore:  # (an index read is a read in flight like any other)
-                index = await self.shard_indexes.read(key, self._shards[g.path], self._get_range)
+        # a shard's reads wait in the order its tiles were admitted, so a later block's reads cannot take the
+        # permits an earlier block's inner chunks wait for while their index comes
+        ticket = min((w.ticket for w in wants if w.ticket is not None), default=None)
+        try:  # (an index read is a read in flight like any other: the one that fetches it takes a permit)
+            index = await self.shard_indexes.read(key, self._shards[g.path], self._get_range, self.semaphore, ticket)
         except asyncio.CancelledError:
             raise
         except _DecodeFailure as exc:
@@ -213,7 +238,7 @@ class _RemoteTiles:
         it has no permit for to a run of their own.
         """
         semaphore = self.semaphore
-        await semaphore.acquire()
+        await semaphore.acquire(min((w.ticket for _, _, w, _ in run if w.ticket is not None), default=None))
         held = 1
         try:
             while held < len(run) and not semaphore.locked():
@@ -260,7 +285,7 @@ class _RemoteTiles:
 
     async def _land(self, want: Want, coord: Any, key: str, buf: Any) -> None:
         """Loop: a tile decided without a GET (never written, or bad) through a decode job, under a permit."""
-        async with self.semaphore:
+        async with self.semaphore.turn(want.ticket):
             landed, job = self._landings.submit(self._tile_job, want, coord, key, buf)
             self._track(job)
             try:

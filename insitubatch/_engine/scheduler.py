@@ -250,12 +250,21 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         chunk: tuple[str, int] | None = None
         block = -1
         since_yield = 0
+        # a remote sharded pass admits its second block once the first block's shard indexes are in (below)
+        first: dict[str, list[int]] | None = {} if self._first_block_waits() else None
         order = [
             i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
         ]
         for at, i in enumerate(order):  # reads only batches before a resume point need are left out
             key = plan.reads[i]
             nbytes = int(plan.read_nbytes[i])
+            if first is not None and block >= 0 and plan.read_first[i] != block:
+                self._flush(revivals)
+                self._fetch_all(fetches)
+                await self._first_block_indexes(first)
+                first = None
+            if first is not None:
+                first.setdefault(key[0], []).append(key[1])
             reader = self.readers[key[0]]
             if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
                 chunk = (reader.geometry.path, key[1])
@@ -338,7 +347,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
 
     def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
         """Read the tiles ``entry`` needs: each joins a read of the same stored tile still waiting, else starts one."""
-        fresh = self._wants.add(entry, reader, chunk_index)
+        fresh = self._wants.add(entry, reader, chunk_index, self.semaphore.window.ticket())
         if self._get_sync is not None:
             self._queued.extend(fresh)
             if fresh and (self._pump is None or self._pump.done()):

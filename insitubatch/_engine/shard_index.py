@@ -120,16 +120,44 @@ class ShardIndexes:
         return self._keep(key, get(key, byte_range=index_request(stage)), stage)
 
     async def read(
-        self, key: str, stage: _ShardStage, fetch: Callable[[str, ByteRequest], Awaitable[Any]]
+        self,
+        key: str,
+        stage: _ShardStage,
+        fetch: Callable[[str, ByteRequest], Awaitable[Any]],
+        permits: Any = None,
+        ticket: int | None = None,
+        background: bool = False,
     ) -> ShardIndex | None:
-        """Loop: the index of shard ``key``, fetched once with ``await fetch(key, byte_range)``; others wait for it."""
-        with self._lock:
-            known, index = self._known(key)
-            pending = self._loading.get(key)
-        if known:
-            return index
-        if pending is not None:
-            return await asyncio.shield(pending)
+        """Loop: the index of shard ``key``, fetched once with ``await fetch(key, byte_range)``; others wait for it.
+
+        With ``permits`` (a ``window.WindowUser``) the read that fetches takes
+        one, in ``ticket`` order, or with ``background`` only one no other read waits for; a
+        caller that finds the index being read waits without one, and reads
+        it itself if that read is cancelled (its pass closed).
+        """
+        while True:
+            with self._lock:
+                known, index = self._known(key)
+                pending = self._loading.get(key)
+            if known:
+                return index
+            if pending is not None:
+                answer = await _outcome_of(pending)
+                if answer is _CANCELLED:
+                    continue
+                return answer
+            if permits is None:
+                return await self._fetch(key, stage, fetch, None)
+            await (permits.acquire_idle() if background else permits.acquire(ticket))
+            if key in self._loading or key in self._held or key in self._broken:  # read, or being read, meanwhile
+                permits.release()
+                continue
+            return await self._fetch(key, stage, fetch, permits)
+
+    async def _fetch(
+        self, key: str, stage: _ShardStage, fetch: Callable[..., Awaitable[Any]], held: Any
+    ) -> ShardIndex | None:
+        """Fetch and keep the index; ``held``: the permits this read holds one of, given back when it ends."""
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._loading[key] = future
         try:
@@ -143,8 +171,24 @@ class ShardIndexes:
             raise
         finally:
             self._loading.pop(key, None)
+            if held is not None:
+                held.release()
         future.set_result(index)
         return index
+
+
+_CANCELLED = object()
+
+
+async def _outcome_of(pending: asyncio.Future) -> Any:
+    """Another read's index (or its error); ``_CANCELLED`` when that read was cancelled and this task was not."""
+    try:
+        return await asyncio.shield(pending)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if pending.cancelled() and (task is None or not task.cancelling()):
+            return _CANCELLED
+        raise
 
 
 def check_span(decoder: ChunkDecoder, coord: Any, span: tuple[int, int], buf: ChunkData | None) -> ChunkData:
@@ -208,18 +252,17 @@ async def prefetch(
 ) -> None:
     """Loop: read the indexes of ``wanted`` shards, in order, ``concurrency`` at a time, ahead of their tiles.
 
-    A pass's tiles then find their shard's index read (or being read)
-    instead of each first tile of a shard holding a read permit for a round
-    trip while its index comes. Each read takes one of the pass's read
-    ``permits`` (an ``asyncio.Semaphore``-like), so reads in flight stay
-    within ``max_inflight``. Failures are left for those tiles to meet and report.
+    Reading ahead is background work: each read takes one of the pass's
+    read ``permits`` (a ``window.WindowUser``) only when no other read
+    waits for one, so the first batches' reads go first and later shards'
+    indexes fill the permits they leave idle; a tile whose index is not in
+    yet reads it itself. Failures are left for those tiles to meet and report.
     """
     pending = iter(wanted)
 
     async def worker() -> None:
         for key, stage in pending:
             with contextlib.suppress(Exception):
-                async with permits:
-                    await indexes.read(key, stage, get_range)
+                await indexes.read(key, stage, get_range, permits, background=True)
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))

@@ -33,6 +33,7 @@ class Want:
     tile: int  # the tile's index in the field's full tile grid
     consumers: list[Consumer]
     wants: Wants
+    ticket: int | None = None  # its place in the read permits' queue (``window.ReadWindow.ticket``): admission
     sealed: bool = False
 
     def seal(self) -> list[Consumer]:
@@ -52,8 +53,9 @@ class Wants:
     open: dict[tuple[str, int, int], Want] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> list[Want]:
-        """Loop: ``entry`` wants its tiles; each joins a waiting read of the same tile, the rest are new reads."""
+    def add(self, entry: Entry, reader: ArrayReader, chunk_index: int, ticket: int | None = None) -> list[Want]:
+        """Loop: ``entry`` wants its tiles; each joins a waiting read of the same tile, the rest are new reads
+        (holding ``ticket``)."""
         path = reader.geometry.path
         fresh: list[Want] = []
         with self.lock:
@@ -62,6 +64,8 @@ class Wants:
                 if want is not None and not want.sealed:
                     want.consumers.append((entry, reader, k))  # decoded once for both selections
                     continue
-                want = self.open[(path, chunk_index, t)] = Want(path, chunk_index, t, [(entry, reader, k)], self)
+                want = self.open[(path, chunk_index, t)] = Want(
+                    path, chunk_index, t, [(entry, reader, k)], self, ticket
+                )
                 fresh.append(want)
         return fresh

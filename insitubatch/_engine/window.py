@@ -8,8 +8,16 @@ being a pinned ``max_inflight`` or, under ``"auto"``, its
 tile size, so a shared window never lets one reader exceed what its
 ``describe()`` promised. A user quacks like ``asyncio.Semaphore``
 (``acquire``, ``release``, ``locked``, ``async with``), which is what the
-scheduler holds; waiters are served first come, first served, with no
-barging past a queue. Loop thread only, except :attr:`WindowUser.held`,
+scheduler holds, with no barging past a queue.
+
+Waiters are served in ticket order. A read may name the
+:meth:`~ReadWindow.ticket` its tile drew when the pass admitted it, so the
+reads of an early batch that can start only after another read (a sharded
+array's inner chunks, after their shard's index) go before reads of
+batches admitted later; a read with no ticket draws one as it waits (first
+come, first served). Background reads (shard indexes read ahead) wait with
+``acquire_idle`` and get a permit only when no other read waits for one.
+Loop thread only, except :attr:`WindowUser.held`,
 which anyone may read.
 """
 
@@ -17,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
+import itertools
 import time
 import weakref
 
@@ -33,12 +43,19 @@ class ReadWindow:
         self.controller = controller
         self.ceiling = ceiling if ceiling is not None else self._fixed  # the cap of all users together
         self.inflight = 0
-        self._waiters: collections.deque[tuple[asyncio.Future, WindowUser]] = collections.deque()
+        self._waiters: list[tuple[int, int, asyncio.Future, WindowUser]] = []  # a heap: (ticket, arrival, ...)
+        self._idle: collections.deque[tuple[asyncio.Future, WindowUser]] = collections.deque()  # background reads
+        self._tickets = itertools.count()
+        self._arrivals = itertools.count()
         self._users: weakref.WeakSet[WindowUser] = weakref.WeakSet()
 
     @property
     def limit(self) -> int:
         return self.controller.limit if self.controller is not None else self._fixed
+
+    def ticket(self) -> int:
+        """A place in the queue: reads waiting under a smaller ticket get permits first."""
+        return next(self._tickets)
 
     def user(self, cap: int) -> WindowUser:
         """A reader's handle, holding at most ``cap`` permits (any thread; the cap counts from its first acquire)."""
@@ -88,21 +105,37 @@ class ReadWindow:
         self._wake()
 
     def _wake(self) -> None:
-        """Hand permits to waiters in arrival order; one whose reader is at its cap lets the next go first."""
+        """Hand permits to waiters in ticket order (one whose reader is at its cap lets the next go first),
+        then, with none left waiting, to background waiters."""
         waiters = self._waiters
-        if not waiters:
-            return
         skipped = []
         while waiters and self.inflight < self.limit:
-            fut, user = waiters.popleft()
+            waiter = heapq.heappop(waiters)
+            fut, user = waiter[2], waiter[3]
             if fut.done():  # cancelled while waiting
                 continue
             if user.held >= user.cap:
-                skipped.append((fut, user))
+                skipped.append(waiter)
                 continue
             self._take(user)  # the permit is the waiter's from here, even before it runs
             fut.set_result(None)
-        waiters.extendleft(reversed(skipped))
+        for waiter in skipped:
+            heapq.heappush(waiters, waiter)
+        idle = self._idle
+        while idle and not any(not w[2].done() for w in waiters) and self.inflight < self.limit:
+            fut, user = idle.popleft()
+            if fut.done():
+                continue
+            if user.held >= user.cap:
+                idle.appendleft((fut, user))
+                break
+            self._take(user)
+            fut.set_result(None)
+
+    def _enqueue(self, user: WindowUser, ticket: int | None) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (self.ticket() if ticket is None else ticket, next(self._arrivals), fut, user))
+        return fut
 
 
 class WindowUser:
@@ -127,19 +160,29 @@ class WindowUser:
             return True
         return False
 
-    async def acquire(self) -> bool:
+    async def acquire(self, ticket: int | None = None) -> bool:
+        """Wait for a permit, served in ``ticket`` order (None: behind every read already waiting)."""
         if self.try_acquire():
             return True
-        w = self.window
+        await self._wait(self.window._enqueue(self, ticket))
+        return True
+
+    async def acquire_idle(self) -> bool:
+        """Wait for a permit no other read is waiting for (background work, such as reading ahead)."""
+        if self.try_acquire():
+            return True
         fut = asyncio.get_running_loop().create_future()
-        w._waiters.append((fut, self))
+        self.window._idle.append((fut, self))
+        await self._wait(fut)
+        return True
+
+    async def _wait(self, fut: asyncio.Future) -> None:
         try:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # handed a permit just as it was cancelled: give it back
-                w._give_back(self)
+                self.window._give_back(self)
             raise
-        return True
 
     def release(self) -> None:
         self.window._give_back(self)
@@ -150,8 +193,28 @@ class WindowUser:
             self.active = False
             self.window._recap()
 
+    def turn(self, ticket: int | None) -> _Turn:
+        """``async with user.turn(ticket):`` holds a permit taken in ``ticket`` order."""
+        return _Turn(self, ticket)
+
     async def __aenter__(self) -> None:
         await self.acquire()
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
+
+
+class _Turn:
+    """A permit held for an ``async with`` block, taken in ticket order."""
+
+    __slots__ = ("ticket", "user")
+
+    def __init__(self, user: WindowUser, ticket: int | None) -> None:
+        self.user = user
+        self.ticket = ticket
+
+    async def __aenter__(self) -> None:
+        await self.user.acquire(self.ticket)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.user.release()

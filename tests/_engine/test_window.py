@@ -1,4 +1,4 @@
-"""The read window: permits first come, first served; per-reader caps; a limit the controller moves."""
+"""The read window: permits in ticket order (first come, first served without one), background waiters last; per-reader caps; a limit the controller moves."""
 
 from __future__ import annotations
 
@@ -136,5 +136,82 @@ def test_the_limit_outlives_readers_coming_and_going() -> None:
         second = window.user(100)
         assert second.try_acquire()  # ... and a reader with room brings it back to what the link had
         assert controller.cap == 108 and controller.limit == 64
+
+    run(main())
+
+
+def test_waiters_are_served_in_ticket_order_and_one_without_a_ticket_queues_behind_those_waiting() -> None:
+    async def main() -> None:
+        window = ReadWindow(1)
+        user = window.user(1)
+        early, late = window.ticket(), window.ticket()
+        assert early < late
+        assert user.try_acquire()
+        order: list[str] = []
+
+        async def take(name: str, ticket: int | None) -> None:
+            await user.acquire(ticket)
+            order.append(name)
+            user.release()
+
+        # arrival order: the late ticket, one with none, then the early ticket
+        waiters = [asyncio.ensure_future(take("late", late)), asyncio.ensure_future(take("none", None))]
+        await asyncio.sleep(0)
+        waiters.append(asyncio.ensure_future(take("early", early)))
+        await asyncio.sleep(0)
+        user.release()
+        await asyncio.gather(*waiters)
+        assert order == ["early", "late", "none"]
+        assert window.inflight == 0
+
+    run(main())
+
+
+def test_a_background_waiter_gets_a_permit_only_when_no_other_read_waits() -> None:
+    async def main() -> None:
+        window = ReadWindow(1)
+        user = window.user(1)
+        assert user.try_acquire()
+        order: list[str] = []
+
+        async def background() -> None:
+            await user.acquire_idle()
+            order.append("background")
+            user.release()
+
+        async def foreground(name: str) -> None:
+            await user.acquire()
+            order.append(name)
+            await asyncio.sleep(0)
+            user.release()
+
+        waiters = [asyncio.ensure_future(background())]
+        await asyncio.sleep(0)
+        waiters += [asyncio.ensure_future(foreground(f"read-{i}")) for i in range(3)]
+        await asyncio.sleep(0)
+        user.release()
+        await asyncio.gather(*waiters)
+        assert order == ["read-0", "read-1", "read-2", "background"]
+        # with nothing waiting and a permit free, a background read takes it at once
+        await asyncio.wait_for(user.acquire_idle(), 1.0)
+        assert window.inflight == 1 and user.locked()
+        user.release()
+
+    run(main())
+
+
+def test_a_cancelled_ticketed_or_background_waiter_leaves_no_permit_behind() -> None:
+    async def main() -> None:
+        window = ReadWindow(1)
+        user = window.user(1)
+        assert user.try_acquire()
+        ticketed = asyncio.ensure_future(user.acquire(window.ticket()))
+        idle = asyncio.ensure_future(user.acquire_idle())
+        await asyncio.sleep(0)
+        ticketed.cancel()
+        idle.cancel()
+        await asyncio.gather(ticketed, idle, return_exceptions=True)
+        user.release()
+        assert window.inflight == 0 and not user.locked()
 
     run(main())

@@ -1,0 +1,114 @@
+"""Shard index reads under the read permits: one read per shard takes one permit, in ticket order or in the background."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import zarr
+from helpers import local_store
+from zarr.buffer import default_buffer_prototype
+from zarr.codecs import BytesCodec, ShardingCodec
+
+from insitubatch import open_geometries
+from insitubatch._engine.shard_index import ShardIndexes, prefetch
+from insitubatch._engine.window import ReadWindow
+from insitubatch.io.decode import shard_stage
+
+
+def _sharded(tmp_path: Path):
+    """A sharded v3 array of four shards along time; its geometry, stage and store."""
+    root = zarr.open_group(tmp_path / "g.zarr", mode="w")
+    arr = root.create_array(
+        "v",
+        shape=(16, 4),
+        chunks=(4, 4),
+        dtype="f4",
+        serializer=ShardingCodec(chunk_shape=(1, 4), codecs=[BytesCodec()]),
+        compressors=None,
+        dimension_names=("time", "x"),
+    )
+    arr[...] = np.arange(64, dtype="f4").reshape(16, 4)
+    store = local_store(tmp_path / "g.zarr")
+    g = open_geometries(store)["v"]
+    return g, shard_stage(g), store
+
+
+class _Gate:
+    """A fetch that counts its calls and waits on an event before answering from the store."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.calls: list[str] = []
+        self.open = asyncio.Event()
+
+    async def __call__(self, key: str, byte_range):
+        self.calls.append(key)
+        await self.open.wait()
+        return await self.store.get(key, prototype=default_buffer_prototype(), byte_range=byte_range)
+
+
+def test_readers_of_one_index_share_one_fetch_and_one_permit(tmp_path: Path) -> None:
+    g, stage, store = _sharded(tmp_path)
+    key = g.chunk_key((1, 0))
+
+    async def main() -> None:
+        indexes, window = ShardIndexes(), ReadWindow(4)
+        user, fetch = window.user(4), _Gate(store)
+        readers = [asyncio.ensure_future(indexes.read(key, stage, fetch, user, window.ticket())) for _ in range(3)]
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert fetch.calls == [key] and window.inflight == 1  # the two others wait for that read, holding nothing
+        fetch.open.set()
+        got = await asyncio.gather(*readers)
+        assert got[0] is got[1] is got[2] and got[0] is not None and got[0].offsets.shape == (4, 1)
+        assert window.inflight == 0 and indexes.gets == 1
+
+    asyncio.run(main())
+
+
+def test_a_reading_ahead_index_waits_while_a_tile_read_waits(tmp_path: Path) -> None:
+    g, stage, store = _sharded(tmp_path)
+    keys = [g.chunk_key((s, 0)) for s in range(4)]
+
+    async def main() -> None:
+        indexes, window = ShardIndexes(), ReadWindow(1)
+        user, fetch = window.user(1), _Gate(store)
+        fetch.open.set()
+        assert user.try_acquire()  # a tile read holds the only permit
+        ahead = asyncio.ensure_future(prefetch(indexes, [(k, stage) for k in keys], fetch, user, 2))
+        tile = asyncio.ensure_future(user.acquire(window.ticket()))  # another tile read waits
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert fetch.calls == []
+        user.release()
+        await tile
+        assert fetch.calls == [] and window.inflight == 1  # the waiting tile read went first
+        user.release()
+        await asyncio.wait_for(ahead, 5.0)
+        assert sorted(fetch.calls) == sorted(keys) and indexes.gets == 4 and window.inflight == 0
+
+    asyncio.run(main())
+
+
+def test_a_reader_waiting_on_a_cancelled_index_read_reads_it_itself(tmp_path: Path) -> None:
+    # the read another pass started goes away with that pass; a reader that waited on it must not hang or fail
+    g, stage, store = _sharded(tmp_path)
+    key = g.chunk_key((2, 0))
+
+    async def main() -> None:
+        indexes, window = ShardIndexes(), ReadWindow(2)
+        user, fetch = window.user(2), _Gate(store)
+        first = asyncio.ensure_future(indexes.read(key, stage, fetch, user, window.ticket()))
+        await asyncio.sleep(0)
+        second = asyncio.ensure_future(indexes.read(key, stage, fetch, user, window.ticket()))
+        await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        fetch.open.set()
+        index = await asyncio.wait_for(second, 5.0)
+        assert first.cancelled() and index is not None and fetch.calls == [key, key]
+        assert indexes.gets == 1 and window.inflight == 0
+
+    asyncio.run(main())
