@@ -64,6 +64,7 @@ class _RemoteTiles:
     _prototype: BufferPrototype
     _get_sync: Callable[..., ChunkData | None] | None
     _landings: _Landings
+    _gate: set[asyncio.Task] | None  # while the first block's reads land: the reads started since
 
     def _spawn(self, coro, work: bool = False) -> None:
         raise NotImplementedError  # PassDriver's
@@ -99,27 +100,22 @@ class _RemoteTiles:
         )
 
     def _first_block_waits(self) -> bool:
-        """Whether the pass admits its second block only once its first block's shard indexes are in.
+        """Whether the pass admits its second block only once its first block's reads have landed.
 
-        On a remote sharded array an inner chunk's read can start only after
-        its shard's index: until the first block's indexes are in, its tile
-        reads leave permits free, and a later block's reads taking them
-        would load the store while the first batch still waits.
+        A remote pass that admitted on would fill the window with later
+        blocks' reads while the first batch still waits, and on a link where
+        the client's work per GET binds, their GETs and decodes would
+        delay the first block's (a sharded array's inner chunks wait on their
+        indexes too). The first block alone lands in the fewest round trips.
         """
-        sharded = any(r.geometry.sharded_reads for r in self.readers.values())
-        return sharded and self.fetcher is not None and self.cache is None
+        return self.fetcher is not None and self.cache is None
 
-    async def _first_block_indexes(self, reads: dict[str, list[int]]) -> None:
-        """Loop: wait for the indexes of the shards the first block's reads (chunks by source) touch."""
-        await asyncio.sleep(0)  # the first block's shard reads, just spawned, start their index reads in order
-        waits = []
-        for source, chunks in reads.items():
-            r = self.readers[source]
-            if r.geometry.sharded_reads:
-                stage = self._shards[r.geometry.path]
-                for key in shard_keys(r.geometry, r.layout.tiles, chunks):
-                    waits.append(self.shard_indexes.read(key, stage, self._get_range, self.semaphore))
-        await asyncio.gather(*waits, return_exceptions=True)  # a failed index fails its tiles, not this wait
+    async def _first_block_lands(self) -> None:
+        """Loop: wait until the reads the first block started, and the reads those started, have ended."""
+        while self._gate:
+            started, self._gate = self._gate, set()
+            await asyncio.wait(started)
+        self._gate = None
 
     async def _get_range(self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None) -> Buffer | None:
         if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes

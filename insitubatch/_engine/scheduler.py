@@ -147,6 +147,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         self._turn: asyncio.Future | None = None  # the latest disk-cache lookup's: its misses are fetched first
         self._budget_warned = False
         self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
+        self._gate: set[asyncio.Task] | None = set() if self._first_block_waits() else None
         self._waiting = False
         self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
         # an unpin wakes the loop once per burst (a block's release unpins many reads), not per read
@@ -233,7 +234,8 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
     # -- the driver ----------------------------------------------------------------
     async def _run(self) -> None:
         try:
-            self._prefetch_shard_indexes()
+            if self._gate is None:  # else once the first block has landed
+                self._prefetch_shard_indexes()
             await self._drive()
         except asyncio.CancelledError:
             raise
@@ -250,21 +252,16 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         chunk: tuple[str, int] | None = None
         block = -1
         since_yield = 0
-        # a remote sharded pass admits its second block once the first block's shard indexes are in (below)
-        first: dict[str, list[int]] | None = {} if self._first_block_waits() else None
         order = [
             i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
         ]
         for at, i in enumerate(order):  # reads only batches before a resume point need are left out
             key = plan.reads[i]
             nbytes = int(plan.read_nbytes[i])
-            if first is not None and block >= 0 and plan.read_first[i] != block:
-                self._flush(revivals)
-                self._fetch_all(fetches)
-                await self._first_block_indexes(first)
-                first = None
-            if first is not None:
-                first.setdefault(key[0], []).append(key[1])
+            if self._gate is not None and block >= 0 and plan.read_first[i] != block:
+                self._fetch_all(fetches)  # a remote pass admits its second block once its first has landed
+                await self._first_block_lands()
+                self._prefetch_shard_indexes()
             reader = self.readers[key[0]]
             if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
                 chunk = (reader.geometry.path, key[1])
@@ -342,6 +339,8 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         if work:  # a fetch or revival: this pass has work in flight until the task ends
+            if self._gate is not None:
+                self._gate.add(task)
             self._work_started()
             task.add_done_callback(self._work_ended)
 
