@@ -307,7 +307,8 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
     def _siblings(self, order: list[int], at: int, chunk: tuple[str, int]) -> tuple[int, int]:
         """The reads of ``chunk`` from ``order[at]`` on (the plan admits them side by side), and their bytes."""
         plan, reads, nbytes = self.plan, 0, 0
-        for i in order[at:]:
+        for j in range(at, len(order)):  # (not a slice of ``order``: a copy per chunk would cost O(reads²))
+            i = order[j]
             key = plan.reads[i]
             if (self.readers[key[0]].geometry.path, key[1]) != chunk:
                 break
