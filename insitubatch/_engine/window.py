@@ -121,8 +121,8 @@ class ReadWindow:
             fut.set_result(None)
         for waiter in skipped:
             heapq.heappush(waiters, waiter)
-        idle = self._idle
-        while idle and not any(not w[2].done() for w in waiters) and self.inflight < self.limit:
+        idle = self._idle  # with a permit left, the only waiters still queued are the skipped ones
+        while idle and not skipped and self.inflight < self.limit:
             fut, user = idle.popleft()
             if fut.done():
                 continue
