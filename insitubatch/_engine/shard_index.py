@@ -149,7 +149,9 @@ class ShardIndexes:
             if permits is None:
                 return await self._fetch(key, stage, fetch, None)
             await (permits.acquire_idle() if background else permits.acquire(ticket))
-            if key in self._loading or key in self._held or key in self._broken:  # read, or being read, meanwhile
+            with self._lock:  # read, or being read, meanwhile
+                meanwhile = key in self._loading or key in self._held or key in self._broken
+            if meanwhile:
                 permits.release()
                 continue
             return await self._fetch(key, stage, fetch, permits)
