@@ -760,13 +760,18 @@ def _run_get_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
     The replay is :func:`insitubatch.testing.ceiling.raw_get_ceiling`, the one
     the pytest plugin's ``loader_benchmark`` measures its ceiling with.
     """
+    import resource
+
     from insitubatch.testing.ceiling import raw_get_ceiling
 
     store = _open_store(cfg["url"])
     geoms = _geometries(store, cfg["variables"])
     train = _train_indices(geoms, cfg["fractions"])
     keys = [key for _, _, key in _tile_keys(geoms, train)]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = usage.ru_utime + usage.ru_stime
     ceiling = raw_get_ceiling(store, keys, int(cfg["concurrency"]), window_s=float(cfg["window_s"]))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     samples = len(train) * ceiling.gets / len(keys)
     return {
         "name": cfg["name"],
@@ -777,6 +782,8 @@ def _run_get_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
         "elapsed_s": ceiling.seconds,
         "rate_samples_per_s": samples / ceiling.seconds,
         "rate_basis": "GETs only",
+        # the client's CPU for the GETs alone (no decode): the floor under any loader's CPU per sample
+        "cpu_us_per_sample": 1e6 * (usage.ru_utime + usage.ru_stime - cpu0) / max(samples, 1),
         "gets_per_s": ceiling.gets_per_s,
         "wire_mb_per_s": ceiling.nbytes / ceiling.seconds / MB,
         "mb_per_s": samples * _sample_nbytes(geoms) / ceiling.seconds / MB,

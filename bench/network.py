@@ -22,7 +22,10 @@ the one run:
     throttling the pass saw.
 ``cpu``
     No latency: CPU per sample with the default knobs over HTTP and over the
-    S3 protocol (an ``S3Store`` on the same emulator) against local files.
+    S3 protocol (an ``S3Store`` on the same emulator) against local files,
+    and the client's own CPU for the same GETs alone (raw GETs at the limit
+    the HTTP run chose, no decode): the floor the network path adds to the
+    local one, whatever the loader does.
 ``stall``
     30 ms, default settings: what one silent GET adds to a pass (hedging
     off: the stall timer; on: a duplicate), and how long until a key that
@@ -187,10 +190,17 @@ def cpu(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable
             "s3": runs.steady("s3", url=f"s3://{spec.name}", store_options=s3),
             "http-fixed-32": runs.steady("http-fixed-32", max_inflight=PINNED),
         }
+        chosen = _chosen(rows["http"]) or PINNED
+        floor = runs.run(f"get-floor-c{chosen}", "get_ceiling", concurrency=chosen, window_s=net.window_s)
     local = rows["local"].get("cpu_us_per_sample", math.nan)
+    get_floor = floor.get("cpu_us_per_sample", math.nan)
     return {
-        "rows": list(rows.values()),
+        "rows": [*rows.values(), floor],
         **{f"cpu_{k}_over_local": _ratio(r.get("cpu_us_per_sample", math.nan), local) for k, r in rows.items()},
+        "cpu_get_floor_over_local": _ratio(get_floor, local),
+        "cpu_http_over_local_plus_get_floor": _ratio(
+            rows["http"].get("cpu_us_per_sample", math.nan), local + get_floor
+        ),
     }
 
 

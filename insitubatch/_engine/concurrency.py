@@ -21,7 +21,13 @@ after the limit last changed, so the window has refilled):
 3. **Throttling.** A throttling answer (HTTP 429/503, S3 ``SlowDown``) halves
    the limit at once; while the store keeps throttling, again every
    ``CUT_TURNS`` mean GET times (the answers in between were to GETs sent
-   at the old rate). Once it has been quiet for ``QUIET_TURNS`` mean GET
+   at the old rate), as long as at least ``CUT_SHARE`` of the answers since
+   the last cut were throttled: a store that throttles for our rate answers
+   the excess share, and a cut lowers it; one that throttles a small share
+   whatever the rate (a bucket scaling its partitions) leaves it where it
+   was, and more cuts would only starve the pass. A throttle
+   ``EPISODE_TURNS`` mean GET times after the last cut cuts again whatever
+   the share. Once it has been quiet for ``QUIET_TURNS`` mean GET
    times the limit doubles every ``QUIET_TURNS`` up to what the first cut
    left (half the limit before the episode), then probes up as above: many
    clients on one bucket prefix back off together and creep back.
@@ -64,6 +70,9 @@ SATURATED_SHARE = 0.5
 THROTTLE_CUT = 0.5
 CUT_TURNS = 6
 QUIET_TURNS = 4
+# A further cut within EPISODE_TURNS mean GET times of the last needs this share of throttled answers since it.
+CUT_SHARE = 0.2
+EPISODE_TURNS = 30
 # Mean GET time before any GET finished (a cloud store's tens of ms).
 PRIOR_GET_S = 0.05
 # How fast the mean GET time follows the link.
@@ -102,6 +111,7 @@ class ConcurrencyController:
         self._last_cut = -float("inf")
         self._last_throttle = -float("inf")
         self._regain = self.limit  # what recovery doubles back up to (the limit after an episode's first cut)
+        self._since_cut = [0, 0]  # answers, and throttled answers, to GETs sent after the last cut
         self._capped_from = 0  # the limit a lower cap cut, restored when the cap rises again
         self._begin = 0.0
         self._restart(0.0)
@@ -110,6 +120,7 @@ class ConcurrencyController:
     def on_complete(self, now: float, nbytes: int, seconds: float, saturated: bool) -> None:
         """A GET finished at ``now`` with ``nbytes`` in ``seconds``; ``saturated``: the window was full."""
         self.mean_get_s += MEAN_WEIGHT * (seconds - self.mean_get_s)
+        self._answered(now, throttled=False)
         if self._mode == "recover":
             self._recover(now)
             return
@@ -128,9 +139,16 @@ class ConcurrencyController:
         """The store answered a GET with a throttling status at ``now``: halve the limit (once per window)."""
         self.throttled += 1
         self._last_throttle = now
-        if now - self._last_cut < CUT_TURNS * self.mean_get_s:
+        self._answered(now, throttled=True)
+        since = now - self._last_cut
+        if since < CUT_TURNS * self.mean_get_s:
             return
+        answers, throttled = self._since_cut
+        if since < EPISODE_TURNS * self.mean_get_s and throttled < CUT_SHARE * answers:
+            return  # the last cut did not move the share: the store is not throttling our rate
         self._last_cut = now
+        self._since_cut = [0, 0]
+        self._probe_up_next = True  # under the store's rate now: the next probe looks for it upward
         self.cuts += 1
         self._set(max(MIN_LIMIT, int(self.limit * THROTTLE_CUT)), now)
         if self._mode != "recover":  # the first cut of an episode: recovery will double back up to here
@@ -139,6 +157,12 @@ class ConcurrencyController:
         self._mode = "recover"
         self._history.append(self.limit)
         self.intervals += 1
+
+    def _answered(self, now: float, throttled: bool) -> None:
+        """Count an answer toward the throttled share since the last cut (once the GETs sent before it are in)."""
+        if now - self._last_cut >= self.mean_get_s:
+            self._since_cut[0] += 1
+            self._since_cut[1] += throttled
 
     def _recover(self, now: float) -> None:
         """After throttling: nothing until the store is quiet, then a doubling per quiet spell up to ``_regain``."""

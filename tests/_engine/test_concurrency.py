@@ -128,6 +128,40 @@ def test_throttling_halves_the_limit_once_per_window_and_it_recovers() -> None:
     assert history.throttled == answers and history.cuts == link.controller.cuts
 
 
+def test_throttling_that_does_not_follow_the_rate_costs_one_cut_per_burst() -> None:
+    """A store that throttles a share of the GETs in bursts whatever the rate (a bucket scaling, not us):
+    the first answer of a burst cuts the limit; a cut that left the share as low as it was is not repeated."""
+    period, burst, share, bursts = 6.0, 2.0, 0.05, 6
+    draws = random.Random(7)
+    link = Link(
+        ConcurrencyController(cap=1024),
+        throttle=lambda now: now % period >= period - burst and draws.random() < share,
+    )
+    link.run_until(period - burst)
+    before = link.operating_point(burst, period - burst)  # the first quiet spell: no burst yet
+    assert before >= PROBE_DOWN * BDP
+    link.run_until(bursts * period)
+    assert bursts <= link.controller.cuts <= 2 * bursts, link.controller.cuts
+    for k in range(1, bursts + 1):
+        during = link.limits_between(k * period - burst, k * period)
+        assert min(during) >= PROBE_DOWN * before / 4, (k, min(during))
+        if k > 1:  # and each quiet spell wins the cut back
+            assert link.operating_point(k * period - burst - 1.0, k * period - burst) >= PROBE_DOWN * BDP, k
+
+
+def test_throttling_that_follows_the_rate_settles_under_the_stores_rate() -> None:
+    """A store that takes ``allowed`` reads in flight and throttles the excess share of the answers."""
+    allowed = BDP / 3
+    draws = random.Random(3)
+    link = Link(ConcurrencyController(cap=1024))
+    link.throttle = lambda now: draws.random() < 1.0 - allowed / max(allowed, link.inflight + 1)
+    link.run_until(30.0)
+    assert link.controller.cuts >= 1
+    point = link.operating_point(15.0, 30.0)
+    assert allowed / 4 <= point <= PROBE_UP * allowed + 1, point
+    assert link.rate(15.0, 30.0) >= 0.3 * allowed * TILE / RTT_S
+
+
 def test_a_pass_that_cannot_fill_the_window_leaves_the_limit_alone() -> None:
     link = Link(ConcurrencyController(cap=1024), demand=10)
     link.run_until(10.0)
