@@ -8,9 +8,10 @@ The rule, in measurement intervals (each at least ``INTERVAL_TURNS`` mean
 GET times and ``INTERVAL_MIN_GETS`` GETs long, started one mean GET time
 after the limit last changed, so the window has refilled):
 
-1. **Slow start.** From ``AUTO_START`` the limit doubles while each doubling
-   still raises the completed bytes/s by ``START_GAIN``; at the first that
-   does not, it falls back to the last limit that paid.
+1. **Slow start.** From its start (``AUTO_START_REMOTE`` for a remote
+   store's window) the limit doubles while each doubling still raises the
+   completed bytes/s by ``START_GAIN``; at the first that does not, it
+   falls back to the last limit that paid.
 2. **Probing.** Every ``PROBE_EVERY`` steady intervals the limit tries
    ``PROBE_UP`` times itself (kept if bytes/s rose by ``PROBE_GAIN``, and
    then it climbs again) or, alternately, ``PROBE_DOWN`` times (kept if it
@@ -49,6 +50,9 @@ __all__ = ["ConcurrencyController", "LimitHistory"]
 
 # Reads a store gets before anything is measured: the fixed default this engine used before "auto".
 AUTO_START = 32
+# A remote store's window starts wider: a default first shuffle block (16 stored chunks of a few variables,
+# or a sharded array's indexes and then its inner chunks) goes out in one round trip, not two.
+AUTO_START_REMOTE = 2 * AUTO_START
 MIN_LIMIT = 1
 # Slow start: a doubling must raise bytes/s at least this much (2x would be a link that scales perfectly).
 START_GAIN = 1.3

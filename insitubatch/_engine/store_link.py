@@ -36,7 +36,7 @@ from zarr.buffer import default_buffer_prototype
 from zarr.storage import ObjectStore
 
 from ..plan.cost import AUTO_INFLIGHT_CEILING
-from .concurrency import AUTO_START, ConcurrencyController
+from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
 from .read_policy import ReadPolicy, policy_for
 from .window import ReadWindow
@@ -75,8 +75,8 @@ class StoreLink:
     def __init__(self, name: str) -> None:
         self.name = name
         self.latency = LatencyWindow()
-        self.controller = ConcurrencyController(cap=AUTO_INFLIGHT_CEILING, start=AUTO_START)
-        self.window = ReadWindow(AUTO_START, controller=self.controller, ceiling=AUTO_INFLIGHT_CEILING)
+        self.controller = ConcurrencyController(cap=AUTO_INFLIGHT_CEILING, start=AUTO_START_REMOTE)
+        self.window = ReadWindow(AUTO_START_REMOTE, controller=self.controller, ceiling=AUTO_INFLIGHT_CEILING)
         self._hedge_tokens = HEDGE_BURST
         self._quiet_until = -math.inf
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from insitubatch._engine.concurrency import AUTO_START, PROBE_DOWN, PROBE_UP, ConcurrencyController
+from insitubatch._engine.concurrency import AUTO_START, AUTO_START_REMOTE, PROBE_DOWN, PROBE_UP, ConcurrencyController
 
 TILE = 65_536
 RTT_S = 0.04
@@ -199,9 +199,10 @@ def test_the_history_of_a_pass_covers_only_its_own_intervals() -> None:
     assert BDP <= mine.median <= 1.5 * BDP
 
 
+@pytest.mark.parametrize("start", [AUTO_START, AUTO_START_REMOTE])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_where_more_reads_buy_nothing_it_does_not_climb(seed: int) -> None:
+def test_where_more_reads_buy_nothing_it_does_not_climb(seed: int, start: int) -> None:
     small = 16 * TILE / RTT_S  # a pipe full at 16 reads in flight (a CPU-bound client looks like this)
-    link = Link(ConcurrencyController(cap=1024), bandwidth=small, noise=random.Random(seed))
+    link = Link(ConcurrencyController(cap=1024, start=start), bandwidth=small, noise=random.Random(seed))
     link.run_until(30.0)
     assert link.operating_point(15.0, 30.0) <= 3 * 16
