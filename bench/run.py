@@ -379,16 +379,20 @@ class Bench:
 
 
 def _read_once_bar(cold: dict[str, Any], spc: int) -> dict[str, Any]:
-    """Read once: the server's data GETs, less the hedged duplicates (a second GET of a late tile), per tile."""
+    """Read once: the engine read each tile once, and the server's data GETs are those reads plus at most
+    the hedged duplicates (a second GET of a late tile; one cancelled before it went out never arrives)."""
     hedged = cold.get("hedged") or 0
-    gets, need = cold.get("gets", math.nan) - hedged, cold.get("min_gets", math.nan)
+    gets, need = cold.get("gets", math.nan), cold.get("min_gets", math.nan)
+    reads = cold.get("insitu_gets", need)
     return {
-        "bar": "GETs per epoch == distinct stored tiles",
+        "bar": "GETs per epoch == distinct stored tiles (+ hedged duplicates)",
         "spc": spc,
         "measured": gets,
         "target": need,
-        "passed": bool(gets == need) if cold else None,
-        "note": f"{hedged} hedged duplicate(s) not counted" if hedged else "",
+        "passed": bool(reads == need and need <= gets <= need + hedged) if cold else None,
+        "note": f"the engine read {reads} tiles; the server saw {gets - need} of {hedged} hedged duplicate(s)"
+        if hedged
+        else "",
     }
 
 
