@@ -108,17 +108,35 @@ def _known_arrays(zstore: Any) -> list[str] | None:
         return None
 
 
-def _open_array(zstore: Any, path: str, what: str) -> zarr.Array:
-    try:
-        return zarr.open_array(store=zstore, path=path, mode="r")
-    except _NOT_AN_ARRAY as exc:
-        listing = _known_arrays(zstore)
-        known = f"; arrays are {listing}" if listing is not None else " (the store cannot list its arrays)"
-        raise ValueError(f"{what} {path!r} is not an array in the store {_store_name(zstore)}{known}") from exc
-    except Exception as exc:
-        raise StoreReadError(
-            f"opening array {path!r} of {_store_name(zstore)} failed: {type(exc).__name__}: {_first_line(exc)}"
-        ) from exc
+def _open_arrays(zstore: Any, paths: Sequence[str], what: str) -> list[zarr.Array]:
+    """The arrays at ``paths``, their metadata read all at once (one round trip on a remote store, not one each).
+
+    The first path (in order) that fails raises, as opening them one by one would.
+    """
+    import asyncio
+
+    import zarr.api.asynchronous as zasync
+
+    from .._zarr_compat import sync
+
+    async def open_all() -> list[Any]:
+        opens = (zasync.open_array(store=zstore, path=path, mode="r") for path in paths)
+        return await asyncio.gather(*opens, return_exceptions=True)
+
+    opened = sync(open_all())
+    for path, result in zip(paths, opened, strict=True):
+        if isinstance(result, _NOT_AN_ARRAY):
+            listing = _known_arrays(zstore)
+            known = f"; arrays are {listing}" if listing is not None else " (the store cannot list its arrays)"
+            raise ValueError(f"{what} {path!r} is not an array in the store {_store_name(zstore)}{known}") from result
+        if isinstance(result, BaseException):
+            if not isinstance(result, Exception):
+                raise result  # KeyboardInterrupt, SystemExit, a cancellation: not the store's doing
+            raise StoreReadError(
+                f"opening array {path!r} of {_store_name(zstore)} failed: {type(result).__name__}: "
+                f"{_first_line(result)}"
+            ) from result
+    return [zarr.Array(result) for result in opened]
 
 
 def _named_coordinates(arrays: Mapping[str, zarr.Array], root: zarr.Group) -> set[str]:
@@ -238,7 +256,7 @@ def _check_group(group: Any) -> str:
 def _open_named(
     store: Any, variables: Sequence[str] | Mapping[str, Any], group: str, what: str
 ) -> list[tuple[str, zarr.Array, CoordinateSource]]:
-    """The arrays ``variables`` names (relative to ``group``), opened one by one without listing the store."""
+    """The arrays ``variables`` names (relative to ``group``), opened together without listing the store."""
     from .stores import as_store
 
     if isinstance(variables, str):
@@ -246,7 +264,7 @@ def _open_named(
     zstore = as_store(store)
     source = CoordinateSource(zstore)
     paths = [f"{group}/{v}".strip("/") if group else str(v) for v in variables]
-    return [(path, _open_array(zstore, path, what), source) for path in paths]
+    return [(path, arr, source) for path, arr in zip(paths, _open_arrays(zstore, paths, what), strict=True)]
 
 
 def open_geometries(

@@ -52,6 +52,23 @@ def test_variables_bypass_the_coordinate_test(cf_group) -> None:
     assert list(geoms) == ["time", "t2m"]
 
 
+def test_named_variables_are_opened_together(cf_group) -> None:
+    """Their metadata GETs are in flight at once: on a remote store one round trip opens them all, not one each."""
+    from helpers import CountingStore, local_store
+
+    names = ["time", "t2m", "station", "levels/u"]
+    store = CountingStore(local_store(cf_group), latency_s=0.05)
+    geoms = open_geometries(store, variables=names)
+    assert list(geoms) == names
+    assert store.peak_inflight >= len(names), store.peak_inflight
+    assert geoms["levels/u"].shape == zarr.open_array(cf_group / "levels" / "u", mode="r").shape
+
+
+def test_of_several_bad_names_the_first_is_named(cf_group) -> None:
+    with pytest.raises(ValueError, match="variable 'nope' is not an array"):
+        open_geometries(str(cf_group), variables=["t2m", "nope", "levels/nope"])
+
+
 def test_bad_requests_name_the_problem(cf_group) -> None:
     with pytest.raises(ValueError, match="variable 'nope' is not an array"):
         open_geometries(str(cf_group), variables=["nope"])
