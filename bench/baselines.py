@@ -636,8 +636,6 @@ def _run_insitu_warm(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def _run_insitu_steady(cfg: dict[str, Any]) -> dict[str, Any]:
     """Passes of one dataset back to back; the rate and CPU per sample of a window after a warm-up."""
-    import resource
-
     from insitubatch.io.stores import obstore_store
 
     store = obstore_store(cfg["url"], read_only=True, **cfg.get("store_options", {}))
@@ -654,8 +652,7 @@ def _run_insitu_steady(cfg: dict[str, Any]) -> dict[str, Any]:
         for batch in it:
             now = time.perf_counter()
             if t0 is None and now - t_start >= warmup:
-                usage = resource.getrusage(resource.RUSAGE_SELF)
-                t0, cpu0 = now, usage.ru_utime + usage.ru_stime
+                t0, cpu0 = now, _cpu_s()
             elif t0 is not None:
                 samples += len(batch.sample_indices)
                 if now - t0 >= window:
@@ -663,9 +660,9 @@ def _run_insitu_steady(cfg: dict[str, Any]) -> dict[str, Any]:
         stats = it.stats
         it.close()
         passes += 1
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    assert stats is not None and t0 is not None and cpu0 is not None  # at least one batch came after the warm-up
+    cpu = _cpu_s() - cpu0
     elapsed = time.perf_counter() - t0
-    assert stats is not None and cpu0 is not None  # at least one batch came after the warm-up
     ds.close()
     return {
         "name": cfg["name"],
@@ -675,10 +672,18 @@ def _run_insitu_steady(cfg: dict[str, Any]) -> dict[str, Any]:
         "passes": passes,
         "rate_samples_per_s": samples / elapsed,
         "rate_basis": f"steady: {window:g} s after {warmup:g} s of passes",
-        "cpu_us_per_sample": 1e6 * (usage.ru_utime + usage.ru_stime - cpu0) / max(samples, 1),
+        "cpu_us_per_sample": 1e6 * cpu / max(samples, 1),
         "mb_per_s": samples * _sample_nbytes(geoms) / elapsed / MB,
         "last_pass": stats.to_dict(),
     }
+
+
+def _cpu_s() -> float:
+    """This process's CPU seconds so far, every thread's, user and system."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _reset_emulator(cfg: dict[str, Any]) -> None:
@@ -760,18 +765,15 @@ def _run_get_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
     The replay is :func:`insitubatch.testing.ceiling.raw_get_ceiling`, the one
     the pytest plugin's ``loader_benchmark`` measures its ceiling with.
     """
-    import resource
-
     from insitubatch.testing.ceiling import raw_get_ceiling
 
     store = _open_store(cfg["url"])
     geoms = _geometries(store, cfg["variables"])
     train = _train_indices(geoms, cfg["fractions"])
     keys = [key for _, _, key in _tile_keys(geoms, train)]
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    cpu0 = usage.ru_utime + usage.ru_stime
+    cpu0 = _cpu_s()
     ceiling = raw_get_ceiling(store, keys, int(cfg["concurrency"]), window_s=float(cfg["window_s"]))
-    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = _cpu_s() - cpu0
     samples = len(train) * ceiling.gets / len(keys)
     return {
         "name": cfg["name"],
@@ -783,7 +785,7 @@ def _run_get_ceiling(cfg: dict[str, Any]) -> dict[str, Any]:
         "rate_samples_per_s": samples / ceiling.seconds,
         "rate_basis": "GETs only",
         # the client's CPU for the GETs alone (no decode): the floor under any loader's CPU per sample
-        "cpu_us_per_sample": 1e6 * (usage.ru_utime + usage.ru_stime - cpu0) / max(samples, 1),
+        "cpu_us_per_sample": 1e6 * cpu / max(samples, 1),
         "gets_per_s": ceiling.gets_per_s,
         "wire_mb_per_s": ceiling.nbytes / ceiling.seconds / MB,
         "mb_per_s": samples * _sample_nbytes(geoms) / ceiling.seconds / MB,

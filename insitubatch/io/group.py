@@ -14,14 +14,17 @@ list at all, and a bucket lists slowly.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import zarr
+import zarr.api.asynchronous as zasync
 import zarr.errors
 
+from .._zarr_compat import sync
 from ..errors import StoreReadError
 from .arrays import _chunk_byte_limit, _dimension_names, geometry_of
 from .coords import CoordinateSource
@@ -113,11 +116,6 @@ def _open_arrays(zstore: Any, paths: Sequence[str], what: str) -> list[zarr.Arra
 
     The first path (in order) that fails raises, as opening them one by one would.
     """
-    import asyncio
-
-    import zarr.api.asynchronous as zasync
-
-    from .._zarr_compat import sync
 
     async def open_all() -> list[Any]:
         opens = (zasync.open_array(store=zstore, path=path, mode="r") for path in paths)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
+from helpers import CountingStore, local_store
 
 from insitubatch.io.arrays import geometry_of
 from insitubatch.io.group import open_geometries
@@ -54,8 +55,6 @@ def test_variables_bypass_the_coordinate_test(cf_group) -> None:
 
 def test_named_variables_are_opened_together(cf_group) -> None:
     """Their metadata GETs are in flight at once: on a remote store one round trip opens them all, not one each."""
-    from helpers import CountingStore, local_store
-
     names = ["time", "t2m", "station", "levels/u"]
     store = CountingStore(local_store(cf_group), latency_s=0.05)
     geoms = open_geometries(store, variables=names)
