@@ -3,8 +3,8 @@
 The dataset resolves the variables and builds, once, what every pass
 shares: a ``PassContext`` (readers, the ``ChunkPool`` and its disk cache,
 batch buffers, the decode pool, the read permits, the epoch's counters) and
-an ``EpochPlanner``. Views (``views.py``) read only those two
-to plan and start passes (``_engine/prefetch.py``).
+an ``EpochPlanner``. Views (``views.py``) read only those two to plan and
+start passes (``_engine/prefetch.py``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import numpy as np
 from ._engine.buffers import BufferPool
 from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, concurrency_report
 from ._engine.loop import decode_pool
-from ._engine.pool import ChunkPool, Entry
+from ._engine.pool import ChunkPool
 from ._engine.reader import ArrayReader, BadChunkRecord
+from ._engine.warm import warm_shard_indexes
 from ._validate import callables, flag, positive_int, positive_int_or_auto
 from .cache import OnCorrupt
 from .cache.fingerprint import array_fingerprints
@@ -207,7 +208,8 @@ class InSituDataset:
             fingerprints=self._fingerprints,
         )
         self.persist = bool(persist)
-        self.pool = ChunkPool(cache_budget_bytes, on_evict=self._evicted if self.cache is not None else None)
+        cache = self.cache  # an entry the pool evicts leaves the disk cache's accounting too
+        self.pool = ChunkPool(cache_budget_bytes, on_evict=None if cache is None else lambda e: cache.evict(*e.key))
         self.buffers = BufferPool()
         self.executor = decode_pool(decode_threads)
         self.decode_threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
@@ -228,7 +230,6 @@ class InSituDataset:
             persist=self.persist,
             batch_transforms=self.batch_transforms,
             sample_coords=self.sample_coords,
-            statics=read_statics(self.store, self.static_fields),
             hedge=self.hedge,
         )
         self.planner = EpochPlanner(
@@ -244,7 +245,9 @@ class InSituDataset:
             release_per_block=self.persist,
         )
         self._views: dict[str, DatasetView] = {}
-        # the sample axis's coordinate, read here once (not during a pass, whose GETs are the chunks')
+        # read here once, as the first pass's shard indexes are (not during a pass, whose GETs are the chunks')
+        self.context.warmup = warm_shard_indexes(self.context, self.planner)
+        self.context.statics = read_statics(self.store, self.static_fields)
         self._coords: dict[str, np.ndarray] = sample_coords(self.variables.values(), self.manifest.n_samples)
 
     # -- construction helpers ---------------------------------------------------
@@ -262,10 +265,6 @@ class InSituDataset:
         """Each read source's chunk-transform fingerprint: its array path's (a selection changes the name, not it)."""
         by_path = array_fingerprints(self.chunk_transforms, {r.geometry.path for r in self.readers.values()})
         return {source: by_path[r.geometry.path] for source, r in self.readers.items()}
-
-    def _evicted(self, entry: Entry) -> None:
-        if self.cache is not None:  # always: registered only with a cache
-            self.cache.evict(*entry.key)
 
     # -- views --------------------------------------------------------------
     def split(self, name: str) -> DatasetView:

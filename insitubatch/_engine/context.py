@@ -80,6 +80,7 @@ class PassContext:
     epoch_counters: list[PassCounters] = field(default_factory=list)  # this epoch's passes'
     fetched_keys: set = field(default_factory=set)  # every read key a pass admitted: admitting one again is a re-read
     passes: weakref.WeakSet[_OpenPass] = field(default_factory=weakref.WeakSet)  # open ones, closed on close()
+    warmup: _OpenPass | None = None  # reads started as the dataset opened (``warm``), stopped on close()
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     _permits: WindowUser | None = None
@@ -172,6 +173,8 @@ class PassContext:
         if self.closed:
             return
         self.closed = True
+        if self.warmup is not None:
+            self.warmup.close()
         for state in list(self.passes):
             state.close()
         if self._permits is not None:  # its cap stops counting toward the store's shared cap (on the loop)

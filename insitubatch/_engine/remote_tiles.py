@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, RangeByteRequest, Store
 
@@ -31,7 +30,7 @@ from ..plan.epoch import EpochPlan
 from .fetch import Fetcher
 from .landings import _Landings, _release
 from .pool import ChunkPool, Owner
-from .shard_index import ShardIndexes, check_span, prefetch, read_inner_chunk, shard_keys
+from .shard_index import ShardIndexes, check_span, plan_shards, prefetch, read_inner_chunk
 from .tile_jobs import _GET_IN_JOB
 from .wants import Want
 
@@ -86,18 +85,8 @@ class _RemoteTiles:
         # revives need no index, and the misses read theirs on demand
         if not sharded or self._get_sync is not None or self.cache is not None:
             return
-        plan = self.plan
-        order = [
-            i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
-        ]
-        wanted: dict[str, tuple[str, _ShardStage]] = {}
-        for source, r in sharded.items():
-            chunks = [plan.reads[i][1] for i in order if plan.reads[i][0] == source]
-            for key in shard_keys(r.geometry, r.layout.tiles, chunks):
-                wanted.setdefault(key, (key, self._shards[r.geometry.path]))
-        self._spawn(
-            prefetch(self.shard_indexes, list(wanted.values()), self._get_range, self.semaphore, INDEX_PREFETCH)
-        )
+        wanted = plan_shards(self.plan, sharded, self._shards, self.first_block)
+        self._spawn(prefetch(self.shard_indexes, wanted, self._get_range, self.semaphore, INDEX_PREFETCH))
 
     def _first_block_waits(self) -> bool:
         """Whether the pass admits its second block only once its first block's reads have landed.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,19 @@ from ..io.chain import _ABSENT, INDEX_ENTRY_BYTES, INDEX_HALF_EMPTY, INDEX_OUTSI
 from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ..io.geometry import ArrayGeometry
+from ..plan.epoch import EpochPlan
+from .reader import ArrayReader
 
-__all__ = ["ShardIndex", "ShardIndexes", "check_span", "index_request", "prefetch", "read_inner_chunk", "shard_keys"]
+__all__ = [
+    "ShardIndex",
+    "ShardIndexes",
+    "check_span",
+    "index_request",
+    "plan_shards",
+    "prefetch",
+    "read_inner_chunk",
+    "shard_keys",
+]
 
 
 @dataclass(frozen=True)
@@ -243,6 +254,31 @@ def shard_keys(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) ->
         for f in field:
             keys.setdefault(g.chunk_key((*f[:axis], row, *f[axis:])))
     return list(keys)
+
+
+def plan_shards(
+    plan: EpochPlan,
+    readers: Mapping[str, ArrayReader],
+    stages: Mapping[str, _ShardStage],
+    first_block: int,
+    last_block: int | None = None,
+) -> list[tuple[str, _ShardStage]]:
+    """The shards whose indexes the reads of blocks ``first_block`` to ``last_block`` need, each once, in first use.
+
+    ``readers`` are the sharded sources (by source), ``stages`` their shard
+    stages (by array path); ``last_block=None`` runs to the plan's end.
+    """
+    order = [
+        i
+        for i in np.argsort(plan.read_first, kind="stable").tolist()
+        if plan.read_last[i] >= first_block and (last_block is None or plan.read_first[i] <= last_block)
+    ]
+    wanted: dict[str, tuple[str, _ShardStage]] = {}
+    for source, r in readers.items():
+        chunks = [plan.reads[i][1] for i in order if plan.reads[i][0] == source]
+        for key in shard_keys(r.geometry, r.layout.tiles, chunks):
+            wanted.setdefault(key, (key, stages[r.geometry.path]))
+    return list(wanted.values())
 
 
 async def prefetch(

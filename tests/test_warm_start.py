@@ -1,0 +1,141 @@
+"""A remote sharded dataset reads its first pass's first-block shard indexes as it opens, each index once."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
+
+from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch._engine.shard_index import shard_keys
+from insitubatch.io.decode import shard_stage
+from insitubatch.testing.emulator import Emulator
+
+SHAPE = (48, 10, 12)  # 24 chunks of 2 steps, 6 shards of 8 steps
+
+
+def _write(path, *, sharded: bool = True) -> np.ndarray:
+    data = np.random.default_rng(11).standard_normal(SHAPE).astype("f4")
+    root = zarr.open_group(path, mode="w")
+    if sharded:
+        codec = ShardingCodec(chunk_shape=(2, 10, 12), codecs=[BytesCodec(), ZstdCodec()])
+        arr = root.create_array("v", shape=SHAPE, chunks=(8, 10, 12), dtype="f4", serializer=codec, compressors=None)
+    else:
+        arr = root.create_array("v", shape=SHAPE, chunks=(2, 10, 12), dtype="f4")
+    arr[...] = data
+    return data
+
+
+def _index_nbytes(g) -> int:
+    return shard_stage(g).index_nbytes
+
+
+def _first_block_shards(g, plan) -> set[str]:
+    chunks = sorted({int(plan.reads[i][1]) for i in np.flatnonzero(plan.read_first == 0)})
+    return {f"a.zarr/{k}" for k in shard_keys(g, range(g.tiles_per_chunk), chunks)}
+
+
+def _shard_gets(emu: Emulator) -> dict[str, tuple[int, int]]:
+    """``key: (GETs, bytes sent)`` for the shards of ``v`` the server answered."""
+    return {k: (s.gets, s.bytes_sent) for k, s in emu.stats().keys.items() if k.startswith("a.zarr/v/c/")}
+
+
+@pytest.mark.parametrize(("rank", "world_size"), [(None, None), (1, 2)], ids=["one rank", "rank 1 of 2"])
+def test_the_first_blocks_indexes_are_read_while_the_dataset_opens(tmp_path, rank, world_size) -> None:
+    data = _write(tmp_path / "a.zarr")
+    with Emulator(tmp_path, latency_s=0.01, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("a.zarr"), read_only=True)
+        g = open_geometries(store, variables=["v"])["v"]
+        manifest = split_by_chunk(g, fractions=(0.75, 0.25))
+        emu.reset_stats()
+        with InSituDataset(
+            store, manifest, {"v": g}, batch_size=2, block_chunks=2, seed=4, rank=rank, world_size=world_size
+        ) as ds:
+            warmup = ds.context.warmup
+            assert warmup is not None
+            warmup.future.result(10)
+            expected = _first_block_shards(g, ds.plan("train"))
+            opened = _shard_gets(emu)
+            # only the first block's shards, and of each only its index
+            assert set(opened) == expected and warmup.shards == len(expected)
+            assert all(v == (1, _index_nbytes(g)) for v in opened.values()), opened
+            assert ds.gets == len(expected)  # the warm-up's GETs count in the epoch's totals
+            for batch in ds.train:
+                np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
+            after = _shard_gets(emu)
+            # the pass read no index the warm-up had read: one index GET per shard touched, all told
+            assert ds.context.shard_indexes.gets == len(after)
+    assert expected <= set(after) and all(after[k][0] >= 2 for k in expected)
+
+
+def test_a_pass_started_while_the_warm_up_reads_waits_for_its_indexes(tmp_path) -> None:
+    data = _write(tmp_path / "a.zarr")
+    with Emulator(tmp_path, latency_s=0.1, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("a.zarr"), read_only=True)
+        g = open_geometries(store, variables=["v"])["v"]
+        emu.reset_stats()
+        with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), {"v": g}, batch_size=2, block_chunks=2) as ds:
+            it = iter(ds.train)  # at once: the warm-up's GETs are still out
+            assert not ds.context.warmup.future.done()
+            for batch in it:
+                np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
+            got = _shard_gets(emu)
+    # every inner chunk is needed, so a shard's bytes on the wire are its file, index included, exactly once
+    assert len(got) == 6
+    for key, (gets, sent) in got.items():
+        assert gets >= 2 and sent == (tmp_path / key).stat().st_size, key
+
+
+@pytest.mark.parametrize("first", ["val", "all"])
+def test_a_wrong_guess_costs_no_read_twice(tmp_path, first) -> None:
+    """Another view iterated first reads what it needs; train then reuses the indexes read at open."""
+    data = _write(tmp_path / "a.zarr")
+    with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("a.zarr"), read_only=True)
+        g = open_geometries(store, variables=["v"])["v"]
+        manifest = split_by_chunk(g, fractions={"train": 0.5, "val": 0.5})
+        emu.reset_stats()
+        with InSituDataset(store, manifest, {"v": g}, batch_size=3, block_chunks=2) as ds:
+            ds.context.warmup.future.result(10)
+            warmed = _shard_gets(emu)
+            for view in (getattr(ds, first), ds.train):
+                seen = np.concatenate([b.sample_indices for b in view])
+                for batch in view:
+                    np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
+                assert len(seen) == len(np.unique(seen))
+            shards = ds.context.shard_indexes
+            assert shards.gets == len(_shard_gets(emu))  # one index GET per shard any pass touched
+    assert warmed and all(gets == 1 for gets, _ in warmed.values())
+
+
+def test_closing_stops_a_warm_up_that_has_not_landed(tmp_path) -> None:
+    _write(tmp_path / "a.zarr")
+    with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("a.zarr"), read_only=True)
+        g = open_geometries(store, variables=["v"])["v"]
+        emu.configure(hold_key="a.zarr/v/c/*", hold_times=None)  # no shard answers, ever
+        ds = InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), {"v": g}, batch_size=2)
+        warmup = ds.context.warmup
+        assert warmup is not None and not warmup.future.done()
+        t0 = time.perf_counter()
+        ds.close()
+        assert time.perf_counter() - t0 < 5.0
+        assert warmup.future.cancelled()
+        emu.configure(hold_key=None)
+
+
+@pytest.mark.parametrize("case", ["local store", "unsharded", "disk cache"])
+def test_nothing_is_warmed_where_no_index_would_be_read_ahead(tmp_path, case) -> None:
+    _write(tmp_path / "a.zarr", sharded=case != "unsharded")
+    kw = {"cache_dir": tmp_path / "cache"} if case == "disk cache" else {}
+    with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
+        where = str(tmp_path / "a.zarr") if case == "local store" else emu.url_for("a.zarr")
+        store = zarr.storage.LocalStore(where, read_only=True) if case == "local store" else obstore_store(where)
+        g = open_geometries(store, variables=["v"])["v"]
+        emu.reset_stats()
+        with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), {"v": g}, batch_size=2, **kw) as ds:
+            assert ds.context.warmup is None
+            assert _shard_gets(emu) == {}
