@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
@@ -22,7 +23,7 @@ from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassConte
 from ._engine.loop import decode_pool
 from ._engine.pool import ChunkPool
 from ._engine.reader import ArrayReader, BadChunkRecord
-from ._engine.warm import warm_shard_indexes
+from ._engine.warm import warm_first_pass
 from ._validate import callables, flag, positive_int, positive_int_or_auto
 from .cache import OnCorrupt
 from .cache.fingerprint import array_fingerprints
@@ -44,6 +45,8 @@ from .views import DatasetView, InferView
 __all__ = ["InSituDataset"]
 
 ALL_SPLIT = "__all__"  # the pseudo-split of ``ds.all``: every chunk, sequential
+# settings ``describe()`` reports as resolved (after defaults and the environment), besides the knobs
+RESOLVED = ("shuffle", "seed", "epoch", "rank", "world_size", "remainder", "on_bad_chunk", "decode_threads")
 
 
 class InSituDataset:
@@ -245,10 +248,12 @@ class InSituDataset:
             release_per_block=self.persist,
         )
         self._views: dict[str, DatasetView] = {}
-        # read here once, as the first pass's shard indexes are (not during a pass, whose GETs are the chunks')
-        self.context.warmup = warm_shard_indexes(self.context, self.planner)
-        self.context.statics = read_statics(self.store, self.static_fields)
-        self._coords: dict[str, np.ndarray] = sample_coords(self.variables.values(), self.manifest.n_samples)
+        # read once here, not in a pass (whose GETs are the chunks'): the coordinate beside the warm-up (warm.py)
+        with ThreadPoolExecutor(1, thread_name_prefix="insitu-open") as opener:
+            coords = opener.submit(sample_coords, self.variables.values(), self.manifest.n_samples)
+            self.context.warmup = warm_first_pass(self.context, self.planner)
+            self.context.statics = read_statics(self.store, self.static_fields)
+        self._coords: dict[str, np.ndarray] = coords.result()
 
     # -- construction helpers ---------------------------------------------------
     @functools.cached_property
@@ -388,14 +393,7 @@ class InSituDataset:
             remote=self.context.client() is not None,
         )
         info["resolved"] = {
-            "shuffle": self.shuffle,
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "remainder": self.remainder,
-            "on_bad_chunk": self.on_bad_chunk,
-            "decode_threads": self.decode_threads,
+            **{k: getattr(self, k) for k in RESOLVED},
             "cache_dir": None if self.cache is None else str(self.cache.cache_dir),
             "persist": self.persist,
             "chunk_transforms": len(self.chunk_transforms),

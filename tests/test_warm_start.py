@@ -1,7 +1,8 @@
-"""A remote sharded dataset reads its first pass's first-block shard indexes as it opens, each index once."""
+"""A remote dataset plans its likely first pass as it opens and, sharded, reads that pass's first-block indexes."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -139,3 +140,6 @@ def test_nothing_is_warmed_where_no_index_would_be_read_ahead(tmp_path, case) ->
         with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), {"v": g}, batch_size=2, **kw) as ds:
             assert ds.context.warmup is None
             assert _shard_gets(emu) == {}
+            # a remote store's first pass was planned while the dataset opened; a local one's waits for its pass
+            assert (("train", 0, ()) in ds.planner._plans) == (case != "local store")
+            assert not [t for t in threading.enumerate() if t.name.startswith("insitu-open")]

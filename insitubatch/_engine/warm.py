@@ -1,13 +1,14 @@
-"""Warming a remote dataset as it opens: the shard indexes its first pass's first block needs.
+"""Warming a remote dataset as it opens: its first pass planned, and the shard indexes its first block needs.
 
-On a sharded array a pass reads an inner chunk only once its shard's index is
-in, so the first batch waits two round trips where an unsharded array waits
-one. A dataset reads the sample axis's coordinate (two round trips) while it
-opens; reading those indexes alongside takes the extra round trip off the
-first batch. Which pass comes first is a guess: train's, at the current
+A remote dataset reads the sample axis's coordinate as it opens (two round
+trips). Planning the first pass meanwhile takes the planning off the first
+batch. On a sharded array a pass reads an inner chunk only once its shard's
+index is in, so the first batch would wait two round trips where an
+unsharded array's waits one; reading those indexes meanwhile takes the
+extra one off. Which pass comes first is a guess: train's, at the current
 epoch (the manifest's first split when it has no train). Nothing is lost on
-a wrong guess: indexes are kept for the dataset's life, and any pass that
-reaches those shards uses them.
+a wrong guess: plans are kept, indexes are kept for the dataset's life, and
+any pass that reaches those shards uses them.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .loop import zarr_loop
 from .shard_index import plan_shards, prefetch
 from .stats import PassCounters
 
-__all__ = ["Warmup", "warm_shard_indexes"]
+__all__ = ["Warmup", "warm_first_pass"]
 
 # how long closing a dataset waits for its warm-up's reads to be cancelled
 CLOSE_WAIT_S = 5.0
@@ -57,33 +58,27 @@ class Warmup:
             pass
 
 
-def warm_shard_indexes(ctx: PassContext, planner: EpochPlanner) -> Warmup | None:
-    """Start reading the indexes of the shards the likely first pass's first block reads; ``None``: nothing to read.
+def warm_first_pass(ctx: PassContext, planner: EpochPlanner) -> Warmup | None:
+    """On a remote store, plan the likely first pass; start reading its first block's shard indexes (the result).
 
-    Only a remote store's sharded arrays read indexes ahead: a local store
-    reads one as fast as a tile, and with a disk cache revived chunks need
-    none. The reads are background ones: each takes a read permit only when
-    no pass's read waits for one. The pass is planned (and its plan kept)
-    only when there is something to warm.
+    A local store reads its coordinate in moments, and an index as fast as
+    a tile: nothing to overlap. With a disk cache, revived chunks need no
+    index. The index reads are background ones: each takes a read permit
+    only when no pass's read waits for one.
     """
-    sharded = {source: r for source, r in ctx.readers.items() if r.geometry.sharded_reads}
-    if not sharded or ctx.cache is not None or ctx.closed:
-        return None
-    client = ctx.client()
-    if client is None:
-        return None
     names = planner.manifest.names
-    if not names:
+    if ctx.closed or not names or ctx.client() is None:
         return None
-    plan = planner.plan("train" if "train" in names else names[0], ctx.epoch)
-    if plan.n_batches == 0:
+    plan = planner.plan("train" if "train" in names else names[0], ctx.epoch)  # kept: the pass reuses it
+    sharded = {source: r for source, r in ctx.readers.items() if r.geometry.sharded_reads}
+    if not sharded or ctx.cache is not None or plan.n_batches == 0:
         return None
     stages = {r.geometry.path: shard_stage(r.geometry) for r in sharded.values()}
     wanted = plan_shards(plan, sharded, stages, 0, 0)
     if not wanted:
         return None
-    permits = ctx.permits()
-    counters = PassCounters()
+    client, permits, counters = ctx.client(), ctx.permits(), PassCounters()
+    assert client is not None  # a remote store, checked above
     ctx.track(counters)
     fetcher = Fetcher(client, permits, counters, hedge=ctx.hedge)
     reads = prefetch(ctx.shard_indexes, wanted, fetcher.get, permits, len(wanted))
