@@ -58,9 +58,16 @@ class Coordinate:
 
 @dataclass(eq=False)
 class CoordinateSource:
-    """Finds and reads the coordinate arrays of one store, each at most once."""
+    """Finds and reads the coordinate arrays of one store, each at most once.
+
+    ``opened`` holds arrays whose metadata is already in hand (from a
+    listing or consolidated metadata), by store path: reading a coordinate
+    among them costs one round trip (its data), not two. One whose shape
+    disagrees (consolidated metadata older than the array) is opened afresh.
+    """
 
     store: Any
+    opened: Mapping[str, zarr.Array] = field(default_factory=dict)
     _found: dict[tuple[str, str, int], Coordinate | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -92,10 +99,12 @@ class CoordinateSource:
         return None
 
     def _read(self, path: str, dim: str, length: int) -> Coordinate | None:
-        try:
-            arr = zarr.open_array(store=self.store, path=path, mode="r")
-        except _NOT_AN_ARRAY:
-            return None
+        arr = self.opened.get(path)
+        if arr is None or arr.shape != (length,):
+            try:
+                arr = zarr.open_array(store=self.store, path=path, mode="r")
+            except _NOT_AN_ARRAY:
+                return None
         if arr.ndim != 1 or arr.shape[0] != length:
             return None
         try:

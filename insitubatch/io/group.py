@@ -111,17 +111,20 @@ def _known_arrays(zstore: Any) -> list[str] | None:
         return None
 
 
-def _open_arrays(zstore: Any, paths: Sequence[str], what: str) -> list[zarr.Array]:
+def _open_arrays(zstore: Any, paths: Sequence[str], what: str, group: str) -> tuple[list[zarr.Array], dict]:
     """The arrays at ``paths``, their metadata read all at once (one round trip on a remote store, not one each).
 
-    The first path (in order) that fails raises, as opening them one by one would.
+    Beside them (in the same round trip) ``group``'s metadata: the second
+    result is every array its consolidated metadata describes, by path (empty
+    without any). The first path (in order) that fails raises, as opening
+    them one by one would.
     """
 
     async def open_all() -> list[Any]:
         opens = (zasync.open_array(store=zstore, path=path, mode="r") for path in paths)
-        return await asyncio.gather(*opens, return_exceptions=True)
+        return await asyncio.gather(_consolidated(zstore, group), *opens, return_exceptions=True)
 
-    opened = sync(open_all())
+    consolidated, *opened = sync(open_all())
     for path, result in zip(paths, opened, strict=True):
         if isinstance(result, _NOT_AN_ARRAY):
             listing = _known_arrays(zstore)
@@ -134,7 +137,24 @@ def _open_arrays(zstore: Any, paths: Sequence[str], what: str) -> list[zarr.Arra
                 f"opening array {path!r} of {_store_name(zstore)} failed: {type(result).__name__}: "
                 f"{_first_line(result)}"
             ) from result
-    return [zarr.Array(result) for result in opened]
+    if isinstance(consolidated, BaseException) and not isinstance(consolidated, Exception):
+        raise consolidated
+    return [zarr.Array(result) for result in opened], consolidated if isinstance(consolidated, dict) else {}
+
+
+async def _consolidated(zstore: Any, group: str) -> dict[str, zarr.Array]:
+    """Every array ``group``'s consolidated metadata describes, by path; empty without any (or any group)."""
+    try:
+        root = await zasync.open_group(store=zstore, mode="r", path=group or None)
+    except Exception:  # no group there, or none readable: the named arrays stand alone
+        return {}
+    if getattr(root.metadata, "consolidated_metadata", None) is None:
+        return {}  # listing would cost round trips (and an HTTP store cannot)
+    arrays: dict[str, zarr.Array] = {}
+    async for _, member in root.members(max_depth=None):
+        if not isinstance(member, zarr.AsyncGroup):
+            arrays[member.path] = zarr.Array(member)
+    return arrays
 
 
 def _named_coordinates(arrays: Mapping[str, zarr.Array], root: zarr.Group) -> set[str]:
@@ -231,7 +251,7 @@ def scan_group(
         largest = max(candidates, key=lambda p: candidates[p].ndim)
         _normalize_axis(sample_axis, candidates[largest].ndim, largest)  # raises, naming that array
     dim = _sample_dim(candidates, sample_axis)
-    source = CoordinateSource(zstore)
+    source = CoordinateSource(zstore, opened=arrays)
     variables: dict[str, ArrayGeometry] = {}
     statics: dict[str, StaticField] = {}
     for path, arr in candidates.items():
@@ -260,9 +280,10 @@ def _open_named(
     if isinstance(variables, str):
         raise TypeError("variables must be a list of array paths, not a single string")
     zstore = as_store(store)
-    source = CoordinateSource(zstore)
     paths = [f"{group}/{v}".strip("/") if group else str(v) for v in variables]
-    return [(path, arr, source) for path, arr in zip(paths, _open_arrays(zstore, paths, what), strict=True)]
+    arrays, consolidated = _open_arrays(zstore, paths, what, group)
+    source = CoordinateSource(zstore, opened=consolidated)
+    return [(path, arr, source) for path, arr in zip(paths, arrays, strict=True)]
 
 
 def open_geometries(

@@ -38,7 +38,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from .epoch import EpochOrder
+from .epoch import EpochOrder, sorted_unique
 
 __all__ = ["REMAINDER_POLICIES", "RankStream", "Remainder", "rank_streams", "resolve_world"]
 
@@ -226,7 +226,7 @@ def _equalize(streams: list[RankStream], batch_size: int, remainder: Remainder, 
             s.rows = s.rows[:n_rows]
             s.padded = s.padded[:n_rows]
             starts = np.minimum(s.block_starts, n_rows)
-            s.block_starts = np.unique(starts) if n_rows else np.zeros(1, dtype=np.int64)
+            s.block_starts = sorted_unique(starts) if n_rows else np.zeros(1, dtype=np.int64)
             if s.block_starts[-1] != n_rows:
                 s.block_starts = np.concatenate([s.block_starts, [n_rows]])
 
