@@ -128,6 +128,23 @@ def test_closing_stops_a_warm_up_that_has_not_landed(tmp_path) -> None:
         emu.configure(hold_key=None)
 
 
+@pytest.mark.parametrize(("rank", "world_size"), [(0, 1), (2, 3)])
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_the_first_block_alone_is_the_passs_first_block(tmp_path, split, rank, world_size) -> None:
+    """What the warm-up reads from: the pass's own first block, planned without the rest of the pass."""
+    _write(tmp_path / "a.zarr")
+    store = zarr.storage.LocalStore(tmp_path / "a.zarr", read_only=True)
+    g = open_geometries(store, variables=["v"])["v"]
+    manifest = split_by_chunk(g, fractions=(0.7, 0.3))
+    with InSituDataset(
+        store, manifest, {"v": g}, batch_size=3, block_chunks=3, seed=9, rank=rank, world_size=world_size
+    ) as ds:
+        head, whole = ds.planner.first_block(split, 2), ds.plan(split, 2)
+    assert head.n_blocks == 1 and whole.n_blocks > 1
+    np.testing.assert_array_equal(head.order, whole.order[: whole.block_starts[1]])
+    assert [head.reads[i] for i in head.block_reads[0]] == [whole.reads[i] for i in whole.block_reads[0]]
+
+
 @pytest.mark.parametrize("case", ["local store", "unsharded", "disk cache"])
 def test_nothing_is_warmed_where_no_index_would_be_read_ahead(tmp_path, case) -> None:
     _write(tmp_path / "a.zarr", sharded=case != "unsharded")

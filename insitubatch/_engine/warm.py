@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+from collections.abc import Mapping
 
 from ..io.decode import shard_stage
+from ..plan.epoch import EpochPlan
 from ..plan.planner import EpochPlanner
 from .context import PassContext
 from .fetch import Fetcher
 from .loop import zarr_loop
+from .reader import ArrayReader
 from .shard_index import plan_shards, prefetch
 from .stats import PassCounters
 
@@ -28,6 +32,11 @@ __all__ = ["Warmup", "warm_first_pass"]
 
 # how long closing a dataset waits for its warm-up's reads to be cancelled
 CLOSE_WAIT_S = 5.0
+# how long opening a dataset waits for the warm-up's GETs to go out (zarr's loop may be busy elsewhere)
+SEND_WAIT_S = 0.1
+# loop steps until they have: prefetch's first schedules its workers; theirs take permits and start their
+# reads; a suffix range (an index at the end) is a task of its own, whose first step sends the GET
+SEND_STEPS = 3
 
 
 class Warmup:
@@ -63,23 +72,42 @@ def warm_first_pass(ctx: PassContext, planner: EpochPlanner) -> Warmup | None:
 
     A local store reads its coordinate in moments, and an index as fast as
     a tile: nothing to overlap. With a disk cache, revived chunks need no
-    index. The index reads are background ones: each takes a read permit
-    only when no pass's read waits for one.
+    index. The first block alone is planned first, so its index reads go
+    out before the rest of the pass is planned; they are background reads:
+    each takes a read permit only when no pass's read waits for one.
     """
     names = planner.manifest.names
     if ctx.closed or not names or ctx.client() is None:
         return None
-    plan = planner.plan("train" if "train" in names else names[0], ctx.epoch)  # kept: the pass reuses it
+    split = "train" if "train" in names else names[0]
     sharded = {source: r for source, r in ctx.readers.items() if r.geometry.sharded_reads}
-    if not sharded or ctx.cache is not None or plan.n_batches == 0:
-        return None
+    warmup = (
+        _read_indexes(ctx, planner.first_block(split, ctx.epoch), sharded) if sharded and ctx.cache is None else None
+    )
+    planner.plan(split, ctx.epoch)  # kept: the pass reuses it
+    return warmup
+
+
+def _read_indexes(ctx: PassContext, head: EpochPlan, sharded: Mapping[str, ArrayReader]) -> Warmup | None:
+    """Start reading the indexes block 0 of ``head`` reads (on zarr's loop, under the store's read permits)."""
     stages = {r.geometry.path: shard_stage(r.geometry) for r in sharded.values()}
-    wanted = plan_shards(plan, sharded, stages, 0, 0)
-    if not wanted:
+    wanted = plan_shards(head, sharded, stages, 0, 0)
+    client = ctx.client()
+    if not wanted or client is None:
         return None
-    client, permits, counters = ctx.client(), ctx.permits(), PassCounters()
-    assert client is not None  # a remote store, checked above
+    permits, counters = ctx.permits(), PassCounters()
     ctx.track(counters)
     fetcher = Fetcher(client, permits, counters, hedge=ctx.hedge)
-    reads = prefetch(ctx.shard_indexes, wanted, fetcher.get, permits, len(wanted))
-    return Warmup(asyncio.run_coroutine_threadsafe(reads, zarr_loop()), len(wanted), counters)
+    sent = threading.Event()
+
+    async def read_all() -> None:
+        reads = asyncio.ensure_future(prefetch(ctx.shard_indexes, wanted, fetcher.get, permits, len(wanted)))
+        for _ in range(SEND_STEPS):
+            await asyncio.sleep(0)
+        sent.set()
+        await reads
+
+    future = asyncio.run_coroutine_threadsafe(read_all(), zarr_loop())
+    # the caller goes on to plan the whole pass, holding the GIL: the GETs go out first
+    sent.wait(SEND_WAIT_S)
+    return Warmup(future, len(wanted), counters)

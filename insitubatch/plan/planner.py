@@ -51,10 +51,23 @@ class EpochPlanner:
             self._plans[key] = plan
         return plan
 
+    def first_block(self, split: str, epoch: int) -> EpochPlan:
+        """This rank's plan of ``split``'s first block alone (not cached): what it reads, in a fraction of the time."""
+        return self.make(split, epoch, (), None, self.batch_size, blocks=1)
+
     def make(
-        self, split: str, epoch: int, history: History, anchor_range: tuple[int, int] | None, batch_size: int
+        self,
+        split: str,
+        epoch: int,
+        history: History,
+        anchor_range: tuple[int, int] | None,
+        batch_size: int,
+        blocks: int | None = None,
     ) -> EpochPlan:
-        """A fresh plan; a split the manifest lacks is a sequential pass over ``anchor_range`` (or everything)."""
+        """A fresh plan, of its first ``blocks`` only if given.
+
+        A split the manifest lacks is a sequential pass over ``anchor_range`` (or everything).
+        """
         manifest = self.manifest
         shuffle = self.shuffle and split == "train"
         if split not in manifest.names:  # an inference range, or every chunk (``all``): its own sequential "split"
@@ -73,27 +86,27 @@ class EpochPlanner:
             epoch=epoch,
             anchor_range=anchor_range,
         )
-        if self.world_size == 1 and not history:
-            return build_plan(
-                manifest, self.outputs, eo.order, eo.block_starts, batch_size, release_per_block=self.release_per_block
-            )
-        streams = rank_streams(
-            eo,
-            self.world_size,
-            batch_size=batch_size,
-            remainder=self.remainder,
-            contiguous=split != "train",
-            history=history,
-        )
-        mine = streams[self.rank]
-        padded = mine.padded if mine.padded.any() else None
+        order, starts, padded = eo.order, eo.block_starts, None
+        if self.world_size > 1 or history:
+            mine = rank_streams(
+                eo,
+                self.world_size,
+                batch_size=batch_size,
+                remainder=self.remainder,
+                contiguous=split != "train",
+                history=history,
+            )[self.rank]
+            order, starts, padded = eo.order[mine.rows], mine.block_starts, mine.padded
+        if blocks is not None:
+            starts = starts[: blocks + 1]
+            order, padded = order[: starts[-1]], None if padded is None else padded[: starts[-1]]
         return build_plan(
             manifest,
             self.outputs,
-            eo.order[mine.rows],
-            mine.block_starts,
+            order,
+            starts,
             batch_size,
-            padded=padded,
+            padded=padded if padded is not None and padded.any() else None,
             release_per_block=self.release_per_block,
         )
 
