@@ -12,7 +12,9 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine.shard_index import shard_keys
+from insitubatch._engine.store_link import _ObstoreBackend
 from insitubatch.io.decode import shard_stage
+from insitubatch.plan.planner import EpochPlanner
 from insitubatch.testing.emulator import Emulator
 
 SHAPE = (48, 10, 12)  # 24 chunks of 2 steps, 6 shards of 8 steps
@@ -70,6 +72,32 @@ def test_the_first_blocks_indexes_are_read_while_the_dataset_opens(tmp_path, ran
             # the pass read no index the warm-up had read: one index GET per shard touched, all told
             assert ds.context.shard_indexes.gets == len(after)
     assert expected <= set(after) and all(after[k][0] >= 2 for k in expected)
+
+
+def test_the_index_gets_are_sent_before_the_whole_pass_is_planned(tmp_path, monkeypatch) -> None:
+    """Planning the whole pass holds the GIL: the first block's index GETs must be out before it starts."""
+    _write(tmp_path / "a.zarr")
+    sent: list[str] = []
+    at_planning: list[int] = []
+    request, plan = _ObstoreBackend.request, EpochPlanner.plan
+
+    def counted(self, key, byte_range=None):
+        sent.append(key)
+        return request(self, key, byte_range)
+
+    def planned(self, split, epoch, history=()):
+        at_planning.append(len(sent))
+        return plan(self, split, epoch, history)
+
+    monkeypatch.setattr(_ObstoreBackend, "request", counted)
+    monkeypatch.setattr(EpochPlanner, "plan", planned)
+    with Emulator(tmp_path, latency_s=0.5, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("a.zarr"), read_only=True)
+        g = open_geometries(store, variables=["v"])["v"]
+        with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), {"v": g}, batch_size=2, block_chunks=4) as ds:
+            warmup = ds.context.warmup
+            assert warmup is not None and not warmup.future.done()  # sent, not yet answered
+            assert at_planning[0] == warmup.shards > 0
 
 
 def test_a_pass_started_while_the_warm_up_reads_waits_for_its_indexes(tmp_path) -> None:
