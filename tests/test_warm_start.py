@@ -11,6 +11,7 @@ import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch._engine import warm
 from insitubatch._engine.shard_index import shard_keys
 from insitubatch._engine.store_link import _ObstoreBackend
 from insitubatch.io.decode import shard_stage
@@ -171,6 +172,20 @@ def test_the_first_block_alone_is_the_passs_first_block(tmp_path, split, rank, w
     assert head.n_blocks == 1 and whole.n_blocks > 1
     np.testing.assert_array_equal(head.order, whole.order[: whole.block_starts[1]])
     assert [head.reads[i] for i in head.block_reads[0]] == [whole.reads[i] for i in whole.block_reads[0]]
+
+
+def test_a_pass_too_large_to_plan_in_moments_is_planned_when_it_starts(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(warm, "WARM_PLAN_READS", 17)  # train here: 18 chunks of one source
+    _write(tmp_path / "a.zarr")
+    with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("a.zarr"), read_only=True)
+        g = open_geometries(store, variables=["v"])["v"]
+        manifest = split_by_chunk(g, fractions=(0.75, 0.25))
+        emu.reset_stats()
+        with InSituDataset(store, manifest, {"v": g}, batch_size=2) as ds:
+            assert ds.context.warmup is None and ds.planner._plans == {}
+            assert _shard_gets(emu) == {}
+            assert sum(len(b.sample_indices) for b in ds.train) == 36
 
 
 @pytest.mark.parametrize("case", ["local store", "unsharded", "disk cache"])
