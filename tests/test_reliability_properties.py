@@ -296,6 +296,38 @@ def test_order_depends_on_seed_and_epoch_only(layout: Layout) -> None:
     assert np.array_equal(a.order, b.order) and np.array_equal(a.block_starts, b.block_starts)
 
 
+def _order_chunk_by_chunk(layout: Layout) -> tuple[np.ndarray, np.ndarray]:
+    """The epoch's order the plain way: chunk by chunk, block by block, drawing from the same generator."""
+    m, S = layout.manifest, layout.manifest.sample_chunk_size
+    valid = set(_valid_anchors(layout))
+    rng = np.random.default_rng([layout.seed, layout.epoch])
+    chunks = np.asarray(m.chunks(layout.split), dtype=np.int64)
+    if layout.shuffle:
+        chunks = rng.permutation(chunks)
+    parts, starts = [], [0]
+    for b in range(0, len(chunks), layout.block_chunks):
+        rows = [(c, w) for c in chunks[b : b + layout.block_chunks].tolist() for w in range(S) if c * S + w in valid]
+        if rows:
+            part = np.asarray(rows, dtype=np.int64)
+            parts.append(part[rng.permutation(len(part))] if layout.shuffle else part)
+            starts.append(starts[-1] + len(part))
+    return (np.concatenate(parts) if parts else np.empty((0, 2), np.int64)), np.asarray(starts)
+
+
+@SETTINGS
+@given(layout=layouts(), blocks=st.integers(1, 4))
+def test_order_equals_the_chunk_by_chunk_order_and_its_first_blocks_alone(layout: Layout, blocks: int) -> None:
+    kw = dict(block_chunks=layout.block_chunks, shuffle=layout.shuffle, anchor_range=layout.anchor_range)
+    eo = epoch_order(layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, **kw)
+    order, starts = _order_chunk_by_chunk(layout)
+    assert np.array_equal(eo.order, order) and np.array_equal(eo.block_starts, starts)
+    head = epoch_order(
+        layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, blocks=blocks, **kw
+    )
+    assert np.array_equal(head.block_starts, starts[: blocks + 1])
+    assert np.array_equal(head.order, order[: starts[: blocks + 1][-1]])
+
+
 # --- many ranks -------------------------------------------------------------------------
 
 

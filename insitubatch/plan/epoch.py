@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.random import default_rng  # at import: numpy loads its random module on first use (~8 ms)
 
 from ..io.geometry import ArrayGeometry
 from .splits import SplitManifest
@@ -104,18 +105,24 @@ class EpochPlan:
         return [int(i) for i in np.flatnonzero(self.read_last == block)]
 
 
-def _block_order(chunks: np.ndarray, block_chunks: int, shuffle: bool, rng: np.random.Generator) -> list[np.ndarray]:
-    if shuffle:
-        chunks = rng.permutation(chunks)
-    return [chunks[i : i + block_chunks] for i in range(0, len(chunks), block_chunks)]
-
-
 @dataclass(frozen=True)
 class EpochOrder:
     """The world-size-independent order of an epoch: the ledger and its shuffle blocks."""
 
     order: np.ndarray  # (N, 2) [chunk_id, within]
     block_starts: np.ndarray  # (n_blocks + 1,)
+
+
+def _chunk_rows(chunks: np.ndarray, manifest: SplitManifest, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ledger rows ``[chunk_id, within]`` of ``chunks``, in order, for anchors in ``[lo, hi)``; each chunk's count."""
+    S = manifest.sample_chunk_size
+    base = chunks * S
+    w0 = np.maximum(0, lo - base)
+    w1 = np.minimum(np.minimum(S, manifest.n_samples - base), hi - base)
+    counts = np.maximum(0, w1 - w0)
+    first_row = np.cumsum(counts) - counts  # each chunk's first row in the ledger
+    within = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(w0 - first_row, counts)
+    return np.stack([np.repeat(chunks, counts), within], axis=1), counts
 
 
 def epoch_order(
@@ -128,6 +135,7 @@ def epoch_order(
     seed: int,
     epoch: int,
     anchor_range: tuple[int, int] | None = None,
+    blocks: int | None = None,
 ) -> EpochOrder:
     """The global sample order of one epoch; depends on (seed, epoch) only.
 
@@ -136,33 +144,40 @@ def epoch_order(
     and so is a block left without any (it would plan no sample, only reads).
     ``anchor_range`` further restricts anchors to ``[start, stop)``, as does
     the split's own range in the manifest (a split cut at exact dates).
+    ``blocks`` stops after that many blocks: the same first blocks, sooner.
     """
-    S = manifest.sample_chunk_size
     lo, hi = valid_anchor_range(manifest, variables)
     for bounds in (anchor_range, manifest.split_range(split)):
         if bounds is not None:
             lo, hi = max(lo, int(bounds[0])), min(hi, int(bounds[1]))
-    rng = np.random.default_rng([int(seed), int(epoch)])
-    blocks = _block_order(np.asarray(manifest.chunks(split), dtype=np.int64), block_chunks, shuffle, rng)
-    parts: list[np.ndarray] = []
-    block_starts = [0]
-    for chunk_ids in blocks:
-        rows = []
-        for c in chunk_ids.tolist():
-            w0 = max(0, lo - c * S)
-            w1 = min(manifest.chunk_len(c), hi - c * S)
-            if w1 > w0:
-                within = np.arange(w0, w1, dtype=np.int64)
-                rows.append(np.stack([np.full_like(within, c), within], axis=1))
-        if not rows:  # every anchor of these chunks is off a window's edge: no block, no reads, no memory
-            continue
-        part = np.concatenate(rows)
-        if shuffle:
-            part = part[rng.permutation(len(part))]
-        parts.append(part)
-        block_starts.append(block_starts[-1] + len(part))
-    order = np.concatenate(parts) if parts else np.empty((0, 2), dtype=np.int64)
-    return EpochOrder(order, np.asarray(block_starts, dtype=np.int64))
+    rng = default_rng([int(seed), int(epoch)])
+    chunks = np.asarray(manifest.chunks(split), dtype=np.int64)
+    if shuffle:
+        chunks = rng.permutation(chunks)
+    if blocks is not None:  # the first blocks need no more chunks than the first non-empty ones hold
+        chunks = _head_chunks(chunks, manifest, lo, hi, block_chunks, blocks)
+    rows, counts = _chunk_rows(chunks, manifest, lo, hi)
+    sizes = np.add.reduceat(counts, np.arange(0, len(counts), block_chunks)) if len(counts) else counts
+    # a block whose anchors all lie off a window's edge is no block: no reads, no memory
+    sizes = sizes[sizes > 0][:blocks]
+    block_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    rows = rows[: block_starts[-1]]
+    if shuffle:  # each block's rows shuffled together, in block order (the generator's draws in that order)
+        shuffled = [start + rng.permutation(n) for start, n in zip(block_starts[:-1].tolist(), sizes.tolist())]
+        rows = rows[np.concatenate(shuffled)] if shuffled else rows
+    return EpochOrder(rows, block_starts)
+
+
+def _head_chunks(
+    chunks: np.ndarray, manifest: SplitManifest, lo: int, hi: int, block_chunks: int, blocks: int
+) -> np.ndarray:
+    """The shortest prefix of ``chunks`` (whole blocks) that holds ``blocks`` blocks with rows."""
+    stop, found = 0, 0
+    while found < blocks and stop < len(chunks):
+        block = chunks[stop : stop + block_chunks]
+        stop += len(block)
+        found += bool(_chunk_rows(block, manifest, lo, hi)[1].any())
+    return chunks[:stop]
 
 
 def plan_epoch(

@@ -85,6 +85,7 @@ class EpochPlanner:
             seed=self.seed,
             epoch=epoch,
             anchor_range=anchor_range,
+            blocks=blocks if self.world_size == 1 and not history else None,  # ranks are dealt the whole order
         )
         order, starts, padded = eo.order, eo.block_starts, None
         if self.world_size > 1 or history:
