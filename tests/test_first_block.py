@@ -44,10 +44,10 @@ def test_a_remote_pass_reads_its_first_block_alone(tmp_path, monkeypatch, sharde
         await fetch_run(self, key, run)
         reads.append((t0, time.perf_counter(), [want.chunk_index for _, _, want, _ in run]))
 
-    async def logged_get(self, key, byte_range=None, size_hint=None):
+    async def logged_get(self, key, byte_range=None, size_hint=None, learn=True):
         if type(byte_range).__name__ == "SuffixByteRequest":  # a shard index (at the end)
             index_starts.setdefault(key, time.perf_counter())
-        return await get(self, key, byte_range, size_hint)
+        return await get(self, key, byte_range, size_hint, learn)
 
     monkeypatch.setattr(_RemoteTiles, "_fetch_tile", logged_tile)
     monkeypatch.setattr(_RemoteTiles, "_fetch_run", logged_run)

@@ -116,6 +116,23 @@ def test_the_wire_carries_the_inner_chunks_needed_and_one_index_per_shard(tmp_pa
     assert untouched == []
 
 
+def test_the_auto_window_learns_from_inner_chunks_and_only_counts_the_indexes(tmp_path) -> None:
+    """An index read holds a place in the window, and moves a few bytes: the controller must not take the
+    bytes/s of a window full of them for what the link moves."""
+    data = _write(tmp_path / "s.zarr")
+    with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("s.zarr"), read_only=True)
+        geoms = open_geometries(store, variables=["v"])
+        with InSituDataset(store, split_by_chunk(geoms["v"], fractions=(1.0,)), geoms, batch_size=5) as ds:
+            controller = ds.context.permits().window.controller
+            before = controller.side_reads
+            for batch in ds.train:
+                np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
+            indexes = ds.context.shard_indexes.gets
+            assert indexes == -(-SHAPE[0] // 8)  # one per shard
+            assert controller.side_reads - before == indexes
+
+
 def test_describe_names_the_shards_and_their_inner_chunks(tmp_path) -> None:
     path = tmp_path / "s.zarr"
     _write(path)

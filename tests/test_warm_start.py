@@ -12,7 +12,7 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine import warm
-from insitubatch._engine.shard_index import shard_keys
+from insitubatch._engine.shard_index import plan_shards, shard_keys
 from insitubatch._engine.store_link import _ObstoreBackend
 from insitubatch.io.decode import shard_stage
 from insitubatch.plan.planner import EpochPlanner
@@ -203,3 +203,33 @@ def test_nothing_is_warmed_where_no_index_would_be_read_ahead(tmp_path, case) ->
             # a remote store's first pass was planned while the dataset opened; a local one's waits for its pass
             assert (("train", 0, ()) in ds.planner._plans) == (case != "local store")
             assert not [t for t in threading.enumerate() if t.name.startswith("insitu-open")]
+
+
+def test_shards_are_read_ahead_in_first_use_by_block_across_variables(tmp_path) -> None:
+    """The indexes a pass reads ahead come block by block, every variable's shards of one block before the next
+    block's: one variable's whole pass first would leave the others' tiles to read theirs on demand."""
+    root = zarr.open_group(tmp_path / "b.zarr", mode="w")
+    codec = ShardingCodec(chunk_shape=(2, 10, 12), codecs=[BytesCodec()])
+    for name in ("u", "w"):
+        arr = root.create_array(name, shape=SHAPE, chunks=(8, 10, 12), dtype="f4", serializer=codec, compressors=None)
+        arr[...] = 1
+    store = zarr.storage.LocalStore(tmp_path / "b.zarr", read_only=True)
+    geometries = open_geometries(store, variables=["u", "w"])
+    manifest = split_by_chunk(geometries["u"], fractions=(1.0,))
+    with InSituDataset(store, manifest, geometries, batch_size=2, block_chunks=2, seed=3) as ds:
+        plan = ds.plan("train")
+        readers = ds.context.readers
+        stages = {r.geometry.path: shard_stage(r.geometry) for r in readers.values()}
+        wanted = [key for key, _ in plan_shards(plan, readers, stages, 1)]
+    per_shard = 8 // 2  # inner chunks (the pass's read unit) per shard
+
+    def first_use(key: str) -> int:
+        path, row = key.split("/")[0], int(key.split("/")[2])
+        uses = [
+            int(plan.read_first[i]) for i, (src, c) in enumerate(plan.reads) if src == path and c // per_shard == row
+        ]
+        return max(1, min(uses))  # a shard block 0 used too is wanted for its later blocks' reads
+
+    blocks = [first_use(k) for k in wanted]
+    assert blocks == sorted(blocks), list(zip(wanted, blocks))
+    assert sorted(wanted) == sorted(f"{v}/c/{row}/0/0" for v in ("u", "w") for row in range(6))

@@ -32,7 +32,15 @@ after the limit last changed, so the window has refilled):
    times the limit doubles every ``QUIET_TURNS`` up to what the first cut
    left (half the limit before the episode), then probes up as above: many
    clients on one bucket prefix back off together and creep back.
-4. An interval in which the window was mostly not full (the pass could not
+4. Reads the fetcher marks as not for learning (a shard's index: a round
+   trip for a few bytes) hold a place in the window but move no bytes, so
+   an interval's bytes/s depends on their share of its answers. Two
+   intervals whose shares differ by more than ``SIDE_DRIFT`` are not
+   compared: the limit goes back to the one the comparison was from, which
+   is measured again (a pass reads most of its indexes as its read-ahead
+   fills; a first limit measured then looks slow, and slow start would
+   double past what the link needs once they are in).
+5. An interval in which the window was mostly not full (the pass could not
    use the limit: a slow consumer, a small read-ahead) says nothing about
    the link and changes nothing; a probe it was testing is undone.
 
@@ -77,6 +85,8 @@ QUIET_TURNS = 4
 # A further cut within EPISODE_TURNS mean GET times of the last needs this share of throttled answers since it.
 CUT_SHARE = 0.2
 EPISODE_TURNS = 30
+# Intervals whose shares of side reads (shard indexes) differ by more than this are not compared.
+SIDE_DRIFT = 0.1
 # Mean GET time before any GET finished (a cloud store's tens of ms).
 PRIOR_GET_S = 0.05
 # How fast the mean GET time follows the link.
@@ -105,11 +115,13 @@ class ConcurrencyController:
         self.mean_get_s = PRIOR_GET_S
         self.intervals = 0  # measurement intervals ended
         self.throttled = 0  # throttling answers seen
+        self.side_reads = 0  # reads it was told held a place but not to learn from (shard indexes)
         self.cuts = 0
         self._history: collections.deque[int] = collections.deque([self.limit], maxlen=HISTORY_LENGTH)
         self._mode = "start"
         self._base_limit = self.limit  # the operating point and its bytes/s
         self._base_rate: float | None = None
+        self._base_side = 0.0  # the share of side reads (shard indexes) in the interval _base_rate came from
         self._steady = 0  # steady intervals since the last probe or cut (negative: quiet after a cut)
         self._probe_up_next = True
         self._last_cut = -float("inf")
@@ -137,7 +149,14 @@ class ConcurrencyController:
         if self._gets >= max(INTERVAL_MIN_GETS, self.limit) and elapsed >= max(
             INTERVAL_MIN_S, INTERVAL_TURNS * self.mean_get_s
         ):
-            self._end_interval(now, self._bytes / elapsed, self._full >= SATURATED_SHARE * self._gets)
+            side = self._side / (self._gets + self._side)
+            self._end_interval(now, self._bytes / elapsed, self._full >= SATURATED_SHARE * self._gets, side)
+
+    def on_side(self, now: float) -> None:
+        """A read the controller does not learn from (a shard index) finished at ``now``: its place in the window."""
+        self.side_reads += 1
+        if self._mode != "recover" and now >= self._begin:
+            self._side += 1
 
     def on_throttle(self, now: float) -> None:
         """The store answered a GET with a throttling status at ``now``: halve the limit (once per window)."""
@@ -200,7 +219,7 @@ class ConcurrencyController:
         return LimitHistory(min(values), int(statistics.median_low(values)), max(values), self.throttled, self.cuts)
 
     # -- the rule ----------------------------------------------------------------------------
-    def _end_interval(self, now: float, rate: float, saturated: bool) -> None:
+    def _end_interval(self, now: float, rate: float, saturated: bool, side: float = 0.0) -> None:
         self.intervals += 1
         if not saturated:  # the pass could not fill the window: nothing learned, a probe is undone
             if self._mode.startswith("probe"):
@@ -210,9 +229,19 @@ class ConcurrencyController:
             self._restart(now)
             return
         base = self._base_rate
+        if base is not None and abs(side - self._base_side) > SIDE_DRIFT:  # another mix of reads: no comparison
+            if self._mode == "steady":
+                self._rebase(rate, side)
+            else:
+                self._mode = "start" if self._mode == "start" else "steady"
+                self._base_rate = None
+                self._set(self._base_limit, now)
+            self._history.append(self.limit)
+            self._restart(now)
+            return
         if self._mode == "start":
             if base is None or rate >= START_GAIN * base:
-                self._base_limit, self._base_rate = self.limit, rate
+                self._rebase(rate, side)
                 if self.limit >= self.cap:
                     self._mode = "steady"
                 else:
@@ -222,26 +251,29 @@ class ConcurrencyController:
                 self._set(self._base_limit, now)
         elif self._mode == "probe_up":
             if base is not None and rate >= PROBE_GAIN * base and self.limit < self.cap:
-                self._base_limit, self._base_rate = self.limit, rate
+                self._rebase(rate, side)
                 self._set(min(self.cap, max(self.limit + 1, int(self.limit * PROBE_UP))), now)
             else:
                 if base is not None and rate >= PROBE_GAIN * base:
-                    self._base_limit, self._base_rate = self.limit, rate
+                    self._rebase(rate, side)
                 self._mode = "steady"
                 self._set(self._base_limit, now)
         elif self._mode == "probe_down":
             if base is None or rate >= KEEP_SHARE * base:
-                self._base_limit, self._base_rate = self.limit, rate
+                self._rebase(rate, side)
             self._mode = "steady"
             self._set(self._base_limit, now)
         else:
             self._steady += 1
-            self._base_rate = rate if base is None else 0.5 * (base + rate)
-            self._base_limit = self.limit
+            self._rebase(rate if base is None else 0.5 * (base + rate), side)
             if self._steady >= PROBE_EVERY:
                 self._probe(now)
         self._history.append(self.limit)
         self._restart(now)
+
+    def _rebase(self, rate: float, side: float) -> None:
+        """The current limit becomes the operating point, moving ``rate`` bytes/s with ``side`` of its answers indexes."""
+        self._base_limit, self._base_rate, self._base_side = self.limit, rate, side
 
     def _probe(self, now: float) -> None:
         self._steady = 0
@@ -263,4 +295,5 @@ class ConcurrencyController:
         self._begin = now + self.mean_get_s
         self._bytes = 0
         self._gets = 0
+        self._side = 0
         self._full = 0

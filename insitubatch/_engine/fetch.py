@@ -147,15 +147,19 @@ class Read:
         "fetcher",
         "first",
         "key",
+        "learn",
         "loop",
         "size_hint",
     )
 
-    def __init__(self, fetcher: Fetcher, key: str, byte_range: Any, size_hint: int | None, done: Done) -> None:
+    def __init__(
+        self, fetcher: Fetcher, key: str, byte_range: Any, size_hint: int | None, done: Done, learn: bool = True
+    ) -> None:
         self.fetcher = fetcher
         self.key = key
         self.byte_range = byte_range
         self.size_hint = size_hint
+        self.learn = learn
         self.done: Done | None = done
         self.loop = asyncio.get_running_loop()
         self.first = self.loop.time()
@@ -237,7 +241,7 @@ class Read:
         nbytes = 0 if answer is None else len(answer)
         counters.gets += 1
         counters.get_bytes += nbytes
-        fetcher.window.completed(nbytes, seconds)
+        fetcher.window.completed(nbytes, seconds, self.learn)
         if answer is not None and not isinstance(answer, Buffer):  # obstore's bytes, not copied
             answer = fetcher._prototype.buffer.from_bytes(memoryview(answer))
         self._finish(answer, None)  # (a zarr store's own get returns a Buffer, or None for a missing key)
@@ -287,20 +291,24 @@ class Fetcher:
         self.hedge = hedge
         self._prototype = default_buffer_prototype()
 
-    def start(self, key: str, byte_range: Any, size_hint: int | None, done: Done) -> Read:
+    def start(self, key: str, byte_range: Any, size_hint: int | None, done: Done, learn: bool = True) -> Read:
         """Begin reading ``key``; ``done(buffer_or_None, None)`` or ``done(None, error)`` is called once.
 
         ``byte_range`` is a zarr ``ByteRequest`` or None (the whole key);
         ``size_hint`` about how many bytes the answer holds (a large read
-        streams its body). The error, once the store's retry bounds are
+        streams its body); ``learn=False`` marks a read the ``max_inflight="auto"``
+        controller counts only as a place it held (a shard index: a round
+        trip for a few bytes). The error, once the store's retry bounds are
         spent, names the key and the attempts (``TimeoutError`` when no
         attempt got an answer). Call ``cancel()`` on the result to abandon it.
         """
         if size_hint is None and isinstance(byte_range, RangeByteRequest):
             size_hint = byte_range.end - byte_range.start
-        return Read(self, key, byte_range, size_hint, done)
+        return Read(self, key, byte_range, size_hint, done, learn)
 
-    async def get(self, key: str, byte_range: Any = None, size_hint: int | None = None) -> Buffer | None:
+    async def get(
+        self, key: str, byte_range: Any = None, size_hint: int | None = None, learn: bool = True
+    ) -> Buffer | None:
         """:meth:`start` as a coroutine: the bytes of ``key``, or None if it does not exist; raises the error."""
         outcome = asyncio.get_running_loop().create_future()
 
@@ -312,7 +320,7 @@ class Fetcher:
             else:
                 outcome.set_result(answer)
 
-        read = self.start(key, byte_range, size_hint, done)
+        read = self.start(key, byte_range, size_hint, done, learn)
         try:
             return await outcome
         except asyncio.CancelledError:

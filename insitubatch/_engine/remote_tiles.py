@@ -86,7 +86,7 @@ class _RemoteTiles:
         if not sharded or self._get_sync is not None or self.cache is not None:
             return
         wanted = plan_shards(self.plan, sharded, self._shards, self.first_block)
-        self._spawn(prefetch(self.shard_indexes, wanted, self._get_range, self.semaphore, INDEX_PREFETCH))
+        self._spawn(prefetch(self.shard_indexes, wanted, self._get_index, self.semaphore, INDEX_PREFETCH))
 
     def _first_block_waits(self) -> bool:
         """Whether the pass admits its second block only once its first block's reads have landed.
@@ -106,17 +106,23 @@ class _RemoteTiles:
             await asyncio.wait(started)
         self._gate = None
 
-    async def _get_range(self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None) -> Buffer | None:
+    async def _get_range(
+        self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None, learn: bool = True
+    ) -> Buffer | None:
         if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
-            return await self.fetcher.get(key, byte_range, size_hint)
+            return await self.fetcher.get(key, byte_range, size_hint, learn)
         return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
+
+    async def _get_index(self, key: str, byte_range: ByteRequest) -> Buffer | None:
+        """A shard index's bytes: a round trip for a few bytes, which the auto window does not learn from."""
+        return await self._get_range(key, byte_range, learn=False)
 
     async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> ChunkData | BadChunkError | None:
         """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range (``read_inner_chunk``)."""
         if not g.sharded_reads:
             return await self._get_range(key, None, g.tile_nbytes)
         stage, decoder = self._shards[g.path], self._decoders[g.path]
-        return await read_inner_chunk(self.shard_indexes, stage, decoder, coord, self._get_range)
+        return await read_inner_chunk(self.shard_indexes, stage, decoder, coord, self._get_range, self._get_index)
 
     async def _fetch_tile(self, want: Want) -> None:
         entry, reader, k = want.consumers[0]
@@ -186,7 +192,7 @@ class _RemoteTiles:
         # permits an earlier block's inner chunks wait for while their index comes
         ticket = min((w.ticket for w in wants if w.ticket is not None), default=None)
         try:  # (an index read is a read in flight like any other: the one that fetches it takes a permit)
-            index = await self.shard_indexes.read(key, self._shards[g.path], self._get_range, self.semaphore, ticket)
+            index = await self.shard_indexes.read(key, self._shards[g.path], self._get_index, self.semaphore, ticket)
         except asyncio.CancelledError:
             raise
         except _DecodeFailure as exc:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,8 +222,11 @@ async def read_inner_chunk(
     decoder: ChunkDecoder,
     coord: Any,
     get_range: Callable[[str, ByteRequest], Awaitable[Any]],
+    get_index: Callable[[str, ByteRequest], Awaitable[Any]] | None = None,
 ) -> ChunkData | BadChunkError | None:
     """Loop: the bytes of the inner chunk at tile ``coord`` (None: never written), after its shard's index.
+
+    ``get_index`` reads the index, if not with ``get_range``.
 
     Bytes found bad (a damaged index or entry, a short range) come back as
     the ``BadChunkError`` a decode job treats as a bad tile; a store failure
@@ -232,7 +235,7 @@ async def read_inner_chunk(
     stored, place = decoder.geometry.tile_key(coord)
     assert place is not None  # sharded reads place every tile in its shard
     try:
-        index = await indexes.read(stored, stage, get_range)
+        index = await indexes.read(stored, stage, get_index or get_range)
         span = None if index is None else index.span(place)
     except _DecodeFailure as exc:
         return decoder._bad(coord, str(exc))
@@ -246,14 +249,20 @@ async def read_inner_chunk(
 
 def shard_keys(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> list[str]:
     """The shard keys sample-axis chunks ``chunks`` (in this order) read for tiles ``tiles``, each once, in first use."""
+    keys: dict[str, None] = {}
+    for row in _shard_rows(g, tiles, chunks):
+        keys.update(dict.fromkeys(row))
+    return list(keys)
+
+
+def _shard_rows(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> Iterator[list[str]]:
+    """Per chunk of ``chunks``, the keys of the shards it reads for tiles ``tiles``."""
     axis = g.sample_axis
     per = [s // c for s, c in zip(g.stored_chunks, g.tile_chunks)]
     field = sorted({tuple(c // p for c, p in zip(g.tile_coord(t), per[:axis] + per[axis + 1 :])) for t in tiles})
-    keys: dict[str, None] = {}
-    for row in dict.fromkeys(int(c) // per[axis] for c in chunks):
-        for f in field:
-            keys.setdefault(g.chunk_key((*f[:axis], row, *f[axis:])))
-    return list(keys)
+    for c in chunks:
+        row = int(c) // per[axis]
+        yield [g.chunk_key((*f[:axis], row, *f[axis:])) for f in field]
 
 
 def plan_shards(
@@ -267,18 +276,23 @@ def plan_shards(
 
     ``readers`` are the sharded sources (by source), ``stages`` their shard
     stages (by array path); ``last_block=None`` runs to the plan's end.
+    First use is by block, then by source: a block's shards of every
+    source come before the next block's.
     """
     order = [
         i
         for i in np.argsort(plan.read_first, kind="stable").tolist()
         if plan.read_last[i] >= first_block and (last_block is None or plan.read_first[i] <= last_block)
     ]
-    wanted: dict[str, tuple[str, _ShardStage]] = {}
-    for source, r in readers.items():
-        chunks = [plan.reads[i][1] for i in order if plan.reads[i][0] == source]
-        for key in shard_keys(r.geometry, r.layout.tiles, chunks):
-            wanted.setdefault(key, (key, stages[r.geometry.path]))
-    return list(wanted.values())
+    wanted: dict[str, tuple[int, int, str, _ShardStage]] = {}
+    for s, (source, r) in enumerate(readers.items()):
+        mine = [i for i in order if plan.reads[i][0] == source]
+        rows = _shard_rows(r.geometry, r.layout.tiles, (plan.reads[i][1] for i in mine))
+        for i, keys in zip(mine, rows):
+            block = max(first_block, int(plan.read_first[i]))
+            for key in keys:
+                wanted.setdefault(key, (block, s, key, stages[r.geometry.path]))
+    return [(key, stage) for _, _, key, stage in sorted(wanted.values(), key=lambda w: w[:2])]
 
 
 async def prefetch(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 from collections.abc import Mapping
 
@@ -107,9 +108,10 @@ def _read_indexes(ctx: PassContext, head: EpochPlan, sharded: Mapping[str, Array
     ctx.track(counters)
     fetcher = Fetcher(client, permits, counters, hedge=ctx.hedge)
     sent = threading.Event()
+    get_index = functools.partial(fetcher.get, learn=False)  # a few bytes a round trip: the auto window ignores it
 
     async def read_all() -> None:
-        reads = asyncio.ensure_future(prefetch(ctx.shard_indexes, wanted, fetcher.get, permits, len(wanted)))
+        reads = asyncio.ensure_future(prefetch(ctx.shard_indexes, wanted, get_index, permits, len(wanted)))
         for _ in range(SEND_STEPS):
             await asyncio.sleep(0)
         sent.set()

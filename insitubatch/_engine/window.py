@@ -62,10 +62,16 @@ class ReadWindow:
         return WindowUser(self, int(cap))
 
     # -- what the fetcher reports (loop) ----------------------------------------------------------
-    def completed(self, nbytes: int, seconds: float) -> None:
-        """A GET under a permit finished: the controller learns from it, and a raised limit admits waiters."""
+    def completed(self, nbytes: int, seconds: float, learn: bool = True) -> None:
+        """A GET under a permit finished: the controller learns from it, and a raised limit admits waiters.
+
+        ``learn=False``: a read that only held a place (a shard index), which the controller discounts.
+        """
         controller = self.controller
         if controller is None:
+            return
+        if not learn:
+            controller.on_side(time.monotonic())
             return
         before = controller.limit
         controller.on_complete(time.monotonic(), nbytes, seconds, self.inflight >= before or bool(self._waiters))

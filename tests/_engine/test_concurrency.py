@@ -40,6 +40,7 @@ class Link:
     demand: float = math.inf  # reads the passes have ready at any time
     throttle: Callable[[float], bool] = lambda now: False
     noise: random.Random | None = None  # exponential extra delay (a heavy tail) when set
+    side: Callable[[float], float] = lambda now: 0.0  # share of reads that are shard indexes (a place, no bytes)
     now: float = 0.0
     inflight: int = 0
     max_inflight: int = 0
@@ -47,6 +48,7 @@ class Link:
     limits: list[tuple[float, int]] = field(default_factory=list)
     _heap: list[tuple[float, int, float]] = field(default_factory=list)
     _seq: int = 0
+    _indexes: int = 0  # index reads in flight
 
     def run_until(self, t_end: float) -> None:
         c = self.controller
@@ -55,15 +57,21 @@ class Link:
                 self.inflight += 1
                 self.max_inflight = max(self.max_inflight, self.inflight)
                 self._seq += 1
-                seconds = max(self.rtt_s, self.inflight * TILE / self.bandwidth)
+                index = (self._seq * GOLDEN * GOLDEN) % 1.0 < self.side(self.now)
+                seconds = max(self.rtt_s, (self.inflight - self._indexes) * TILE / self.bandwidth)
+                seconds = self.rtt_s if index else seconds
+                self._indexes += index
                 seconds *= 1 + JITTER * (self._seq * GOLDEN % 1.0)
                 if self.noise is not None:
                     seconds += self.noise.expovariate(1 / (0.25 * self.rtt_s))
-                heapq.heappush(self._heap, (self.now + seconds, self._seq, seconds))
-            self.now, _, seconds = heapq.heappop(self._heap)
+                heapq.heappush(self._heap, (self.now + seconds, -self._seq if index else self._seq, seconds))
+            self.now, seq, seconds = heapq.heappop(self._heap)
             full = self.inflight >= c.limit
             self.inflight -= 1
-            if self.throttle(self.now):
+            if seq < 0:
+                self._indexes -= 1
+                c.on_side(self.now)
+            elif self.throttle(self.now):
                 c.on_throttle(self.now)
             else:
                 c.on_complete(self.now, TILE, seconds, full)
@@ -206,3 +214,21 @@ def test_where_more_reads_buy_nothing_it_does_not_climb(seed: int, start: int) -
     link = Link(ConcurrencyController(cap=1024, start=start), bandwidth=small, noise=random.Random(seed))
     link.run_until(30.0)
     assert link.operating_point(15.0, 30.0) <= 3 * 16
+
+
+def test_shard_indexes_read_as_a_pass_starts_do_not_make_it_overshoot() -> None:
+    """A pass reads most of its shards' indexes as its read-ahead fills: the first intervals' answers are
+    largely indexes (a place in the window, no bytes), and fewer from one interval to the next. A limit
+    measured then looks slow; compared with the next, slow start would double past what the link needs."""
+    pipe = 64 * TILE / RTT_S  # full at 64 data reads in flight
+    falling = lambda now: 0.4 if now < 0.3 else 0.15 if now < 0.6 else 0.0  # noqa: E731
+    with_indexes = Link(ConcurrencyController(cap=1024, start=AUTO_START_REMOTE), bandwidth=pipe, side=falling)
+    plain = Link(ConcurrencyController(cap=1024, start=AUTO_START_REMOTE), bandwidth=pipe)
+    for link in (with_indexes, plain):
+        link.run_until(4.0)
+    assert max(with_indexes.limits_between(0.0, 4.0)) <= max(plain.limits_between(0.0, 4.0))
+    assert with_indexes.operating_point(1.0, 4.0) == plain.operating_point(1.0, 4.0)
+    # indexes at a steady share (a long pass reading new shards as it goes) leave it learning as before
+    steady = Link(ConcurrencyController(cap=1024, start=AUTO_START_REMOTE), bandwidth=pipe, side=lambda now: 0.12)
+    steady.run_until(8.0)
+    assert 64 <= steady.operating_point(4.0, 8.0) <= 1.5 * 64 / (1 - 0.12)
