@@ -328,6 +328,58 @@ def test_order_equals_the_chunk_by_chunk_order_and_its_first_blocks_alone(layout
     assert np.array_equal(head.order, order[: starts[: blocks + 1][-1]])
 
 
+def _reads_block_by_block(layout: Layout, order: np.ndarray, starts: np.ndarray, release: bool) -> tuple:
+    """Each block's reads the plain way: block by block, chunk by chunk, a dict of the reads so far."""
+    S = layout.manifest.sample_chunk_size
+    anchors = order[:, 0] * S + order[:, 1]
+    sources: dict[str, ArrayGeometry] = {}
+    for g in layout.variables.values():
+        sources.setdefault(g.source, g)
+    paths = {p: k for k, p in enumerate(dict.fromkeys(g.path for g in sources.values()))}
+    index: dict[tuple[str, int], int] = {}
+    reads, first, last, nbytes, block_reads = [], [], [], [], []
+    for b in range(len(starts) - 1):
+        wanted = set()
+        for s, (source, g) in enumerate(sources.items()):
+            offsets = {off for v in layout.variables.values() if v.source == source for off in v.read_offsets}
+            for a in anchors[starts[b] : starts[b + 1]].tolist():
+                wanted |= {(paths[g.path], (a + off) // g.sample_chunk_size, s, source) for off in offsets}
+        mine = []
+        for _, c, _, source in sorted(wanted):
+            i = index.get((source, c))
+            if i is None or (release and last[i] < b - 1):
+                i = index[(source, c)] = len(reads)
+                reads.append((source, c))
+                first.append(b)
+                nbytes.append(sources[source].chunk_len(c) * sources[source].sample_nbytes)
+                last.append(b)
+            last[i] = b
+            mine.append(i)
+        block_reads.append(tuple(mine))
+    return tuple(reads), first, last, nbytes, tuple(block_reads)
+
+
+@SETTINGS
+@given(layout=layouts(), release_per_block=st.booleans())
+def test_reads_equal_the_block_by_block_reads(layout: Layout, release_per_block: bool) -> None:
+    kw = dict(block_chunks=layout.block_chunks, shuffle=layout.shuffle, anchor_range=layout.anchor_range)
+    eo = epoch_order(layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, **kw)
+    plan = build_plan(
+        layout.manifest,
+        layout.variables,
+        eo.order,
+        eo.block_starts,
+        layout.batch_size,
+        release_per_block=release_per_block,
+    )
+    reads, first, last, nbytes, block_reads = _reads_block_by_block(
+        layout, eo.order, eo.block_starts, release_per_block
+    )
+    assert plan.reads == reads and plan.block_reads == block_reads
+    assert plan.read_first.tolist() == first and plan.read_last.tolist() == last
+    assert plan.read_nbytes.tolist() == nbytes
+
+
 # --- many ranks -------------------------------------------------------------------------
 
 

@@ -34,9 +34,10 @@ from .stats import PassCounters
 __all__ = ["Warmup", "warm_first_pass"]
 
 # The most reads (sample-axis chunks x sources) a pass may have for the dataset to plan it as it opens:
-# about 0.15 s of planning on the bench machine. A larger one takes seconds to plan, which would only
-# slow the opening of a dataset that does not start with that pass, for a round trip's gain.
-WARM_PLAN_READS = 50_000
+# about 0.13 s of planning on the bench machine. A larger one takes longer to plan (1.3 s at a million
+# reads), which would only slow the opening of a dataset that does not start with that pass, for a round
+# trip's gain.
+WARM_PLAN_READS = 150_000
 # how long closing a dataset waits for its warm-up's reads to be cancelled
 CLOSE_WAIT_S = 5.0
 # how long opening a dataset waits for the warm-up's GETs to go out (zarr's loop may be busy elsewhere)

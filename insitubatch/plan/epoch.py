@@ -10,6 +10,7 @@ one array) decode once. The plan also derives the memory floor
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -234,38 +235,9 @@ def build_plan(
         for source in sources
     }
     paths = {path: k for k, path in enumerate(dict.fromkeys(g.path for g in sources.values()))}
-    index: dict[ReadKey, int] = {}
-    reads: list[ReadKey] = []
-    first: list[int] = []
-    last: list[int] = []
-    nbytes: list[int] = []
-    block_reads: list[tuple[int, ...]] = []
-    for b in range(len(block_starts) - 1):
-        a = anchors[block_starts[b] : block_starts[b + 1]]
-        mine: list[int] = []
-        # (array, chunk, source): selections of one array chunk by chunk, so they share tile reads
-        wanted: list[tuple[int, int, int, str, ArrayGeometry]] = []
-        for order_of_source, (source, g) in enumerate(sources.items()):
-            chunk_ids = sorted_unique(
-                np.concatenate([(a + off) // g.sample_chunk_size for off in read_offsets[source]])
-            )
-            wanted.extend((paths[g.path], int(c), order_of_source, source, g) for c in chunk_ids.tolist())
-        for _, c, _, source, g in sorted(wanted, key=lambda w: w[:3]):
-            key = (source, c)
-            i = index.get(key)
-            if i is not None and release_per_block and last[i] < b - 1:
-                i = None  # not used by the previous block: release it and revive it later
-            if i is None:
-                i = len(reads)
-                index[key] = i
-                reads.append(key)
-                first.append(b)
-                last.append(b)
-                nbytes.append(g.chunk_len(c) * g.sample_nbytes)
-            else:
-                last[i] = b
-            mine.append(i)
-        block_reads.append(tuple(mine))
+    reads, first, last, nbytes, block_reads = _block_reads(
+        sources, read_offsets, paths, anchors, block_starts, release_per_block
+    )
     if not release_per_block and len(sources) > len(paths):
         reads, first, last, nbytes, block_reads = _read_chunks_together(
             reads, first, last, nbytes, block_reads, {s: (paths[g.path], k) for k, (s, g) in enumerate(sources.items())}
@@ -288,6 +260,87 @@ def build_plan(
     object.__setattr__(plan, "working_set_bytes", ws)
     object.__setattr__(plan, "read_ahead_bound", bound)
     return plan
+
+
+def _block_reads(
+    sources: Mapping[str, ArrayGeometry],
+    read_offsets: Mapping[str, list[int]],
+    paths: Mapping[str, int],
+    anchors: np.ndarray,
+    block_starts: np.ndarray,
+    release_per_block: bool,
+) -> tuple[list[ReadKey], list[int], list[int], list[int], list[tuple[int, ...]]]:
+    """Each block's reads, deduplicated: ``(reads, first block, last block, bytes, per block its read indices)``.
+
+    A block wants, per source, the chunks its anchors (at every read
+    offset) fall in, ordered by (array, chunk, source) so selections of one
+    array take its chunks side by side. A read serves every block from the
+    first that wants its chunk on (with ``release_per_block``, only an
+    unbroken run of blocks: a gap starts a new read); reads are numbered in
+    the order blocks first want them. Array operations throughout: an
+    epoch of a long archive has millions of reads.
+    """
+    n_blocks = len(block_starts) - 1
+    block_of_row = np.repeat(np.arange(n_blocks, dtype=np.int64), np.diff(block_starts))
+    columns: list[list[np.ndarray]] = [[], [], [], []]  # block, array, chunk, source: one entry per (block, read)
+    for s, (name, g) in enumerate(sources.items()):
+        size, n_chunks = g.sample_chunk_size, max(1, g.n_chunks)
+        chunks = np.concatenate([(anchors + off) // size for off in read_offsets[name]])
+        outside = (chunks < 0) | (chunks >= g.n_chunks)
+        if outside.any():
+            g.chunk_len(int(chunks[outside][0]))  # raises: names the chunk, the array and the valid range
+        wanted = sorted_unique(np.tile(block_of_row, len(read_offsets[name])) * n_chunks + chunks)
+        columns[0].append(wanted // n_chunks)
+        columns[1].append(np.full(wanted.shape, paths[g.path], dtype=np.int64))
+        columns[2].append(wanted % n_chunks)
+        columns[3].append(np.full(wanted.shape, s, dtype=np.int64))
+    block, array, chunk, source = (np.concatenate(c) if c else np.empty(0, np.int64) for c in columns)
+    spans = (max(1, len(paths)), int(chunk.max(initial=0)) + 1, len(sources))
+    stream = _sort_order((block, array, chunk, source), (n_blocks, *spans))  # by block, then array, chunk, source
+    block, chunk, source = block[stream], chunk[stream], source[stream]
+    # runs: a (source, chunk)'s blocks in order; a new run where the key changes or (released) a block is skipped
+    key = source * spans[1] + chunk
+    by_key = _sort_order((key, block), (len(sources) * spans[1], n_blocks))
+    k, b = key[by_key], block[by_key]
+    new_run = np.ones(len(k), dtype=bool)
+    np.not_equal(k[1:], k[:-1], out=new_run[1:])
+    if release_per_block:
+        new_run[1:] |= b[1:] - b[:-1] > 1
+    run_starts = np.flatnonzero(new_run)
+    run_of = np.empty(len(k), dtype=np.int64)
+    run_of[by_key] = np.cumsum(new_run) - 1
+    read_of_run = np.empty(len(run_starts), dtype=np.int64)  # numbered by the run's first entry in the stream
+    read_of_run[np.argsort(by_key[run_starts], kind="stable")] = np.arange(len(run_starts))
+    read_of = read_of_run[run_of]
+    first_of = np.empty(len(run_starts), dtype=np.int64)
+    last_of = np.empty(len(run_starts), dtype=np.int64)
+    first_of[read_of_run] = b[run_starts]
+    last_of[read_of_run] = b[np.append(run_starts[1:], len(k))[: len(run_starts)] - 1]
+    head = np.empty(len(run_starts), dtype=np.int64)  # each read's first entry in the stream
+    head[read_of_run] = by_key[run_starts]
+    read_source, read_chunk = source[head], chunk[head]
+    nbytes = np.zeros(len(head), dtype=np.int64)
+    for s, g in enumerate(sources.values()):
+        mine = read_source == s
+        size = g.sample_chunk_size
+        nbytes[mine] = np.minimum(size, g.n_samples - read_chunk[mine] * size) * g.sample_nbytes
+    names = np.empty(len(sources), dtype=object)
+    names[:] = list(sources)
+    reads = list(zip(names[read_source].tolist(), read_chunk.tolist()))
+    cuts = np.cumsum(np.bincount(block, minlength=n_blocks))[:-1]
+    block_reads = [tuple(part.tolist()) for part in np.split(read_of, cuts)] if n_blocks else []
+    return reads, first_of.tolist(), last_of.tolist(), nbytes.tolist(), block_reads
+
+
+def _sort_order(keys: tuple[np.ndarray, ...], spans: tuple[int, ...]) -> np.ndarray:
+    """The order sorting by ``keys`` (most significant first; each in ``[0, span)``): one int64 sort when they fit."""
+    if math.prod(spans) < 2**62:
+        packed = np.zeros(len(keys[0]), dtype=np.int64)
+        for key, span in zip(keys, spans):
+            packed *= span
+            packed += key
+        return np.argsort(packed, kind="stable")
+    return np.lexsort(keys[::-1])
 
 
 def _read_chunks_together(
