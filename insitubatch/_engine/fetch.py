@@ -92,7 +92,7 @@ class _Race:
     def _settle(self, answer: Any, seconds: float, hedge_won: bool, exc: BaseException | None) -> None:
         self.settled = True
         self.close()
-        self._read._raced(answer, seconds, hedge_won, exc)
+        self._read.step(self._read._raced, answer, seconds, hedge_won, exc)
 
     def _landed(self, request: asyncio.Future) -> None:
         if self.settled or request.cancelled():
@@ -185,6 +185,17 @@ class Read:
         if self._task is not None:
             self._task.cancel()
 
+    def step(self, work: Callable[..., None], *args: Any) -> None:
+        """Run ``work`` (a step of this read, called back on the loop); a fault in it fails the read.
+
+        Without this, an exception in a loop callback is only logged, and
+        whoever awaits the read waits forever.
+        """
+        try:
+            work(*args)
+        except Exception as exc:
+            self._finish(None, exc)
+
     def _finish(self, answer: Buffer | None, exc: BaseException | None) -> None:
         done, self.done = self.done, None
         if done is not None:
@@ -220,7 +231,7 @@ class Read:
             fetcher.link.latency.add(seconds)
             if self._large:
                 self._task = asyncio.ensure_future(_body(answer, self._stall_s))
-                self._task.add_done_callback(lambda task: self._streamed(task, seconds))
+                self._task.add_done_callback(lambda task: self.step(self._streamed, task, seconds))
                 return
             self._answer(answer, seconds)
         else:
@@ -275,7 +286,7 @@ class Read:
             self._finish(None, _give_up(self.key, self.attempt, elapsed, exc))
             return
         fetcher.counters.retries += 1
-        self._timer = self.loop.call_later(wait, self._try)
+        self._timer = self.loop.call_later(wait, self.step, self._try)
 
 
 class Fetcher:

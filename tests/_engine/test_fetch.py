@@ -248,3 +248,25 @@ def test_a_server_error_from_a_port_that_reads_416_is_retried_not_taken_for_an_e
         assert answers[0].to_bytes() == content(root, "d/k3")
         assert f.counters.retries == 2 and emu.stats().keys[f"{BUCKET}/d/k3"].gets == 3
         close_store(store)
+
+
+def test_a_fault_in_the_reads_own_bookkeeping_fails_the_read_instead_of_stranding_it(root: Path) -> None:
+    """A step of a read runs as a loop callback, where an exception is only logged: the read must fail with it."""
+    with Emulator(root, latency_s=0.0, jitter_s=0.0) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store)
+
+        class Broken(RuntimeError):
+            pass
+
+        def completed(*args, **kwargs) -> None:
+            raise Broken("the window's bookkeeping failed")
+
+        f.window.completed = completed  # type: ignore[method-assign]
+
+        async def main() -> None:
+            await asyncio.wait_for(f.get("d/k1"), timeout=10)
+
+        with pytest.raises(Broken):
+            asyncio.run(main())
+        close_store(store)
