@@ -35,6 +35,7 @@ body together, its stall time stretched by what the body takes at
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -82,12 +83,22 @@ class _Race:
         self._hedge_at = now + hedge_s
         self._stall_at = now + stall_s
         self._go()
-        self._timer = self.loop.call_at(min(self._hedge_at, self._stall_at), self._tick)
+        self._timer = self.loop.call_at(min(self._hedge_at, self._stall_at), self._safely, self._tick)
 
     def _go(self) -> None:
         request = self._launch()
         self._requests.append((request, self.loop.time()))
-        request.add_done_callback(self._landed)
+        request.add_done_callback(functools.partial(self._safely, self._landed))
+
+    def _safely(self, work: Callable[..., None], *args: Any) -> None:
+        """Run ``work`` (a loop callback of this race); a fault in it ends the race and fails the read."""
+        try:
+            work(*args)
+        except Exception as exc:
+            if not self.settled:
+                self.settled = True
+                self.close()
+            self._read._finish(None, exc)
 
     def _settle(self, answer: Any, seconds: float, hedge_won: bool, exc: BaseException | None) -> None:
         self.settled = True
@@ -121,7 +132,7 @@ class _Race:
             if len(self._requests) == 1 and fetcher.link.take_hedge(now):
                 fetcher.counters.hedged += 1
                 self._go()
-        self._timer = self.loop.call_at(min(self._hedge_at, self._stall_at), self._tick)
+        self._timer = self.loop.call_at(min(self._hedge_at, self._stall_at), self._safely, self._tick)
 
     def close(self) -> None:
         """Cancel the timer and every request still out (the loser, or all of a stalled attempt)."""

@@ -250,19 +250,24 @@ def test_a_server_error_from_a_port_that_reads_416_is_retried_not_taken_for_an_e
         close_store(store)
 
 
-def test_a_fault_in_the_reads_own_bookkeeping_fails_the_read_instead_of_stranding_it(root: Path) -> None:
+@pytest.mark.parametrize("where", ["answer", "hedge timer"])
+def test_a_fault_in_the_reads_own_bookkeeping_fails_the_read_instead_of_stranding_it(root: Path, where: str) -> None:
     """A step of a read runs as a loop callback, where an exception is only logged: the read must fail with it."""
-    with Emulator(root, latency_s=0.0, jitter_s=0.0) as emu:
+    with Emulator(root, latency_s=0.0 if where == "answer" else 1.0, jitter_s=0.0) as emu:
         store = http_store(emu)
         f = fetcher_for(store)
 
         class Broken(RuntimeError):
             pass
 
-        def completed(*args, **kwargs) -> None:
-            raise Broken("the window's bookkeeping failed")
+        def broken(*args, **kwargs) -> None:
+            raise Broken(f"the {where}'s bookkeeping failed")
 
-        f.window.completed = completed  # type: ignore[method-assign]
+        if where == "answer":
+            f.window.completed = broken  # type: ignore[method-assign]
+        else:  # the answer takes 1 s: the hedge timer, due at 50 ms, fires first
+            f.link.hedge_after = lambda: 0.05  # type: ignore[method-assign]
+            f.link.take_hedge = broken  # type: ignore[method-assign]
 
         async def main() -> None:
             await asyncio.wait_for(f.get("d/k1"), timeout=10)
