@@ -13,6 +13,7 @@ from zarr.errors import ZarrUserWarning
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine.remote_tiles import coalesce
+from insitubatch._engine.store_link import client_for
 from insitubatch.io.decode import shard_stage
 from insitubatch.testing.emulator import Emulator
 
@@ -123,9 +124,10 @@ def test_the_auto_window_learns_from_inner_chunks_and_only_counts_the_indexes(tm
     with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
         store = obstore_store(emu.url_for("s.zarr"), read_only=True)
         geoms = open_geometries(store, variables=["v"])
+        controller = client_for(store).link.controller
+        before = controller.side_reads  # (the dataset reads its first indexes as it opens)
         with InSituDataset(store, split_by_chunk(geoms["v"], fractions=(1.0,)), geoms, batch_size=5) as ds:
-            controller = ds.context.permits().window.controller
-            before = controller.side_reads
+            assert ds.context.permits().window.controller is controller
             for batch in ds.train:
                 np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
             indexes = ds.context.shard_indexes.gets

@@ -12,8 +12,9 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine import warm
+from insitubatch._engine.backends import _ObstoreBackend
+from insitubatch._engine.native_client import NativeBackend
 from insitubatch._engine.shard_index import plan_shards, shard_keys
-from insitubatch._engine.store_link import _ObstoreBackend
 from insitubatch.io.decode import shard_stage
 from insitubatch.plan.planner import EpochPlanner
 from insitubatch.testing.emulator import Emulator
@@ -80,17 +81,21 @@ def test_the_index_gets_are_sent_before_the_whole_pass_is_planned(tmp_path, monk
     _write(tmp_path / "a.zarr")
     sent: list[str] = []
     at_planning: list[int] = []
-    request, plan = _ObstoreBackend.request, EpochPlanner.plan
+    obstore_request, native_request, plan = _ObstoreBackend.request, NativeBackend.request, EpochPlanner.plan
 
-    def counted(self, key, byte_range=None):
-        sent.append(key)
-        return request(self, key, byte_range)
+    def counting(request):
+        def counted(self, key, byte_range=None):
+            sent.append(key)
+            return request(self, key, byte_range)
+
+        return counted
 
     def planned(self, split, epoch, history=()):
         at_planning.append(len(sent))
         return plan(self, split, epoch, history)
 
-    monkeypatch.setattr(_ObstoreBackend, "request", counted)
+    monkeypatch.setattr(_ObstoreBackend, "request", counting(obstore_request))
+    monkeypatch.setattr(NativeBackend, "request", counting(native_request))
     monkeypatch.setattr(EpochPlanner, "plan", planned)
     with Emulator(tmp_path, latency_s=0.5, jitter_s=0.0) as emu:
         store = obstore_store(emu.url_for("a.zarr"), read_only=True)

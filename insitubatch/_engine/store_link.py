@@ -15,36 +15,38 @@ store built from its own config with obstore's retries turned off, so
 that every throttling answer and every stalled attempt comes back to the
 engine's retry loop (``fetch``); a whole key is one ranged GET (``bytes=0-``
 far past any object), which obstore answers in one future instead of a
-header future and a body future. Any other store is read through its own
-``get``, which has already retried by its own rules.
+header future and a body future. Where ``native_client`` takes the store
+(plain HTTP(S), and S3 whose config names region, endpoint and keys), the
+engine sends the GETs itself instead, on the loop (``http_wire``), with the
+twin kept for bodies too large to take whole. Any other store is read
+through its own ``get``, which has already retried by its own rules. The
+backends are in ``backends``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import weakref
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 import obstore
 import obstore.store
-from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
-from zarr.buffer import default_buffer_prototype
+from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
 from ..plan.cost import AUTO_INFLIGHT_CEILING
+from .backends import _ObstoreBackend, _StoreBackend
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
+from .native_client import native_backend
 from .read_policy import ReadPolicy, policy_for
 from .window import ReadWindow
 
 __all__ = ["StoreClient", "StoreLink", "client_for"]
 
-# The end of a whole-key range GET: past any object, so the server sends all of it (RFC 9110 clamps it).
-WHOLE_OBJECT_END = 1 << 50
 # Hedging: a GET outstanding HEDGE_FACTOR x the recent p90 time (at least HEDGE_FLOOR_S, which keeps a
 # busy event loop's hiccups from looking like a slow store) gets one duplicate. Duplicates are paid from a
 # budget that grows by HEDGE_SHARE per GET, holds at most HEDGE_BURST, and is not spent in the
@@ -108,61 +110,6 @@ class StoreLink:
         self._quiet_until = now + HEDGE_QUIET_S
 
 
-class _ObstoreBackend:
-    """Requests straight to an obstore store (the retry-free twin): each is one asyncio future."""
-
-    def __init__(self, raw: Any, own_retries: bool = False) -> None:
-        self.raw = raw
-        self.own_retries = own_retries  # False: failures come back raw, and the engine's loop retries them
-
-    def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
-        """A future for ``key``'s bytes (an ``obstore.Bytes``), the whole object or ``byte_range`` of it."""
-        # obstore's stubs call these coroutines; they return the runtime's asyncio future (no task, no frame)
-        raw = self.raw
-        if byte_range is None:
-            return cast(asyncio.Future, obstore.get_range_async(raw, key, start=0, end=WHOLE_OBJECT_END))
-        if isinstance(byte_range, RangeByteRequest):
-            return cast(asyncio.Future, obstore.get_range_async(raw, key, start=byte_range.start, end=byte_range.end))
-        if isinstance(byte_range, OffsetByteRequest):
-            return cast(
-                asyncio.Future, obstore.get_range_async(raw, key, start=byte_range.offset, end=WHOLE_OBJECT_END)
-            )
-        if isinstance(byte_range, SuffixByteRequest):
-            return asyncio.ensure_future(self._suffix(key, byte_range.suffix))
-        raise TypeError(f"byte_range={byte_range!r} is not a zarr ByteRequest")
-
-    def whole(self, key: str) -> asyncio.Future:
-        """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
-        return asyncio.ensure_future(self._plain(key))
-
-    async def _plain(self, key: str) -> Any:
-        return await (await obstore.get_async(self.raw, key)).bytes_async()
-
-    async def _suffix(self, key: str, suffix: int) -> Any:
-        try:
-            result = await obstore.get_async(self.raw, key, options={"range": {"suffix": suffix}})
-            return await result.bytes_async()
-        except obstore.exceptions.NotSupportedError:  # Azure has no suffix ranges: the size first
-            size = (await obstore.head_async(self.raw, key))["size"]
-            return await obstore.get_range_async(self.raw, key, start=max(0, size - suffix), end=size)
-
-
-class _StoreBackend:
-    """Requests through a zarr store's own ``get`` (which retries by its own rules), each a task."""
-
-    own_retries = True
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._prototype = default_buffer_prototype()
-
-    def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
-        return asyncio.ensure_future(self.store.get(key, prototype=self._prototype, byte_range=byte_range))
-
-    def whole(self, key: str) -> asyncio.Future:
-        return self.request(key)
-
-
 class StoreClient:
     """One store's backend, retry bounds and link."""
 
@@ -170,6 +117,12 @@ class StoreClient:
         self.backend = backend
         self.policy = policy
         self.link = link
+
+    def close(self) -> None:
+        """Close what the backend keeps open (the engine's own connections); any thread, more than once."""
+        closer = getattr(self.backend, "close", None)
+        if closer is not None:
+            closer()
 
 
 _links: dict[str, StoreLink] = {}
@@ -218,7 +171,9 @@ def _build(store: Store) -> StoreClient:
             link = _links.get(name)
             if link is None:
                 link = _links[name] = StoreLink(name)
-        return StoreClient(_ObstoreBackend(twin, own_retries=twin is raw), policy, link)
+        native = native_backend(raw, twin) if twin is not raw else None
+        backend = native if native is not None else _ObstoreBackend(twin, own_retries=twin is raw)
+        return StoreClient(backend, policy, link)
     # any other store: its own get and retries; stalls and hedging still apply, with a link of its own
     return StoreClient(_StoreBackend(store), ReadPolicy(), StoreLink(f"store:{type(store).__name__}:{id(store)}"))
 
@@ -235,8 +190,11 @@ def client_for(store: Store) -> StoreClient:
     # the registry and its lock ride along as defaults: at interpreter exit the module's globals may be gone
     def forget(ref: weakref.ref[Store], key: int = key, clients: dict = _clients, lock: Any = _lock) -> None:
         with lock:
-            if key in clients and clients[key][0] is ref:
+            held = clients.get(key)
+            if held is not None and held[0] is ref:
                 del clients[key]
+        if held is not None and held[0] is ref:
+            held[1].close()
 
     with _lock:
         held = _clients.get(key)

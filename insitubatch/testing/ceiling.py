@@ -2,9 +2,9 @@
 
 A loader over a remote store cannot be faster than the store delivers its
 bytes. :func:`raw_get_ceiling` measures that bound in the same run as the
-loader: it replays a list of keys through the store's own client,
-``concurrency`` at a time, and only counts bytes — no decode, no copy, no
-Python per sample. The loader's samples/s over the ceiling's samples/s
+loader: it replays a list of keys through the client the engine reads the
+store with, ``concurrency`` at a time, and only counts bytes — no decode,
+no copy, no Python per sample. The loader's samples/s over the ceiling's samples/s
 (the same samples' GETs) is a ratio a throughput gate can pin without an
 absolute time, so it holds on a fast laptop and a loaded CI runner alike.
 
@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from .._engine.native_client import native_backend
 
 __all__ = ["GetCeiling", "raw_get_ceiling"]
 
@@ -76,9 +78,10 @@ async def _replay(
 def raw_get_ceiling(store: Any, keys: Sequence[str], concurrency: int, *, window_s: float | None = None) -> GetCeiling:
     """GET every key in ``keys`` (repeats included), ``concurrency`` at a time; return what it took.
 
-    ``store`` is a zarr ``ObjectStore`` (its obstore client is used
-    directly, in a private event loop) or any zarr ``Store`` (its ``get``,
-    on zarr's loop); keys are relative to it. With ``window_s`` the replay
+    ``store`` is a zarr ``ObjectStore`` (in a private event loop, the
+    client the engine reads it with: its own HTTP client where
+    ``_engine.native_client`` takes the store, obstore's otherwise) or any
+    zarr ``Store`` (its ``get``, on zarr's loop); keys are relative to it. With ``window_s`` the replay
     stops starting GETs after that many seconds (a time-boxed sweep), and
     ``gets`` counts those that ran.
 
@@ -94,7 +97,14 @@ def raw_get_ceiling(store: Any, keys: Sequence[str], concurrency: int, *, window
     t0 = time.perf_counter()
     deadline = None if window_s is None else t0 + window_s
     raw = _raw(store)
-    if raw is not None:
+    native = None if raw is None else native_backend(raw, raw)
+    if native is not None:  # the engine sends these GETs itself: the ceiling is its client's
+
+        async def get_native(key: str) -> int:
+            return len(await native.request(key))
+
+        done, nbytes = asyncio.run(_replay(get_native, keys, concurrency, deadline))
+    elif raw is not None:
         import obstore
 
         async def get_raw(key: str) -> int:

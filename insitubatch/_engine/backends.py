@@ -1,0 +1,76 @@
+"""How the engine sends one GET: straight to obstore, or through a zarr store's own ``get``.
+
+Each backend's ``request(key, byte_range)`` returns an asyncio future for
+the bytes; ``own_retries`` says whether failures come back raw (the engine's
+loop retries them) or already retried. ``native_client.NativeBackend``, the
+engine's own HTTP client, is a third.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import obstore
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.buffer import default_buffer_prototype
+
+__all__ = ["WHOLE_OBJECT_END"]
+
+# The end of a whole-key range GET: past any object, so the server sends all of it (RFC 9110 clamps it).
+WHOLE_OBJECT_END = 1 << 50
+
+
+class _ObstoreBackend:
+    """Requests straight to an obstore store (the retry-free twin): each is one asyncio future."""
+
+    def __init__(self, raw: Any, own_retries: bool = False) -> None:
+        self.raw = raw
+        self.own_retries = own_retries  # False: failures come back raw, and the engine's loop retries them
+
+    def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
+        """A future for ``key``'s bytes (an ``obstore.Bytes``), the whole object or ``byte_range`` of it."""
+        # obstore's stubs call these coroutines; they return the runtime's asyncio future (no task, no frame)
+        raw = self.raw
+        if byte_range is None:
+            return cast(asyncio.Future, obstore.get_range_async(raw, key, start=0, end=WHOLE_OBJECT_END))
+        if isinstance(byte_range, RangeByteRequest):
+            return cast(asyncio.Future, obstore.get_range_async(raw, key, start=byte_range.start, end=byte_range.end))
+        if isinstance(byte_range, OffsetByteRequest):
+            return cast(
+                asyncio.Future, obstore.get_range_async(raw, key, start=byte_range.offset, end=WHOLE_OBJECT_END)
+            )
+        if isinstance(byte_range, SuffixByteRequest):
+            return asyncio.ensure_future(self._suffix(key, byte_range.suffix))
+        raise TypeError(f"byte_range={byte_range!r} is not a zarr ByteRequest")
+
+    def whole(self, key: str) -> asyncio.Future:
+        """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
+        return asyncio.ensure_future(self._plain(key))
+
+    async def _plain(self, key: str) -> Any:
+        return await (await obstore.get_async(self.raw, key)).bytes_async()
+
+    async def _suffix(self, key: str, suffix: int) -> Any:
+        try:
+            result = await obstore.get_async(self.raw, key, options={"range": {"suffix": suffix}})
+            return await result.bytes_async()
+        except obstore.exceptions.NotSupportedError:  # Azure has no suffix ranges: the size first
+            size = (await obstore.head_async(self.raw, key))["size"]
+            return await obstore.get_range_async(self.raw, key, start=max(0, size - suffix), end=size)
+
+
+class _StoreBackend:
+    """Requests through a zarr store's own ``get`` (which retries by its own rules), each a task."""
+
+    own_retries = True
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._prototype = default_buffer_prototype()
+
+    def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
+        return asyncio.ensure_future(self.store.get(key, prototype=self._prototype, byte_range=byte_range))
+
+    def whole(self, key: str) -> asyncio.Future:
+        return self.request(key)
