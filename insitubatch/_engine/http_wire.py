@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import ipaddress
+import socket
 import ssl
 import weakref
 from typing import Any
@@ -33,6 +35,8 @@ HEAD_BYTES = 64 << 10
 FIRST_HEAD_BYTES = 8 << 10
 # Idle connections a pool keeps (more are closed as they come back).
 MAX_IDLE = 512
+# A host's addresses are looked up once per this many seconds, and new connections take them in turn.
+ADDRESS_TTL_S = 60.0
 # At exit, how long closing a pool's connections may wait for its loop.
 EXIT_WAIT_S = 1.0
 # How much of an error body the exception quotes.
@@ -173,7 +177,11 @@ class _Connection(asyncio.BufferedProtocol):
             name, _, value = line.partition(b":")
             name = name.strip().lower()
             if name == b"content-length":
-                length = int(value)
+                try:
+                    length = int(value)
+                except ValueError:
+                    self._fail(ConnectionError(f"{self.pool.origin} sent Content-Length {value[:40]!r}"))
+                    return
             elif name == b"transfer-encoding":
                 self._chunked = b"chunked" in value.lower()
             elif name == b"connection":
@@ -268,6 +276,10 @@ class HttpPool:
         self._idle: list[_Connection] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._keeper: asyncio.Task | None = None
+        self._lookup: asyncio.Future | None = None
+        self._literal = (host.strip("[]"), port) if _is_address(host) else None  # an IP needs no lookup
+        self._lookup_until = 0.0
+        self._turn = 0
         _pools.add(self)
 
     def get(self, request: bytes, target: str, trim: tuple[int, int] | None = None) -> asyncio.Future:
@@ -312,11 +324,41 @@ class HttpPool:
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
+        addresses = await self._addresses(loop)
         server_hostname = self.host if self.ssl is not None else None
-        _, connection = await loop.create_connection(
-            lambda: _Connection(self), self.host, self.port, ssl=self.ssl, server_hostname=server_hostname
-        )
-        return connection
+        self._turn += 1
+        error: OSError | None = None
+        for i in range(len(addresses)):  # in turn, from the next one; an address that refuses passes to the next
+            host, port = addresses[(self._turn + i) % len(addresses)]
+            try:
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self), host, port, ssl=self.ssl, server_hostname=server_hostname
+                )
+                return connection
+            except OSError as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    async def _addresses(self, loop: asyncio.AbstractEventLoop) -> list[tuple[str, int]]:
+        """The host's addresses: looked up once per ``ADDRESS_TTL_S``, not once per connection."""
+        if self._literal is not None:
+            return [self._literal]
+        lookup = self._lookup
+        if lookup is None or loop.time() > self._lookup_until or lookup.get_loop() is not loop or lookup.cancelled():
+            lookup = self._lookup = asyncio.ensure_future(
+                loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            )
+            self._lookup_until = loop.time() + ADDRESS_TTL_S
+        try:
+            infos = await asyncio.shield(lookup)
+        except Exception:
+            if self._lookup is lookup:
+                self._lookup = None  # the next connection asks again
+            raise
+        if not infos:
+            raise OSError(f"no address for {self.host!r}")
+        return [(str(info[4][0]), int(info[4][1])) for info in infos]
 
     def _connected(
         self, task: asyncio.Future, request: bytes, future: asyncio.Future, target: str, trim: tuple[int, int] | None
@@ -368,6 +410,14 @@ class HttpPool:
         if wait_s > 0:
             with contextlib.suppress(Exception):
                 done.result(wait_s)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 async def _ended(keeper: asyncio.Task) -> None:

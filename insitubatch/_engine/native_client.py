@@ -62,7 +62,8 @@ class NativeBackend(_ObstoreBackend):
         self.base = base.rstrip("/")
         self.signer = signer
         default_port = 443 if scheme == "https" else 80
-        self.host = host if port == default_port else f"{host}:{port}"
+        named = f"[{host}]" if ":" in host else host  # an IPv6 address, as a Host header writes it
+        self.host = named if port == default_port else f"{named}:{port}"
 
     def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
         """A future for ``key``'s bytes (a ``bytearray``), the whole object or ``byte_range`` of it."""

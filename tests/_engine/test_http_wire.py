@@ -360,3 +360,29 @@ def test_an_s3_bucket_is_read_by_the_engine_client(s3_server, s3_bucket) -> None
     assert [a.to_bytes() for a in answers] == list(blobs.values())
     assert ranged.to_bytes() == blobs["d/k3"][7:99] and missing is None
     close_store(store)
+
+
+def test_a_host_name_is_looked_up_once_for_many_new_connections(scripted, monkeypatch) -> None:
+    def script(conn: socket.socket, n: int) -> None:
+        while _read_request(conn):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        conn.close()
+
+    server = scripted(script)
+    lookups: list[str] = []
+    getaddrinfo = asyncio.base_events.BaseEventLoop.getaddrinfo
+
+    async def counted(self, host, *args, **kwargs):
+        lookups.append(host)
+        return await getaddrinfo(self, host, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "getaddrinfo", counted)
+    pool = HttpPool("http", "localhost", server.server_address[1])
+
+    async def main() -> list:
+        head = b"GET /x HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        return await asyncio.gather(*(pool.get(head, "/x", None) for _ in range(8)))
+
+    answers = asyncio.run(main())
+    assert [bytes(a) for a in answers] == [BODY] * 8
+    assert server.connections == 8 and lookups == ["localhost"]
