@@ -1,13 +1,13 @@
-"""The engine's own GETs for plain HTTP(S) stores and S3 buckets whose config says everything a request needs.
+"""The engine's own GETs for plain HTTP(S) stores and S3 buckets with static keys or none.
 
 :func:`native_backend` returns a backend that sends a store's GETs on the
 event loop (``http_wire``), for an obstore ``HTTPStore``, or an ``S3Store``
-anonymous (``skip_signature``) or with static keys, built with an explicit
-``region`` (and ``endpoint``, unless the environment names none). Anything
-else a request may depend on (a proxy, custom headers or certificates, a
-credential provider, keys or endpoints obstore would take from the
-environment) keeps the obstore client: ``None`` is returned. Bodies larger
-than ``fetch.STREAM_OVER_BYTES`` are still streamed through obstore.
+anonymous (``skip_signature``) or with static keys and a region, taken from
+its config or, as obstore takes them, from the ``AWS_*`` environment (the
+config first). Anything else a request may depend on (a proxy, custom
+headers or certificates, a credential provider or chain, a requester-pays
+or SSE-C setting) keeps the obstore client: ``None`` is returned. Bodies
+larger than ``fetch.STREAM_OVER_BYTES`` are still streamed through obstore.
 """
 
 from __future__ import annotations
@@ -43,6 +43,32 @@ _S3_KEYS = frozenset(
         "token",
         "skip_signature",
         "virtual_hosted_style_request",
+    }
+)
+# obstore's names of the S3 settings this client applies, each to one name.
+_S3_ALIASES = {
+    "access_key_id": "access_key_id",
+    "secret_access_key": "secret_access_key",
+    "session_token": "token",
+    "token": "token",
+    "region": "region",
+    "default_region": "region",
+    "endpoint": "endpoint",
+    "endpoint_url": "endpoint",
+    "skip_signature": "skip_signature",
+    "virtual_hosted_style_request": "virtual_hosted_style_request",
+    "bucket": "bucket",
+}
+# Environment obstore applies to a GET that this client does not: such a store keeps obstore's client.
+_AWS_NOT_APPLIED = frozenset(
+    {
+        "AWS_REQUEST_PAYER",
+        "AWS_SSE_CUSTOMER_KEY_BASE64",
+        "AWS_S3_EXPRESS",
+        "AWS_PROXY_URL",
+        "AWS_PROXY_CA_CERTIFICATE",
+        "AWS_PROXY_EXCLUDES",
+        "AWS_ALLOW_INVALID_CERTIFICATES",
     }
 )
 _PROXY_ENV = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
@@ -96,6 +122,37 @@ class NativeBackend(_ObstoreBackend):
         return self.pool.get(f"{head}\r\n".encode(), path, trim)
 
 
+def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, str] | None:
+    """What obstore's S3 store will use, from its config and the ``AWS_*`` environment it also reads.
+
+    The config wins over the environment. None when the config holds
+    anything else, the environment sets what a GET depends on and this
+    client does not apply (``_AWS_NOT_APPLIED``), or two environment names
+    of one setting disagree. ``options`` (the client options) gains ``allow_http`` from
+    ``AWS_ALLOW_HTTP``.
+    """
+    if not set(config) <= _S3_KEYS:
+        return None
+    settings = {_S3_ALIASES.get(k, k): str(v) for k, v in config.items()}
+    from_env: dict[str, str] = {}
+    for name, value in os.environ.items():
+        if not name.startswith("AWS_"):
+            continue
+        if name in _AWS_NOT_APPLIED:
+            return None
+        if name == "AWS_ALLOW_HTTP":
+            options.setdefault("allow_http", value)
+            continue
+        key = _S3_ALIASES.get(name[4:].lower())
+        if key is None:
+            continue  # what does not change a GET (write settings, credential sources: keys come first)
+        if from_env.setdefault(key, value) != value:
+            return None  # AWS_REGION and AWS_DEFAULT_REGION disagree, say: which one obstore takes is not defined
+    for key, value in from_env.items():
+        settings.setdefault(key, value)
+    return settings
+
+
 def _allowed(scheme: str, options: dict[str, Any]) -> bool:
     if not set(options) <= _HARMLESS_OPTIONS or any(os.environ.get(name) for name in _PROXY_ENV):
         return False
@@ -119,26 +176,22 @@ def native_backend(raw: Any, twin: Any) -> NativeBackend | None:
         return NativeBackend(twin, scheme, host, port, path, None)
     if not isinstance(raw, obstore.store.S3Store) or raw.credential_provider is not None:
         return None
-    config = {str(k): v for k, v in dict(raw.config or {}).items()}
-    if not set(config) <= _S3_KEYS or "region" not in config:
+    settings = _s3_settings({str(k): v for k, v in dict(raw.config or {}).items()}, options)
+    if settings is None or "region" not in settings:
         return None
-    env_decides = ("AWS_ENDPOINT", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST")
-    if "endpoint" not in config and any(os.environ.get(name) for name in env_decides):
-        return None
-    region, bucket = str(config["region"]), str(config["bucket"])
-    if _true(config.get("skip_signature", False)):
+    region, bucket = settings["region"], settings["bucket"]
+    if _true(settings.get("skip_signature", False)):
         signer = None
-    elif "access_key_id" in config and "secret_access_key" in config:
-        token = config.get("session_token", config.get("token"))
-        keys = str(config["access_key_id"]), str(config["secret_access_key"])
-        signer = SigV4(*keys, region, None if token is None else str(token))
+    elif "access_key_id" in settings and "secret_access_key" in settings:
+        keys = settings["access_key_id"], settings["secret_access_key"]
+        signer = SigV4(*keys, region, settings.get("token"))
     else:
-        return None  # keys from the environment, a profile or instance metadata: obstore's credential chain
-    endpoint = str(config.get("endpoint", f"https://s3.{region}.amazonaws.com"))
+        return None  # a profile, a role or instance metadata: obstore's credential chain
+    endpoint = settings.get("endpoint", f"https://s3.{region}.amazonaws.com")
     scheme, host, port, path = _split(endpoint)
     if not host or not _allowed(scheme, options):
         return None
-    if _true(config.get("virtual_hosted_style_request", False)):
+    if _true(settings.get("virtual_hosted_style_request", False)):
         host = f"{bucket}.{host}"
     else:
         path = f"{path.rstrip('/')}/{quote(bucket, safe='')}"

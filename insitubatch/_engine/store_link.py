@@ -16,7 +16,7 @@ that every throttling answer and every stalled attempt comes back to the
 engine's retry loop (``fetch``); a whole key is one ranged GET (``bytes=0-``
 far past any object), which obstore answers in one future instead of a
 header future and a body future. Where ``native_client`` takes the store
-(plain HTTP(S), and S3 whose config names region, endpoint and keys), the
+(plain HTTP(S), and S3 with static keys or none, and a region), the
 engine sends the GETs itself instead, on the loop (``http_wire``), with the
 twin kept for bodies too large to take whole. Any other store is read
 through its own ``get``, which has already retried by its own rules. The

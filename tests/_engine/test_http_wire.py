@@ -279,7 +279,15 @@ def test_a_cancelled_get_closes_its_connection(scripted) -> None:
     held.set()
 
 
+def _no_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("AWS_") or name.lower().endswith("_proxy"):
+            monkeypatch.delenv(name)
+
+
 def test_which_stores_the_engine_reads_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_aws_environment(monkeypatch)
+
     def backend(raw):
         return native_backend(raw, raw)
 
@@ -301,8 +309,79 @@ def test_which_stores_the_engine_reads_itself(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
     assert backend(keyed) is None  # a proxy: obstore's client knows how
     monkeypatch.delenv("HTTPS_PROXY")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    assert backend(keyed) is None
+    monkeypatch.setenv("AWS_REQUEST_PAYER", "true")
+    assert backend(keyed) is None  # a header this client does not send
+    monkeypatch.delenv("AWS_REQUEST_PAYER")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ENVKEY")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ENVSECRET")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "ENVTOKEN")
+    from_env = backend(obstore.store.S3Store("b", region="eu-west-1"))
+    assert isinstance(from_env, NativeBackend) and from_env.signer is not None
+    assert (from_env.signer.access_key_id, from_env.signer.token) == ("ENVKEY", "ENVTOKEN")
+    keyed_env = backend(keyed)
+    assert keyed_env is not None and keyed_env.signer is not None
+    assert (keyed_env.signer.access_key_id, keyed_env.signer.token) == ("AK", "ENVTOKEN")  # the config's key wins
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-2")
+    assert backend(obstore.store.S3Store("b")) is None  # which of the two obstore takes is not defined
+    monkeypatch.delenv("AWS_DEFAULT_REGION")
+    regional = backend(obstore.store.S3Store("b"))
+    assert regional is not None and regional.signer is not None and regional.signer.region == "us-west-2"
+
+
+def _captured_heads(script_heads: list[bytes]) -> Callable[[socket.socket, int], None]:
+    def script(conn: socket.socket, n: int) -> None:
+        while head := _read_request(conn):
+            script_heads.append(head)
+            conn.sendall(
+                b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/100\r\nContent-Length: 4\r\n\r\nbody"
+            )
+        conn.close()
+
+    return script
+
+
+def _request_of(head: bytes) -> tuple[str, str, str, str]:
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    credential = headers.get("authorization", "").split("Credential=")[-1].split(",")[0]
+    scope = credential.split("/", 1)[0] + "/" + "/".join(credential.split("/")[2:])  # the key and scope, not the day
+    return lines[0].split(" ")[1], headers["host"], scope, headers.get("x-amz-security-token", "")
+
+
+@pytest.mark.parametrize("from_env", [False, True])
+def test_s3_requests_go_where_and_as_whom_obstore_sends_them(scripted, monkeypatch, from_env: bool) -> None:
+    """obstore is the oracle: the same store, the same key, the same path, host, credential scope and token."""
+    _no_aws_environment(monkeypatch)
+    heads: list[bytes] = []
+    server = scripted(_captured_heads(heads))
+    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+    settings = {"access_key_id": "AKX", "secret_access_key": "SKX", "token": "TKX", "region": "ap-south-1"}
+    if from_env:
+        for name, value in (
+            ("AWS_ACCESS_KEY_ID", "AKX"),
+            ("AWS_SECRET_ACCESS_KEY", "SKX"),
+            ("AWS_SESSION_TOKEN", "TKX"),
+            ("AWS_DEFAULT_REGION", "ap-south-1"),
+            ("AWS_ENDPOINT_URL", endpoint),
+            ("AWS_ALLOW_HTTP", "true"),
+        ):
+            monkeypatch.setenv(name, value)
+        raw = obstore.store.S3Store("my-bkt", prefix="a b/pre")
+    else:
+        raw = obstore.store.S3Store(
+            "my-bkt", prefix="a b/pre", endpoint=endpoint, client_options={"allow_http": True}, **settings
+        )
+    obstore.get_range(raw, "d/k~1.0", start=0, end=4)
+    native = native_backend(raw, raw)
+    assert native is not None
+
+    async def ours() -> bytes:
+        return bytes(await native.request("d/k~1.0", RangeByteRequest(0, 4)))
+
+    assert asyncio.run(ours()) == b"body"
+    theirs, mine = (_request_of(h) for h in heads)
+    assert mine == theirs and theirs[2].startswith("AKX/ap-south-1/s3/aws4_request") and theirs[3] == "TKX"
 
 
 def test_large_reads_still_stream_through_obstore(root: Path) -> None:
