@@ -37,6 +37,7 @@ from insitubatch.io.geometry import ArrayGeometry
 from insitubatch.plan.dates import split_by_time
 from insitubatch.plan.distributed import rank_streams
 from insitubatch.plan.epoch import EpochPlan, build_plan, epoch_order, plan_epoch
+from insitubatch.plan.first_use import block_order
 from insitubatch.plan.splits import SplitManifest, split_by_chunk
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -378,6 +379,43 @@ def test_reads_equal_the_block_by_block_reads(layout: Layout, release_per_block:
     assert plan.reads == reads and plan.block_reads == block_reads
     assert plan.read_first.tolist() == first and plan.read_last.tolist() == last
     assert plan.read_nbytes.tolist() == nbytes
+
+
+@SETTINGS
+@given(layout=layouts(), data=st.data())
+def test_a_block_is_sent_first_batch_first_with_each_stored_chunks_reads_side_by_side(layout: Layout, data) -> None:
+    kw = dict(block_chunks=layout.block_chunks, shuffle=layout.shuffle, anchor_range=layout.anchor_range)
+    eo = epoch_order(layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, **kw)
+    plan = build_plan(layout.manifest, layout.variables, eo.order, eo.block_starts, layout.batch_size)
+    if plan.n_blocks == 0:
+        return
+    b = data.draw(st.integers(0, plan.n_blocks - 1))
+    sent = block_order(plan, b)
+    assert sorted(sent) == [int(i) for i in np.flatnonzero(plan.read_first == b)]  # the block's reads, each once
+    # the reference: row by row through the block, each read at the first row that needs it
+    lo, hi = int(plan.block_starts[b]), int(plan.block_starts[b + 1])
+    first_row: dict[tuple[str, int], int] = {}
+    for row in range(lo, hi):
+        a = int(plan.anchors[row])
+        for v in layout.variables.values():
+            for off in v.read_offsets:
+                first_row.setdefault((v.source, (a + off) // v.sample_chunk_size), row - lo)
+    per = {  # read chunks per stored chunk: a shard's inner chunks go out side by side, to share GETs
+        v.source: v.stored_chunks[v.sample_axis] // v.tile_chunks[v.sample_axis] if v.sharded_reads else 1
+        for v in layout.variables.values()
+    }
+    paths = {v.source: v.path for v in layout.variables.values()}
+    chunk_of = {i: (paths[plan.reads[i][0]], plan.reads[i][1] // per[plan.reads[i][0]]) for i in sent}
+    group_row: dict[tuple[str, int], int] = {}
+    for i in sent:
+        group_row[chunk_of[i]] = min(group_row.get(chunk_of[i], hi), first_row.get(plan.reads[i], hi))
+    ranks = [group_row[chunk_of[i]] for i in sent]
+    assert ranks == sorted(ranks)  # the first batch's chunks first, and so on
+    runs = [chunk_of[i] for k, i in enumerate(sent) if k == 0 or chunk_of[sent[k - 1]] != chunk_of[i]]
+    assert len(runs) == len(set(runs))  # one stored chunk's reads side by side
+    for k in range(1, len(sent)):  # and within it in plan order
+        if chunk_of[sent[k]] == chunk_of[sent[k - 1]]:
+            assert sent[k] > sent[k - 1]
 
 
 # --- many ranks -------------------------------------------------------------------------

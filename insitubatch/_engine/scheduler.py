@@ -42,7 +42,7 @@ from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .remote_tiles import _RemoteTiles
 from .revivals import _Revivals
-from .shard_index import ShardIndexes
+from .shard_index import ShardIndexes, admission_order
 from .tile_jobs import _TileJobs
 from .wants import Want, Wants
 from .window import WindowUser
@@ -252,9 +252,12 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         chunk: tuple[str, int] | None = None
         block = -1
         since_yield = 0
-        order = [
-            i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
-        ]
+        if self._gate is not None:  # a remote pass: its first block's GETs go out first batch first
+            order = admission_order(plan, self.first_block)
+        else:
+            order = [
+                i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
+            ]
         for at, i in enumerate(order):  # reads only batches before a resume point need are left out
             key = plan.reads[i]
             nbytes = int(plan.read_nbytes[i])

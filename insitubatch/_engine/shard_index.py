@@ -29,6 +29,7 @@ from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ..io.geometry import ArrayGeometry
 from ..plan.epoch import EpochPlan
+from ..plan.first_use import block_order
 from .reader import ArrayReader
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "ShardIndexes",
     "check_span",
     "index_request",
+    "admission_order",
     "plan_shards",
     "prefetch",
     "read_inner_chunk",
@@ -276,23 +278,39 @@ def plan_shards(
 
     ``readers`` are the sharded sources (by source), ``stages`` their shard
     stages (by array path); ``last_block=None`` runs to the plan's end.
-    First use is by block, then by source: a block's shards of every
-    source come before the next block's.
+    First use is by block, then by the order the pass admits the block's
+    reads (:func:`admission_order`): a block's shards of every source come
+    before the next block's, and the first block's in its first batch's
+    order.
     """
-    order = [
-        i
-        for i in np.argsort(plan.read_first, kind="stable").tolist()
-        if plan.read_last[i] >= first_block and (last_block is None or plan.read_first[i] <= last_block)
-    ]
+    order = admission_order(plan, first_block)
+    if last_block is not None:
+        order = [i for i in order if plan.read_first[i] <= last_block]
+    position = {i: at for at, i in enumerate(order)}
     wanted: dict[str, tuple[int, int, str, _ShardStage]] = {}
-    for s, (source, r) in enumerate(readers.items()):
+    for source, r in readers.items():
         mine = [i for i in order if plan.reads[i][0] == source]
         rows = _shard_rows(r.geometry, r.layout.tiles, (plan.reads[i][1] for i in mine))
         for i, keys in zip(mine, rows):
             block = max(first_block, int(plan.read_first[i]))
             for key in keys:
-                wanted.setdefault(key, (block, s, key, stages[r.geometry.path]))
+                wanted.setdefault(key, (block, position[i], key, stages[r.geometry.path]))
     return [(key, stage) for _, _, key, stage in sorted(wanted.values(), key=lambda w: w[:2])]
+
+
+def admission_order(plan: EpochPlan, first_block: int) -> list[int]:
+    """The reads a pass from ``first_block`` admits, in the order it admits them.
+
+    By block; the first block's by the first of its rows each serves
+    (``plan.first_use.block_order``), so the first batch's reads go out first;
+    later blocks' in plan order.
+    """
+    order = [i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= first_block]
+    if not order:
+        return order
+    head = int(plan.read_first[order[0]])
+    n = next((at for at, i in enumerate(order) if plan.read_first[i] != head), len(order))
+    return [i for i in block_order(plan, head) if plan.read_last[i] >= first_block] + order[n:]
 
 
 async def prefetch(

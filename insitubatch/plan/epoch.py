@@ -76,6 +76,9 @@ class EpochPlan:
     working_set_bytes: int
     read_ahead_bound: int
     padded: np.ndarray | None = None  # rows repeated to even out ranks (distributed "pad" policy)
+    # per source: its array path, sample chunk size, the offsets its labels read at (a row to its chunks),
+    # and its read chunks per stored chunk along the sample axis (a sharded array's inner chunks per shard)
+    source_reads: Mapping[str, tuple[str, int, tuple[int, ...], int]] | None = None
 
     @property
     def n_samples(self) -> int:
@@ -255,11 +258,22 @@ def build_plan(
         working_set_bytes=0,
         read_ahead_bound=0,
         padded=padded,
+        source_reads={
+            name: (g.path, g.sample_chunk_size, tuple(read_offsets[name]), _per_stored_chunk(g))
+            for name, g in sources.items()
+        },
     )
     ws, bound = _peak_live(plan)
     object.__setattr__(plan, "working_set_bytes", ws)
     object.__setattr__(plan, "read_ahead_bound", bound)
     return plan
+
+
+def _per_stored_chunk(g: ArrayGeometry) -> int:
+    """Read chunks per stored chunk along the sample axis: a sharded array's inner chunks per shard, else 1."""
+    if not g.sharded_reads:
+        return 1
+    return max(1, g.stored_chunks[g.sample_axis] // g.tile_chunks[g.sample_axis])
 
 
 def _block_reads(

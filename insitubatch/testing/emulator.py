@@ -42,7 +42,8 @@ sockets and real HTTP:
       closes), then a close — a client timeout shorter than ``stall_s`` fires.
 
 Counters are exact: every request is counted on arrival, every body byte as
-it is written, per key (the URL path without its leading ``/``). Read them
+it goes out (before the write returns, so a client that has read a body
+sees it counted), per key (the URL path without its leading ``/``). Read them
 with :meth:`Emulator.stats`, zero them with :meth:`Emulator.reset_stats`.
 
 Run from a shell, ``python -m insitubatch.testing.emulator ROOT`` (or
@@ -367,23 +368,27 @@ class Emulator:
             raise _ClientGone from exc
 
     def _write(self, h: _Handler, key: str, body: bytes, bandwidth: float | None) -> None:
+        # bytes are counted as they go out, before the write returns: a client may have read them (and its
+        # test read the counters) before this thread runs again; a write that fails takes its count back
         view = memoryview(body)
+        piece = view
         try:
             if bandwidth is None:
-                h.wfile.write(view)
                 self._counters.sent(key, len(view))
+                h.wfile.write(view)
                 return
             t0 = time.monotonic()
             sent = 0
             for off in range(0, len(view), PACE_SLICE_BYTES):
                 piece = view[off : off + PACE_SLICE_BYTES]
+                self._counters.sent(key, len(piece))
                 h.wfile.write(piece)
                 sent += len(piece)
-                self._counters.sent(key, len(piece))
                 delay = t0 + sent / bandwidth - time.monotonic()
                 if delay > 0 and self._closing.wait(delay):
                     raise _ClientGone
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            self._counters.sent(key, -len(piece))
             raise _ClientGone from exc
 
     def _control(self, h: _Handler, method: str, action: str) -> None:
