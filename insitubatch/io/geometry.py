@@ -84,6 +84,13 @@ class ArrayGeometry(Labelled):
         """Whether tiles are inner chunks of shards, each fetched by byte range after the shard's index."""
         return self.tile_chunks != self.stored_chunks
 
+    @property
+    def reads_per_stored_chunk(self) -> int:
+        """Read chunks per stored chunk along the sample axis: a sharded array's inner chunks per shard, else 1."""
+        if not self.sharded_reads:
+            return 1
+        return max(1, self.stored_chunks[self.sample_axis] // self.tile_chunks[self.sample_axis])
+
     @functools.cached_property
     def sample_chunk_size(self) -> int:
         """Samples per tile along the sample axis: the chunk grid splits, blocks and the pool work in."""

@@ -259,7 +259,7 @@ def build_plan(
         read_ahead_bound=0,
         padded=padded,
         source_reads={
-            name: (g.path, g.sample_chunk_size, tuple(read_offsets[name]), _per_stored_chunk(g))
+            name: (g.path, g.sample_chunk_size, tuple(read_offsets[name]), g.reads_per_stored_chunk)
             for name, g in sources.items()
         },
     )
@@ -267,13 +267,6 @@ def build_plan(
     object.__setattr__(plan, "working_set_bytes", ws)
     object.__setattr__(plan, "read_ahead_bound", bound)
     return plan
-
-
-def _per_stored_chunk(g: ArrayGeometry) -> int:
-    """Read chunks per stored chunk along the sample axis: a sharded array's inner chunks per shard, else 1."""
-    if not g.sharded_reads:
-        return 1
-    return max(1, g.stored_chunks[g.sample_axis] // g.tile_chunks[g.sample_axis])
 
 
 def _block_reads(
