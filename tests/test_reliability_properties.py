@@ -37,7 +37,7 @@ from insitubatch.io.geometry import ArrayGeometry
 from insitubatch.plan.dates import split_by_time
 from insitubatch.plan.distributed import rank_streams
 from insitubatch.plan.epoch import EpochPlan, build_plan, epoch_order, plan_epoch
-from insitubatch.plan.first_use import block_order
+from insitubatch.plan.first_use import admission_order
 from insitubatch.plan.splits import SplitManifest, split_by_chunk
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -382,17 +382,30 @@ def test_reads_equal_the_block_by_block_reads(layout: Layout, release_per_block:
 
 
 @SETTINGS
-@given(layout=layouts(), data=st.data())
-def test_a_block_is_sent_first_batch_first_with_each_stored_chunks_reads_side_by_side(layout: Layout, data) -> None:
+@given(layout=layouts(), release_per_block=st.booleans(), data=st.data())
+def test_a_pass_sends_its_first_batch_first_with_each_stored_chunks_reads_side_by_side(
+    layout: Layout, release_per_block: bool, data
+) -> None:
     kw = dict(block_chunks=layout.block_chunks, shuffle=layout.shuffle, anchor_range=layout.anchor_range)
     eo = epoch_order(layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, **kw)
-    plan = build_plan(layout.manifest, layout.variables, eo.order, eo.block_starts, layout.batch_size)
+    plan = build_plan(
+        layout.manifest,
+        layout.variables,
+        eo.order,
+        eo.block_starts,
+        layout.batch_size,
+        release_per_block=release_per_block,
+    )
     if plan.n_blocks == 0:
         return
-    b = data.draw(st.integers(0, plan.n_blocks - 1))
-    sent = block_order(plan, b)
-    assert sorted(sent) == [int(i) for i in np.flatnonzero(plan.read_first == b)]  # the block's reads, each once
-    # the reference: row by row through the block, each read at the first row that needs it
+    b = data.draw(st.integers(0, plan.n_blocks - 1), label="first block (a resumed pass when > 0)")
+    sent = admission_order(plan, b)
+    later = [i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_first[i] > b]
+    held = sorted(int(i) for i in np.flatnonzero((plan.read_first <= b) & (plan.read_last >= b)))
+    head = sent[: len(held)]
+    assert sorted(head) == held  # the reads block b holds, each once, first
+    assert sent[len(held) :] == later  # then later blocks' in plan order; reads only earlier blocks use left out
+    # the reference: row by row through block b, each read at the first row that needs it
     lo, hi = int(plan.block_starts[b]), int(plan.block_starts[b + 1])
     first_row: dict[tuple[str, int], int] = {}
     for row in range(lo, hi):
@@ -405,17 +418,17 @@ def test_a_block_is_sent_first_batch_first_with_each_stored_chunks_reads_side_by
         for v in layout.variables.values()
     }
     paths = {v.source: v.path for v in layout.variables.values()}
-    chunk_of = {i: (paths[plan.reads[i][0]], plan.reads[i][1] // per[plan.reads[i][0]]) for i in sent}
+    chunk_of = {i: (paths[plan.reads[i][0]], plan.reads[i][1] // per[plan.reads[i][0]]) for i in head}
     group_row: dict[tuple[str, int], int] = {}
-    for i in sent:
+    for i in head:
         group_row[chunk_of[i]] = min(group_row.get(chunk_of[i], hi), first_row.get(plan.reads[i], hi))
-    ranks = [group_row[chunk_of[i]] for i in sent]
+    ranks = [group_row[chunk_of[i]] for i in head]
     assert ranks == sorted(ranks)  # the first batch's chunks first, and so on
-    runs = [chunk_of[i] for k, i in enumerate(sent) if k == 0 or chunk_of[sent[k - 1]] != chunk_of[i]]
+    runs = [chunk_of[i] for k, i in enumerate(head) if k == 0 or chunk_of[head[k - 1]] != chunk_of[i]]
     assert len(runs) == len(set(runs))  # one stored chunk's reads side by side
-    for k in range(1, len(sent)):  # and within it in plan order
-        if chunk_of[sent[k]] == chunk_of[sent[k - 1]]:
-            assert sent[k] > sent[k - 1]
+    for k in range(1, len(head)):  # and within it in plan order
+        if chunk_of[head[k]] == chunk_of[head[k - 1]]:
+            assert head[k] > head[k - 1]
 
 
 # --- many ranks -------------------------------------------------------------------------

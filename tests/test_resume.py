@@ -9,7 +9,8 @@ import pytest
 import zarr
 from helpers import CountingStore, local_store
 
-from insitubatch import InSituDataset, open_geometries, split_by_chunk
+from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch.testing.emulator import Emulator
 
 
 @pytest.fixture
@@ -55,6 +56,42 @@ def test_resume_after_k_batches_yields_the_tail_and_rereads_nothing_consumed(pat
     fetched = {(p, int(key.split("/")[2])) for key in store.chunk_gets() for p in ["x"] if key.startswith("x/")}
     assert fetched <= needed
     assert len(fetched) == len(needed)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["chunks", "shards"])
+def test_a_resumed_remote_pass_equals_zarr_and_reads_only_what_its_tail_needs(tmp_path, sharded) -> None:
+    # a remote pass sends the reads its first block holds first: on a resumed pass, some were first used earlier
+    data = np.random.default_rng(3).random((96, 3, 4), dtype="f4")
+    root = zarr.open_group(tmp_path / "r.zarr", mode="w")
+    layout = {"shards": (16, 3, 4), "chunks": (4, 3, 4)} if sharded else {"chunks": (4, 3, 4)}
+    root.create_array("x", shape=data.shape, dtype="f4", dimension_names=("time", "a", "b"), **layout)[:] = data
+    with Emulator(tmp_path, latency_s=0.002, jitter_s=0.0) as emu:
+        store = obstore_store(emu.url_for("r.zarr"), read_only=True)
+        g = open_geometries(store, variables=["x"])["x"]
+        kw = dict(batch_size=4, block_chunks=2, seed=5)
+        manifest = split_by_chunk(g, fractions=(1.0,))
+        with InSituDataset(store, manifest, {"x": g, "y": g.shift(2)}, **kw) as first:
+            it = iter(first.train)
+            for _ in range(9):
+                next(it)
+            state = first.train.state_dict()
+            it.close()
+        with InSituDataset(store, manifest, {"x": g, "y": g.shift(2)}, **kw) as second:
+            second.train.load_state_dict(state)
+            emu.reset_stats()
+            tail = list(second.train)
+            plan = second.plan("train", 0)
+            gets = {k: s.gets for k, s in emu.stats().keys.items() if k.startswith("r.zarr/x/c/")}
+    assert [b.sample_indices.tolist() for b in tail] == [
+        plan.anchors[slice(*plan.batch_rows(k))].tolist() for k in range(9, plan.n_batches)
+    ]
+    for b in tail:
+        np.testing.assert_array_equal(b.arrays["x"], data[b.sample_indices])
+        np.testing.assert_array_equal(b.arrays["y"], data[b.sample_indices + 2])
+    b0 = int(np.searchsorted(plan.block_starts, plan.batch_rows(9)[0], side="right")) - 1
+    per = 4 if sharded else 1  # read chunks per stored object
+    needed = {int(plan.reads[i][1]) // per for i in range(len(plan.reads)) if plan.read_last[i] >= b0}
+    assert {int(k.rsplit("/", 3)[1]) for k in gets} == needed  # no object only the consumed batches used
 
 
 def test_loading_a_foreign_state_names_the_mismatch(path) -> None:

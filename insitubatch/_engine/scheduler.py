@@ -34,6 +34,7 @@ from ..cache import DiskCache
 from ..io.decode import make_decoder, shard_stage
 from ..io.sync_get import _LocalFiles, _sync_get
 from ..plan.epoch import EpochPlan
+from ..plan.first_use import admission_order
 from .fetch import Fetcher
 from .landings import _Landings, _release
 from .local_groups import LocalGroups, kernel_kind
@@ -42,7 +43,7 @@ from .pool import PENDING, ChunkPool, Entry, Owner
 from .reader import ArrayReader, BadChunkRecord
 from .remote_tiles import _RemoteTiles
 from .revivals import _Revivals
-from .shard_index import ShardIndexes, admission_order
+from .shard_index import ShardIndexes
 from .tile_jobs import _TileJobs
 from .wants import Want, Wants
 from .window import WindowUser

@@ -29,7 +29,7 @@ from ..io.decode import ChunkDecoder
 from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ..io.geometry import ArrayGeometry
 from ..plan.epoch import EpochPlan
-from ..plan.first_use import block_order
+from ..plan.first_use import admission_order
 from .reader import ArrayReader
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "ShardIndexes",
     "check_span",
     "index_request",
-    "admission_order",
     "plan_shards",
     "prefetch",
     "read_inner_chunk",
@@ -279,7 +278,7 @@ def plan_shards(
     ``readers`` are the sharded sources (by source), ``stages`` their shard
     stages (by array path); ``last_block=None`` runs to the plan's end.
     First use is by block, then by the order the pass admits the block's
-    reads (:func:`admission_order`): a block's shards of every source come
+    reads (``plan.first_use.admission_order``): a block's shards of every source come
     before the next block's, and the first block's in its first batch's
     order.
     """
@@ -296,21 +295,6 @@ def plan_shards(
             for key in keys:
                 wanted.setdefault(key, (block, position[i], key, stages[r.geometry.path]))
     return [(key, stage) for _, _, key, stage in sorted(wanted.values(), key=lambda w: w[:2])]
-
-
-def admission_order(plan: EpochPlan, first_block: int) -> list[int]:
-    """The reads a pass from ``first_block`` admits, in the order it admits them.
-
-    By block; the first block's by the first of its rows each serves
-    (``plan.first_use.block_order``), so the first batch's reads go out first;
-    later blocks' in plan order.
-    """
-    order = [i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= first_block]
-    if not order:
-        return order
-    head = int(plan.read_first[order[0]])
-    n = next((at for at, i in enumerate(order) if plan.read_first[i] != head), len(order))
-    return [i for i in block_order(plan, head) if plan.read_last[i] >= first_block] + order[n:]
 
 
 async def prefetch(

@@ -1,16 +1,31 @@
-"""Which of a block's reads its first batches need first: the order a remote pass sends them in."""
+"""Which reads a pass's first batches need first: the order a remote pass sends them in."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from .epoch import EpochPlan
 
-__all__ = ["block_order"]
+__all__ = ["admission_order", "block_order"]
 
 
-def block_order(plan: EpochPlan, block: int) -> list[int]:
-    """The reads first admitted for ``block``, by the first of its rows each serves: the first batch's first.
+def admission_order(plan: EpochPlan, first_block: int) -> list[int]:
+    """The reads a pass from ``first_block`` admits, in the order it admits them.
+
+    By block; the reads ``first_block`` holds (its own, and on a resumed
+    pass those it shares with earlier blocks) by the first of its rows
+    each serves (:func:`block_order`), so the first batch's go out first;
+    later blocks' in plan order. Reads only earlier blocks use are left out.
+    """
+    order = [i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= first_block]
+    n = int(np.searchsorted(plan.read_first[order], first_block, side="right")) if order else 0
+    return block_order(plan, first_block, order[:n]) + order[n:]
+
+
+def block_order(plan: EpochPlan, block: int, reads: Sequence[int] | None = None) -> list[int]:
+    """``reads`` (by default those first used by ``block``) by the first of ``block``'s rows each serves.
 
     A remote pass sends its first block's GETs at once, and a server
     answers them about in the order they came; in plan order (by array
@@ -19,9 +34,9 @@ def block_order(plan: EpochPlan, block: int) -> list[int]:
     earliest of them: an array chunk's selections share tile reads, and a
     shard's adjacent inner chunks are read in one GET when they go out
     together. Reads no row of the block uses (admitted early with a
-    sibling) follow in plan order.
+    sibling, or held over it) follow in plan order.
     """
-    mine = [int(i) for i in np.flatnonzero(plan.read_first == block)]
+    mine = sorted(int(i) for i in (np.flatnonzero(plan.read_first == block) if reads is None else reads))
     if plan.source_reads is None or not mine:
         return mine
     lo, hi = int(plan.block_starts[block]), int(plan.block_starts[block + 1])
@@ -33,13 +48,14 @@ def block_order(plan: EpochPlan, block: int) -> list[int]:
             for chunk, row in zip(chunks.tolist(), rows.tolist()):
                 if first_row.get((source, chunk), hi - lo) > row:
                     first_row[(source, chunk)] = row
-    rank = [first_row.get(plan.reads[i], hi - lo) for i in mine]
     sources = plan.source_reads
-    chunk = [(sources[plan.reads[i][0]][0], plan.reads[i][1] // sources[plan.reads[i][0]][3]) for i in mine]
-    for k in range(len(mine) - 1, 0, -1):  # a run of one stored chunk's reads takes the run's minimum
-        if chunk[k] == chunk[k - 1]:
-            rank[k - 1] = min(rank[k - 1], rank[k])
-    for k in range(1, len(mine)):
-        if chunk[k] == chunk[k - 1]:
-            rank[k] = rank[k - 1]
-    return [mine[k] for k in sorted(range(len(mine)), key=rank.__getitem__)]
+    group_rank: dict[tuple[str, int], tuple[int, int]] = {}  # a stored chunk's: (earliest row, first in plan order)
+    groups = []
+    for k, i in enumerate(mine):
+        source, chunk = plan.reads[i]
+        group = (sources[source][0], chunk // sources[source][3])
+        row = first_row.get((source, chunk), hi - lo)
+        rank = group_rank.get(group)
+        group_rank[group] = (row, k) if rank is None else (min(rank[0], row), rank[1])
+        groups.append(group)
+    return [mine[k] for k in sorted(range(len(mine)), key=lambda k: (*group_rank[groups[k]], k))]
