@@ -255,6 +255,16 @@ def _shares_pending(second, first) -> bool:
     return any(s is not None and s.state == "pending" and s.fetcher == fetcher for s in second.driver.entries)
 
 
+def _wait_fetching(state) -> None:
+    """Wait until pass ``state`` has a fetch of its own in flight (it admits its next block on the loop)."""
+    deadline = time.monotonic() + FILL_DEADLINE_S
+    while not _shares_pending(state, state):
+        assert time.monotonic() < deadline, (
+            f"the first pass never fetched: {[(s.state, s.fetcher) if s else None for s in state.driver.entries]}"
+        )
+        time.sleep(0.002)
+
+
 def _wait_shared(second, first) -> None:
     """Wait until iterator ``second`` pins a chunk that the pass ``first`` (an iterator or its state) fetches."""
     first = getattr(first, "_state", first)
@@ -289,12 +299,27 @@ def _finish(it, ds, data, expected: list[int]) -> None:
     assert sorted(seen) == sorted(expected)
 
 
+# more than the train split's reads in one pass
+_PERMITS_FOR_EVERY_READ = 64
+
+
 def _slow_ds(path, max_inflight: int = 2, **kw) -> InSituDataset:
     store = CountingStore(local_store(path), latency_s=ABANDON_STORE_S)
     g = open_geometries(store)["t2m"]
     manifest = split_by_chunk(g, fractions=(0.7, 0.15, 0.15))
     # blocks of several batches: a pass that yielded its first batch still fetches its next block
     return InSituDataset(store, manifest, batch_size=4, block_chunks=4, max_inflight=max_inflight, **kw)
+
+
+def _first_block_keys(ds) -> frozenset[str]:
+    """Store keys of the reads the first block of this epoch's train pass holds."""
+    plan = ds.train.plan()
+    keys = set()
+    for i in plan.block_reads[0]:
+        source, chunk = plan.reads[i]
+        g = ds.readers[source].geometry
+        keys.update(g.tile_key(g.physical_chunk_coord(chunk, t))[0] for t in range(g.tiles_per_chunk))
+    return frozenset(keys)
 
 
 def _abandon_first(ds, how: str):
@@ -305,10 +330,14 @@ def _abandon_first(ds, how: str):
     """
     store = ds.store
     if how == "break":
+        # the first block's GETs pass and every later one parks, so the first pass is certainly still
+        # fetching its next block when the second starts, and the second can read the first block again
+        # (the first may have dropped what its first batch alone used)
+        assert len(ds.train.plan().reads) < _PERMITS_FOR_EVERY_READ
+        store.hold(allow=_first_block_keys(ds))
         for _ in ds.train:  # the loop's iterator dies with this frame after the break
-            # the first batch is here; the next block (more GETs than max_inflight) is still being read
-            store.hold()
             first = ds.train._pass()
+            _wait_fetching(first)  # its next block, parked
             second = iter(ds.train)
             _wait_shared(second, first)
             del first
@@ -334,9 +363,9 @@ def _abandon_first(ds, how: str):
 def test_abandoning_a_pass_never_hangs_one_that_shares_its_fetches(local, tmp_path, how, cache) -> None:
     path, data = local
     kw = {"cache_dir": tmp_path / "cache", "persist": True} if cache else {}
-    # "break" parks every GET but the first block's while that block is read: permits for the whole
-    # read-ahead window, so a later block's parked GETs never hold every permit
-    with _slow_ds(path, **kw) as ds:
+    # "break" parks every GET but the first block's from the start: permits for every read of the pass,
+    # so a later block's parked GETs never hold one the first block needs
+    with _slow_ds(path, max_inflight=_PERMITS_FOR_EVERY_READ if how == "break" else 2, **kw) as ds:
         second = _abandon_first(ds, how)
         _finish(second, ds, data, ds.train.plan().anchors.tolist())
 
