@@ -19,9 +19,10 @@ def admission_order(plan: EpochPlan, first_block: int) -> list[int]:
     each serves (:func:`block_order`), so the first batch's go out first;
     later blocks' in plan order. Reads only earlier blocks use are left out.
     """
-    order = [i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= first_block]
-    n = int(np.searchsorted(plan.read_first[order], first_block, side="right")) if order else 0
-    return block_order(plan, first_block, order[:n]) + order[n:]
+    order = np.argsort(plan.read_first, kind="stable")
+    order = order[plan.read_last[order] >= first_block]
+    n = int(np.searchsorted(plan.read_first[order], first_block, side="right"))
+    return block_order(plan, first_block, order[:n].tolist()) + order[n:].tolist()
 
 
 def block_order(plan: EpochPlan, block: int, reads: Sequence[int] | None = None) -> list[int]:
