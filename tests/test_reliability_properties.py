@@ -216,22 +216,10 @@ def _simulate(plan: EpochPlan) -> int:
     return peak
 
 
-# --- single rank ----------------------------------------------------------------------
-
-
-@SETTINGS
-@given(layout=layouts(), release_per_block=st.booleans())
-def test_single_rank_plan_invariants(layout: Layout, release_per_block: bool) -> None:
-    eo = epoch_order(
-        layout.manifest,
-        layout.split,
-        layout.variables,
-        block_chunks=layout.block_chunks,
-        shuffle=layout.shuffle,
-        seed=layout.seed,
-        epoch=layout.epoch,
-        anchor_range=layout.anchor_range,
-    )
+def _epoch_plan(layout: Layout, release_per_block: bool):
+    """The layout's epoch order and the plan built from it."""
+    kw = dict(block_chunks=layout.block_chunks, shuffle=layout.shuffle, anchor_range=layout.anchor_range)
+    eo = epoch_order(layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, **kw)
     plan = build_plan(
         layout.manifest,
         layout.variables,
@@ -240,6 +228,16 @@ def test_single_rank_plan_invariants(layout: Layout, release_per_block: bool) ->
         layout.batch_size,
         release_per_block=release_per_block,
     )
+    return eo, plan
+
+
+# --- single rank ----------------------------------------------------------------------
+
+
+@SETTINGS
+@given(layout=layouts(), release_per_block=st.booleans())
+def test_single_rank_plan_invariants(layout: Layout, release_per_block: bool) -> None:
+    eo, plan = _epoch_plan(layout, release_per_block)
     # sample-once
     anchors = plan.anchors.tolist()
     assert sorted(anchors) == _valid_anchors(layout)
@@ -363,16 +361,7 @@ def _reads_block_by_block(layout: Layout, order: np.ndarray, starts: np.ndarray,
 @SETTINGS
 @given(layout=layouts(), release_per_block=st.booleans())
 def test_reads_equal_the_block_by_block_reads(layout: Layout, release_per_block: bool) -> None:
-    kw = dict(block_chunks=layout.block_chunks, shuffle=layout.shuffle, anchor_range=layout.anchor_range)
-    eo = epoch_order(layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, **kw)
-    plan = build_plan(
-        layout.manifest,
-        layout.variables,
-        eo.order,
-        eo.block_starts,
-        layout.batch_size,
-        release_per_block=release_per_block,
-    )
+    eo, plan = _epoch_plan(layout, release_per_block)
     reads, first, last, nbytes, block_reads = _reads_block_by_block(
         layout, eo.order, eo.block_starts, release_per_block
     )
@@ -386,16 +375,7 @@ def test_reads_equal_the_block_by_block_reads(layout: Layout, release_per_block:
 def test_a_pass_sends_its_first_batch_first_with_each_stored_chunks_reads_side_by_side(
     layout: Layout, release_per_block: bool, data
 ) -> None:
-    kw = dict(block_chunks=layout.block_chunks, shuffle=layout.shuffle, anchor_range=layout.anchor_range)
-    eo = epoch_order(layout.manifest, layout.split, layout.variables, seed=layout.seed, epoch=layout.epoch, **kw)
-    plan = build_plan(
-        layout.manifest,
-        layout.variables,
-        eo.order,
-        eo.block_starts,
-        layout.batch_size,
-        release_per_block=release_per_block,
-    )
+    _, plan = _epoch_plan(layout, release_per_block)
     if plan.n_blocks == 0:
         return
     b = data.draw(st.integers(0, plan.n_blocks - 1), label="first block (a resumed pass when > 0)")
