@@ -5,7 +5,7 @@ any order) or one position (a dropped axis). ``select_rows`` copies every row
 of ``src`` through per-axis byte-offset tables into ``dest``, which is
 C-contiguous ``(rows, *kept extents)``. Runs along the last axis whose
 offsets advance by one element are one ``memcpy``; anything else is copied
-element by element. Raw entry point: ``insitubatch._engine.kernels.select_block``
+element by element. Raw entry point: ``insitubatch._engine.tiles.kernels.select_block``
 validates the tables with the GIL held; this only copies, without it.
 """
 

@@ -1,6 +1,6 @@
 """Read a group of local chunk files and decompress each straight into its tile, GIL released once.
 
-Raw entry point; ``insitubatch._engine.kernels.read_decode_group`` binds the
+Raw entry point; ``insitubatch._engine.tiles.kernels.read_decode_group`` binds the
 codec and shapes the arguments. A decode thread of a local store otherwise
 gives up and takes back the GIL five times per tile (open, fstat, read, close,
 decode); on small tiles that hand-over, not the codec, set the pace.

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from insitubatch._engine.kernels import assemble_tiles, coalesce_runs, gather
+from insitubatch._engine.tiles.kernels import assemble_tiles, coalesce_runs, gather
 from insitubatch.cache.tilefile import create_tile_file, write_tile
 
 

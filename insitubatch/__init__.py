@@ -21,7 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         f"(underlying error: {exc})"
     ) from exc
 
-from ._engine.batch import Batch
+from ._engine.passes.batch import Batch
 from ._engine.stats import PassStats
 from .dataset import InSituDataset
 from .errors import (

@@ -4,7 +4,7 @@ The dataset resolves the variables and builds, once, what every pass
 shares: a ``PassContext`` (readers, the ``ChunkPool`` and its disk cache,
 batch buffers, the decode pool, the read permits, the epoch's counters) and
 an ``EpochPlanner``. Views (``views.py``) read only those two to plan and
-start passes (``_engine/prefetch.py``).
+start passes (``_engine/passes/producer.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._engine.buffers import BufferPool
-from ._engine.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, concurrency_report
 from ._engine.loop import decode_pool
-from ._engine.pool import ChunkPool
-from ._engine.reader import ArrayReader, BadChunkRecord
-from ._engine.warm import warm_first_pass
+from ._engine.passes.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, concurrency_report
+from ._engine.passes.warm import warm_first_pass
+from ._engine.pool.buffers import BufferPool
+from ._engine.pool.chunk_pool import ChunkPool
+from ._engine.reads.reader import ArrayReader, BadChunkRecord
 from ._validate import callables, flag, positive_int, positive_int_or_auto
 from .cache import OnCorrupt
 from .cache.fingerprint import array_fingerprints

@@ -13,9 +13,9 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ._engine.batch import Batch
-from ._engine.context import PassContext
-from ._engine.prefetch import PassIterator, _PassState
+from ._engine.passes.batch import Batch
+from ._engine.passes.context import PassContext
+from ._engine.passes.producer import PassIterator, _PassState
 from ._engine.stats import PassStats
 from ._validate import positive_int
 from .io.geometry import ArrayGeometry

@@ -9,9 +9,9 @@ import pytest
 import zarr
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
-from insitubatch._engine.fetch import Fetcher
-from insitubatch._engine.remote_tiles import _RemoteTiles
-from insitubatch._engine.shard_index import shard_keys
+from insitubatch._engine.reads.fetch import Fetcher
+from insitubatch._engine.reads.shard_index import shard_keys
+from insitubatch._engine.tiles.remote_tiles import _RemoteTiles
 from insitubatch.testing.emulator import Emulator
 
 SHAPE = (40, 10, 12)

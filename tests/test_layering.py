@@ -29,6 +29,8 @@ LAYERS: dict[str, int] = {
     "transforms": 3,
     "cache": 3,
     "write": 3,
+    # the engine's own HTTP/S3 client and obstore's, between a key and its bytes: stands on io alone
+    "_wire": 3,
     "_engine": 4,
     "dataset": 5,
     "views": 5,
@@ -38,6 +40,11 @@ LAYERS: dict[str, int] = {
     "__init__": 7,  # the public facade re-exports every layer
     "__main__": 7,  # `python -m insitubatch`: the command line
 }
+# The engine's rooms, lowest first: a module of one room imports its own room's modules or a lower room's.
+# ``loop`` and ``stats`` (the executors and the counters) sit under every room.
+ENGINE_ROOMS: dict[str, int] = {"loop": 0, "stats": 0, "reads": 1, "pool": 1, "tiles": 2, "passes": 3}
+# a folder past this many modules is split into subpackages (its rooms)
+MAX_MODULES_PER_FOLDER = 25
 # a new module should fit in a reader's head; these predate the rule and are split as they are next touched
 MAX_LINES = 450
 # modules over the limit, kept until split (the set may only shrink: none left)
@@ -105,6 +112,32 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     )
 
 
+def engine_room(module: str) -> str | None:
+    """The room of an ``_engine`` module (``insitubatch._engine.reads.fetch`` -> ``reads``), else None."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] != "_engine":
+        return None
+    if parts[2] not in ENGINE_ROOMS:
+        raise KeyError(f"{module} is in no engine room: add {parts[2]!r} to ENGINE_ROOMS in tests/test_layering.py")
+    return parts[2]
+
+
+def room_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between engine rooms that go up a floor, or sideways between two rooms on one floor."""
+    found = []
+    for src, dsts in graph.items():
+        here = engine_room(src)
+        if here is None:
+            continue
+        for dst in dsts:
+            there = engine_room(dst)
+            if there is None or there == here:
+                continue
+            if ENGINE_ROOMS[there] >= ENGINE_ROOMS[here]:
+                found.append(f"{src} (room {here}) imports {dst} (room {there})")
+    return sorted(found)
+
+
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
@@ -156,11 +189,31 @@ def test_no_import_cycles() -> None:
     assert import_cycles(module_graph(ROOT)) == []
 
 
+def test_engine_rooms_import_only_lower_rooms() -> None:
+    assert room_violations(module_graph(ROOT)) == []
+
+
+def test_every_engine_room_says_what_it_holds() -> None:
+    for room in ENGINE_ROOMS:
+        init = ROOT / "_engine" / room / "__init__.py"
+        if init.exists():
+            doc = ast.get_docstring(ast.parse(init.read_text()))
+            assert doc and "\n" not in doc.strip(), f"{init} needs a one-line docstring saying what the room holds"
+
+
+def test_no_folder_holds_more_modules_than_a_reader_can_scan() -> None:
+    counts = {
+        folder.relative_to(ROOT.parent).as_posix(): sum(1 for p in folder.glob("*.py") if p.name != "__init__.py")
+        for folder in [ROOT, *(d for d in ROOT.rglob("*") if d.is_dir() and (d / "__init__.py").exists())]
+    }
+    assert {folder: n for folder, n in counts.items() if n > MAX_MODULES_PER_FOLDER} == {}
+
+
 def test_dataset_views_and_passes_do_not_reach_back() -> None:
     """Passes and views read the engine context; neither imports the dataset that built it."""
     graph = module_graph(ROOT)
     assert f"{PACKAGE}.dataset" not in graph[f"{PACKAGE}.views"]
-    assert f"{PACKAGE}.dataset" not in graph[f"{PACKAGE}._engine.prefetch"]
+    assert f"{PACKAGE}.dataset" not in graph[f"{PACKAGE}._engine.passes.producer"]
 
 
 def test_no_module_over_the_size_limit() -> None:
@@ -236,6 +289,26 @@ def test_checker_accepts_downward_imports(tmp_path: Path) -> None:
     graph = module_graph(pkg)
     assert graph[f"{PACKAGE}.dataset"] == {f"{PACKAGE}.io.geometry", f"{PACKAGE}.errors"}
     assert upward_imports(graph) == [] and import_cycles(graph) == []
+
+
+def test_checker_catches_an_engine_room_reaching_up(tmp_path: Path) -> None:
+    pkg = _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "_engine/__init__.py": "",
+            "_engine/reads/__init__.py": "",
+            "_engine/reads/fetch.py": "from ..passes.driver import PassDriver\n",
+            "_engine/pool/__init__.py": "",
+            "_engine/pool/chunk_pool.py": "from ..reads import fetch\n",
+            "_engine/passes/__init__.py": "",
+            "_engine/passes/driver.py": "from ..reads.fetch import Fetcher\n",
+        },
+    )
+    assert room_violations(module_graph(pkg)) == [
+        f"{PACKAGE}._engine.pool.chunk_pool (room pool) imports {PACKAGE}._engine.reads.fetch (room reads)",
+        f"{PACKAGE}._engine.reads.fetch (room reads) imports {PACKAGE}._engine.passes.driver (room passes)",
+    ]
 
 
 def test_a_folder_in_no_layer_is_named(tmp_path: Path) -> None:

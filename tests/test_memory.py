@@ -16,7 +16,7 @@ import zarr
 from helpers import EvictionWatch, assert_batch_matches, local_store, smooth_field, write_array
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
-from insitubatch._engine.pool import READY, ChunkPool
+from insitubatch._engine.pool.chunk_pool import READY, ChunkPool
 
 N = 512
 FIELD = (64, 96)

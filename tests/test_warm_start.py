@@ -11,10 +11,10 @@ import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
-from insitubatch._engine import warm
-from insitubatch._engine.backends import _ObstoreBackend
-from insitubatch._engine.native_client import NativeBackend
-from insitubatch._engine.shard_index import plan_shards, shard_keys
+from insitubatch._engine.passes import warm
+from insitubatch._engine.reads.shard_index import plan_shards, shard_keys
+from insitubatch._wire.backends import _ObstoreBackend
+from insitubatch._wire.engine_client import NativeBackend
 from insitubatch.io.decode import shard_stage
 from insitubatch.plan.planner import EpochPlanner
 from insitubatch.testing.emulator import Emulator

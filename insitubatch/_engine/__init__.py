@@ -1,1 +1,1 @@
-"""The private engine: one pass's fetch scheduler, chunk pool, gather kernels, batch buffers and producer thread, all reading a ``PassContext``."""
+"""The engine's rooms: reads (a key in, its bytes out), pool (what is resident), tiles (bytes to resident tiles), passes (one pass from plan to batches)."""

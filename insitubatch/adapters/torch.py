@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._engine.batch import Batch
+from .._engine.passes.batch import Batch
 from ..views import DatasetView, InferView
 
 __all__ = ["TorchView", "as_torch", "to_torch"]

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._engine.native_client import native_backend
+from .._wire.engine_client import native_backend
 
 __all__ = ["GetCeiling", "raw_get_ceiling"]
 
@@ -80,7 +80,7 @@ def raw_get_ceiling(store: Any, keys: Sequence[str], concurrency: int, *, window
 
     ``store`` is a zarr ``ObjectStore`` (in a private event loop, the
     client the engine reads it with: its own HTTP client where
-    ``_engine.native_client`` takes the store, obstore's otherwise) or any
+    ``_wire.engine_client`` takes the store, obstore's otherwise) or any
     zarr ``Store`` (its ``get``, on zarr's loop); keys are relative to it. With ``window_s`` the replay
     stops starting GETs after that many seconds (a time-boxed sweep), and
     ``gets`` counts those that ran.

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from insitubatch._engine.concurrency import AUTO_START, AUTO_START_REMOTE, PROBE_DOWN, PROBE_UP, ConcurrencyController
+from insitubatch._engine.reads.concurrency import (
+    AUTO_START,
+    AUTO_START_REMOTE,
+    PROBE_DOWN,
+    PROBE_UP,
+    ConcurrencyController,
+)
 
 TILE = 65_536
 RTT_S = 0.04

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from insitubatch._engine.fetch import Fetcher
+from insitubatch._engine.reads.fetch import Fetcher
+from insitubatch._engine.reads.store_link import HEDGE_BURST, HEDGE_FLOOR_S, HEDGE_SHARE, STALL_FLOOR_S, client_for
+from insitubatch._engine.reads.window import ReadWindow
 from insitubatch._engine.stats import PassCounters
-from insitubatch._engine.store_link import HEDGE_BURST, HEDGE_FLOOR_S, HEDGE_SHARE, STALL_FLOOR_S, client_for
-from insitubatch._engine.window import ReadWindow
 from insitubatch.io.owned import close_store
 from insitubatch.io.stores import obstore_store
 from insitubatch.testing.emulator import Emulator

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from insitubatch._engine import kernels
-from insitubatch._engine.kernels import assemble_tiles, fill_region, place_tile
+from insitubatch._engine.tiles import kernels
+from insitubatch._engine.tiles.kernels import assemble_tiles, fill_region, place_tile
 
 DTYPES = ["u1", "i2", "<f4", ">f8", "c8", "bool", "M8[s]"]
 

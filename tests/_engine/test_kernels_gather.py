@@ -8,8 +8,8 @@ import zlib
 import numpy as np
 import pytest
 
-from insitubatch._engine import kernels
-from insitubatch._engine.kernels import coalesce_runs, gather
+from insitubatch._engine.tiles import kernels
+from insitubatch._engine.tiles.kernels import coalesce_runs, gather
 from insitubatch._ext import gather as _gather
 
 DTYPES = ["u1", "i2", "<f4", ">f8", "c16", "bool", "M8[s]", "S3", [("a", "u1"), ("b", "<f4")]]

@@ -16,7 +16,7 @@ from zarr.errors import ZarrUserWarning
 
 import insitubatch._ext.tilegroup as tilegroup
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
-from insitubatch._engine.local_groups import LocalGroups, decode_buffer
+from insitubatch._engine.tiles.local_groups import LocalGroups, decode_buffer
 from insitubatch.errors import BadChunkError
 
 SHAPE = (26, 9, 14)
@@ -152,8 +152,10 @@ def test_an_edge_tile_is_the_leading_block_of_its_chunk(tmp_path: Path) -> None:
 def test_a_file_larger_than_the_scratch_buffer_is_read_the_general_way(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "a.zarr"
     data = _write(path, "v3-blosc")
-    monkeypatch.setattr("insitubatch._engine.local_groups._SCRATCH_MIN_EXTRA", 0)
-    monkeypatch.setattr("insitubatch._engine.local_groups._SCRATCH_SLACK", -0.9)  # a buffer too small for any file
+    monkeypatch.setattr("insitubatch._engine.tiles.local_groups._SCRATCH_MIN_EXTRA", 0)
+    monkeypatch.setattr(
+        "insitubatch._engine.tiles.local_groups._SCRATCH_SLACK", -0.9
+    )  # a buffer too small for any file
     counting = _Counting(monkeypatch)
     batches, variables, _ = _read_all(path)
     for _, batch in batches:
@@ -227,7 +229,7 @@ def test_the_kernel_refuses_what_does_not_declare_the_tiles_size(tmp_path: Path)
 @pytest.mark.parametrize("codec", ["v3-zstd", "v3-blosc", "v2-blosc-lz4"])
 def test_network_tiles_decode_through_the_kernel_and_match_zarr(emulator, codec: str, monkeypatch) -> None:
     """Bytes from an HTTP store: the same kernel decodes them (edges clipped), bad ones go the general way."""
-    import insitubatch._engine.tile_jobs as tile_jobs
+    import insitubatch._engine.tiles.tile_jobs as tile_jobs
 
     path = emulator.root / "a.zarr"
     data = _write(path, codec)

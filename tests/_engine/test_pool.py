@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from insitubatch._engine.pool import FAILED, PENDING, READY, ChunkPool
+from insitubatch._engine.pool.chunk_pool import FAILED, PENDING, READY, ChunkPool
 from insitubatch.errors import InSituError
 
 TILE = np.zeros(4, dtype=np.float32)

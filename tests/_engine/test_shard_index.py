@@ -12,8 +12,8 @@ from zarr.buffer import default_buffer_prototype
 from zarr.codecs import BytesCodec, ShardingCodec
 
 from insitubatch import open_geometries
-from insitubatch._engine.shard_index import ShardIndexes, prefetch
-from insitubatch._engine.window import ReadWindow
+from insitubatch._engine.reads.shard_index import ShardIndexes, prefetch
+from insitubatch._engine.reads.window import ReadWindow
 from insitubatch.io.decode import shard_stage
 
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from insitubatch._engine.concurrency import ConcurrencyController
-from insitubatch._engine.window import ReadWindow
+from insitubatch._engine.reads.concurrency import ConcurrencyController
+from insitubatch._engine.reads.window import ReadWindow
 
 
 def run(coro):

@@ -212,7 +212,7 @@ def test_register_cuda_true_needs_cuda() -> None:
 
 
 def test_a_pool_buffer_is_a_batch_buffer_for_gather(pool: PinnedBufferPool) -> None:
-    from insitubatch._engine.kernels import coalesce_runs, gather
+    from insitubatch._engine.tiles.kernels import coalesce_runs, gather
 
     tiles = [np.arange(4 * 6, dtype="f4").reshape(4, 6) + 100 * k for k in range(3)]
     batch = pool.acquire((5, 6), "f4")

@@ -15,15 +15,15 @@ import obstore.store
 import pytest
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from insitubatch._engine.backends import _ObstoreBackend
-from insitubatch._engine.fetch import Fetcher
-from insitubatch._engine.http_wire import HttpPool, HttpStatusError
-from insitubatch._engine.native_client import NativeBackend, native_backend
-from insitubatch._engine.read_policy import Outcome, classify
-from insitubatch._engine.sigv4 import SigV4
+from insitubatch._engine.reads.fetch import Fetcher
+from insitubatch._engine.reads.read_policy import Outcome, classify
+from insitubatch._engine.reads.store_link import client_for
+from insitubatch._engine.reads.window import ReadWindow
 from insitubatch._engine.stats import PassCounters
-from insitubatch._engine.store_link import client_for
-from insitubatch._engine.window import ReadWindow
+from insitubatch._wire.backends import _ObstoreBackend
+from insitubatch._wire.engine_client import NativeBackend, native_backend
+from insitubatch._wire.http import HttpPool, HttpStatusError
+from insitubatch._wire.sigv4 import SigV4
 from insitubatch.io.owned import close_store
 from insitubatch.io.stores import obstore_store
 from insitubatch.testing.emulator import Emulator

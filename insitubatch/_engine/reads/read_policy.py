@@ -21,7 +21,7 @@ from typing import Any
 
 import obstore.exceptions
 
-from ..io.stores import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT, DEFAULT_RETRY_TIMEOUT
+from ...io.stores import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT, DEFAULT_RETRY_TIMEOUT
 
 __all__ = ["Outcome", "ReadPolicy", "classify", "policy_for"]
 

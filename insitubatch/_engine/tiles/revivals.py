@@ -16,10 +16,10 @@ import asyncio
 import concurrent.futures
 from collections.abc import Callable
 
-from ..cache import DiskCache
-from .pool import PENDING, ChunkPool, Entry, Owner
-from .reader import ArrayReader
-from .window import WindowUser
+from ...cache import DiskCache
+from ..pool.chunk_pool import PENDING, ChunkPool, Entry, Owner
+from ..reads.reader import ArrayReader
+from ..reads.window import WindowUser
 
 # a chunk another writer of the cache_dir is making is looked up again after this, doubling up to
 # BUSY_POLL_MAX_S; past BUSY_WAIT_S (a writer stuck or stopped) it is fetched here and kept in memory

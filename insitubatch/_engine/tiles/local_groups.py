@@ -25,8 +25,8 @@ import numpy as np
 
 import insitubatch._ext.tilegroup as _tilegroup
 
-from ..io.decode import ChunkDecoder
-from ..io.sync_get import _LocalFiles
+from ...io.decode import ChunkDecoder
+from ...io.sync_get import _LocalFiles
 
 __all__ = ["PLACED", "LocalGroups", "decode_buffer", "kernel_kind"]
 

@@ -2,7 +2,7 @@
 
 Each backend's ``request(key, byte_range)`` returns an asyncio future for
 the bytes; ``own_retries`` says whether failures come back raw (the engine's
-loop retries them) or already retried. ``native_client.NativeBackend``, the
+loop retries them) or already retried. ``engine_client.NativeBackend``, the
 engine's own HTTP client, is a third.
 """
 

@@ -11,8 +11,8 @@ from typing import Literal
 
 import numpy as np
 
-from ..plan.epoch import ReadKey
-from .stats import PassCounters
+from ...plan.epoch import ReadKey
+from ..stats import PassCounters
 
 __all__ = ["FAILED", "PENDING", "READY", "Entry", "EntryState", "Owner"]
 

@@ -1,7 +1,7 @@
 """The decode-thread side of a pass: read, decode, transform, assemble and persist one tile.
 
 A mixin of ``PassDriver``: the loop side (admission, permits, teardown)
-stays in ``scheduler``; everything here runs on the decode pool. The state
+stays in ``passes.driver``; everything here runs on the decode pool. The state
 it uses lives on the driver and is declared here for the type checker.
 """
 
@@ -18,20 +18,20 @@ import numpy as np
 from zarr.abc.buffer import BufferPrototype
 from zarr.abc.store import RangeByteRequest
 
-from ..cache import DiskCache
-from ..errors import BadChunkError, StoreReadError
-from ..io.chain import _ShardStage
-from ..io.decode import ChunkDecoder
-from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
-from ..io.geometry import ArrayGeometry
-from ..transforms import ChunkRead, DecodedChunk, run_pipeline
+from ...cache import DiskCache
+from ...errors import BadChunkError, StoreReadError
+from ...io.chain import _ShardStage
+from ...io.decode import ChunkDecoder
+from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
+from ...io.geometry import ArrayGeometry
+from ...transforms import ChunkRead, DecodedChunk, run_pipeline
+from ..pool.chunk_pool import FAILED, ChunkPool, Entry, Owner
+from ..reads.reader import ArrayReader, BadChunkRecord, _fill_value
+from ..reads.shard_index import ShardIndexes, check_span
 from .finishing import _BAD_TILE, _BadTile, _Finishing
 from .kernels import fill_region, select_block
 from .landings import _Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
-from .pool import FAILED, ChunkPool, Entry, Owner
-from .reader import ArrayReader, BadChunkRecord, _fill_value
-from .shard_index import ShardIndexes, check_span
 from .wants import Consumer, Want
 
 # a tile job's ``buf`` when the job reads the key itself (a store with a synchronous get)

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from insitubatch._engine.pool import READY
-from insitubatch._engine.scheduler import MAX_TILE_GROUP, PassDriver, tile_group
+from insitubatch._engine.passes.driver import MAX_TILE_GROUP, PassDriver, tile_group
+from insitubatch._engine.pool.chunk_pool import READY
 
 WAIT_S = 30.0  # generous: a loaded CI machine, never a hang
 

@@ -45,9 +45,9 @@ from zarr.abc.buffer import Buffer
 from zarr.abc.store import RangeByteRequest
 from zarr.buffer import default_buffer_prototype
 
-from .backends import _ObstoreBackend
+from ..._wire.backends import _ObstoreBackend
+from ..stats import PassCounters
 from .read_policy import Outcome, classify, http_status
-from .stats import PassCounters
 from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient
 from .window import WindowUser
 

@@ -20,17 +20,17 @@ from typing import Any
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, RangeByteRequest, Store
 
-from ..cache import DiskCache
-from ..errors import BadChunkError, StoreReadError
-from ..io.chain import _ShardStage
-from ..io.decode import ChunkDecoder
-from ..io.direct import ChunkData, _DecodeFailure
-from ..io.geometry import ArrayGeometry
-from ..plan.epoch import EpochPlan
-from .fetch import Fetcher
+from ...cache import DiskCache
+from ...errors import BadChunkError, StoreReadError
+from ...io.chain import _ShardStage
+from ...io.decode import ChunkDecoder
+from ...io.direct import ChunkData, _DecodeFailure
+from ...io.geometry import ArrayGeometry
+from ...plan.epoch import EpochPlan
+from ..pool.chunk_pool import ChunkPool, Owner
+from ..reads.fetch import Fetcher
+from ..reads.shard_index import ShardIndexes, check_span, plan_shards, prefetch, read_inner_chunk
 from .landings import _Landings, _release
-from .pool import ChunkPool, Owner
-from .shard_index import ShardIndexes, check_span, plan_shards, prefetch, read_inner_chunk
 from .tile_jobs import _GET_IN_JOB
 from .wants import Want
 

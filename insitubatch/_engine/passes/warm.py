@@ -21,15 +21,15 @@ import functools
 import threading
 from collections.abc import Mapping
 
-from ..io.decode import shard_stage
-from ..plan.epoch import EpochPlan
-from ..plan.planner import EpochPlanner
+from ...io.decode import shard_stage
+from ...plan.epoch import EpochPlan
+from ...plan.planner import EpochPlanner
+from ..loop import zarr_loop
+from ..reads.fetch import Fetcher
+from ..reads.reader import ArrayReader
+from ..reads.shard_index import plan_shards, prefetch
+from ..stats import PassCounters
 from .context import PassContext
-from .fetch import Fetcher
-from .loop import zarr_loop
-from .reader import ArrayReader
-from .shard_index import plan_shards, prefetch
-from .stats import PassCounters
 
 __all__ = ["Warmup", "warm_first_pass"]
 

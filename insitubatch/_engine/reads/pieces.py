@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..io.geometry import ArrayGeometry
+from ...io.geometry import ArrayGeometry
 
 __all__ = ["MAX_PIECES", "Piece", "ReadLayout", "plan_reads"]
 

@@ -13,9 +13,9 @@ from typing import cast
 
 import numpy as np
 
-from ..io.geometry import ArrayGeometry
-from .kernels import batch_runs, gather
-from .pool import Entry
+from ...io.geometry import ArrayGeometry
+from ..pool.chunk_pool import Entry
+from ..tiles.kernels import batch_runs, gather
 
 __all__ = ["gather_label"]
 

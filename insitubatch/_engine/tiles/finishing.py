@@ -14,10 +14,10 @@ from typing import cast
 
 import numpy as np
 
-from ..cache import DiskCache
+from ...cache import DiskCache
+from ..pool.chunk_pool import ChunkPool, Entry, Owner
+from ..reads.reader import ArrayReader, _fill_value
 from .kernels import assemble_tiles, fill_region
-from .pool import ChunkPool, Entry, Owner
-from .reader import ArrayReader, _fill_value
 
 logger = logging.getLogger("insitubatch")
 

@@ -15,9 +15,9 @@ store built from its own config with obstore's retries turned off, so
 that every throttling answer and every stalled attempt comes back to the
 engine's retry loop (``fetch``); a whole key is one ranged GET (``bytes=0-``
 far past any object), which obstore answers in one future instead of a
-header future and a body future. Where ``native_client`` takes the store
+header future and a body future. Where ``_wire.engine_client`` takes the store
 (plain HTTP(S), and S3 with static keys or none, and a region), the
-engine sends the GETs itself instead, on the loop (``http_wire``), with the
+engine sends the GETs itself instead, on the loop (``_wire.http``), with the
 twin kept for bodies too large to take whole. Any other store is read
 through its own ``get``, which has already retried by its own rules. The
 backends are in ``backends``.
@@ -37,11 +37,11 @@ import obstore.store
 from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
-from ..plan.cost import AUTO_INFLIGHT_CEILING
-from .backends import _ObstoreBackend, _StoreBackend
+from ..._wire.backends import _ObstoreBackend, _StoreBackend
+from ..._wire.engine_client import native_backend
+from ...plan.cost import AUTO_INFLIGHT_CEILING
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
-from .native_client import native_backend
 from .read_policy import ReadPolicy, policy_for
 from .window import ReadWindow
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .window import WindowUser
+from ..reads.window import WindowUser
 
 
 class _Landings:

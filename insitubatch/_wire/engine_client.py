@@ -1,7 +1,7 @@
 """The engine's own GETs for plain HTTP(S) stores and S3 buckets with static keys or none.
 
 :func:`native_backend` returns a backend that sends a store's GETs on the
-event loop (``http_wire``), for an obstore ``HTTPStore``, or an ``S3Store``
+event loop (``_wire.http``), for an obstore ``HTTPStore``, or an ``S3Store``
 anonymous (``skip_signature``) or with static keys and a region, taken from
 its config or, as obstore takes them, from the ``AWS_*`` environment (the
 config first). Anything else a request may depend on (a proxy, custom
@@ -22,7 +22,7 @@ import obstore.store
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from .backends import WHOLE_OBJECT_END, _ObstoreBackend
-from .http_wire import HttpPool
+from .http import HttpPool
 from .sigv4 import SigV4
 
 __all__ = ["NativeBackend", "native_backend"]

@@ -30,23 +30,23 @@ import numpy as np
 from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
 
-from ..cache import DiskCache
-from ..io.decode import make_decoder, shard_stage
-from ..io.sync_get import _LocalFiles, _sync_get
-from ..plan.epoch import EpochPlan
-from ..plan.first_use import admission_order
-from .fetch import Fetcher
-from .landings import _Landings, _release
-from .local_groups import LocalGroups, kernel_kind
-from .loop import zarr_loop
-from .pool import PENDING, ChunkPool, Entry, Owner
-from .reader import ArrayReader, BadChunkRecord
-from .remote_tiles import _RemoteTiles
-from .revivals import _Revivals
-from .shard_index import ShardIndexes
-from .tile_jobs import _TileJobs
-from .wants import Want, Wants
-from .window import WindowUser
+from ...cache import DiskCache
+from ...io.decode import make_decoder, shard_stage
+from ...io.sync_get import _LocalFiles, _sync_get
+from ...plan.epoch import EpochPlan
+from ...plan.first_use import admission_order
+from ..loop import zarr_loop
+from ..pool.chunk_pool import PENDING, ChunkPool, Entry, Owner
+from ..reads.fetch import Fetcher
+from ..reads.reader import ArrayReader, BadChunkRecord
+from ..reads.shard_index import ShardIndexes
+from ..reads.window import WindowUser
+from ..tiles.landings import _Landings, _release
+from ..tiles.local_groups import LocalGroups, kernel_kind
+from ..tiles.remote_tiles import _RemoteTiles
+from ..tiles.revivals import _Revivals
+from ..tiles.tile_jobs import _TileJobs
+from ..tiles.wants import Want, Wants
 
 __all__ = ["PassDriver", "tile_group"]
 

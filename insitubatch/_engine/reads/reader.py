@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..io.geometry import ArrayGeometry
-from ..transforms import ChunkTransform, output_geometry, stage_outputs
+from ...io.geometry import ArrayGeometry
+from ...transforms import ChunkTransform, output_geometry, stage_outputs
 from .pieces import ReadLayout, plan_reads
 
 __all__ = ["ArrayReader", "BadChunkRecord"]

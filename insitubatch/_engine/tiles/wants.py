@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from .entry import FAILED, Entry
-from .reader import ArrayReader
+from ..pool.entry import FAILED, Entry
+from ..reads.reader import ArrayReader
 
 __all__ = ["Consumer", "Want", "Wants"]
 

@@ -25,7 +25,7 @@ import insitubatch._ext.assemble as _assemble
 import insitubatch._ext.gather as _gather
 import insitubatch._ext.select as _select
 
-from .pieces import Piece
+from ..reads.pieces import Piece
 
 __all__ = [
     "assemble_tiles",

@@ -3,7 +3,7 @@
 The store and its readers, the chunk pool (and its disk cache), the batch
 buffers, the decode executor, the read permits (a pinned ``max_inflight``
 window of its own, or a share of the store's self-tuning one), the epoch's
-counters and bad chunks, the open passes. Passes (``prefetch``) and views
+counters and bad chunks, the open passes. Passes (``producer``) and views
 read only this object, so neither needs the dataset that made it.
 """
 
@@ -19,22 +19,22 @@ from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
-from ..cache import DiskCache
-from ..errors import DatasetClosedError
-from ..io.geometry import ArrayGeometry
-from ..io.sync_get import _sync_get
-from ..plan.cost import auto_inflight_cap, auto_read_ahead
-from ..plan.epoch import EpochPlan
+from ...cache import DiskCache
+from ...errors import DatasetClosedError
+from ...io.geometry import ArrayGeometry
+from ...io.sync_get import _sync_get
+from ...plan.cost import auto_inflight_cap, auto_read_ahead
+from ...plan.epoch import EpochPlan
+from ..loop import zarr_loop
+from ..pool.buffers import BufferPool
+from ..pool.chunk_pool import ChunkPool
+from ..reads.concurrency import AUTO_START, LimitHistory
+from ..reads.reader import ArrayReader, BadChunkRecord
+from ..reads.shard_index import ShardIndexes
+from ..reads.store_link import StoreClient, client_for
+from ..reads.window import ReadWindow, WindowUser
+from ..stats import PassCounters
 from .batch import Batch
-from .buffers import BufferPool
-from .concurrency import AUTO_START, LimitHistory
-from .loop import zarr_loop
-from .pool import ChunkPool
-from .reader import ArrayReader, BadChunkRecord
-from .shard_index import ShardIndexes
-from .stats import PassCounters
-from .store_link import StoreClient, client_for
-from .window import ReadWindow, WindowUser
 
 __all__ = ["ON_BAD_CHUNK", "BatchTransform", "OnBadChunk", "PassContext", "concurrency_report"]
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from insitubatch._engine.prefetch import PassIterator, _PassState
+from insitubatch._engine.passes.producer import PassIterator, _PassState
 from insitubatch.errors import DatasetClosedError
 
 WAIT_S = 30.0

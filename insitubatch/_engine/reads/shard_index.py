@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
-from ..errors import BadChunkError
-from ..io.chain import _ABSENT, INDEX_ENTRY_BYTES, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
-from ..io.decode import ChunkDecoder
-from ..io.direct import ChunkData, _as_uint8, _DecodeFailure
-from ..io.geometry import ArrayGeometry
-from ..plan.epoch import EpochPlan
-from ..plan.first_use import admission_order
+from ...errors import BadChunkError
+from ...io.chain import _ABSENT, INDEX_ENTRY_BYTES, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
+from ...io.decode import ChunkDecoder
+from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
+from ...io.geometry import ArrayGeometry
+from ...plan.epoch import EpochPlan
+from ...plan.first_use import admission_order
 from .reader import ArrayReader
 
 __all__ = [

@@ -29,11 +29,11 @@ from typing import cast
 
 import numpy as np
 
-from ..errors import InSituError
-from ..plan.epoch import ReadKey
+from ...errors import InSituError
+from ...plan.epoch import ReadKey
+from ..stats import PoolTotals
 from .entry import FAILED, PENDING, READY, Entry, EntryState, Owner
 from .free_tiles import FreeTiles
-from .stats import PoolTotals
 
 __all__ = ["FAILED", "PENDING", "READY", "ChunkPool", "Entry", "EntryState", "Owner"]
 

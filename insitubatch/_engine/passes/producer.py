@@ -19,15 +19,15 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from ..errors import DatasetClosedError
-from ..plan.epoch import EpochPlan, ReadKey
+from ...errors import DatasetClosedError
+from ...plan.epoch import EpochPlan, ReadKey
+from ..pool.chunk_pool import FAILED, PENDING, Entry, Owner
+from ..reads.fetch import Fetcher
+from ..stats import PassCounters, PassStats, log_pass
 from .batch import Batch
 from .context import PassContext
-from .fetch import Fetcher
+from .driver import PassDriver, tile_group
 from .gather import gather_label
-from .pool import FAILED, PENDING, Entry, Owner
-from .scheduler import PassDriver, tile_group
-from .stats import PassCounters, PassStats, log_pass
 
 __all__ = ["PassIterator"]
 

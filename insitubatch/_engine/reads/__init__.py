@@ -1,0 +1,1 @@
+"""A key and an optional byte range in, its bytes out: read permits, concurrency, retries, hedging, shard indexes."""
