@@ -4,7 +4,7 @@
 the link settings given (time to first byte, jitter, bandwidth, and any
 other setting the emulator takes, passed through by name) and returns a
 :class:`ServedZarr`. By default the server runs in a child process
-(:class:`~insitubatch.testing.emulator_process.EmulatorProcess`) so that the
+(:class:`~insitubatch.testing.emulator.EmulatorProcess`) so that the
 code being measured does not share its interpreter with the server;
 ``process=False`` runs it in a thread of this process, which also allows
 fault injection (``served.server.inject(...)``).
@@ -16,8 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .emulator import Emulator, EmulatorProcess, EmulatorStats
-from .emulator_http import DEFAULT_JITTER_S, DEFAULT_LATENCY_S
+from .emulator import DEFAULT_JITTER_S, DEFAULT_LATENCY_S, Emulator, EmulatorProcess, EmulatorStats
 
 __all__ = ["ServedZarr", "serve_zarr"]
 

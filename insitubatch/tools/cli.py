@@ -180,7 +180,7 @@ def _run_debug_info(args: argparse.Namespace) -> int:
 # -- emulate -------------------------------------------------------------------
 def _add_emulate(subparsers: Any) -> None:
     from ..testing.emulator import Emulator
-    from ..testing.emulator_cli import add_arguments, run
+    from ..testing.emulator.cli import add_arguments, run
 
     parser = subparsers.add_parser(
         "emulate",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from insitubatch.testing.emulator import Emulator
-from insitubatch.testing.emulator_cli import build_parser
+from insitubatch.testing.emulator.cli import build_parser
 from insitubatch.tools.cli import build_parser as cli_parser
 
 ROOT = Path(__file__).resolve().parents[2]

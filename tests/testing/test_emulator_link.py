@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from insitubatch.testing.emulator import Emulator, EmulatorProcess
-from insitubatch.testing.emulator_link import SLOWDOWN_BODY, LinkModel
+from insitubatch.testing.emulator.link import SLOWDOWN_BODY, LinkModel
 
 BLOB = "data/blob.bin"
 BLOB_NBYTES = 50_000

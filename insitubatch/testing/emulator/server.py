@@ -15,7 +15,7 @@ sockets and real HTTP:
   ``[0, jitter_s]`` before the first byte of its response (time to first
   byte), so ``latency_s`` is a floor; ``tail_s`` adds an exponential draw
   of that mean (a heavy tail) and ``straggler_share`` of the requests wait
-  ``straggler_s`` more (see :mod:`insitubatch.testing.emulator_link`).
+  ``straggler_s`` more (see :mod:`insitubatch.testing.emulator.link`).
 * **throttling and silence** — ``throttle_share`` of GETs answered 503 with
   an S3 ``SlowDown`` body (in bursts with ``throttle_period_s`` /
   ``throttle_burst_s``); ``hold_share`` of GETs, and every GET of a key
@@ -48,14 +48,14 @@ with :meth:`Emulator.stats`, zero them with :meth:`Emulator.reset_stats`.
 
 Run from a shell, ``python -m insitubatch.testing.emulator ROOT`` (or
 ``insitubatch emulate ROOT``) serves ``ROOT`` in the foreground until
-stopped; :mod:`insitubatch.testing.emulator_cli` says how.
+stopped (its ``__main__``); :mod:`insitubatch.testing.emulator.cli` says how.
 
 :class:`EmulatorProcess` runs the same server in a child process
 (``python -m insitubatch.testing.emulator``) so that a benchmark's loader and the server do
 not share an interpreter; it is driven through two control endpoints the
 server answers without counting them: ``GET /_emulator/stats`` (JSON) and
 ``POST /_emulator/reset``, plus ``POST /_emulator/config`` (JSON with any
-link setting of :class:`~insitubatch.testing.emulator_link.LinkModel`).
+link setting of :class:`~insitubatch.testing.emulator.link.LinkModel`).
 Faults are injected in-process only.
 """
 
@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from .emulator_http import (
+from .handler import (
     CONTROL_PREFIX,
     DEFAULT_JITTER_S,
     DEFAULT_LATENCY_S,
@@ -87,20 +87,10 @@ from .emulator_http import (
     _Handler,
     _Server,
 )
-from .emulator_link import SLOWDOWN_BODY, LinkModel, wait_or_gone
-from .emulator_process import EmulatorProcess
-from .emulator_stats import DEFAULT_RETRY_AFTER_S, DEFAULT_STALL_S, EmulatorStats, Fault, KeyStats, _Counters
+from .link import SLOWDOWN_BODY, LinkModel, wait_or_gone
+from .stats import DEFAULT_RETRY_AFTER_S, DEFAULT_STALL_S, EmulatorStats, Fault, _Counters
 
-__all__ = [
-    "DEFAULT_JITTER_S",
-    "DEFAULT_LATENCY_S",
-    "FAULT_KINDS",
-    "Emulator",
-    "EmulatorProcess",
-    "EmulatorStats",
-    "Fault",
-    "KeyStats",
-]
+__all__ = ["FAULT_KINDS", "Emulator"]
 
 # Paced bodies are written in slices this big (a socket-buffer-sized unit).
 PACE_SLICE_BYTES = 64 * 1024
@@ -128,7 +118,7 @@ class Emulator:
     seed
         Seeds the jitter and fault-probability draws.
     **link
-        Any other link setting of :class:`~insitubatch.testing.emulator_link.LinkModel`
+        Any other link setting of :class:`~insitubatch.testing.emulator.link.LinkModel`
         (``tail_s``, ``straggler_share``, ``throttle_share``, ``hold_key``, ...).
 
     :meth:`configure` changes the link settings while the server runs (each
@@ -168,7 +158,7 @@ class Emulator:
         """Change link settings (``latency_s``, ``jitter_s``, ``bandwidth_bytes_per_s``, ``tail_s``, ...).
 
         Settings left out keep their value; returns them all. See
-        :class:`~insitubatch.testing.emulator_link.LinkModel` for the names
+        :class:`~insitubatch.testing.emulator.link.LinkModel` for the names
         and what each does.
         """
         self.link.configure(**settings)
@@ -413,14 +403,3 @@ class Emulator:
         body = json.dumps(payload).encode()
         self._send_headers(h, status, {"Content-Type": "application/json", "Content-Length": str(len(body))})
         h.wfile.write(body)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Serve a directory until SIGINT/SIGTERM, printing its URL first (:mod:`insitubatch.testing.emulator_cli`)."""
-    from .emulator_cli import main as serve
-
-    return serve(Emulator, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -3,7 +3,7 @@
 The child answers two control endpoints without counting them:
 ``GET /_emulator/stats`` (JSON) and ``POST /_emulator/reset``, plus
 ``POST /_emulator/config`` (JSON with any link setting of
-:class:`~insitubatch.testing.emulator_link.LinkModel`: ``latency_s``,
+:class:`~insitubatch.testing.emulator.link.LinkModel`: ``latency_s``,
 ``jitter_s``, ``bandwidth_bytes_per_s``, ``tail_s``, ``straggler_share``,
 ``throttle_share``, ``hold_key``, ...).
 """
@@ -20,8 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .emulator_http import CONTROL_PREFIX, DEFAULT_JITTER_S, DEFAULT_LATENCY_S, STOP_JOIN_S
-from .emulator_stats import EmulatorStats
+from .handler import CONTROL_PREFIX, DEFAULT_JITTER_S, DEFAULT_LATENCY_S, STOP_JOIN_S
+from .stats import EmulatorStats
 
 __all__ = ["EmulatorProcess"]
 
@@ -64,7 +64,8 @@ class EmulatorProcess:
         ]
         if bandwidth_bytes_per_s is not None:
             cmd += ["--bandwidth-bytes-per-s", str(bandwidth_bytes_per_s)]
-        repo_root = Path(__file__).resolve().parents[2]  # the tree this package was imported from
+        # the tree this package was imported from: one folder up per dot of this module's name
+        repo_root = Path(__file__).resolve().parents[__name__.count(".")]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
         self.url = self._read_url()

@@ -14,7 +14,7 @@ its help and default read from the class, so a setting added there appears
 here without an edit; ``--set NAME=VALUE`` passes any further link setting
 the emulator accepts through ``**``. ``--watch-stdin`` also stops it when
 its standard input closes, for a parent that runs it as a child process
-(:class:`~insitubatch.testing.emulator_process.EmulatorProcess`).
+(:class:`~insitubatch.testing.emulator.process.EmulatorProcess`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,17 @@
+"""A loopback object store on 127.0.0.1 with a real bucket's latency, bandwidth, throttling and faults."""
+
+from .handler import DEFAULT_JITTER_S, DEFAULT_LATENCY_S
+from .process import EmulatorProcess
+from .server import FAULT_KINDS, Emulator
+from .stats import EmulatorStats, Fault, KeyStats
+
+__all__ = [
+    "DEFAULT_JITTER_S",
+    "DEFAULT_LATENCY_S",
+    "FAULT_KINDS",
+    "Emulator",
+    "EmulatorProcess",
+    "EmulatorStats",
+    "Fault",
+    "KeyStats",
+]
