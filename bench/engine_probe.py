@@ -33,7 +33,7 @@ from insitubatch.testing.emulator import DEFAULT_JITTER_S, EmulatorProcess
 
 from .baselines import run_config
 from .provenance import stamp_line
-from .run import DEFAULT_BANDWIDTH_MB_S, MB, SPLIT_FRACTIONS
+from .rows import DEFAULT_BANDWIDTH_MB_S, MB, SPLIT_FRACTIONS
 
 __all__ = ["main", "measure"]
 

@@ -54,11 +54,13 @@ from typing import Any
 from insitubatch.testing.data import DatasetSpec, wb2_64x32, write_era5_like
 from insitubatch.testing.emulator import DEFAULT_JITTER_S, EmulatorProcess
 
-from .run import FULL, QUICK, SPLIT_FRACTIONS, Bench, _clean, _rate, _ratio
+from .children import Bench
+from .network_report import SCENARIOS, markdown
+from .profiles import FULL, QUICK
+from .rows import SPLIT_FRACTIONS, clean, rate, ratio
 
 __all__ = ["NET_FULL", "NET_QUICK", "NetProfile", "markdown", "run_scenarios"]
 
-SCENARIOS = ("tail", "stragglers", "throttle", "cpu", "stall", "sharded")
 # The links, as the issue measured them: a 40 ms floor with an exponential tail of 20 ms mean (its p99
 # about 140 ms); 1% of the answers 2 s late; throttling bursts of 2 s every 6 s on 5% of the GETs.
 TAIL_LATENCY_S = 0.040
@@ -94,7 +96,7 @@ NET_QUICK = NetProfile("quick", n_time=384, warmup_s=0.5, window_s=1.0, sweep=(3
 
 
 class _Runs:
-    """Children against one emulator process for one dataset (``bench.run.Bench``, one spec)."""
+    """Children against one emulator process for one dataset (``bench.children.Bench``, one spec)."""
 
     def __init__(self, out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None], **link):
         self.emu = EmulatorProcess(data, **link)
@@ -139,16 +141,16 @@ def tail(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callabl
         ceilings = {
             c: runs.run(f"get-ceiling-c{c}", "get_ceiling", concurrency=c, window_s=window) for c in {PINNED, chosen}
         }
-    best = max(fixed, key=lambda mi: _rate(fixed[mi]))
+    best = max(fixed, key=lambda mi: rate(fixed[mi]))
     return {
         "link": link,
         "rows": [auto, *fixed.values(), *ceilings.values()],
         "auto_limit_median": chosen,
         "best_fixed": best,
-        "auto_over_fixed_32": _ratio(_rate(auto), _rate(fixed[PINNED])),
-        "auto_over_best_fixed": _ratio(_rate(auto), _rate(fixed[best])),
-        "fixed_32_over_get_ceiling_32": _ratio(_rate(fixed[PINNED]), _rate(ceilings[PINNED])),
-        "auto_over_get_ceiling_at_its_limit": _ratio(_rate(auto), _rate(ceilings[chosen])),
+        "auto_over_fixed_32": ratio(rate(auto), rate(fixed[PINNED])),
+        "auto_over_best_fixed": ratio(rate(auto), rate(fixed[best])),
+        "fixed_32_over_get_ceiling_32": ratio(rate(fixed[PINNED]), rate(ceilings[PINNED])),
+        "auto_over_get_ceiling_at_its_limit": ratio(rate(auto), rate(ceilings[chosen])),
     }
 
 
@@ -162,9 +164,9 @@ def stragglers(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: C
     return {
         "link": link,
         "rows": [hedged, plain, auto],
-        "hedged_over_not": _ratio(_rate(hedged), _rate(plain)),
-        "auto_over_no_hedge_32": _ratio(_rate(auto), _rate(plain)),
-        "hedged_share_of_gets": _ratio(float(last.get("hedged", math.nan)), float(last.get("gets", math.nan))),
+        "hedged_over_not": ratio(rate(hedged), rate(plain)),
+        "auto_over_no_hedge_32": ratio(rate(auto), rate(plain)),
+        "hedged_share_of_gets": ratio(float(last.get("hedged", math.nan)), float(last.get("gets", math.nan))),
     }
 
 
@@ -178,7 +180,7 @@ def throttle(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Cal
     with _Runs(out / "throttle", data, spec, net, log, **link) as runs:
         auto = runs.steady("auto")
         fixed = runs.steady(f"fixed-{PINNED}", max_inflight=PINNED)
-    return {"link": link, "rows": [auto, fixed], "auto_over_fixed_32": _ratio(_rate(auto), _rate(fixed))}
+    return {"link": link, "rows": [auto, fixed], "auto_over_fixed_32": ratio(rate(auto), rate(fixed))}
 
 
 def cpu(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None]) -> dict[str, Any]:
@@ -196,11 +198,9 @@ def cpu(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable
     get_floor = floor.get("cpu_us_per_sample", math.nan)
     return {
         "rows": [*rows.values(), floor],
-        **{f"cpu_{k}_over_local": _ratio(r.get("cpu_us_per_sample", math.nan), local) for k, r in rows.items()},
-        "cpu_get_floor_over_local": _ratio(get_floor, local),
-        "cpu_http_over_local_plus_get_floor": _ratio(
-            rows["http"].get("cpu_us_per_sample", math.nan), local + get_floor
-        ),
+        **{f"cpu_{k}_over_local": ratio(r.get("cpu_us_per_sample", math.nan), local) for k, r in rows.items()},
+        "cpu_get_floor_over_local": ratio(get_floor, local),
+        "cpu_http_over_local_plus_get_floor": ratio(rows["http"].get("cpu_us_per_sample", math.nan), local + get_floor),
     }
 
 
@@ -273,7 +273,7 @@ def sharded(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Call
         "shard_samples": SHARD_SAMPLES,
         "cold_rounds": net.cold_rounds,
         **{
-            f"{k}_sharded_over_unsharded": _ratio(median("sharded", k), median("unsharded", k))
+            f"{k}_sharded_over_unsharded": ratio(median("sharded", k), median("unsharded", k))
             for k in ("ttfb_s", "peak_rss_mb", "wire_mb", "rate_samples_per_s")
         },
     }
@@ -304,39 +304,8 @@ def run_scenarios(
         t0 = time.perf_counter()
         results[name] = _SCENARIO_FUNCS[name](out, data, spec, net, log)
         results[name]["elapsed_s"] = time.perf_counter() - t0
-    (out / "network.json").write_text(json.dumps(_clean(results), indent=2))
+    (out / "network.json").write_text(json.dumps(clean(results), indent=2))
     return results
-
-
-def _f(value: Any, digits: int = 2) -> str:
-    return "—" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
-
-
-def markdown(results: dict[str, Any]) -> str:
-    """The network section of the report."""
-    lines = ["## Network scenarios", ""]
-    rows = [r for name in SCENARIOS if name in results for r in results[name].get("rows", [])]
-    if rows:
-        lines += [
-            "| run | samples/s | CPU µs/sample | limit (min/median/max) | hedged (won) | throttled | stalls |",
-            "|---|---:|---:|---|---:|---:|---:|",
-        ]
-        for r in rows:
-            last = r.get("last_pass") or {}
-            limit = (
-                f"{last.get('inflight_min')}/{last.get('inflight_median')}/{last.get('inflight_max')}" if last else "—"
-            )
-            hedged = f"{last.get('hedged')} ({last.get('hedge_wins')})" if last else "—"
-            lines.append(
-                f"| {r.get('name')} | {_f(_rate(r), 0)} | {_f(r.get('cpu_us_per_sample'), 0)} | {limit} | {hedged} "
-                f"| {last.get('throttled', '—')} | {last.get('stalls', '—')} |"
-            )
-    lines += ["", "| ratio (one run) | value |", "|---|---:|"]
-    for name in SCENARIOS:
-        for key, value in (results.get(name) or {}).items():
-            if isinstance(value, (int, float)) and key != "elapsed_s" and not isinstance(value, bool):
-                lines.append(f"| {name}: {key} | {_f(float(value))} |")
-    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = run_scenarios(args.out.resolve(), NET_QUICK if args.quick else NET_FULL, tuple(args.only))
     print()
-    print(markdown(_clean(results)))
+    print(markdown(clean(results)))
     return 0
 
 
