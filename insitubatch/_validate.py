@@ -7,12 +7,19 @@ from typing import Any
 
 import numpy as np
 
+# Counts, sizes and seeds end up in int64 arrays (plans, ledgers, byte offsets): a larger one is a mistake
+# that would otherwise surface far away as numpy's overflow, not naming the knob.
+INT_KNOB_MAX = np.iinfo(np.int64).max
 
-def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+
+def positive_int(name: str, value: Any, minimum: int = 1, maximum: int = INT_KNOB_MAX) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; the error names ``name`` and the valid range."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
     if value < minimum:
         raise ValueError(f"{name}={value} must be >= {minimum}")
+    if value > maximum:
+        raise ValueError(f"{name}={value} must be <= {maximum}")
     return int(value)
 
 

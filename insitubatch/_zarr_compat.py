@@ -54,6 +54,7 @@ __all__ = [
     "io_loop",
     "memory_store_dict",
     "numcodec_behind",
+    "running_io_loop",
     "shard_index_at_start",
     "sync",
     "unwrap_store",
@@ -106,6 +107,19 @@ def io_loop() -> asyncio.AbstractEventLoop:
     if get_loop is None:
         raise RuntimeError(_gone("zarr.core.sync._get_loop (the store-IO event loop)"))
     return get_loop()
+
+
+def running_io_loop() -> asyncio.AbstractEventLoop | None:
+    """zarr's store-IO loop if it has been started and still runs, else None: never starts one."""
+    import zarr.core.sync as zsync
+
+    slot = getattr(zsync, "loop", None)
+    if not isinstance(slot, list):
+        raise RuntimeError(_gone("zarr.core.sync.loop (the store-IO event loop's slot)"))
+    loop = slot[0] if slot else None
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return None
+    return loop
 
 
 def chunk_spec(

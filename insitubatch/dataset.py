@@ -9,21 +9,21 @@ start passes (``_engine/passes/producer.py``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 import numpy as np
 
+from ._engine.lifecycle import close_at_exit, closing_deferred, dropped
 from ._engine.loop import decode_pool
-from ._engine.passes.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, concurrency_report
-from ._engine.passes.warm import warm_first_pass
+from ._engine.passes.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, read_sources
+from ._engine.passes.context import concurrency_report as _concurrency
+from ._engine.passes.warm import open_reads
 from ._engine.pool.buffers import BufferPool
 from ._engine.pool.chunk_pool import ChunkPool
-from ._engine.reads.reader import ArrayReader, BadChunkRecord
+from ._engine.reads.reader import BadChunkRecord
 from ._validate import callables, flag, positive_int, positive_int_or_auto
 from .cache import OnCorrupt
 from .cache.fingerprint import array_fingerprints
@@ -39,7 +39,7 @@ from .plan.distributed import REMAINDER_POLICIES, Remainder, resolve_world
 from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner
 from .plan.splits import SplitManifest
-from .transforms import ChunkTransform, check_scopes, pipeline_for
+from .transforms import ChunkTransform, check_scopes
 from .views import DatasetView, InferView
 
 __all__ = ["InSituDataset"]
@@ -153,6 +153,7 @@ class InSituDataset:
         on_corrupt_cache: OnCorrupt = "refetch",
         hedge: bool = True,
     ) -> None:
+        closing_deferred()  # what datasets nobody closed left behind (a cache's lock, say) goes first
         if not isinstance(manifest, SplitManifest):
             raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
         self.batch_size = positive_int("batch_size", batch_size)
@@ -190,17 +191,7 @@ class InSituDataset:
         self.chunk_transforms = callables("chunk_transforms", chunk_transforms)
         check_scopes(self.chunk_transforms, {g.path for g in self.variables.values()})
         self.batch_transforms = callables("batch_transforms", batch_transforms)
-        # one reader per source (an array path and its selection): labels sharing one share its reads
-        self.readers: dict[str, ArrayReader] = {}
-        for g in self.variables.values():
-            if g.source not in self.readers:
-                base = g.source_view()
-                self.readers[g.source] = ArrayReader.build(base, pipeline_for(self.chunk_transforms, g.path))
-        # what entries hold and batches carry: each label's geometry after its chunk transforms
-        self.outputs = {
-            lb: dataclasses.replace(self.readers[g.source].output, offset=g.offset, window_steps=g.window_steps)
-            for lb, g in self.variables.items()
-        }
+        self.readers, self.outputs = read_sources(self.variables, self.chunk_transforms)
         self.cache = open_dataset_cache(
             cache_dir,
             persist=persist,
@@ -248,12 +239,17 @@ class InSituDataset:
             release_per_block=self.persist,
         )
         self._views: dict[str, DatasetView] = {}
-        # read once here, not in a pass (whose GETs are the chunks'): the coordinate beside the warm-up (warm.py)
-        with ThreadPoolExecutor(1, thread_name_prefix="insitu-open") as opener:
-            coords = opener.submit(sample_coords, self.variables.values(), self.manifest.n_samples)
-            self.context.warmup = warm_first_pass(self.context, self.planner)
-            self.context.statics = read_statics(self.store, self.static_fields)
-        self._coords: dict[str, np.ndarray] = coords.result()
+        try:  # read once here, not in a pass (whose GETs are the chunks')
+            self._coords: dict[str, np.ndarray] = open_reads(
+                self.context,
+                self.planner,
+                functools.partial(sample_coords, self.variables.values(), self.manifest.n_samples),
+                functools.partial(read_statics, self.store, self.static_fields),
+            )
+        except BaseException:
+            self.close()  # the warm-up's reads, the cache's lock, a store it opened: nothing outlives a failed open
+            raise
+        close_at_exit(self)  # however the script ends, closed while zarr's loop still runs (``lifecycle``)
 
     # -- construction helpers ---------------------------------------------------
     @functools.cached_property
@@ -399,7 +395,7 @@ class InSituDataset:
             "chunk_transforms": len(self.chunk_transforms),
             "batch_transforms": len(self.batch_transforms),
         }
-        return {**info, "concurrency": concurrency_report(self.context)}  # the reads-in-flight limit, as chosen
+        return {**info, "concurrency": _concurrency(self.context)}  # the reads-in-flight limit, as chosen
 
     def print_summary(self, iterations: int = 1) -> None:
         """Print :meth:`describe` as the text ``insitubatch inspect`` shows."""
@@ -426,6 +422,7 @@ class InSituDataset:
 
     def close(self) -> None:
         """Stop every open pass, drop the pool, and close a store this dataset opened. Idempotent."""
+        closing_deferred()  # what datasets nobody closed left for a user's thread to close (``lifecycle``)
         if self.context.closed:
             return
         self.context.close()
@@ -440,8 +437,11 @@ class InSituDataset:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter teardown
-        try:
-            self.close()
-        except Exception:
-            pass
+    def __del__(self) -> None:
+        # a finalizer starts no thread, loop or I/O (``lifecycle``): it closes in full only where that is safe
+        context = self.__dict__.get("context")  # absent when __init__ failed before making it
+        if context is not None and not context.closed:
+            later = [] if self.cache is None else [self.cache.close]
+            if self._opened_store:
+                later.append(functools.partial(close_store, self.store))
+            dropped(self.close, context.release, later)

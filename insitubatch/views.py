@@ -91,7 +91,7 @@ class DatasetView:
         ctx.passes.add(state)
         self._pass = weakref.ref(state)
         state.start()
-        return PassIterator(state)
+        return PassIterator(state, starter=self)
 
     def _plan_for_pass(self, history: History = ()) -> EpochPlan:
         return self.planner.plan(self.split, self.context.epoch, history)

@@ -41,8 +41,8 @@ LAYERS: dict[str, int] = {
     "__main__": 7,  # `python -m insitubatch`: the command line
 }
 # The engine's rooms, lowest first: a module of one room imports its own room's modules or a lower room's.
-# ``loop`` and ``stats`` (the executors and the counters) sit under every room.
-ENGINE_ROOMS: dict[str, int] = {"loop": 0, "stats": 0, "reads": 1, "pool": 1, "tiles": 2, "passes": 3}
+# ``loop`` and ``stats`` (the executors and the counters) sit under every room; ``lifecycle`` (what closes at exit) under tiles and passes.
+ENGINE_ROOMS: dict[str, int] = {"loop": 0, "stats": 0, "lifecycle": 1, "reads": 1, "pool": 1, "tiles": 2, "passes": 3}
 # a folder past this many modules is split into subpackages (its rooms)
 MAX_MODULES_PER_FOLDER = 25
 # a new module should fit in a reader's head; these predate the rule and are split as they are next touched

@@ -11,8 +11,8 @@ from helpers import CountingStore, local_store, smooth_field, write_array
 
 from insitubatch._engine.loop import decode_pool
 from insitubatch._engine.passes.context import PassContext
-from insitubatch._engine.pool.chunk_pool import ChunkPool
 from insitubatch._engine.pool.buffers import BufferPool
+from insitubatch._engine.pool.chunk_pool import ChunkPool
 from insitubatch._engine.reads.reader import ArrayReader
 from insitubatch.io.group import open_geometries
 from insitubatch.plan.planner import EpochPlanner

@@ -10,6 +10,7 @@ read only this object, so neither needs the dataset that made it.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import weakref
@@ -25,7 +26,8 @@ from ...io.geometry import ArrayGeometry
 from ...io.sync_get import _sync_get
 from ...plan.cost import auto_inflight_cap, auto_read_ahead
 from ...plan.epoch import EpochPlan
-from ..loop import zarr_loop
+from ...transforms import ChunkTransform, pipeline_for
+from ..lifecycle import live_loop
 from ..pool.buffers import BufferPool
 from ..pool.chunk_pool import ChunkPool
 from ..reads.concurrency import AUTO_START, LimitHistory
@@ -36,7 +38,7 @@ from ..reads.window import ReadWindow, WindowUser
 from ..stats import PassCounters
 from .batch import Batch
 
-__all__ = ["ON_BAD_CHUNK", "BatchTransform", "OnBadChunk", "PassContext", "concurrency_report"]
+__all__ = ["ON_BAD_CHUNK", "BatchTransform", "OnBadChunk", "PassContext", "concurrency_report", "read_sources"]
 
 logger = logging.getLogger("insitubatch")
 
@@ -46,9 +48,11 @@ BatchTransform = Callable[[Batch], Batch]
 
 
 class _OpenPass(Protocol):
-    """A pass as the context sees it: something to close when the dataset closes."""
+    """A pass as the context sees it: something to close when the dataset closes (``release``: from a finalizer)."""
 
     def close(self) -> None: ...
+
+    def release(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -177,13 +181,50 @@ class PassContext:
             self.warmup.close()
         for state in list(self.passes):
             state.close()
-        if self._permits is not None:  # its cap stops counting toward the store's shared cap (on the loop)
-            try:
-                zarr_loop().call_soon_threadsafe(self._permits.leave)
-            except RuntimeError:  # the loop is closed (interpreter exit)
-                pass
+        self._leave_link()
         self.pool.clear()
         self.buffers.clear()
+
+    def release(self) -> None:
+        """What ``close()`` does, from a finalizer: signal every pass and wait for nothing (``lifecycle``)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.warmup is not None:
+            self.warmup.release()
+        for state in list(self.passes):
+            state.release()
+        self._leave_link()
+
+    def _leave_link(self) -> None:
+        """This dataset's cap stops counting toward the store's shared one (on the loop, if it still runs)."""
+        loop = live_loop()
+        if self._permits is None or loop is None:
+            return  # no pass took permits, or the loop is gone and with it everyone who counted them
+        try:
+            loop.call_soon_threadsafe(self._permits.leave)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+
+def read_sources(
+    variables: Mapping[str, ArrayGeometry], chunk_transforms: Sequence[ChunkTransform]
+) -> tuple[dict[str, ArrayReader], dict[str, ArrayGeometry]]:
+    """One reader per read source (an array path and its selection), and each label's output geometry.
+
+    Labels sharing a source share its reads and decodes; a label's output is
+    its source's geometry after its chunk transforms, with the label's own
+    offset and window: what entries hold and batches carry.
+    """
+    readers: dict[str, ArrayReader] = {}
+    for g in variables.values():
+        if g.source not in readers:
+            readers[g.source] = ArrayReader.build(g.source_view(), pipeline_for(chunk_transforms, g.path))
+    outputs = {
+        label: dataclasses.replace(readers[g.source].output, offset=g.offset, window_steps=g.window_steps)
+        for label, g in variables.items()
+    }
+    return readers, outputs
 
 
 def concurrency_report(ctx: PassContext) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from ...io.decode import make_decoder, shard_stage
 from ...io.sync_get import _LocalFiles, _sync_get
 from ...plan.epoch import EpochPlan
 from ...plan.first_use import admission_order
+from ..lifecycle import EXIT_WAIT_S, exiting
 from ..loop import zarr_loop
 from ..pool.chunk_pool import PENDING, ChunkPool, Entry, Owner
 from ..reads.fetch import Fetcher
@@ -59,6 +60,8 @@ MAX_TILE_GROUP = 8
 # reads the driver admits between two yields to the loop: a yield per read costs a loop
 # turn (and the GIL, to whichever decode thread wants it) for every tile on small chunks
 ADMIT_BURST = 4
+# how long stopping a pass waits for its tasks and decode jobs to end (a wedged store's GET is cancelled)
+STOP_WAIT_S = 30.0
 
 
 def tile_group(max_inflight: int, decode_threads: int) -> int:
@@ -179,16 +182,23 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
     def start(self) -> None:
         self._main = asyncio.run_coroutine_threadsafe(self._run(), self.loop)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Cancel this driver's own tasks (never anyone else's) and wait for them and their jobs to end."""
+    def stop(self, timeout: float = STOP_WAIT_S, wait: bool = True) -> None:
+        """Cancel this driver's own tasks (never anyone else's); with ``wait``, until they and their jobs end.
+
+        A loop that no longer runs (interpreter exit) has nothing of this
+        pass left to run: nothing is scheduled and nothing waited for.
+        """
         self._stopping = True
-        if self._main is None:
-            return
-        fut = asyncio.run_coroutine_threadsafe(self._cancel_own(), self.loop)
-        if asyncio._get_running_loop() is self.loop:  # closed from a callback on the loop (a collected pass)
+        if self._main is None or self.loop.is_closed() or not self.loop.is_running():
             return
         try:
-            fut.result(timeout)
+            fut = asyncio.run_coroutine_threadsafe(self._cancel_own(), self.loop)
+        except RuntimeError:  # the loop closed meanwhile
+            return
+        if not wait or asyncio._get_running_loop() is self.loop:  # on the loop itself: it cannot wait on it
+            return
+        try:
+            fut.result(min(timeout, EXIT_WAIT_S) if exiting() else timeout)
         except concurrent.futures.TimeoutError:  # pragma: no cover - a wedged store
             pass
 

@@ -10,6 +10,7 @@ producer and cancels this pass's tasks; nothing outlives the pass.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import queue
 import threading
@@ -21,6 +22,7 @@ import numpy as np
 
 from ...errors import DatasetClosedError
 from ...plan.epoch import EpochPlan, ReadKey
+from ..lifecycle import EXIT_WAIT_S, exiting, live_loop, may_wait
 from ..pool.chunk_pool import FAILED, PENDING, Entry, Owner
 from ..reads.fetch import Fetcher
 from ..stats import PassCounters, PassStats, log_pass
@@ -287,13 +289,24 @@ class _PassState:
         return coords
 
     # -- teardown ---------------------------------------------------------------
-    def close(self) -> None:
+    def _mark_closed(self) -> bool:
+        """Say whether this call is the one that ends the pass (the first)."""
         with self._close_lock:
             if self._closed:
-                return
+                return False
             self._closed = True
         self.ended_at = time.perf_counter()
-        self.stop_event.set()
+        self.stop_event.set()  # the producer sees it within POLL_S wherever it waits
+        return True
+
+    def close(self) -> None:
+        """End the pass: stop the producer and the driver, wait for both, hand the pool its entries. Idempotent.
+
+        At interpreter exit the waits are bounded (``lifecycle.EXIT_WAIT_S``):
+        a batch transform or a store that never returns cannot hold the process.
+        """
+        if not self._mark_closed():
+            return
         with self.ctx.pool.cond:
             self.ctx.pool.cond.notify_all()
         while True:  # unblock a producer parked on a full queue
@@ -302,10 +315,46 @@ class _PassState:
             except queue.Empty:
                 break
         if self.thread is not None and self.thread is not threading.current_thread():
-            self.thread.join()
+            self.thread.join(EXIT_WAIT_S if exiting() else None)
         if self.driver is not None:
             self.driver.stop()
-            # the pass no longer holds its entries: an evicted chunk's memory (or mapping) goes with the pool's
+        self._hand_back()
+
+    def dropped(self) -> None:
+        """The consumer's end was dropped unfinished: close in full where a finalizer may wait, else release."""
+        if may_wait():
+            self.close()
+        else:
+            self.release()
+
+    def release(self) -> None:
+        """End the pass from a finalizer: signal only, wait for nothing, start no thread, loop or I/O.
+
+        If zarr's loop still runs, it stops the driver's tasks and hands the
+        pool its entries once the producer has seen the stop; at interpreter
+        exit nothing is scheduled (the process's end releases it all).
+        """
+        if not self._mark_closed():
+            return
+        loop = live_loop()
+        if loop is None or exiting():
+            return
+        try:
+            loop.call_soon_threadsafe(lambda: loop.create_task(self._finish_on_loop()))
+        except RuntimeError:  # the loop closed meanwhile
+            pass
+
+    async def _finish_on_loop(self) -> None:
+        if self.driver is not None:
+            self.driver._stopping = True
+            await self.driver._cancel_own()
+        while self.thread is not None and self.thread.is_alive():  # it still reads the entries it gathers from
+            await asyncio.sleep(POLL_S)
+        self._hand_back()
+
+    def _hand_back(self) -> None:
+        """The pass no longer holds its entries: an evicted chunk's memory (or mapping) goes with the pool's."""
+        if self.driver is not None:
             self.driver.entries = [None] * len(self.driver.entries)
         if self.owner is not None:
             self.ctx.pool.close_owner(self.owner)
@@ -319,9 +368,14 @@ class _PassState:
 class PassIterator:
     """The consumer's end of a pass: pops finished batches; ``close()`` ends the pass early."""
 
-    def __init__(self, state: _PassState) -> None:
+    def __init__(self, state: _PassState, starter: object = None) -> None:
         self._state = state
-        self._finalizer = weakref.finalize(self, state.close)
+        # the view that started the pass: its dataset stays open while the pass is iterated, even when the
+        # caller keeps no reference to either (``for b in InSituDataset(...).train``)
+        self._starter = starter
+        # dropped unfinished (``break``, garbage collection): a finalizer may only signal (lifecycle)
+        self._finalizer = weakref.finalize(self, state.dropped)
+        self._finalizer.atexit = False  # at exit the dataset's close ends the pass, with the loop still running
 
     @property
     def counters(self) -> PassCounters:
@@ -373,7 +427,9 @@ class PassIterator:
         raise StopIteration from None
 
     def close(self) -> None:
-        self._finalizer()
+        """End the pass now and wait until it has stopped (what ``break`` does, later, through the finalizer)."""
+        self._finalizer.detach()
+        self._state.close()
 
     def __enter__(self) -> PassIterator:
         return self

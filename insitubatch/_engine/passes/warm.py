@@ -19,11 +19,14 @@ import asyncio
 import concurrent.futures
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ...io.decode import shard_stage
 from ...plan.epoch import EpochPlan
 from ...plan.planner import EpochPlanner
+from ..lifecycle import exiting, live_loop
 from ..loop import zarr_loop
 from ..reads.fetch import Fetcher
 from ..reads.reader import ArrayReader
@@ -31,7 +34,7 @@ from ..reads.shard_index import plan_shards, prefetch
 from ..stats import PassCounters
 from .context import PassContext
 
-__all__ = ["Warmup", "warm_first_pass"]
+__all__ = ["Warmup", "open_reads", "warm_first_pass"]
 
 # The most reads (sample-axis chunks x sources) a pass may have for the dataset to plan it as it opens:
 # about 0.13 s of planning on the bench machine. A larger one takes longer to plan (1.3 s at a million
@@ -58,9 +61,9 @@ class Warmup:
     def close(self) -> None:
         """Cancel what is still being read, and wait until it has stopped. Idempotent."""
         future = self.future
-        if future.done():
+        loop = live_loop()
+        if future.done() or loop is None:  # no loop runs any more: nor does anything it was reading
             return
-        loop = zarr_loop()
         if asyncio._get_running_loop() is loop:  # closed from the loop itself: cannot wait on it
             future.cancel()
             return
@@ -73,6 +76,29 @@ class Warmup:
             asyncio.run_coroutine_threadsafe(cancel(), loop).result(CLOSE_WAIT_S)
         except (concurrent.futures.TimeoutError, RuntimeError):  # pragma: no cover - a wedged store, a closed loop
             pass
+
+    def release(self) -> None:
+        """Cancel what is still being read, waiting for nothing (from a finalizer)."""
+        if not exiting():
+            self.future.cancel()  # thread-safe: the loop cancels the reading task
+
+
+def open_reads(
+    ctx: PassContext,
+    planner: EpochPlanner,
+    read_coords: Callable[[], dict[str, Any]],
+    read_statics: Callable[[], Mapping[str, Any]],
+) -> dict[str, Any]:
+    """What a dataset reads once as it opens: its coordinate (returned) on a helper thread, beside the warm-up.
+
+    The warm-up (``ctx.warmup``) and the static fields (``ctx.statics``) are
+    read on the caller's thread meanwhile; a pass's GETs are only its chunks'.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="insitu-open") as opener:
+        coords = opener.submit(read_coords)
+        ctx.warmup = warm_first_pass(ctx, planner)
+        ctx.statics = read_statics()
+    return coords.result()
 
 
 def warm_first_pass(ctx: PassContext, planner: EpochPlanner) -> Warmup | None:

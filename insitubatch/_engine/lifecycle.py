@@ -1,0 +1,146 @@
+"""What is still open when the process exits: closed first, while zarr's loop and the decode pool still run.
+
+A script may end however it ends: return from a function that built a
+dataset, ``break`` out of a loop, ``sys.exit()`` in the middle of a pass.
+Python then finalizes objects late, after zarr's exit hook has stopped its
+event loop, and asking zarr for its loop at that point starts a new loop
+thread that never runs: the process hangs. So:
+
+* every dataset registers here; :func:`_close_open_at_exit` closes the ones
+  still open at the very start of interpreter shutdown (a ``threading``
+  exit hook, which runs before non-daemon threads and executors are joined
+  and long before zarr's ``atexit`` hook stops its loop);
+* finalizers (``__del__``, ``weakref.finalize``) never start a thread, an
+  event loop or I/O: they call :func:`live_loop` (never :func:`zarr_loop`),
+  only signal what runs, and hand closes that do I/O (a disk cache, a store)
+  to :func:`close_later`, which runs them at the next ``close()`` or open on
+  a user's thread, or at exit. Only a finalizer the caller's own code set
+  off (a dropped iterator after ``break``), outside a garbage collection,
+  closes in full (:func:`may_wait`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import gc
+import logging
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from .._zarr_compat import running_io_loop
+from .loop import DECODE_THREAD_PREFIX
+
+__all__ = ["close_at_exit", "close_later", "closing_deferred", "dropped", "exiting", "live_loop", "may_wait"]
+
+logger = logging.getLogger("insitubatch")
+
+# At exit, how long closing one pass may wait for its producer thread and its tasks on the loop: a batch
+# transform or a store that never returns must not keep the process from ending.
+EXIT_WAIT_S = 2.0
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+_open: weakref.WeakSet[Any] = weakref.WeakSet()  # datasets not closed yet
+_later: list[Callable[[], object]] = []  # closes a finalizer handed on (they do I/O): on a user's thread or at exit
+_lock = threading.Lock()
+_exiting = False
+_collecting = False  # the cyclic garbage collector is running (in whichever thread triggered it)
+
+
+def live_loop() -> asyncio.AbstractEventLoop | None:
+    """zarr's store-IO loop if it runs now, else None; never starts one (for teardown and finalizers)."""
+    return running_io_loop()
+
+
+def exiting() -> bool:
+    """True once interpreter shutdown has begun (our exit hook ran, or Python is finalizing)."""
+    return _exiting or sys.is_finalizing()
+
+
+def may_wait() -> bool:
+    """Whether a finalizer running now may close what it holds the way ``close()`` does, waiting for threads.
+
+    Not during interpreter shutdown, and not from inside a cyclic garbage
+    collection, which can start at any allocation, in any thread, with any
+    lock held, nor on the event loop or a decode thread (which a pass's
+    close waits for): there a finalizer only signals. A reference dropped by
+    the caller's own code (``break``, ``del``, a function's return) may wait.
+    """
+    if _collecting or exiting() or asyncio._get_running_loop() is not None:
+        return False
+    return not threading.current_thread().name.startswith(DECODE_THREAD_PREFIX)
+
+
+def _note_collection(phase: str, info: dict[str, Any]) -> None:
+    global _collecting
+    _collecting = phase == "start"
+
+
+gc.callbacks.append(_note_collection)
+
+
+def close_at_exit(obj: _Closable) -> None:
+    """Close ``obj`` at the start of interpreter shutdown if it is still alive then (held weakly)."""
+    with _lock:
+        _open.add(obj)
+
+
+def close_later(close: Callable[[], object]) -> None:
+    """Call ``close`` on a user's thread soon (the next :func:`closing_deferred`) or at exit: for finalizers."""
+    with _lock:
+        _later.append(close)
+
+
+def dropped(close: Callable[[], object], release: Callable[[], object], later: Sequence[Callable[[], object]]) -> None:
+    """A finalizer's close: ``close`` where it may wait, else ``release`` (signals only) and the closes
+    that do I/O (``later``) handed to a user's thread; at interpreter exit those are left to the process's end.
+    """
+    if may_wait():
+        close()
+        return
+    release()
+    if not exiting():
+        for each in later:
+            close_later(each)
+
+
+def closing_deferred() -> None:
+    """Run the closes finalizers handed on; call from a user's thread (``close()``, a dataset opening)."""
+    with _lock:
+        pending = _later[:]
+        _later.clear()
+    for close in pending:
+        try:
+            close()
+        except Exception:  # one failed close must not stop the others (nor the caller's own close)
+            logger.debug("insitubatch: a deferred close failed", exc_info=True)
+
+
+def _close_open_at_exit() -> None:
+    global _exiting
+    _exiting = True
+    with _lock:
+        still_open = list(_open)
+    for obj in still_open:
+        try:
+            obj.close()
+        except Exception:
+            logger.debug("insitubatch: closing %r at exit failed", obj, exc_info=True)
+    closing_deferred()
+
+
+# threading's exit hooks run first at shutdown, newest first (concurrent.futures joins its pools in one
+# registered earlier); plain atexit is the fallback on a Python without them. Either way before zarr's hook,
+# which was registered when zarr was imported, before this module.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_close_open_at_exit)
+else:  # pragma: no cover - every CPython this package supports has it
+    atexit.register(_close_open_at_exit)

@@ -1,0 +1,316 @@
+"""A script exits however it ends, and a finalizer never starts a thread, a loop or I/O.
+
+Each ending pattern runs as a real script in a subprocess, over a local
+directory and over the loopback emulator (HTTP, the engine's own client):
+the script prints its last line, and the process must be gone moments
+later with the exit code that ending gives.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import insitubatch as ib
+from insitubatch._engine import lifecycle
+
+# Seconds from a script's last line to its exit: far above a prompt exit (well under one second), far
+# below the hang this guards against (forever). A loaded 2-core CI machine starts Python slowly, which
+# happens before the last line and does not count.
+EXIT_WITHIN_S = 10.0
+# Whole-script ceiling (start-up, imports, the pass itself, the exit).
+SCRIPT_TIMEOUT_S = 120.0
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    import insitubatch as ib
+
+    url, pattern = sys.argv[1], sys.argv[2]
+
+
+    def make():
+        store = ib.obstore_store(url, read_only=True)
+        geoms = ib.open_geometries(store, variables=["a", "b"])
+        manifest = ib.split_by_chunk(geoms["a"], fractions=(0.5, 0.5))
+        return ib.InSituDataset(store, manifest, geoms, batch_size=4, block_chunks=2)
+
+
+    def last_line():
+        print(f"LAST {time.time()!r}", flush=True)
+
+
+    if pattern == "function-unclosed":
+        def main():
+            ds = make()
+            for _ in ds.train:
+                pass
+        main()
+    elif pattern == "break-in-function":
+        def main():
+            ds = make()
+            for i, _ in enumerate(ds.train):
+                if i == 1:
+                    break
+        main()
+    elif pattern == "zipped-views":
+        def main():
+            ds = make()
+            for _ in zip(ds.train, ds.val):
+                pass
+        main()
+    elif pattern == "temporary-dataset":
+        for _ in make().train:
+            pass
+    elif pattern == "open-iterator":
+        ds = make()
+        it = iter(ds.train)
+        next(it)
+    elif pattern == "module-global":
+        ds = make()
+        for i, _ in enumerate(ds.train):
+            if i == 1:
+                break
+    elif pattern == "with-block":
+        with make() as ds:
+            for _ in ds.train:
+                pass
+    elif pattern == "torch-break":
+        def main():
+            ds = make()
+            for i, _ in enumerate(ib.as_torch(ds.train)):
+                if i == 1:
+                    break
+        main()
+    elif pattern == "sys-exit":
+        ds = make()
+        for i, _ in enumerate(ds.train):
+            if i == 1:
+                last_line()
+                sys.exit(3)
+    elif pattern == "uncaught-exception":
+        ds = make()
+        for i, _ in enumerate(ds.train):
+            if i == 1:
+                last_line()
+                raise RuntimeError("the training step failed")
+    elif pattern == "keyboard-interrupt":
+        ds = make()
+        for i, _ in enumerate(ds.train):
+            if i == 1:
+                last_line()
+                raise KeyboardInterrupt
+    elif pattern == "ctrl-c":
+        ds = make()
+        print("READY", flush=True)
+        while True:  # epochs until the signal lands, wherever the main thread waits
+            for _ in ds.train:
+                pass
+    last_line()
+    """
+)
+
+# pattern -> the exit code its ending gives (an uncaught KeyboardInterrupt ends the process by SIGINT)
+PATTERNS = {
+    "function-unclosed": 0,
+    "break-in-function": 0,
+    "zipped-views": 0,
+    "temporary-dataset": 0,
+    "open-iterator": 0,
+    "module-global": 0,
+    "with-block": 0,
+    "torch-break": 0,
+    "sys-exit": 3,
+    "uncaught-exception": 1,
+    "keyboard-interrupt": -signal.SIGINT,
+    "ctrl-c": -signal.SIGINT,
+}
+# how long another thread holds the pool's lock while a collector finalizes a pass
+LOCK_HELD_S = 4.0
+# run together, a few at a time: each is mostly start-up and waiting
+AT_ONCE = 4
+
+
+def _write_store(root: Path) -> Path:
+    path = root / "d.zarr"
+    group = zarr.open_group(path, mode="w", zarr_format=2)  # consolidated metadata is v2's own
+    for name in ("a", "b"):
+        array = group.create_array(name, shape=(64, 12, 10), chunks=(8, 6, 10), dtype="f4")
+        array[...] = np.arange(64 * 120, dtype="f4").reshape(64, 12, 10)
+    zarr.consolidate_metadata(path)
+    return path
+
+
+@pytest.fixture(params=["local", "emulator"])
+def store_url(request, tmp_path: Path) -> str:
+    if request.param == "local":
+        return str(_write_store(tmp_path))
+    emulator = request.getfixturevalue("emulator")
+    _write_store(emulator.root)
+    return emulator.url_for("d.zarr")
+
+
+def _finish(proc: subprocess.Popen, pattern: str) -> tuple[int, float, str]:
+    """Wait for ``proc``; its exit code, seconds from its last line to its exit, and its stderr."""
+    try:
+        out, err = proc.communicate(timeout=SCRIPT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{pattern}: still running after {SCRIPT_TIMEOUT_S}s (hung at exit?)\n{out}\n{err}")
+    ended = time.time()
+    stamps = [float(line.split()[1]) for line in out.splitlines() if line.startswith("LAST ")]
+    assert stamps, f"{pattern}: never reached its last line\nstdout: {out}\nstderr: {err}"
+    return proc.returncode, ended - stamps[-1], err
+
+
+@pytest.mark.slow
+def test_every_ending_of_a_script_exits_promptly(store_url: str, tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}  # zarr's consolidated-metadata notice is not the point
+    names = list(PATTERNS)
+    for i in range(0, len(names), AT_ONCE):
+        procs = {}
+        for pattern in names[i : i + AT_ONCE]:
+            procs[pattern] = subprocess.Popen(
+                [sys.executable, str(script), store_url, pattern],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+        if "ctrl-c" in procs:  # a real SIGINT, from outside, while the main thread waits inside a pass
+            proc = procs["ctrl-c"]
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "READY"
+            time.sleep(0.5)
+            stamp = time.time()
+            proc.send_signal(signal.SIGINT)
+            try:
+                _, err = proc.communicate(timeout=SCRIPT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                pytest.fail("ctrl-c: still running after SIGINT")
+            assert proc.returncode == PATTERNS["ctrl-c"], err
+            assert time.time() - stamp < EXIT_WITHIN_S
+            procs.pop("ctrl-c")
+        for pattern, proc in procs.items():
+            code, after_last, err = _finish(proc, pattern)
+            assert code == PATTERNS[pattern], f"{pattern}: exit code {code}\n{err}"
+            assert after_last < EXIT_WITHIN_S, f"{pattern}: exited {after_last:.1f}s after its last line"
+            if code == 0:
+                assert "Traceback" not in err and "Exception ignored" not in err, f"{pattern}:\n{err}"
+
+
+# --- finalizers ------------------------------------------------------------------------------
+
+
+def _dataset(path: Path, **knobs) -> ib.InSituDataset:
+    geoms = ib.open_geometries(str(path), variables=["a", "b"])
+    manifest = ib.split_by_chunk(geoms["a"], fractions=(1.0,))
+    return ib.InSituDataset(str(path), manifest, geoms, batch_size=4, block_chunks=2, **knobs)
+
+
+class _Trap:
+    """Records every thread started and every request for zarr's loop while armed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import zarr.core.sync as zsync
+
+        self.calls: list[str] = []
+        self.armed = False
+        start, get_loop = threading.Thread.start, zsync._get_loop
+
+        def trapped_start(thread: threading.Thread) -> None:
+            if self.armed:
+                self.calls.append(f"Thread.start({thread.name})")
+            start(thread)
+
+        def trapped_get_loop():
+            if self.armed:
+                self.calls.append("zarr _get_loop()")
+            return get_loop()
+
+        monkeypatch.setattr(threading.Thread, "start", trapped_start)
+        monkeypatch.setattr(zsync, "_get_loop", trapped_get_loop)
+
+
+def test_a_pass_found_by_the_collector_is_signalled_and_starts_nothing(tmp_path: Path, monkeypatch) -> None:
+    """An iterator dropped inside a cycle is finalized by the collector: released without a thread, a loop
+    request or a wait (the collector may run in any thread, with any lock held)."""
+    path = _write_store(tmp_path)
+    trap = _Trap(monkeypatch)
+    ds = _dataset(path)
+    it = iter(ds.train)
+    next(it)
+    pool, producer, state = ds.pool, it._state.thread, weakref.ref(it._state)
+    trainer = {"batches": it}
+    trainer["self"] = trainer  # an object graph with a cycle, as a trainer object often is
+    del ds, it, trainer
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_pool() -> None:  # another thread in the pool's lock while the collector runs
+        with pool.cond:
+            held.set()
+            release.wait(LOCK_HELD_S)
+
+    holder = threading.Thread(target=hold_the_pool)
+    holder.start()
+    held.wait()
+    trap.armed = True
+    t0 = time.monotonic()
+    gc.collect()
+    took = time.monotonic() - t0
+    trap.armed = False
+    release.set()
+    holder.join()
+    assert trap.calls == []
+    assert took < LOCK_HELD_S / 2  # the finalizer waited for nothing (a close waits for the pool's lock)
+    deadline = time.monotonic() + 10
+    while (producer.is_alive() or pool._owners) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not producer.is_alive()  # it saw the stop on its own
+    assert not pool._owners  # the loop ended the driver and handed the entries back
+    gc.collect()
+    assert state() is None  # nothing keeps the finished pass alive
+
+
+def test_breaking_out_stops_the_pass_before_the_next_line(tmp_path: Path) -> None:
+    """A reference the caller drops (``break``) still closes in full, at once: nothing left running."""
+    path = _write_store(tmp_path)
+    with _dataset(path) as ds:
+        for _ in ds.train:
+            break
+        assert not [t for t in threading.enumerate() if t.name == "insitu-prefetch"]
+        assert len(ds.pool._owners) == 0
+
+
+def test_a_dataset_nobody_closed_hands_its_cache_lock_to_the_next_one(tmp_path: Path) -> None:
+    """A collected dataset's disk cache (its lock, its spill files) is closed by the next dataset that opens."""
+    path = _write_store(tmp_path)
+    cache_dir = tmp_path / "cache"
+    ds = _dataset(path, cache_dir=cache_dir, persist=True)
+    for _ in ds.train:
+        pass
+    ds.train  # noqa: B018 - a view makes the dataset a cycle, which only the collector frees
+    del ds
+    gc.collect()  # inside a collection the finalizer may not wait: it hands the cache's close on
+    assert lifecycle._later  # the close waits for a user's thread
+    again = _dataset(path, cache_dir=cache_dir, persist=True)  # its writer lock is free again
+    with again:
+        assert sum(len(b) for b in again.train) == 64
+        assert again.gets == 0  # every chunk revived from the cache the first dataset persisted
