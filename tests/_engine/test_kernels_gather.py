@@ -154,6 +154,31 @@ def test_one_row_batch_and_empty_selections() -> None:
     assert coalesce_runs([], [], []).shape == (0, 4)
 
 
+@pytest.mark.parametrize("rank", range(7))
+def test_any_inner_rank_a_transform_makes_gathers_and_assembles(rank: int) -> None:
+    """A chunk transform may drop, add or reorder inner axes: the kernels take the destination's rank, whatever it is."""
+    rng = np.random.default_rng(40 + rank)
+    inner = tuple(int(x) for x in rng.integers(1, 4, size=rank))
+    tile = tuple(int(rng.integers(1, d + 1)) for d in inner)
+    window = Window(rng, inner, tile, [3, 2], "<f4")
+    samples = [(1, 1), (0, 2), (0, 0), (1, 0)]
+    out = np.zeros((len(samples), *inner), "<f4")
+    gather(out, window.tiles, window.origin_table(), coalesce_runs(*window.selection(samples)))
+    assert_same_bytes(out, _reference(window, samples, "<f4"))
+    whole = np.zeros_like(window.chunks[0])
+    per_chunk = len(window.tiles_of_chunk[0])
+    kernels.assemble_tiles(whole, window.tiles[:per_chunk], window.origin_table()[:per_chunk])
+    assert_same_bytes(whole, window.chunks[0])
+
+
+def test_origins_of_another_rank_than_the_destination_name_its_inner_dims() -> None:
+    """The failure a transform that changed the rank met when its tile kept the stored array's origins."""
+    with pytest.raises(ValueError, match=r"origins must have shape \(1, 1\), got \(1, 2\): .* out's 1 inner dims"):
+        gather(np.zeros((2, 6), "f4"), [np.zeros((2, 6), "f4")], [[0, 0]], [[0, 0, 0, 2]])
+    with pytest.raises(ValueError, match=r"origins must have shape \(1, 3\), got \(1, 2\): .* dest's 3 inner dims"):
+        kernels.assemble_tiles(np.zeros((2, 2, 6, 8), "f4"), [np.zeros((2, 2, 6, 8), "f4")], [[0, 0]])
+
+
 def test_scalar_samples_gather_as_one_block() -> None:
     tiles = [np.arange(10, dtype="f8"), np.arange(100, 105, dtype="f8")]
     out = np.zeros(7, "f8")

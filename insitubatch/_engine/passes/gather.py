@@ -46,5 +46,12 @@ def gather_label(
     entries = [entry_of(c) for c in chunks.tolist()]
     # a ready entry holds every tile (None marks only a tile still pending)
     tiles = cast("list[np.ndarray]", [t for e in entries for t in e.tiles])
+    # a transformed chunk is one tile of the transform's rank, at the origin of that rank (``ready_origins``)
     origins = np.concatenate([e.origins for e in entries]) if len(entries) > 1 else entries[0].origins
-    gather(out, tiles, origins, runs)
+    try:
+        gather(out, tiles, origins, runs)
+    except ValueError as exc:  # an entry that does not hold what the label's output geometry says: name it
+        raise ValueError(
+            f"gathering array {geometry.path!r} (source {geometry.source!r}, rows {geometry.row_shape} "
+            f"{geometry.dtype}) from chunks {chunks.tolist()}: {exc}"
+        ) from exc

@@ -208,6 +208,21 @@ def _index_table(name: str, table: object, shape: tuple[int | None, int], dtype:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
+def _origin_table(dst_name: str, dst: np.ndarray, tiles: tuple, origins: object) -> np.ndarray:
+    """``origins`` as intp ``(len(tiles), dst.ndim - 1)``: one corner per tile in ``dst``'s inner dims, of any rank.
+
+    The rank is the destination's, not the stored array's: a chunk transform
+    may drop, add or reorder inner axes, and its one output tile sits at the
+    origin of that rank.
+    """
+    try:
+        return _index_table("origins", origins, (len(tiles), dst.ndim - 1), np.intp)
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}: one corner per tile in {dst_name}'s {dst.ndim - 1} inner dims ({dst_name} shape {dst.shape})"
+        ) from None
+
+
 def _explain_rectangle(
     dst_name: str, dst: np.ndarray, tiles: tuple, shapes: np.ndarray, origins: np.ndarray
 ) -> Exception:
@@ -324,7 +339,7 @@ def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: 
     """
     _require_writable_rows("out", out)
     tiles = tuple(tiles)
-    origins = _index_table("origins", origins, (len(tiles), out.ndim - 1), np.intp)
+    origins = _origin_table("out", out, tiles, origins)
     runs = _index_table("runs", runs, (None, 4), np.int64)
     status, index = _gather.gather_runs(out, tiles, origins, runs, _STREAM_MIN_BYTES)
     if status:
@@ -342,7 +357,7 @@ def assemble_tiles(dest: np.ndarray, tiles: Sequence[np.ndarray], origins: objec
     """
     _require_writable_rows("dest", dest)
     tiles = tuple(tiles)
-    origins = _index_table("origins", origins, (len(tiles), dest.ndim - 1), np.intp)
+    origins = _origin_table("dest", dest, tiles, origins)
     status, index = _assemble.assemble_tiles(dest, tiles, origins, _STREAM_MIN_BYTES)
     if status:
         raise _kernel_error(status, index, "dest", dest, tiles, origins)
