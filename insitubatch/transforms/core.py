@@ -9,6 +9,7 @@ chunk. ``applies`` restricts a transform to named array paths.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -142,19 +143,40 @@ def stage_outputs(
     """The ``(inner_shape, dtype)`` each transform of ``pipeline`` must produce, in order.
 
     A transform that declares ``output_inner(geometry) -> (inner_shape, dtype)``
-    may reshape or recast; every other one must preserve both.
+    may reshape or recast, to an inner shape of any rank (axes dropped, added
+    or reordered); every other one must preserve both. ``geometry`` is the
+    selected view: a selection applies before the transforms.
     """
     out = []
     g = geometry
     for t in pipeline:
         declare = getattr(t, "output_inner", None)
         if declare is not None:
-            inner, dtype = declare(g)
-            inner, dtype = tuple(int(x) for x in inner), np.dtype(dtype)
+            inner, dtype = _declared(t, declare, g)
             if inner != g.inner_shape or dtype != g.dtype:
                 g = _with_inner(g, inner, dtype)
         out.append((g.inner_shape, g.dtype))
     return out
+
+
+def _declared(t: ChunkTransform, declare: Callable, geometry: ArrayGeometry) -> tuple[tuple[int, ...], np.dtype]:
+    """``t.output_inner(geometry)`` as ``(inner_shape, dtype)``; anything else raises naming the transform and array.
+
+    The inner shape may have any rank (axes dropped, added or reordered):
+    only the sample axis, kept first by the engine, is not the transform's.
+    """
+    where = f"chunk transform {_name(t)}.output_inner(geometry) for array {geometry.path!r}"
+    try:
+        inner, dtype = declare(geometry)
+        inner = tuple(operator.index(x) for x in inner)
+        dtype = np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{where} must return (inner_shape, dtype), a tuple of ints and a numpy dtype: {exc}") from exc
+    if any(x < 0 for x in inner):
+        raise ValueError(f"{where} returned inner_shape {inner}; every extent must be >= 0")
+    if dtype.hasobject:
+        raise ValueError(f"{where} returned dtype {dtype}; only fixed-size dtypes can be gathered and cached")
+    return inner, dtype
 
 
 def output_geometry(geometry: ArrayGeometry, pipeline: Sequence[ChunkTransform]) -> ArrayGeometry:
@@ -194,11 +216,19 @@ def run_pipeline(
         if expected is not None:
             inner, dtype = expected[k]
             if data.shape[1:] != inner or data.dtype != dtype:
-                declared = "declares output_inner" if hasattr(t, "output_inner") else "declares no output_inner"
-                raise ValueError(
+                made = (
                     f"chunk transform {_name(t)} turned {chunk.read.array!r} chunk {chunk.read.chunk_index} "
-                    f"from {before} into {data.shape} {data.dtype}, but it {declared} and the engine expected "
-                    f"{(n, *inner)} {dtype}; declare output_inner(geometry) -> (inner_shape, dtype) for a reshape"
+                    f"from {before} into {data.shape} {data.dtype}"
+                )
+                if hasattr(t, "output_inner"):
+                    raise ValueError(
+                        f"{made}, but its output_inner declares inner {inner} {dtype}, so the engine expected "
+                        f"{(n, *inner)} {dtype}; make output_inner(geometry) return the inner shape and dtype "
+                        f"the transform makes"
+                    )
+                raise ValueError(
+                    f"{made}, but it declares no output_inner and the engine expected {(n, *inner)} {dtype}; "
+                    f"declare output_inner(geometry) -> (inner_shape, dtype) for a reshape"
                 )
     return np.ascontiguousarray(chunk.data)
 

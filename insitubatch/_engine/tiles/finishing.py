@@ -1,9 +1,10 @@
 """The last tile of a chunk: assemble and transform the chunk, write it to the disk cache, hand it to the pool.
 
 A mixin of ``PassDriver`` (through ``_TileJobs``), run on the decode
-threads. A chunk is *staged* tile by tile when it is assembled before its
-chunk transforms or persisted; the thread that lands its last tile finishes
-it. A chunk the disk cache does not keep (a full disk, the disk budget,
+threads. A chunk is *staged* tile by tile when it is transformed (assembled
+first when it holds several tiles) or persisted; the thread that lands its
+last tile finishes it. A transformed chunk is one array of the transform's
+output, at the origin of its rank (which may differ from the stored array's). A chunk the disk cache does not keep (a full disk, the disk budget,
 another writer's claim) stays in memory, under the pool's budget.
 """
 
@@ -58,11 +59,13 @@ class _Finishing:
             self.cache.evict(source, chunk_index)
 
     def _finalize(self, entry: Entry, reader: ArrayReader, chunk_index: int) -> tuple[list[np.ndarray], np.ndarray]:
-        """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache."""
+        """Decode thread: assemble + transform a multi-tile chunk, and write it to the disk cache; returns tiles + origins."""
         g = reader.geometry
         # complete: every tile staged (a _BAD_TILE mark only where the chunk assembles, filled below)
         tiles = cast("list[np.ndarray]", list(entry.tiles))
-        origins = entry.origins
+        # a pending entry holds the pieces' origins in the selected field; a transformed chunk is one
+        # array at the origin of the transform's output, whose rank may differ (a dropped or added axis)
+        origins = reader.ready_origins()
         if reader.assembles:
             n = g.chunk_len(chunk_index)
             full = np.empty((n, *g.inner_shape), dtype=g.dtype)
@@ -72,7 +75,6 @@ class _Finishing:
                 piece = reader.layout.pieces[t]
                 fill_region(full, (0, *piece.origin), (n, *piece.shape), _fill_value(g))
             tiles = [self._transform(reader, chunk_index, full)]
-            origins = reader.single_origin
         if self.cache is not None and not entry.bad:
             tiles = self._persist(reader, chunk_index, tiles)
         elif self.cache is not None:  # never persisted: a later run retries the read

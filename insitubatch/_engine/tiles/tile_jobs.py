@@ -171,9 +171,10 @@ class _TileJobs(_Finishing):
         decoded once, into the memory of the consumer that keeps it whole (a
         view without a selection) if there is one, else into scratch. Returns
         the pieces ``(entry, piece index, array)`` for the caller to deliver;
-        pieces of chunks assembled before their transforms, or persisted, are
-        staged instead. A store failure raises ``StoreReadError``; a bad chunk
-        under ``on_bad_chunk="raise"`` raises ``BadChunkError``. The caller
+        pieces of transformed chunks (assembled first when they hold
+        several), or of persisted ones, are staged instead. A store failure
+        raises ``StoreReadError``; a bad chunk under ``on_bad_chunk="raise"``
+        raises ``BadChunkError``. The caller
         adds ``tally`` to the counters before the pieces land, so a consumer
         that saw the data sees them too.
         """
@@ -210,7 +211,8 @@ class _TileJobs(_Finishing):
                 ((p, piece),) = pieces
                 if not isinstance(piece, _BadTile):
                     pieces = [(p, self._transform(reader, chunk_index, piece))]
-            if reader.assembles or self.cache is not None:
+            # a transformed chunk lands whole, at its output's origin (``_finalize``): its rank may differ
+            if reader.pipeline or self.cache is not None:
                 for p, piece in pieces:
                     self._stage(entry, reader, chunk_index, p, piece)
                 continue
