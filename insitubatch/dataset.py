@@ -24,6 +24,7 @@ from ._engine.passes.warm import open_reads
 from ._engine.pool.buffers import BufferPool
 from ._engine.pool.chunk_pool import ChunkPool
 from ._engine.reads.reader import BadChunkRecord
+from ._engine.reads.store_link import route_report
 from ._validate import callables, flag, positive_int, positive_int_or_auto
 from .cache import OnCorrupt
 from .cache.fingerprint import array_fingerprints
@@ -382,11 +383,11 @@ class InSituDataset:
             iterations=iterations,
             budget_bytes=self.pool.explicit_budget,
             batch_geometries=self.outputs,
-            split_chunks={name: len(self.manifest.chunks(name)) for name in self.manifest.names},
-            world_size=self.world_size,
+            empty={n: why for n, p in plans.items() if (why := self.planner.empty_reason(n, p)) is not None},
             statics=self.static_fields,
             left_out=self.left_out,
             remote=self.context.client() is not None,
+            client=route_report(self.context.client()),  # which HTTP client reads the store, and why
         )
         info["resolved"] = {
             **{k: getattr(self, k) for k in RESOLVED},

@@ -81,10 +81,9 @@ class DatasetView:
         ctx.check_open()
         start_batch = positive_int("start_batch", start_batch, minimum=0)
         plan = self._plan_for_pass(history)
-        if plan.n_samples == 0:  # never a silently empty loop
-            manifest = self.planner.manifest
-            chunks = len(manifest.chunks(self.split)) if self.split in manifest.names else None
-            logger.warning("insitubatch: %s", empty_split_note(self.split, chunks, self.planner.world_size))
+        why = self.planner.empty_reason(self.split, plan)
+        if why is not None:  # never a silently empty loop, unless the split was asked to be empty
+            logger.warning("insitubatch: %s", empty_split_note(self.split, why))
         state = _PassState(ctx, self.split, plan, ctx.epoch, start_batch)
         state.history = history
         state.on_stats = self._record_stats

@@ -48,16 +48,8 @@ KNOBS = ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")
 READ_AHEAD_SHARE = 2
 
 
-def empty_split_note(split: str, split_chunks: int | None = None, world_size: int = 1) -> str:
-    """Why iterating ``split`` yields nothing, in one sentence (``split_chunks``: its chunks, when known)."""
-    if split_chunks == 0:
-        why = "it has no chunks (its fraction of the chunks rounds to none): give it a larger fraction"
-    else:
-        why = (
-            "none of its anchors has every label's window (anchor + offset) inside the arrays"
-            + (", or this rank's share of it is empty" if world_size > 1 else "")
-            + ": shorten the offsets, or give the split more (or later/earlier) chunks"
-        )
+def empty_split_note(split: str, why: str) -> str:
+    """Iterating ``split`` yields nothing, and ``why`` (``EpochPlanner.empty_reason``), in one sentence."""
     return f"split {split!r} yields no sample — {why}; iterating it is an empty loop"
 
 
@@ -157,11 +149,11 @@ def describe_loader(
     batch_geometries: Mapping[str, ArrayGeometry] | None = None,
     stored_tile_bytes: Mapping[str, int | None] | None = None,
     ceiling: Mapping[str, Any] | None = None,
-    split_chunks: Mapping[str, int] | None = None,
-    world_size: int = 1,
+    empty: Mapping[str, str] | None = None,
     statics: Mapping[str, StaticField] | None = None,
     left_out: Mapping[str, str] | None = None,
     remote: bool = False,
+    client: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -171,13 +163,14 @@ def describe_loader(
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
     sizes, ``None`` where unknown. ``ceiling`` is a :func:`read_ceiling`
-    (plus any ``suggest`` entry), reported as given. A split whose plan has
-    no sample gets a note saying why (``split_chunks``, each split's chunk
-    count, and ``world_size`` make the reason precise). ``statics`` are
+    (plus any ``suggest`` entry), reported as given. ``empty`` gives, for
+    each split that yields no sample although it was not asked to be
+    empty, why (``EpochPlanner.empty_reason``): each is a note. ``statics`` are
     ``{label: StaticField}`` (held once, counted in the memory plan); ``left_out`` what the dataset did not take from the store, with
     why. ``knobs["max_inflight"]`` may be ``"auto"``: the in-flight terms are
     then stated at its cap, and on a ``remote`` store the read-ahead beyond
-    the working set is a term too.
+    the working set is a term too. ``client`` is which HTTP client reads the
+    store, and why (``{"client": ..., "reason": ...}``, from the routing).
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
@@ -201,7 +194,9 @@ def describe_loader(
         }
     splits = {name: _split_row(plan, tiles_per_read) for name, plan in plans.items()}
     mine = splits[split]
-    batch_bytes = knobs["batch_size"] * sum(g.sample_nbytes for g in rows.values())
+    # a batch buffer holds at most a pass's samples (a batch_size past the split's length is one short batch)
+    batch_rows = min(knobs["batch_size"], max((p.n_samples for p in plans.values()), default=0))
+    batch_bytes = batch_rows * sum(g.sample_nbytes for g in rows.values())
     tile_bytes = max(g.tile_nbytes for g in geometries.values())
     auto = knobs["max_inflight"] == "auto"
     inflight_tiles = auto_inflight_cap(tile_bytes) if auto else int(knobs["max_inflight"])
@@ -284,10 +279,8 @@ def describe_loader(
             f"each in-flight read costs a whole {tile_bytes / MIB:.0f} MiB tile once decoded: "
             f"max_inflight={knobs['max_inflight']!r} holds up to {inflight_bytes / MIB:.0f} MiB"
         )
-    for name, plan in plans.items():
-        if plan.n_samples == 0:
-            chunks = None if split_chunks is None else split_chunks.get(name)
-            notes.append(empty_split_note(name, chunks, world_size))
+    for name, why in (empty or {}).items():
+        notes.append(empty_split_note(name, why))
     if budget_bytes is not None and budget_bytes < working:
         notes.append(
             f"cache_budget_bytes={budget_bytes} is below the working set of {working} bytes for "
@@ -305,6 +298,7 @@ def describe_loader(
         "left_out": dict(left_out or {}),
         "notes": notes,
         **({"ceiling": dict(ceiling)} if ceiling is not None else {}),
+        **({"client": dict(client)} if client is not None else {}),
     }
 
 
@@ -316,7 +310,10 @@ def format_summary(info: Mapping[str, Any]) -> str:
     """The text ``insitubatch inspect`` and ``print_summary()`` print for a :func:`describe_loader` dict."""
     variables = info["variables"]
     probe = info["probed"]
-    lines = [f"store      {info['store']}", ""]
+    lines = [f"store      {info['store']}"]
+    if "client" in info:
+        lines.append(f"client     {info['client']['client']}: {info['client']['reason']}")
+    lines.append("")
     lines.append(
         f"{'variable':<28} {'shape':<18} {'dtype':<8} {'stored chunk':<18} {'tiles':>5} "
         f"{'samples/chunk':>13} {'chunk MB':>9} {'tile MB':>9}" + (f" {'stored tile MB':>14}" if probe else "")

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..io.geometry import ArrayGeometry
 from .distributed import Remainder, rank_streams
-from .epoch import EpochPlan, build_plan, epoch_order
+from .epoch import EpochPlan, build_plan, epoch_order, valid_anchor_range
 from .splits import SplitManifest
 
 __all__ = ["History", "EpochPlanner"]
@@ -109,6 +109,32 @@ class EpochPlanner:
             batch_size,
             padded=padded if padded is not None and padded.any() else None,
             release_per_block=self.release_per_block,
+        )
+
+    def empty_reason(self, split: str, plan: EpochPlan) -> str | None:
+        """Why ``plan`` (this rank's of ``split``) yields no sample, as a clause; None when it yields some
+        or the split was asked to be empty (a fraction of 0: that is silent)."""
+        manifest = self.manifest
+        if plan.n_samples or split not in manifest.names or manifest.asked_empty(split):
+            return None
+        chunks = manifest.chunks(split)
+        if not chunks:  # split_by_chunk and split_by_time give every split they were asked for a chunk
+            return "its manifest gives it no chunks (was it edited by hand?)"
+        samples = manifest.sample_indices(split)
+        if not len(samples):
+            return f"its {len(chunks)} chunk(s) hold none of the samples its range keeps"
+        lo, hi = valid_anchor_range(manifest, self.outputs)
+        if not ((samples >= lo) & (samples < hi)).any():
+            reach = {label: g.read_offsets for label, g in self.outputs.items()}
+            label = max(reach, key=lambda lb: max(max(reach[lb]), -min(reach[lb])))
+            return (
+                f"its samples {samples[0]} .. {samples[-1]} all lie outside {lo} .. {hi - 1}, the anchors whose "
+                f"window (anchor + offset) fits every array (label {label!r} reads {min(reach[label]):+d} .. "
+                f"{max(reach[label]):+d}): shorten the offsets, or give the split other chunks"
+            )
+        return (
+            f"rank {self.rank} of {self.world_size} is dealt none of its {len(samples)} samples in "
+            f"{len(chunks)} chunk(s) (remainder={self.remainder!r}): use fewer ranks or give the split more chunks"
         )
 
     def identity(self, split: str) -> dict[str, Any]:

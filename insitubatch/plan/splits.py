@@ -136,6 +136,11 @@ class SplitManifest:
     def __getitem__(self, name: str) -> tuple[int, ...]:
         return self.chunks(name)
 
+    def asked_empty(self, name: str) -> bool:
+        """Whether split ``name`` was asked to be empty (a fraction of 0): it yields nothing, silently."""
+        names = self.names
+        return bool(self.fractions) and name in names and self.fractions[names.index(name)] == 0
+
     def chunk_len(self, chunk_index: int) -> int:
         return min(self.sample_chunk_size, self.n_samples - chunk_index * self.sample_chunk_size)
 
@@ -300,14 +305,31 @@ def _named_fractions(fractions: Sequence[float] | Mapping[str, float]) -> list[t
     return out
 
 
-def _allocate(n: int, fractions: list[float]) -> list[int]:
-    """Split ``n`` chunks by fraction with the largest-remainder rule (exact total)."""
+def _allocate(n: int, named: list[tuple[str, float]]) -> list[int]:
+    """Split ``n`` chunks by fraction: the largest-remainder rule (exact total), then one chunk at least for
+    every split with a non-zero fraction, each taken from the split furthest over its share.
+
+    Raises ``ValueError`` when there are fewer chunks than non-zero fractions.
+    """
+    fractions = [f for _, f in named]
+    wanted = [name for name, f in named if f > 0]
+    if n < len(wanted):
+        raise ValueError(
+            f"{len(wanted)} splits have a non-zero fraction ({', '.join(repr(w) for w in wanted)}) but the range "
+            f"holds {n} chunk(s), and a split takes whole chunks: give fewer splits a fraction, widen sample_range, "
+            "or rechunk the sample axis finer"
+        )
     raw = [f * n for f in fractions]
     counts = [int(math.floor(r)) for r in raw]
     left = n - sum(counts)
     order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - counts[i]), i))
     for i in order[:left]:
         counts[i] += 1
+    for i, f in enumerate(fractions):
+        if f > 0 and counts[i] == 0:
+            donor = max((j for j in range(len(counts)) if counts[j] > 1), key=lambda j: (counts[j] - raw[j], -j))
+            counts[donor] -= 1
+            counts[i] = 1
     return counts
 
 
@@ -326,6 +348,9 @@ def split_by_chunk(
     fractions
         Fractions of chunks (not samples) per split: up to three numbers for
         ``train``/``val``/``test``, or a ``{name: fraction}`` mapping. Must sum to 1.
+        Chunks go by the largest-remainder rule, except that a split with a
+        non-zero fraction always gets a chunk; a fraction of 0 asks for an
+        empty split (iterating it yields nothing, and nothing warns).
     contiguous
         Each split is one run of consecutive chunks (safe for autocorrelated
         series). ``False`` permutes chunks by ``seed`` first (exchangeable samples).
@@ -338,8 +363,9 @@ def split_by_chunk(
     Raises
     ------
     ValueError
-        Fractions not in [0, 1] or not summing to 1, a range outside the
-        array, or a negative seed.
+        Fractions not in [0, 1] or not summing to 1, fewer chunks in the
+        range than splits with a non-zero fraction (each gets one chunk at
+        least), a range outside the array, or a negative seed.
     """
     if not isinstance(geometry, ArrayGeometry):
         raise TypeError(f"geometry must be an ArrayGeometry, got {type(geometry).__name__}")
@@ -367,7 +393,7 @@ def split_by_chunk(
     chunks = np.arange(first, last, dtype=np.int64)
     if not contiguous:
         chunks = np.random.default_rng(int(seed)).permutation(chunks)
-    counts = _allocate(len(chunks), [f for _, f in named])
+    counts = _allocate(len(chunks), named)
     bounds = np.cumsum([0, *counts])
     splits = tuple(
         (name, tuple(sorted(int(c) for c in chunks[bounds[i] : bounds[i + 1]]))) for i, (name, _) in enumerate(named)

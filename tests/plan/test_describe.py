@@ -119,17 +119,27 @@ def test_a_split_that_can_yield_nothing_is_noted_and_warned_once_per_pass(zarr_p
         assert len(warned) == 1 and "split 'val' yields no sample" in warned[0]
 
 
-def test_a_split_without_chunks_says_so(zarr_path, caplog) -> None:
+def test_a_split_asked_to_be_empty_is_silent(zarr_path, caplog) -> None:
     store = local_store(zarr_path)
     geoms = open_geometries(store)
-    manifest = split_by_chunk(geoms["t2m"], fractions=(1.0, 0.0))
-    assert manifest.chunks("val") == ()
+    manifest = split_by_chunk(geoms["t2m"], fractions=(1.0, 0.0, 0.0))
+    assert manifest.chunks("val") == manifest.chunks("test") == ()
     with InSituDataset(store, manifest, geoms, batch_size=8) as ds:
-        (note,) = [n for n in ds.describe()["notes"] if "'val'" in n]
-        assert "has no chunks" in note
+        assert not [n for n in ds.describe()["notes"] if "no sample" in n]
         with caplog.at_level("WARNING", logger="insitubatch"):
-            assert list(ds.val) == []
-        assert "has no chunks" in caplog.records[-1].getMessage()
+            assert list(ds.val) == [] and list(ds.test) == []
+        assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_rank_dealt_nothing_is_told_so(zarr_path) -> None:
+    """val has one chunk of 4 samples and there are 8 ranks cut to the shortest: the note names the rank."""
+    store = local_store(zarr_path)
+    geoms = open_geometries(store)
+    manifest = split_by_chunk(geoms["t2m"], fractions={"train": 23 / 24, "val": 1 / 24})
+    with InSituDataset(store, manifest, geoms, batch_size=8, rank=7, world_size=8, remainder="drop") as ds:
+        assert ds.val.plan().n_samples == 0
+        (note,) = [n for n in ds.describe()["notes"] if "'val'" in n]
+        assert "rank 7 of 8" in note and "window" not in note
 
 
 def test_blocks_left_empty_by_a_window_edge_are_dropped_from_the_plan(zarr_path) -> None:

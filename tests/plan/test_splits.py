@@ -34,7 +34,16 @@ def test_splits_are_disjoint_and_cover_the_range(n, size, weights, contiguous, s
     fractions = [w / sum(weights) for w in weights]
     start = data.draw(st.integers(0, n - 1))
     stop = data.draw(st.integers(start + 1, n))
+    n_chunks = -(-stop // size) - start // size
+    wanted = sum(1 for f in fractions if f > 0)
+    if n_chunks < wanted:  # a split with a fraction gets a whole chunk: not enough of them is an error
+        with pytest.raises(ValueError, match=f"but the range holds {n_chunks} chunk"):
+            split_by_chunk(g, fractions=fractions, contiguous=contiguous, sample_range=(start, stop), seed=seed)
+        return
     m = split_by_chunk(g, fractions=fractions, contiguous=contiguous, sample_range=(start, stop), seed=seed)
+    for f, (_, chunks) in zip(fractions, m.splits):
+        assert (len(chunks) > 0) == (f > 0)  # a fraction gets a chunk; a fraction of 0 gets none
+        assert abs(len(chunks) - f * n_chunks) < len(fractions)  # and stays near its share
     all_chunks = [c for _, chunks in m.splits for c in chunks]
     assert len(all_chunks) == len(set(all_chunks)), "a chunk is in two splits"
     assert sorted(all_chunks) == list(range(start // size, -(-stop // size)))
@@ -81,6 +90,27 @@ def test_empty_split_is_allowed() -> None:
     m = split_by_chunk(_geom(30, 10), fractions=(0.9, 0.1, 0.0))
     assert m.chunks("test") == ()
     assert len(m.sample_indices("test")) == 0
+    assert m.asked_empty("test") and not m.asked_empty("val")
+
+
+@pytest.mark.parametrize(
+    "n_chunks, fractions, counts",
+    [
+        (6, (0.8, 0.1, 0.1), [4, 1, 1]),  # largest remainder alone gives 5/1/0
+        (3, (0.8, 0.1, 0.1), [1, 1, 1]),
+        (10, (0.98, 0.01, 0.01), [8, 1, 1]),
+        (4, (0.5, 0.5, 0.0), [2, 2, 0]),
+        (10, (0.8, 0.1, 0.1), [8, 1, 1]),  # unchanged where every split already had a chunk
+    ],
+)
+def test_every_split_with_a_fraction_gets_a_chunk(n_chunks, fractions, counts) -> None:
+    m = split_by_chunk(_geom(n_chunks * 10, 10), fractions=fractions)
+    assert [len(m.chunks(s)) for s in m.names] == counts
+
+
+def test_fewer_chunks_than_splits_with_a_fraction_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="3 splits have a non-zero fraction .* but the range holds 2 chunk"):
+        split_by_chunk(_geom(20, 10), fractions=(0.8, 0.1, 0.1))
 
 
 def test_named_fractions_mapping() -> None:
