@@ -44,12 +44,11 @@ from .files import (
 )
 from .ledger import Ledger, Loaded
 from .lock import (
-    LOCK_NAME,
     HolderRecord,
     holder_record,
+    open_gate,
     probe,
     sign_gate,
-    take_gate,
     unlock,
     writers_message,
 )
@@ -92,10 +91,9 @@ class _Bookkeeping:
     # -- opening ------------------------------------------------------------------
     def _open_as_writer(self) -> None:
         """Admission under the exclusive gate: tidy, load, register (see the module docstring)."""
-        fd = os.open(self.cache_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_gate(self.cache_dir, shared=False, writable=True)
         self._fds.append(fd)
         try:
-            take_gate(self.cache_dir, fd, shared=False)
             record = holder_record(self.token)
             sign_gate(fd, record)
             live = self._live_writers()
@@ -114,14 +112,9 @@ class _Bookkeeping:
 
     def _open_as_reader(self) -> None:
         """Hold the gate shared for life, provided no writer is alive; load the logs."""
-        lock_path = self.cache_dir / LOCK_NAME
-        try:
-            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
-            # the one file a readonly cache may create: without it, no writer could be excluded
-            fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # the lock file is the one file a readonly cache may create: without it, no writer could be excluded
+        fd = open_gate(self.cache_dir, shared=True, writable=False)
         self._fds.append(fd)
-        take_gate(self.cache_dir, fd, shared=True)
         live = self._live_writers()
         if live:
             unlock(fd)

@@ -81,7 +81,7 @@ from .files import (
 )
 from .fingerprint import is_fingerprint
 from .ledger import Ledger
-from .lock import LOCK_NAME, network_filesystem, release_fds, require_flock
+from .lock import LOCK_NAME, leave_directory, network_filesystem, release_fds, require_flock
 from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, Key, LogEntry
 from .reading import Found, _Reading
 from .writing import _Writing
@@ -232,6 +232,7 @@ class DiskCache(_Reading, _Writing):
         self._full_warned = False
         self._over_budget = False
         self._closed = False
+        self._made_dir = False
 
         if self.readonly:
             if not self.cache_dir.is_dir():
@@ -239,6 +240,7 @@ class DiskCache(_Reading, _Writing):
                     f"readonly cache_dir {str(self.cache_dir)!r} does not exist; warm it with a writing run first"
                 )
         else:
+            self._made_dir = not self.cache_dir.exists()  # a spill cache removes what it made on close
             self.cache_dir.mkdir(parents=True, exist_ok=True)
         fs = network_filesystem(self.cache_dir)
         if fs is not None:
@@ -296,6 +298,8 @@ class DiskCache(_Reading, _Writing):
             self._spilled.clear()
             self._ledger.close(self._fds)
             self._finalizer()
+            if not self.persist and not self.readonly:  # spill space: no directory it made is left behind
+                leave_directory(self.cache_dir, self._ledger.shared_dir, self.log_path, made_dir=self._made_dir)
 
     def __enter__(self) -> DiskCache:
         return self

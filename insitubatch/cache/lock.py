@@ -17,10 +17,13 @@ their holder dies (``SIGKILL`` included), so no lock is ever stale:
 A writer blocked by readers names them from the kernel's lock table
 (``/proc/locks``); a reader blocked by writers names them from their
 segments; an opener kept waiting past ``GATE_WAIT_S`` by another's admission
-names it from the record the gate holder wrote into the lock file. The lock
-file is never deleted: that would make the next two openers lock different
-inodes. Descriptors are close-on-exec, but a *forked* child shares its
-parent's locks until it exits.
+names it from the record the gate holder wrote into the lock file. Every
+opener checks, once it holds the gate, that the lock file it locked is still
+the one at ``insitu_cache.lock`` (:func:`open_gate`), and starts again if
+not: so the last spill writer out of a directory no persisted cache lives in
+may delete the lock file (and the directory, if it made it) under the gate
+(:func:`leave_directory`), and the next two openers still lock one inode. Descriptors are close-on-exec, but a
+*forked* child shares its parent's locks until it exits.
 
 Without ``fcntl`` (not a POSIX platform) there is no ``flock``:
 ``require_flock`` refuses a ``cache_dir`` with ``CachePlatformError``.
@@ -53,7 +56,9 @@ __all__ = [
     "HolderRecord",
     "describe_holder",
     "has_flock",
+    "leave_directory",
     "network_filesystem",
+    "open_gate",
     "probe",
     "require_flock",
     "try_lock",
@@ -206,6 +211,69 @@ def take_gate(cache_dir: Path, fd: int, *, shared: bool) -> None:
         if time.monotonic() >= deadline:
             raise CacheLockedError(errno.EAGAIN, _gate_message(cache_dir, fd))
         time.sleep(GATE_POLL_S)
+
+
+def open_gate(cache_dir: Path, *, shared: bool, writable: bool) -> int:
+    """Open ``cache_dir``'s lock file (made, with the directory, if missing) and hold the gate; its descriptor.
+
+    Locked, the descriptor must still be the file at its path: one a last
+    spill writer deleted under the gate (``leave_directory``) is let go and
+    the directory and file made anew. Raises as :func:`take_gate` does.
+    """
+    path = cache_dir / LOCK_NAME
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CREAT | os.O_CLOEXEC
+    while True:
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:  # the directory went with the last spill writer: make it again
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            continue
+        try:
+            take_gate(cache_dir, fd, shared=shared)
+            if _is_the_gate(path, fd):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def _is_the_gate(path: Path, fd: int) -> bool:
+    try:
+        at_path = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (at_path.st_dev, at_path.st_ino)
+
+
+def leave_directory(cache_dir: Path, shared_dir: Path, log: Path, *, made_dir: bool) -> None:
+    """A spill writer's last step: remove ``shared_dir`` if no writer uses it, then the lock file unless a
+    persisted cache lives here (its ``log``), and ``cache_dir`` if this writer made it and it is empty.
+    Only with the gate free (no one being admitted, no reader); anything in use stays, silently."""
+    path = cache_dir / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        if not try_lock(fd, shared=False) or not _is_the_gate(path, fd):
+            return
+        try:
+            shared_dir.rmdir()  # fails while another writer's segment (or anything) is in it
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        if not log.exists():
+            os.unlink(path)  # openers waiting on this inode see it gone and start again (open_gate)
+        if made_dir:
+            try:
+                cache_dir.rmdir()
+            except OSError:  # something else is in it, or arrived meanwhile: it stays
+                pass
+    finally:
+        os.close(fd)
 
 
 def sign_gate(fd: int, record: HolderRecord) -> None:

@@ -478,7 +478,7 @@ def test_spill_files_go_on_evict_and_close_persisted_ones_stay(tmp_path: Path) -
         assert _npy_files(spill_dir) == {spill_basename(PATH, 1, c.token)}
         assert c.lookup(PATH, 0, SHAPES, np.float32) is None
         assert not (spill_dir / LOG_NAME).exists()
-    assert _npy_files(spill_dir) == set()
+    assert not spill_dir.exists()  # its files went, and so did the directory it made
     np.testing.assert_array_equal(view, _tiles(SHAPES, seed=5)[0])  # an unlinked file's view stays valid
     with _writer(keep_dir) as c:
         _put(c, PATH, 0, _tiles(SHAPES))
@@ -486,6 +486,32 @@ def test_spill_files_go_on_evict_and_close_persisted_ones_stay(tmp_path: Path) -
         assert c.mapped_bytes == 0
         assert c.lookup(PATH, 0, SHAPES, np.float32) is not None and c.revived == 1
     assert _npy_files(keep_dir) == {_name(0)}
+
+
+def test_a_spill_cache_leaves_no_directory_it_made(tmp_path: Path) -> None:
+    made = tmp_path / "made" / "spill"
+    with DiskCache(made, persist=False, fingerprints={}) as c:
+        _put(c, PATH, 0, _tiles(SHAPES))
+    assert not made.exists() and (tmp_path / "made").exists()  # what it made, not what was there
+
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "notes.txt").write_text("the user's")
+    first = DiskCache(given, persist=False, fingerprints={})
+    second = DiskCache(given, persist=False, fingerprints={})
+    _put(first, PATH, 0, _tiles(SHAPES))
+    first.close()
+    assert (given / SHARED_DIR).is_dir()  # the second writer's segment is still in it
+    _put(second, PATH, 1, _tiles(SHAPES))
+    second.close()
+    assert sorted(p.name for p in given.iterdir()) == ["notes.txt"]  # the last one out took the lock file too
+
+    kept = tmp_path / "kept"
+    with _writer(kept) as c:  # a persisted cache keeps its directory, of course
+        _put(c, PATH, 0, _tiles(SHAPES))
+    with DiskCache(kept, persist=False, fingerprints={}):
+        pass
+    assert _npy_files(kept) == {_name(0)} and (kept / LOG_NAME).exists()
 
 
 def test_argument_errors(tmp_path: Path) -> None:

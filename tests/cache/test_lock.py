@@ -171,6 +171,31 @@ def test_writers_starting_at_the_same_instant_both_open(tmp_path: Path) -> None:
         assert all(r["ok"] for r in round_), round_
 
 
+_SPILL_ROUNDS = """
+import sys
+import numpy as np
+from insitubatch.cache import DiskCache
+tile = np.ones((4, 5, 4), dtype=np.float32)
+for _ in range(int(sys.argv[2])):
+    with DiskCache(sys.argv[1], persist=False, fingerprints={}) as c:
+        h = c.begin("t2m", 0, 1, (4, 5, 4), np.float32)
+        c.write(h, 0, tile)
+        c.commit(h, [(4, 5, 4)])
+print("DONE", flush=True)
+"""
+
+
+def test_spill_writers_coming_and_going_never_lose_the_directory_or_the_gate(tmp_path: Path) -> None:
+    """The last spill writer out deletes the lock file and the directory it made, under the gate, while
+    another process keeps opening the same directory: every open still finds (or makes) one gate."""
+    cache_dir = tmp_path / "spill"
+    procs = [_spawn(_SPILL_ROUNDS, str(cache_dir), str(RACE_ROUNDS * 2)) for _ in range(3)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+        assert proc.returncode == 0 and out.strip() == "DONE", err
+    assert not cache_dir.exists() or not any(cache_dir.iterdir())
+
+
 _KILLED_WRITER = """
 import sys
 import numpy as np
