@@ -222,6 +222,7 @@ class _PassState:
             while released_upto + 1 < plan.n_blocks and plan.block_starts[released_upto + 2] <= first_row:
                 released_upto += 1
                 self._release_block(released_upto)
+        buffer_rows = min(plan.batch_size, plan.n_samples)  # a batch_size past the pass's samples: one short batch
         for k in range(self.start_batch, plan.n_batches):
             start, stop = plan.batch_rows(k)
             b0, b1 = plan.batch_blocks(k)
@@ -239,7 +240,7 @@ class _PassState:
             arrays = {}
             for label, g in ctx.outputs.items():
                 # g is the post-transform geometry: rows are (*row_shape,) of its dtype
-                buf = ctx.buffers.take(label, (plan.batch_size, *g.row_shape), g.dtype)
+                buf = ctx.buffers.take(label, (buffer_rows, *g.row_shape), g.dtype)
                 out = buf[: len(anchors)]
                 gather_label(out, anchors, g, functools.partial(_held_entry, held, g.source))
                 arrays[label] = out
