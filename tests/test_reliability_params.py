@@ -57,6 +57,20 @@ BAD_DATASET_KNOBS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"cache_budget_bytes": 1e9}, TypeError, r"cache_budget_bytes must be an int, got float"),
     ({"seed": -1}, ValueError, r"seed=-1 must be >= 0"),
     ({"seed": "7"}, TypeError, r"seed must be an int, got str \('7'\)"),
+    *[
+        ({knob: 2**64}, ValueError, rf"{knob}=18446744073709551616 must be <= 9223372036854775807")
+        for knob in (
+            "batch_size",
+            "block_chunks",
+            "max_inflight",
+            "prefetch_depth",
+            "decode_threads",
+            "cache_budget_bytes",
+            "cache_disk_bytes",
+            "seed",
+        )
+    ],
+    ({"rank": 0, "world_size": 2**64}, ValueError, r"world_size=18446744073709551616 must be <= 9223372036854775807"),
     ({"shuffle": "false"}, TypeError, r"shuffle must be True or False, got str \('false'\)"),
     ({"shuffle": 1}, TypeError, r"shuffle must be True or False, got int \(1\)"),
     ({"on_bad_chunk": "skip"}, ValueError, r"on_bad_chunk='skip' must be one of \('raise', 'nan'\)"),

@@ -38,6 +38,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from .._validate import positive_int
 from .epoch import EpochOrder, sorted_unique
 
 __all__ = ["REMAINDER_POLICIES", "RankStream", "Remainder", "rank_streams", "resolve_world"]
@@ -66,8 +67,7 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     for name, v in (("rank", rank), ("world_size", world_size)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise TypeError(f"{name} must be an int, got {type(v).__name__} ({v!r})")
-    if world_size < 1:
-        raise ValueError(f"{world_size=} must be >= 1")
+    world_size = positive_int("world_size", world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"{rank=} must be in [0, world_size={world_size})")
     return int(rank), int(world_size)
