@@ -647,6 +647,35 @@ def test_relative_links_point_at_files_and_headings() -> None:
     assert not broken, "broken relative links:\n" + "\n".join(broken)
 
 
+DESIGN_DOC = ROOT / "docs" / "design.md"
+# A module path in backticks (`insitubatch/views.py`, `_engine/passes/driver.py`, `_ext/gather.pyx`),
+# optionally naming a test in it (`tests/test_dataset.py::test_name`).
+_MODULE_PATH = re.compile(r"`((?:[\w.-]+/)*[\w-]+\.(?:py|pyx|pxd|h))(?:::(\w+))?`")
+# The design page names far more modules than this; fewer found means the pattern stopped matching.
+DESIGN_MIN_PATHS = 40
+
+
+def _module_file(path: str) -> Path | None:
+    """The file a module path names: from the repository root, else inside the package."""
+    for base in (ROOT, ROOT / "insitubatch"):
+        if (base / path).is_file():
+            return base / path
+    return None
+
+
+def test_design_names_only_modules_and_tests_that_exist() -> None:
+    named = _MODULE_PATH.findall(_FENCE.sub("", DESIGN_DOC.read_text(encoding="utf-8")))
+    assert len(named) >= DESIGN_MIN_PATHS, f"only {len(named)} module paths found in {DESIGN_DOC.name}"
+    missing = []
+    for path, test in named:
+        file = _module_file(path)
+        if file is None:
+            missing.append(f"{path}: no such file under the repository or insitubatch/")
+        elif test and not re.search(rf"^(?:async )?def {test}\(", file.read_text(encoding="utf-8"), re.M):
+            missing.append(f"{path}::{test}: no such test")
+    assert not missing, f"{DESIGN_DOC.name} names what is not there:\n" + "\n".join(missing)
+
+
 if __name__ == "__main__":  # print every signature block as the code reads now
     for entry in api_entries():
         print(f"```python signature\n{entry.block}\n```")
