@@ -1,201 +1,191 @@
 """The engine's own GETs for plain HTTP(S) stores and S3 buckets with static keys or none.
 
 :func:`native_backend` returns a backend that sends a store's GETs on the
-event loop (``_wire.http``), for an obstore ``HTTPStore``, or an ``S3Store``
-anonymous (``skip_signature``) or with static keys and a region, taken from
-its config or, as obstore takes them, from the ``AWS_*`` environment (the
-config first). Anything else a request may depend on (a proxy, custom
-headers or certificates, a credential provider or chain, a requester-pays
-or SSE-C setting) keeps the obstore client: ``None`` is returned. Bodies
-larger than ``fetch.STREAM_OVER_BYTES`` are still streamed through obstore.
+event loop (``_wire.pool``) when ``io.wire_settings`` finds everything a
+request depends on is what this client applies, else ``None`` (obstore's
+client keeps the store). Every request carries the store URL's query (a
+token), a ``User-Agent`` naming insitubatch, and, for S3, a SigV4
+signature. A redirect is followed (``redirects``); where it leads somewhere
+the engine cannot go (a host it cannot sign for, a protocol it does not
+speak), that read is handed to obstore through the store's retry-free twin,
+which also streams the bodies larger than ``fetch.STREAM_OVER_BYTES``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import ssl
+from importlib import metadata
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
-import obstore.store
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
+from ..io.wire_settings import EngineSettings, engine_settings
 from .backends import WHOLE_OBJECT_END, _ObstoreBackend
-from .http import HttpPool
+from .connection import Ask
+from .pool import EXIT_WAIT_S, HttpPool
+from .redirects import next_hop
 from .sigv4 import SigV4
+from .tls import tls_context
 
-__all__ = ["NativeBackend", "native_backend"]
+__all__ = ["USER_AGENT", "NativeBackend", "native_backend"]
 
-# Client options that change nothing the engine's requests depend on (timeouts are its own stall timer).
-_HARMLESS_OPTIONS = frozenset(
-    {"allow_http", "timeout", "connect_timeout", "read_timeout", "pool_idle_timeout", "pool_max_idle_per_host"}
-)
-_HARMLESS_OPTIONS |= {"http1_only"}
-_S3_KEYS = frozenset(
-    {
-        "bucket",
-        "region",
-        "endpoint",
-        "access_key_id",
-        "secret_access_key",
-        "session_token",
-        "token",
-        "skip_signature",
-        "virtual_hosted_style_request",
-    }
-)
-# obstore's names of the S3 settings this client applies, each to one name.
-_S3_ALIASES = {
-    "access_key_id": "access_key_id",
-    "secret_access_key": "secret_access_key",
-    "session_token": "token",
-    "token": "token",
-    "region": "region",
-    "default_region": "region",
-    "endpoint": "endpoint",
-    "endpoint_url": "endpoint",
-    "skip_signature": "skip_signature",
-    "virtual_hosted_style_request": "virtual_hosted_style_request",
-    "bucket": "bucket",
-}
-# Environment obstore applies to a GET that this client does not: such a store keeps obstore's client.
-_AWS_NOT_APPLIED = frozenset(
-    {
-        "AWS_REQUEST_PAYER",
-        "AWS_SSE_CUSTOMER_KEY_BASE64",
-        "AWS_S3_EXPRESS",
-        "AWS_PROXY_URL",
-        "AWS_PROXY_CA_CERTIFICATE",
-        "AWS_PROXY_EXCLUDES",
-        "AWS_ALLOW_INVALID_CERTIFICATES",
-    }
-)
-_PROXY_ENV = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+# Origins one store's redirects may lead to, each with its own pool; a redirect past them is obstore's.
+MAX_REDIRECT_ORIGINS = 8
 
 
-def _true(value: Any) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes", "on")
+def _version() -> str:
+    try:
+        return metadata.version("insitubatch")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+USER_AGENT = f"insitubatch/{_version()}"
+
+
+def _host_header(scheme: str, host: str, port: int) -> str:
+    named = f"[{host}]" if ":" in host else host  # an IPv6 address, as a Host header writes it
+    return named if port == (443 if scheme == "https" else 80) else f"{named}:{port}"
 
 
 class NativeBackend(_ObstoreBackend):
-    """GETs on the loop for one bucket or URL; ``raw`` (obstore, retry-free) streams the large bodies."""
+    """GETs on the loop for one bucket or URL; ``raw`` (obstore, retry-free) takes what the engine hands over."""
 
-    def __init__(self, raw: Any, scheme: str, host: str, port: int, base: str, signer: SigV4 | None) -> None:
+    def __init__(self, raw: Any, settings: EngineSettings) -> None:
         super().__init__(raw, own_retries=False)
-        context = ssl.create_default_context() if scheme == "https" else None
-        self.pool = HttpPool(scheme, host, port, context)
-        self.base = base.rstrip("/")
-        self.signer = signer
-        default_port = 443 if scheme == "https" else 80
-        named = f"[{host}]" if ":" in host else host  # an IPv6 address, as a Host header writes it
-        self.host = named if port == default_port else f"{named}:{port}"
+        self.settings = settings
+        self._tls = tls_context(settings.root_certificate) if settings.scheme == "https" else None
+        self.pool = self._new_pool(settings.scheme, settings.host, settings.port)
+        self._pools = {(settings.scheme, settings.host, settings.port): self.pool}
+        self.base = settings.path
+        self.query = f"?{settings.query}" if settings.query else ""
+        keys = settings.keys
+        self.signer = (
+            None if keys is None else SigV4(keys.access_key_id, keys.secret_access_key, keys.region, keys.token)
+        )
+        self._signers = {} if self.signer is None else {self.signer.region: self.signer}
+        self.host = _host_header(settings.scheme, settings.host, settings.port)
+        self._agent = f"User-Agent: {settings.user_agent or USER_AGENT}\r\n"
+
+    def _new_pool(self, scheme: str, host: str, port: int) -> HttpPool:
+        s = self.settings
+        context = (self._tls or tls_context(s.root_certificate)) if scheme == "https" else None
+        return HttpPool(
+            scheme,
+            host,
+            port,
+            context,
+            connect_timeout_s=s.connect_timeout_s,
+            idle_timeout_s=s.pool_idle_timeout_s,
+            max_idle=s.max_idle,
+        )
 
     def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
         """A future for ``key``'s bytes (a ``bytearray``), the whole object or ``byte_range`` of it."""
         if byte_range is None:
-            return self._get(key, f"0-{WHOLE_OBJECT_END - 1}", (0, WHOLE_OBJECT_END))
+            return self._get(key, byte_range, f"0-{WHOLE_OBJECT_END - 1}", (0, WHOLE_OBJECT_END))
         if isinstance(byte_range, RangeByteRequest):
             start, end = byte_range.start, byte_range.end
-            return self._get(key, f"{start}-{end - 1}", (start, end))
+            return self._get(key, byte_range, f"{start}-{end - 1}", (start, end))
         if isinstance(byte_range, OffsetByteRequest):
-            return self._get(key, f"{byte_range.offset}-", (byte_range.offset, WHOLE_OBJECT_END))
+            return self._get(key, byte_range, f"{byte_range.offset}-", (byte_range.offset, WHOLE_OBJECT_END))
         if isinstance(byte_range, SuffixByteRequest):
-            return self._get(key, f"-{byte_range.suffix}", (-byte_range.suffix, 0))
+            return self._get(key, byte_range, f"-{byte_range.suffix}", (-byte_range.suffix, 0))
         raise TypeError(f"byte_range={byte_range!r} is not a zarr ByteRequest")
-
-    def close(self) -> None:
-        """Close the idle connections (from any thread)."""
-        self.pool.close()
 
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
-        return self._get(key, None, None)
+        return self._get(key, None, None, None)
 
-    def _get(self, key: str, span: str | None, trim: tuple[int, int] | None) -> asyncio.Future:
+    def _get(self, key: str, byte_range: Any, span: str | None, want: tuple[int, int] | None) -> asyncio.Future:
         path = f"{self.base}/{quote(key, safe='/~')}"
-        head = f"GET {path} HTTP/1.1\r\nHost: {self.host}\r\n"
+        head = f"GET {path}{self.query} HTTP/1.1\r\nHost: {self.host}\r\n{self._agent}"
         if span is not None:
             head += f"Range: bytes={span}\r\n"
         if self.signer is not None:
             head += self.signer.headers(self.host, path)
-        return self.pool.get(f"{head}\r\n".encode(), path, trim)
+        return self.pool.get(f"{head}\r\n".encode(), Ask(self, key, byte_range, path, span, want))
 
+    # -- redirects ---------------------------------------------------------------------------------------------
+    def redirected(
+        self,
+        ask: Ask,
+        future: asyncio.Future,
+        status: int,
+        location: str | None,
+        region: str | None,
+        pool: HttpPool,
+    ) -> None:
+        """Follow a redirect of ``ask`` (on ``pool``), or hand the read to obstore; ``future`` gets the bytes."""
+        ask.hops += 1
+        try:
+            hop = next_hop(
+                pool.origin,
+                ask.target,
+                location,
+                ask.hops,
+                status=status,
+                region=region,
+                home=(self.settings.host, self.settings.port),
+                signed_region=None if self.signer is None else self.signer.region,
+                allow_http=self.settings.allow_http,
+            )
+            origin = None if hop is None else (hop.scheme, hop.host, hop.port)
+            if hop is None or (origin not in self._pools and len(self._pools) >= MAX_REDIRECT_ORIGINS):
+                self._hand_over(ask, future)
+                return
+            assert origin is not None
+            target = self._pools.get(origin) or self._pools.setdefault(origin, self._new_pool(*origin))
+            host = _host_header(hop.scheme, hop.host, hop.port)
+            head = f"GET {hop.path}{'?' if hop.query else ''}{hop.query} HTTP/1.1\r\nHost: {host}\r\n{self._agent}"
+            if ask.span is not None:
+                head += f"Range: bytes={ask.span}\r\n"
+            if self.signer is not None:
+                head += self._signer(hop.region).headers(host, hop.path, query=hop.query)
+            ask.target = hop.path
+            if target._loop is not future.get_loop():
+                target._adopt(future.get_loop())
+            target.send(f"{head}\r\n".encode(), future, ask)
+        except Exception as exc:  # (a fault here would otherwise be lost in the connection's callback)
+            if not future.done():
+                future.set_exception(exc)
 
-def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, str] | None:
-    """What obstore's S3 store will use, from its config and the ``AWS_*`` environment it also reads.
+    def _signer(self, region: str | None) -> SigV4:
+        assert self.signer is not None
+        if region is None or region == self.signer.region:
+            return self.signer
+        signer = self._signers.get(region)
+        if signer is None:
+            keys = self.settings.keys
+            assert keys is not None
+            signer = self._signers[region] = SigV4(keys.access_key_id, keys.secret_access_key, region, keys.token)
+        return signer
 
-    The config wins over the environment. None when the config holds
-    anything else, the environment sets what a GET depends on and this
-    client does not apply (``_AWS_NOT_APPLIED``), or two environment names
-    of one setting disagree. ``options`` (the client options) gains ``allow_http`` from
-    ``AWS_ALLOW_HTTP``.
-    """
-    if not set(config) <= _S3_KEYS:
-        return None
-    settings = {_S3_ALIASES.get(k, k): str(v) for k, v in config.items()}
-    from_env: dict[str, str] = {}
-    for name, value in os.environ.items():
-        if not name.startswith("AWS_"):
-            continue
-        if name in _AWS_NOT_APPLIED:
-            return None
-        if name == "AWS_ALLOW_HTTP":
-            options.setdefault("allow_http", value)
-            continue
-        key = _S3_ALIASES.get(name[4:].lower())
-        if key is None:
-            continue  # what does not change a GET (write settings, credential sources: keys come first)
-        if from_env.setdefault(key, value) != value:
-            return None  # AWS_REGION and AWS_DEFAULT_REGION disagree, say: which one obstore takes is not defined
-    for key, value in from_env.items():
-        settings.setdefault(key, value)
-    return settings
+    def _hand_over(self, ask: Ask, future: asyncio.Future) -> None:
+        """Let obstore's client (the retry-free twin) do this read from the start; its answer sets ``future``."""
+        twin = super().whole(ask.key) if ask.span is None else super().request(ask.key, ask.byte_range)
 
+        def landed(twin: asyncio.Future) -> None:
+            if future.done():
+                return
+            if twin.cancelled():
+                future.cancel()
+            elif twin.exception() is not None:
+                future.set_exception(twin.exception())  # type: ignore[arg-type]
+            else:
+                future.set_result(twin.result())
 
-def _allowed(scheme: str, options: dict[str, Any]) -> bool:
-    if not set(options) <= _HARMLESS_OPTIONS or any(os.environ.get(name) for name in _PROXY_ENV):
-        return False
-    return scheme == "https" or (scheme == "http" and _true(options.get("allow_http", False)))
+        twin.add_done_callback(landed)
+        future.add_done_callback(lambda f: twin.cancel() if f.cancelled() else None)
 
-
-def _split(url: str) -> tuple[str, str, int, str]:
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    port = parts.port or (443 if scheme == "https" else 80)
-    return scheme, parts.hostname or "", port, parts.path
+    def close(self, wait_s: float = 0.0) -> None:
+        """Close the idle connections of every pool (from any thread; ``wait_s``: how long to wait for them)."""
+        for pool in list(self._pools.values()):
+            pool.close(wait_s=min(wait_s, EXIT_WAIT_S))
 
 
 def native_backend(raw: Any, twin: Any) -> NativeBackend | None:
     """The loop's own client for obstore store ``raw`` (``twin``: its retry-free copy), or None to keep obstore's."""
-    options = {str(k): v for k, v in dict(raw.client_options or {}).items()}
-    if isinstance(raw, obstore.store.HTTPStore):
-        scheme, host, port, path = _split(raw.url)
-        if not host or not _allowed(scheme, options):
-            return None
-        return NativeBackend(twin, scheme, host, port, path, None)
-    if not isinstance(raw, obstore.store.S3Store) or raw.credential_provider is not None:
-        return None
-    settings = _s3_settings({str(k): v for k, v in dict(raw.config or {}).items()}, options)
-    if settings is None or "region" not in settings:
-        return None
-    region, bucket = settings["region"], settings["bucket"]
-    if _true(settings.get("skip_signature", False)):
-        signer = None
-    elif "access_key_id" in settings and "secret_access_key" in settings:
-        keys = settings["access_key_id"], settings["secret_access_key"]
-        signer = SigV4(*keys, region, settings.get("token"))
-    else:
-        return None  # a profile, a role or instance metadata: obstore's credential chain
-    endpoint = settings.get("endpoint", f"https://s3.{region}.amazonaws.com")
-    scheme, host, port, path = _split(endpoint)
-    if not host or not _allowed(scheme, options):
-        return None
-    if _true(settings.get("virtual_hosted_style_request", False)):
-        host = f"{bucket}.{host}"
-    else:
-        path = f"{path.rstrip('/')}/{quote(bucket, safe='')}"
-    prefix = str(raw.prefix or "").strip("/")
-    if prefix:
-        path = f"{path.rstrip('/')}/{quote(prefix, safe='/~')}"
-    return NativeBackend(twin, scheme, host, port, path, signer)
+    settings = engine_settings(raw)
+    return None if isinstance(settings, str) else NativeBackend(twin, settings)

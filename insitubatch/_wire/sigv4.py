@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from urllib.parse import quote, unquote
 
 __all__ = ["SigV4"]
 
@@ -24,8 +25,8 @@ class SigV4:
         self._key = b""
         self._signed = "host;x-amz-content-sha256;x-amz-date" + (";x-amz-security-token" if token else "")
 
-    def headers(self, host: str, path: str, now: float | None = None) -> str:
-        """The signing headers of ``GET path`` on ``host`` (``path`` already URI-encoded), as HTTP header lines.
+    def headers(self, host: str, path: str, now: float | None = None, query: str = "") -> str:
+        """The signing headers of ``GET path?query`` on ``host`` (both already URI-encoded), as HTTP header lines.
 
         ``now`` (seconds since the epoch) pins the signing time, for tests.
         """
@@ -36,7 +37,7 @@ class SigV4:
             self._day = day
         token_line = f"x-amz-security-token:{self.token}\n" if self.token else ""
         canonical = (
-            f"GET\n{path}\n\nhost:{host}\nx-amz-content-sha256:{UNSIGNED_PAYLOAD}\nx-amz-date:{stamp}\n"
+            f"GET\n{path}\n{canonical_query(query) if query else ''}\nhost:{host}\nx-amz-content-sha256:{UNSIGNED_PAYLOAD}\nx-amz-date:{stamp}\n"
             f"{token_line}\n{self._signed}\n{UNSIGNED_PAYLOAD}"
         )
         scope = f"{day}/{self.region}/s3/aws4_request"
@@ -56,3 +57,17 @@ class SigV4:
         for part in (day, self.region, "s3", "aws4_request"):
             key = hmac.new(key, part.encode(), hashlib.sha256).digest()
         return key
+
+
+def canonical_query(query: str) -> str:
+    """A URL's query as SigV4 signs it: each name and value encoded the AWS way, sorted."""
+    pairs = []
+    for item in query.split("&"):
+        if item:
+            name, _, value = item.partition("=")
+            pairs.append((_aws_quote(name), _aws_quote(value)))
+    return "&".join(f"{name}={value}" for name, value in sorted(pairs))
+
+
+def _aws_quote(text: str) -> str:
+    return quote(unquote(text), safe="-_.~")

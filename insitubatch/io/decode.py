@@ -176,8 +176,10 @@ class ChunkDecoder:
 
 
 # Decoders keyed by the identity of the zarr metadata they were built from;
-# an entry goes away with its metadata object.
-_DECODERS: dict[tuple[int, bool], tuple[weakref.ref[Any], ChunkDecoder]] = {}
+# an entry goes away with its metadata object. The decoder is held weakly: it
+# holds its geometry, and so the metadata and the store (a strong reference
+# here kept every store a dataset opened, and its connections, alive).
+_DECODERS: dict[tuple[int, bool], tuple[weakref.ref[Any], weakref.ref[ChunkDecoder]]] = {}
 
 
 def _forget_decoder(key: tuple[int, bool], ref: weakref.ref[Any]) -> None:
@@ -196,14 +198,15 @@ def make_decoder(geometry: ArrayGeometry, *, tile: bool = False) -> ChunkDecoder
     tile = tile and geometry.sharded_reads
     key = (id(metadata), tile)
     entry = _DECODERS.get(key)
-    if entry is not None and entry[0]() is metadata and entry[1].dtype == geometry.dtype:
-        return entry[1]
+    held = None if entry is None else entry[1]()
+    if entry is not None and entry[0]() is metadata and held is not None and held.dtype == geometry.dtype:
+        return held
     decoder = ChunkDecoder(geometry, tile=tile)
     try:
         ref = weakref.ref(metadata, functools.partial(_forget_decoder, key))
     except TypeError:  # metadata that cannot be weakly referenced is simply not cached
         return decoder
-    _DECODERS[key] = (ref, decoder)
+    _DECODERS[key] = (ref, weakref.ref(decoder))
     return decoder
 
 

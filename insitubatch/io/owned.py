@@ -1,17 +1,20 @@
 """Which stores insitubatch opened, so :func:`close_store` closes those and leaves a caller's own alone.
 
 Every store factory in ``insitubatch.io`` (``obstore_store``, ``fsspec_store``,
-``icechunk_store``) remembers what it built here.
+``icechunk_store``) remembers what it built here. What insitubatch holds open
+*for* a store, whoever built it (the engine's HTTP connections to it), is
+registered with :func:`on_close` and closed by :func:`close_store` too.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 
 from zarr.abc.store import Store
 
-__all__ = ["close_store"]
+__all__ = ["close_store", "on_close"]
 
 # Stores insitubatch built, by id. zarr's stores define __eq__ without
 # __hash__, so a WeakSet cannot hold them; a dict of weak references can, and
@@ -32,6 +35,32 @@ def _remember(store: Store) -> None:
         _owned[key] = weakref.ref(store, _forget)
 
 
+# What close_store(store) calls besides store.close(), by store id (the engine's client of each store).
+_closers: dict[int, tuple[weakref.ref[Store], list[Callable[[], None]]]] = {}
+
+
+def on_close(store: Store, closer: Callable[[], None]) -> None:
+    """Have :func:`close_store` call ``closer()`` for ``store`` (every time it runs; forgotten with the store)."""
+    key = id(store)
+
+    def _forget(ref: weakref.ref[Store], key: int = key) -> None:
+        with _owned_lock:
+            if _closers.get(key, (None,))[0] is ref:
+                del _closers[key]
+
+    with _owned_lock:
+        held = _closers.get(key)
+        if held is None or held[0]() is not store:
+            held = _closers[key] = (weakref.ref(store, _forget), [])
+        held[1].append(closer)
+
+
+def _take_closers(store: Store) -> list[Callable[[], None]]:
+    with _owned_lock:
+        held = _closers.pop(id(store), None)
+    return [] if held is None or held[0]() is not store else held[1]
+
+
 def _take_ownership_back(store: Store) -> bool:
     """Forget ``store`` if this module built it; say whether it did."""
     with _owned_lock:
@@ -43,9 +72,10 @@ def _take_ownership_back(store: Store) -> bool:
 
 
 def close_store(store: Store) -> None:
-    """Close ``store`` if insitubatch opened it; leave any other store alone.
+    """Close ``store`` if insitubatch opened it, and the engine's connections to it; leave a caller's store open.
 
-    Closing twice, or closing a store the caller made, does nothing.
+    Closing twice does nothing more; a caller's own store stays open (only
+    the engine's connections to it close, and reopen if it is read again).
 
     Parameters
     ----------
@@ -53,5 +83,7 @@ def close_store(store: Store) -> None:
         A store from :func:`obstore_store`, :func:`fsspec_store`,
         :func:`icechunk_store` or :func:`as_store`, or any other store.
     """
+    for closer in _take_closers(store):
+        closer()
     if _take_ownership_back(store):
         store.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -24,11 +23,31 @@ from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemorySto
 from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
+from .client_choice import remember_client, resolve_client
 from .owned import _remember
+from .store_options import (
+    DEFAULT_CLIENT_OPTIONS,
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_READ_TIMEOUT,
+    DEFAULT_RETRY,
+    DEFAULT_RETRY_TIMEOUT,
+    DEFAULT_TIMEOUT,
+    _client_options,
+    _merge_config,
+    _reject_options,
+    _retry_config,
+)
+from .wire_settings import engine_settings
 
 __all__ = [
     "DEFAULT_CLIENT_OPTIONS",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_MAX_RETRIES",
+    "DEFAULT_READ_TIMEOUT",
     "DEFAULT_RETRY",
+    "DEFAULT_RETRY_TIMEOUT",
+    "DEFAULT_TIMEOUT",
     "as_store",
     "obstore_store",
 ]
@@ -40,42 +59,8 @@ _S3_SCHEMES = ("s3", "s3a")
 _GCS_SCHEMES = ("gs", "gcs")
 _AZURE_SCHEMES = ("az", "azure", "abfs", "abfss")
 _HTTP_SCHEMES = ("http", "https")
-_VALID_SCHEMES = _LOCAL_SCHEMES + _MEMORY_SCHEMES + _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES + _HTTP_SCHEMES
-
 _UNSIGNED_ONLY = ("anonymous",)  # asks for no signature, which a local or memory:// store never sends
-# The keys obstore's RetryConfig reads; obstore silently ignores any other key,
-# so a typo would otherwise pass unnoticed.
-_RETRY_KEYS = frozenset({"backoff", "max_retries", "retry_timeout"})
-
-# Network defaults of every remote store obstore_store builds (HTTP, S3, GCS,
-# Azure). A caller's ``retry=`` / ``client_options=`` keys override them one by
-# one. obstore retries 5xx answers, dropped connections, truncated bodies and
-# timeouts of reads with exponential backoff (100 ms doubling to 15 s); a client
-# error such as 403 fails at once. So a persistent fault surfaces as an error
-# after at most DEFAULT_RETRY_TIMEOUT plus one attempt (itself bounded by
-# DEFAULT_TIMEOUT), a stalled attempt after DEFAULT_READ_TIMEOUT -- never a hang.
-# A response that sends no byte for this long is stalled: the attempt fails and
-# is retried. A per-read timeout, so it does not grow with the object's size.
-DEFAULT_READ_TIMEOUT = "30s"
-# The whole request, connect to last body byte. obstore's own default (30 s)
-# fails every read of a large shard on a shared link (256 MB at the 4 MB/s one
-# of 32 concurrent streams gets takes 64 s); 10 min carries a 4 GiB stored chunk
-# (arrays.MAX_CHUNK_BYTES) at ~7 MB/s.
-DEFAULT_TIMEOUT = "600s"
-# Establishing a TCP (+TLS) connection (obstore's default).
-DEFAULT_CONNECT_TIMEOUT = "5s"
-# Retries of one request (obstore's default), and the time after its first
-# attempt when no further retry starts: 45 s, not obstore's 3 min, so that a key
-# that never answers surfaces within a minute. The loader's own reads retry in
-# the engine's loop under the same two bounds (see docs/tuning.md).
-DEFAULT_MAX_RETRIES = 10
-DEFAULT_RETRY_TIMEOUT = timedelta(seconds=45)
-DEFAULT_CLIENT_OPTIONS: Mapping[str, Any] = {
-    "read_timeout": DEFAULT_READ_TIMEOUT,
-    "timeout": DEFAULT_TIMEOUT,
-    "connect_timeout": DEFAULT_CONNECT_TIMEOUT,
-}
-DEFAULT_RETRY: Mapping[str, Any] = {"max_retries": DEFAULT_MAX_RETRIES, "retry_timeout": DEFAULT_RETRY_TIMEOUT}
+_VALID_SCHEMES = _LOCAL_SCHEMES + _MEMORY_SCHEMES + _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES + _HTTP_SCHEMES
 
 # GCS bills a requester-pays read to the project named in this header; obstore
 # has no config key for it (developmentseed/obstore#546), only default headers.
@@ -96,15 +81,6 @@ def _unknown_scheme(url: str, scheme: str) -> ValueError:
         f"url={url!r} has scheme {scheme!r}, which obstore_store does not handle; "
         f"valid schemes are {valid}, or a plain filesystem path"
     )
-
-
-def _reject_options(url: str, kind: str, given: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` for any given option that this kind of URL cannot use."""
-    refused = [name for name in given if name not in allowed]
-    if refused:
-        shown = ", ".join(f"{name}={given[name]!r}" for name in refused)
-        accepts = ", ".join(allowed) if allowed else "none of them"
-        raise ValueError(f"{shown} cannot be used with {kind} url={url!r}; options that apply there: {accepts}")
 
 
 def _local_dir(url: str, scheme: str | None) -> Path:
@@ -131,49 +107,6 @@ def _local_store(url: str, scheme: str | None, read_only: bool) -> LocalStore:
     return LocalStore(directory, mkdir=not read_only)
 
 
-def _client_options(
-    url: str, client_options: Mapping[str, Any] | None, allow_http: bool | None, default_allow_http: bool
-) -> dict[str, Any]:
-    """Merge ``allow_http`` into the HTTP client options, refusing a contradiction."""
-    if client_options is not None and not isinstance(client_options, Mapping):
-        raise TypeError(f"client_options must be a dict, got {type(client_options).__name__}")
-    options = {**DEFAULT_CLIENT_OPTIONS, **(client_options or {})}
-    if allow_http is not None:
-        if "allow_http" in options:
-            raise ValueError(
-                f"allow_http={allow_http!r} and client_options['allow_http']={options['allow_http']!r} "
-                f"both given for url={url!r}; give it once"
-            )
-        options["allow_http"] = allow_http
-    elif default_allow_http:
-        options.setdefault("allow_http", True)
-    return options
-
-
-def _retry_config(retry: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``DEFAULT_RETRY`` with the caller's ``retry`` keys on top."""
-    if retry is None:
-        return dict(DEFAULT_RETRY)
-    if not isinstance(retry, Mapping):
-        raise TypeError(f"retry must be a dict of obstore RetryConfig keys, got {type(retry).__name__}")
-    unknown = sorted(set(retry) - _RETRY_KEYS)
-    if unknown:
-        raise ValueError(f"retry has unknown keys {unknown}; valid keys are {sorted(_RETRY_KEYS)}")
-    return {**DEFAULT_RETRY, **retry}
-
-
-def _merge_config(url: str, config: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
-    """Add the free-form ``**options`` to the config the named options built."""
-    for key, value in options.items():
-        if key in config:
-            raise ValueError(
-                f"option {key}={value!r} for url={url!r} repeats what a named option already set "
-                f"({key}={config[key]!r}); give it once"
-            )
-        config[key] = value
-    return config
-
-
 def obstore_store(
     url: str | os.PathLike[str],
     *,
@@ -185,6 +118,7 @@ def obstore_store(
     region: str | None = None,
     retry: dict[str, Any] | None = None,
     client_options: dict[str, Any] | None = None,
+    client: str | None = None,
     **options: Any,
 ) -> ObjectStore[Any]:
     """Build a zarr ``ObjectStore`` over the obstore backend that ``url`` names.
@@ -233,6 +167,13 @@ def obstore_store(
         ``timeout`` 600 s, a connection ``connect_timeout`` 5 s; each of these
         failures is retried under ``retry``. A persistent failure therefore
         raises after at most ``retry_timeout`` plus one ``timeout``, never hangs.
+    client
+        The HTTP client that reads chunks for the loader (docs/wire.md):
+        ``"auto"`` (the engine's own where it can read the store, obstore's
+        otherwise), ``"engine"`` (refused here if it cannot) or ``"obstore"``.
+        ``None``: the environment variable ``INSITUBATCH_CLIENT``, else
+        ``"auto"``. Metadata is always read through obstore; local and
+        ``memory://`` stores use no HTTP client.
     **options
         Further obstore config keys for the cloud store, e.g.
         ``access_key_id``, ``secret_access_key``, ``account_name``.
@@ -247,7 +188,9 @@ def obstore_store(
     ValueError
         Unknown scheme; an option this kind of URL cannot use (e.g.
         ``requester_pays`` on HTTP, ``region`` on a local path); contradictory
-        options; a config key obstore does not know.
+        options; a config key obstore does not know; ``client="engine"`` on a
+        store the engine's client cannot read (the message names the setting
+        that keeps it on obstore).
     TypeError
         ``url`` is neither a string nor a path.
     FileNotFoundError
@@ -260,6 +203,7 @@ def obstore_store(
     if not url:
         raise ValueError("url='' is empty; give a URL or a filesystem path")
     scheme, rest = _split_scheme(url)
+    choice, chosen_by = resolve_client(client)
     named = {
         "anonymous": anonymous,
         "requester_pays": requester_pays,
@@ -312,7 +256,15 @@ def obstore_store(
     else:
         raise _unknown_scheme(url, scheme)
 
+    if choice == "engine" and (client is not None or not isinstance(raw, (LocalStore, MemoryStore))):
+        why = engine_settings(raw)
+        if isinstance(why, str):
+            raise ValueError(
+                f"{chosen_by} for url={url!r}, but the engine's client cannot read this store: {why}; "
+                "pass client='auto' or client='obstore' to read it with obstore's client"
+            )
     store = ObjectStore(raw, read_only=read_only)
+    remember_client(store, choice, chosen_by)
     _remember(store)
     return store
 

@@ -9,7 +9,8 @@ plans one shuffled epoch of a split with :func:`insitubatch.plan.epoch.plan_epoc
 and prints the working set (the pool's floor), the read-ahead bound,
 GETs per epoch, the read concurrency and the memory they add up to, for
 ``iterations`` passes open at once (the automatic pool budget is the sum of
-their working sets). Nothing is fetched but metadata (and the probes).
+their working sets), and which HTTP client reads the chunks, and why.
+Nothing is fetched but metadata (and the probes).
 
 With ``latency_ms`` (``--latency-ms``) it also turns a link's time to first
 byte into the read ceiling of those knobs (:func:`insitubatch.plan.cost.read_ceiling`)
@@ -26,6 +27,7 @@ from typing import Any, Literal
 
 from zarr.abc.store import Store
 
+from .._engine.reads.store_link import client_for, route_report
 from .._zarr_compat import sync
 from ..io.geometry import ArrayGeometry
 from ..io.group import open_geometries, scan_group
@@ -227,6 +229,7 @@ def _describe(
         statics=statics,
         left_out=left_out,
         remote=_sync_get(store) is None,
+        client=route_report(None if _sync_get(store) is not None else client_for(store)),
     )
     return format_summary(info)
 

@@ -16,12 +16,13 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import obstore.exceptions
 
+from ..._wire.faults import FramingError, RangeIgnoredError, RangeMismatchError, RedirectError, TlsRefusedError
 from ...io.stores import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT, DEFAULT_RETRY_TIMEOUT
+from ...io.wire_settings import duration_s
 
 __all__ = ["Outcome", "ReadPolicy", "classify", "policy_for"]
 
@@ -30,8 +31,6 @@ DEFAULT_INIT_BACKOFF_S = 0.1
 DEFAULT_MAX_BACKOFF_S = 15.0
 DEFAULT_BACKOFF_BASE = 2.0
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|m|min|mins|h)?\s*$")
-_UNIT_S = {"ms": 1e-3, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "mins": 60.0, "h": 3600.0, None: 1.0}
 # An answer meaning "slow down": S3 SlowDown (503), GCS and Azure 429 / 503; and their words, for a
 # store whose errors carry no status
 _THROTTLE_STATUS = (429, 503)
@@ -39,17 +38,6 @@ _THROTTLE = re.compile(r"\b(429|503)\b|SlowDown|Slow Down|TooManyRequests|Reques
 _STATUS = re.compile(r"status code: (\d{3})")
 # A client error that trying again will not fix (408 Request Timeout and 429 are worth another try).
 _RETRYABLE_4XX = (408, 429)
-
-
-def _seconds(value: Any, default: float) -> float:
-    """A duration from a ``timedelta``, a number of seconds or an obstore string ("30s", "500ms", "2min")."""
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and (match := _DURATION.match(value)):
-        return float(match.group(1)) * _UNIT_S[match.group(2)]
-    return default
 
 
 @dataclass(frozen=True)
@@ -69,7 +57,7 @@ class ReadPolicy:
     init_backoff_s: float = DEFAULT_INIT_BACKOFF_S
     max_backoff_s: float = DEFAULT_MAX_BACKOFF_S
     backoff_base: float = DEFAULT_BACKOFF_BASE
-    read_timeout_s: float = _seconds(DEFAULT_READ_TIMEOUT, 30.0)
+    read_timeout_s: float = duration_s(DEFAULT_READ_TIMEOUT, 30.0)
 
     def backoff(self, attempt: int) -> float:
         """Seconds to wait before attempt ``attempt`` (2 is the first retry)."""
@@ -83,11 +71,11 @@ def policy_for(retry_config: Mapping[str, Any] | None, client_options: Mapping[s
     default = ReadPolicy()
     return ReadPolicy(
         max_retries=int(retry.get("max_retries", default.max_retries)),
-        retry_timeout_s=_seconds(retry.get("retry_timeout"), default.retry_timeout_s),
-        init_backoff_s=_seconds(backoff.get("init_backoff"), default.init_backoff_s),
-        max_backoff_s=_seconds(backoff.get("max_backoff"), default.max_backoff_s),
+        retry_timeout_s=duration_s(retry.get("retry_timeout"), default.retry_timeout_s),
+        init_backoff_s=duration_s(backoff.get("init_backoff"), default.init_backoff_s),
+        max_backoff_s=duration_s(backoff.get("max_backoff"), default.max_backoff_s),
         backoff_base=float(backoff.get("base", default.backoff_base)),
-        read_timeout_s=_seconds((client_options or {}).get("read_timeout"), default.read_timeout_s),
+        read_timeout_s=duration_s((client_options or {}).get("read_timeout"), default.read_timeout_s),
     )
 
 
@@ -110,6 +98,10 @@ def classify(exc: BaseException) -> Outcome:
     """Sort a failed attempt's exception; anything unrecognised is transient."""
     if isinstance(exc, (FileNotFoundError, obstore.exceptions.NotFoundError)):
         return Outcome.MISSING
+    if isinstance(exc, (RangeMismatchError, FramingError)):  # (their messages hold byte counts, not statuses)
+        return Outcome.RETRY
+    if isinstance(exc, (RangeIgnoredError, RedirectError, TlsRefusedError)):
+        return Outcome.FATAL
     if isinstance(
         exc,
         (
@@ -130,6 +122,6 @@ def classify(exc: BaseException) -> Outcome:
         return Outcome.THROTTLE if _THROTTLE.search(text) else Outcome.RETRY
     if code in _THROTTLE_STATUS or "SlowDown" in text:
         return Outcome.THROTTLE
-    if 400 <= code < 500 and code not in _RETRYABLE_4XX:
+    if 300 <= code < 500 and code not in _RETRYABLE_4XX:  # (a 3xx left is one nothing could follow)
         return Outcome.FATAL
     return Outcome.RETRY

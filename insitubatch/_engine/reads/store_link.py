@@ -15,12 +15,17 @@ store built from its own config with obstore's retries turned off, so
 that every throttling answer and every stalled attempt comes back to the
 engine's retry loop (``fetch``); a whole key is one ranged GET (``bytes=0-``
 far past any object), which obstore answers in one future instead of a
-header future and a body future. Where ``_wire.engine_client`` takes the store
-(plain HTTP(S), and S3 with static keys or none, and a region), the
-engine sends the GETs itself instead, on the loop (``_wire.http``), with the
-twin kept for bodies too large to take whole. Any other store is read
-through its own ``get``, which has already retried by its own rules. The
-backends are in ``backends``.
+header future and a body future. Where ``io.wire_settings`` finds the
+engine's own client can read the store (plain HTTP(S), and S3 with static
+keys or none, and a region) and the store's ``client`` setting
+(``io.client_choice``: ``"auto"``, ``"engine"`` or ``"obstore"``) allows it,
+the engine sends the GETs itself instead, on the loop (``_wire``), with the
+twin kept for bodies too large to take whole and for what it hands over.
+Any other store is read through its own ``get``, which has already retried
+by its own rules. The backends are in ``_wire.backends``; a client's
+:class:`Route` says which one reads the store and why, for ``describe()``
+and ``insitubatch inspect``. ``close_store`` closes a store's client (its
+connections), and a later read builds a fresh one.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,14 +44,17 @@ from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
 from ..._wire.backends import _ObstoreBackend, _StoreBackend
-from ..._wire.engine_client import native_backend
+from ..._wire.engine_client import NativeBackend
+from ...io.client_choice import client_choice
+from ...io.owned import on_close
+from ...io.wire_settings import engine_settings
 from ...plan.cost import AUTO_INFLIGHT_CEILING
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
 from .read_policy import ReadPolicy, policy_for
 from .window import ReadWindow
 
-__all__ = ["StoreClient", "StoreLink", "client_for"]
+__all__ = ["Route", "StoreClient", "StoreLink", "client_for", "route_report"]
 
 # Hedging: a GET outstanding HEDGE_FACTOR x the recent p90 time (at least HEDGE_FLOOR_S, which keeps a
 # busy event loop's hiccups from looking like a slow store) gets one duplicate. Duplicates are paid from a
@@ -66,6 +75,8 @@ MIN_SAMPLES = 32
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 2.0
 STALL_GROWTH = 1.5
+# close_store, from the caller's thread, waits at most this long for the engine's sockets to be closed on the loop.
+CLOSE_WAIT_S = 1.0
 
 
 class StoreLink:
@@ -110,19 +121,49 @@ class StoreLink:
         self._quiet_until = now + HEDGE_QUIET_S
 
 
-class StoreClient:
-    """One store's backend, retry bounds and link."""
+@dataclass(frozen=True)
+class Route:
+    """Which client reads a store (``"engine"``, ``"obstore"``, ``"store"``: its own ``get``) and why, in a few words."""
 
-    def __init__(self, backend: _ObstoreBackend | _StoreBackend, policy: ReadPolicy, link: StoreLink) -> None:
+    client: str
+    reason: str
+
+
+# How describe() names a store read from local files, with no client at all.
+LOCAL_ROUTE = Route("local", "read from files directly, no HTTP client")
+
+
+class StoreClient:
+    """One store's backend, retry bounds, link and route."""
+
+    def __init__(
+        self,
+        backend: _ObstoreBackend | _StoreBackend,
+        policy: ReadPolicy,
+        link: StoreLink,
+        route: Route = Route("store", "its own get"),
+    ) -> None:
         self.backend = backend
         self.policy = policy
         self.link = link
+        self.route = route
 
-    def close(self) -> None:
-        """Close what the backend keeps open (the engine's own connections); any thread, more than once."""
+    def close(self, wait_s: float = 0.0) -> None:
+        """Close what the backend keeps open (the engine's own connections); any thread, more than once.
+
+        ``wait_s``: from another thread than the loop's, how long to wait for the sockets to close.
+        """
         closer = getattr(self.backend, "close", None)
-        if closer is not None:
+        if isinstance(self.backend, NativeBackend):
+            self.backend.close(wait_s=wait_s)
+        elif closer is not None:
             closer()
+
+
+def route_report(client: StoreClient | None) -> dict[str, str]:
+    """``{"client": ..., "reason": ...}`` for ``describe()``: ``client``'s route, or a local store's."""
+    route = LOCAL_ROUTE if client is None else client.route
+    return {"client": route.client, "reason": route.reason}
 
 
 _links: dict[str, StoreLink] = {}
@@ -163,23 +204,42 @@ def _retry_free(raw: Any) -> Any:
 
 def _build(store: Store) -> StoreClient:
     raw = store.store if type(store) is ObjectStore else None
-    if isinstance(raw, _REMOTE):
-        twin = _retry_free(raw)
-        policy = policy_for(raw.retry_config, raw.client_options)
-        name = _endpoint(raw)
-        with _lock:
-            link = _links.get(name)
-            if link is None:
-                link = _links[name] = StoreLink(name)
-        native = native_backend(raw, twin) if twin is not raw else None
-        backend = native if native is not None else _ObstoreBackend(twin, own_retries=twin is raw)
-        return StoreClient(backend, policy, link)
-    # any other store: its own get and retries; stalls and hedging still apply, with a link of its own
-    return StoreClient(_StoreBackend(store), ReadPolicy(), StoreLink(f"store:{type(store).__name__}:{id(store)}"))
+    if not isinstance(raw, _REMOTE):
+        # any other store: its own get and retries; stalls and hedging still apply, with a link of its own
+        route = Route("store", f"a {type(store).__name__}: read through its own get, which retries by its own rules")
+        own = StoreLink(f"store:{type(store).__name__}:{id(store)}")
+        return StoreClient(_StoreBackend(store), ReadPolicy(), own, route)
+    choice, source = client_choice(store)
+    settings = engine_settings(raw) if choice != "obstore" else f"{source}"
+    if choice == "engine" and isinstance(settings, str):
+        raise ValueError(
+            f"{source}, but the engine's client cannot read {raw!r}: {settings}; "
+            "use client='auto' (or 'obstore') to read it with obstore's client"
+        )
+    twin = _retry_free(raw)
+    policy = policy_for(raw.retry_config, raw.client_options)
+    name = _endpoint(raw)
+    with _lock:
+        link = _links.get(name)
+        if link is None:
+            link = _links[name] = StoreLink(name)
+    if twin is raw:  # (obstore's own retries stay on: the engine would retry each of its retries)
+        reason = "its config could not be rebuilt without retries: obstore's client, with obstore's retries"
+        return StoreClient(_ObstoreBackend(raw, own_retries=True), policy, link, Route("obstore", reason))
+    if isinstance(settings, str):
+        return StoreClient(_ObstoreBackend(twin), policy, link, Route("obstore", settings))
+    return StoreClient(NativeBackend(twin, settings), policy, link, Route("engine", settings.reason))
 
 
 def client_for(store: Store) -> StoreClient:
-    """The engine's client for ``store`` (one per store object, built on first use)."""
+    """The engine's client for ``store`` (one per store object, built on first use, dropped by ``close_store``).
+
+    Raises
+    ------
+    ValueError
+        The store's ``client`` setting (or ``INSITUBATCH_CLIENT``) is
+        ``"engine"`` and the engine's client cannot read it; the message names why.
+    """
     key = id(store)
     with _lock:
         held = _clients.get(key)
@@ -200,5 +260,16 @@ def client_for(store: Store) -> StoreClient:
         held = _clients.get(key)
         if held is not None and held[0]() is store:
             return held[1]
-        _clients[key] = (weakref.ref(store, forget), client)
+        ref = weakref.ref(store, forget)
+        _clients[key] = (ref, client)
+    on_close(store, lambda: _closed(key, ref, client))
     return client
+
+
+def _closed(key: int, ref: weakref.ref[Store], client: StoreClient) -> None:
+    """``close_store`` ran: the client's connections close, and the next read builds a fresh client."""
+    with _lock:
+        held = _clients.get(key)
+        if held is not None and held[0] is ref and held[1] is client:
+            del _clients[key]
+    client.close(wait_s=CLOSE_WAIT_S)

@@ -1,0 +1,420 @@
+"""One kept-alive HTTP/1.1 connection on the event loop: a GET out, its answer framed, checked and received in place.
+
+A connection is an asyncio ``BufferedProtocol``: a body of known length is
+received straight into its ``bytearray``; a chunked body is decoded as it
+arrives (``chunked``), an unframed one runs to the close. What the answer
+must hold is checked before its bytes are returned: a 206's
+``Content-Range`` and length against the range asked
+(:class:`~.faults.RangeMismatchError` otherwise); a 200 to a ranged GET is
+cut to the range when the bytes before it are few, and refused
+(:class:`~.faults.RangeIgnoredError`) when they are many, without receiving
+them. A 3xx with ``Location`` goes to the request's backend
+(``Ask.backend.redirected``), which follows it. Whatever goes wrong inside a
+protocol callback fails the GET with one error and closes the connection;
+nothing reaches asyncio's "Fatal error" log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Protocol
+
+from .chunked import ChunkedBody
+from .faults import FramingError, HttpStatusError, RangeIgnoredError, RangeMismatchError
+
+__all__ = ["Ask", "Connection"]
+
+# Status line and headers must fit in HEAD_BYTES; a larger head is refused. The head buffer starts at
+# FIRST_HEAD_BYTES and doubles as a head needs; a chunked or unframed body passes through it in pieces of
+# STREAM_BUFFER_BYTES.
+HEAD_BYTES = 64 << 10
+FIRST_HEAD_BYTES = 8 << 10
+STREAM_BUFFER_BYTES = 256 << 10
+# A Content-Length (or chunked body) past this is a corrupt or hostile answer, refused before any allocation:
+# the largest object the loader reads whole is a stored chunk, at most io.arrays.MAX_CHUNK_BYTES (4 GiB) unless
+# raised, and bodies over fetch.STREAM_OVER_BYTES stream through obstore.
+MAX_BODY_BYTES = 1 << 36
+# A 200 to a ranged GET (a server that ignores Range) is cut to the range when at most this many bytes come
+# before it: a small object, served whole, costs about one chunk-sized read more. Past it the GET fails at once
+# rather than receive the object (a 16-byte shard index from a 300 MiB shard, once per concurrent read).
+IGNORED_RANGE_SLACK_BYTES = 1 << 20
+# An error answer's body is kept up to this (its message quotes the start); the rest is not received.
+ERROR_BODY_BYTES = 64 << 10
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+_CONTENT_RANGE = re.compile(rb"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+
+
+class Pool(Protocol):
+    """What a connection needs of its pool (``pool.HttpPool``)."""
+
+    origin: str
+
+    def send(self, request: bytes, future: asyncio.Future, ask: Ask, retried: bool = False) -> None: ...
+
+    def idle_again(self, connection: Connection) -> None: ...
+
+    def forget(self, connection: Connection) -> None: ...
+
+
+class Ask:
+    """One GET as its answer is checked: the path (messages name no query), the range, who follows redirects.
+
+    ``want`` is ``(start, stop)`` (a suffix of ``n`` bytes is ``(-n, 0)``),
+    or ``None`` for a plain GET; ``span`` the ``Range`` header's value.
+    """
+
+    __slots__ = ("backend", "byte_range", "hops", "key", "span", "target", "want")
+
+    def __init__(
+        self, backend: Any, key: str, byte_range: Any, target: str, span: str | None, want: tuple[int, int] | None
+    ) -> None:
+        self.backend = backend
+        self.key = key
+        self.byte_range = byte_range
+        self.target = target
+        self.span = span
+        self.want = want
+        self.hops = 0
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One kept-alive connection: at most one GET at a time."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.origin = pool.origin
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.used = False  # it has answered a GET (so a drop before any byte may be an idle close)
+        self.idle_since = 0.0
+        self._future: asyncio.Future | None = None
+        self._ask: Ask | None = None
+        self._request = b""
+        self._head = bytearray(FIRST_HEAD_BYTES)
+        self._head_view = memoryview(self._head)
+        self._filled = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self._body: bytearray | None = None
+        self._body_view: memoryview | None = None
+        self._got = 0
+        self._status = 0
+        self._keep = True
+        self._chunks: ChunkedBody | None = None
+        self._until_eof = False
+        self._stop_at = MAX_BODY_BYTES  # body bytes after which the answer is complete (the rest is not read)
+        self._expect: int | None = None  # a 206's length, checked at the end of a chunked or unframed body
+        self._cut: tuple[int, int] | None = None  # the range within a 200's body
+        self._location: bytes | None = None
+        self._region: bytes | None = None
+
+    # -- asyncio protocol --------------------------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._body_view is not None:
+            return self._body_view[self._got :]
+        if self._filled == len(self._head):  # a head still arriving: grow it (refused past HEAD_BYTES)
+            self._regrow(2 * len(self._head))
+        return self._head_view[self._filled :]
+
+    def _regrow(self, size: int) -> None:
+        """A new head buffer of ``size`` holding what has come so far (the old one may still be exported)."""
+        head = bytearray(size)
+        head[: self._filled] = self._head_view[: self._filled]
+        self._head, self._head_view = head, memoryview(head)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            if self._body_view is not None:
+                self._got += nbytes
+                if self._got == len(self._body_view):
+                    self._complete()
+                return
+            self._filled += nbytes
+            if self._future is None:
+                self._fail(FramingError(f"{self.origin} sent bytes nobody asked for"))
+            elif self._status == 0:
+                self._parse_head()
+            else:
+                self._stream()
+        except Exception as exc:  # a fault here fails the GET; asyncio would log it and hang the read
+            self._fail(exc if isinstance(exc, OSError) else FramingError(f"{self.origin}: {exc!r}"))
+
+    def eof_received(self) -> bool:
+        try:
+            if self._until_eof and self._future is not None and self._status:
+                self._done_streaming()
+        except Exception as exc:
+            self._fail(exc if isinstance(exc, OSError) else FramingError(f"{self.origin}: {exc!r}"))
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        future, self._future = self._future, None
+        if future is None or future.done():
+            return
+        ask = self._ask
+        if self.used and self._status == 0 and self._filled == 0 and ask is not None:
+            self.pool.send(self._request, future, ask, retried=True)  # the server closed it while idle
+            return
+        target = "" if ask is None else f" during GET {ask.target}"
+        future.set_exception(ConnectionResetError(f"{self.origin} closed the connection{target}"))
+
+    # -- requests ----------------------------------------------------------------------------------------------
+    def send(self, request: bytes, future: asyncio.Future, ask: Ask) -> None:
+        self._future = future
+        self._ask = ask
+        self._request = request
+        self._filled = 0
+        if len(self._head) > FIRST_HEAD_BYTES:  # grown for a long head or a streamed body: back to its first size
+            self._head = bytearray(FIRST_HEAD_BYTES)
+            self._head_view = memoryview(self._head)
+        self._reset()
+        future.add_done_callback(self._abandoned)
+        assert self.transport is not None
+        self.transport.write(request)
+
+    def _abandoned(self, future: asyncio.Future) -> None:
+        if future.cancelled() and future is self._future:
+            self._future = None
+            self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None and not self.loop.is_closed():
+                self.transport.abort()
+
+    # -- the head ----------------------------------------------------------------------------------------------
+    def _parse_head(self) -> None:
+        end = self._head.find(b"\r\n\r\n", 0, self._filled)
+        if end < 0:
+            if self._filled >= HEAD_BYTES:
+                raise FramingError(f"{self.origin} sent a head over {HEAD_BYTES} bytes")
+            return
+        lines = bytes(self._head_view[:end]).split(b"\r\n")
+        try:
+            version, status = lines[0].split(b" ", 2)[:2]
+            self._status = int(status)
+        except ValueError:
+            raise FramingError(f"{self.origin} sent a malformed status line {lines[0][:80]!r}") from None
+        if 100 <= self._status < 200:  # an interim answer: drop it, the real one follows
+            self._status = 0
+            self._shift(end + 4)
+            self._parse_head()
+            return
+        length = crange = None
+        chunked = False
+        self._keep = version == b"HTTP/1.1"
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                self._keep = b"close" not in value.lower()
+            elif name == b"content-range":
+                crange = value
+            elif name == b"location":
+                self._location = value.strip()
+            elif name == b"x-amz-bucket-region":
+                self._region = value.strip()
+        self._shift(end + 4)
+        self._frame(self._length(length), chunked, crange)
+
+    def _length(self, value: bytes | None) -> int | None:
+        if value is None:
+            return None
+        value = value.strip()
+        if not value.isdigit() or len(value) > 20 or int(value) > MAX_BODY_BYTES:
+            raise FramingError(f"{self.origin} sent Content-Length {value[:40]!r} (at most {MAX_BODY_BYTES})")
+        return int(value)
+
+    def _frame(self, length: int | None, chunked: bool, crange: bytes | None) -> None:
+        """Set how the body is received, once its status, length and range are known."""
+        status, ask = self._status, self._ask
+        assert ask is not None
+        if status in (204, 304):  # no body, whatever the headers say
+            length, chunked = 0, False
+        if status == 206 and ask.want is not None:
+            self._expect = self._check_range(ask, crange, None if chunked else length)
+        elif status == 200 and ask.want is not None:
+            self._cut_range(ask, None if chunked else length)
+        elif status >= 300:
+            self._stop_at = ERROR_BODY_BYTES
+        if chunked:
+            limit = MAX_BODY_BYTES if self._expect is None else self._expect
+            self._chunks = ChunkedBody(limit, self.origin)
+            self._stream_buffer()
+            self._stream()
+        elif length is not None:
+            self._receive(length)
+        else:
+            self._until_eof, self._keep = True, False
+            self._body = bytearray()
+            self._stream_buffer()
+            self._stream()
+
+    def _receive(self, length: int) -> None:
+        """A body of ``length`` bytes: received into its own buffer (only its first ``_stop_at`` bytes)."""
+        size = min(length, self._stop_at)
+        if size < length:
+            self._keep = False  # the rest is never read: the connection cannot carry another GET
+        elif self._filled > length:
+            raise FramingError(f"{self.origin} sent more than its Content-Length")
+        try:
+            self._body = bytearray(size)
+        except MemoryError:
+            raise FramingError(f"{self.origin} sent Content-Length {length}, more than this process can hold") from None
+        have = min(self._filled, size)
+        self._body[:have] = self._head_view[:have]
+        self._got = have
+        self._filled = 0
+        self._body_view = memoryview(self._body)
+        if self._got == size:
+            self._complete()
+
+    def _shift(self, n: int) -> None:
+        rest = self._filled - n
+        self._head_view[:rest] = self._head_view[n : self._filled]
+        self._filled = rest
+
+    # -- checks ------------------------------------------------------------------------------------------------
+    def _check_range(self, ask: Ask, crange: bytes | None, length: int | None) -> int:
+        """The length a 206 must carry for the range ``ask`` asked; raises if its ``Content-Range`` differs."""
+        match = None if crange is None else _CONTENT_RANGE.match(crange)
+        if match is None:
+            raise self._mismatch(ask, "no Content-Range" if crange is None else f"Content-Range {crange[:60]!r}")
+        first, last = int(match.group(1)), int(match.group(2))
+        total = None if match.group(3) == b"*" else int(match.group(3))
+        start, stop = ask.want  # type: ignore[misc]
+        if start >= 0:
+            end = stop if total is None else min(stop, total)
+            right = first == start and last == end - 1 if total is not None else first == start and last < stop
+        elif total is not None:
+            right = first == max(0, total + start) and last == total - 1
+        else:
+            right = last - first + 1 <= -start
+        right = right and first <= last and (total is None or last < total)
+        if not right or (length is not None and length != last - first + 1):
+            sent = f"Content-Range {crange.decode('latin-1').strip()!r}"  # type: ignore[union-attr]
+            raise self._mismatch(ask, sent + (f" and {length} body bytes" if length is not None else ""))
+        return last - first + 1
+
+    def _mismatch(self, ask: Ask, sent: str) -> RangeMismatchError:
+        return RangeMismatchError(f"GET {ask.target}: asked bytes={ask.span}, {self.origin} sent {sent}")
+
+    def _cut_range(self, ask: Ask, length: int | None) -> None:
+        """A 200 to a ranged GET: keep what the range needs, or refuse the answer when much comes before it."""
+        start, stop = ask.want  # type: ignore[misc]
+        if start >= 0:
+            before = start
+            if length is None or length - stop > IGNORED_RANGE_SLACK_BYTES:
+                self._stop_at = stop  # stop early (a few bytes more keep the connection for the next GET)
+        elif length is not None:
+            before = max(0, length + start)
+        else:  # a suffix of an unframed body: bounded, and cut once the body is in
+            before, self._stop_at = 0, -start + IGNORED_RANGE_SLACK_BYTES + 1
+        if before > IGNORED_RANGE_SLACK_BYTES:
+            size = "" if length is None else f" of {length} bytes"
+            raise RangeIgnoredError(
+                f"GET {ask.target}: asked bytes={ask.span}, {self.origin} answered 200 with the whole object{size}: "
+                "the server ignores Range requests (obstore refuses it too); serve the store from one that honours "
+                "them"
+            )
+        self._cut = (start, stop)
+
+    # -- streamed bodies ---------------------------------------------------------------------------------------
+    def _stream_buffer(self) -> None:
+        if len(self._head) < STREAM_BUFFER_BYTES:
+            self._regrow(STREAM_BUFFER_BYTES)
+
+    def _stream(self) -> None:
+        """Take in what arrived of a chunked or unframed body."""
+        chunks = self._chunks
+        if chunks is not None:
+            used = chunks.feed(self._head, self._filled)
+            self._shift(used)
+            body = chunks.body
+        else:
+            assert self._body is not None
+            body = self._body
+            body += self._head_view[: self._filled]
+            self._filled = 0
+        if len(body) >= self._stop_at:
+            del body[self._stop_at :]
+            self._keep = False
+            self._body = body
+            self._done_streaming()
+        elif chunks is not None and chunks.done:
+            self._body = body
+            self._done_streaming()
+
+    def _done_streaming(self) -> None:
+        ask, body = self._ask, self._body
+        assert ask is not None and body is not None
+        if self._expect is not None and len(body) != self._expect:
+            self._fail(self._mismatch(ask, f"{len(body)} body bytes for a range of {self._expect}"))
+            return
+        self._finish()
+
+    # -- the answer --------------------------------------------------------------------------------------------
+    def _complete(self) -> None:
+        self._body_view = None
+        self._finish()
+
+    def _finish(self) -> None:
+        future, self._future = self._future, None
+        body, status, ask, cut = self._body or bytearray(), self._status, self._ask, self._cut
+        self._body = None
+        self.used = True
+        if self._keep and not self.closed:
+            self.pool.idle_again(self)
+        else:
+            self.close()
+        if future is None or future.done() or ask is None:
+            return
+        if 200 <= status < 300:
+            if cut is not None:  # a server that ignored the Range header: the range out of the whole object
+                try:
+                    body = self._within(ask, body, cut)
+                except RangeIgnoredError as exc:
+                    future.set_exception(exc)
+                    return
+            future.set_result(body)
+        elif status in REDIRECT_STATUSES and self._location and ask.backend is not None:
+            location = self._location.decode("latin-1")
+            ask.backend.redirected(ask, future, status, location, self._region_name(), self.pool)
+        elif status == 404:
+            future.set_exception(FileNotFoundError(f"GET {ask.target}: status code: 404"))
+        elif status in (401, 403):
+            future.set_exception(PermissionError(f"GET {ask.target}: status code: {status}: {bytes(body[:200])!r}"))
+        elif 300 <= status < 400 and ask.backend is not None:
+            ask.backend.redirected(ask, future, status, None, self._region_name(), self.pool)
+        else:
+            future.set_exception(HttpStatusError(status, ask.target, bytes(body)))
+
+    def _within(self, ask: Ask, body: bytearray, cut: tuple[int, int]) -> bytearray:
+        """The range ``cut`` of a whole object's ``body``."""
+        if cut[0] >= 0:
+            return body[cut[0] : cut[1]]
+        if len(body) + cut[0] > IGNORED_RANGE_SLACK_BYTES:
+            self._cut_range(ask, len(body))  # raises, naming the size
+        return body[cut[0] :]
+
+    def _region_name(self) -> str | None:
+        return None if self._region is None else self._region.decode("latin-1")
+
+    def _fail(self, exc: BaseException) -> None:
+        future, self._future = self._future, None
+        self.close()
+        if future is not None and not future.done():
+            future.set_exception(exc)

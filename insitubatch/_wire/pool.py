@@ -1,0 +1,267 @@
+"""One origin's kept-alive connections on one event loop: reused while fresh, closed when idle too long or with it.
+
+:meth:`HttpPool.get` sends one GET (a whole request head) and returns a
+future for its body. A connection that answered goes back to the pool and
+is reused by the next GET; one idle longer than ``idle_timeout_s`` (the
+store's ``pool_idle_timeout``, obstore's 90 s otherwise) is closed, by the
+next GET that finds it or by a sweep timer when none comes. A new
+connection (lookup, TCP and TLS) must be made within ``connect_timeout_s``.
+:meth:`HttpPool.close` closes the idle ones (from any thread); busy ones
+close when their GET ends. A connection dropped before any byte of a
+reused connection's answer is retried once on a fresh one (the server
+closed it while idle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ipaddress
+import socket
+import ssl
+import weakref
+
+from .connection import Ask, Connection
+from .faults import TlsRefusedError
+
+__all__ = ["HttpPool"]
+
+# Idle connections a pool keeps unless the store says otherwise (more are closed as they come back).
+MAX_IDLE = 512
+# A host's addresses are looked up once per this many seconds, and new connections take them in turn.
+ADDRESS_TTL_S = 60.0
+# At exit (and from close(wait_s=...)), how long closing a pool's connections may wait for its loop.
+EXIT_WAIT_S = 1.0
+
+
+class HttpPool:
+    """One origin's kept-alive connections, used from one event loop."""
+
+    def __init__(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        connect_timeout_s: float = 5.0,
+        idle_timeout_s: float = 90.0,
+        max_idle: int | None = None,
+    ) -> None:
+        named = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
+        self.origin = f"{scheme}://{named}:{port}"
+        self.scheme, self.host, self.port = scheme, host, port
+        self.ssl = ssl_context if scheme == "https" else None
+        self.connect_timeout_s = connect_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.max_idle = MAX_IDLE if max_idle is None else max_idle
+        self._idle: list[Connection] = []  # oldest first
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._keeper: asyncio.Task | None = None
+        self._sweep: asyncio.TimerHandle | None = None
+        self._lookup: asyncio.Future | None = None
+        self._literal = (host.strip("[]"), port) if _is_address(host) else None  # an IP needs no lookup
+        self._lookup_until = 0.0
+        self._turn = 0
+        _pools.add(self)
+
+    def get(self, request: bytes, ask: Ask) -> asyncio.Future:
+        """Send ``request`` (a whole GET's head); a future for the body, checked against ``ask``."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._adopt(loop)
+        future = loop.create_future()
+        self.send(request, future, ask)
+        return future
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Connections live on one loop: the old loop's are closed, and a keeper closes the new one's with it."""
+        self.close()
+        self._loop = loop
+        idle: list[Connection] = []
+        self._idle = idle
+        self._keeper = loop.create_task(self._keep(idle))
+
+    @staticmethod
+    async def _keep(idle: list[Connection]) -> None:
+        # cancelled by close(), or by asyncio.run() ending its loop: either way the loop's connections close
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            for connection in idle:
+                connection.close()
+            idle.clear()
+
+    def send(self, request: bytes, future: asyncio.Future, ask: Ask, retried: bool = False) -> None:
+        """Send ``request`` on an idle connection that is still fresh, or on a new one; its answer sets ``future``."""
+        idle = self._idle
+        if idle and not retried:
+            now = idle[-1].loop.time()
+            while idle:
+                connection = idle.pop()  # the most recently used: the least likely to have been closed
+                if connection.closed:
+                    continue
+                if now - connection.idle_since > self.idle_timeout_s:
+                    connection.close()
+                    continue
+                connection.send(request, future, ask)
+                return
+        task = asyncio.ensure_future(self._connect())
+        task.add_done_callback(lambda t: self._connected(t, request, future, ask))
+        future.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+
+    async def _connect(self) -> Connection:
+        try:
+            return await asyncio.wait_for(self._open(), self.connect_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"connecting to {self.origin} took over {self.connect_timeout_s:g}s") from None
+        except ssl.SSLCertVerificationError as exc:
+            raise TlsRefusedError(f"{self.origin} refused: its TLS certificate failed verification: {exc}") from exc
+        except ssl.SSLError as exc:
+            raise ConnectionError(f"TLS with {self.origin} failed: {exc}") from exc
+        except socket.gaierror as exc:
+            raise ConnectionError(f"cannot look up {self.host!r} (for {self.origin}): {exc}") from exc
+
+    async def _open(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        addresses = await self._addresses(loop)
+        server_hostname = self.host.strip("[]") if self.ssl is not None else None
+        self._turn += 1
+        error: OSError | None = None
+        for i in range(len(addresses)):  # in turn, from the next one; an address that refuses passes to the next
+            host, port = addresses[(self._turn + i) % len(addresses)]
+            try:
+                _, connection = await loop.create_connection(
+                    lambda: Connection(self), host, port, ssl=self.ssl, server_hostname=server_hostname
+                )
+                return connection
+            except ssl.SSLError:
+                raise  # the same certificate on every address
+            except OSError as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    async def _addresses(self, loop: asyncio.AbstractEventLoop) -> list[tuple[str, int]]:
+        """The host's addresses: looked up once per ``ADDRESS_TTL_S``, not once per connection."""
+        if self._literal is not None:
+            return [self._literal]
+        lookup = self._lookup
+        if lookup is None or loop.time() > self._lookup_until or lookup.get_loop() is not loop or lookup.cancelled():
+            lookup = self._lookup = asyncio.ensure_future(
+                loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            )
+            self._lookup_until = loop.time() + ADDRESS_TTL_S
+        try:
+            infos = await asyncio.shield(lookup)
+        except Exception:
+            if self._lookup is lookup:
+                self._lookup = None  # the next connection asks again
+            raise
+        if not infos:
+            raise OSError(f"no address for {self.host!r}")
+        return [(str(info[4][0]), int(info[4][1])) for info in infos]
+
+    def _connected(self, task: asyncio.Future, request: bytes, future: asyncio.Future, ask: Ask) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if future.done():
+            if exc is None:
+                self.idle_again(task.result())
+            return
+        if exc is not None:
+            future.set_exception(exc)
+            return
+        task.result().send(request, future, ask)
+
+    def idle_again(self, connection: Connection) -> None:
+        """A connection whose GET ended keeps its socket for the next one (or closes, past ``max_idle``)."""
+        loop = self._loop
+        if loop is None or connection.loop is not loop or len(self._idle) >= self.max_idle:
+            connection.close()
+            return
+        connection.idle_since = loop.time()
+        self._idle.append(connection)
+        if self._sweep is None:
+            self._sweep = loop.call_at(connection.idle_since + self.idle_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        """Close the connections idle past the timeout (the oldest come first); come back for the next one."""
+        self._sweep = None
+        idle, loop = self._idle, self._loop
+        if loop is None:
+            return
+        now = loop.time()
+        while idle and (idle[0].closed or now - idle[0].idle_since >= self.idle_timeout_s):
+            idle.pop(0).close()
+        if idle:
+            self._sweep = loop.call_at(idle[0].idle_since + self.idle_timeout_s, self._expire)
+
+    def forget(self, connection: Connection) -> None:
+        """A connection closed: it leaves the idle list."""
+        if connection in self._idle:
+            self._idle.remove(connection)
+
+    @property
+    def idle(self) -> int:
+        """Idle connections held now."""
+        return len(self._idle)
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """Close the idle connections, from any thread (busy ones close as their GETs end or are cancelled).
+
+        From another thread than the loop's, ``wait_s`` > 0 waits that long
+        for the sockets to be closed.
+        """
+        loop, keeper, sweep = self._loop, self._keeper, self._sweep
+        self._loop = self._keeper = self._sweep = None
+        self._idle = []
+        if loop is None or keeper is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            keeper.cancel()
+            if sweep is not None:
+                sweep.cancel()
+            return
+        try:
+            done = asyncio.run_coroutine_threadsafe(_ended(keeper, sweep), loop)
+        except RuntimeError:  # the loop closed meanwhile
+            return
+        if wait_s > 0:
+            with contextlib.suppress(Exception):
+                done.result(wait_s)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+async def _ended(keeper: asyncio.Task, sweep: asyncio.TimerHandle | None) -> None:
+    """Cancel ``keeper`` (and the sweep) and wait for it and for the sockets it closed."""
+    keeper.cancel()
+    if sweep is not None:
+        sweep.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await keeper
+    for _ in range(2):  # a closed transport's socket is released one loop turn later
+        await asyncio.sleep(0)
+
+
+_pools: weakref.WeakSet[HttpPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    # registered after zarr's own exit handler (zarr is imported first), so this runs while zarr's loop still does
+    for pool in list(_pools):
+        pool.close(wait_s=EXIT_WAIT_S)
