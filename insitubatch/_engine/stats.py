@@ -85,6 +85,7 @@ class PassTrace:
     bad_tiles: int = 0
     read_limit: int = 0  # reads the pass may hold pinned at once (its read-ahead window); 0: unknown
     inflight_reads: int = 0  # GETs awaiting the store now (event-loop thread only)
+    inflight_peak: int = 0  # the most GETs this pass ever had awaiting the store at once (event-loop thread only)
     depth_samples: int = 0
     inflight_depth_sum: int = 0
     inflight_depth_max: int = 0
@@ -96,6 +97,15 @@ class PassTrace:
         """Add ``seconds`` to the time field ``name`` (safe from any thread)."""
         with self.lock:
             setattr(self, name, getattr(self, name) + seconds)
+
+    def get_started(self) -> None:
+        """A GET went to the store (event-loop thread): counted in flight, and in the peak."""
+        self.inflight_reads += 1
+        if self.inflight_reads > self.inflight_peak:
+            self.inflight_peak = self.inflight_reads
+
+    def get_ended(self) -> None:
+        self.inflight_reads -= 1
 
     def sample(self, queue_depth: int) -> None:
         """Record the batch queue's depth and the GETs in flight (once per batch)."""
@@ -203,6 +213,7 @@ class PassStats:
     hedge_wins: int = 0
     stalls: int = 0
     retries: int = 0
+    inflight_peak: int = 0  # the most GETs the pass had awaiting the store at once (0: a local store)
 
     @property
     def samples_per_s(self) -> float:
@@ -353,6 +364,7 @@ class PassStats:
             budget_wait_s=trace.budget_wait_s,
             inflight_depth_mean=trace.inflight_depth_sum / n,
             inflight_depth_max=trace.inflight_depth_max,
+            inflight_peak=trace.inflight_peak,
             queue_depth_mean=trace.queue_depth_sum / n,
             queue_depth_max=trace.queue_depth_max,
             throttled=counters.throttled,

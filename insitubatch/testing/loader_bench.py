@@ -4,8 +4,9 @@
 (``make_dataset()``, every knob theirs), times a *cold* pass of one split
 (a fresh dataset: empty pool), then a *warm* pass (the same split again on
 that dataset: the pool, or a persisted disk cache, may serve it), and
-replays the cold pass's GETs through the store's client at the dataset's
-``max_inflight`` with nothing else to do: the raw-GET ceiling
+replays the cold pass's GETs through the store's client at the concurrency
+the pass had (its ``max_inflight``; under ``"auto"`` its peak of GETs in
+flight: :func:`replay_concurrency`) with nothing else to do: the raw-GET ceiling
 (:func:`~insitubatch.testing.ceiling.raw_get_ceiling`). Its result,
 :class:`LoaderBenchmark`, holds samples/s, GETs and bytes as the server
 counted them, the pool's peak resident bytes, and ``ratio``: cold samples/s
@@ -25,7 +26,7 @@ from typing import Any
 from .ceiling import GetCeiling, raw_get_ceiling
 from .served import ServedZarr
 
-__all__ = ["LoaderBenchmark", "PassReport", "measure_loader"]
+__all__ = ["LoaderBenchmark", "PassReport", "measure_loader", "replay_concurrency"]
 
 # Replays of the ceiling; the fastest counts (a ceiling is the best the link did).
 CEILING_ROUNDS = 3
@@ -47,6 +48,8 @@ class PassReport:
     limiting_stage: str
     advice: str
     max_inflight: int = 0  # the most reads in flight it allowed (under "auto": the highest limit chosen)
+    inflight_auto: bool = False  # max_inflight was "auto"
+    inflight_peak: int = 0  # the most GETs it really had in flight at once
 
     @property
     def samples_per_s(self) -> float:
@@ -97,12 +100,30 @@ class LoaderBenchmark:
                     f"peak resident {r.peak_resident_bytes / 1e6:.1f} MB  limited by {r.limiting_stage}"
                 )
         c = self.ceiling
+        why = (
+            "the cold pass's peak of GETs in flight under max_inflight='auto'"
+            if self.cold.inflight_auto and self.cold.inflight_peak
+            else "the cold pass's max_inflight"
+        )
         lines.append(
             f"ceiling  {self.ceiling_samples_per_s:>10.0f} samples/s  {c.gets:>6} GETs {c.nbytes / 1e6:>8.2f} MB  "
-            f"at concurrency {c.concurrency}, {c.seconds:.3f} s"
+            f"at concurrency {c.concurrency} ({why}), {c.seconds:.3f} s"
         )
         lines.append(f"ratio    {self.ratio:.2f} of the raw-GET ceiling")
         return "\n".join(lines)
+
+
+def replay_concurrency(cold: PassReport) -> int:
+    """GETs the ceiling's replay keeps in flight: what the loader had.
+
+    A pinned ``max_inflight`` is what it allowed; under ``"auto"`` it is the
+    pass's real peak of GETs in flight, not the controller's highest limit,
+    which a pass that never needed it never filled (a sound configuration
+    would read as a fraction of a ceiling it was never offered).
+    """
+    if cold.inflight_auto and cold.inflight_peak:
+        return cold.inflight_peak
+    return max(1, cold.max_inflight)
 
 
 def _one_by_one(setup: Callable[[], Any], target: Callable[..., None], rounds: int) -> None:
@@ -132,6 +153,8 @@ def _timed_pass(ds: Any, split: str, served: ServedZarr) -> tuple[PassReport, An
         limiting_stage=stats.limiting_stage,
         advice=stats.advice,
         max_inflight=int(stats.inflight_max if stats.inflight_auto else stats.max_inflight),
+        inflight_auto=bool(stats.inflight_auto),
+        inflight_peak=int(stats.inflight_peak),
     )
     return report, server
 
@@ -196,7 +219,7 @@ def measure_loader(
                 "GETs: there is no throughput to compare with the store's"
             )
         warm_report = _timed_pass(ds, split, served)[0] if warm else None
-        concurrency = max(1, cold_report.max_inflight)  # the replay gets what the loader had
+        concurrency = replay_concurrency(cold_report)
     finally:
         while built:
             built.pop().close()

@@ -30,6 +30,7 @@ See ``docs/testing.md`` ("Pin your loader's throughput in CI").
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,20 @@ def zarr_emulator(request: pytest.FixtureRequest) -> Iterator[Callable[..., Serv
         one.close()
 
 
+def _benchmark_fixture(request: pytest.FixtureRequest) -> Any:
+    """pytest-benchmark's ``benchmark`` fixture, or a failure that says what to install (or enable)."""
+    try:
+        return request.getfixturevalue("benchmark")
+    except pytest.FixtureLookupError:
+        installed = importlib.util.find_spec("pytest_benchmark") is not None
+        how = (
+            "it is installed but not active in this session: drop '-p no:benchmark' (or the setting that disables it)"
+            if installed
+            else "install it: pip install pytest-benchmark (or insitubatch's 'dev' extra)"
+        )
+        pytest.fail(f"insitubatch's loader_benchmark fixture times passes with pytest-benchmark; {how}", pytrace=False)
+
+
 @pytest.fixture
 def loader_benchmark(request: pytest.FixtureRequest) -> Callable[..., LoaderBenchmark]:
     """Helper: ``loader_benchmark(served, make_dataset, *, split="train", rounds=1, warm=True, ceiling_rounds=3)``.
@@ -117,7 +132,7 @@ def loader_benchmark(request: pytest.FixtureRequest) -> Callable[..., LoaderBenc
     def run(served: ServedZarr, make_dataset: Callable[[], Any], **options: Any) -> LoaderBenchmark:
         from .loader_bench import measure_loader
 
-        benchmark = request.getfixturevalue("benchmark")  # pytest-benchmark; a clear error when it is missing
+        benchmark = _benchmark_fixture(request)
 
         def under_benchmark(setup: Callable[[], Any], target: Callable[..., None], rounds: int) -> None:
             benchmark.pedantic(target, setup=setup, rounds=rounds, iterations=1, warmup_rounds=0)

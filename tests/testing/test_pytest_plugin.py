@@ -125,3 +125,49 @@ def test_unknown_link_settings_are_passed_through_and_refused_by_name(era5_zarr,
     with pytest.raises(TypeError, match="no_such_setting"):
         zarr_emulator(era5_zarr(N_TIME), process=False, no_such_setting=1)
     assert not [t for t in threading.enumerate() if t.name == "emulator"]  # nothing left serving
+
+
+def test_under_auto_the_ceiling_replays_at_the_pass_peak_of_gets_in_flight(
+    era5_zarr, zarr_emulator, loader_benchmark
+) -> None:
+    """The controller may have allowed 128 reads; the pass used fewer: the ceiling gets what the pass had."""
+    served = zarr_emulator(era5_zarr(N_TIME), latency_s=0.01, jitter_s=0.0)
+    result = loader_benchmark(served, lambda: _dataset(served, batch_size=32, block_chunks=2, hedge=False))
+    cold = result.cold
+    assert cold.inflight_auto and 0 < cold.inflight_peak <= cold.max_inflight
+    assert result.ceiling.concurrency == cold.inflight_peak
+    assert "peak of GETs in flight under max_inflight='auto'" in result.summary()
+
+
+def test_replay_concurrency_is_the_pinned_limit_or_the_auto_peak() -> None:
+    from insitubatch.testing.loader_bench import PassReport, replay_concurrency
+
+    base = {"samples": 1, "batches": 1, "seconds": 1.0, "gets": 1, "bytes": 1, "peak_resident_bytes": 1}
+    report = {**base, "limiting_stage": "store", "advice": ""}
+    assert replay_concurrency(PassReport(**report, max_inflight=16, inflight_peak=5)) == 16
+    assert replay_concurrency(PassReport(**report, max_inflight=128, inflight_auto=True, inflight_peak=31)) == 31
+    assert replay_concurrency(PassReport(**report, max_inflight=64, inflight_auto=True, inflight_peak=0)) == 64
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_loader_benchmark_without_pytest_benchmark_says_what_it_needs(tmp_path: Path, installed: bool) -> None:
+    """A user's own test file, run with pytest-benchmark inactive (or absent): one clear line, not pytest's bare
+    "fixture 'benchmark' not found"."""
+    (tmp_path / "test_gate.py").write_text(
+        "def test_gate(zarr_emulator, loader_benchmark):\n    loader_benchmark(None, lambda: None)\n"
+    )
+    # absent: a stand-in module shadows pytest_benchmark's spec lookup; inactive: the plugin is turned off
+    (tmp_path / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"if not {installed}:\n"
+        "    real = importlib.util.find_spec\n"
+        "    importlib.util.find_spec = lambda name, *a: None if name == 'pytest_benchmark' else real(name, *a)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:benchmark", "test_gate.py"]
+    proc = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "loader_benchmark fixture times passes with pytest-benchmark" in proc.stdout
+    assert ("drop '-p no:benchmark'" in proc.stdout) == installed
+    assert ("pip install pytest-benchmark" in proc.stdout) == (not installed)
+    assert "fixture 'benchmark' not found" not in proc.stdout

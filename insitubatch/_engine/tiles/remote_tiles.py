@@ -109,9 +109,14 @@ class _RemoteTiles:
     async def _get_range(
         self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None, learn: bool = True
     ) -> Buffer | None:
-        if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
-            return await self.fetcher.get(key, byte_range, size_hint, learn)
-        return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
+        trace = self.owner.counters.trace
+        trace.get_started()
+        try:
+            if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
+                return await self.fetcher.get(key, byte_range, size_hint, learn)
+            return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
+        finally:
+            trace.get_ended()
 
     async def _get_index(self, key: str, byte_range: ByteRequest) -> Buffer | None:
         """A shard index's bytes: a round trip for a few bytes, which the auto window does not learn from."""
@@ -133,7 +138,6 @@ class _RemoteTiles:
         async with self.semaphore:
             if self._get_sync is None:
                 trace = self.owner.counters.trace
-                trace.inflight_reads += 1
                 t0 = time.perf_counter()
                 try:
                     buf = await self._get_tile(g, coord, key)
@@ -145,7 +149,6 @@ class _RemoteTiles:
                         self.pool.fail(consumer, error)
                     return
                 finally:
-                    trace.inflight_reads -= 1
                     trace.add("fetch_s", time.perf_counter() - t0)
                 if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
                     counters = self.owner.counters
