@@ -8,7 +8,6 @@
 * :func:`read_through`: one key read through the store's client the way a
   pass reads it (``client_for`` + ``Fetcher``), with the client chosen by
   ``obstore_store(..., client=name)``;
-* :func:`make_certificates`: a CA and server certificates made in the test;
 * :func:`start_signed_s3`: moto's S3 server checking every signature.
 """
 
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import ipaddress
 import json
 import os
 import socket
@@ -192,22 +190,30 @@ def read_through(client: str, url: str, key: str, byte_range: Any = None, **stor
         close_store(opened)
 
 
+# What an S3 client wants besides the length (object_store reads both from a GET's answer).
+_DATED = 'Last-Modified: Mon, 01 Jan 2024 00:00:00 GMT\r\nETag: "0"\r\n'
+
+
 @dataclass
 class FileServer:
     """An asyncio HTTP/1.1 server of ``root`` on loopback, in its own thread; counts the connections it holds.
 
     ``token``: a query string every request must carry (else 403);
-    ``redirect_to``: a base URL chunk requests (paths with ``/c/``) are sent to with a 302.
+    ``redirect_to``: a base URL chunk requests (paths with ``/c/``) are sent to with a 302;
+    ``tls``: a server context (HTTPS); ``quirk(request)``: an answer that replaces the right one, or ``None``.
     """
 
     root: Path
     token: str | None = None
     redirect_to: str | None = None
+    tls: ssl.SSLContext | None = None
+    quirk: Callable[[Request], bytes | None] | None = None
     open_connections: int = 0
     connections: int = 0
     requests: list[Request] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self._writers: dict[asyncio.StreamWriter, asyncio.Task | None] = {}
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -217,32 +223,47 @@ class FileServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, LOOPBACK, 0))
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, LOOPBACK, 0, ssl=self.tls))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
+        # stopped by close(): every task left (a handler, a TLS handshake) ends, and every transport with it
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.run_until_complete(asyncio.sleep(0.05))
+        self._loop.close()
 
-    def url(self, path: str = "") -> str:
-        return f"http://{LOOPBACK}:{self.port}/{path.lstrip('/')}"
+    def url(self, path: str = "", host: str = LOOPBACK) -> str:
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://{host}:{self.port}/{path.lstrip('/')}"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.open_connections += 1
         self.connections += 1
+        self._writers[writer] = asyncio.current_task()
         try:
             while True:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, ConnectionError):
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
                     break
                 request = parse_request(head)
                 self.requests.append(request)
                 writer.write(self._answer(request))
                 await writer.drain()
+        except asyncio.CancelledError:  # closed by close(): end quietly (asyncio logs a handler that ends cancelled)
+            pass
         finally:
             self.open_connections -= 1
-            writer.close()
+            self._writers.pop(writer, None)
+            writer.transport.abort()
 
     def _answer(self, request: Request) -> bytes:
+        odd = None if self.quirk is None else self.quirk(request)
+        if odd is not None:
+            return odd
         if self.token is not None and request.query != self.token:
             return answer(403, b"<Error>AuthenticationFailed</Error>")
         if self.redirect_to is not None and "/c/" in request.path:
@@ -252,89 +273,24 @@ class FileServer:
             return answer(404)
         body = file.read_bytes()
         if request.method == "HEAD":
-            return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        return ranged(body, request.headers.get("range"))
+            return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{_DATED}\r\n".encode()
+        return ranged(body, request.headers.get("range")).replace(b"\r\n", f"\r\n{_DATED}".encode(), 1)
+
+    async def _shutdown(self) -> None:
+        self._server.close()
+        for writer, handler in list(self._writers.items()):
+            writer.transport.abort()
+            if handler is not None:
+                handler.cancel()
+        await asyncio.gather(*(h for h in self._writers.values() if h is not None), return_exceptions=True)
+        await self._server.wait_closed()
+        for _ in range(5):  # an aborted transport's socket is released a loop turn later (a TLS one, a few)
+            await asyncio.sleep(0.01)
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(WAIT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(WAIT_S)
-
-
-@dataclass(frozen=True)
-class Certificates:
-    """A CA made in the test and server certificates it signed (PEM files)."""
-
-    ca: Path
-    good: tuple[Path, Path]  # for 127.0.0.1 and localhost: certificate chain, key
-    wrong: tuple[Path, Path]  # for another name
-
-    def server_context(self, which: tuple[Path, Path]) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(*which)
-        return context
-
-
-def make_certificates(directory: Path) -> Certificates:
-    """A CA and two server certificates (one for loopback's names, one for another name), valid for two days."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    span = (now - datetime.timedelta(days=1), now + datetime.timedelta(days=2))
-
-    def name(text: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(name("insitubatch test CA"))
-        .issuer_name(name("insitubatch test CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(span[0])
-        .not_valid_after(span[1])
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-        )  # digital signature, certificate and CRL signing
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    directory.mkdir(parents=True, exist_ok=True)
-    pem = ca.public_bytes(serialization.Encoding.PEM)
-    (directory / "ca.pem").write_bytes(pem)
-
-    def leaf(stem: str, names: list[str]) -> tuple[Path, Path]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        alt = [x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n) for n in names]
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name(names[0]))
-            .issuer_name(ca.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(span[0])
-            .not_valid_after(span[1])
-            .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        chain, private = directory / f"{stem}.pem", directory / f"{stem}.key"
-        chain.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + pem)
-        private.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
-        return chain, private
-
-    return Certificates(directory / "ca.pem", leaf("good", [LOOPBACK, "localhost"]), leaf("wrong", ["elsewhere.test"]))
 
 
 @dataclass

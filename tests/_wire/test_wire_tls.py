@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from scripted import WIRE_CLIENTS, Certificates, Request, answer, make_certificates, ranged, read_through
+from certificates import Certificates, make_certificates
+from scripted import WIRE_CLIENTS, Request, answer, ranged, read_through
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch._engine.reads.read_policy import Outcome, classify
