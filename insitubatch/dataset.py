@@ -384,6 +384,7 @@ class InSituDataset:
             budget_bytes=self.pool.explicit_budget,
             batch_geometries=self.outputs,
             empty={n: why for n, p in plans.items() if (why := self.planner.empty_reason(n, p)) is not None},
+            gets={n: self.context.predicted_gets(p) for n, p in plans.items()},
             statics=self.static_fields,
             left_out=self.left_out,
             remote=self.context.client() is not None,

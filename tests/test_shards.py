@@ -12,8 +12,8 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 from zarr.errors import ZarrUserWarning
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch._engine.reads.shard_runs import coalesce
 from insitubatch._engine.reads.store_link import client_for
-from insitubatch._engine.tiles.remote_tiles import coalesce
 from insitubatch.io.decode import shard_stage
 from insitubatch.testing.emulator import Emulator
 

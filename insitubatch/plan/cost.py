@@ -124,8 +124,9 @@ def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int
     return reads * int(plan.read_nbytes.max()), reads
 
 
-def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> dict[str, int]:
-    gets = sum(tiles_per_read[source] for source, _ in plan.reads)
+def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int], gets: int | None = None) -> dict[str, int]:
+    if gets is None:  # a tile a GET; a sharded array's index reads and runs are counted by the engine
+        gets = sum(tiles_per_read[source] for source, _ in plan.reads)
     return {
         "samples": plan.n_samples,
         "batches": plan.n_batches,
@@ -150,6 +151,7 @@ def describe_loader(
     stored_tile_bytes: Mapping[str, int | None] | None = None,
     ceiling: Mapping[str, Any] | None = None,
     empty: Mapping[str, str] | None = None,
+    gets: Mapping[str, int] | None = None,
     statics: Mapping[str, StaticField] | None = None,
     left_out: Mapping[str, str] | None = None,
     remote: bool = False,
@@ -163,7 +165,9 @@ def describe_loader(
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
     sizes, ``None`` where unknown. ``ceiling`` is a :func:`read_ceiling`
-    (plus any ``suggest`` entry), reported as given. ``empty`` gives, for
+    (plus any ``suggest`` entry), reported as given. ``gets`` are each split's GETs
+    where the engine counted them (a sharded array's index reads and runs of
+    inner chunks; default: one per tile). ``empty`` gives, for
     each split that yields no sample although it was not asked to be
     empty, why (``EpochPlanner.empty_reason``): each is a note. ``statics`` are
     ``{label: StaticField}`` (held once, counted in the memory plan); ``left_out`` what the dataset did not take from the store, with
@@ -192,7 +196,7 @@ def describe_loader(
             "shard_reads": "inner chunks by byte range" if g.sharded_reads else None,
             "stored_tile_bytes": None if stored_tile_bytes is None else stored_tile_bytes.get(label),
         }
-    splits = {name: _split_row(plan, tiles_per_read) for name, plan in plans.items()}
+    splits = {name: _split_row(plan, tiles_per_read, (gets or {}).get(name)) for name, plan in plans.items()}
     mine = splits[split]
     # a batch buffer holds at most a pass's samples (a batch_size past the split's length is one short batch)
     batch_rows = min(knobs["batch_size"], max((p.n_samples for p in plans.values()), default=0))
@@ -346,7 +350,9 @@ def format_summary(info: Mapping[str, Any]) -> str:
                 f"{other['gets']} GETs, working set {_mb(other['working_set_bytes'])} MB"
             )
     lines += [
-        f"reads      {s['reads']} chunk reads = {s['gets']} GETs per epoch (each stored tile once); "
+        f"reads      {s['reads']} chunk reads = {s['gets']} GETs per epoch (each stored tile once"
+        f"{'; each shard index, and adjacent inner chunks in one' if any(v['shard_reads'] for v in variables.values()) else ''}"
+        "); "
         f"{s['samples'] / max(s['gets'], 1):.2f} samples per GET",
         f"working    {_mb(mem['working_set_bytes'])} MB resident at most ({s['read_ahead_bound']} chunk reads{per}) — "
         f"the pool's floor and its automatic budget",

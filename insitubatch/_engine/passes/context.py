@@ -33,6 +33,7 @@ from ..pool.chunk_pool import ChunkPool
 from ..reads.concurrency import AUTO_START, LimitHistory
 from ..reads.reader import ArrayReader, BadChunkRecord
 from ..reads.shard_index import ShardIndexes
+from ..reads.shard_runs import pass_gets
 from ..reads.store_link import StoreClient, client_for
 from ..reads.window import ReadWindow, WindowUser
 from ..stats import PassCounters
@@ -113,6 +114,13 @@ class PassContext:
             return 0, 0
         tiles = {r.geometry.source: r.geometry.tiles_read for r in self.readers.values()}
         return auto_read_ahead(plan, tiles, self.inflight_cap())
+
+    def predicted_gets(self, plan: EpochPlan) -> int:
+        """The GETs a cold pass of ``plan`` sends (``reads.shard_runs.pass_gets``): what ``describe()`` states."""
+        remote = self.client() is not None
+        return pass_gets(
+            plan, self.readers, permit_cap=self.permits().cap, remote=remote, indexes=self.shard_indexes.known()
+        )
 
     def permits(self) -> WindowUser:
         """The read permits every pass of this dataset takes, one per tile in flight (made on first use).

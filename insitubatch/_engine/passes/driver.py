@@ -143,6 +143,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         self._wants = Wants()  # stored tiles waiting to be read: another selection's entry may join one
         self._pump: asyncio.Task | None = None
         self._remote_fresh: list[Want] = []  # remote tiles wanted, their reads not started yet (_start_remote)
+        self._shard_wants: dict[str, list[Want]] = {}  # a shard's wanted inner chunks, till its block is admitted
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
         self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
@@ -279,13 +280,15 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             reader = self.readers[key[0]]
             if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
                 chunk = (reader.geometry.path, key[1])
+                self._fetch_all(fetches, start=False)
                 if plan.read_first[i] != block or len(revivals) >= REVIVE_BATCH:
                     self._flush(revivals)
+                    if plan.read_first[i] != block:  # the block's shards are all wanted: their GETs go
+                        self._start_remote()
                     block = int(plan.read_first[i])
-                self._fetch_all(fetches, start=False)
                 if since_yield >= ADMIT_BURST:  # let the fetches start before admitting more
                     since_yield = 0
-                    self._start_remote()
+                    self._start_remote(hold_shards=True)
                     await asyncio.sleep(0)
                 # a chunk's selections wait for room together: split by a wait, the first could
                 # start its tile reads before the second joins them, and the tiles would be read twice
@@ -338,11 +341,12 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         if start:
             self._start_remote()
 
-    def _start_remote(self) -> None:
-        """Start the remote reads wanted since the last call: together, so a shard's adjacent ones share a GET."""
-        if self._remote_fresh:
-            fresh, self._remote_fresh = self._remote_fresh, []
-            self._fetch_remote(fresh)
+    def _start_remote(self, hold_shards: bool = False) -> None:
+        """Start the remote reads wanted since the last call; a shard's, with ``hold_shards``, once its block's
+        admission is over (so the inner chunks one block wants of a shard share GETs however admission ran)."""
+        fresh, self._remote_fresh = self._remote_fresh, []
+        if fresh or (self._shard_wants and not hold_shards):
+            self._fetch_remote(fresh, hold_shards)
 
     def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
         if revivals:

@@ -93,6 +93,7 @@ class ShardIndexes:
     _held: dict[str, ShardIndex | None] = field(default_factory=dict)
     _broken: dict[str, str] = field(default_factory=dict)  # indexes that did not decode, with why
     _loading: dict[str, asyncio.Future] = field(default_factory=dict)
+    _reading: dict[str, threading.Event] = field(default_factory=dict)  # read_sync's reads under way
     _lock: threading.Lock = field(default_factory=threading.Lock)
     gets: int = 0
     get_bytes: int = 0
@@ -102,6 +103,11 @@ class ShardIndexes:
         """Bytes the held indexes occupy (their entries)."""
         with self._lock:
             return sum(i.nbytes for i in self._held.values() if i is not None)
+
+    def known(self) -> dict[str, ShardIndex | None]:
+        """The indexes read so far, by shard key (``None``: the shard does not exist)."""
+        with self._lock:
+            return dict(self._held)
 
     def _keep(self, key: str, data: ChunkData | None, stage: _ShardStage) -> ShardIndex | None:
         with self._lock:
@@ -124,12 +130,26 @@ class ShardIndexes:
         return key in self._held, self._held.get(key)
 
     def read_sync(self, key: str, stage: _ShardStage, get: Callable[..., ChunkData | None]) -> ShardIndex | None:
-        """Any thread: the index of shard ``key``, read with the blocking ``get(key, byte_range=...)`` the first time."""
-        with self._lock:
-            known, index = self._known(key)
-        if known:
-            return index
-        return self._keep(key, get(key, byte_range=index_request(stage)), stage)
+        """Any thread: the index of shard ``key``, read with the blocking ``get(key, byte_range=...)`` the first time.
+
+        Threads asking at once read it once: the others wait for that read.
+        """
+        while True:
+            with self._lock:
+                known, index = self._known(key)
+                if known:
+                    return index
+                reading = self._reading.get(key)
+                if reading is None:
+                    reading = self._reading[key] = threading.Event()
+                    break
+            reading.wait()  # (a failed read leaves the key unknown: the next waiter tries it itself)
+        try:
+            return self._keep(key, get(key, byte_range=index_request(stage)), stage)
+        finally:
+            with self._lock:
+                del self._reading[key]
+            reading.set()
 
     async def read(
         self,

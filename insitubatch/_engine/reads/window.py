@@ -10,6 +10,14 @@ tile size, so a shared window never lets one reader exceed what its
 (``acquire``, ``release``, ``locked``, ``async with``), which is what the
 scheduler holds, with no barging past a queue.
 
+A read of several tiles at once (a run of a shard's adjacent inner chunks,
+one GET) takes a permit per tile together (:meth:`WindowUser.acquire_many`):
+all or none, so two such reads never hold part of what each waits for. It
+is granted when its permits fit under the limit, or when the window is
+idle (a run no larger than the reader's cap always gets through); a waiter
+for several permits at the head of the queue holds back the ones behind it
+until then, so it cannot starve.
+
 Waiters are served in ticket order. A read may name the
 :meth:`~ReadWindow.ticket` its tile drew when the pass admitted it, so the
 reads of an early batch that can start only after another read (a sharded
@@ -43,7 +51,8 @@ class ReadWindow:
         self.controller = controller
         self.ceiling = ceiling if ceiling is not None else self._fixed  # the cap of all users together
         self.inflight = 0
-        self._waiters: list[tuple[int, int, asyncio.Future, WindowUser]] = []  # a heap: (ticket, arrival, ...)
+        # a heap of (ticket, arrival, future, user, permits wanted)
+        self._waiters: list[tuple[int, int, asyncio.Future, WindowUser, int]] = []
         self._idle: collections.deque[tuple[asyncio.Future, WindowUser]] = collections.deque()  # background reads
         self._tickets = itertools.count()
         self._arrivals = itertools.count()
@@ -84,12 +93,17 @@ class ReadWindow:
             self.controller.on_throttle(time.monotonic())
 
     # -- permits ----------------------------------------------------------------------------------
-    def _can(self, user: WindowUser) -> bool:
-        return self.inflight < self.limit and user.held < user.cap
+    def _can(self, user: WindowUser, n: int = 1) -> bool:
+        """Whether ``user`` may take ``n`` permits now: under the limit and its cap, or into an idle window
+        (and an idle user), so a read of more tiles than the limit at the time still goes through alone."""
+        if n == 1:
+            return self.inflight < self.limit and user.held < user.cap
+        fits = self.inflight + n <= self.limit or self.inflight == 0
+        return fits and (user.held + n <= user.cap or user.held == 0)
 
-    def _take(self, user: WindowUser) -> None:
-        self.inflight += 1
-        user.held += 1
+    def _take(self, user: WindowUser, n: int = 1) -> None:
+        self.inflight += n
+        user.held += n
         if not user.active:
             self._join(user)
 
@@ -105,9 +119,9 @@ class ReadWindow:
             if caps:  # with no reader left the limit stays where it was, for the next one
                 self.controller.set_cap(min(self.ceiling, caps), time.monotonic())
 
-    def _give_back(self, user: WindowUser) -> None:
-        self.inflight -= 1
-        user.held -= 1
+    def _give_back(self, user: WindowUser, n: int = 1) -> None:
+        self.inflight -= n
+        user.held -= n
         self._wake()
 
     def _wake(self) -> None:
@@ -115,20 +129,25 @@ class ReadWindow:
         then, with none left waiting, to background waiters."""
         waiters = self._waiters
         skipped = []
+        held_back = False
         while waiters and self.inflight < self.limit:
             waiter = heapq.heappop(waiters)
-            fut, user = waiter[2], waiter[3]
+            fut, user, n = waiter[2], waiter[3], waiter[4]
             if fut.done():  # cancelled while waiting
                 continue
             if user.held >= user.cap:
                 skipped.append(waiter)
                 continue
-            self._take(user)  # the permit is the waiter's from here, even before it runs
+            if not self._can(user, n):  # several permits, not free yet: nobody behind it goes first
+                heapq.heappush(waiters, waiter)
+                held_back = True
+                break
+            self._take(user, n)  # the permits are the waiter's from here, even before it runs
             fut.set_result(None)
         for waiter in skipped:
             heapq.heappush(waiters, waiter)
         idle = self._idle  # with a permit left, the only waiters still queued are the skipped ones
-        while idle and not skipped and self.inflight < self.limit:
+        while idle and not skipped and not held_back and self.inflight < self.limit:
             fut, user = idle.popleft()
             if fut.done():
                 continue
@@ -138,9 +157,10 @@ class ReadWindow:
             self._take(user)
             fut.set_result(None)
 
-    def _enqueue(self, user: WindowUser, ticket: int | None) -> asyncio.Future:
+    def _enqueue(self, user: WindowUser, ticket: int | None, n: int = 1) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (self.ticket() if ticket is None else ticket, next(self._arrivals), fut, user))
+        entry = (self.ticket() if ticket is None else ticket, next(self._arrivals), fut, user, n)
+        heapq.heappush(self._waiters, entry)
         return fut
 
 
@@ -173,6 +193,20 @@ class WindowUser:
         await self._wait(self.window._enqueue(self, ticket))
         return True
 
+    async def acquire_many(self, n: int, ticket: int | None = None) -> None:
+        """Wait for ``n`` permits at once (a read of ``n`` tiles), served in ``ticket`` order; all or none.
+
+        ``n`` may exceed the limit, or the cap: such a read waits for an idle window (and reader).
+        """
+        if n == 1:
+            await self.acquire(ticket)
+            return
+        w = self.window
+        if not w._waiters and w._can(self, n):
+            w._take(self, n)
+            return
+        await self._wait(w._enqueue(self, ticket, n), n)
+
     async def acquire_idle(self) -> bool:
         """Wait for a permit no other read is waiting for (background work, such as reading ahead)."""
         if self.try_acquire():
@@ -182,16 +216,16 @@ class WindowUser:
         await self._wait(fut)
         return True
 
-    async def _wait(self, fut: asyncio.Future) -> None:
+    async def _wait(self, fut: asyncio.Future, n: int = 1) -> None:
         try:
             await fut
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # handed a permit just as it was cancelled: give it back
-                self.window._give_back(self)
+            if fut.done() and not fut.cancelled():  # handed its permits just as it was cancelled: give them back
+                self.window._give_back(self, n)
             raise
 
-    def release(self) -> None:
-        self.window._give_back(self)
+    def release(self, n: int = 1) -> None:
+        self.window._give_back(self, n)
 
     def leave(self) -> None:
         """This reader is done for now (a pass ended): its cap stops counting toward the shared cap."""

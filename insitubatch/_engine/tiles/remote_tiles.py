@@ -30,19 +30,15 @@ from ...plan.epoch import EpochPlan
 from ..pool.chunk_pool import ChunkPool, Owner
 from ..reads.fetch import Fetcher
 from ..reads.shard_index import ShardIndexes, check_span, plan_shards, prefetch, read_inner_chunk
+from ..reads.shard_runs import coalesce, run_cap
 from .landings import _Landings, _release
 from .tile_jobs import _GET_IN_JOB
 from .wants import Want
 
-__all__ = ["COALESCE_GAP_BYTES", "INDEX_PREFETCH", "coalesce"]
+__all__ = ["INDEX_PREFETCH"]
 
 # shard indexes a remote pass reads at once when it starts, ahead of the tiles that need them
 INDEX_PREFETCH = 16
-# Inner chunks of one shard read with one GET when the next starts at most this many bytes after the
-# previous ends. 0: only back-to-back ones, so the bytes on the wire are exactly the inner chunks needed
-# (a gap would be read and thrown away; on a link where a round trip costs more than that many bytes,
-# raising it trades bytes for requests).
-COALESCE_GAP_BYTES = 0
 
 
 class _RemoteTiles:
@@ -64,6 +60,7 @@ class _RemoteTiles:
     _get_sync: Callable[..., ChunkData | None] | None
     _landings: _Landings
     _gate: set[asyncio.Task] | None  # while the first block's reads land: the reads started since
+    _shard_wants: dict[str, list[Want]]  # a shard's wanted inner chunks, gathered until its block is admitted
 
     def _spawn(self, coro, work: bool = False) -> None:
         raise NotImplementedError  # PassDriver's
@@ -166,9 +163,15 @@ class _RemoteTiles:
                 for consumer, _, _ in want.consumers:
                     self.pool.fail(consumer, exc)
 
-    def _fetch_remote(self, wants: list[Want]) -> None:
-        """Loop: start the GETs of freshly wanted tiles: one each, or a shard's by its coalesced byte ranges."""
-        shards: dict[str, list[Want]] = {}
+    def _fetch_remote(self, wants: list[Want], hold_shards: bool = False) -> None:
+        """Loop: start the GETs of freshly wanted tiles: one each, or a shard's by its coalesced byte ranges.
+
+        A shard's wanted inner chunks gather until ``hold_shards`` is False
+        (the admission of a block's reads is over, or the driver must wait):
+        which ones share a GET then depends on the plan alone, never on
+        timing (``reads.shard_runs``).
+        """
+        shards = self._shard_wants
         for want in wants:
             _, reader, k = want.consumers[0]
             g = reader.geometry
@@ -176,8 +179,10 @@ class _RemoteTiles:
                 shards.setdefault(g.tile_key(reader.tile_coord(want.chunk_index, k))[0], []).append(want)
             else:
                 self._spawn(self._fetch_tile(want), work=True)
-        for key, group in shards.items():
-            self._spawn(self._fetch_shard(key, group), work=True)
+        if not hold_shards and shards:
+            self._shard_wants = {}
+            for key, group in shards.items():
+                self._spawn(self._fetch_shard(key, group), work=True)
 
     async def _fetch_shard(self, key: str, wants: list[Want]) -> None:
         """Loop: tiles of one shard, after its index: each run of adjacent inner chunks is one ranged GET.
@@ -221,26 +226,19 @@ class _RemoteTiles:
                 self._spawn(self._land(want, coord, key, None), work=True)
             else:
                 spans.append((*span, want, coord))
-        for run in coalesce(spans):
+        for run in coalesce(spans, run_cap(self.semaphore.cap)):
             self._spawn(self._fetch_run(key, run), work=True)
 
     async def _fetch_run(self, key: str, run: list[tuple[int, int, Want, Any]]) -> None:
         """Loop: one ranged GET for a run of adjacent inner chunks, then a decode job per tile.
 
-        Each tile holds a permit, as a tile read alone would: the run waits
-        for one, takes as many more as are free at once, and leaves the tiles
-        it has no permit for to a run of their own.
+        Each tile holds a permit, as a tile read alone would: the run takes
+        one per tile, all at once (``WindowUser.acquire_many``).
         """
         semaphore = self.semaphore
-        await semaphore.acquire(min((w.ticket for _, _, w, _ in run if w.ticket is not None), default=None))
-        held = 1
+        held = len(run)
+        await semaphore.acquire_many(held, min((w.ticket for _, _, w, _ in run if w.ticket is not None), default=None))
         try:
-            while held < len(run) and not semaphore.locked():
-                await semaphore.acquire()  # free: returns without suspending
-                held += 1
-            if held < len(run):
-                self._spawn(self._fetch_run(key, run[held:]), work=True)
-                run = run[:held]
             start, stop = run[0][0], run[-1][1]
             t0 = time.perf_counter()
             try:
@@ -291,19 +289,3 @@ class _RemoteTiles:
         for want in wants:
             for consumer, _, _ in want.seal():
                 self.pool.fail(consumer, error)
-
-
-def coalesce(spans: list[tuple[int, int, Want, Any]]) -> list[list[tuple[int, int, Want, Any]]]:
-    """``(start, stop, want, coord)`` byte spans of one shard as runs to read with one GET each.
-
-    Sorted by offset; a span starting at most ``COALESCE_GAP_BYTES`` past the
-    previous one's end joins its run. Inner chunks a shard holds back to
-    back (one sample-axis chunk's tiles, in C order) become one request.
-    """
-    runs: list[list[tuple[int, int, Want, Any]]] = []
-    for span in sorted(spans, key=lambda s: s[0]):
-        if runs and span[0] - runs[-1][-1][1] <= COALESCE_GAP_BYTES and span[0] >= runs[-1][-1][1]:
-            runs[-1].append(span)
-        else:
-            runs.append([span])
-    return runs

@@ -16,7 +16,7 @@ from typing import cast
 
 import numpy as np
 from zarr.abc.buffer import BufferPrototype
-from zarr.abc.store import RangeByteRequest
+from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from ...cache import DiskCache
 from ...errors import BadChunkError, StoreReadError
@@ -248,8 +248,15 @@ class _TileJobs(_Finishing):
         stored, place = g.tile_key(coord)
         assert place is not None  # sharded reads place every tile in its shard
         stage, decoder = self._shards[g.path], self._decoders[g.path]
+
+        def get_index(key: str, byte_range: ByteRequest) -> ChunkData | None:  # a GET, counted like a tile's
+            buf = get(key, prototype=self._prototype, byte_range=byte_range)
+            tally.gets += 1
+            tally.get_bytes += 0 if buf is None else len(buf)
+            return buf
+
         try:
-            index = self.shard_indexes.read_sync(stored, stage, functools.partial(get, prototype=self._prototype))
+            index = self.shard_indexes.read_sync(stored, stage, get_index)
             span = None if index is None else index.span(place)
         except _DecodeFailure as exc:
             raise decoder._bad(coord, str(exc)) from exc.__cause__

@@ -1,0 +1,142 @@
+"""describe() states the GETs a cold pass sends, and the pass sends exactly those; every fetched byte is counted.
+
+Sharded arrays included: each shard's index (one GET per shard, whether read
+as the dataset opens or in the pass) and the inner chunks one block wants
+of one shard that lie back to back (one GET per run). Checked over a local
+directory and over the loopback emulator, whose own counters are the
+ground truth for the bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
+from zarr.core.indexing import morton_order_iter
+
+from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch._engine.reads.shard_runs import MAX_RUN_TILES, coalesce, morton_ranks, run_cap
+
+SHAPE = (96, 16, 20)
+INNER = (4, 8, 10)  # 2 x 2 inner chunks per step band
+SHARD = (16, 16, 20)  # 4 bands x 4 = 16 inner chunks per shard
+
+
+def _write(root, name: str = "s.zarr") -> None:
+    group = zarr.open_group(root / name, mode="w", zarr_format=3)
+    rng = np.random.default_rng(0)
+    for array, shards in (("a", SHARD), ("b", None)):
+        group.create_array(
+            array,
+            shape=SHAPE,
+            chunks=INNER,
+            shards=shards,
+            dtype="f4",
+            dimension_names=("time", "lat", "lon"),
+        )[...] = rng.random(SHAPE, dtype="f4")
+
+
+@pytest.fixture(params=["local", "emulator"])
+def where(request, tmp_path):
+    """``(url, emulator or None)`` of the same sharded group."""
+    if request.param == "local":
+        _write(tmp_path)
+        return str(tmp_path / "s.zarr"), None
+    emulator = request.getfixturevalue("emulator")
+    _write(emulator.root)
+    return emulator.url_for("s.zarr"), emulator
+
+
+VARIABLES = {
+    "sharded": lambda g: {"a": g["a"]},
+    "sharded+plain": lambda g: {"a": g["a"], "b": g["b"]},
+    "selection": lambda g: {"x": g["a"].isel(lat=slice(0, 8)), "y": g["a"].isel(lon=slice(12, 20))},
+}
+
+
+@pytest.mark.parametrize("variables", list(VARIABLES))
+@pytest.mark.parametrize(
+    "split, block_chunks, max_inflight",
+    [("train", 2, "auto"), ("val", 4, "auto"), ("val", 4, 3)],  # val is sequential: a block is a whole shard
+)
+def test_a_cold_pass_sends_the_gets_describe_states(where, variables, split, block_chunks, max_inflight) -> None:
+    url, emulator = where
+    store = obstore_store(url, read_only=True)
+    geoms = open_geometries(store, variables=["a", "b"])
+    manifest = split_by_chunk(geoms["a"], fractions=(0.5, 0.5))
+    knobs = {"batch_size": 8, "block_chunks": block_chunks, "max_inflight": max_inflight, "hedge": False}
+    if emulator is not None:
+        emulator.reset_stats()
+    with InSituDataset(store, manifest, VARIABLES[variables](geoms), **knobs) as ds:
+        predicted = ds.describe()["splits"][split]["gets"]
+        samples = sum(len(b) for b in ds.split(split))
+        assert samples == len(manifest.sample_indices(split))
+        # a remote dataset reads train's first shard indexes as it opens (the likely first pass): train's GETs
+        warm = ds.context.warmup.counters.gets if ds.context.warmup is not None else 0
+        sent = ds.split(split).last_pass.gets
+        assert sent + (warm if split == "train" else 0) == predicted
+        assert ds.gets == sent + warm  # the epoch's count holds both
+        fetched = sum(c.get_bytes for c in ds.context.epoch_counters)
+    if emulator is not None:  # every GET and byte the server sent for the arrays, index reads included
+        stats = emulator.stats()
+        chunk_keys = {k: v for k, v in stats.keys.items() if "/c/" in k}  # not the metadata (nor its 404s)
+        assert sum(v.gets for v in chunk_keys.values()) == sent + warm
+        assert sum(v.bytes_sent for v in chunk_keys.values()) == fetched
+
+
+def test_adjacent_inner_chunks_of_a_block_share_gets_and_the_count_says_so(where) -> None:
+    """val read in blocks of one shard: the shard's 16 inner chunks lie back to back, so fewer GETs than tiles."""
+    url, _ = where
+    store = obstore_store(url, read_only=True)
+    geoms = open_geometries(store, variables=["a"])
+    manifest = split_by_chunk(geoms["a"], fractions=(0.5, 0.5))
+    with InSituDataset(store, manifest, {"a": geoms["a"]}, batch_size=8, block_chunks=4) as ds:
+        gets = ds.describe()["splits"]["val"]["gets"]
+        tiles = len(manifest.chunks("val")) * geoms["a"].tiles_read
+        shards = tiles // 16
+        if url.startswith("http"):
+            assert gets == shards + shards * -(-16 // run_cap(ds.context.permits().cap))  # runs of a whole shard
+        else:
+            assert gets == shards + tiles  # a local store reads inner chunks one by one
+        for _ in ds.val:
+            pass
+        assert ds.val.last_pass.gets == gets  # (the indexes read at open are train's shards, not val's)
+
+
+@pytest.mark.parametrize("shape", [(4, 2, 2), (3, 5), (1, 4, 1), (2, 3, 4), (8,)])
+def test_the_layout_model_is_zarrs_write_order(shape) -> None:
+    ranks = morton_ranks(shape)
+    assert [tuple(int(c) for c in coord) for coord in morton_order_iter(shape)] == sorted(
+        itertools.product(*(range(n) for n in shape)), key=lambda c: ranks[c]
+    )
+
+
+def test_the_layout_model_matches_a_shard_zarr_wrote(tmp_path) -> None:
+    root = zarr.open_group(tmp_path / "l.zarr", mode="w", zarr_format=3)
+    arr = root.create_array(
+        "v",
+        shape=(8, 6, 9),
+        chunks=(8, 6, 9),
+        dtype="f4",
+        serializer=ShardingCodec(chunk_shape=(2, 3, 3), codecs=[BytesCodec(), ZstdCodec()]),
+        compressors=None,
+    )
+    arr[...] = np.random.default_rng(1).random((8, 6, 9), dtype="f4")
+    from insitubatch.io.decode import shard_stage
+    from insitubatch.io.group import open_geometries as geometries
+
+    g = geometries(str(tmp_path / "l.zarr"))["v"]
+    raw = (tmp_path / "l.zarr" / "v" / "c" / "0" / "0" / "0").read_bytes()
+    offsets, _, _ = shard_stage(g).read_index(np.frombuffer(raw[-shard_stage(g).index_nbytes :], dtype=np.uint8))
+    by_offset = np.argsort(offsets.ravel())
+    assert np.array_equal(np.argsort(morton_ranks((4, 2, 3)).ravel()), by_offset)
+
+
+def test_runs_are_capped_and_only_touching_spans_join() -> None:
+    spans = [(i, i + 1) for i in range(40)] + [(41, 42)]
+    runs = coalesce(spans, cap=MAX_RUN_TILES)
+    assert [len(r) for r in runs] == [16, 16, 8, 1]
+    assert [len(r) for r in coalesce(spans[:5], cap=run_cap(2))] == [2, 2, 1]
