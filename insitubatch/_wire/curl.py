@@ -1,18 +1,19 @@
-"""The engine's GETs through libcurl (pycurl's multi interface) on the event loop: an alternative to ``_wire.http``.
+"""The engine's GETs through libcurl (pycurl's multi interface) on the event loop: an alternative wire to ``_wire.pool``.
 
 :func:`curl_backend` takes the stores ``engine_client.native_backend``
-takes (plain HTTP(S); S3 with a region and static keys or
-``skip_signature``), plus those whose client options name a proxy
-(``curl_config.curl_target`` decides), and returns a :class:`CurlBackend` with the same interface as
-``NativeBackend``: ``request(key, byte_range)`` and ``whole(key)`` return a
-future for the body (a ``bytearray``), failures come back raw
-(``own_retries = False``) as the exception types ``read_policy.classify``
-sorts, and bodies over ``fetch.STREAM_OVER_BYTES`` are streamed through
-the obstore twin. libcurl brings redirects (at most
-``curl_config.MAX_REDIRECTS``), TLS verification, HTTP/2 over TLS, proxies,
-connection reuse, connect/read/overall timeouts and SigV4 signing (its
-``CURLOPT_AWS_SIGV4``, which signs as ``_wire.sigv4`` does). pycurl is the
-optional extra ``insitubatch[curl]``: only importing this module needs it.
+takes, with the same settings (``curl_config.curl_target``), and returns
+a :class:`CurlBackend` with ``NativeBackend``'s interface and behaviour:
+``request(key, byte_range)`` and ``whole(key)`` return a future for the
+body (a ``bytearray``); failures come back raw (``own_retries = False``)
+as the fault types of ``faults``, which ``read_policy.classify`` sorts;
+redirects are followed by ``redirects.next_hop`` (bounded hops, S3 signed
+again for the region it names), and a read it will not follow is handed to
+the obstore twin, which also streams the bodies over
+``fetch.STREAM_OVER_BYTES``. libcurl brings the connections (reuse, idle
+expiry, HTTP/2 over TLS), TLS verification, the connect/read/overall
+timeouts and SigV4 (``CURLOPT_AWS_SIGV4``, the signature ``_wire.sigv4``
+makes). pycurl is the optional extra ``insitubatch[curl]``: only importing
+this module needs it.
 """
 
 from __future__ import annotations
@@ -20,14 +21,18 @@ from __future__ import annotations
 import asyncio
 import threading
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import pycurl
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from .backends import WHOLE_OBJECT_END, _ObstoreBackend
+from .connection import Ask
 from .curl_config import CurlSettings, curl_target
 from .curl_multi import CurlDriver
+from .curl_transfer import Redirect
+from .faults import RedirectError
+from .redirects import next_hop
 
 __all__ = ["CurlBackend", "curl_backend"]
 
@@ -42,62 +47,110 @@ if pycurl.version_info()[2] < MIN_LIBCURL:
 
 
 class CurlBackend(_ObstoreBackend):
-    """GETs of one bucket or URL through libcurl on the running loop; ``raw`` (obstore, retry-free) streams large bodies."""
+    """GETs of one bucket or URL through libcurl on the running loop; ``raw`` (obstore, retry-free) takes the rest."""
 
-    def __init__(self, raw: Any, base_url: str, settings: CurlSettings) -> None:
+    def __init__(self, raw: Any, settings: CurlSettings) -> None:
         super().__init__(raw, own_retries=False)
-        parts = urlsplit(base_url)
-        self.base = parts._replace(query="", fragment="").geturl().rstrip("/")
-        self.query = f"?{parts.query}" if parts.query else ""  # a signed or tokened URL's, after every key (as obstore)
         self.settings = settings
+        self.origin = settings.origin
+        self.path = settings.engine.path
+        self.query = f"?{settings.engine.query}" if settings.engine.query else ""  # a token's, on every GET
         self._driver: CurlDriver | None = None
         self._lock = threading.Lock()
 
     def request(self, key: str, byte_range: Any = None) -> asyncio.Future:
         """A future for ``key``'s bytes (a ``bytearray``), the whole object or ``byte_range`` of it."""
         if byte_range is None:
-            return self._get(key, f"0-{WHOLE_OBJECT_END - 1}", (0, WHOLE_OBJECT_END))
+            return self._get(key, None, f"0-{WHOLE_OBJECT_END - 1}", (0, WHOLE_OBJECT_END))
         if isinstance(byte_range, RangeByteRequest):
             start, end = byte_range.start, byte_range.end
-            return self._get(key, f"{start}-{end - 1}", (start, end))
+            return self._get(key, byte_range, f"{start}-{end - 1}", (start, end))
         if isinstance(byte_range, OffsetByteRequest):
-            return self._get(key, f"{byte_range.offset}-", (byte_range.offset, WHOLE_OBJECT_END))
+            return self._get(key, byte_range, f"{byte_range.offset}-", (byte_range.offset, WHOLE_OBJECT_END))
         if isinstance(byte_range, SuffixByteRequest):
-            return self._get(key, f"-{byte_range.suffix}", (-byte_range.suffix, 0))
+            return self._get(key, byte_range, f"-{byte_range.suffix}", (-byte_range.suffix, 0))
         raise TypeError(f"byte_range={byte_range!r} is not a zarr ByteRequest")
 
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
-        return self._get(key, None, None)
+        return self._get(key, None, None, None)
 
-    def close(self) -> None:
-        """Close the connections and fail the GETs in flight (from any thread); idempotent."""
+    def close(self, wait_s: float = 0.0) -> None:
+        """Close the connections and fail the GETs in flight, from any thread; idempotent.
+
+        From another thread than the loop's, ``wait_s`` > 0 waits that long for the loop to close the sockets.
+        """
         with self._lock:
             driver, self._driver = self._driver, None
         if driver is not None:
-            driver.close()
+            driver.close(wait_s)
 
-    def _get(self, key: str, span: str | None, want: tuple[int, int] | None) -> asyncio.Future:
+    def _get(self, key: str, byte_range: Any, span: str | None, want: tuple[int, int] | None) -> asyncio.Future:
+        path = f"{self.path}/{quote(key, safe='/~')}"
+        ask = Ask(self, key, byte_range, path, span, want)
+        return self._on_loop().get(f"{self.origin}{path}{self.query}", self.origin, ask)
+
+    def _on_loop(self) -> CurlDriver:
+        """This loop's driver: connections live on one loop, so a GET from another loop closes the old loop's."""
         loop = asyncio.get_running_loop()
         driver = self._driver
-        if driver is None or driver.loop is not loop or driver.closed:
-            driver = self._adopt(loop)
-        return driver.get(f"{self.base}/{quote(key, safe='/~')}", self.query, span, want)
-
-    def _adopt(self, loop: asyncio.AbstractEventLoop) -> CurlDriver:
-        """Connections live on one loop: a GET from another loop closes the old loop's and opens this one's."""
+        if driver is not None and driver.loop is loop and not driver.closed:
+            return driver
         with self._lock:
-            old, self._driver = self._driver, CurlDriver(loop, self.settings)
+            old, self._driver = self._driver, CurlDriver(loop, self.settings, self._redirected)
             driver = self._driver
         if old is not None:
             old.close()
         return driver
 
+    # -- redirects ---------------------------------------------------------------------------------------------
+    def _redirected(self, ask: Ask, origin: str, future: asyncio.Future, redirect: Redirect) -> None:
+        """Follow a redirect as the engine's client does (``redirects.next_hop``), or hand the read to obstore."""
+        engine = self.settings.engine
+        ask.hops += 1
+        try:
+            hop = next_hop(
+                origin,
+                ask.target,
+                redirect.location,
+                ask.hops,
+                status=redirect.status,
+                region=redirect.region,
+                home=(engine.host, engine.port),
+                signed_region=None if engine.keys is None else engine.keys.region,
+                allow_http=engine.allow_http,
+            )
+        except RedirectError as exc:
+            future.set_exception(exc)
+            return
+        if hop is None:
+            self._hand_over(ask, future)
+            return
+        named = f"[{hop.host}]" if ":" in hop.host else hop.host
+        there = f"{hop.scheme}://{named}:{hop.port}"
+        ask.target = hop.path
+        url = f"{there}{hop.path}{'?' if hop.query else ''}{hop.query}"
+        self._on_loop().get(url, there, ask, future, region=hop.region)
+
+    def _hand_over(self, ask: Ask, future: asyncio.Future) -> None:
+        """Let obstore's client (the retry-free twin) do this read from the start; its answer sets ``future``."""
+        twin = super().whole(ask.key) if ask.span is None else super().request(ask.key, ask.byte_range)
+
+        def landed(twin: asyncio.Future) -> None:
+            if future.done():
+                return
+            if twin.cancelled():
+                future.cancel()
+            elif twin.exception() is not None:
+                future.set_exception(twin.exception())  # type: ignore[arg-type]
+            else:
+                future.set_result(twin.result())
+
+        twin.add_done_callback(landed)
+        future.add_done_callback(lambda f: twin.cancel() if f.cancelled() else None)
+
 
 def curl_backend(raw: Any, twin: Any) -> CurlBackend | None:
     """libcurl's client for obstore store ``raw`` (``twin``: its retry-free copy), or None to keep obstore's."""
-    target = curl_target(raw)
-    if target is None:
-        return None
-    base_url, settings = target
-    return CurlBackend(twin, base_url, settings)
+    settings = curl_target(raw)
+    return None if settings is None else CurlBackend(twin, settings)

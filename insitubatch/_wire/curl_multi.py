@@ -9,7 +9,7 @@ finished transfers' futures are settled right there. No thread and no task
 per GET. Easy handles are reused (:class:`~.curl_transfer.Transfer`), and a
 cancelled future takes its handle out of the multi at once, which closes
 its connection. The driver closes with its loop (a keeper task, as
-``_wire.http`` does) or with :meth:`CurlDriver.close`, from any thread.
+``_wire.pool``'s connections do) or with :meth:`CurlDriver.close`, from any thread.
 """
 
 from __future__ import annotations
@@ -17,50 +17,68 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pycurl
 
+from .connection import Ask
 from .curl_config import CurlSettings
-from .curl_transfer import Transfer
+from .curl_transfer import Redirect, Transfer
 
 __all__ = ["CurlDriver"]
 
-# Connections libcurl keeps open for reuse (its cache: idle and busy together); _wire.http keeps 512 idle.
+# Connections libcurl keeps open for reuse (its cache: idle and busy together) unless the store's
+# pool_max_idle_per_host says fewer; the engine's own pool keeps as many idle.
 MAX_CONNECTIONS = 512
 # Idle easy handles kept for the next GETs (each holds its options and a receive buffer).
 MAX_FREE_HANDLES = 256
-# From another thread, how long close() waits for the loop to close the sockets.
-CLOSE_WAIT_S = 1.0
 
 
 class CurlDriver:
     """One multi handle on one loop (loop thread only, except :meth:`close`)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, settings: CurlSettings) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        settings: CurlSettings,
+        redirected: Callable[[Ask, str, asyncio.Future, Redirect], None],
+    ) -> None:
         self.loop = loop
         self.settings = settings
         self.closed = False
-        self._headers = settings.headers()
+        self._redirected = redirected
         multi = self.multi = pycurl.CurlMulti()
         multi.setopt(pycurl.M_SOCKETFUNCTION, self._on_socket)
         multi.setopt(pycurl.M_TIMERFUNCTION, self._on_timer)
-        multi.setopt(pycurl.M_MAXCONNECTS, MAX_CONNECTIONS)
+        multi.setopt(pycurl.M_MAXCONNECTS, settings.engine.max_idle or MAX_CONNECTIONS)
         self._watched: dict[int, int] = {}  # fd -> the POLL_* bits the loop watches it for
         self._timer: asyncio.Handle | None = None
+        self._idle: asyncio.TimerHandle | None = None  # closes every connection once none has been busy for long
         self._busy: dict[Any, Transfer] = {}  # easy handle -> its transfer, while in the multi
         self._free: list[Transfer] = []
         self._keeper = loop.create_task(self._keep())
 
     # -- GETs --------------------------------------------------------------------------------------------------
-    def get(self, url: str, query: str, span: str | None, want: tuple[int, int] | None) -> asyncio.Future:
-        """Start ``GET url?query`` (``Range: bytes=span`` unless None); a future for its body (see ``Transfer.start``)."""
-        future = self.loop.create_future()
+    def get(
+        self, url: str, origin: str, ask: Ask, future: asyncio.Future | None = None, region: str | None = None
+    ) -> asyncio.Future:
+        """Start ``GET url`` for ``ask`` (``origin``: the URL's ``scheme://host:port``); a future for its body.
+
+        ``future``: answer that one (a redirect's next hop) rather than a new
+        one; ``region``: sign for that S3 region rather than the store's.
+        """
+        if future is None:
+            future = self.loop.create_future()
         if self.closed:
-            future.set_exception(ConnectionAbortedError(f"GET {url}: the client was closed"))
+            future.set_exception(ConnectionAbortedError(f"GET {ask.target}: the client was closed"))
             return future
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         transfer = self._free.pop() if self._free else self._new_transfer()
-        transfer.start(url, query, span, want, future)
+        transfer.start(url, origin, ask, future)
+        transfer.sign_for(region, self.settings.sigv4(region))
         self._busy[transfer.easy] = transfer
         self.multi.add_handle(transfer.easy)
         future.add_done_callback(functools.partial(self._settled, transfer))
@@ -69,7 +87,7 @@ class CurlDriver:
     def _new_transfer(self) -> Transfer:
         easy = pycurl.Curl()
         self.settings.apply(easy)
-        return Transfer(easy)
+        return Transfer(easy, self.settings.engine.connect_timeout_s)
 
     def _settled(self, transfer: Transfer, future: asyncio.Future) -> None:
         """A future was cancelled (a hedge lost, a stall, a pass abandoned): its transfer leaves the multi now."""
@@ -84,6 +102,19 @@ class CurlDriver:
             self._free.append(transfer)
         else:
             transfer.easy.close()
+        if not self._busy and self._idle is None:
+            self._idle = self.loop.call_later(self.settings.engine.pool_idle_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        """No GET for ``pool_idle_timeout``: the connections close, as obstore's idle ones do.
+
+        libcurl itself only drops a connection older than ``MAXAGE_CONN``
+        when it would reuse it; this closes them on time, with the multi
+        (the backend opens a new one for the next GET).
+        """
+        self._idle = None
+        if not self._busy:
+            self._shut()
 
     # -- libcurl's callbacks ---------------------------------------------------------------------------------------
     def _on_socket(self, what: int, fd: int, multi: Any, data: Any) -> None:
@@ -145,13 +176,15 @@ class CurlDriver:
         transfer = self._busy.get(easy)
         if transfer is None:
             return
-        future = transfer.future
+        future, ask, origin = transfer.future, transfer.ask, transfer.origin
         body, exc = transfer.outcome(errno, message)
         self._retire(transfer)
-        if future is None or future.done():
+        if future is None or future.done() or ask is None:
             return
         if exc is None:
             future.set_result(body)
+        elif isinstance(exc, Redirect):
+            self._redirected(ask, origin, future, exc)
         else:
             future.set_exception(exc)
 
@@ -168,15 +201,17 @@ class CurlDriver:
         if self.closed:
             return
         self.closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._idle):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._idle = None
         busy, self._busy = list(self._busy.values()), {}
         for transfer in busy:
             future = transfer.future
             self.multi.remove_handle(transfer.easy)
             if future is not None and not future.done():
-                future.set_exception(ConnectionAbortedError(f"GET {transfer.url}: the client was closed"))
+                target = "?" if transfer.ask is None else transfer.ask.target
+                future.set_exception(ConnectionAbortedError(f"GET {target}: the client was closed"))
         self.multi.close()  # libcurl asks to forget its sockets as it closes them
         loop = self.loop
         for fd in list(self._watched) if not loop.is_closed() else ():
@@ -190,7 +225,7 @@ class CurlDriver:
         if not loop.is_closed():
             self._keeper.cancel()
 
-    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+    def close(self, wait_s: float = 0.0) -> None:
         """Close the multi and its connections, from any thread; idempotent.
 
         From a thread other than the loop's, the loop does it and this waits
@@ -219,4 +254,5 @@ class CurlDriver:
             loop.call_soon_threadsafe(shut)
         except RuntimeError:  # closed meanwhile
             return
-        done.wait(wait_s)
+        if wait_s > 0:
+            done.wait(wait_s)

@@ -38,9 +38,14 @@ from insitubatch._engine.reads.store_link import StoreClient, StoreLink, client_
 from insitubatch._engine.reads.window import ReadWindow  # noqa: E402
 from insitubatch._engine.stats import PassCounters  # noqa: E402
 from insitubatch._wire.curl import CurlBackend, curl_backend  # noqa: E402
-from insitubatch._wire.curl_config import MAX_REDIRECTS  # noqa: E402
-from insitubatch._wire.curl_transfer import RangeAnswerError, TooManyRedirectsError  # noqa: E402
-from insitubatch._wire.http import HttpStatusError  # noqa: E402
+from insitubatch._wire.faults import (  # noqa: E402
+    HttpStatusError,
+    RangeIgnoredError,
+    RangeMismatchError,
+    RedirectError,
+    TlsRefusedError,
+)
+from insitubatch._wire.redirects import MAX_REDIRECTS  # noqa: E402
 from insitubatch._wire.sigv4 import SigV4  # noqa: E402
 from insitubatch.dataset import InSituDataset  # noqa: E402
 from insitubatch.io.group import open_geometries  # noqa: E402
@@ -158,20 +163,26 @@ def test_reads_equal_the_files_whole_ranged_offset_suffix_empty_and_missing(emul
     backend.close()
 
 
-def test_s3_reads_are_signed_and_equal_the_objects(s3_server, s3_bucket: str, monkeypatch) -> None:
-    _no_aws_environment(monkeypatch)
-    options = s3_server.client_options()
-    endpoint = options.pop("endpoint")
+def test_s3_reads_are_signed_as_s3_checks_and_equal_the_objects(signed_s3, no_aws_environment) -> None:
+    """moto with signature checks on: every libcurl GET is signed by CURLOPT_AWS_SIGV4 and accepted."""
+    options = signed_s3.options()
     options.pop("allow_http")  # a client option, not an S3 setting
-    raw = obstore.store.S3Store(
-        s3_bucket, prefix="pre fix", endpoint=endpoint, client_options={"allow_http": True}, **options
-    )
+    raw = obstore.store.S3Store("bkt", prefix="pre fix", client_options={"allow_http": True}, **options)
+    import boto3
+
+    boto3.client(
+        "s3",
+        endpoint_url=signed_s3.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=signed_s3.access_key_id,
+        aws_secret_access_key=signed_s3.secret_access_key,
+    ).create_bucket(Bucket="bkt")
     objects = {f"d/k{i}.0": os.urandom(500 + 1013 * i) for i in range(12)}
     for key, value in objects.items():
         obstore.put(raw, key, value)
     obstore.put(raw, "d/empty", b"")
     backend = curl_backend(raw, raw)
-    assert isinstance(backend, CurlBackend) and backend.settings.signing is not None
+    assert isinstance(backend, CurlBackend) and backend.settings.engine.keys is not None
     fetcher = _fetcher(backend)
 
     async def main() -> list:
@@ -185,6 +196,11 @@ def test_s3_reads_are_signed_and_equal_the_objects(s3_server, s3_bucket: str, mo
     assert ranged.to_bytes() == objects["d/k5.0"][3:300] and suffix.to_bytes() == objects["d/k5.0"][-9:]
     assert empty.to_bytes() == b"" and absent is None
     backend.close()
+    wrong = {**options, "secret_access_key": "not-the-secret"}
+    forged = curl_backend(obstore.store.S3Store("bkt", client_options={"allow_http": True}, **wrong), raw)
+    assert forged is not None
+    denied = _run(forged, "pre fix/d/k1.0")
+    assert isinstance(denied, PermissionError) and classify(denied) is Outcome.FATAL  # the check is real
 
 
 # -- scripted servers -------------------------------------------------------------------------------------------------
@@ -230,7 +246,7 @@ class _Scripted(socketserver.ThreadingTCPServer):
 
 
 @pytest.fixture
-def scripted() -> Iterator[Callable[[Callable[[socket.socket, int], None]], _Scripted]]:
+def script_server() -> Iterator[Callable[[Callable[[socket.socket, int], None]], _Scripted]]:
     servers: list[_Scripted] = []
 
     def start(script: Callable[[socket.socket, int], None]) -> _Scripted:
@@ -256,9 +272,9 @@ def _answering(answer: Callable[[bytes], bytes], server_box: list) -> Callable[[
     return script
 
 
-def _serve(scripted, answer: Callable[[bytes], bytes]) -> _Scripted:
+def _serve(script_server, answer: Callable[[bytes], bytes]) -> _Scripted:
     box: list = []
-    server = scripted(_answering(answer, box))
+    server = script_server(_answering(answer, box))
     box.append(server)
     return server
 
@@ -266,7 +282,7 @@ def _serve(scripted, answer: Callable[[bytes], bytes]) -> _Scripted:
 BODY = bytes(range(256)) * 40
 
 
-def test_redirects_are_followed_with_their_query_strings_and_a_loop_is_fatal(scripted) -> None:
+def test_redirects_are_followed_with_their_query_strings_and_a_loop_is_fatal(script_server) -> None:
     def answer(head: bytes) -> bytes:
         target = head.split(b" ", 2)[1]
         if target.startswith(b"/base/gone"):
@@ -282,7 +298,7 @@ def test_redirects_are_followed_with_their_query_strings_and_a_loop_is_fatal(scr
             + BODY[start : end + 1]
         )
 
-    server = _serve(scripted, answer)
+    server = _serve(script_server, answer)
     backend = _backend(f"{server.url}/base?tok=1")  # a tokened URL: the query goes after every key
     assert _run(backend, "k", RangeByteRequest(10, 110)) == BODY[10:110]
     assert server.targets() == ["/base/k?tok=1", "/moved/k?tok=1&hop=2"]
@@ -290,12 +306,13 @@ def test_redirects_are_followed_with_their_query_strings_and_a_loop_is_fatal(scr
     gone = _run(backend, "gone")
     assert isinstance(gone, FileNotFoundError) and "/base/gone" in str(gone) and "tok" not in str(gone)  # no token
     looping = _run(_backend(f"{server.url}/loop"), "x")
-    assert isinstance(looping, TooManyRedirectsError) and classify(looping) is Outcome.FATAL
+    assert isinstance(looping, RedirectError) and classify(looping) is Outcome.FATAL
+    assert f"more than {MAX_REDIRECTS} redirects" in str(looping)
     assert server.targets().count("/loop") == MAX_REDIRECTS and server.targets().count("/loop/x") == 1
     backend.close()
 
 
-def test_answered_ranges_are_checked_and_a_server_that_ignores_the_range_is_cut(scripted) -> None:
+def test_answered_ranges_are_checked_and_a_server_that_ignores_the_range_is_cut(script_server) -> None:
     answers = {
         b"/wrong": b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-99/10240\r\nContent-Length: 100\r\n\r\n"
         + BODY[:100],
@@ -308,15 +325,16 @@ def test_answered_ranges_are_checked_and_a_server_that_ignores_the_range_is_cut(
         b"/long": b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 5-9/10240\r\nContent-Length: 5\r\n\r\n"
         + BODY[5:10],
     }
-    server = _serve(scripted, lambda head: answers[head.split(b" ", 2)[1]])
+    server = _serve(script_server, lambda head: answers[head.split(b" ", 2)[1]])
     backend = _backend(server.url)
     wrong = _run(backend, "wrong", RangeByteRequest(100, 200))
-    assert isinstance(wrong, RangeAnswerError) and classify(wrong) is Outcome.FATAL and "bytes 100-199" in str(wrong)
+    assert isinstance(wrong, RangeMismatchError) and classify(wrong) is Outcome.RETRY
+    assert "asked bytes=100-199" in str(wrong) and "0-99/10240" in str(wrong)
     assert _run(backend, "ignored", RangeByteRequest(100, 200)) == BODY[100:200]
     assert _run(backend, "ignored", SuffixByteRequest(50)) == BODY[-50:]
     assert _run(backend, "chunked") == BODY
     short = _run(backend, "long", RangeByteRequest(5, 20))  # the object is longer: a 206 of 5 bytes is wrong
-    assert isinstance(short, RangeAnswerError)
+    assert isinstance(short, RangeMismatchError)
     backend.close()
 
 
@@ -436,7 +454,8 @@ def test_tls_is_verified_against_the_trust_store_python_uses(tmp_path: Path, mon
     url = f"https://127.0.0.1:{httpd.server_address[1]}"
     try:
         untrusted = _run(_backend(url), "obj")
-        assert isinstance(untrusted, ssl.SSLCertVerificationError) and classify(untrusted) is Outcome.FATAL
+        assert isinstance(untrusted, TlsRefusedError) and classify(untrusted) is Outcome.FATAL
+        assert "certificate" in str(untrusted)
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # what Python's ssl (and so this client) trusts
         monkeypatch.delenv("SSL_CERT_DIR", raising=False)
         trusted = _backend(url)
@@ -460,14 +479,14 @@ def _headers(head: bytes) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("token", [None, "TK/X+="])
-def test_libcurl_signs_s3_gets_as_sigv4_and_obstore_do(scripted, monkeypatch, token: str | None) -> None:
+def test_libcurl_signs_s3_gets_as_sigv4_and_obstore_do(script_server, monkeypatch, token: str | None) -> None:
     """libcurl's CURLOPT_AWS_SIGV4: obstore's path, host and token, and _wire.sigv4's signature.
 
     obstore also signs the ``Range`` header; the engine's SigV4 and libcurl do not (S3 accepts either).
     """
     _no_aws_environment(monkeypatch)
     server = _serve(
-        scripted,
+        script_server,
         lambda head: b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-3/100\r\nContent-Length: 4\r\n\r\nbody",
     )
     keys = {"access_key_id": "AKX", "secret_access_key": "SK/X+", "region": "ap-south-1"}
@@ -492,44 +511,74 @@ def test_libcurl_signs_s3_gets_as_sigv4_and_obstore_do(scripted, monkeypatch, to
 
 
 # -- which stores -----------------------------------------------------------------------------------------------------
-def test_which_stores_libcurl_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_libcurl_reads_the_stores_the_engine_reads_with_its_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_aws_environment(monkeypatch)
 
     def backend(raw: Any) -> CurlBackend | None:
         return curl_backend(raw, raw)
 
-    http_store = backend(
-        obstore.store.HTTPStore.from_url("http://127.0.0.1:9/x?sig=1", client_options={"allow_http": True})
+    tokened = obstore.store.HTTPStore.from_url("http://127.0.0.1:9/x?sig=1", client_options={"allow_http": True})
+    http_store = backend(tokened)
+    assert http_store is not None and (http_store.origin, http_store.path, http_store.query) == (
+        "http://127.0.0.1:9",
+        "/x",
+        "?sig=1",
     )
-    assert http_store is not None and (http_store.base, http_store.query) == ("http://127.0.0.1:9/x", "?sig=1")
     assert backend(obstore.store.HTTPStore.from_url("http://127.0.0.1:9/x")) is None  # obstore refuses plain http
     headers = {"allow_http": True, "default_headers": {"x-a": "b"}}
     assert backend(obstore.store.HTTPStore.from_url("http://127.0.0.1:9/x", client_options=headers)) is None
-    proxied = {"proxy_url": "http://127.0.0.1:3128", "timeout": "9s", "connect_timeout": "250ms", "http1_only": True}
-    proxy = backend(obstore.store.HTTPStore.from_url("https://example.test/x", client_options=proxied))
-    assert proxy is not None and proxy.settings.proxy == "http://127.0.0.1:3128"
-    assert (proxy.settings.timeout_s, proxy.settings.connect_timeout_s, proxy.settings.http1_only) == (9.0, 0.25, True)
+    tuned = {"timeout": "9s", "read_timeout": "3s", "connect_timeout": "250ms", "http1_only": True, "user_agent": "t/1"}
+    settings = backend(obstore.store.HTTPStore.from_url("https://example.test/x", client_options=tuned)).settings  # type: ignore[union-attr]
+    assert (settings.timeout_s, settings.read_timeout_s, settings.http1_only) == (9.0, 3.0, True)
+    assert (settings.engine.connect_timeout_s, settings.engine.user_agent) == (0.25, "t/1")
     anonymous = {"endpoint": "http://127.0.0.1:9", "region": "us-east-1", "skip_signature": True}
     s3 = backend(obstore.store.S3Store("b", prefix="p/q", client_options={"allow_http": True}, **anonymous))
-    assert s3 is not None and s3.base == "http://127.0.0.1:9/b/p/q" and s3.settings.signing is None
+    assert s3 is not None and (s3.origin, s3.path, s3.settings.sigv4()) == ("http://127.0.0.1:9", "/b/p/q", None)
     keyed = obstore.store.S3Store("b", region="eu-west-1", access_key_id="AK", secret_access_key="SK")
     signed = backend(keyed)
-    assert signed is not None and signed.base == "https://s3.eu-west-1.amazonaws.com/b"
-    assert signed.settings.signing is not None and signed.settings.signing.region == "eu-west-1"
-    hosted = obstore.store.S3Store("b", region="eu-west-1", skip_signature=True, virtual_hosted_style_request=True)
-    assert backend(hosted) is not None and backend(hosted).base == "https://b.s3.eu-west-1.amazonaws.com"  # type: ignore[union-attr]
+    assert signed is not None and (signed.origin, signed.path) == ("https://s3.eu-west-1.amazonaws.com:443", "/b")
+    assert (
+        signed.settings.sigv4() == "aws:amz:eu-west-1:s3"
+        and signed.settings.sigv4("us-west-2") == "aws:amz:us-west-2:s3"
+    )
     assert backend(obstore.store.S3Store("b", region="eu-west-1")) is None  # credentials from a chain
-    assert backend(obstore.store.S3Store("b", skip_signature=True)) is None  # no region
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
     assert backend(keyed) is None  # the environment's proxy: obstore's client
     monkeypatch.delenv("HTTPS_PROXY")
-    monkeypatch.setenv("AWS_REQUEST_PAYER", "true")
-    assert backend(keyed) is None  # a header this client does not send
-    monkeypatch.delenv("AWS_REQUEST_PAYER")
     monkeypatch.setenv("AWS_SESSION_TOKEN", "ENVTOKEN")
     from_env = backend(keyed)
-    assert from_env is not None and from_env.settings.signing is not None
-    assert (from_env.settings.signing.access_key_id, from_env.settings.signing.token) == ("AK", "ENVTOKEN")
+    assert from_env is not None and from_env.settings.headers()[-1] == "x-amz-security-token: ENVTOKEN"
+
+
+HUGE = 64 << 20
+PIECE = bytes(range(256)) * 256  # 64 KiB
+
+
+def test_a_large_object_sent_whole_for_a_range_is_cut_or_refused_without_receiving_it(script_server) -> None:
+    sent: list[int] = []
+
+    def script(conn: socket.socket, n: int) -> None:
+        while server.read_head(conn):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % HUGE)
+            total = 0
+            try:
+                while total < HUGE:
+                    conn.sendall(PIECE)
+                    total += len(PIECE)
+            except OSError:  # the client stopped reading and closed: what it cost is what went out
+                sent.append(total)
+                break
+        conn.close()
+
+    server = script_server(script)
+    backend = _backend(server.url)
+    assert _run(backend, "k", RangeByteRequest(0, 16)) == PIECE[:16]  # the range's bytes, then it stops
+    refused = _run(backend, "k", RangeByteRequest(4 << 20, (4 << 20) + 16))  # far in: refused at the head
+    assert isinstance(refused, RangeIgnoredError) and classify(refused) is Outcome.FATAL and "Range" in str(refused)
+    suffix = _run(backend, "k", SuffixByteRequest(16))
+    assert isinstance(suffix, RangeIgnoredError)
+    assert _until(lambda: len(sent) == 3) and max(sent) < HUGE // 4  # the rest never crossed the wire
+    backend.close()
 
 
 # -- connections and the engine --------------------------------------------------------------------------------------
