@@ -13,7 +13,7 @@ import socket
 import time
 
 import pytest
-from scripted import WIRE_CLIENTS, Request, answer, parse_request, ranged, read_head, read_through
+from scripted import WIRE_CLIENTS, Request, answer, ranged, read_head, read_through
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
 from insitubatch._engine.reads.read_policy import Outcome, classify
@@ -128,19 +128,33 @@ def test_a_large_object_served_whole_for_a_range_is_not_downloaded(scripted, cli
     assert time.perf_counter() - t0 < 10
 
 
-def _chunked(body: bytes, piece: int, status: str = "206 Partial Content", extra: str = "") -> bytes:
-    out = [f"HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n{extra}\r\n".encode()]
-    for i in range(0, len(body), piece):
-        out.append(b"%x\r\n" % len(body[i : i + piece]) + body[i : i + piece] + b"\r\n")
-    out.append(b"0\r\n\r\n")
-    return b"".join(out)
+# A chunked body's pace on a real link: many reads, each a few chunks (a parser that rescans from the start on
+# every read is quadratic in them: 2.2 s of loop CPU for this body, against 0.1 s).
+CHUNKS_PER_SEND = 16
+SEND_PAUSE_S = 0.0005
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_large_chunked_body_takes_time_linear_in_its_size(scripted, client: str) -> None:
-    body = PIECE * 512  # 32 MiB, in 16 KiB chunks
-    wire = _chunked(body, 16 << 10, extra=f"Content-Range: bytes 0-{len(body) - 1}/{len(body)}\r\n")
-    server = scripted(answers=lambda r: wire)
+    body = PIECE * 512  # 32 MiB, in 4 KiB chunks
+    chunk = 4 << 10
+
+    def script(conn: socket.socket, n: int) -> None:
+        while read_head(conn):
+            conn.sendall(
+                f"HTTP/1.1 206 X\r\nContent-Range: bytes 0-{len(body) - 1}/{len(body)}\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n".encode()
+            )
+            for i in range(0, len(body), chunk * CHUNKS_PER_SEND):
+                group = body[i : i + chunk * CHUNKS_PER_SEND]
+                conn.sendall(
+                    b"".join(b"%x\r\n%s\r\n" % (chunk, group[j : j + chunk]) for j in range(0, len(group), chunk))
+                )
+                time.sleep(SEND_PAUSE_S)
+            conn.sendall(b"0\r\n\r\n")
+        conn.close()
+
+    server = scripted(script)
     cpu = time.thread_time()
     got = read_through(client, server.url("ds"), KEY)  # a whole key: no size known, so no streaming through obstore
     cpu = time.thread_time() - cpu
@@ -148,7 +162,7 @@ def test_a_large_chunked_body_takes_time_linear_in_its_size(scripted, client: st
         assert isinstance(got, OSError)  # obstore wants a Content-Length on a 206
         return
     assert got == body
-    assert cpu < 2.0  # the parser that rescanned from the start took 3.6 s of loop CPU here
+    assert cpu < 1.0
 
 
 BROKEN = {
@@ -218,8 +232,3 @@ def test_statuses_mean_the_same_through_both_clients(scripted, client: str) -> N
     assert isinstance(denied, PermissionError) or "PermissionDenied" in type(denied).__name__, denied
     assert read_through(client, url, "slow", RangeByteRequest(1, 9)) == BODY[1:9]
     assert [r.path.rsplit("/", 1)[-1] for r in server.requests] == ["missing", "denied", "slow", "slow"]
-
-
-def test_requests_are_parsed_the_way_servers_see_them() -> None:
-    request = parse_request(b"GET /a/b?x=1 HTTP/1.1\r\nHost: h\r\nRange: bytes=0-3\r\n\r\n")
-    assert (request.path, request.query, request.headers["range"]) == ("/a/b", "x=1", "bytes=0-3")

@@ -8,8 +8,6 @@ the engine.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from certificates import Certificates, make_certificates
 from scripted import WIRE_CLIENTS, Request, answer, ranged, read_through
@@ -87,8 +85,3 @@ def test_an_https_host_behind_a_redirect_is_read(scripted, certificates: Certifi
     got = read_through(client, origin.url("ds", scheme="https"), KEY, RangeByteRequest(5, 25))
     assert got == BODY[5:25]
     assert edge.requests[0].path == f"/cache/ds/{KEY}" and edge.requests[0].headers["host"].startswith("localhost:")
-
-
-def test_certificates_are_valid_pem(certificates: Certificates) -> None:
-    for path in (certificates.ca, *certificates.good, *certificates.wrong):
-        assert Path(path).read_text().startswith("-----BEGIN")
