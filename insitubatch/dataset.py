@@ -373,9 +373,8 @@ class InSituDataset:
         iterations = positive_int("iterations", iterations)
         plans = {name: self.plan(name) for name in self.manifest.names}
         split = max(plans, key=lambda name: plans[name].working_set_bytes)
-        stored = {lb: self.readers[g.source].geometry for lb, g in self.variables.items()}
         info = describe_loader(
-            stored,
+            {lb: self.readers[g.source].geometry for lb, g in self.variables.items()},  # the stored arrays
             plans,
             {k: getattr(self, k) for k in KNOBS},
             split=split,
@@ -389,6 +388,7 @@ class InSituDataset:
             left_out=self.left_out,
             remote=self.context.client() is not None,
             client=route_report(self.context.client()),  # which HTTP client reads the store, and why
+            manifest=self.manifest,  # its quarantined chunks are a note
         )
         info["resolved"] = {
             **{k: getattr(self, k) for k in RESOLVED},

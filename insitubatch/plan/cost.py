@@ -19,6 +19,8 @@ from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from ..io.statics import StaticField
 from .epoch import EpochPlan
+from .quarantine import quarantine_note
+from .splits import SplitManifest
 
 __all__ = [
     "AUTO_INFLIGHT_CEILING",
@@ -156,6 +158,7 @@ def describe_loader(
     left_out: Mapping[str, str] | None = None,
     remote: bool = False,
     client: Mapping[str, str] | None = None,
+    manifest: SplitManifest | None = None,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -175,6 +178,7 @@ def describe_loader(
     then stated at its cap, and on a ``remote`` store the read-ahead beyond
     the working set is a term too. ``client`` is which HTTP client reads the
     store, and why (``{"client": ..., "reason": ...}``, from the routing).
+    ``manifest`` is the split manifest: its quarantined chunks are a note.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
@@ -285,6 +289,8 @@ def describe_loader(
         )
     for name, why in (empty or {}).items():
         notes.append(empty_split_note(name, why))
+    if manifest is not None and manifest.excluded_chunks:
+        notes.append(quarantine_note(manifest.excluded_chunks, manifest.sample_chunk_size, manifest.n_samples))
     if budget_bytes is not None and budget_bytes < working:
         notes.append(
             f"cache_budget_bytes={budget_bytes} is below the working set of {working} bytes for "

@@ -9,6 +9,7 @@ resolution: ``"2015-12-31"`` runs through that day's last step).
 chunk-granular by default (a chunk straddling a boundary is left out, and
 the manifest lists the dates that drops), or at each sample's own date with
 ``edges="exact"`` (a straddling chunk is then read by both splits).
+Quarantined chunks (``exclude_chunks``) are left out of every split.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from ..io.dates import TimeAxis, format_bound, is_time
 from ..io.geometry import ArrayGeometry
 from .epoch import valid_anchor_range
+from .quarantine import ChunkRecord, resolve_exclusions
 from .splits import DateRun, SplitDates, SplitManifest
 
 __all__ = [
@@ -216,6 +218,8 @@ def split_by_time(
     ranges: Mapping[str, tuple[DateBound, DateBound]],
     *,
     edges: Edges = "chunk",
+    exclude_chunks: Iterable[int | ChunkRecord] | None = None,
+    geometries: Mapping[str, ArrayGeometry] | Iterable[ArrayGeometry] | None = None,
 ) -> SplitManifest:
     """Splits by date ranges along the sample axis's time coordinate.
 
@@ -236,14 +240,18 @@ def split_by_time(
         listed in the manifest (``split_dates(name).dropped``). ``"exact"``:
         each sample goes to the split its own date falls in; a straddling
         chunk is read by both splits (``split_dates(name).shared_chunks``).
+    exclude_chunks, geometries
+        Quarantined chunks, as for ``split_by_chunk``: left out of every
+        split (each split's dates and samples count what remains) and never read.
 
     Raises
     ------
     ValueError
         Overlapping ranges; a range with no sample (or, with
-        ``edges="chunk"``, no whole chunk); the coordinate holds no dates or
-        does not increase; the store has no coordinate for the sample axis; an
-        unknown ``edges``; a bound that is not a date.
+        ``edges="chunk"``, no whole chunk, or none left by the quarantine);
+        the coordinate holds no dates or does not increase; the store has no
+        coordinate for the sample axis; an unknown ``edges``; a bound that is
+        not a date; a quarantined chunk outside its array or of an array not given.
     CalendarError
         The coordinate's calendar needs ``cftime``, which is not installed.
     TypeError
@@ -254,6 +262,7 @@ def split_by_time(
     if edges not in EDGES:
         raise ValueError(f"edges={edges!r} must be one of {EDGES}")
     named = _named_ranges(ranges)
+    excluded = resolve_exclusions(geometry, exclude_chunks, geometries)
     dim, values = sample_coordinate([geometry])
     axis = TimeAxis.of(values) if is_time(values) else None
     if axis is None:
@@ -261,7 +270,7 @@ def split_by_time(
             f"coordinate {dim!r} of {geometry.path!r} holds no dates (dtype {values.dtype}, no CF time units); "
             "split_by_chunk(sample_range=...) splits by index"
         )
-    return _date_manifest(geometry, dim, values, axis, named, edges)
+    return _date_manifest(geometry, dim, values, axis, named, edges, excluded)
 
 
 def _date_manifest(
@@ -271,6 +280,7 @@ def _date_manifest(
     axis: TimeAxis,
     named: list[tuple[str, DateBound, DateBound]],
     edges: Edges,
+    excluded: tuple[int, ...] = (),
 ) -> SplitManifest:
     n, size = geometry.n_samples, geometry.sample_chunk_size
     spans = []
@@ -300,6 +310,20 @@ def _date_manifest(
         kept_lo, kept_hi = first * size, min(end * size, n)
         dropped = [(a, b) for a, b in ((lo, kept_lo), (kept_hi, hi)) if b > a]
         picked[name] = (tuple(range(first, end)), kept_lo, kept_hi, dropped)
+    bad = np.zeros(-(-n // size), dtype=bool)
+    bad[list(excluded)] = True
+    held = {}  # each split's samples once its quarantined chunks are out
+    for name, (chunks, lo, hi, dropped) in picked.items():
+        chunks = tuple(c for c in chunks if not bad[c])
+        idx = np.arange(lo, hi)
+        idx = idx[~bad[idx // size]]
+        if not len(idx):
+            raise ValueError(
+                f"split {name!r} ({span_of[name]}) holds no sample once the quarantined chunks "
+                f"{list(excluded)} are left out"
+            )
+        picked[name] = (chunks, lo, hi, dropped)
+        held[name] = idx
     readers: dict[int, int] = {}
     for chunks, *_ in picked.values():
         for c in chunks:
@@ -307,15 +331,16 @@ def _date_manifest(
     dates = []
     for name, start, stop in named:
         chunks, lo, hi, dropped = picked[name]
+        idx = held[name]
         dates.append(
             (
                 name,
                 SplitDates(
                     start=format_bound(start),
                     stop=format_bound(stop),
-                    first=axis.format(values[lo]),
-                    last=axis.format(values[hi - 1]),
-                    samples=hi - lo,
+                    first=axis.format(values[idx[0]]),
+                    last=axis.format(values[idx[-1]]),
+                    samples=len(idx),
                     dropped=tuple(
                         DateRun(axis.format(values[a]), axis.format(values[b - 1]), b - a) for a, b in dropped
                     ),
@@ -337,4 +362,5 @@ def _date_manifest(
         dim=dim,
         edges=edges,
         dates=tuple(dates),
+        excluded_chunks=excluded,
     )

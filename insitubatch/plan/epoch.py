@@ -18,6 +18,7 @@ import numpy as np
 from numpy.random import default_rng  # at import: numpy loads its random module on first use (~8 ms)
 
 from ..io.geometry import ArrayGeometry
+from .quarantine import drop_quarantined
 from .splits import SplitManifest
 
 __all__ = [
@@ -147,7 +148,7 @@ def epoch_order(
     (``anchor + offset`` for some label) would read off its array are dropped,
     and so is a block left without any (it would plan no sample, only reads).
     ``anchor_range`` further restricts anchors to ``[start, stop)``, as does
-    the split's own range in the manifest (a split cut at exact dates).
+    the split's own range in the manifest (a split cut at exact dates); one reading a quarantined chunk is dropped.
     ``blocks`` stops after that many blocks: the same first blocks, sooner.
     """
     lo, hi = valid_anchor_range(manifest, variables)
@@ -160,7 +161,7 @@ def epoch_order(
         chunks = rng.permutation(chunks)
     if blocks is not None:  # the first blocks need no more chunks than the first non-empty ones hold
         chunks = _head_chunks(chunks, manifest, lo, hi, block_chunks, blocks)
-    rows, counts = _chunk_rows(chunks, manifest, lo, hi)
+    rows, counts = drop_quarantined(*_chunk_rows(chunks, manifest, lo, hi), manifest, variables)
     sizes = np.add.reduceat(counts, np.arange(0, len(counts), block_chunks)) if len(counts) else counts
     # a block whose anchors all lie off a window's edge is no block: no reads, no memory
     sizes = sizes[sizes > 0][:blocks]

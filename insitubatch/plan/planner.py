@@ -14,6 +14,7 @@ from typing import Any
 from ..io.geometry import ArrayGeometry
 from .distributed import Remainder, rank_streams
 from .epoch import EpochPlan, build_plan, epoch_order, valid_anchor_range
+from .quarantine import usable_rows
 from .splits import SplitManifest
 
 __all__ = ["History", "EpochPlanner"]
@@ -131,6 +132,14 @@ class EpochPlanner:
                 f"its samples {samples[0]} .. {samples[-1]} all lie outside {lo} .. {hi - 1}, the anchors whose "
                 f"window (anchor + offset) fits every array (label {label!r} reads {min(reach[label]):+d} .. "
                 f"{max(reach[label]):+d}): shorten the offsets, or give the split other chunks"
+            )
+        offsets = {off for g in self.outputs.values() for off in g.read_offsets}
+        inside = samples[(samples >= lo) & (samples < hi)]
+        size, excluded = manifest.sample_chunk_size, manifest.excluded_chunks
+        if excluded and not usable_rows(inside, excluded, size, manifest.n_samples, offsets).any():
+            return (
+                f"each of its anchors reads a quarantined chunk ({list(manifest.excluded_chunks)}) through a "
+                "label's offset or window: give the split other chunks, or quarantine fewer"
             )
         return (
             f"rank {self.rank} of {self.world_size} is dealt none of its {len(samples)} samples in "

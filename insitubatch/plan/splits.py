@@ -7,6 +7,7 @@ read serves exactly one split. A split may also carry an anchor range that
 restricts it to part of its chunks (``split_by_time(edges="exact")``): its
 first and last chunk are then read by the neighbouring split as well. A
 date split records its dates (``SplitDates``), which ``describe()`` prints.
+Quarantined chunks (``exclude_chunks``, see ``quarantine``) are in no split.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..io.geometry import ArrayGeometry
+from .quarantine import ChunkRecord, excluded_runs, resolve_exclusions
 
 __all__ = ["DateRun", "SplitDates", "SplitManifest", "split_by_chunk"]
 
@@ -29,10 +31,14 @@ DEFAULT_NAMES = ("train", "val", "test")
 # fractions are floats a user types; this much slack in their sum is rounding, not a mistake
 FRACTION_SUM_TOLERANCE = 1e-6
 # JSON format of a manifest. Format 1 (chunk lists only) still loads, and a manifest
-# without anchor ranges or dates still saves as format 1, so the fingerprint a saved
-# position resumes against is the same as before format 2 existed.
+# without anchor ranges, dates or quarantined chunks still saves as format 1, so the
+# fingerprint a saved position resumes against is the same as before format 2 existed.
+# Format 3 adds quarantined chunks: a library that predates it refuses such a manifest
+# rather than ignore the quarantine and read the bad chunks through a window.
 MANIFEST_FORMAT = 2
 CHUNK_ONLY_FORMAT = 1
+QUARANTINE_FORMAT = 3
+FORMATS = (CHUNK_ONLY_FORMAT, MANIFEST_FORMAT, QUARANTINE_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,8 @@ class SplitManifest:
     ``sample_ranges`` restricts a split to the anchors ``[start, stop)`` of
     its chunks (a split not listed has every anchor of its chunks). A date
     split (``split_by_time``) also records the dimension it was cut along,
-    its ``edges`` rule and each split's ``SplitDates``.
+    its ``edges`` rule and each split's ``SplitDates``. ``excluded_chunks``
+    are quarantined anchor-grid chunks: in no split, and never read.
     """
 
     array: str
@@ -121,6 +128,7 @@ class SplitManifest:
     dim: str | None = None
     edges: str | None = None
     dates: tuple[tuple[str, SplitDates], ...] = ()
+    excluded_chunks: tuple[int, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -213,6 +221,12 @@ class SplitManifest:
             elif d.shared_chunks:
                 shared = ", ".join(str(c) for c in d.shared_chunks)
                 lines.append(f"  {'':<{width}}  chunks {shared} straddle boundaries: other splits read them too")
+        if self.excluded_chunks:
+            bad = excluded_runs(self.excluded_chunks, self.sample_chunk_size, self.n_samples)
+            lines.append(
+                f"  quarantined: chunks {', '.join(str(c) for c in self.excluded_chunks)} "
+                f"(samples {', '.join(f'{a} .. {b - 1}' for a, b in bad)}): in no split, never read"
+            )
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -237,16 +251,17 @@ class SplitManifest:
             doc["dates"] = {name: _dates_to_json(d) for name, d in self.dates}
         else:
             doc["format"] = CHUNK_ONLY_FORMAT
+        if self.excluded_chunks:
+            doc["format"] = QUARANTINE_FORMAT
+            doc["excluded_chunks"] = list(self.excluded_chunks)
         return json.dumps(doc, sort_keys=False)
 
     @classmethod
     def from_json(cls, text: str) -> SplitManifest:
         try:
             d = json.loads(text)
-            if d.get("format") not in (CHUNK_ONLY_FORMAT, MANIFEST_FORMAT):
-                raise ValueError(
-                    f"manifest format {d.get('format')!r} is not a supported one ({CHUNK_ONLY_FORMAT} or {MANIFEST_FORMAT})"
-                )
+            if d.get("format") not in FORMATS:
+                raise ValueError(f"manifest format {d.get('format')!r} is not a supported one {FORMATS}")
             return cls(
                 array=str(d["array"]),
                 n_samples=int(d["n_samples"]),
@@ -260,6 +275,7 @@ class SplitManifest:
                 dim=None if d.get("dim") is None else str(d["dim"]),
                 edges=None if d.get("edges") is None else str(d["edges"]),
                 dates=tuple((str(k), _dates_from_json(v)) for k, v in d.get("dates", {}).items()),
+                excluded_chunks=tuple(int(c) for c in d.get("excluded_chunks", ())),
             )
         except (KeyError, TypeError, IndexError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a SplitManifest JSON document: {exc}") from exc
@@ -305,19 +321,19 @@ def _named_fractions(fractions: Sequence[float] | Mapping[str, float]) -> list[t
     return out
 
 
-def _allocate(n: int, named: list[tuple[str, float]]) -> list[int]:
+def _allocate(n: int, named: list[tuple[str, float]], quarantined: int = 0) -> list[int]:
     """Split ``n`` chunks by fraction: the largest-remainder rule (exact total), then one chunk at least for
     every split with a non-zero fraction, each taken from the split furthest over its share.
 
-    Raises ``ValueError`` when there are fewer chunks than non-zero fractions.
+    Raises ``ValueError`` when there are fewer chunks than non-zero fractions (``quarantined`` more were left out).
     """
     fractions = [f for _, f in named]
     wanted = [name for name, f in named if f > 0]
     if n < len(wanted):
         raise ValueError(
             f"{len(wanted)} splits have a non-zero fraction ({', '.join(repr(w) for w in wanted)}) but the range "
-            f"holds {n} chunk(s), and a split takes whole chunks: give fewer splits a fraction, widen sample_range, "
-            "or rechunk the sample axis finer"
+            f"holds {n} chunk(s){f' besides {quarantined} quarantined' if quarantined else ''}, and a split takes "
+            "whole chunks: give fewer splits a fraction, widen sample_range, or rechunk the sample axis finer"
         )
     raw = [f * n for f in fractions]
     counts = [int(math.floor(r)) for r in raw]
@@ -340,6 +356,8 @@ def split_by_chunk(
     contiguous: bool = True,
     sample_range: tuple[int, int] | None = None,
     seed: int = 0,
+    exclude_chunks: Iterable[int | ChunkRecord] | None = None,
+    geometries: Mapping[str, ArrayGeometry] | Iterable[ArrayGeometry] | None = None,
 ) -> SplitManifest:
     """Assign whole sample-axis chunks of ``geometry`` to splits.
 
@@ -359,13 +377,22 @@ def split_by_chunk(
         outward to chunk boundaries) are split.
     seed
         Seed of the chunk permutation when ``contiguous=False``.
+    exclude_chunks
+        Quarantined chunks, left out of every split and never read (not
+        through a window either): anchor-grid chunk indices, or bad-chunk
+        records (``ds.bad_chunks``) of ``geometry``'s array or of one in
+        ``geometries``. Fractions are of the chunks that remain.
+    geometries
+        The other arrays records may name (``open_geometries(store)``), to
+        map their chunks onto ``geometry``'s grid.
 
     Raises
     ------
     ValueError
         Fractions not in [0, 1] or not summing to 1, fewer chunks in the
         range than splits with a non-zero fraction (each gets one chunk at
-        least), a range outside the array, or a negative seed.
+        least), a range outside the array, a negative seed, or a quarantined
+        chunk outside its array or of an array not given.
     """
     if not isinstance(geometry, ArrayGeometry):
         raise TypeError(f"geometry must be an ArrayGeometry, got {type(geometry).__name__}")
@@ -389,11 +416,16 @@ def split_by_chunk(
                 f"sample_range={(start, stop)} must satisfy 0 <= start < stop <= {n_samples} "
                 f"(the length of {geometry.path!r} along its sample axis)"
             )
+    excluded = resolve_exclusions(geometry, exclude_chunks, geometries)
     first, last = start // size, -(-stop // size)
     chunks = np.arange(first, last, dtype=np.int64)
+    bad = np.zeros(geometry.n_chunks, dtype=bool)
+    bad[list(excluded)] = True
+    quarantined = bad[chunks]
+    chunks = chunks[~quarantined]
     if not contiguous:
         chunks = np.random.default_rng(int(seed)).permutation(chunks)
-    counts = _allocate(len(chunks), named)
+    counts = _allocate(len(chunks), named, int(quarantined.sum()))
     bounds = np.cumsum([0, *counts])
     splits = tuple(
         (name, tuple(sorted(int(c) for c in chunks[bounds[i] : bounds[i + 1]]))) for i, (name, _) in enumerate(named)
@@ -407,4 +439,5 @@ def split_by_chunk(
         fractions=tuple(f for _, f in named),
         contiguous=bool(contiguous),
         seed=int(seed),
+        excluded_chunks=excluded,
     )
