@@ -16,6 +16,8 @@ __all__ = ["ChunkedBody"]
 # hex digits and, rarely, an extension).
 MAX_LINE_BYTES = 4096
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+# A chunk size of more hex digits than this (64 bits) is refused unread.
+MAX_SIZE_DIGITS = 16
 
 _SIZE, _DATA, _DATA_END, _TRAILER, _DONE = range(5)
 
@@ -72,7 +74,7 @@ class ChunkedBody:
 
     def _size(self, line: bytes) -> None:
         digits = line.split(b";", 1)[0].strip()
-        if not digits or not _HEX.issuperset(digits) or len(digits) > 16:
+        if not digits or not _HEX.issuperset(digits) or len(digits) > MAX_SIZE_DIGITS:
             raise FramingError(f"{self.origin} sent a malformed chunk size {line[:40]!r}")
         size = int(digits, 16)
         if len(self.body) + size > self.limit:

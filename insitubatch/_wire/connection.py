@@ -39,6 +39,8 @@ MAX_BODY_BYTES = 1 << 36
 # before it: a small object, served whole, costs about one chunk-sized read more. Past it the GET fails at once
 # rather than receive the object (a 16-byte shard index from a 300 MiB shard, once per concurrent read).
 IGNORED_RANGE_SLACK_BYTES = 1 << 20
+# A Content-Length of more digits than this is refused unread (MAX_BODY_BYTES has 11).
+MAX_LENGTH_DIGITS = 20
 # An error answer's body is kept up to this (its message quotes the start); the rest is not received.
 ERROR_BODY_BYTES = 64 << 10
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -234,7 +236,7 @@ class Connection(asyncio.BufferedProtocol):
         if value is None:
             return None
         value = value.strip()
-        if not value.isdigit() or len(value) > 20 or int(value) > MAX_BODY_BYTES:
+        if not value.isdigit() or len(value) > MAX_LENGTH_DIGITS or int(value) > MAX_BODY_BYTES:
             raise FramingError(f"{self.origin} sent Content-Length {value[:40]!r} (at most {MAX_BODY_BYTES})")
         return int(value)
 

@@ -144,9 +144,7 @@ class NativeBackend(_ObstoreBackend):
             if self.signer is not None:
                 head += self._signer(hop.region).headers(host, hop.path, query=hop.query)
             ask.target = hop.path
-            if target._loop is not future.get_loop():
-                target._adopt(future.get_loop())
-            target.send(f"{head}\r\n".encode(), future, ask)
+            target.resend(f"{head}\r\n".encode(), future, ask)
         except Exception as exc:  # (a fault here would otherwise be lost in the connection's callback)
             if not future.done():
                 future.set_exception(exc)

@@ -75,6 +75,13 @@ class HttpPool:
         self.send(request, future, ask)
         return future
 
+    def resend(self, request: bytes, future: asyncio.Future, ask: Ask) -> None:
+        """Send ``request`` for a GET already under way elsewhere (a redirect here): ``future`` gets its answer."""
+        loop = future.get_loop()
+        if self._loop is not loop:
+            self._adopt(loop)
+        self.send(request, future, ask)
+
     def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         """Connections live on one loop: the old loop's are closed, and a keeper closes the new one's with it."""
         self.close()

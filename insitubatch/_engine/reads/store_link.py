@@ -153,11 +153,9 @@ class StoreClient:
 
         ``wait_s``: from another thread than the loop's, how long to wait for the sockets to close.
         """
-        closer = getattr(self.backend, "close", None)
-        if isinstance(self.backend, NativeBackend):
-            self.backend.close(wait_s=wait_s)
-        elif closer is not None:
-            closer()
+        closer = getattr(self.backend, "close", None)  # (a client of its own: the engine's, or another)
+        if closer is not None:
+            closer(wait_s=wait_s)
 
 
 def route_report(client: StoreClient | None) -> dict[str, str]:
