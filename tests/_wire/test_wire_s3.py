@@ -97,6 +97,20 @@ def test_a_redirect_on_the_same_host_is_signed_again(scripted, signed_s3: Signed
         assert isinstance(got, Exception) and "403" in str(got) or "Permission" in type(got).__name__, got
 
 
+def test_a_signed_redirect_to_a_host_the_engine_cannot_sign_for_goes_to_obstore(scripted) -> None:
+    """No credential leaves for a host that is not AWS's: the read is obstore's, which follows it unsigned."""
+    body = b"served elsewhere"
+    elsewhere = scripted(answers=lambda r: answer(206, body, Content_Range=f"bytes 0-{len(body) - 1}/{len(body)}"))
+    front = scripted(answers=lambda r: answer(307, Location=elsewhere.url(r.path)))
+    options = {"endpoint": f"http://127.0.0.1:{front.port}", "allow_http": True, "region": "us-east-1"}
+    options.update(access_key_id="AKX", secret_access_key="SKX")
+    assert read_through("engine", "s3://bkt/p", "k", RangeByteRequest(0, len(body)), **options) == body
+    agents = [r.headers["user-agent"].split("/")[0] for r in front.requests]
+    assert agents == ["insitubatch", "object_store"]  # the engine asked, then handed the read to obstore
+    assert [r.headers["user-agent"].split("/")[0] for r in elsewhere.requests] == ["object_store"]
+    assert "authorization" not in elsewhere.requests[0].headers
+
+
 def _captured(heads: list[Request]):
     def answers(request: Request) -> bytes:
         heads.append(request)
