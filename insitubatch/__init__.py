@@ -44,7 +44,7 @@ from .tools.debug import print_debug_info
 from .transforms import DecodedChunk, applies
 from .views import DatasetView
 
-_LAZY = {"as_torch": "adapters", "to_jax": "adapters", "to_torch": "adapters", "TorchView": "adapters"}
+_LAZY = {name: "adapters" for name in ("JaxView", "TorchView", "as_torch", "to_jax", "to_torch")}
 
 
 def __getattr__(name: str):
@@ -66,6 +66,7 @@ __all__ = [
     "DecodedChunk",
     "InSituDataset",
     "InSituError",
+    "JaxView",
     "PassStats",
     "SplitDates",
     "SplitManifest",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .jax import to_jax
+from .jax import JaxView, to_jax
 from .torch import TorchView, as_torch, to_torch
 
-__all__ = ["TorchView", "as_torch", "to_jax", "to_torch"]
+__all__ = ["JaxView", "TorchView", "as_torch", "to_jax", "to_torch"]

@@ -4,6 +4,7 @@ On the CPU a tensor aliases the batch buffer (no copy); the buffer pool sees
 the export as a reference, so a kept tensor is never overwritten. With a CUDA
 ``device``, batch buffers come from page-locked memory and each batch is
 copied on a side stream one batch ahead, so the copy overlaps the step.
+``spec`` gives every label's shape and dtype before the first batch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from .._engine.passes.batch import Batch
 from ..views import DatasetView, InferView
+from .spec import ViewSpec, view_spec
 
 __all__ = ["TorchView", "as_torch", "to_torch"]
 
@@ -52,6 +54,7 @@ class TorchView(_IterableBase):
     With ``coords`` (the default on an inference view, ``ds.infer(...)``) each
     item is ``(tensors, coords)``. The dataset's statics are in every item's
     dict under their labels: the same tensors each time, moved to ``device`` once.
+    ``spec`` and ``last_spec`` describe the items before the first batch.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class TorchView(_IterableBase):
             raise TypeError(f"coords must be True, False or None (pairs on an inference view), got {coords!r}")
         self._coords = isinstance(view, InferView) if coords is None else coords  # items are (tensors, coords) pairs
         self._statics: dict[str, Any] | None = None  # the statics as tensors on the device, made once
+        self._promised: ViewSpec | None = None  # once a spec is handed out, batches are checked against it
         self._cuda = self.device is not None and self.device.type == "cuda"
         if self._cuda:
             if not torch.cuda.is_available():
@@ -87,6 +91,29 @@ class TorchView(_IterableBase):
 
     def __len__(self) -> int:
         return len(self.view)
+
+    def _specs(self, last: bool) -> dict[str, tuple[Any, Any]]:
+        torch = _torch()
+        self._promised = spec = view_spec(self.view)
+        rows = spec.last_batch if last else spec.batch_size
+        return {
+            label: (torch.Size(shape), torch.from_numpy(np.empty(0, dtype=dt)).dtype)
+            for label, (shape, dt) in spec.shapes(rows).items()
+        }
+
+    @property
+    def spec(self) -> dict[str, tuple[Any, Any]]:
+        """``{label: (torch.Size, torch.dtype)}`` of a full batch (statics too), before the first batch.
+
+        What ``device_transform`` receives, and each item without one: make
+        ``torch.empty(shape, dtype=dtype, device=...)`` inputs to warm a model up.
+        """
+        return self._specs(last=False)
+
+    @property
+    def last_spec(self) -> dict[str, tuple[Any, Any]]:
+        """``spec`` of the last batch: fewer rows when the view's samples do not fill it (else equal to ``spec``)."""
+        return self._specs(last=True)
 
     def __getstate__(self) -> dict:
         raise TypeError(_WORKERS_MESSAGE)
@@ -110,6 +137,8 @@ class TorchView(_IterableBase):
 
     def _iter_host(self, torch) -> Iterator[TorchItem]:
         for batch in self.view:
+            if self._promised is not None:
+                self._promised.check(batch)
             tensors = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
             if self.device is not None:
                 tensors = {k: t.to(self.device) for k, t in tensors.items()}
@@ -122,6 +151,8 @@ class TorchView(_IterableBase):
         side = torch.cuda.Stream(device=self.device)
         pending = None
         for batch in self.view:
+            if self._promised is not None:
+                self._promised.check(batch)
             host = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
             with torch.cuda.stream(side):
                 dev = {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
@@ -164,7 +195,8 @@ def as_torch(
     ``coords=True`` each item is ``(tensors, coords)``: the batch's
     coordinate mapping (``Batch.coords``) beside the tensors; ``None`` (the
     default) means pairs on an inference view only. Statics are in every
-    item's dict, moved to ``device`` once.
+    item's dict, moved to ``device`` once. ``spec``/``last_spec`` on the
+    result describe the items before the first batch.
     """
     return TorchView(view, device=device, device_transform=device_transform, coords=coords)
 

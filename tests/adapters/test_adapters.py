@@ -64,6 +64,7 @@ def test_tensors_match_zarr_through_a_dataloader(ds) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:Got pickle error")
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")  # JAX's, once a test started it
 @pytest.mark.parametrize("context", ["spawn", "fork"])
 def test_dataloader_workers_raise_a_clear_error(ds, context) -> None:
     d, _ = ds
