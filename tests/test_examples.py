@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 from insitubatch.tools.demo import write_demo_dataset
 
@@ -83,6 +84,35 @@ def test_infer_jax(demo_path, tmp_path) -> None:
     pytest.importorskip("jax")
     out = _run([str(EXAMPLES / "infer_jax.py"), "--path", demo_path, "--start", "10", "--stop", "200"], tmp_path)
     assert "190 samples" in out
+
+
+def test_random_crop_cuts_zarrs_windows_the_same_way_for_one_seed(demo_path, tmp_path) -> None:
+    def run(seed: int, name: str) -> dict[str, np.ndarray]:
+        out = tmp_path / name
+        args = ["--path", demo_path, "--epochs", "2", "--seed", str(seed), "--crop", "12", "20", "--save", str(out)]
+        text = _run([str(EXAMPLES / "random_crop.py"), *args], tmp_path)
+        assert "crops (12, 20) per variable" in text
+        with np.load(out) as saved:
+            return dict(saved)
+
+    first, again, other = run(7, "a.npz"), run(7, "b.npz"), run(8, "c.npz")
+    assert set(first) == {"epoch", "batch", "samples", "origins", "crop_t2m", "crop_u10", "crop_v10"}
+    for key in first:  # one seed, the same crops: per (seed, epoch, batch index)
+        np.testing.assert_array_equal(first[key], again[key], err_msg=key)
+    assert not np.array_equal(first["origins"], other["origins"])  # another seed, other windows
+    epoch0, epoch1 = first["origins"][first["epoch"] == 0], first["origins"][first["epoch"] == 1]
+    assert not np.array_equal(epoch0, epoch1)  # and another epoch too
+    root = zarr.open_group(demo_path, mode="r")
+    picks = np.random.default_rng(0).choice(len(first["samples"]), size=12, replace=False)
+    for variable in ("t2m", "u10", "v10"):
+        field = root[variable]
+        for i in picks:  # each crop is zarr's own read of that window of that sample
+            r, c = first["origins"][i]
+            expected = field[int(first["samples"][i]), r : r + 12, c : c + 20]
+            np.testing.assert_array_equal(first[f"crop_{variable}"][i], expected)
+    # windows vary per sample and cover the field's corners over a few batches
+    assert len({tuple(o) for o in first["origins"]}) > len(first["origins"]) // 2
+    assert first["origins"].min(axis=0).tolist() == [0, 0] and first["origins"].max(axis=0).tolist() == [20, 44]
 
 
 @pytest.mark.slow
