@@ -20,7 +20,15 @@ import numpy as np
 
 from ..io.geometry import ArrayGeometry
 
-__all__ = ["ChunkRecord", "drop_quarantined", "excluded_runs", "quarantine_note", "resolve_exclusions", "usable_rows"]
+__all__ = [
+    "ChunkRecord",
+    "check_excluded",
+    "drop_quarantined",
+    "excluded_runs",
+    "quarantine_note",
+    "resolve_exclusions",
+    "usable_rows",
+]
 
 
 class ChunkRecord(Protocol):
@@ -126,6 +134,17 @@ def _chunk_index(value: Any, g: ArrayGeometry, what: str) -> int:
             f"{g.sample_chunk_size} samples along its sample axis (0 .. {g.n_chunks - 1})"
         )
     return k
+
+
+def check_excluded(excluded: tuple[int, ...], chunk_size: int, n_samples: int) -> None:
+    """Raise ``ValueError`` for a quarantined chunk outside the anchor grid (a manifest edited by hand)."""
+    n_chunks = -(-n_samples // chunk_size) if chunk_size > 0 else 0
+    outside = [c for c in excluded if not 0 <= c < n_chunks]
+    if outside:
+        raise ValueError(
+            f"excluded_chunks {outside} lie outside the anchor grid: {n_samples} samples in chunks of "
+            f"{chunk_size} make {n_chunks} chunks (0 .. {n_chunks - 1})"
+        )
 
 
 def usable_rows(

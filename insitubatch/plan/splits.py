@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..io.geometry import ArrayGeometry
-from .quarantine import ChunkRecord, excluded_runs, resolve_exclusions
+from .quarantine import ChunkRecord, check_excluded, excluded_runs, resolve_exclusions
 
 __all__ = ["DateRun", "SplitDates", "SplitManifest", "split_by_chunk"]
 
@@ -129,6 +129,9 @@ class SplitManifest:
     edges: str | None = None
     dates: tuple[tuple[str, SplitDates], ...] = ()
     excluded_chunks: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_excluded(self.excluded_chunks, self.sample_chunk_size, self.n_samples)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -73,6 +73,10 @@ def test_json_round_trip_keeps_the_quarantine_and_old_formats_load() -> None:
     assert SplitManifest.from_json(json.dumps(two)).excluded_chunks == ()
     with pytest.raises(ValueError, match="format 4 is not a supported one"):
         SplitManifest.from_json(json.dumps(dict(before, format=4)))
+    with pytest.raises(
+        ValueError, match=r"excluded_chunks \[12\] lie outside the anchor grid: 60 samples .* 10 chunks"
+    ):
+        SplitManifest.from_json(json.dumps(dict(doc, excluded_chunks=[3, 12])))  # edited by hand
 
 
 def test_records_map_onto_the_anchor_grid() -> None:
