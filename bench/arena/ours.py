@@ -1,0 +1,107 @@
+"""Our loader in the arena: ``InSituDataset(store, manifest, variables, batch_size=32)``, nothing else set.
+
+Run in a child process of our virtual environment (:mod:`bench.arena.child`).
+Besides the steady window (:func:`bench.arena.harness.steady`) its row has
+what ``describe()`` promises about memory (``total_bytes``, the bound on
+what the loader holds) next to what the process held: its RSS before the
+dataset was built (the interpreter, the imports, the opened store) and its
+peak, and whether the peak stayed within the bound plus that baseline. The
+most reads in flight any pass reached (``inflight_peak``, the cold pass
+included) is what the raw-GET ceiling replays at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .harness import MB, rss_bytes, steady, train_digest
+
+__all__ = ["open_our_store", "run_ours"]
+
+# The S3 view of the emulator answers any region; obstore wants one named.
+EMULATOR_REGION = "us-east-1"
+
+
+def open_our_store(location: dict[str, Any]) -> Any:
+    """Our read-only store for an arena location: local files, the emulator over HTTP, or its S3 view."""
+    from insitubatch.io.stores import obstore_store
+
+    kind = location["kind"]
+    if kind == "file":
+        return obstore_store(location["path"], read_only=True)
+    if kind == "http":
+        return obstore_store(location["url"], read_only=True)
+    if kind == "s3":
+        return obstore_store(
+            f"s3://{location['bucket']}",
+            read_only=True,
+            endpoint=location["endpoint"],
+            anonymous=True,
+            region=EMULATOR_REGION,
+        )
+    raise ValueError(f"location kind={kind!r} must be 'file', 'http' or 's3'")
+
+
+def run_ours(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Time our loader at its default knobs over ``cfg['location']``; the row with the memory bound."""
+    from insitubatch.dataset import InSituDataset
+    from insitubatch.io.group import open_geometries
+    from insitubatch.io.owned import close_store
+    from insitubatch.plan.splits import split_by_chunk
+
+    variables = list(cfg["variables"])
+    store = open_our_store(cfg["location"])
+    geoms = open_geometries(store, variables=variables)
+    manifest = split_by_chunk(next(iter(geoms.values())), fractions=tuple(cfg["fractions"]))
+    train = manifest.sample_indices("train")
+    base_rss = rss_bytes()  # before the dataset exists: the interpreter, imports and the open store
+    ds = InSituDataset(store, manifest, variables, batch_size=int(cfg["batch_size"]))
+    info = ds.describe()
+    memory = info["memory"]
+
+    def open_pass(epoch: int) -> Any:
+        ds.set_epoch(epoch)
+        return iter(ds.train)
+
+    def close_pass(it: Any) -> dict[str, Any]:
+        it.close()
+        s = it.stats
+        return {
+            "inflight_peak": s.inflight_peak,
+            "inflight_median": s.inflight_median,
+            "limiting_stage": s.limiting_stage,
+            "gets": s.gets,
+        }
+
+    window = steady(
+        open_pass,
+        len,
+        warmup_passes=int(cfg["warmup_passes"]),
+        warmup_s=float(cfg["warmup_s"]),
+        warmup_max_s=float(cfg["warmup_max_s"]),
+        window_s=float(cfg["window_s"]),
+        close_pass=close_pass,
+    )
+    ds.close()
+    close_store(store)
+    peak = rss_bytes("VmHWM")
+    bound = int(memory["total_bytes"])
+    passes = window.pass_stats
+    timed = [p for p in passes if p["timed"]]
+    return {
+        **window.row(),
+        "train_samples": len(train),
+        "train_digest": train_digest(train),
+        "base_rss_mb": base_rss / MB,
+        "bound_mb": bound / MB,
+        "budget_mb": int(memory["budget_bytes"]) / MB,
+        "within_bound": peak <= bound + base_rss,
+        "decode_threads": int(info["resolved"]["decode_threads"]),
+        # the most GETs in flight any pass reached (the cold one included): what the raw-GET ceiling replays at
+        "inflight_peak": max((p["inflight_peak"] for p in passes), default=0),
+        "inflight_median": int(np.median([p["inflight_median"] for p in timed])) if timed else 0,
+        "limiting_stage": timed[-1]["limiting_stage"] if timed else None,
+        "window_gets": sum(p["gets"] for p in timed),  # the GETs of the passes the window saw (whole passes)
+    }

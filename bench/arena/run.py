@@ -1,0 +1,326 @@
+"""The arena: our loader, the reference design (insitubatch 0.2.0) and TensorStore, side by side on ERA5-shaped data.
+
+``python -m bench.arena [--quick] [--only SCENARIO ...] [--loaders ours,reference,tensorstore]
+[--data DIR] [--out DIR] [--reference-venv DIR] [--reference-python PATH]``
+
+writes the realistic dataset once (cached by spec under ``--data``), then
+for each scenario (:data:`bench.arena.scenarios.SCENARIOS`: local files,
+HTTP at 0 and 30 ms, a heavy-tailed 100 MB/s link, stragglers, the S3
+protocol) serves it from an :class:`~insitubatch.testing.emulator.EmulatorProcess`
+(its own process: the server's CPU is never the loader's) and times each
+loader in a fresh child process (:mod:`bench.arena.child`) at its default
+knobs, in steady state. Ours also gets the raw-GET ceiling at the
+reads-in-flight its passes reached, and one decode ceiling (numcodecs, no
+I/O, as many threads as our decode pool). It prints the table and writes
+``arena.json`` and ``arena.md`` to ``--out`` (default ``bench/out/``), with
+the ratios and the bars of issue 38 (:mod:`bench.arena.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from insitubatch.testing.data import write_era5_like
+from insitubatch.testing.emulator import EmulatorProcess
+
+from ..rows import MB, REPO_ROOT, SPLIT_FRACTIONS, clean
+from ..split_tiles import data_key_predicate
+from .child import RESULT_PREFIX
+from .harness import loadavg
+from .peers import reference_python, tensorstore_available
+from .report import bars, markdown, ratios
+from .scenarios import FULL, LOADERS, QUICK, SCENARIOS, ArenaProfile, Scenario
+from .tensorstore_loop import BATCHES_AHEAD
+
+__all__ = ["main", "run_arena"]
+
+DEFAULT_OUT = REPO_ROOT / "bench" / "out"
+# The reference's venv lives outside the repository (a tree of another insitubatch's .py files under bench/
+# would be read by tests/test_bench_layout.py), in the user's cache, made once and reused.
+DEFAULT_REFERENCE_VENV = (
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "insitubatch" / "arena-reference-venv"
+)
+# The concurrency the raw-GET ceiling replays at when our pass reported none (a pass that never reached the store).
+FALLBACK_CONCURRENCY = 32
+
+
+class _Children:
+    """Starts one child per measurement, with its interpreter, and turns what it prints into a row."""
+
+    def __init__(self, profile: ArenaProfile, work: Path, log: Callable[[str], None]) -> None:
+        self.profile = profile
+        self.work = work
+        self.log = log
+        self.stderr = (work / "children.log").open("a")
+
+    def close(self) -> None:
+        self.stderr.close()
+
+    def run(self, cfg: dict[str, Any], python: str | None = None, emu: EmulatorProcess | None = None) -> dict[str, Any]:
+        """Run ``cfg`` in a child (``python`` given: the reference's, isolated); add the emulator's counters."""
+        if emu is not None:
+            emu.reset_stats()
+        if python is None:  # ours, TensorStore and the ceilings: this environment, this repository first
+            env = dict(
+                os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+            )
+            cmd = [sys.executable, "-c", "from bench.arena.child import main; main()", json.dumps(cfg)]
+            cwd = REPO_ROOT
+        else:  # -I: no PYTHONPATH, no cwd on the path; the repository appended, so the reference's package wins
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            boot = f"import sys; sys.path.append({str(REPO_ROOT)!r}); from bench.arena.child import main; main()"
+            cmd = [python, "-I", "-c", boot, json.dumps(cfg)]
+            cwd = self.work
+        self.stderr.write(f"\n=== {cfg['scenario']} {cfg['loader']}\n")
+        self.stderr.flush()
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True
+        )
+        try:
+            stdout, _ = proc.communicate(timeout=self.profile.child_timeout_s)
+            row = _result(stdout, proc.returncode)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the child and anything it started
+            proc.communicate()
+            row = {"error": f"timed out after {self.profile.child_timeout_s:.0f} s"}
+        row.setdefault("loader", cfg["loader"])
+        row["wall_s"] = time.perf_counter() - t0
+        if emu is not None:
+            stats = emu.stats()
+            is_data = data_key_predicate(self.profile.spec.name, self.profile.spec.variables)
+            row.update(gets=stats.gets_where(is_data), wire_mb=stats.bytes_where(is_data) / MB)
+        self.log(_one_line(cfg["scenario"], row))
+        return row
+
+
+def _result(stdout: str, returncode: int | None) -> dict[str, Any]:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            row: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+            return row
+    return {"error": f"child exited {returncode} without a result (see children.log)"}
+
+
+def _one_line(scenario: str, row: dict[str, Any]) -> str:
+    head = f"  {scenario:<10} {row['loader']:<14}"
+    if row.get("error"):
+        return f"{head} ERROR {row['error']}"
+    rate, cpu = row.get("rate_samples_per_s"), row.get("cpu_s_per_sample")
+    return (
+        f"{head} {rate or float('nan'):>9.1f} samples/s  CPU {1e3 * (cpu or float('nan')):>6.2f} ms/sample  "
+        f"peak RSS {row.get('peak_rss_mb', float('nan')):>6.0f} MB  ({row['wall_s']:.0f} s)"
+    )
+
+
+@contextlib.contextmanager
+def _served(scenario: Scenario, data: Path) -> Iterator[EmulatorProcess | None]:
+    """The emulator with the scenario's link, or nothing for local files."""
+    if not scenario.remote:
+        yield None
+        return
+    with EmulatorProcess(data, **scenario.link) as emu:
+        yield emu
+
+
+def _location(scenario: Scenario, data: Path, name: str, emu: EmulatorProcess | None) -> dict[str, Any]:
+    local = str(data / name)
+    if emu is None:
+        return {"kind": "file", "path": local}
+    if scenario.kind == "s3":
+        return {"kind": "s3", "bucket": name, "endpoint": emu.url, "path": local}
+    return {"kind": "http", "url": emu.url_for(name), "path": local}
+
+
+def our_plan(path: Path, profile: ArenaProfile, out: Path) -> dict[str, Any]:
+    """Our train order per epoch (for TensorStore, saved as ``.npy``) and our pool's budget on local files."""
+    from insitubatch.dataset import InSituDataset
+    from insitubatch.io.group import open_geometries
+    from insitubatch.io.stores import obstore_store
+    from insitubatch.plan.splits import split_by_chunk
+
+    variables = list(profile.spec.variables)
+    store = obstore_store(str(path), read_only=True)
+    geoms = open_geometries(store, variables=variables)
+    manifest = split_by_chunk(next(iter(geoms.values())), fractions=SPLIT_FRACTIONS)
+    with InSituDataset(store, manifest, variables, batch_size=profile.batch_size) as ds:
+        orders = np.stack([ds.plan("train", e).anchors for e in range(profile.orders_epochs)]).astype(np.int64)
+        budget = int(ds.describe()["memory"]["budget_bytes"])
+    orders_path = out / f"orders-{profile.spec.name}-bs{profile.batch_size}.npy"
+    np.save(orders_path, orders)
+    return {"orders_path": str(orders_path), "budget_bytes": budget, "train_samples": int(orders.shape[1])}
+
+
+def _peers(
+    loaders: Sequence[str], work: Path, ref_venv: Path, ref_python: str | None, log: Callable[[str], None]
+) -> dict[str, dict[str, Any]]:
+    peers: dict[str, dict[str, Any]] = {}
+    if "reference" in loaders:
+        python, why = reference_python(ref_venv, REPO_ROOT, base_python=ref_python, log=log)
+        peers["reference"] = (
+            {"python": python, "what": f"insitubatch 0.2.0 from PyPI in {ref_venv}, at its defaults"}
+            if python
+            else {"skipped": why}
+        )
+    if "tensorstore" in loaders:
+        why = tensorstore_available()
+        peers["tensorstore"] = (
+            {"skipped": why}
+            if why
+            else {"what": f"a loop over array[indices].read(), {BATCHES_AHEAD} batches ahead, cache = our budget"}
+        )
+    return peers
+
+
+def _versions(peers: dict[str, dict[str, Any]]) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("insitubatch", "zarr", "numcodecs", "obstore", "numpy", "tensorstore"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "not installed"
+    if peers.get("reference", {}).get("python"):
+        out["reference"] = "insitubatch 0.2.0 (its own venv)"
+    return out
+
+
+def run_arena(
+    profile: ArenaProfile,
+    out: Path,
+    data: Path,
+    *,
+    only: Sequence[str] = tuple(SCENARIOS),
+    loaders: Sequence[str] = LOADERS,
+    ref_venv: Path,
+    ref_python: str | None = None,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Measure ``loaders`` in the scenarios ``only``; write ``arena.json`` and ``arena.md`` under ``out``."""
+    started = time.perf_counter()
+    load_start = loadavg()
+    work = out / "arena"
+    work.mkdir(parents=True, exist_ok=True)
+    data.mkdir(parents=True, exist_ok=True)
+    spec = profile.spec
+    t0 = time.perf_counter()
+    write_era5_like(data / spec.name, spec)
+    log(f"arena: data {spec.name} ready in {time.perf_counter() - t0:.0f} s; load average {load_start}")
+    peers = _peers(loaders, work, ref_venv, ref_python, log)
+    plan = our_plan(data / spec.name, profile, work)
+    children = _Children(profile, work, log)
+    base = {"variables": list(spec.variables), "fractions": list(SPLIT_FRACTIONS), "repo_root": str(REPO_ROOT)}
+    base.update(profile.child_config())
+    results: dict[str, Any] = {"scenarios": {}}
+    try:
+        for name in only:
+            scenario = SCENARIOS[name]
+            log(f"arena: {name} ({scenario.what})")
+            rows: dict[str, Any] = {}
+            with _served(scenario, data) as emu:
+                where = {"scenario": name, "location": _location(scenario, data, spec.name, emu)}
+                for loader in loaders:
+                    peer = peers.get(loader, {})
+                    if peer.get("skipped"):
+                        rows[loader] = {"loader": loader, "skipped": peer["skipped"]}
+                        continue
+                    cfg = {**base, **where, "loader": loader}
+                    if loader == "tensorstore":
+                        budget = (rows.get("ours") or {}).get("budget_mb")
+                        cfg.update(
+                            orders_path=plan["orders_path"],
+                            cache_bytes=int(budget * MB) if budget else plan["budget_bytes"],
+                        )
+                    rows[loader] = children.run(cfg, peer.get("python"), emu)
+                    if loader == "ours" and scenario.remote and not rows["ours"].get("error"):
+                        reached = rows["ours"].get("inflight_peak") or FALLBACK_CONCURRENCY
+                        ceiling = {**base, **where, "loader": "get_ceiling", "concurrency": int(reached)}
+                        rows["get_ceiling"] = children.run(ceiling, None, emu)
+            results["scenarios"][name] = {"what": scenario.what, "link": scenario.link, "rows": rows}
+        if "ours" in loaders:
+            local = results["scenarios"].get("local", {}).get("rows", {}).get("ours") or {}
+            threads = local.get("decode_threads") or os.cpu_count() or 1
+            cfg = {**base, "scenario": "decode", "loader": "decode_ceiling", "threads": int(threads)}
+            cfg["location"] = {"kind": "file", "path": str(data / spec.name)}
+            results["decode_ceiling"] = children.run(cfg)
+    finally:
+        children.close()
+    results["ratios"] = ratios(results)
+    results["bars"] = bars(results["ratios"])
+    results["meta"] = {
+        "profile": profile.name,
+        "command": " ".join(["python", "-m", "bench.arena", *sys.argv[1:]]),
+        "elapsed_s": time.perf_counter() - started,
+        "loadavg_start": load_start,
+        "loadavg_end": loadavg(),
+        "cpu_count": os.cpu_count(),
+        "dataset": {**asdict(spec), "name": spec.name, "chunks": spec.chunks, "train_samples": plan["train_samples"]},
+        "fractions": list(SPLIT_FRACTIONS),
+        "batch_size": profile.batch_size,
+        "timing": (
+            f"{profile.warmup_passes} warm-up pass(es), at least {profile.warmup_s:g} s and at most"
+            f" {profile.warmup_max_s:g} s, then a {profile.window_s:g} s window of passes"
+        ),
+        "peers": {k: {kk: vv for kk, vv in v.items() if kk != "python"} for k, v in peers.items()},
+        "versions": _versions(peers),
+    }
+    results = clean(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "arena.json").write_text(json.dumps(results, indent=2))
+    (out / "arena.md").write_text(markdown(results))
+    return results
+
+
+def _loaders(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in LOADERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--loaders {text!r}: choose a comma-separated subset of {','.join(LOADERS)}")
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.arena", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small dataset and windows of a second or two")
+    parser.add_argument("--only", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS), metavar="SCENARIO")
+    parser.add_argument("--loaders", type=_loaders, default=LOADERS, help="comma-separated: ours,reference,tensorstore")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"arena.json/arena.md go here ({DEFAULT_OUT})")
+    parser.add_argument("--data", type=Path, default=None, help="the dataset's cache (default OUT/arena-data)")
+    parser.add_argument(
+        "--reference-venv", type=Path, default=DEFAULT_REFERENCE_VENV, help=f"default {DEFAULT_REFERENCE_VENV}"
+    )
+    parser.add_argument("--reference-python", default=None, help="a Python >= 3.12 to make that venv with")
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    results = run_arena(
+        QUICK if args.quick else FULL,
+        out,
+        (args.data or out / "arena-data").resolve(),
+        only=tuple(args.only),
+        loaders=args.loaders,
+        ref_venv=args.reference_venv.resolve(),
+        ref_python=args.reference_python,
+    )
+    print()
+    print(markdown(results))
+    print(f"wrote {out / 'arena.json'} and {out / 'arena.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
