@@ -47,6 +47,18 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _CONTENT_RANGE = re.compile(rb"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 
 
+def _header(head: bytes, name: bytes, lowered: bytes | None = None) -> bytes:
+    """The value of header ``name`` (``b"\\r\\nname:"``, lowered) in ``head``, stripped; ``b""`` if absent.
+
+    ``lowered`` is ``head`` lowered, where the name is looked for (``head`` itself when it is lowered already).
+    """
+    at = (head if lowered is None else lowered).find(name)
+    if at < 0:
+        return b""
+    start = at + len(name)
+    return head[start : head.index(b"\r\n", start)].strip()
+
+
 class Pool(Protocol):
     """What a connection needs of its pool (``pool.HttpPool``)."""
 
@@ -200,65 +212,66 @@ class Connection(asyncio.BufferedProtocol):
             if self._filled >= HEAD_BYTES:
                 raise FramingError(f"{self.origin} sent a head over {HEAD_BYTES} bytes")
             return
-        lines = bytes(self._head_view[:end]).split(b"\r\n")
+        head = bytes(self._head_view[: end + 2])  # the status line and every header line, each ending in CRLF
+        line = head[: head.find(b"\r\n")]
         try:
-            version, status = lines[0].split(b" ", 2)[:2]
-            self._status = int(status)
+            version, code = line.split(b" ", 2)[:2]
+            self._status = int(code)
         except ValueError:
-            raise FramingError(f"{self.origin} sent a malformed status line {lines[0][:80]!r}") from None
+            raise FramingError(f"{self.origin} sent a malformed status line {line[:80]!r}") from None
+        self._shift(end + 4)
         if 100 <= self._status < 200:  # an interim answer: drop it, the real one follows
             self._status = 0
-            self._shift(end + 4)
             self._parse_head()
             return
-        length = crange = None
-        chunked = False
-        self._keep = version == b"HTTP/1.1"
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                self._keep = b"close" not in value.lower()
-            elif name == b"content-range":
-                crange = value
-            elif name == b"location":
-                self._location = value.strip()
-            elif name == b"x-amz-bucket-region":
-                self._region = value.strip()
-        self._shift(end + 4)
-        self._frame(self._length(length), chunked, crange)
-
-    def _length(self, value: bytes | None) -> int | None:
-        if value is None:
-            return None
-        value = value.strip()
-        if not value.isdigit() or len(value) > MAX_LENGTH_DIGITS or int(value) > MAX_BODY_BYTES:
-            raise FramingError(f"{self.origin} sent Content-Length {value[:40]!r} (at most {MAX_BODY_BYTES})")
-        return int(value)
-
-    def _frame(self, length: int | None, chunked: bool, crange: bytes | None) -> None:
-        """Set how the body is received, once its status, length and range are known."""
+        # headers by name, found in the lowered head (no whitespace may precede a header's colon: RFC 9112); the
+        # rare ones only when present, so an ordinary answer costs a few searches and no call
+        lowered = head.lower()
+        at = lowered.find(b"\r\ncontent-length:")
+        length = None if at < 0 else lowered[at + 17 : lowered.index(b"\r\n", at + 17)].strip()
+        chunked = b"\r\ntransfer-encoding:" in lowered and b"chunked" in _header(lowered, b"\r\ntransfer-encoding:")
+        if b"\r\nconnection:" in lowered:
+            self._keep = b"close" not in _header(lowered, b"\r\nconnection:")
+        else:
+            self._keep = version == b"HTTP/1.1"
+        if length is not None and (
+            not length.isdigit() or len(length) > MAX_LENGTH_DIGITS or int(length) > MAX_BODY_BYTES
+        ):
+            raise FramingError(f"{self.origin} sent Content-Length {length[:40]!r} (at most {MAX_BODY_BYTES})")
+        size = None if length is None or chunked else int(length)
         status, ask = self._status, self._ask
         assert ask is not None
-        if status in (204, 304):  # no body, whatever the headers say
-            length, chunked = 0, False
         if status == 206 and ask.want is not None:
-            self._expect = self._check_range(ask, crange, None if chunked else length)
+            at = lowered.find(b"\r\ncontent-range:")
+            crange = None if at < 0 else lowered[at + 16 : lowered.index(b"\r\n", at + 16)].strip()
+            start = ask.want[0]
+            # the common answer: the range asked, or an open-ended one's rest of the object, at the length it says
+            if (
+                size
+                and crange is not None
+                and start >= 0
+                and crange.startswith(b"bytes %d-%d/" % (start, start + size - 1))
+                and (start + size == ask.want[1] or crange.endswith(b"/%d" % (start + size)))
+            ):
+                self._expect = size
+            else:
+                self._expect = self._check_range(ask, crange, size)
         elif status == 200 and ask.want is not None:
-            self._cut_range(ask, None if chunked else length)
+            self._cut_range(ask, size)
         elif status >= 300:
             self._stop_at = ERROR_BODY_BYTES
+            if status < 400:
+                self._location = _header(head, b"\r\nlocation:", lowered) or None
+                self._region = _header(head, b"\r\nx-amz-bucket-region:", lowered) or None
+        if status in (204, 304):  # no body, whatever the headers say
+            size, chunked = 0, False
         if chunked:
             limit = MAX_BODY_BYTES if self._expect is None else self._expect
             self._chunks = ChunkedBody(limit, self.origin)
             self._stream_buffer()
             self._stream()
-        elif length is not None:
-            self._receive(length)
+        elif size is not None:
+            self._receive(size)
         else:
             self._until_eof, self._keep = True, False
             self._body = bytearray()
@@ -292,12 +305,12 @@ class Connection(asyncio.BufferedProtocol):
     # -- checks ------------------------------------------------------------------------------------------------
     def _check_range(self, ask: Ask, crange: bytes | None, length: int | None) -> int:
         """The length a 206 must carry for the range ``ask`` asked; raises if its ``Content-Range`` differs."""
+        start, stop = ask.want  # type: ignore[misc]
         match = None if crange is None else _CONTENT_RANGE.match(crange)
         if match is None:
             raise self._mismatch(ask, "no Content-Range" if crange is None else f"Content-Range {crange[:60]!r}")
         first, last = int(match.group(1)), int(match.group(2))
         total = None if match.group(3) == b"*" else int(match.group(3))
-        start, stop = ask.want  # type: ignore[misc]
         if start >= 0:
             end = stop if total is None else min(stop, total)
             right = first == start and last == end - 1 if total is not None else first == start and last < stop
