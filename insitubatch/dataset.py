@@ -201,6 +201,7 @@ class InSituDataset:
             disk_bytes=cache_disk_bytes,
             on_corrupt=on_corrupt_cache,
             fingerprints=self._fingerprints,
+            store=self.store,
         )
         self.persist = bool(persist)
         cache = self.cache  # an entry the pool evicts leaves the disk cache's accounting too

@@ -19,6 +19,13 @@ in order of preference:
 ``Scoped`` wrappers (``applies``) contribute their inner transform: the scope
 decides *which* arrays' pipelines a transform joins, not its identity.
 
+The *source* has an identity too where a store can name the version of the
+bytes it reads: :func:`source_identity` gives an icechunk session's snapshot
+(``icechunk-<snapshot id>``), and a persisted cache keeps each snapshot's
+chunks apart (``cache.options``), so a new snapshot never revives another's
+chunks while each snapshot still revives its own. A plain zarr store has
+no version to name: its cache is one directory per dataset, as before.
+
 Hashes are stable across processes: sets are hashed in a sorted order and
 classes defined in ``__main__`` (which cloudpickle tags with a random
 per-process id) are hashed by their definition. A by-value function's
@@ -39,6 +46,9 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from zarr.abc.store import Store
+
+from ..io.icechunk_stores import snapshot_of
 from ..transforms import ChunkTransform, Scoped, pipeline_for
 
 __all__ = [
@@ -47,6 +57,7 @@ __all__ = [
     "array_fingerprints",
     "is_fingerprint",
     "pipeline_fingerprint",
+    "source_identity",
 ]
 
 # Bump when the way a transform is identified changes: every persisted entry then goes stale.
@@ -114,6 +125,22 @@ def array_fingerprints(transforms: Sequence[ChunkTransform], paths: Iterable[str
     for t in transforms:
         identities[id(t)] = _transform_identity(t)
     return {p: _combine(identities[id(t)] for t in pipeline_for(transforms, p)) for p in paths}
+
+
+def source_identity(store: Store) -> str | None:
+    """The version of the bytes ``store`` reads, as a file name, or ``None`` when the store names none.
+
+    An icechunk session at a snapshot reads ``icechunk-<snapshot id>`` (the
+    same bytes for ever); any other store has no version to name.
+
+    Raises
+    ------
+    ValueError
+        ``store`` is a writable icechunk session with uncommitted changes,
+        which reads no snapshot's bytes.
+    """
+    snapshot = snapshot_of(store)
+    return None if snapshot is None else f"icechunk-{snapshot}"
 
 
 def _combine(identities: Iterable[tuple[str, bytes]]) -> str:

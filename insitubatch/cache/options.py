@@ -3,14 +3,23 @@
 The messages name the dataset's parameters (``cache_dir``, ``persist``,
 ``readonly_cache``, ``reset_stale_cache``, ``cache_disk_bytes``,
 ``on_corrupt_cache``), since that is where a user sets them.
+
+A store that names the version of its bytes (an icechunk snapshot:
+``fingerprint.source_identity``) caches under ``cache_dir/<identity>``, one
+directory per version, so a run on one snapshot never revives another's
+chunks and each snapshot keeps its own.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from zarr.abc.store import Store
 
 from .disk import ON_CORRUPT, DiskCache, OnCorrupt
+from .fingerprint import source_identity
 
 __all__ = ["open_dataset_cache"]
 
@@ -24,18 +33,21 @@ def open_dataset_cache(
     disk_bytes: int | None,
     on_corrupt: OnCorrupt,
     fingerprints: Callable[[], Mapping[str, str]],
+    store: Store | None = None,
 ) -> DiskCache | None:
     """The disk cache the options ask for, or ``None`` without ``cache_dir``.
 
     ``fingerprints`` is called only when there is a cache to open (hashing
-    transforms is not free).
+    transforms is not free). ``store``, the dataset's, places the cache in
+    the subdirectory of the version it reads, if it names one.
 
     Raises
     ------
     TypeError
         ``cache_dir`` is not a path.
     ValueError
-        An option that needs another (``persist``, ``cache_dir``), or an invalid value.
+        An option that needs another (``persist``, ``cache_dir``), or an invalid
+        value; ``persist`` over a writable icechunk session with uncommitted changes.
     """
     if on_corrupt not in ON_CORRUPT:
         raise ValueError(f"on_corrupt_cache={on_corrupt!r} must be one of {ON_CORRUPT}")
@@ -58,8 +70,9 @@ def open_dataset_cache(
             f"cache_disk_bytes={disk_bytes} caps a persisted cache: pass persist=True with it (spill files "
             "without persist are bounded by cache_budget_bytes)"
         )
+    version = None if store is None else source_identity(store) if persist else _clean_identity(store)
     return DiskCache(
-        cache_dir,
+        cache_dir if version is None else Path(cache_dir) / version,
         persist=persist,
         readonly=readonly,
         fingerprints=fingerprints(),
@@ -67,3 +80,11 @@ def open_dataset_cache(
         disk_bytes=disk_bytes,
         on_corrupt=on_corrupt,
     )
+
+
+def _clean_identity(store: Store) -> str | None:
+    """The store's version without ``persist``: a session with uncommitted changes only spills, under no version."""
+    try:
+        return source_identity(store)
+    except ValueError:
+        return None

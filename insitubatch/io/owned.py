@@ -2,8 +2,9 @@
 
 Every store factory in ``insitubatch.io`` (``obstore_store``, ``fsspec_store``,
 ``icechunk_store``) remembers what it built here. What insitubatch holds open
-*for* a store, whoever built it (the engine's HTTP connections to it), is
-registered with :func:`on_close` and closed by :func:`close_store` too.
+*for* a store (the engine's HTTP connections to it, the aiohttp session of a
+filesystem ``fsspec_store`` made) is registered with :func:`on_close` and
+closed by :func:`close_store` too.
 """
 
 from __future__ import annotations

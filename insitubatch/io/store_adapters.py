@@ -1,19 +1,27 @@
 """Store factories for the optional extras: fsspec (any fsspec protocol) and icechunk repositories.
 
 Split from ``insitubatch.io.stores``, which holds the obstore hot path; both
-remember what they build, so :func:`close_store` closes it.
+remember what they build, so :func:`close_store` closes it. Icechunk's lives
+in ``io.icechunk_stores`` and is re-exported here.
+
+A store :func:`fsspec_store` builds owns its filesystem (fsspec's instance
+cache is skipped), so :func:`close_store` can close what an asynchronous
+filesystem holds open (the aiohttp session of HTTP, GCS and Azure
+filesystems, with its connections) without closing another store's.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 from typing import TYPE_CHECKING, Any
 
-from .owned import _remember
-from .stores import _local_dir, _split_scheme
+from .._zarr_compat import sync
+from .icechunk_stores import icechunk_store
+from .owned import _remember, on_close
 
 if TYPE_CHECKING:
-    from icechunk import IcechunkStore, Storage
     from zarr.storage import FsspecStore
 
 __all__ = ["fsspec_store", "icechunk_store"]
@@ -33,12 +41,15 @@ def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **stor
         writable, missing parent directories are created on write unless
         ``auto_mkdir`` is given.
     **storage_options
-        Passed to the fsspec filesystem.
+        Passed to the fsspec filesystem. ``skip_instance_cache`` defaults to
+        ``True``: the store gets a filesystem of its own, which
+        :func:`close_store` closes.
 
     Returns
     -------
     zarr.storage.FsspecStore
-        Remembered as opened by insitubatch, so :func:`close_store` closes it.
+        Remembered as opened by insitubatch, so :func:`close_store` closes it
+        and its filesystem's session (no socket of it stays open).
 
     Raises
     ------
@@ -62,86 +73,29 @@ def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **stor
     protocol, _ = fsspec.core.split_protocol(url)
     if not read_only and protocol in (None, "file", "local"):
         storage_options.setdefault("auto_mkdir", True)
+    # fsspec hands out one cached filesystem per set of options: closing a shared one would close others' stores
+    storage_options.setdefault("skip_instance_cache", True)
     store = FsspecStore.from_url(url, storage_options=storage_options, read_only=read_only)
     _remember(store)
+    on_close(store, functools.partial(_close_filesystem, store.fs))
     return store
 
 
-def icechunk_store(
-    path_or_storage: str | os.PathLike[str] | Storage,
-    *,
-    branch: str = "main",
-    read_only: bool = True,
-) -> IcechunkStore:
-    """Open a session on an icechunk repository and return its zarr store (the ``icechunk`` extra).
+def _close_filesystem(fs: Any) -> None:
+    """Close the aiohttp session an asynchronous fsspec filesystem opened (its connections go with it).
 
-    Parameters
-    ----------
-    path_or_storage
-        A local directory (path or ``file://`` URL) holding the repository, or
-        any ``icechunk.Storage`` (e.g. from ``icechunk.s3_storage(...)``).
-    branch
-        The branch the session reads (or writes to).
-    read_only
-        ``True``: a read-only session at the tip of ``branch``; the repository
-        must exist. ``False``: a writable session, creating the repository if
-        there is none. Changes made through a writable store become visible
-        after ``store.session.commit(message)``.
-
-    Returns
-    -------
-    icechunk.IcechunkStore
-        Remembered as opened by insitubatch, so :func:`close_store` closes it.
-
-    Raises
-    ------
-    ImportError
-        icechunk is not installed.
-    FileNotFoundError
-        ``read_only=True`` and no repository exists there.
-    ValueError
-        A URL other than ``file://``, or an empty ``branch``.
-    TypeError
-        ``path_or_storage`` is none of the accepted types.
+    zarr makes asynchronous filesystems (``asynchronous=True``), whose
+    session is created on zarr's IO loop at the first read and must be
+    closed there. A filesystem with no session open (never read, or a
+    synchronous one behind zarr's wrapper) has nothing to close.
     """
-    try:
-        import icechunk
-    except ImportError as exc:
-        raise ImportError(
-            "icechunk_store needs icechunk, an optional dependency: pip install 'insitubatch[icechunk]'"
-        ) from exc
+    session = getattr(fs, "_session", None)
+    if session is None or getattr(session, "closed", True) or not asyncio.iscoroutinefunction(session.close):
+        return
+    sync(_close_session(session))
 
-    if not isinstance(branch, str) or not branch:
-        raise ValueError(f"branch={branch!r} must be a non-empty string")
-    if isinstance(path_or_storage, icechunk.Storage):
-        storage = path_or_storage
-        where = repr(storage)
-    elif isinstance(path_or_storage, (str, os.PathLike)):
-        text = os.fspath(path_or_storage)
-        scheme, _ = _split_scheme(text)
-        if scheme not in (None, "file"):
-            raise ValueError(
-                f"path_or_storage={text!r}: icechunk_store takes a local path or file:// URL; for "
-                "object storage build an icechunk.Storage (e.g. icechunk.s3_storage(...)) and pass it"
-            )
-        directory = _local_dir(text, scheme)
-        if read_only and not directory.is_dir():
-            # checked before icechunk sees the path: its local storage creates the directory
-            raise FileNotFoundError(f"no icechunk repository at {directory} (read_only=True creates nothing)")
-        storage = icechunk.local_filesystem_storage(str(directory))
-        where = str(directory)
-    else:
-        raise TypeError(
-            f"path_or_storage must be a path, a file:// URL or an icechunk.Storage, "
-            f"got {type(path_or_storage).__name__}"
-        )
 
-    if read_only:
-        if not icechunk.Repository.exists(storage):
-            raise FileNotFoundError(f"no icechunk repository at {where} (read_only=True creates nothing)")
-        session = icechunk.Repository.open(storage).readonly_session(branch=branch)
-    else:
-        session = icechunk.Repository.open_or_create(storage).writable_session(branch)
-    store = session.store
-    _remember(store)
-    return store
+async def _close_session(session: Any) -> None:
+    await session.close()
+    # aiohttp closes a connection's transport on the loop's next turn (its documented graceful-close wait)
+    await asyncio.sleep(0)
