@@ -19,6 +19,7 @@ __all__ = [
     "StaleCacheError",
     "StoreReadError",
     "WriteClaimError",
+    "WriteConflictError",
     "WriteIntentRangeError",
 ]
 
@@ -69,6 +70,14 @@ class WriteIntentRangeError(InSituError, IndexError):
 
 class WriteClaimError(InSituError, RuntimeError):
     """A slot range is already claimed or completed by someone else."""
+
+
+class WriteConflictError(InSituError, RuntimeError):
+    """Transactional writes (icechunk) touched the same chunks or nodes; carries one line per conflict."""
+
+    def __init__(self, message: str, conflicts: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.conflicts = conflicts
 
 
 class LayoutMismatchError(InSituError, ValueError):

@@ -10,6 +10,11 @@ stale claims, coverage and what remains.
 
 A *slot* is a writer's range: one aligned, half-open ``[start, stop)`` of the
 indexed axis that one :class:`SlotWriter` claims, writes and records as covered.
+
+On an icechunk repository the same flow is one transaction
+(:class:`IcechunkTransaction`): each slot is written in a fork of the
+coordinator's session, the forks are merged, and one commit makes them a
+snapshot; :func:`icechunk_fork` is a scheduler task's side of it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import warnings
 from typing import Any
 
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, ClaimInfo, CoverageRecord
+from .icechunk import IcechunkTransaction
+from .icechunk_handoff import clear_handoff, icechunk_fork
 from .layout import IndexedArray, WriteLayout, create_layout, diff_layout, read_layout
 from .runner import RunReport, SlotOutcome, run_plan, run_slot
 from .slots import SlotPlan, SlotRange, plan_slots
@@ -31,6 +38,7 @@ __all__ = [  # sorted
     "CoverageRecord",
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_STALE_AFTER_S",
+    "IcechunkTransaction",
     "IndexedArray",
     "LayoutSpec",
     "OutputArray",
@@ -43,9 +51,11 @@ __all__ = [  # sorted
     "WriteStatus",
     "assigned_ranges",
     "clear_coverage",
+    "clear_handoff",
     "clear_stale_claims",
     "create_layout",
     "diff_layout",
+    "icechunk_fork",
     "plan_slots",
     "read_layout",
     "run_plan",

@@ -25,7 +25,10 @@ from zarr.abc.store import Store
 from zarr.storage import MemoryStore
 
 from ..errors import LayoutMismatchError, SlotAlignmentError
+from ..io.icechunk_stores import icechunk_session
+from .claims import CLAIMS, COVERAGE
 from .coords import IndexCoordinate, read_index_coordinate
+from .records import RecordStore
 from .spec import LayoutSpec, OutputArray
 
 __all__ = ["IndexedArray", "WriteLayout", "create_layout", "diff_layout", "read_layout"]
@@ -296,6 +299,11 @@ def create_layout(store: Store, spec: LayoutSpec, *, group: str = "") -> zarr.Gr
     record = json.loads(json.dumps(_layout_record(spec)))
     if root.attrs.get(LAYOUT_ATTRIBUTE) != record:
         root.update_attributes({LAYOUT_ATTRIBUTE: record})
+    if icechunk_session(store) is not None:
+        # on icechunk the record groups are part of the layout's commit: every slot's fork would create them
+        # otherwise, and icechunk (2.x) refuses to merge forks that created the same group
+        for kind in (CLAIMS, COVERAGE):
+            RecordStore(store, group, kind).ensure_containers()
     return root
 
 

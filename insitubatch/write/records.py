@@ -15,6 +15,8 @@ across processes and machines:
 - ``zarr.storage.ObjectStore``: obstore's ``put(..., mode="create")``
   (S3 ``If-None-Match: *``, GCS/Azure preconditions, local files).
 - ``zarr.storage.MemoryStore``: a lock-protected check-and-set (one process).
+- an icechunk session's store: a lock-protected check-and-set too, since a
+  session is private to its process until it is merged (``icechunk_records``).
 
 Any other store is refused with :class:`~insitubatch.errors.WriteClaimError`.
 """
@@ -37,6 +39,8 @@ from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
 from .._zarr_compat import memory_store_dict, unwrap_store
 from ..errors import WriteClaimError
+from ..io.icechunk_stores import icechunk_session
+from .icechunk_records import IcechunkRecords
 
 if TYPE_CHECKING:
     from obstore import UpdateVersion
@@ -321,7 +325,7 @@ def _unwrap(store: Store) -> Store:
     return unwrap_store(store)
 
 
-def _backend_for(store: Store) -> _Backend:
+def _backend_for(store: Store) -> _Backend | IcechunkRecords:
     inner = _unwrap(store)
     if isinstance(inner, LocalStore):
         return _LocalBackend(Path(inner.root))
@@ -329,10 +333,13 @@ def _backend_for(store: Store) -> _Backend:
         return _ObstoreBackend(inner.store)
     if isinstance(inner, MemoryStore):
         return _MemoryBackend(inner)
+    if icechunk_session(inner) is not None:
+        return IcechunkRecords(inner)
     raise WriteClaimError(
         f"a {type(inner).__name__} cannot create a record atomically, so "
         "parallel writers cannot claim slots on it; use zarr.storage.LocalStore, "
-        "zarr.storage.ObjectStore (obstore: S3, GCS, Azure, local) or MemoryStore"
+        "zarr.storage.ObjectStore (obstore: S3, GCS, Azure, local), MemoryStore, or an icechunk "
+        "session (insitubatch.write.IcechunkTransaction)"
     )
 
 

@@ -5,24 +5,33 @@ what each reports. Supervision (retries, placement, resources) stays with the
 executor or the cluster scheduler; a task that failed leaves its range
 unclaimed (or, after a crash, stale) and uncovered, so the next
 ``plan_slots(resume=True)`` returns it.
+
+Given an :class:`~.icechunk.IcechunkTransaction` instead of a store, each
+range is written in a fork of its own, which the task hands back in its
+outcome and the runner merges; a range whose fork does not come back (or
+does not merge) is not in the transaction, and the next
+``plan_slots(tx.store)`` returns it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import os
 import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from zarr.abc.store import Store
 from zarr.storage import MemoryStore
 
-from ..errors import SlotRunError
+from ..errors import SlotRunError, WriteConflictError
+from ..io.icechunk_stores import icechunk_session
 from ..progress import progress
+from .icechunk import IcechunkTransaction
 from .slots import SlotPlan
 from .writer import SlotWriter
 
@@ -43,6 +52,8 @@ class SlotOutcome:
     seconds: float
     value: Any = None
     error: str | None = None
+    # the fork a range of an icechunk transaction was written in, handed back for the coordinator to merge
+    session: Any = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -103,15 +114,19 @@ def run_slot(
     Returns
     -------
     SlotOutcome
+        With ``session``, the fork, when ``store`` is an icechunk fork's store.
     """
     began = time.perf_counter()
     host, pid = socket.gethostname(), os.getpid()
     try:
-        with SlotWriter(_resolve(store), start, stop, group=group, **dict(writer_options or {})) as writer:
+        resolved = _resolve(store)
+        with SlotWriter(resolved, start, stop, group=group, **dict(writer_options or {})) as writer:
             value = work(writer)
     except Exception:
         return SlotOutcome(start, stop, False, host, pid, time.perf_counter() - began, error=traceback.format_exc())
-    return SlotOutcome(start, stop, True, host, pid, time.perf_counter() - began, value=value)
+    fork = icechunk_session(resolved)  # an icechunk fork goes back with the outcome: its changes are the slot
+    fork = fork if type(fork).__name__ == "ForkSession" else None
+    return SlotOutcome(start, stop, True, host, pid, time.perf_counter() - began, value=value, session=fork)
 
 
 def _executor(executor: Any) -> cf.Executor | None:
@@ -124,7 +139,7 @@ def _executor(executor: Any) -> cf.Executor | None:
 
 
 def run_plan(
-    store: Store | str | None,
+    store: Store | str | IcechunkTransaction | None,
     plan: SlotPlan,
     work: WorkFn,
     executor: cf.Executor | Any | None = None,
@@ -138,7 +153,10 @@ def run_plan(
     ----------
     store
         The zarr store (picklable: ``LocalStore``, obstore-backed ``ObjectStore``),
-        a URL each task opens writable, or ``None`` for the plan's ``store_url``.
+        a URL each task opens writable, ``None`` for the plan's ``store_url``,
+        or an :class:`~insitubatch.write.IcechunkTransaction`: each range is
+        written in a fork of its own and merged into the transaction when it
+        comes back (commit it with ``tx.commit(message)``).
     plan
         From :func:`plan_slots`.
     work
@@ -157,6 +175,7 @@ def run_plan(
     Returns
     -------
     RunReport
+        For a transaction, an outcome is ``ok`` only if its fork merged.
 
     Raises
     ------
@@ -173,7 +192,14 @@ def run_plan(
     pool = _executor(executor)
     if isinstance(store, MemoryStore) and pool is not None and not isinstance(pool, cf.ThreadPoolExecutor):
         raise ValueError("a MemoryStore lives in this process only; run it with executor=None or a ThreadPoolExecutor")
-    args = [(store, r.start, r.stop, work) for r in plan.ranges]
+    tx: IcechunkTransaction | None = None
+    stores: list[Store | str]
+    if isinstance(store, IcechunkTransaction):
+        tx = store
+        stores = [tx.fork_store() for _ in plan.ranges]  # a fork per range, each merged when it comes back
+    else:
+        stores = [store] * len(plan.ranges)
+    args = [(target, r.start, r.stop, work) for target, r in zip(stores, plan.ranges, strict=True)]
     kwargs: dict[str, Any] = {"group": plan.group, "writer_options": dict(writer_options or {})}
     outcomes: list[SlotOutcome] = []
     if pool is None:
@@ -187,7 +213,10 @@ def run_plan(
             except Exception as exc:  # the task never reported: worker died, pickling failed...
                 detail = "".join(traceback.format_exception(exc))
                 outcomes.append(SlotOutcome(start, stop, False, "", -1, 0.0, error=detail))
-    report = RunReport(tuple(sorted(outcomes, key=lambda o: (o.start, o.stop))))
+    outcomes.sort(key=lambda o: (o.start, o.stop))
+    if tx is not None:
+        outcomes = [_merged(tx, o) for o in outcomes]
+    report = RunReport(tuple(outcomes))
     if raise_on_error and not report.ok:
         first = report.failed[0]
         raise SlotRunError(
@@ -196,3 +225,17 @@ def run_plan(
             report.outcomes,
         )
     return report
+
+
+def _merged(tx: IcechunkTransaction, outcome: SlotOutcome) -> SlotOutcome:
+    """``outcome`` after its fork is merged into ``tx`` (a fork that clashes fails it); the fork is dropped."""
+    if not outcome.ok:
+        return dataclasses.replace(outcome, session=None)
+    if outcome.session is None:
+        error = "the task reported success but handed back no icechunk fork; nothing of its range was merged"
+        return dataclasses.replace(outcome, ok=False, error=error)
+    try:
+        tx.merge(outcome.session)
+    except WriteConflictError as exc:
+        return dataclasses.replace(outcome, ok=False, session=None, error=str(exc))
+    return dataclasses.replace(outcome, session=None)
