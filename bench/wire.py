@@ -5,7 +5,7 @@
 Clients: ``engine`` (the engine's own HTTP client: whatever
 ``insitubatch/_wire`` holds when this runs; the output names the commit and
 whether ``_wire`` had uncommitted changes), ``engine-040369f`` (the same
-client as it was before issue 36 hardened it: its four modules taken from
+client as it was before redirects, ranges and TLS were checked: its four modules taken from
 git at run time into the output folder, nothing vendored), ``curl``
 (libcurl through pycurl, ``insitubatch._wire.curl``; needs ``pip install
 insitubatch[curl]``) and ``obstore`` (obstore's client, retry-free, as the
@@ -49,7 +49,7 @@ from insitubatch.testing.emulator import EmulatorProcess
 
 __all__ = ["CLIENTS", "main", "measure_client"]
 
-# The engine's client before issue 36's hardening, measured beside today's.
+# The engine's client before its wire checks (redirects, ranges, TLS) were added, measured beside today's.
 BASELINE_COMMIT = "040369f"
 BASELINE = f"engine-{BASELINE_COMMIT}"
 BASELINE_MODULES = ("__init__", "backends", "engine_client", "http", "sigv4")

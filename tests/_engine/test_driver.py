@@ -7,8 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from insitubatch._engine.passes.driver import MAX_TILE_GROUP, PassDriver, tile_group
+from insitubatch._engine.passes.driver import PassDriver
 from insitubatch._engine.pool.chunk_pool import READY
+from insitubatch._engine.tiles.local_groups import MAX_TILE_GROUP, tile_group
 
 WAIT_S = 30.0  # generous: a loaded CI machine, never a hang
 

@@ -43,33 +43,21 @@ from ..reads.reader import ArrayReader, BadChunkRecord
 from ..reads.shard_index import ShardIndexes
 from ..reads.window import WindowUser
 from ..tiles.landings import _Landings, _release
-from ..tiles.local_groups import LocalGroups, kernel_kind
+from ..tiles.local_groups import MAX_TILE_GROUP, LocalGroups, kernel_kind
 from ..tiles.remote_tiles import _RemoteTiles
 from ..tiles.revivals import _Revivals
 from ..tiles.tile_jobs import _TileJobs
 from ..tiles.wants import Want, Wants
 
-__all__ = ["PassDriver", "tile_group"]
+__all__ = ["PassDriver"]
 
 # disk-cache lookups sent to the decode pool in one job (at most a block's worth)
 REVIVE_BATCH = 64
-# most tiles one decode job reads, decodes and places on a store with a synchronous get
-# (``tile_group``): a group costs the loop one submit and one wake-up, and on small tiles
-# 8 beat 4 by ~10% and 16 added nothing (bench.engine_probe, 64 kB zstd tiles)
-MAX_TILE_GROUP = 8
 # reads the driver admits between two yields to the loop: a yield per read costs a loop
 # turn (and the GIL, to whichever decode thread wants it) for every tile on small chunks
 ADMIT_BURST = 4
 # how long stopping a pass waits for its tasks and decode jobs to end (a wedged store's GET is cancelled)
 STOP_WAIT_S = 30.0
-
-
-def tile_group(max_inflight: int, decode_threads: int) -> int:
-    """Tiles per job on a synchronous store: every decode thread keeps two groups of the permits in flight.
-
-    One decoding and one queued, so no thread waits for the loop; never more than ``MAX_TILE_GROUP``.
-    """
-    return max(1, min(MAX_TILE_GROUP, max_inflight // (2 * max(decode_threads, 1))))
 
 
 class PassDriver(_TileJobs, _Revivals, _RemoteTiles):

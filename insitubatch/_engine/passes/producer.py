@@ -26,9 +26,10 @@ from ..lifecycle import EXIT_WAIT_S, exiting, live_loop, may_wait
 from ..pool.chunk_pool import FAILED, PENDING, Entry, Owner
 from ..reads.fetch import Fetcher
 from ..stats import PassCounters, PassStats, log_pass
+from ..tiles.local_groups import tile_group
 from .batch import Batch
 from .context import PassContext
-from .driver import PassDriver, tile_group
+from .driver import PassDriver
 from .gather import gather_label
 
 __all__ = ["PassIterator"]
