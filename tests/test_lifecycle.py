@@ -314,3 +314,30 @@ def test_a_dataset_nobody_closed_hands_its_cache_lock_to_the_next_one(tmp_path: 
     with again:
         assert sum(len(b) for b in again.train) == 64
         assert again.gets == 0  # every chunk revived from the cache the first dataset persisted
+
+
+def test_ctrl_c_while_a_pass_starts_its_thread_is_a_keyboard_interrupt(tmp_path: Path, monkeypatch) -> None:
+    """CPython's ``Thread.start`` interrupted by SIGINT can turn the KeyboardInterrupt into "release unlocked
+    lock" (its Condition loses the lock it was retaking); the pass raises the KeyboardInterrupt itself, and the
+    thread it started is stopped with the dataset."""
+    path = _write_store(tmp_path)
+    start = threading.Thread.start
+
+    def interrupted_start(thread: threading.Thread) -> None:
+        start(thread)
+        if thread.name != "insitu-prefetch":
+            return
+        try:
+            raise KeyboardInterrupt
+        finally:  # what Condition.__exit__ raises after the lost re-acquire, the interrupt as its context
+            raise RuntimeError("release unlocked lock")  # noqa: B012
+
+    ds = _dataset(path)
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    with pytest.raises(KeyboardInterrupt):
+        iter(ds.train)
+    monkeypatch.undo()
+    ds.close()
+    assert not [t for t in threading.enumerate() if t.name == "insitu-prefetch"]
+    with _dataset(path) as again:  # the store and the process are fine afterwards
+        assert sum(len(b) for b in again.train) > 0

@@ -155,7 +155,14 @@ class _PassState:
         self.driver.seen_keys = ctx.fetched_keys
         self.driver.start()
         self.thread = threading.Thread(target=self._produce, name="insitu-prefetch", daemon=True)
-        self.thread.start()
+        try:
+            self.thread.start()
+        except RuntimeError as exc:
+            # a Ctrl-C while start() waits for the thread: CPython's Condition can lose the lock it was
+            # retaking and report "release unlocked lock" instead; the user pressed Ctrl-C, so say that
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                raise exc.__context__ from None
+            raise
 
     # -- producer thread ----------------------------------------------------------
     def _produce(self) -> None:
