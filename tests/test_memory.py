@@ -205,3 +205,55 @@ def test_recycled_tiles_never_leak_stale_data_into_batches(tmp_path, keep_inputs
                 np.testing.assert_array_equal(a, copies[k])
         for array, snapshot in kept:
             np.testing.assert_array_equal(array, snapshot)
+
+
+# -- the bound under max_inflight="auto" on a remote store ---------------------------------
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The module's arrays behind a loopback HTTP store in its own process, 10 ms away (its allocations are
+    not this process's)."""
+    from insitubatch.testing.emulator import EmulatorProcess
+
+    root = tmp_path_factory.mktemp("served")
+    group = zarr.open_group(root / "m.zarr", mode="w")
+    rng = np.random.default_rng(3)
+    for name in ("a", "b"):
+        write_array(group, name, smooth_field(rng, (N, *FIELD)), STORED)
+    data = {name: zarr.open_array(root / "m.zarr" / name, mode="r")[...] for name in ("a", "b")}
+    with EmulatorProcess(root, latency_s=0.01, jitter_s=0.002) as emu:
+        yield emu.url_for("m.zarr"), data
+
+
+@pytest.mark.parametrize("block_chunks", [2, None], ids=["small-blocks", "default-blocks"])
+def test_auto_concurrency_on_a_remote_store_stays_within_describes_bound(served, block_chunks) -> None:
+    """At default knobs ("auto" reads in flight, the automatic budget) over HTTP, two passes (a cold one,
+    whose window climbs, and a warm one) hold no more than ``describe()``'s ``total_bytes``: the pool within
+    its budget, the reads in flight within the plan's, decoded tiles, bodies and batches all traced."""
+    from insitubatch import obstore_store
+
+    url, data = served
+    store = obstore_store(url, read_only=True)
+    geoms = open_geometries(store, variables=["a", "b"])
+    manifest = split_by_chunk(geoms["a"], fractions=(1.0,))
+    knobs = {} if block_chunks is None else {"block_chunks": block_chunks}
+    with InSituDataset(store, manifest, geoms, batch_size=8, **knobs) as ds:
+        memory = ds.describe()["memory"]
+        assert memory["inflight_auto"] and ds.max_inflight == "auto"
+        tracemalloc.start()
+        try:
+            peaks = []
+            for epoch in range(2):
+                ds.set_epoch(epoch)
+                seen = 0
+                for batch in ds.train:
+                    assert_batch_matches(batch, ds.variables, data)
+                    seen += len(batch)
+                assert seen == len(manifest.sample_indices("train"))
+                peaks.append(ds.train.last_pass.inflight_peak)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert max(peaks) <= memory["inflight_tiles"]
+        assert ds.pool.totals.peak_resident_bytes <= memory["working_set_bytes"] + memory["read_ahead_bytes"]
+        assert peak <= memory["total_bytes"] + BOOKKEEPING_BYTES, f"peak traced {peak} over {memory['total_bytes']}"
+        print(f"auto: peak traced {peak} bound {memory['total_bytes']} in flight {peaks} of {memory['inflight_tiles']}")

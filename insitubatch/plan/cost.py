@@ -115,14 +115,21 @@ def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int
     """``(bytes, reads)`` a remote pass under ``max_inflight="auto"`` may read ahead beyond its working set.
 
     The plan reads one shuffle block ahead, which can hold fewer tiles than
-    the window wants in flight: a pass may then run ``cap`` tiles' worth of
-    reads further ahead, so the window can fill while the consumer works on
-    the current block. Their decoded bytes are a term of the memory plan.
+    the window may want in flight: a pass may then read further ahead, as
+    many reads as bring the tiles ahead up to ``cap``, so the window can
+    fill while the consumer works on the current block. Where a block
+    already holds ``cap`` tiles, nothing more: memory read ahead past what
+    the window can use is memory the link does not need. Their decoded bytes
+    are a term of the memory plan.
     """
     if not plan.reads:
         return 0, 0
     per_read = sum(tiles_per_read[source] for source, _ in plan.reads) / len(plan.reads)
-    reads = math.ceil(cap / per_read)
+    # the tiles one block ahead holds: the smallest full block (a last, partial block is read with less ahead)
+    sizes = [len(block) for block in plan.block_reads]
+    full = sizes[:-1] if len(sizes) > 1 else sizes
+    ahead_tiles = min(full) * per_read
+    reads = math.ceil(max(0.0, cap - ahead_tiles) / per_read)
     return reads * int(plan.read_nbytes.max()), reads
 
 

@@ -238,3 +238,31 @@ def test_shard_indexes_read_as_a_pass_starts_do_not_make_it_overshoot() -> None:
     steady = Link(ConcurrencyController(cap=1024, start=AUTO_START_REMOTE), bandwidth=pipe, side=lambda now: 0.12)
     steady.run_until(8.0)
     assert 64 <= steady.operating_point(4.0, 8.0) <= 1.5 * 64 / (1 - 0.12)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_on_a_clock_that_does_not_start_at_zero_no_doubling_is_free(seed: int) -> None:
+    """The event loop's clock counts from the machine's boot. The first interval is measured from the
+    first answer (not from zero: no bytes/s at all, and slow start's first two doublings would each
+    compare with nothing), and only warms up: a link whose pipe is full at 16 reads never sees more than
+    one doubling past the start, each of which holds twice the tiles in memory."""
+    small = 16 * TILE / RTT_S
+    boot = 86_400.0
+    link = Link(
+        ConcurrencyController(cap=1024, start=AUTO_START_REMOTE),
+        bandwidth=small,
+        noise=random.Random(seed),
+        now=boot,
+    )
+    link.run_until(boot + 30.0)
+    assert max(lim for _, lim in link.limits) <= 2 * AUTO_START_REMOTE
+    assert link.operating_point(boot + 15.0, boot + 30.0) <= 3 * 16
+
+
+def test_a_link_that_pays_for_more_reads_still_gets_them_after_the_warm_up() -> None:
+    """The warm-up interval costs one interval, not the climb: from a late clock it reaches the product."""
+    boot = 86_400.0
+    link = Link(ConcurrencyController(cap=1024), now=boot)
+    link.run_until(boot + 20.0)
+    point = link.operating_point(boot + 10.0, boot + 20.0)
+    assert BDP <= point <= 1.5 * BDP, (point, BDP)

@@ -158,3 +158,26 @@ def test_blocks_left_empty_by_a_window_edge_are_dropped_from_the_plan(zarr_path)
     with InSituDataset(store, manifest, variables, batch_size=8, block_chunks=1, seed=3) as ds:  # shuffled too
         plan = ds.train.plan()
         assert plan.n_blocks == 22 and all(np.diff(plan.block_starts) > 0)
+
+
+@pytest.mark.parametrize("block_chunks", [1, 3, 12])
+def test_auto_read_ahead_tops_the_tiles_a_block_holds_up_to_the_cap_and_no_further(zarr_path, block_chunks) -> None:
+    """Under "auto" a remote pass reads past its next block only as far as the window could use: the tiles
+    one full block holds plus the extra reach the cap; a block that already holds the cap gets nothing more."""
+    from insitubatch.plan.cost import auto_read_ahead
+
+    store = local_store(zarr_path)
+    geoms = open_geometries(store)
+    manifest = split_by_chunk(geoms["t2m"], fractions=(1.0,))
+    with InSituDataset(store, manifest, geoms, batch_size=8, block_chunks=block_chunks) as ds:
+        plan = ds.train.plan()
+        tiles = {g.source: g.tiles_read for g in ds.variables.values()}
+        per_read = sum(tiles[source] for source, _ in plan.reads) / len(plan.reads)
+        block_tiles = min(len(b) for b in plan.block_reads[:-1]) * per_read
+        for cap in (4, 16, 64):
+            nbytes, reads = auto_read_ahead(plan, tiles, cap)
+            if block_tiles >= cap:
+                assert (nbytes, reads) == (0, 0)
+            else:
+                assert block_tiles + reads * per_read >= cap > block_tiles + (reads - 1) * per_read
+                assert nbytes == reads * int(plan.read_nbytes.max())

@@ -11,7 +11,10 @@ after the limit last changed, so the window has refilled):
 1. **Slow start.** From its start (``AUTO_START_REMOTE`` for a remote
    store's window) the limit doubles while each doubling still raises the
    completed bytes/s by ``START_GAIN``; at the first that does not, it
-   falls back to the last limit that paid.
+   falls back to the last limit that paid. The first interval is measured
+   from the first answer and only warms up (the pipeline is still filling):
+   the starting limit's bytes/s is the second interval's. Every doubling
+   holds twice the tiles in memory, so one that did not pay is undone.
 2. **Probing.** Every ``PROBE_EVERY`` steady intervals the limit tries
    ``PROBE_UP`` times itself (kept if bytes/s rose by ``PROBE_GAIN``, and
    then it climbs again) or, alternately, ``PROBE_DOWN`` times (kept if it
@@ -131,10 +134,13 @@ class ConcurrencyController:
         self._capped_from = 0  # the limit a lower cap cut, restored when the cap rises again
         self._begin = 0.0
         self._restart(0.0)
+        self._clock_started = False  # the first answer opens the first interval (the loop's clock is not 0-based)
+        self._filled = False  # whether the first saturated interval (the pipeline filling) is over
 
     # -- what the fetcher and the window report ------------------------------------------
     def on_complete(self, now: float, nbytes: int, seconds: float, saturated: bool) -> None:
         """A GET finished at ``now`` with ``nbytes`` in ``seconds``; ``saturated``: the window was full."""
+        self._start_clock(now)
         self.mean_get_s += MEAN_WEIGHT * (seconds - self.mean_get_s)
         self._answered(now, throttled=False)
         if self._mode == "recover":
@@ -154,12 +160,14 @@ class ConcurrencyController:
 
     def on_side(self, now: float) -> None:
         """A read the controller does not learn from (a shard index) finished at ``now``: its place in the window."""
+        self._start_clock(now)
         self.side_reads += 1
         if self._mode != "recover" and now >= self._begin:
             self._side += 1
 
     def on_throttle(self, now: float) -> None:
         """The store answered a GET with a throttling status at ``now``: halve the limit (once per window)."""
+        self._start_clock(now)
         self.throttled += 1
         self._last_throttle = now
         self._answered(now, throttled=True)
@@ -180,6 +188,15 @@ class ConcurrencyController:
         self._mode = "recover"
         self._history.append(self.limit)
         self.intervals += 1
+
+    def _start_clock(self, now: float) -> None:
+        """The first answer begins the first interval: measured from the controller's making, on a clock that
+        counts from the machine's boot, it would see no bytes/s at all, and slow start's first two doublings
+        (each compared with that) would be free, whatever the link needs."""
+        if not self._clock_started:
+            self._clock_started = True
+            if self._begin < now:
+                self._begin = now
 
     def _answered(self, now: float, throttled: bool) -> None:
         """Count an answer toward the throttled share since the last cut (once the GETs sent before it are in)."""
@@ -229,6 +246,13 @@ class ConcurrencyController:
             self._restart(now)
             return
         base = self._base_rate
+        if self._mode == "start" and base is None and not self._filled:
+            # the first interval saw the pipeline fill (decode threads, first batches, connections opening):
+            # its bytes/s is low for reasons of its own, and a doubling compared with it would look like it paid
+            self._filled = True
+            self._history.append(self.limit)
+            self._restart(now)
+            return
         if base is not None and abs(side - self._base_side) > SIDE_DRIFT:  # another mix of reads: no comparison
             if self._mode == "steady":
                 self._rebase(rate, side)
