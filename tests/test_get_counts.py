@@ -51,6 +51,8 @@ VARIABLES = {
     "sharded": lambda g: {"a": g["a"]},
     "sharded+plain": lambda g: {"a": g["a"], "b": g["b"]},
     "selection": lambda g: {"x": g["a"].isel(lat=slice(0, 8)), "y": g["a"].isel(lon=slice(12, 20))},
+    # two selections of an unsharded array whose tiles overlap: a shared tile is one GET
+    "overlapping": lambda g: {"x": g["b"].isel(lat=slice(0, 8)), "y": g["b"].isel(lon=slice(12, 20))},
 }
 
 

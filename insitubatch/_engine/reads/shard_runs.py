@@ -14,6 +14,7 @@ store reads inner chunks one by one (a read there costs no round trip).
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
@@ -89,7 +90,8 @@ def pass_gets(
     remote: bool,
     indexes: Mapping[str, ShardIndex | None] | None = None,
 ) -> int:
-    """The GETs a cold pass of ``plan`` sends: tiles of unsharded sources, and for sharded ones an index per
+    """The GETs a cold pass of ``plan`` sends: each block's distinct tiles of unsharded sources (selections of
+    one array share them), and for sharded ones an index per
     shard plus, remotely, one per run of each block's inner chunks of each shard (one per inner chunk
     locally). ``indexes`` are shard indexes already read (their layouts, and inner chunks never written:
     no GET); any other shard is taken to be zarr-python's layout with every inner chunk written.
@@ -99,19 +101,25 @@ def pass_gets(
     total = 0
     shards_seen: set[str] = set()
     groups: dict[tuple[int, str, str], set[tuple[int, ...]]] = {}  # (block, path, shard) -> inner chunks wanted
+    per_path = collections.Counter(r.geometry.path for r in sources.values())
+    shared = {path for path, n in per_path.items() if n > 1}
+    tiles: set[tuple[int, str, str]] = set()  # (block, path, key): selections of one array share a block's tiles
     for i, (source, chunk) in enumerate(plan.reads):
         reader = sources[source]
         g = reader.geometry
-        if not g.sharded_reads:
-            total += reader.n_tiles
-            continue
         block = int(plan.read_first[i])
+        if not g.sharded_reads:
+            if g.path not in shared:  # one source's reads of an array never share a tile
+                total += reader.n_tiles
+                continue
+            tiles.update((block, g.path, g.tile_key(reader.tile_coord(chunk, k))[0]) for k in range(reader.n_tiles))
+            continue
         for k in range(reader.n_tiles):
             key, place = g.tile_key(reader.tile_coord(chunk, k))
             assert place is not None  # sharded reads place every tile in its shard
             shards_seen.add(key)
             groups.setdefault((block, g.path, key), set()).add(place)
-    total += len(shards_seen)  # each shard's index, once per dataset
+    total += len(tiles) + len(shards_seen)  # a GET per distinct tile of a block, each shard's index once
     cap = run_cap(permit_cap)
     geometries = {r.geometry.path: r.geometry for r in sources.values()}
     for (_, path, key), places in groups.items():
