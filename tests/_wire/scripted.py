@@ -283,6 +283,8 @@ class FileServer:
             if handler is not None:
                 handler.cancel()
         await asyncio.gather(*(h for h in self._writers.values() if h is not None), return_exceptions=True)
+        if hasattr(self._server, "abort_clients"):  # Python >= 3.13: connections never handed to a handler too
+            self._server.abort_clients()  # (a TLS one still in its handshake), or wait_closed() waits for them
         await self._server.wait_closed()
         for _ in range(5):  # an aborted transport's socket is released a loop turn later (a TLS one, a few)
             await asyncio.sleep(0.01)
