@@ -114,5 +114,22 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(f"| {label} | " + " | ".join(_fmt(got.get(v)) for v in values) + " |")
     if results.get("network"):
         lines += ["", network_markdown(results["network"]).rstrip()]
+    if results.get("arena"):
+        arena = results["arena"]
+        lines += [
+            "",
+            "## Realistic fields: the arena",
+            "",
+            f"The full tables are in `{arena['report']}`; its bars:",
+            "",
+        ]
+        lines += [f"- {_arena_bar(b)}" for b in arena["bars"]]
     lines += ["", "## Plots", ""] + [f"- {p}" for p in results.get("plots", [])]
     return "\n".join(lines) + "\n"
+
+
+def _arena_bar(bar: dict[str, Any]) -> str:
+    """One of the arena's bars as a line: what, the value measured, the bar and whether it was met."""
+    value = "not measured" if bar.get("value") is None else f"{bar['value']:.2f}"
+    verdict = "met" if bar.get("met") else "missed"
+    return f"{bar['what']}: {value} (bar {bar['bar']}, {verdict})"

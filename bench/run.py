@@ -17,7 +17,13 @@ loader on the same data in the same run:
 * the **network scenarios** of ``bench.network`` (full profile only): a
   heavy-tailed link, stragglers, throttling bursts, CPU per sample over
   HTTP and S3 against local files, silent GETs and dead objects, and the
-  sharded copy of the data.
+  sharded copy of the data;
+* the **arena** of ``bench.arena`` (full profile only): realistic ERA5-shaped
+  fields (181 x 360) over local files, HTTP at 0 and 30 ms, the tailed
+  40 ms link, stragglers and S3, with the reference design and TensorStore
+  as peers, CPU per sample, peak memory against ``describe()``'s bound and
+  the raw-GET and decode ceilings (``arena.json`` / ``arena.md`` beside
+  the report).
 
 It writes ``results.json``, ``report.md`` and PNG plots to ``--out``
 (default ``bench/out/``) and prints the table. Throughput ratios use each
@@ -52,6 +58,8 @@ from typing import Any
 from insitubatch.testing.data import wb2_64x32, write_era5_like
 from insitubatch.testing.emulator import DEFAULT_JITTER_S, DEFAULT_LATENCY_S, EmulatorProcess
 
+from .arena.run import DEFAULT_REFERENCE_VENV, run_arena
+from .arena.scenarios import FULL as ARENA_FULL
 from .children import Bench
 from .insitu_loaders import supports_persist
 from .loader_scenarios import WORKER_LOADERS, fork_probes, inflight_sweep, memory_pass, spc_sweep, table
@@ -104,6 +112,7 @@ def run(
     bandwidth_mb_s: float | None,
     plot: bool = True,
     network: bool = True,
+    arena: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Measure everything ``profile`` names; write ``results.json``, ``report.md`` and plots under ``out``."""
@@ -176,6 +185,10 @@ def run(
     if network and profile.name == FULL.name:  # the quick smoke run leaves them out (minutes of windows)
         log("network scenarios")
         results["network"] = run_scenarios(out / "network", NET_FULL, log=log)
+    if arena and profile.name == FULL.name:
+        log("arena: realistic fields, the reference design and TensorStore")
+        found = run_arena(ARENA_FULL, out, out / "arena-data", ref_venv=DEFAULT_REFERENCE_VENV, log=log)
+        results["arena"] = {"ratios": found["ratios"], "bars": found["bars"], "report": "arena.md"}
     results["bars"] = bars(results["tables"], profile.main_spc, isolated=profile.isolate)
     mem_bar = memory_bar(results.get("memory") or {}, profile.main_spc, isolated=profile.isolate)
     if mem_bar is not None:
@@ -218,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-network", action="store_true", help="skip the network scenarios (bench.network)")
+    parser.add_argument("--no-arena", action="store_true", help="skip the realistic-fields arena (bench.arena)")
     args = parser.parse_args(argv)
     profile = QUICK if args.quick else FULL
     results = run(
@@ -228,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bandwidth_mb_s=args.bandwidth_mb_s or None,
         plot=not args.no_plots,
         network=not args.no_network,
+        arena=not args.no_arena,
     )
     print()
     print(markdown(results))
