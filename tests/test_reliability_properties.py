@@ -112,7 +112,8 @@ def layouts(draw) -> Layout:
     if n > 1 and draw(st.booleans()):
         manifest = _date_split(anchor, draw(st.integers(1, n - 1)), draw(st.booleans()))
     if manifest is None:
-        train = draw(st.sampled_from([1.0, 0.7, 0.5]))
+        # two splits need two chunks: a split takes whole chunks, and each non-zero fraction gets one
+        train = draw(st.sampled_from([1.0, 0.7, 0.5])) if -(-n // size) > 1 else 1.0
         manifest = split_by_chunk(
             anchor,
             fractions=(train, 1.0 - train) if train < 1 else (1.0,),
