@@ -9,6 +9,7 @@ later with the exit code that ending gives.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import signal
 import subprocess
@@ -181,7 +182,8 @@ def test_every_ending_of_a_script_exits_promptly(store_url: str, tmp_path: Path)
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}  # zarr's consolidated-metadata notice is not the point
-    names = list(PATTERNS)
+    # a leg without torch runs every other ending (the torch one is the same ending through the adapter)
+    names = [p for p in PATTERNS if p != "torch-break" or importlib.util.find_spec("torch") is not None]
     for i in range(0, len(names), AT_ONCE):
         procs = {}
         for pattern in names[i : i + AT_ONCE]:
