@@ -1,7 +1,7 @@
 """One kept-alive HTTP/1.1 connection on the event loop: a GET out, its answer framed, checked and received in place.
 
 A connection is an asyncio ``BufferedProtocol``: a body of known length is
-received straight into its ``bytearray``; a chunked body is decoded as it
+received straight into its own (uninitialised) buffer; a chunked body is decoded as it
 arrives (``chunked``), an unframed one runs to the close. What the answer
 must hold is checked before its bytes are returned: a 206's
 ``Content-Range`` and length against the range asked
@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import re
 from typing import Any, Protocol
+
+import numpy as np
 
 from .chunked import ChunkedBody
 from .faults import FramingError, HttpStatusError, RangeIgnoredError, RangeMismatchError
@@ -112,7 +114,9 @@ class Connection(asyncio.BufferedProtocol):
         self._reset()
 
     def _reset(self) -> None:
-        self._body: bytearray | None = None
+        # a body of known length is received into an uninitialised numpy array (a bytearray would be zeroed first:
+        # a pass over every byte, a GET's worth of cache, for nothing); a streamed one grows in a bytearray
+        self._body: bytearray | np.ndarray | None = None
         self._body_view: memoryview | None = None
         self._got = 0
         self._status = 0
@@ -286,14 +290,14 @@ class Connection(asyncio.BufferedProtocol):
         elif self._filled > length:
             raise FramingError(f"{self.origin} sent more than its Content-Length")
         try:
-            self._body = bytearray(size)
-        except MemoryError:
+            body = np.empty(size, dtype=np.uint8)
+        except (MemoryError, ValueError):
             raise FramingError(f"{self.origin} sent Content-Length {length}, more than this process can hold") from None
         have = min(self._filled, size)
-        self._body[:have] = self._head_view[:have]
+        body[:have] = self._head_view[:have]
         self._got = have
         self._filled = 0
-        self._body_view = memoryview(self._body)
+        self._body, self._body_view = body, body.data
         if self._got == size:
             self._complete()
 
@@ -360,9 +364,10 @@ class Connection(asyncio.BufferedProtocol):
             self._shift(used)
             body = chunks.body
         else:
-            assert self._body is not None
-            body = self._body
-            body += self._head_view[: self._filled]
+            grown = self._body
+            assert isinstance(grown, bytearray)  # (a body of known length is never streamed)
+            grown += self._head_view[: self._filled]
+            body = grown
             self._filled = 0
         if len(body) >= self._stop_at:
             del body[self._stop_at :]
@@ -388,7 +393,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def _finish(self) -> None:
         future, self._future = self._future, None
-        body, status, ask, cut = self._body or bytearray(), self._status, self._ask, self._cut
+        body, status, ask, cut = self._body, self._status, self._ask, self._cut
+        if body is None:
+            body = bytearray()
         self._body = None
         self.used = True
         if self._keep and not self.closed:
@@ -417,7 +424,7 @@ class Connection(asyncio.BufferedProtocol):
         else:
             future.set_exception(HttpStatusError(status, ask.target, bytes(body)))
 
-    def _within(self, ask: Ask, body: bytearray, cut: tuple[int, int]) -> bytearray:
+    def _within(self, ask: Ask, body: bytearray | np.ndarray, cut: tuple[int, int]) -> bytearray | np.ndarray:
         """The range ``cut`` of a whole object's ``body``."""
         if cut[0] >= 0:
             return body[cut[0] : cut[1]]
