@@ -120,7 +120,7 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             "## Realistic fields: the arena",
             "",
-            f"The full tables are in `{arena['report']}`; its bars:",
+            f"The full tables are in [{arena['report']}]({arena['report']}) beside this report; its bars:",
             "",
         ]
         lines += [f"- {_arena_bar(b)}" for b in arena["bars"]]
