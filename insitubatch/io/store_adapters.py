@@ -82,13 +82,18 @@ def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **stor
 
 
 def _close_filesystem(fs: Any) -> None:
-    """Close the aiohttp session an asynchronous fsspec filesystem opened (its connections go with it).
+    """Close the aiohttp session (or s3fs's aiobotocore client) an asynchronous fsspec filesystem opened.
 
     zarr makes asynchronous filesystems (``asynchronous=True``), whose
     session is created on zarr's IO loop at the first read and must be
     closed there. A filesystem with no session open (never read, or a
     synchronous one behind zarr's wrapper) has nothing to close.
     """
+    client = getattr(fs, "_s3", None)  # s3fs: an aiobotocore client, entered when the filesystem first read
+    if client is not None and asyncio.iscoroutinefunction(getattr(client, "__aexit__", None)):
+        sync(client.__aexit__(None, None, None))
+        fs._s3 = None  # a later read makes a fresh client
+        return
     session = getattr(fs, "_session", None)
     if session is None or getattr(session, "closed", True) or not asyncio.iscoroutinefunction(session.close):
         return

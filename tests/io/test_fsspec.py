@@ -1,10 +1,10 @@
-"""fsspec stores through the engine: local, memory and HTTP filesystems read like zarr, each chunk once.
+"""fsspec stores through the engine: local, memory, HTTP and S3 filesystems read like zarr, each chunk once.
 
 The HTTP filesystem (fsspec's, on aiohttp) reads from the loopback emulator,
 whose own counters are the ground truth for GETs; ``close_store`` closes its
 aiohttp session, and no socket of this process to the emulator stays open.
-(s3fs is not among them: its aiobotocore pins a botocore older than the
-one moto's boto3 needs, so it cannot install beside the S3 test server.)
+s3fs reads from moto's S3 server; ``close_store`` closes its aiobotocore
+client the same way.
 """
 
 from __future__ import annotations
@@ -131,3 +131,42 @@ def test_each_store_owns_its_filesystem(emulator) -> None:
     np.testing.assert_array_equal(zarr.open_array(second, path="t", mode="r")[...], data)  # still open
     close_store(second)
     assert _sockets_to(emulator.port) == 0
+
+
+def test_an_s3fs_filesystem_against_the_s3_server_equals_zarr_and_closes_its_client(s3_server, s3_bucket) -> None:
+    """s3fs (aiobotocore) over moto's S3 server: the pass equals zarr's read, each chunk is one GET, and
+    ``close_store`` closes the filesystem's client (no socket of it stays open)."""
+    pytest.importorskip("s3fs")  # the dev extra installs it
+    from servers import S3_KEY_ID, S3_REGION, S3_SECRET
+
+    options = {
+        "key": S3_KEY_ID,
+        "secret": S3_SECRET,
+        "client_kwargs": {"endpoint_url": s3_server.endpoint, "region_name": S3_REGION},
+    }
+    url = f"s3://{s3_bucket}/f.zarr"
+    writer = fsspec_store(url, **options)
+    data = _write(writer)
+    close_store(writer)
+    port = int(s3_server.endpoint.rsplit(":", 1)[1])
+    fds = open_fds()
+    inner = fsspec_store(url, read_only=True, **options)
+    store = CountingStore(inner)
+    rows, counters = _pass(store)
+    np.testing.assert_array_equal(rows, data)
+    chunks = store.chunk_gets()
+    assert len(chunks) == N_CHUNKS == counters.gets and set(chunks.values()) == {1}
+    np.testing.assert_array_equal(rows, zarr.open_array(inner, path="t", mode="r")[...])
+    client = inner.fs._s3
+    assert client is not None
+    http = client._endpoint.http_session  # aiobotocore's, holding the aiohttp sessions and their connections
+    opened = list(http._sessions.values())
+    assert opened and not any(session.closed for session in opened)
+    close_store(inner)
+    assert inner.fs._s3 is None and http._sessions is None and all(session.closed for session in opened)
+    assert _sockets_to(port) == 0
+    deadline = time.monotonic() + SERVER_CLOSE_S
+    while open_fds() > fds and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    assert open_fds() <= fds
+    close_store(inner)  # a second close does nothing more
