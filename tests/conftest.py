@@ -127,7 +127,9 @@ def http_server(tmp_path: Path) -> HTTPFileServer:
     httpd = http.server.ThreadingHTTPServer((LOOPBACK, 0), _file_handler(server))
     httpd.daemon_threads = True
     server.url = f"http://{LOOPBACK}:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, name="test-http-server", daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="test-http-server", daemon=True
+    )
     thread.start()
     yield server
     httpd.shutdown()

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from scripted import Request, Scripted, SignedS3, start_signed_s3
+from scripted import SHUTDOWN_POLL_S, Request, Scripted, SignedS3, start_signed_s3
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def scripted() -> Iterator[Callable[..., Scripted]]:
         tls: ssl.SSLContext | None = None,
     ) -> Scripted:
         server = Scripted(script, tls=tls, answers=answers)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, daemon=True).start()
         servers.append(server)
         return server
 

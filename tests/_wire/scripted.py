@@ -46,6 +46,8 @@ WIRE_CLIENTS = ("engine", "obstore")
 FEW_RETRIES: dict[str, Any] = {"max_retries": 2, "retry_timeout": datetime.timedelta(seconds=4)}
 # Every wait on a loopback server is bounded by this (a loaded 2-core machine).
 WAIT_S = 20.0
+# how often a socketserver's serve_forever looks for shutdown() (its default, 0.5 s, is a second per test of two)
+SHUTDOWN_POLL_S = 0.05
 
 
 @dataclass

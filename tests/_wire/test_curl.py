@@ -27,6 +27,7 @@ import obstore.store
 import pytest
 import zarr
 from helpers import assert_batch_matches, smooth_field, write_array
+from scripted import SHUTDOWN_POLL_S
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.errors import ZarrUserWarning
 
@@ -251,7 +252,7 @@ def script_server() -> Iterator[Callable[[Callable[[socket.socket, int], None]],
 
     def start(script: Callable[[socket.socket, int], None]) -> _Scripted:
         server = _Scripted(script)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, daemon=True).start()
         servers.append(server)
         return server
 
@@ -450,7 +451,7 @@ def test_tls_is_verified_against_the_trust_store_python_uses(tmp_path: Path, mon
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, daemon=True).start()
     url = f"https://127.0.0.1:{httpd.server_address[1]}"
     try:
         untrusted = _run(_backend(url), "obj")
