@@ -9,6 +9,8 @@ ground truth for the bytes.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import zarr
@@ -84,6 +86,30 @@ def test_a_cold_pass_sends_the_gets_describe_states(where, variables, split, blo
         chunk_keys = {k: v for k, v in stats.keys.items() if "/c/" in k}  # not the metadata (nor its 404s)
         assert sum(v.gets for v in chunk_keys.values()) == sent + warm
         assert sum(v.bytes_sent for v in chunk_keys.values()) == fetched
+
+
+def test_a_block_released_read_by_read_leaves_which_inner_chunks_share_a_get_to_the_plan(where, monkeypatch) -> None:
+    """The producer lets go of a block's reads one unpin at a time; a driver that finds room after the first
+    must not start the half of a shard's reads it has admitted by then (they would share fewer GETs)."""
+    from insitubatch._engine.pool.chunk_pool import ChunkPool
+
+    unpin = ChunkPool.unpin
+
+    def slow_unpin(self, entry, owner) -> None:
+        unpin(self, entry, owner)
+        time.sleep(0.02)  # the driver re-checks for room between two unpins of one block
+
+    monkeypatch.setattr(ChunkPool, "unpin", slow_unpin)
+    url, _ = where
+    store = obstore_store(url, read_only=True)
+    geoms = open_geometries(store, variables=["a"])
+    manifest = split_by_chunk(geoms["a"], fractions=(0.5, 0.5))
+    # val: three blocks of one shard each; two blocks fill the working set, so the third waits for the first
+    with InSituDataset(store, manifest, {"a": geoms["a"]}, batch_size=8, block_chunks=4, max_inflight=3) as ds:
+        predicted = ds.describe()["splits"]["val"]["gets"]
+        assert sum(len(b) for b in ds.val) == len(manifest.sample_indices("val"))
+        assert ds.val.last_pass.budget_wait_s > 0  # it did wait for the first block's release
+        assert ds.val.last_pass.gets == predicted
 
 
 def test_adjacent_inner_chunks_of_a_block_share_gets_and_the_count_says_so(where) -> None:

@@ -132,6 +132,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         self._pump: asyncio.Task | None = None
         self._remote_fresh: list[Want] = []  # remote tiles wanted, their reads not started yet (_start_remote)
         self._shard_wants: dict[str, list[Want]] = {}  # a shard's wanted inner chunks, till its block is admitted
+        self._pinned_last: collections.Counter[int] = collections.Counter()  # reads claimed, by their last block
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
         self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
@@ -283,16 +284,17 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
                 reads, group_bytes = self._siblings(order, at, chunk)
                 while reads > 1 and not pool.can_take(owner, group_bytes, reads):
                     self._flush(revivals)
-                    self._fetch_all(fetches)
+                    self._fetch_all(fetches, hold_shards=self._releases_before(block))
                     await self._wait()
             # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
             own = not reader.pipeline and self.cache is None
             while True:  # a hit or join pins what is there; a miss is admitted; else wait for room
                 entry, admitted = pool.claim(key, nbytes, reader.origins, owner, own, self.entries, i)
                 if entry is not None:
+                    self._pinned_last[int(plan.read_last[i])] += 1
                     break
                 self._flush(revivals)
-                self._fetch_all(fetches)
+                self._fetch_all(fetches, hold_shards=self._releases_before(block))
                 await self._wait()
             if not admitted and entry.bad:  # a hit on a replaced tile is listed for this epoch too
                 for record in list(entry.bad_records):
@@ -321,13 +323,19 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             nbytes += int(plan.read_nbytes[i])
         return reads, nbytes
 
-    def _fetch_all(self, fetches: list[tuple[Entry, ArrayReader, int]], start: bool = True) -> None:
+    def _fetch_all(self, fetches: list, start: bool = True, hold_shards: bool = False) -> None:
         """Want the tiles of ``fetches``; ``start=False`` leaves remote ones to the next ``_start_remote``."""
         for entry, reader, chunk_index in fetches:
             self._fetch(entry, reader, chunk_index, start=False)
         fetches.clear()
         if start:
-            self._start_remote()
+            self._start_remote(hold_shards)
+
+    def _releases_before(self, block: int) -> bool:
+        """Whether the consumer pins reads it lets go of before ``block`` (each wakes the driver): while it does, a
+        driver waiting for room mid-block holds the block's shard reads back (which share a GET: the plan's alone)."""
+        staying = sum(n for last, n in self._pinned_last.items() if last >= block)
+        return self.owner.pinned_reads > staying
 
     def _start_remote(self, hold_shards: bool = False) -> None:
         """Start the remote reads wanted since the last call; a shard's, with ``hold_shards``, once its block's
