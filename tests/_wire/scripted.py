@@ -196,27 +196,17 @@ def read_through(client: str, url: str, key: str, byte_range: Any = None, **stor
 _DATED = 'Last-Modified: Mon, 01 Jan 2024 00:00:00 GMT\r\nETag: "0"\r\n'
 
 
-class _TrackedProtocol(asyncio.StreamReaderProtocol):
-    """A stream server's protocol that records its transport from the moment the connection is made.
+def _abort_every_connection(loop: asyncio.AbstractEventLoop) -> None:
+    """Abort every connection ``loop`` still holds, a handler started for it or not.
 
-    A connection accepted while the server closes can have its handler
-    cancelled before that handler's first line runs; only a record made here
-    lets ``FileServer.close`` close its transport all the same.
+    A TLS connection still in its handshake has no handler yet (and Python
+    before 3.13 has no ``Server.abort_clients``), and one accepted as the
+    server closes can have its handler cancelled before it starts: only the
+    selector loop's own table of transports reaches those.
     """
-
-    def __init__(self, transports: set[asyncio.BaseTransport], *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._transports = transports
-        self._seen: asyncio.BaseTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._seen = transport
-        self._transports.add(transport)
-        super().connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transports.discard(self._seen)
-        super().connection_lost(exc)
+    for transport in list(getattr(loop, "_transports", {}).values()):
+        if transport is not None and not transport.is_closing():
+            transport.abort()
 
 
 @dataclass
@@ -239,7 +229,6 @@ class FileServer:
 
     def __post_init__(self) -> None:
         self._writers: dict[asyncio.StreamWriter, asyncio.Task | None] = {}
-        self._transports: set[asyncio.BaseTransport] = set()  # every connection's, handler started or not
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -250,12 +239,7 @@ class FileServer:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
 
-        def protocol() -> _TrackedProtocol:
-            return _TrackedProtocol(
-                self._transports, asyncio.StreamReader(loop=self._loop), self._serve, loop=self._loop
-            )
-
-        self._server = self._loop.run_until_complete(self._loop.create_server(protocol, LOOPBACK, 0, ssl=self.tls))
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, LOOPBACK, 0, ssl=self.tls))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
@@ -264,8 +248,7 @@ class FileServer:
         for task in pending:
             task.cancel()
         self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        for transport in list(self._transports):  # (a handler cancelled before it began never aborted its own)
-            transport.abort()
+        _abort_every_connection(self._loop)
         self._loop.run_until_complete(asyncio.sleep(0.05))
         self._loop.close()
 
@@ -317,8 +300,7 @@ class FileServer:
             if handler is not None:
                 handler.cancel()
         await asyncio.gather(*(h for h in self._writers.values() if h is not None), return_exceptions=True)
-        for transport in list(self._transports):
-            transport.abort()
+        _abort_every_connection(self._loop)
         if hasattr(self._server, "abort_clients"):  # Python >= 3.13: connections never handed to a handler too
             self._server.abort_clients()  # (a TLS one still in its handshake), or wait_closed() waits for them
         await self._server.wait_closed()
