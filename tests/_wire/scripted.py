@@ -204,9 +204,19 @@ def _abort_every_connection(loop: asyncio.AbstractEventLoop) -> None:
     server closes can have its handler cancelled before it starts: only the
     selector loop's own table of transports reaches those.
     """
-    for transport in list(getattr(loop, "_transports", {}).values()):
-        if transport is not None and not transport.is_closing():
-            transport.abort()
+    for transport in _transports(loop):
+        transport.abort()  # (a closing one too: close() waits for its unsent bytes, a client may never read them)
+
+
+def _transports(loop: asyncio.AbstractEventLoop) -> list[asyncio.BaseTransport]:
+    return [t for t in list(getattr(loop, "_transports", {}).values()) if t is not None]
+
+
+def _open_sockets(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """The transports of ``loop`` whose sockets are still open."""
+    return [
+        repr(t) for t in _transports(loop) if (sock := t.get_extra_info("socket")) is not None and sock.fileno() >= 0
+    ]
 
 
 @dataclass
@@ -226,6 +236,7 @@ class FileServer:
     open_connections: int = 0
     connections: int = 0
     requests: list[Request] = field(default_factory=list)
+    left_open: list[str] = field(default_factory=list)  # (none, once closed)
 
     def __post_init__(self) -> None:
         self._writers: dict[asyncio.StreamWriter, asyncio.Task | None] = {}
@@ -243,13 +254,18 @@ class FileServer:
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
-        # stopped by close(): every task left (a handler, a TLS handshake) ends, and every transport with it
+        # stopped by close(): a connection accepted as the server closed becomes a transport first (its
+        # accepting task, cancelled before it ran, would drop the bare socket), then every task left (a handler,
+        # a TLS handshake) ends, and every transport with it
+        self._loop.run_until_complete(asyncio.sleep(0.05))
+        _abort_every_connection(self._loop)
         pending = asyncio.all_tasks(self._loop)
         for task in pending:
             task.cancel()
         self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         _abort_every_connection(self._loop)
         self._loop.run_until_complete(asyncio.sleep(0.05))
+        self.left_open = _open_sockets(self._loop)
         self._loop.close()
 
     def url(self, path: str = "", host: str = LOOPBACK) -> str:
@@ -311,6 +327,8 @@ class FileServer:
         asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(WAIT_S)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(WAIT_S)
+        assert not self._thread.is_alive(), "the file server's thread did not end"
+        assert not self.left_open, f"the file server left connections open: {self.left_open}"
 
 
 @dataclass
