@@ -163,6 +163,16 @@ def store_url(request, tmp_path: Path) -> str:
     return emulator.url_for("d.zarr")
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before it runs Python: Ctrl-C raises KeyboardInterrupt, as in a user's terminal.
+
+    A test run launched in the background of a non-interactive shell (``cmd &``) inherits SIGINT
+    ignored, and Python then never installs its handler: the SIGINT the ctrl-c ending sends would do
+    nothing at all.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _finish(proc: subprocess.Popen, pattern: str) -> tuple[int, float, str]:
     """Wait for ``proc``; its exit code, seconds from its last line to its exit, and its stderr."""
     try:
@@ -193,6 +203,7 @@ def test_every_ending_of_a_script_exits_promptly(store_url: str, tmp_path: Path)
                 stderr=subprocess.PIPE,
                 text=True,
                 env=env,
+                preexec_fn=_as_from_a_terminal,
             )
         if "ctrl-c" in procs:  # a real SIGINT, from outside, while the main thread waits inside a pass
             proc = procs["ctrl-c"]
