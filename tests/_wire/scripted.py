@@ -249,7 +249,6 @@ class FileServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-
         self._server = self._loop.run_until_complete(asyncio.start_server(self._serve, LOOPBACK, 0, ssl=self.tls))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()

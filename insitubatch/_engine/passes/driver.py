@@ -323,7 +323,9 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             nbytes += int(plan.read_nbytes[i])
         return reads, nbytes
 
-    def _fetch_all(self, fetches: list, start: bool = True, hold_shards: bool = False) -> None:
+    def _fetch_all(
+        self, fetches: list[tuple[Entry, ArrayReader, int]], start: bool = True, hold_shards: bool = False
+    ) -> None:
         """Want the tiles of ``fetches``; ``start=False`` leaves remote ones to the next ``_start_remote``."""
         for entry, reader, chunk_index in fetches:
             self._fetch(entry, reader, chunk_index, start=False)
@@ -332,7 +334,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             self._start_remote(hold_shards)
 
     def _releases_before(self, block: int) -> bool:
-        """Whether the consumer pins reads it lets go of before ``block`` (each wakes the driver): while it does, a
+        """Whether the producer pins reads it lets go of before ``block`` (each wakes the driver): while it does, a
         driver waiting for room mid-block holds the block's shard reads back (which share a GET: the plan's alone)."""
         staying = sum(n for last, n in self._pinned_last.items() if last >= block)
         return self.owner.pinned_reads > staying
