@@ -8,6 +8,7 @@ later with the exit code that ending gives.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import os
@@ -18,6 +19,7 @@ import textwrap
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -163,14 +165,24 @@ def store_url(request, tmp_path: Path) -> str:
     return emulator.url_for("d.zarr")
 
 
-def _as_from_a_terminal() -> None:
-    """In the child before it runs Python: Ctrl-C raises KeyboardInterrupt, as in a user's terminal.
+@contextlib.contextmanager
+def _sigint_reaches_children() -> Iterator[None]:
+    """While it holds, a child started here gets SIGINT at its default, as from a user's terminal.
 
     A test run launched in the background of a non-interactive shell (``cmd &``) inherits SIGINT
-    ignored, and Python then never installs its handler: the SIGINT the ctrl-c ending sends would do
-    nothing at all.
+    ignored, and so would every child: Python then installs no handler, and the SIGINT the ctrl-c
+    ending sends does nothing. A caught signal is reset to its default by exec, so the parent
+    catches it meanwhile. (No ``preexec_fn``: it runs the parent's at-fork hooks, and JAX's warns.)
     """
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    before = signal.getsignal(signal.SIGINT)
+    if before is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _finish(proc: subprocess.Popen, pattern: str) -> tuple[int, float, str]:
@@ -196,15 +208,15 @@ def test_every_ending_of_a_script_exits_promptly(store_url: str, tmp_path: Path)
     names = [p for p in PATTERNS if p != "torch-break" or importlib.util.find_spec("torch") is not None]
     for i in range(0, len(names), AT_ONCE):
         procs = {}
-        for pattern in names[i : i + AT_ONCE]:
-            procs[pattern] = subprocess.Popen(
-                [sys.executable, str(script), store_url, pattern],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-                preexec_fn=_as_from_a_terminal,
-            )
+        with _sigint_reaches_children():
+            for pattern in names[i : i + AT_ONCE]:
+                procs[pattern] = subprocess.Popen(
+                    [sys.executable, str(script), store_url, pattern],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                )
         if "ctrl-c" in procs:  # a real SIGINT, from outside, while the main thread waits inside a pass
             proc = procs["ctrl-c"]
             assert proc.stdout is not None
