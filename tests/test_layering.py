@@ -20,6 +20,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "_validate": 0,
     "_zarr_compat": 0,
+    "_weak": 0,
     "progress": 0,
     "_progress": 0,
     "_ext": 0,

@@ -27,10 +27,11 @@ import gc
 import logging
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from .._ext.hooks import collecting, note_collection, rescue_after, rescue_interrupt
+from .._weak import WeakMembers
 from .._zarr_compat import running_io_loop
 from .loop import DECODE_THREAD_PREFIX
 
@@ -47,11 +48,10 @@ class _Closable(Protocol):
     def close(self) -> None: ...
 
 
-_open: weakref.WeakSet[Any] = weakref.WeakSet()  # datasets not closed yet
+_open: WeakMembers[Any] = WeakMembers()  # datasets not closed yet
 _later: list[Callable[[], object]] = []  # closes a finalizer handed on (they do I/O): on a user's thread or at exit
 _lock = threading.Lock()
 _exiting = False
-_collecting = False  # the cyclic garbage collector is running (in whichever thread triggered it)
 
 
 def live_loop() -> asyncio.AbstractEventLoop | None:
@@ -73,17 +73,17 @@ def may_wait() -> bool:
     close waits for): there a finalizer only signals. A reference dropped by
     the caller's own code (``break``, ``del``, a function's return) may wait.
     """
-    if _collecting or exiting() or asyncio._get_running_loop() is not None:
+    if collecting() or exiting() or asyncio._get_running_loop() is not None:
         return False
     return not threading.current_thread().name.startswith(DECODE_THREAD_PREFIX)
 
 
-def _note_collection(phase: str, info: dict[str, Any]) -> None:
-    global _collecting
-    _collecting = phase == "start"
-
-
-gc.callbacks.append(_note_collection)
+# C hooks: one written in Python would be entered on every collection, and a Ctrl-C raised there is lost;
+# and a Ctrl-C lost in anyone's Python hook (threading's and asyncio's weak sets drop a pass's thread and
+# tasks in one) is raised again in the main thread's own code
+gc.callbacks.append(note_collection)
+rescue_after(sys.unraisablehook)
+sys.unraisablehook = rescue_interrupt
 
 
 def close_at_exit(obj: _Closable) -> None:

@@ -20,8 +20,8 @@ import contextlib
 import ipaddress
 import socket
 import ssl
-import weakref
 
+from .._weak import WeakMembers
 from .connection import Ask, Connection
 from .faults import TlsRefusedError
 
@@ -264,7 +264,7 @@ async def _ended(keeper: asyncio.Task, sweep: asyncio.TimerHandle | None) -> Non
         await asyncio.sleep(0)
 
 
-_pools: weakref.WeakSet[HttpPool] = weakref.WeakSet()
+_pools: WeakMembers[HttpPool] = WeakMembers()
 
 
 @atexit.register

@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._ext.pinned import HostBuffer
+from .._weak import WeakMembers
 
 __all__ = ["PAGE_SIZE", "PinnedBufferPool"]
 
@@ -96,8 +97,8 @@ class PinnedBufferPool:
         self._cudart = _cuda_runtime(register_cuda)
         self._mutex = threading.Lock()
         self._free: list[HostBuffer] = []
-        self._lent: weakref.WeakSet[HostBuffer] = weakref.WeakSet()
-        self._alive: weakref.WeakSet[HostBuffer] = weakref.WeakSet()
+        self._lent: WeakMembers[HostBuffer] = WeakMembers()
+        self._alive: WeakMembers[HostBuffer] = WeakMembers()
         self._warned = False
         self._closed = False
 

@@ -13,13 +13,13 @@ import concurrent.futures
 import dataclasses
 import logging
 import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args
 
 import numpy as np
 
+from ..._weak import WeakMembers
 from ...cache import DiskCache
 from ...errors import DatasetClosedError
 from ...io.geometry import ArrayGeometry
@@ -84,7 +84,7 @@ class PassContext:
     bad_chunks: list[BadChunkRecord] = field(default_factory=list)  # this epoch's; a new epoch starts a new list
     epoch_counters: list[PassCounters] = field(default_factory=list)  # this epoch's passes'
     fetched_keys: set = field(default_factory=set)  # every read key a pass admitted: admitting one again is a re-read
-    passes: weakref.WeakSet[_OpenPass] = field(default_factory=weakref.WeakSet)  # open ones, closed on close()
+    passes: WeakMembers[_OpenPass] = field(default_factory=WeakMembers)  # open ones, closed on close()
     warmup: _OpenPass | None = None  # reads started as the dataset opened (``warm``), stopped on close()
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -36,8 +36,8 @@ import collections
 import heapq
 import itertools
 import time
-import weakref
 
+from ..._weak import WeakMembers
 from .concurrency import ConcurrencyController
 
 __all__ = ["ReadWindow", "WindowUser"]
@@ -56,7 +56,7 @@ class ReadWindow:
         self._idle: collections.deque[tuple[asyncio.Future, WindowUser]] = collections.deque()  # background reads
         self._tickets = itertools.count()
         self._arrivals = itertools.count()
-        self._users: weakref.WeakSet[WindowUser] = weakref.WeakSet()
+        self._users: WeakMembers[WindowUser] = WeakMembers()
 
     @property
     def limit(self) -> int:
