@@ -1,1 +1,1 @@
-"""One pass from its plan to batches: the context it reads, the driver on the loop, the producer thread, gather."""
+"""One pass from its plan to batches: the context it reads, the driver on the loop, the producer thread, gather, hand-over."""

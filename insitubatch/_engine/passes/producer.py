@@ -3,7 +3,7 @@
 A pass owns a pool owner, a ``PassDriver`` on zarr's loop and a producer
 thread. The producer waits each block its next batch draws from, gathers
 the batch in C, runs batch transforms, releases the blocks that drained and
-hands the batch over through a bounded queue of ``prefetch_depth``. Leaving
+hands the batch over through a bounded ``Handoff`` of ``prefetch_depth``. Leaving
 the loop early (``break``, an exception, garbage collection) stops the
 producer and cancels this pass's tasks; nothing outlives the pass.
 """
@@ -31,6 +31,7 @@ from .batch import Batch
 from .context import PassContext
 from .driver import PassDriver
 from .gather import gather_label
+from .handoff import Handoff
 
 __all__ = ["PassIterator"]
 
@@ -68,7 +69,7 @@ class _PassState:
         self.plan = plan
         self.epoch = epoch
         self.start_batch = start_batch
-        self.queue: queue.Queue = queue.Queue(maxsize=ctx.prefetch_depth)
+        self.queue = Handoff(ctx.prefetch_depth)
         self.stop_event = threading.Event()
         self.owner: Owner | None = None
         self.driver: PassDriver | None = None
@@ -176,11 +177,8 @@ class _PassState:
 
     def _put(self, item: object) -> None:
         while not self.stop_event.is_set():
-            try:
-                self.queue.put(item, timeout=POLL_S)
+            if self.queue.put(item, timeout=POLL_S):
                 return
-            except queue.Full:
-                continue
         raise _Stopped
 
     def _wait_block(self, b: int) -> None:
@@ -318,11 +316,7 @@ class _PassState:
             return
         with self.ctx.pool.cond:
             self.ctx.pool.cond.notify_all()
-        while True:  # unblock a producer parked on a full queue
-            try:
-                self.queue.get_nowait()
-            except queue.Empty:
-                break
+        self.queue.drain()  # unblock a producer parked on a full queue
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(EXIT_WAIT_S if exiting() else None)
         if self.driver is not None:
