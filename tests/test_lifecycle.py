@@ -8,9 +8,13 @@ later with the exit code that ending gives.
 
 from __future__ import annotations
 
+import _thread
+import ast
 import contextlib
+import functools
 import gc
 import importlib.util
+import operator
 import os
 import signal
 import subprocess
@@ -19,7 +23,7 @@ import textwrap
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +32,7 @@ import zarr
 
 import insitubatch as ib
 from insitubatch._engine import lifecycle
+from insitubatch._weak import WeakMembers
 
 # Seconds from a script's last line to its exit: far above a prompt exit (well under one second), far
 # below the hang this guards against (forever). A loaded 2-core CI machine starts Python slowly, which
@@ -166,8 +171,8 @@ def store_url(request, tmp_path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _sigint_reaches_children() -> Iterator[None]:
-    """While it holds, a child started here gets SIGINT at its default, as from a user's terminal.
+def _sigint_raises() -> Iterator[None]:
+    """While it holds, SIGINT raises KeyboardInterrupt here, and a child started here gets it at its default.
 
     A test run launched in the background of a non-interactive shell (``cmd &``) inherits SIGINT
     ignored, and so would every child: Python then installs no handler, and the SIGINT the ctrl-c
@@ -175,7 +180,7 @@ def _sigint_reaches_children() -> Iterator[None]:
     catches it meanwhile. (No ``preexec_fn``: it runs the parent's at-fork hooks, and JAX's warns.)
     """
     before = signal.getsignal(signal.SIGINT)
-    if before is not signal.SIG_IGN:
+    if before is signal.default_int_handler:
         yield
         return
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -208,7 +213,7 @@ def test_every_ending_of_a_script_exits_promptly(store_url: str, tmp_path: Path)
     names = [p for p in PATTERNS if p != "torch-break" or importlib.util.find_spec("torch") is not None]
     for i in range(0, len(names), AT_ONCE):
         procs = {}
-        with _sigint_reaches_children():
+        with _sigint_raises():
             for pattern in names[i : i + AT_ONCE]:
                 procs[pattern] = subprocess.Popen(
                     [sys.executable, str(script), store_url, pattern],
@@ -366,3 +371,136 @@ def test_ctrl_c_while_a_pass_starts_its_thread_is_a_keyboard_interrupt(tmp_path:
     assert not [t for t in threading.enumerate() if t.name == "insitu-prefetch"]
     with _dataset(path) as again:  # the store and the process are fine afterwards
         assert sum(len(b) for b in again.train) > 0
+
+
+# --- a Ctrl-C is never lost in a hook Python calls by itself ----------------------------------------
+# Python runs a pending signal's handler when it next enters Python code. Where that code is a hook Python
+# calls by itself (a gc callback, a weak reference's callback, a finalizer), the KeyboardInterrupt can only
+# be printed and dropped, and the script goes on. ``interrupt_main`` then the hook's trigger, both called
+# from C (``map`` over ``operator.call``), makes the hook the first Python code after the signal.
+
+HOOK_PROBES = textwrap.dedent(
+    """
+    import _thread, gc, operator, signal, weakref
+    import insitubatch
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def probe(name, trigger):
+        try:
+            list(map(operator.call, (_thread.interrupt_main, trigger)))
+            print(name, "lost", flush=True)  # never reached if the interrupt is raised after the C call
+        except KeyboardInterrupt:
+            print(name, "raised", flush=True)
+
+    class Member:
+        pass
+
+    class Faulty:
+        def __del__(self):
+            raise ValueError("a finalizer's own error")
+
+    probe("collection", gc.collect)  # the collector's hooks: insitubatch's is C
+    held = weakref.WeakSet()  # the standard library's: it drops a dead member in Python code
+    holder = [Member()]
+    held.add(holder[0])
+    probe("weakset", holder.clear)
+    faulty = [Faulty()]
+    faulty.clear()  # any other unraisable error still reaches the hook insitubatch's replaced
+    print("done", flush=True)
+    """
+)
+
+
+def test_a_ctrl_c_is_never_lost_in_a_hook_python_calls_by_itself() -> None:
+    """In a fresh interpreter, with only what ``import insitubatch`` installs."""
+    done = subprocess.run([sys.executable, "-c", HOOK_PROBES], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["collection raised", "weakset raised", "done"], done.stderr
+    assert done.stderr.count("Exception ignored") == 1 and "ValueError: a finalizer's own error" in done.stderr
+    assert "KeyboardInterrupt" not in done.stderr
+
+
+class _Member:
+    pass
+
+
+def test_a_ctrl_c_pending_when_a_weakly_held_member_dies_is_raised_after_it() -> None:
+    members: WeakMembers[_Member] = WeakMembers()
+    holder = [_Member(), _Member()]
+    members.add(holder[0])
+    members.add(holder[1])
+    assert len(members) == 2 and holder[0] in members and list(members) != []
+    with _sigint_raises(), pytest.raises(KeyboardInterrupt):
+        list(map(operator.call, (_thread.interrupt_main, holder.clear)))  # both die inside a C call
+    assert len(members) == 0 and list(members) == []
+    kept = _Member()
+    members.add(kept)
+    members.add(kept)
+    assert len(members) == 1
+    members.discard(kept)
+    assert kept not in members and len(members) == 0
+
+
+def test_the_package_keeps_no_weakset() -> None:
+    """Every weak registry of the package is a WeakMembers (a WeakSet drops its dead in Python code)."""
+    package = Path(ib.__file__).parent
+    users = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            named = (
+                (isinstance(node, ast.Attribute) and node.attr == "WeakSet")
+                or (isinstance(node, ast.Name) and node.id == "WeakSet")
+                or (isinstance(node, ast.ImportFrom) and any(alias.name == "WeakSet" for alias in node.names))
+            )
+            if named:
+                users.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert users == []
+
+
+def _interrupted_at_call(k: int, step: Callable[[], object]) -> bool:
+    """Run ``step`` with a KeyboardInterrupt raised as its ``k``-th Python call starts; whether one was."""
+    calls = 0
+
+    def trace(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+            if calls == k:
+                raise KeyboardInterrupt  # Python unsets a trace function that raises: this fires once
+        return None
+
+    sys.settrace(trace)
+    try:
+        step()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+    return False
+
+
+def test_a_ctrl_c_at_any_call_of_taking_a_batch_leaves_the_pass_closable(tmp_path: Path) -> None:
+    """A Ctrl-C lands where Python next enters Python code: at the start of each call ``next()`` makes in turn
+    (a lock wrapper's ``__exit__`` among them in ``queue.Queue``), the pass must still close, not wait for ever
+    on a lock the interrupt left held."""
+    path = _write_store(tmp_path)
+    ds = _dataset(path, prefetch_depth=1)
+    interrupted = 0
+    for k in range(1, 80):
+        it = iter(ds.train)
+        next(it)  # the producer is running and a batch waits
+        if not _interrupted_at_call(k, functools.partial(next, it)):
+            it.close()
+            break
+        interrupted += 1
+        closer = threading.Thread(target=it.close, daemon=True)
+        closer.start()
+        closer.join(10.0)
+        assert not closer.is_alive(), f"the pass did not close after a Ctrl-C at call {k} of next()"
+    else:
+        pytest.fail("next() made more than 80 Python calls")
+    assert interrupted >= 1
+    closer = threading.Thread(target=ds.close, daemon=True)
+    closer.start()
+    closer.join(10.0)
+    assert not closer.is_alive()
