@@ -1,15 +1,15 @@
 """The wire clients side by side: client CPU per GET, and samples/s at 0 ms and on the tailed 40 ms link, in one run.
 
-``python -m bench.wire [--quick] [--rounds N] [--clients engine curl obstore] [--out DIR]``
+``python -m bench.wire [--quick] [--rounds N] [--clients engine obstore] [--out DIR]``
 
 Clients: ``engine`` (the engine's own HTTP client: whatever
 ``insitubatch/_wire`` holds when this runs; the output names the commit and
 whether ``_wire`` had uncommitted changes), ``engine-040369f`` (the same
 client as it was before redirects, ranges and TLS were checked: its four modules taken from
-git at run time into the output folder, nothing vendored), ``curl``
-(libcurl through pycurl, ``insitubatch._wire.curl``; needs ``pip install
-insitubatch[curl]``) and ``obstore`` (obstore's client, retry-free, as the
-engine calls it).
+git at run time into the output folder, nothing vendored) and ``obstore``
+(obstore's client, retry-free, as the engine calls it). A libcurl wire was
+measured here too and left the package (docs/wire.md has its numbers; it
+is in git history at da6a720, ``insitubatch/_wire/curl*.py``).
 
 Data: ERA5-like fields from ``insitubatch.testing.data`` (float32 181 x 360,
 chunks of 8 x 91 x 180, blosc-zstd), served by two
@@ -53,7 +53,7 @@ __all__ = ["CLIENTS", "main", "measure_client"]
 BASELINE_COMMIT = "040369f"
 BASELINE = f"engine-{BASELINE_COMMIT}"
 BASELINE_MODULES = ("__init__", "backends", "engine_client", "http", "sigv4")
-CLIENTS = ("engine", BASELINE, "curl", "obstore")
+CLIENTS = ("engine", BASELINE, "obstore")
 # ERA5 at 1 degree: 181 x 360 float32, each 8-step chunk stored as 2 x 2 tiles of 91 x 180, blosc-zstd.
 ERA5_LAT, ERA5_LON = 181, 360
 SAMPLES_PER_CHUNK = 8
@@ -115,12 +115,6 @@ def _use(client: str, store: Any, baseline: str | None = None) -> Any:
             raise RuntimeError(f"the {BASELINE_COMMIT} client does not take {store!r}")
         close_old = backend.close
         backend.close = lambda wait_s=0.0: close_old()  # today's store closer passes wait_s; the old close() had none
-    elif client == "curl":
-        from insitubatch._wire.curl import curl_backend
-
-        backend = curl_backend(store.store, twin)
-        if backend is None:
-            raise RuntimeError(f"libcurl's client does not take {store!r}")
     else:
         backend = _ObstoreBackend(twin, own_retries=False)
     close = getattr(default, "close", None)
@@ -235,7 +229,7 @@ def measure_client(cfg: dict[str, Any]) -> dict[str, Any]:
         row.update(_gets(client, cfg["url_0ms"], cfg["keys"], cfg["repeats"], baseline))
         row["rate_0ms"] = _passes(client, cfg["url_0ms"], cfg["variables"], cfg["window_s"], baseline)
         row["rate_tail"] = _passes(client, cfg["url_tail"], cfg["variables"], cfg["window_s"], baseline)
-    except Exception as exc:  # a client that cannot run here (pycurl missing, say) is a row with its error
+    except Exception as exc:  # a client that cannot run here is a row with its error
         row["error"] = f"{type(exc).__name__}: {exc}"
     row["elapsed_s"] = time.perf_counter() - t0
     return row
@@ -259,14 +253,7 @@ def _revision() -> dict[str, Any]:
 def _versions() -> dict[str, str]:
     import obstore
 
-    out = {"python": sys.version.split()[0], "obstore": getattr(obstore, "__version__", "?")}
-    try:
-        import pycurl
-
-        out["pycurl"] = pycurl.version
-    except ImportError:
-        out["pycurl"] = "not installed"
-    return out
+    return {"python": sys.version.split()[0], "obstore": getattr(obstore, "__version__", "?")}
 
 
 def _child(cfg: dict[str, Any]) -> dict[str, Any]:
