@@ -105,10 +105,6 @@ class EpochPlan:
         b1 = int(np.searchsorted(self.block_starts, stop - 1, side="right")) - 1
         return b0, b1
 
-    def reads_released_after(self, block: int) -> list[int]:
-        """Reads whose last use is ``block`` (unpinned once it drains)."""
-        return [int(i) for i in np.flatnonzero(self.read_last == block)]
-
 
 @dataclass(frozen=True)
 class EpochOrder:

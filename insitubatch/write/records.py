@@ -45,7 +45,7 @@ from .icechunk_records import IcechunkRecords
 if TYPE_CHECKING:
     from obstore import UpdateVersion
 
-__all__ = ["RecordStore", "records_for"]
+__all__ = ["RecordStore"]
 
 # The zarr v3 metadata document every record lives in.
 NODE_DOCUMENT = "zarr.json"
@@ -427,8 +427,3 @@ class RecordStore:
             if record is not None:
                 found[name] = record[0]
         return found
-
-
-def records_for(store: Store, group: str, kind: str) -> RecordStore:
-    """The :class:`RecordStore` for ``kind`` records of ``group`` in ``store``."""
-    return RecordStore(store, group, kind)

@@ -22,7 +22,8 @@ from insitubatch._engine.stats import PassCounters
 from insitubatch._wire.backends import _ObstoreBackend
 from insitubatch._wire.connection import Ask
 from insitubatch._wire.engine_client import NativeBackend
-from insitubatch._wire.http import HttpPool, HttpStatusError
+from insitubatch._wire.faults import HttpStatusError
+from insitubatch._wire.pool import HttpPool
 from insitubatch._wire.sigv4 import SigV4
 from insitubatch.io.owned import close_store
 from insitubatch.io.stores import obstore_store
