@@ -119,6 +119,32 @@ def test_sample_axis_two_on_a_5d_array(tmp_path) -> None:
     assert sorted(seen) == list(range(19))
 
 
+def test_shift_and_window_on_a_sample_axis_other_than_zero(tmp_path) -> None:
+    # (channel, time, y, x) with time as the sample axis: shifted and windowed reads equal zarr's along axis 1
+    rng = np.random.default_rng(5)
+    root = zarr.open_group(tmp_path / "ct.zarr", mode="w")
+    arr = write_array(root, "v", smooth_field(rng, (3, 29, 6, 5)), (3, 4, 3, 5))
+    g = open_geometries(str(tmp_path / "ct.zarr"), sample_axis=1)["v"]
+    assert g.inner_shape == (3, 6, 5)
+    variables = {"x": g.window([-2, 0]), "y": g.shift(3)}
+    manifest = split_by_chunk(g, fractions=(0.5, 0.5))
+    full = arr[...]
+    with InSituDataset(str(tmp_path / "ct.zarr"), manifest, variables, batch_size=5, block_chunks=2) as ds:
+        for view in (ds.train, ds.val):
+            drawn: list[int] = []
+            for batch in view:
+                anchors = batch.sample_indices
+                steps = batch.read_indices("x")
+                np.testing.assert_array_equal(steps, np.stack([anchors - 2, anchors], axis=1))
+                assert batch.arrays["x"].shape == (len(batch), 2, 3, 6, 5)
+                np.testing.assert_array_equal(batch.arrays["x"], np.moveaxis(full[:, steps], 0, 2))
+                np.testing.assert_array_equal(batch.arrays["y"], np.moveaxis(full[:, anchors + 3], 0, 1))
+                drawn.extend(anchors.tolist())
+            # exactly the anchors whose window and shift stay on the array are drawn, each once
+            want = [i for i in manifest.sample_indices(view.split).tolist() if i - 2 >= 0 and i + 3 < 29]
+            assert sorted(drawn) == want
+
+
 def test_variables_chunked_differently_on_the_sample_axis(tmp_path) -> None:
     rng = np.random.default_rng(4)
     root = zarr.open_group(tmp_path / "pair.zarr", mode="w")

@@ -195,12 +195,19 @@ def run_pipeline(
     """Apply ``pipeline`` to ``chunk``, checking each stage's output shape and dtype.
 
     The sample axis length may never change; inner shape and dtype may only
-    change as a transform's ``output_inner`` declares (``expected``).
+    change as a transform's ``output_inner`` declares (``expected``). An
+    exception a transform raises propagates as it is (a bug in user code is
+    not bad data, so ``on_bad_chunk="nan"`` never hides it), with a note
+    naming the transform, the array and the chunk.
     """
     n = chunk.data.shape[0]
     for k, t in enumerate(pipeline):
         before = chunk.data.shape
-        out = t(chunk)
+        try:
+            out = t(chunk)
+        except Exception as exc:
+            exc.add_note(f"in chunk transform {_name(t)} on array {chunk.read.array!r} chunk {chunk.read.chunk_index}")
+            raise
         if not isinstance(out, DecodedChunk):
             raise TypeError(f"chunk transform {_name(t)} returned {type(out).__name__}, not a DecodedChunk")
         chunk = out

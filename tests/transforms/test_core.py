@@ -76,6 +76,31 @@ def test_a_transform_may_not_touch_the_sample_axis(pair) -> None:
             list(ds.train)
 
 
+@pytest.mark.parametrize("array", ["a", "b"])  # a multi-tile chunk (transformed once assembled) and a one-tile one
+def test_a_transform_that_raises_is_raised_under_on_bad_chunk_nan_naming_array_and_chunk(pair, array) -> None:
+    # a bug in a user's transform is not bad data: NaN-filling it would hide the bug
+    path, x, manifest = pair
+
+    def fails_on_chunk_3(chunk):
+        if chunk.read.chunk_index == 3:
+            raise ZeroDivisionError("the user's bug")
+        return chunk
+
+    with InSituDataset(
+        path, manifest, [array], batch_size=5, shuffle=False, on_bad_chunk="nan", chunk_transforms=[fails_on_chunk_3]
+    ) as ds:
+        taken = 0
+        scale = 1 if array == "a" else 2
+        with pytest.raises(ZeroDivisionError, match="the user's bug") as info:
+            for batch in ds.train:
+                # what comes before the failing chunk is the data itself, no NaN
+                np.testing.assert_array_equal(batch.arrays[array], scale * x[batch.sample_indices])
+                taken += 1
+        assert any(f"fails_on_chunk_3 on array {array!r} chunk 3" in note for note in info.value.__notes__)
+        assert ds.bad_chunks == []
+        assert taken <= 3  # chunks 0-2 at most (5 samples each, batches of 5, read in order)
+
+
 def test_unscoped_transform_runs_on_every_array_once_per_chunk(pair) -> None:
     path, x, manifest = pair
     calls: list[tuple[str, int]] = []
