@@ -220,3 +220,33 @@ def test_era5_region(tmp_path) -> None:
     gets = int(next(line for line in out.splitlines() if line.startswith("epoch 0")).split(" GETs")[0].split()[-1])
     whole = int(out.split("would cost ")[1].split()[0])
     assert gets < whole / 4  # the selection reads a fraction of the field
+
+
+@pytest.mark.slow
+def test_wb2_xbatcher_compare_runs_every_variant_on_the_local_emulator(tmp_path) -> None:
+    # each variant in its own interpreter: DataLoader workers (spawn, forkserver, with preload) and insitubatch
+    pytest.importorskip("torch")
+    pytest.importorskip("xbatcher")
+    args = ["--local", "--compare", "--local-dir", str(tmp_path / "wb2"), "--workers", "1", "--max-batches", "3"]
+    out = _run([str(EXAMPLES / "wb2_xbatcher.py"), *args, "--latency-ms", "5"], tmp_path)
+    rows = {}
+    for line in out.splitlines():
+        match = re.match(
+            r"(xbatcher \+ DataLoader \S+|insitubatch \(one event loop\))\s+(\d+)\s+([\d.]+)\s+(\d+)\s+([\d.]+)x$", line
+        )
+        if match:
+            rows[match.group(1)] = (
+                int(match.group(2)),
+                float(match.group(3)),
+                int(match.group(4)),
+                float(match.group(5)),
+            )
+    assert set(rows) == {
+        "xbatcher + DataLoader spawn",
+        "xbatcher + DataLoader forkserver",
+        "xbatcher + DataLoader forkserver-preload",
+        "insitubatch (one event loop)",
+    }, out
+    workers, ttfb, rate, ratio = rows["insitubatch (one event loop)"]
+    assert workers == 0 and ttfb > 0 and rate > 0 and ratio == 1.0
+    assert all(w == 1 and t > 0 and r > 0 for w, t, r, _ in (rows[k] for k in rows if k.startswith("xbatcher")))
