@@ -1,0 +1,188 @@
+"""Whether obstore can still answer in this process: its runtime's threads do not survive ``fork``.
+
+obstore runs every request on a tokio runtime whose worker threads start
+with the process's first request (one runtime for blocking calls, one for
+async ones) and never stop. ``fork`` copies only the thread that forks, so a
+child forked after its parent's first obstore request holds a runtime with
+no workers: every request the child makes through obstore, on a store it
+inherited or on one it builds anew, waits for ever (obstore 0.12: a parent's
+blocking ``get`` leaves the child's blocking ``get`` hanging, an async one
+its async ``get``; a parent that never sent a request leaves the child able
+to). Python can neither restart that runtime nor ask whether it runs.
+
+So at every fork the parent looks for the runtime's threads by name
+(``os.register_at_fork``; Linux lists a process's threads and their names
+under ``/proc/self/task``, and tokio names its threads ``tokio-...``), and the
+child remembers what it found, for its own children too. Where the threads
+cannot be listed, a fork is taken to have left the runtime dead: a clear
+error, never a hang. :func:`refuse_dead_obstore` raises :class:`ForkError` at
+a store's first use in such a child, before anything waits for an answer.
+
+:class:`ForkSafeObjectStore`, the store ``obstore_store`` builds, is zarr's
+``ObjectStore`` until then; in such a child a local directory is read as the
+plain files it is (zarr's ``LocalStore`` over the same directory), and any
+other backend refuses its first request with :class:`ForkError`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncGenerator, Iterable
+from typing import Any
+
+from obstore.store import LocalStore as _ObstoreLocal
+from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.store import ByteRequest, Store
+from zarr.storage import LocalStore, ObjectStore
+
+from ..errors import ForkError
+
+__all__ = ["FORK_WAY_OUT", "ForkSafeObjectStore", "obstore_usable", "refuse_dead_obstore"]
+
+# What a user does instead, named in every ForkError (the start methods that begin a fresh interpreter).
+FORK_WAY_OUT = (
+    'start the worker processes with multiprocessing.get_context("forkserver") or get_context("spawn") '
+    '(torch: DataLoader(..., multiprocessing_context="spawn")), or create the pool before the parent reads'
+)
+# The name tokio gives its runtime's threads (worker and blocking ones), as Linux shows it in ``comm``.
+_TOKIO_THREAD_PREFIX = "tokio-"
+_TASKS = "/proc/self/task"
+
+_runtime_at_fork = False  # set in the parent just before a fork, read by the child
+_dead = False  # this process was forked after obstore's runtime started (in it or in an ancestor)
+
+
+def _runtime_threads() -> bool:
+    """Whether this process runs threads of a tokio runtime (True when they cannot be listed)."""
+    try:
+        tasks = os.listdir(_TASKS)
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"{_TASKS}/{task}/comm", "rb") as f:
+                if f.read().startswith(_TOKIO_THREAD_PREFIX.encode()):
+                    return True
+        except OSError:  # the thread ended while we looked
+            continue
+    return False
+
+
+def _before_fork() -> None:
+    global _runtime_at_fork
+    _runtime_at_fork = _runtime_threads()
+
+
+def _in_child() -> None:
+    global _dead
+    _dead = _dead or _runtime_at_fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_in_child)
+
+
+def obstore_usable() -> bool:
+    """False in a process forked after obstore's runtime started (there, obstore never answers)."""
+    return not _dead
+
+
+def refuse_dead_obstore(what: str) -> None:
+    """Raise :class:`ForkError` naming ``what`` if obstore cannot answer in this process; else nothing.
+
+    Raises
+    ------
+    ForkError
+        This process was forked after obstore's runtime started in its parent.
+    """
+    if _dead:
+        raise ForkError(
+            f"{what} needs obstore, which cannot answer in this process: it was forked (a fork "
+            "multiprocessing start method, or os.fork) after its parent had read through obstore, and "
+            "obstore's runtime threads do not survive fork. To read here, "
+            f"{FORK_WAY_OUT}"
+        )
+
+
+class ForkSafeObjectStore(ObjectStore[Any]):
+    """zarr's ``ObjectStore``, that never waits on obstore in a process forked after obstore's runtime started.
+
+    There a local directory is read and written as files (zarr's
+    ``LocalStore`` on the same directory: the keys obstore would map to
+    files under it); any other backend raises :class:`ForkError` at its
+    first request. Anywhere else every call is ``ObjectStore``'s own.
+    """
+
+    def _instead(self) -> Store | None:
+        """The store that serves requests in a process where obstore cannot answer; None where it can."""
+        if not _dead:
+            return None
+        files = self.__dict__.get("_files")
+        if files is None:
+            raw = self.store
+            if not isinstance(raw, _ObstoreLocal) or raw.prefix is None:
+                refuse_dead_obstore(f"the store {self}")
+            files = self._files = LocalStore(str(raw.prefix), read_only=self.read_only)
+        return files
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        state.pop("_files", None)  # (a process it is unpickled in decides for itself)
+        return state
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        other = self._instead()
+        if other is None:
+            return await super().get(key, prototype, byte_range)
+        return await other.get(key, prototype, byte_range)
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        other = self._instead()
+        if other is None:
+            return await super().get_partial_values(prototype, key_ranges)
+        return await other.get_partial_values(prototype, key_ranges)
+
+    async def exists(self, key: str) -> bool:
+        other = self._instead()
+        return await (super().exists(key) if other is None else other.exists(key))
+
+    async def set(self, key: str, value: Buffer) -> None:
+        other = self._instead()
+        await (super().set(key, value) if other is None else other.set(key, value))
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        other = self._instead()
+        await (super().set_if_not_exists(key, value) if other is None else other.set_if_not_exists(key, value))
+
+    async def delete(self, key: str) -> None:
+        other = self._instead()
+        await (super().delete(key) if other is None else other.delete(key))
+
+    async def delete_dir(self, prefix: str) -> None:
+        other = self._instead()
+        await (super().delete_dir(prefix) if other is None else other.delete_dir(prefix))
+
+    async def getsize(self, key: str) -> int:
+        other = self._instead()
+        return await (super().getsize(key) if other is None else other.getsize(key))
+
+    async def getsize_prefix(self, prefix: str) -> int:
+        other = self._instead()
+        return await (super().getsize_prefix(prefix) if other is None else other.getsize_prefix(prefix))
+
+    async def list(self) -> AsyncGenerator[str, None]:
+        other = self._instead()
+        async for key in super().list() if other is None else other.list():
+            yield key
+
+    async def list_prefix(self, prefix: str) -> AsyncGenerator[str, None]:
+        other = self._instead()
+        async for key in super().list_prefix(prefix) if other is None else other.list_prefix(prefix):
+            yield key
+
+    async def list_dir(self, prefix: str) -> AsyncGenerator[str, None]:
+        other = self._instead()
+        async for key in super().list_dir(prefix) if other is None else other.list_dir(prefix):
+            yield key
