@@ -92,18 +92,29 @@ def test_a_worker_forked_after_the_parent_read_reads_a_local_directory(tmp_path:
     assert worker == ["read", list(range(SHAPE[0]))]
 
 
-def test_a_worker_forked_after_the_parent_read_over_http_fails_at_once_naming_fork(http_server, tmp_path: Path) -> None:
+def test_a_worker_forked_after_the_parent_read_over_http_reads_with_the_engines_client(
+    http_server, tmp_path: Path
+) -> None:
     oracle = _write(zarr.storage.LocalStore(http_server.root / "d.zarr"))
     _, worker = _fork_pool(f"{http_server.url}/d.zarr", {}, oracle, tmp_path)
-    _assert_refused_naming_fork(worker)
+    assert worker == ["read", list(range(SHAPE[0]))]
 
 
-def test_a_worker_forked_after_the_parent_read_from_s3_fails_at_once_naming_fork(
+def test_a_worker_forked_after_the_parent_read_from_s3_reads_with_the_engines_client(
     s3_server, write_s3_store, s3_bucket: str, tmp_path: Path
 ) -> None:
     oracle = _write(write_s3_store)
-    options = s3_server.client_options()
-    _, worker = _fork_pool(f"s3://{s3_bucket}", options, oracle, tmp_path)
+    _, worker = _fork_pool(f"s3://{s3_bucket}", s3_server.client_options(), oracle, tmp_path)
+    assert worker == ["read", list(range(SHAPE[0]))]
+
+
+def test_a_worker_forked_after_the_parent_read_fails_at_once_where_only_obstore_can_read(
+    http_server, tmp_path: Path
+) -> None:
+    oracle = _write(zarr.storage.LocalStore(http_server.root / "d.zarr"))
+    # a custom header is one setting the engine's client does not apply: obstore's keeps the store
+    options = {"client_options": {"default_headers": {"x-trace": "1"}}}
+    _, worker = _fork_pool(f"{http_server.url}/d.zarr", options, oracle, tmp_path)
     _assert_refused_naming_fork(worker)
 
 

@@ -20,24 +20,29 @@ a store's first use in such a child, before anything waits for an answer.
 
 :class:`ForkSafeObjectStore`, the store ``obstore_store`` builds, is zarr's
 ``ObjectStore`` until then; in such a child a local directory is read as the
-plain files it is (zarr's ``LocalStore`` over the same directory), and any
-other backend refuses its first request with :class:`ForkError`.
+plain files it is (zarr's ``LocalStore`` over the same directory), a store
+the engine's own HTTP client can read (plain HTTP(S), S3 with static keys or
+none) is read through it (:func:`read_without_obstore`: the client registers
+itself, from the layer above), and any other backend, or any other request
+(listing, writing), refuses with :class:`ForkError`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from typing import Any
 
 from obstore.store import LocalStore as _ObstoreLocal
 from zarr.abc.buffer import Buffer, BufferPrototype
-from zarr.abc.store import ByteRequest, Store
+from zarr.abc.store import ByteRequest
+from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, ObjectStore
 
 from ..errors import ForkError
 
-__all__ = ["FORK_WAY_OUT", "ForkSafeObjectStore", "obstore_usable", "refuse_dead_obstore"]
+__all__ = ["FORK_WAY_OUT", "ForkSafeObjectStore", "obstore_usable", "read_without_obstore", "refuse_dead_obstore"]
 
 # What a user does instead, named in every ForkError (the start methods that begin a fresh interpreter).
 FORK_WAY_OUT = (
@@ -50,6 +55,14 @@ _TASKS = "/proc/self/task"
 
 _runtime_at_fork = False  # set in the parent just before a fork, read by the child
 _dead = False  # this process was forked after obstore's runtime started (in it or in an ancestor)
+# What builds a reader of an obstore store's keys that needs no obstore (None where it cannot read that store):
+# the engine's own HTTP client, which registers itself here (``_wire.engine_client``, a layer above this one).
+_reader_factories: list[Callable[[Any], Any]] = []
+
+
+def read_without_obstore(factory: Callable[[Any], Any]) -> None:
+    """Register ``factory(raw)``: a backend with ``request(key, byte_range)`` and ``whole(key)`` futures, or None."""
+    _reader_factories.append(factory)
 
 
 def _runtime_threads() -> bool:
@@ -113,17 +126,22 @@ class ForkSafeObjectStore(ObjectStore[Any]):
     first request. Anywhere else every call is ``ObjectStore``'s own.
     """
 
-    def _instead(self) -> Store | None:
-        """The store that serves requests in a process where obstore cannot answer; None where it can."""
+    def _instead(self) -> Any:
+        """What serves requests in a process where obstore cannot answer (a store, or reads only); None where it can."""
         if not _dead:
             return None
-        files = self.__dict__.get("_files")
-        if files is None:
+        other = self.__dict__.get("_files")
+        if other is None:
             raw = self.store
-            if not isinstance(raw, _ObstoreLocal) or raw.prefix is None:
-                refuse_dead_obstore(f"the store {self}")
-            files = self._files = LocalStore(str(raw.prefix), read_only=self.read_only)
-        return files
+            if isinstance(raw, _ObstoreLocal) and raw.prefix is not None:
+                other = LocalStore(str(raw.prefix), read_only=self.read_only)
+            else:
+                backend = next(filter(None, (make(raw) for make in _reader_factories)), None)
+                if backend is None:
+                    refuse_dead_obstore(f"the store {self}")
+                other = _ReadsOnly(backend, str(self))
+            self._files = other
+        return other
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
@@ -186,3 +204,38 @@ class ForkSafeObjectStore(ObjectStore[Any]):
         other = self._instead()
         async for key in super().list_dir(prefix) if other is None else other.list_dir(prefix):
             yield key
+
+
+class _ReadsOnly:
+    """A remote store's reads through a backend that needs no obstore (the engine's own client); nothing else.
+
+    One attempt per read, as zarr asks: a missing key is None, any other
+    failure raises. Listing and writing need obstore and refuse.
+    """
+
+    def __init__(self, backend: Any, name: str) -> None:
+        self.backend = backend
+        self.name = name
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        try:
+            data = await self.backend.request(key, byte_range)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if byte_range is not None or "status code: 416" not in str(exc):
+                raise
+            data = await self.backend.whole(key)  # an empty object, which no byte range can name
+        return prototype.buffer.from_bytes(data)
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        return list(await asyncio.gather(*(self.get(key, prototype, rng) for key, rng in key_ranges)))
+
+    async def exists(self, key: str) -> bool:
+        return await self.get(key, default_buffer_prototype()) is not None
+
+    def __getattr__(self, name: str) -> Any:
+        refuse_dead_obstore(f"{name} on the store {self.name}")
+        raise AttributeError(name)
