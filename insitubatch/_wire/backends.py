@@ -34,7 +34,7 @@ class _ObstoreBackend:
         """A future for ``key``'s bytes (an ``obstore.Bytes``), the whole object or ``byte_range`` of it."""
         # obstore's stubs call these coroutines; they return the runtime's asyncio future (no task, no frame)
         raw = self.raw
-        refuse_dead_obstore(f"reading {key!r} from {raw!r}")
+        refuse_dead_obstore(raw, key)
         if byte_range is None:
             return cast(asyncio.Future, obstore.get_range_async(raw, key, start=0, end=WHOLE_OBJECT_END))
         if isinstance(byte_range, RangeByteRequest):
@@ -49,7 +49,7 @@ class _ObstoreBackend:
 
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
-        refuse_dead_obstore(f"reading {key!r} from {self.raw!r}")
+        refuse_dead_obstore(self.raw, key)
         return asyncio.ensure_future(self._plain(key))
 
     async def _plain(self, key: str) -> Any:

@@ -50,7 +50,7 @@ FORK_WAY_OUT = (
     '(torch: DataLoader(..., multiprocessing_context="spawn")), or create the pool before the parent reads'
 )
 # The name tokio gives its runtime's threads (worker and blocking ones), as Linux shows it in ``comm``.
-_TOKIO_THREAD_PREFIX = "tokio-"
+_TOKIO_THREAD_PREFIX = b"tokio-"
 _TASKS = "/proc/self/task"
 
 _runtime_at_fork = False  # set in the parent just before a fork, read by the child
@@ -74,7 +74,7 @@ def _runtime_threads() -> bool:
     for task in tasks:
         try:
             with open(f"{_TASKS}/{task}/comm", "rb") as f:
-                if f.read().startswith(_TOKIO_THREAD_PREFIX.encode()):
+                if f.read().startswith(_TOKIO_THREAD_PREFIX):
                     return True
         except OSError:  # the thread ended while we looked
             continue
@@ -100,8 +100,10 @@ def obstore_usable() -> bool:
     return not _dead
 
 
-def refuse_dead_obstore(what: str) -> None:
-    """Raise :class:`ForkError` naming ``what`` if obstore cannot answer in this process; else nothing.
+def refuse_dead_obstore(store: object, key: str | None = None) -> None:
+    """Raise :class:`ForkError` naming ``store`` (and ``key``) if obstore cannot answer in this process; else nothing.
+
+    Cheap where obstore answers (one flag), so the engine checks it on every request it sends through obstore.
 
     Raises
     ------
@@ -109,6 +111,7 @@ def refuse_dead_obstore(what: str) -> None:
         This process was forked after obstore's runtime started in its parent.
     """
     if _dead:
+        what = f"the store {store}" if key is None else f"reading {key!r} from {store}"
         raise ForkError(
             f"{what} needs obstore, which cannot answer in this process: it was forked (a fork "
             "multiprocessing start method, or os.fork) after its parent had read through obstore, and "
@@ -122,15 +125,16 @@ class ForkSafeObjectStore(ObjectStore[Any]):
 
     There a local directory is read and written as files (zarr's
     ``LocalStore`` on the same directory: the keys obstore would map to
-    files under it); any other backend raises :class:`ForkError` at its
-    first request. Anywhere else every call is ``ObjectStore``'s own.
+    files under it); a remote store the engine's own client can read is
+    read through it (reads only); anything else raises :class:`ForkError`
+    at its first request. Anywhere else every call is ``ObjectStore``'s own.
     """
 
     def _instead(self) -> Any:
         """What serves requests in a process where obstore cannot answer (a store, or reads only); None where it can."""
         if not _dead:
             return None
-        other = self.__dict__.get("_files")
+        other = self.__dict__.get("_without_obstore")
         if other is None:
             raw = self.store
             if isinstance(raw, _ObstoreLocal) and raw.prefix is not None:
@@ -138,14 +142,14 @@ class ForkSafeObjectStore(ObjectStore[Any]):
             else:
                 backend = next(filter(None, (make(raw) for make in _reader_factories)), None)
                 if backend is None:
-                    refuse_dead_obstore(f"the store {self}")
+                    refuse_dead_obstore(self)
                 other = _ReadsOnly(backend, str(self))
-            self._files = other
+            self._without_obstore = other
         return other
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()
-        state.pop("_files", None)  # (a process it is unpickled in decides for itself)
+        state.pop("_without_obstore", None)  # (a process it is unpickled in decides for itself)
         return state
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
@@ -237,5 +241,5 @@ class _ReadsOnly:
         return await self.get(key, default_buffer_prototype()) is not None
 
     def __getattr__(self, name: str) -> Any:
-        refuse_dead_obstore(f"{name} on the store {self.name}")
+        refuse_dead_obstore(f"{self.name} ({name})")
         raise AttributeError(name)

@@ -78,7 +78,7 @@ def _obstore_get_sync(
     raw, key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None
 ) -> Buffer | None:
     """What zarr's ``ObjectStore.get`` returns for a key (or a byte range of it), read with obstore's blocking call."""
-    refuse_dead_obstore(f"reading {key!r} from {raw!r}")
+    refuse_dead_obstore(raw, key)
     try:
         result = obstore.get(raw, key, options=_obstore_range(byte_range))  # type: ignore[arg-type]
         return prototype.buffer.from_bytes(memoryview(result.bytes()))  # zero-copy view

@@ -354,7 +354,7 @@ class Fetcher:
 
 def _open(raw: Any, key: str, byte_range: Any) -> asyncio.Future:
     """A future for the response to a GET of ``key`` (``byte_range`` of it), resolved at its first byte."""
-    refuse_dead_obstore(f"reading {key!r} from {raw!r}")
+    refuse_dead_obstore(raw, key)
     options: Any = {}
     if byte_range is not None:
         start = getattr(byte_range, "start", None)
