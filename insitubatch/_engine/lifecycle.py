@@ -139,7 +139,7 @@ def _remove_hooks() -> None:
 
 
 def hooks_installed() -> bool:
-    """Whether the collector and unraisable-error hooks are installed now (a dataset is open, or was)."""
+    """Whether the collector and unraisable-error hooks are installed now (from the first open to the last close)."""
     return _hooks_installed
 
 
