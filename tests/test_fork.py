@@ -27,7 +27,7 @@ SHAPE, CHUNKS = (64, 4, 4), (8, 4, 4)
 
 FORK_SCRIPT = textwrap.dedent(
     """
-    import json, multiprocessing as mp, sys
+    import json, multiprocessing as mp, sys, time
     import numpy as np, zarr
     import insitubatch as ib
     from insitubatch.errors import ForkError
@@ -37,6 +37,7 @@ FORK_SCRIPT = textwrap.dedent(
 
 
     def read(_):
+        start = time.monotonic()
         try:
             store = ib.obstore_store(url, read_only=True, **options)
             geoms = ib.open_geometries(store, variables=["a"])
@@ -48,7 +49,7 @@ FORK_SCRIPT = textwrap.dedent(
                     seen.extend(int(i) for i in batch.sample_indices)
             return ["read", sorted(seen)]
         except ForkError as exc:
-            return ["fork", type(exc).__name__, str(exc)]
+            return ["fork", type(exc).__name__, str(exc), time.monotonic() - start]
 
 
     if __name__ == "__main__":
@@ -80,9 +81,14 @@ def _fork_pool(url: str, options: dict, oracle: np.ndarray, tmp_path: Path) -> t
     return parent, worker
 
 
+# A refusal is made before any request is sent: far under obstore's own retry bound (45 s), let alone forever.
+REFUSED_WITHIN_S = 5.0
+
+
 def _assert_refused_naming_fork(worker: list) -> None:
     assert worker[:2] == ["fork", "ForkError"], worker
     assert "fork" in worker[2] and 'get_context("forkserver")' in worker[2] and '"spawn"' in worker[2]
+    assert worker[3] < REFUSED_WITHIN_S
 
 
 def test_a_worker_forked_after_the_parent_read_reads_a_local_directory(tmp_path: Path) -> None:
