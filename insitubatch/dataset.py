@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ._engine.lifecycle import close_at_exit, closing_deferred, dropped
+from ._engine.lifecycle import close_at_exit, closed, closing_deferred, dropped
 from ._engine.loop import decode_pool
 from ._engine.passes.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, read_sources
 from ._engine.passes.context import concurrency_report as _concurrency
@@ -241,6 +241,7 @@ class InSituDataset:
             release_per_block=self.persist,
         )
         self._views: dict[str, DatasetView] = {}
+        close_at_exit(self)  # however the script ends, closed while zarr's loop still runs (``lifecycle``)
         try:  # read once here, not in a pass (whose GETs are the chunks')
             self._coords: dict[str, np.ndarray] = open_reads(
                 self.context,
@@ -251,7 +252,6 @@ class InSituDataset:
         except BaseException:
             self.close()  # the warm-up's reads, the cache's lock, a store it opened: nothing outlives a failed open
             raise
-        close_at_exit(self)  # however the script ends, closed while zarr's loop still runs (``lifecycle``)
 
     # -- construction helpers ---------------------------------------------------
     @functools.cached_property
@@ -433,6 +433,7 @@ class InSituDataset:
             self.cache.close()
         if self._opened_store:
             close_store(self.store)
+        closed(self)  # the last open dataset's close gives the process's hooks back (``lifecycle``)
 
     def __enter__(self) -> InSituDataset:
         return self

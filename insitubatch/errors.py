@@ -11,6 +11,7 @@ __all__ = [
     "CacheMissError",
     "CachePlatformError",
     "DatasetClosedError",
+    "ForkError",
     "InSituError",
     "LayoutMismatchError",
     "SlotAlignmentError",
@@ -110,3 +111,7 @@ class SlotRunError(InSituError, RuntimeError):
 
 class DatasetClosedError(InSituError, RuntimeError):
     """The dataset was closed; open a new one to iterate again."""
+
+
+class ForkError(InSituError, RuntimeError):
+    """A process forked after obstore started its runtime asked obstore for a read it can no longer answer."""

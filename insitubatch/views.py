@@ -4,14 +4,20 @@ A view plans its epoch (this rank's share of it, from the dataset's
 ``EpochPlanner``), starts passes on the dataset's ``PassContext``, and can
 save and restore where it stands (``state_dict``/``load_state_dict``), so a
 preempted job resumes without re-reading what it consumed.
+
+A view belongs to the process that opened its dataset: it refuses to be
+pickled, indexed (torch's ``DataLoader`` indexes what is not an
+``IterableDataset``) or iterated in another process, with one message
+(:data:`OTHER_PROCESS_MESSAGE`) that every adapter's view gives too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from ._engine.passes.batch import Batch
 from ._engine.passes.context import PassContext
@@ -23,9 +29,19 @@ from .plan.cost import empty_split_note
 from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner, History
 
-__all__ = ["DatasetView", "InferView"]
+__all__ = ["OTHER_PROCESS_MESSAGE", "DatasetView", "InferView"]
 
 STATE_FORMAT = 1
+
+# Why a view (bare, as_torch, to_jax) is not pickled or used in DataLoader workers: said once, for all of them.
+OTHER_PROCESS_MESSAGE = (
+    "insitubatch views cannot be pickled or used in another process, such as DataLoader worker processes "
+    "(num_workers > 0, fork or spawn) or a multiprocessing worker: the engine's parallelism is one event loop "
+    "with a shared chunk pool in the process that opened the dataset, and a worker would duplicate the pool "
+    "and re-read every chunk. Iterate the view in that process, e.g. "
+    "DataLoader(insitubatch.as_torch(view), batch_size=None, num_workers=0), and raise max_inflight instead; "
+    "a worker process that needs batches of its own opens its own InSituDataset."
+)
 
 logger = logging.getLogger("insitubatch")
 
@@ -47,10 +63,23 @@ class DatasetView:
         # (epoch, batch, history) where the next pass starts, set by load_state_dict
         self._resume_at: tuple[int, int, tuple[tuple[int, int], ...]] | None = None
         self._last_stats: PassStats | None = None
+        self._pid = os.getpid()  # the process whose engine this view's passes run on
 
     @property
     def batch_size(self) -> int:
         return self.planner.batch_size
+
+    def __getstate__(self) -> dict:
+        raise TypeError(OTHER_PROCESS_MESSAGE)
+
+    def __getitem__(self, index: object) -> NoReturn:
+        # torch's DataLoader indexes a dataset that is not an IterableDataset, in its workers too
+        if os.getpid() != self._pid:
+            raise RuntimeError(OTHER_PROCESS_MESSAGE)
+        raise TypeError(
+            f"a {type(self).__name__} is iterated, not indexed (view[{index!r}]): `for batch in view`, or for "
+            "torch DataLoader(insitubatch.as_torch(view), batch_size=None, num_workers=0)"
+        )
 
     @property
     def geometries(self) -> dict[str, ArrayGeometry]:
@@ -78,6 +107,8 @@ class DatasetView:
     def iterate(self, start_batch: int = 0, *, history: tuple[tuple[int, int], ...] = ()) -> PassIterator:
         """Start a pass at batch ``start_batch`` of the current epoch."""
         ctx = self.context
+        if os.getpid() != self._pid:  # a forked child: the dataset's threads and loop stayed in the parent
+            raise RuntimeError(OTHER_PROCESS_MESSAGE)
         ctx.check_open()
         start_batch = positive_int("start_batch", start_batch, minimum=0)
         plan = self._plan_for_pass(history)

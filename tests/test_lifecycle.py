@@ -381,9 +381,14 @@ def test_ctrl_c_while_a_pass_starts_its_thread_is_a_keyboard_interrupt(tmp_path:
 
 HOOK_PROBES = textwrap.dedent(
     """
-    import _thread, gc, operator, signal, weakref
-    import insitubatch
+    import _thread, gc, operator, signal, sys, tempfile, weakref
+    import zarr
+    import insitubatch as ib
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    path = tempfile.mkdtemp() + "/d.zarr"
+    zarr.open_group(path, mode="w").create_array("a", shape=(8, 2), chunks=(4, 2), dtype="f4")[...] = 1.0
+    geoms = ib.open_geometries(path, variables=["a"])
+    ds = ib.InSituDataset(path, ib.split_by_chunk(geoms["a"], fractions=(1.0,)), geoms, batch_size=4)
 
     def probe(name, trigger):
         try:
@@ -412,7 +417,7 @@ HOOK_PROBES = textwrap.dedent(
 
 
 def test_a_ctrl_c_is_never_lost_in_a_hook_python_calls_by_itself() -> None:
-    """In a fresh interpreter, with only what ``import insitubatch`` installs."""
+    """In a fresh interpreter, with what an open dataset installs."""
     done = subprocess.run([sys.executable, "-c", HOOK_PROBES], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:3] == ["collection raised", "weakset raised", "done"], done.stderr
@@ -504,3 +509,78 @@ def test_a_ctrl_c_at_any_call_of_taking_a_batch_leaves_the_pass_closable(tmp_pat
     closer.start()
     closer.join(10.0)
     assert not closer.is_alive()
+
+
+# --- the process's hooks: installed by the first dataset that opens, given back by the last close ----------
+
+HOOKS_SCRIPT = textwrap.dedent(
+    """
+    import gc, sys, tempfile, threading
+    import zarr  # (imports concurrent.futures, which registers its own exit hook)
+    before = (list(gc.callbacks), sys.unraisablehook, list(threading._threading_atexits))
+    import insitubatch as ib
+    from insitubatch._engine import lifecycle
+
+    def hooks():
+        return (list(gc.callbacks), sys.unraisablehook, list(threading._threading_atexits))
+
+    print("import", hooks() == before, lifecycle.hooks_installed(), flush=True)
+    path = tempfile.mkdtemp() + "/d.zarr"
+    zarr.open_group(path, mode="w").create_array("a", shape=(8, 2), chunks=(4, 2), dtype="f4")[...] = 1.0
+    geoms = ib.open_geometries(path, variables=["a"])
+    print("geometries", hooks() == before, flush=True)
+    manifest = ib.split_by_chunk(geoms["a"], fractions=(1.0,))
+    first = ib.InSituDataset(path, manifest, geoms, batch_size=4)
+    second = ib.InSituDataset(path, manifest, geoms, batch_size=4)
+    cb, hook, exits = hooks()
+    print("open", len(cb) == len(before[0]) + 1, hook is not before[1], len(exits) == len(before[2]) + 1, flush=True)
+    sum(len(b) for b in first.train)
+    first.close()
+    print("one closed", hooks()[:2] == (cb, hook), flush=True)
+    second.close()
+    after = hooks()
+    print("all closed", after[:2] == before[:2], len(after[2]) == len(before[2]) + 1, flush=True)
+    with ib.InSituDataset(path, manifest, geoms, batch_size=4) as again:
+        print("reopened", hooks()[:2] == (cb, hook), sum(len(b) for b in again.train), flush=True)
+    print("closed again", hooks() == after, flush=True)
+    """
+)
+
+
+def test_hooks_come_with_the_first_open_dataset_and_go_with_the_last_close() -> None:
+    """``import insitubatch`` leaves ``gc.callbacks``, ``sys.unraisablehook`` and threading's exit hooks alone."""
+    done = subprocess.run([sys.executable, "-c", HOOKS_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "import True False",
+        "geometries True",
+        "open True True True",
+        "one closed True",
+        "all closed True True",  # the exit hook stays registered (CPython cannot unregister it); it does nothing now
+        "reopened True 8",
+        "closed again True",
+    ], done.stderr
+
+
+def test_a_hook_installed_over_ours_is_left_in_place() -> None:
+    """Someone else's ``sys.unraisablehook`` set while a dataset is open stays set after the close (it may call ours)."""
+    script = textwrap.dedent(
+        """
+        import sys, tempfile
+        import zarr
+        import insitubatch as ib
+        path = tempfile.mkdtemp() + "/d.zarr"
+        zarr.open_group(path, mode="w").create_array("a", shape=(8, 2), chunks=(4, 2), dtype="f4")[...] = 1.0
+        geoms = ib.open_geometries(path, variables=["a"])
+        ds = ib.InSituDataset(path, ib.split_by_chunk(geoms["a"], fractions=(1.0,)), geoms, batch_size=4)
+        theirs = sys.unraisablehook
+        def mine(unraisable):
+            theirs(unraisable)
+        sys.unraisablehook = mine
+        ds.close()
+        print(sys.unraisablehook is mine, flush=True)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"], done.stderr

@@ -10,6 +10,13 @@ thread that never runs: the process hangs. So:
   still open at the very start of interpreter shutdown (a ``threading``
   exit hook, which runs before non-daemon threads and executors are joined
   and long before zarr's ``atexit`` hook stops its loop);
+* the process-wide hooks (that exit hook, a ``gc.callbacks`` entry and
+  ``sys.unraisablehook``) are installed when the first dataset opens, not at
+  import, and the last two are removed when the last open dataset closes
+  (:func:`close_at_exit`, :func:`closed`). Python offers no public exit
+  hook that runs before threads are joined, so that one is CPython's
+  ``threading._register_atexit``; it cannot be unregistered, and does
+  nothing once no dataset is open (docs/design.md, known limitations);
 * finalizers (``__del__``, ``weakref.finalize``) never start a thread, an
   event loop or I/O: they call :func:`live_loop` (never :func:`zarr_loop`),
   only signal what runs, and hand closes that do I/O (a disk cache, a store)
@@ -25,6 +32,7 @@ import asyncio
 import atexit
 import gc
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -35,7 +43,17 @@ from .._weak import WeakMembers
 from .._zarr_compat import running_io_loop
 from .loop import DECODE_THREAD_PREFIX
 
-__all__ = ["close_at_exit", "close_later", "closing_deferred", "dropped", "exiting", "live_loop", "may_wait"]
+__all__ = [
+    "close_at_exit",
+    "close_later",
+    "closed",
+    "closing_deferred",
+    "dropped",
+    "exiting",
+    "hooks_installed",
+    "live_loop",
+    "may_wait",
+]
 
 logger = logging.getLogger("insitubatch")
 
@@ -52,6 +70,9 @@ _open: WeakMembers[Any] = WeakMembers()  # datasets not closed yet
 _later: list[Callable[[], object]] = []  # closes a finalizer handed on (they do I/O): on a user's thread or at exit
 _lock = threading.Lock()
 _exiting = False
+_exit_hook_registered = False  # registered once, at the first open: CPython has no way to unregister it
+_hooks_installed = False
+_replaced: Callable[[Any], object] = sys.unraisablehook  # the unraisable-error hook ours replaced
 
 
 def live_loop() -> asyncio.AbstractEventLoop | None:
@@ -78,18 +99,66 @@ def may_wait() -> bool:
     return not threading.current_thread().name.startswith(DECODE_THREAD_PREFIX)
 
 
-# C hooks: one written in Python would be entered on every collection, and a Ctrl-C raised there is lost;
-# and a Ctrl-C lost in anyone's Python hook (threading's and asyncio's weak sets drop a pass's thread and
-# tasks in one) is raised again in the main thread's own code
-gc.callbacks.append(note_collection)
-rescue_after(sys.unraisablehook)
-sys.unraisablehook = rescue_interrupt
+def _install_hooks() -> None:
+    """The process-wide hooks a pass needs, once (``_lock`` held).
+
+    C hooks: one written in Python would be entered on every collection, and
+    a Ctrl-C raised there is lost; and a Ctrl-C lost in anyone's Python hook
+    (threading's and asyncio's weak sets drop a pass's thread and tasks in
+    one) is raised again in the main thread's own code.
+    """
+    global _hooks_installed, _exit_hook_registered, _replaced
+    if not _exit_hook_registered:
+        _register_exit_hook(_close_open_at_exit)
+        _exit_hook_registered = True
+    if _hooks_installed:
+        return
+    gc.callbacks.append(note_collection)
+    _replaced = sys.unraisablehook
+    rescue_after(_replaced)
+    sys.unraisablehook = rescue_interrupt
+    _hooks_installed = True
+
+
+def _remove_hooks() -> None:
+    """Give the collector and ``sys.unraisablehook`` back as they were (``_lock`` held), where that is sound.
+
+    Not from inside a collection (its "stop" would never be seen, and
+    :func:`may_wait` would stay false), and ``sys.unraisablehook`` only if it
+    is still ours: a hook someone installed over it keeps calling ours, which
+    keeps handing on to the one it replaced.
+    """
+    global _hooks_installed
+    if not _hooks_installed or collecting():
+        return
+    if note_collection in gc.callbacks:
+        gc.callbacks.remove(note_collection)
+    if sys.unraisablehook is rescue_interrupt:
+        sys.unraisablehook = _replaced
+    _hooks_installed = False
+
+
+def hooks_installed() -> bool:
+    """Whether the collector and unraisable-error hooks are installed now (from the first open to the last close)."""
+    return _hooks_installed
 
 
 def close_at_exit(obj: _Closable) -> None:
-    """Close ``obj`` at the start of interpreter shutdown if it is still alive then (held weakly)."""
+    """Close ``obj`` at the start of interpreter shutdown if it is still alive then (held weakly).
+
+    The first call in a process installs the hooks a pass needs (module docstring).
+    """
     with _lock:
         _open.add(obj)
+        _install_hooks()
+
+
+def closed(obj: _Closable) -> None:
+    """``obj`` closed: no longer closed at exit; the hooks go when no other dataset is open."""
+    with _lock:
+        _open.discard(obj)
+        if not len(_open):
+            _remove_hooks()
 
 
 def close_later(close: Callable[[], object]) -> None:
@@ -136,11 +205,24 @@ def _close_open_at_exit() -> None:
     closing_deferred()
 
 
-# threading's exit hooks run first at shutdown, newest first (concurrent.futures joins its pools in one
-# registered earlier); plain atexit is the fallback on a Python without them. Either way before zarr's hook,
-# which was registered when zarr was imported, before this module.
-_register = getattr(threading, "_register_atexit", None)
-if _register is not None:
-    _register(_close_open_at_exit)
-else:  # pragma: no cover - every CPython this package supports has it
-    atexit.register(_close_open_at_exit)
+# threading's exit hooks run first at shutdown, newest first: before non-daemon threads are joined and
+# before concurrent.futures' own hook (registered when it was imported, earlier) joins every executor's
+# threads, the decode pool's included, and refuses new work. No public hook runs that early: atexit's run
+# after both, so a pass still open whose producer waits on the consumer, or whose decode job waits on a
+# stalled store, would hold the join for ever. Plain atexit is the fallback on a Python without it; either
+# way before zarr's atexit hook (registered when zarr was imported), which stops zarr's loop.
+_register_exit_hook: Callable[[Callable[[], None]], object] = getattr(threading, "_register_atexit", atexit.register)
+
+
+def _forget_in_child() -> None:
+    # a forked child holds copies of its parent's datasets, whose threads stayed in the parent: they are not
+    # the child's to close (an inherited dataset refuses to iterate there), nor the closes handed on for them
+    global _open, _later, _lock, _exiting
+    _open = WeakMembers()
+    _later = []
+    _lock = threading.Lock()
+    _exiting = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

@@ -32,3 +32,15 @@ def decode_pool(threads: int | None = None) -> concurrent.futures.ThreadPoolExec
         if pool is None:
             pool = _pools[n] = concurrent.futures.ThreadPoolExecutor(n, thread_name_prefix=DECODE_THREAD_PREFIX)
         return pool
+
+
+def _forget_pools_in_child() -> None:
+    # a forked child has none of its parent's decode threads: pools whose workers are gone would take work
+    # and never run it, so the child starts its own (zarr resets its loop itself)
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools_in_child)

@@ -15,6 +15,8 @@ import obstore
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.buffer import default_buffer_prototype
 
+from ..io.obstore_runtime import refuse_dead_obstore
+
 __all__ = ["WHOLE_OBJECT_END"]
 
 # The end of a whole-key range GET: past any object, so the server sends all of it (RFC 9110 clamps it).
@@ -32,6 +34,7 @@ class _ObstoreBackend:
         """A future for ``key``'s bytes (an ``obstore.Bytes``), the whole object or ``byte_range`` of it."""
         # obstore's stubs call these coroutines; they return the runtime's asyncio future (no task, no frame)
         raw = self.raw
+        refuse_dead_obstore(raw, key)
         if byte_range is None:
             return cast(asyncio.Future, obstore.get_range_async(raw, key, start=0, end=WHOLE_OBJECT_END))
         if isinstance(byte_range, RangeByteRequest):
@@ -46,6 +49,7 @@ class _ObstoreBackend:
 
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
+        refuse_dead_obstore(self.raw, key)
         return asyncio.ensure_future(self._plain(key))
 
     async def _plain(self, key: str) -> Any:

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
+from ..io.obstore_runtime import read_without_obstore
 from ..io.wire_settings import EngineSettings, engine_settings
 from .backends import WHOLE_OBJECT_END, _ObstoreBackend
 from .connection import Ask
@@ -187,3 +188,8 @@ def native_backend(raw: Any, twin: Any) -> NativeBackend | None:
     """The loop's own client for obstore store ``raw`` (``twin``: its retry-free copy), or None to keep obstore's."""
     settings = engine_settings(raw)
     return None if isinstance(settings, str) else NativeBackend(twin, settings)
+
+
+# In a process forked after obstore's runtime started, the stores this client can read are read through it
+# (metadata too), with no retry-free twin to hand over to: a hand-over there refuses (``io.obstore_runtime``).
+read_without_obstore(lambda raw: native_backend(raw, raw))

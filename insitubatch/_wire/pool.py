@@ -18,6 +18,7 @@ import asyncio
 import atexit
 import contextlib
 import ipaddress
+import os
 import socket
 import ssl
 
@@ -265,6 +266,17 @@ async def _ended(keeper: asyncio.Task, sweep: asyncio.TimerHandle | None) -> Non
 
 
 _pools: WeakMembers[HttpPool] = WeakMembers()
+
+
+def _forget_pools_in_child() -> None:
+    # a forked child's pools are its parent's: their sockets are shared with it and their loop runs there,
+    # so at the child's exit there is nothing of its own to close (a pool it reads through again starts afresh)
+    global _pools
+    _pools = WeakMembers()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools_in_child)
 
 
 @atexit.register

@@ -11,11 +11,11 @@ is copied by ``jax.device_put``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from ..views import DatasetView, InferView
+from ..views import OTHER_PROCESS_MESSAGE, DatasetView, InferView
 from .spec import ViewSpec, view_spec
 
 __all__ = ["JaxView", "resolve_jax_device", "to_jax"]
@@ -117,6 +117,12 @@ class JaxView:
 
     def __len__(self) -> int:
         return len(self.view)
+
+    def __getstate__(self) -> dict:
+        raise TypeError(OTHER_PROCESS_MESSAGE)
+
+    def __getitem__(self, index: object) -> NoReturn:
+        self.view.__getitem__(index)  # raises: a view is iterated, not indexed, and only in its own process
 
     def _view_spec(self) -> ViewSpec:
         self._promised = view_spec(self.view)

@@ -15,17 +15,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._engine.passes.batch import Batch
-from ..views import DatasetView, InferView
+from ..views import OTHER_PROCESS_MESSAGE, DatasetView, InferView
 from .spec import ViewSpec, view_spec
 
 __all__ = ["TorchView", "as_torch", "to_torch"]
-
-_WORKERS_MESSAGE = (
-    "insitubatch views cannot run inside DataLoader worker processes (num_workers > 0): the engine's "
-    "parallelism is one event loop with a shared chunk pool in this process, and a forked or spawned "
-    "worker would duplicate the pool and re-read every chunk (an obstore handle inherited across fork "
-    "deadlocks). Use DataLoader(view, batch_size=None, num_workers=0) and raise max_inflight instead."
-)
 
 
 def _torch():
@@ -116,12 +109,12 @@ class TorchView(_IterableBase):
         return self._specs(last=True)
 
     def __getstate__(self) -> dict:
-        raise TypeError(_WORKERS_MESSAGE)
+        raise TypeError(OTHER_PROCESS_MESSAGE)
 
     def __iter__(self) -> Iterator[TorchItem]:
         torch = _torch()
         if torch.utils.data.get_worker_info() is not None:
-            raise RuntimeError(_WORKERS_MESSAGE)
+            raise RuntimeError(OTHER_PROCESS_MESSAGE)
         if self._cuda:
             return self._iter_cuda(torch)
         return self._iter_host(torch)

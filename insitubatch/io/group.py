@@ -25,7 +25,7 @@ import zarr.api.asynchronous as zasync
 import zarr.errors
 
 from .._zarr_compat import sync
-from ..errors import StoreReadError
+from ..errors import ForkError, StoreReadError
 from .arrays import _chunk_byte_limit, _dimension_names, geometry_of
 from .coords import CoordinateSource
 from .geometry import ArrayGeometry, _normalize_axis
@@ -133,6 +133,8 @@ def _open_arrays(zstore: Any, paths: Sequence[str], what: str, group: str) -> tu
         if isinstance(result, BaseException):
             if not isinstance(result, Exception):
                 raise result  # KeyboardInterrupt, SystemExit, a cancellation: not the store's doing
+            if isinstance(result, ForkError):
+                raise result  # not this array's: the process cannot use obstore (its message says why)
             raise StoreReadError(
                 f"opening array {path!r} of {_store_name(zstore)} failed: {type(result).__name__}: "
                 f"{_first_line(result)}"

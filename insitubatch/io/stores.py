@@ -24,6 +24,7 @@ from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
 from .client_choice import remember_client, resolve_client
+from .obstore_runtime import ForkSafeObjectStore, obstore_usable
 from .owned import _remember
 from .store_options import (
     DEFAULT_CLIENT_OPTIONS,
@@ -263,7 +264,7 @@ def obstore_store(
                 f"{chosen_by} for url={url!r}, but the engine's client cannot read this store: {why}; "
                 "pass client='auto' or client='obstore' to read it with obstore's client"
             )
-    store = ObjectStore(raw, read_only=read_only)
+    store = ForkSafeObjectStore(raw, read_only=read_only)
     remember_client(store, choice, chosen_by)
     _remember(store)
     return store
@@ -380,7 +381,9 @@ def as_store(obj: Store | str | os.PathLike[str]) -> Store:
     ----------
     obj
         Any ``zarr.abc.store.Store`` (returned unchanged, and never closed by
-        :func:`close_store`), or a URL / path string or ``os.PathLike``, opened
+        :func:`close_store`; in a process forked after obstore's runtime
+        started, zarr's plain ``ObjectStore`` comes back as a
+        ``ForkSafeObjectStore`` over the same obstore store), or a URL / path string or ``os.PathLike``, opened
         with ``obstore_store(obj, read_only=True)``.
 
     Returns
@@ -392,6 +395,10 @@ def as_store(obj: Store | str | os.PathLike[str]) -> Store:
     TypeError
         ``obj`` is none of the accepted types.
     """
+    if type(obj) is ObjectStore and not obstore_usable():
+        # a caller's own obstore store in a process forked after obstore's runtime started: read its
+        # local files without obstore, or refuse any other backend at once (``io.obstore_runtime``)
+        return ForkSafeObjectStore(obj.store, read_only=obj.read_only)
     if isinstance(obj, Store):
         return obj
     if isinstance(obj, (str, os.PathLike)):

@@ -28,6 +28,7 @@ from zarr.abc.store import (
 from zarr.storage import ObjectStore
 
 from .direct import ChunkData
+from .obstore_runtime import ForkSafeObjectStore, refuse_dead_obstore
 
 
 def _sync_get(store: Store) -> Callable[..., ChunkData | None] | None:
@@ -45,7 +46,7 @@ def _sync_get(store: Store) -> Callable[..., ChunkData | None] | None:
     is a view of the calling thread's reused buffer (see ``_LocalFiles``).
     """
     cls = type(store)
-    if cls is ObjectStore:
+    if cls is ObjectStore or cls is ForkSafeObjectStore:
         raw = cast(ObjectStore, store).store
         if isinstance(raw, obstore.store.LocalStore) and raw.prefix is not None:
             return _LocalFiles(raw)
@@ -77,6 +78,7 @@ def _obstore_get_sync(
     raw, key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None
 ) -> Buffer | None:
     """What zarr's ``ObjectStore.get`` returns for a key (or a byte range of it), read with obstore's blocking call."""
+    refuse_dead_obstore(raw, key)
     try:
         result = obstore.get(raw, key, options=_obstore_range(byte_range))  # type: ignore[arg-type]
         return prototype.buffer.from_bytes(memoryview(result.bytes()))  # zero-copy view

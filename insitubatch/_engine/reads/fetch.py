@@ -46,6 +46,7 @@ from zarr.abc.store import RangeByteRequest
 from zarr.buffer import default_buffer_prototype
 
 from ..._wire.backends import _ObstoreBackend
+from ...io.obstore_runtime import refuse_dead_obstore
 from ..stats import PassCounters
 from .read_policy import Outcome, classify, http_status
 from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient
@@ -353,6 +354,7 @@ class Fetcher:
 
 def _open(raw: Any, key: str, byte_range: Any) -> asyncio.Future:
     """A future for the response to a GET of ``key`` (``byte_range`` of it), resolved at its first byte."""
+    refuse_dead_obstore(raw, key)
     options: Any = {}
     if byte_range is not None:
         start = getattr(byte_range, "start", None)

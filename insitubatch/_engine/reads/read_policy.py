@@ -21,6 +21,7 @@ from typing import Any
 import obstore.exceptions
 
 from ..._wire.faults import FramingError, RangeIgnoredError, RangeMismatchError, RedirectError, TlsRefusedError
+from ...errors import ForkError
 from ...io.stores import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT, DEFAULT_RETRY_TIMEOUT
 from ...io.wire_settings import duration_s
 
@@ -100,7 +101,7 @@ def classify(exc: BaseException) -> Outcome:
         return Outcome.MISSING
     if isinstance(exc, (RangeMismatchError, FramingError)):  # (their messages hold byte counts, not statuses)
         return Outcome.RETRY
-    if isinstance(exc, (RangeIgnoredError, RedirectError, TlsRefusedError)):
+    if isinstance(exc, (RangeIgnoredError, RedirectError, TlsRefusedError, ForkError)):
         return Outcome.FATAL
     if isinstance(
         exc,

@@ -31,11 +31,12 @@ connections), and a later read builds a fresh one.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import obstore
@@ -46,6 +47,7 @@ from zarr.storage import ObjectStore
 from ..._wire.backends import _ObstoreBackend, _StoreBackend
 from ..._wire.engine_client import NativeBackend
 from ...io.client_choice import client_choice
+from ...io.obstore_runtime import ForkSafeObjectStore
 from ...io.owned import on_close
 from ...io.wire_settings import engine_settings
 from ...plan.cost import AUTO_INFLIGHT_CEILING
@@ -201,7 +203,7 @@ def _retry_free(raw: Any) -> Any:
 
 
 def _build(store: Store) -> StoreClient:
-    raw = store.store if type(store) is ObjectStore else None
+    raw = cast(ObjectStore, store).store if type(store) in (ObjectStore, ForkSafeObjectStore) else None
     if not isinstance(raw, _REMOTE):
         # any other store: its own get and retries; stalls and hedging still apply, with a link of its own
         route = Route("store", f"a {type(store).__name__}: read through its own get, which retries by its own rules")
@@ -262,6 +264,19 @@ def client_for(store: Store) -> StoreClient:
         _clients[key] = (ref, client)
     on_close(store, lambda: _closed(key, ref, client))
     return client
+
+
+def _forget_clients_in_child() -> None:
+    # a forked child builds its own clients: its parent's hold connections (shared sockets) on the parent's
+    # loop, and their lock may have been held by a thread the fork left behind
+    global _lock
+    _clients.clear()
+    _links.clear()
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_clients_in_child)
 
 
 def _closed(key: int, ref: weakref.ref[Store], client: StoreClient) -> None:
