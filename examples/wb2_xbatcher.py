@@ -10,9 +10,12 @@ on the same data — each in a fresh interpreter, so every first batch is cold.
     python examples/wb2_xbatcher.py --local --compare       # generated data behind the 30 ms emulator
     python examples/wb2_xbatcher.py --url http://127.0.0.1:8123/era5.zarr --workers 4
 
-``fork`` is not offered: once the parent process has used obstore (whose
-Rust runtime's threads do not survive a fork), a forked worker's first read
-hangs; ``python -m bench.run`` records this as its fork probe.
+``fork`` is not offered: a forked worker inherits its parent's imports and
+state instead of starting cold, which is not the cost this compares, and
+obstore's runtime threads do not survive a fork (a child forked after the
+parent read through obstore reads local files and HTTP/S3 through
+insitubatch's own paths, and refuses anything else with ``ForkError``;
+``python -m bench.run`` records what ``fork`` workers do as its fork probe).
 
 Needs PyTorch and the ``bench`` extra (xarray and xbatcher)::
 
