@@ -57,11 +57,6 @@ class WriteBehind:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    @property
-    def held(self) -> int:
-        """Writes queued or being written now (at most ``depth``)."""
-        return self.depth - self._free.qsize()
-
     def submit(self, job: Callable[[], None], what: str) -> None:
         """Queue ``job`` (one write, described by ``what``); waits while ``depth`` writes are held.
 

@@ -151,6 +151,25 @@ def test_a_failed_write_nobody_saw_raises_at_close_and_the_claim_is_released() -
     assert _behind_threads() == []
 
 
+def test_an_exception_in_the_body_drops_the_queued_writes_and_records_nothing(gated: GatedStore) -> None:
+    gated.close_gate()
+    opener = threading.Timer(BLOCKED_WATCH_S, gated.open_gate)  # the write in flight lands while the exit waits
+    with pytest.raises(RuntimeError, match="model blew up"):
+        with _writer(gated, 0, 24) as writer:
+            writer.write("pred", (0, 5), predictions(0, 5)["pred"])  # shard [0, 6): taken by the thread, held
+            writer.write("pred", (12, 17), predictions(12, 17)["pred"])  # shards [12, 18): queued behind it
+            opener.start()
+            raise RuntimeError("model blew up")
+    opener.join()
+    pred = zarr.open_array(gated, path=f"{GROUP}/pred", mode="r")[:]
+    np.testing.assert_array_equal(pred[:5], predictions(0, 5)["pred"])  # the write in flight finished
+    assert np.isnan(pred[12:17]).all()  # the queued one was dropped
+    assert gated.chunk_sets == 1
+    status = write_status(gated, GROUP)
+    assert status.claims == () and status.completed == ()
+    assert _behind_threads() == []
+
+
 def test_a_lost_claim_stops_the_queued_writes(gated: GatedStore) -> None:
     gated.close_gate()
     writer = _writer(gated, 0, 12, force=False).open()
