@@ -63,7 +63,8 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is None and world_size is None and "jax" in sys.modules:
         import jax
 
-        if jax.distributed.is_initialized():
+        initialized = getattr(jax.distributed, "is_initialized", None)  # JAX 0.4.3x and later
+        if initialized is not None and initialized():
             rank, world_size = jax.process_index(), jax.process_count()
     if rank is None and world_size is None and "WORLD_SIZE" in os.environ:
         try:

@@ -153,3 +153,14 @@ def test_sharding_arguments_are_checked(dataset) -> None:
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
     view = to_jax(dataset.train, sharding=NamedSharding(mesh, PartitionSpec("data", "model")))
     assert view.spec["x"].shape == (BATCH, 3, 4) and view.device is None
+
+
+def test_jax_not_initialised_for_several_processes_leaves_ranks_to_the_environment(monkeypatch) -> None:
+    import jax
+
+    from insitubatch.plan.distributed import resolve_world
+
+    assert not jax.distributed.is_initialized()  # imported, one process: JAX has no say
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert resolve_world(None, None) == (1, 2)
