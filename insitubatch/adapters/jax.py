@@ -127,7 +127,7 @@ class JaxView:
         self._global = (
             None
             if sharding is None
-            else GlobalBatches(sharding, self._view_spec(), view.planner.rank, view.planner.world_size, mask)
+            else GlobalBatches(sharding, view_spec(view), view.planner.rank, view.planner.world_size, mask)
         )
         self.device_transform = device_transform
         self._pairs = isinstance(view, InferView) if coords is None else coords
