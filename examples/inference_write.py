@@ -13,14 +13,17 @@ What it shows (parallel, chunk-aligned writes; see docs/writes.md):
    input windows ending 6 hours before each of its valid times (by date, with
    ``infer(start=, stop=)``), runs a small model and writes each forecast at its
    valid time (``writer.write(..., at=valid_times)``: checked against the
-   writer's slot, atomic claim, coverage recorded at the end);
-5. a single-writer run of the same model into a second group, and a check that
-   the parallel result is bit-identical to it.
+   writer's slot, atomic claim, coverage recorded at the end); the writes are
+   made behind the model (``write_behind``: at most that many batches queued
+   on the writer's thread while the next one is computed);
+5. a single, synchronous writer's run of the same model into a second group,
+   and a check that the parallel result is bit-identical to it.
 
 Run it::
 
     python examples/inference_write.py                 # temp dir, 2 workers
     python examples/inference_write.py --workers 4 --dir /tmp/run
+    python examples/inference_write.py --write-behind 0   # synchronous writes in the workers too
 
 On a cluster the same ``work`` function runs under ``dask.distributed``
 (pass ``client`` as the executor) or one range per SLURM array task /
@@ -159,7 +162,7 @@ def output_spec() -> LayoutSpec:
     )
 
 
-def run(workers: int, root: Path) -> bool:
+def run(workers: int, root: Path, write_behind: int = 2) -> bool:
     """Write the output in parallel and with one writer; True when the two are bit-identical."""
     make_inputs(root / "inputs.zarr")
     input_path = str(root / "inputs.zarr")
@@ -176,7 +179,7 @@ def run(workers: int, root: Path) -> bool:
     )
     began = time.perf_counter()
     with cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        report = run_plan(out, plan, work, pool)
+        report = run_plan(out, plan, work, pool, writer_options={"write_behind": write_behind})
     pids = sorted({o.pid for o in report.outcomes})
     print(f"parallel: {len(report.outcomes)} ranges on {len(pids)} processes in {time.perf_counter() - began:.2f}s")
 
@@ -207,11 +210,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--dir", type=Path, default=None, help="keep the archives here (default: a temp dir)")
+    parser.add_argument(
+        "--write-behind", type=int, default=2, help="batches the workers' writers hold in the background (0: none)"
+    )
     args = parser.parse_args()
     root = args.dir if args.dir is not None else Path(tempfile.mkdtemp(prefix="insitubatch-write-"))
     root.mkdir(parents=True, exist_ok=True)
     try:
-        ok = run(args.workers, root)
+        ok = run(args.workers, root, args.write_behind)
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)

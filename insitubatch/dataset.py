@@ -97,7 +97,7 @@ class InSituDataset:
         Duplicate a remote GET far slower than its peers (at most 5% extra GETs).
     rank, world_size
         This process's share of each epoch. Unset: from an initialized
-        ``torch.distributed`` group, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
+        ``torch.distributed`` group, else JAX's processes, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
     remainder
         How a multi-rank training pass evens out batch counts: ``"pad"``
         repeats a rank's own samples, ``"drop"`` cuts to the shortest rank

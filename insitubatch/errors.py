@@ -19,6 +19,7 @@ __all__ = [
     "SlotRunError",
     "StaleCacheError",
     "StoreReadError",
+    "WriteBehindError",
     "WriteClaimError",
     "WriteConflictError",
     "WriteIntentRangeError",
@@ -67,6 +68,10 @@ class CachePlatformError(InSituError, OSError):
 
 class WriteIntentRangeError(InSituError, IndexError):
     """A write would land outside the slot range the writer owns."""
+
+
+class WriteBehindError(InSituError, RuntimeError):
+    """A write made in the background (``SlotWriter(write_behind=N)``) failed; the cause is chained."""
 
 
 class WriteClaimError(InSituError, RuntimeError):

@@ -6,6 +6,11 @@ label's shape and dtype (and the device) as ``jax.ShapeDtypeStruct``s before
 the first batch, so ``jax.jit(step).lower(view.spec)`` compiles before a byte
 moves. A CPU batch is handed to JAX by DLPack (no copy); to another device it
 is copied by ``jax.device_put``.
+
+``to_jax(view, sharding=NamedSharding(mesh, PartitionSpec("data")))``
+yields global arrays over several devices, and over several processes once
+``jax.distributed.initialize`` ran (the dataset then takes its rank and
+world size from JAX): see ``jax_sharding``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..views import OTHER_PROCESS_MESSAGE, DatasetView, InferView
+from .jax_sharding import GlobalBatches
 from .spec import ViewSpec, view_spec
 
 __all__ = ["JaxView", "resolve_jax_device", "to_jax"]
@@ -88,7 +94,7 @@ def resolve_jax_device(device: Any = None) -> Any:
 
 
 class JaxView:
-    """``dict[label, jax.Array]`` items over a view, placed on one device; iterate it once per epoch.
+    """``dict[label, jax.Array]`` items over a view, on one device or laid out by a sharding; iterate once per epoch.
 
     ``spec`` and ``last_spec`` describe the items before the first batch.
     With ``coords`` (the default on an inference view) each item is
@@ -101,6 +107,8 @@ class JaxView:
         device: Any = None,
         device_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         coords: bool | None = None,
+        sharding: Any = None,
+        mask: str | None = None,
     ) -> None:
         if not isinstance(view, DatasetView):
             raise TypeError(f"view must be a DatasetView (ds.train, ds.val, ds.infer(...)), got {type(view).__name__}")
@@ -108,8 +116,19 @@ class JaxView:
             raise TypeError(f"device_transform must be callable, got {type(device_transform).__name__}")
         if coords is not None and not isinstance(coords, bool):
             raise TypeError(f"coords must be True, False or None (pairs on an inference view), got {coords!r}")
+        if sharding is not None and device is not None:
+            raise TypeError("give device= (one device) or sharding= (a global batch over several), not both")
+        if mask is not None and sharding is None:
+            raise TypeError(f"mask={mask!r} marks rows padded into a global batch: it needs sharding=")
         self.view = view
-        self.device = resolve_jax_device(device)
+        self.sharding = sharding
+        self.device = resolve_jax_device(device) if sharding is None else None
+        # the global layout, checked here: a batch that cannot split over the devices fails before a pass starts
+        self._global = (
+            None
+            if sharding is None
+            else GlobalBatches(sharding, view_spec(view), view.planner.rank, view.planner.world_size, mask)
+        )
         self.device_transform = device_transform
         self._pairs = isinstance(view, InferView) if coords is None else coords
         self._statics: dict[str, Any] | None = None  # placed on the first batch, kept for every later one
@@ -129,6 +148,9 @@ class JaxView:
         return self._promised
 
     def _structs(self, rows: int) -> dict[str, Any]:
+        if self._global is not None:  # every global batch is full (a short one padded)
+            self._view_spec()
+            return self._global.structs()
         jax = _jax()
         sharding = jax.sharding.SingleDeviceSharding(self.device)
         return {
@@ -150,7 +172,10 @@ class JaxView:
 
     @property
     def last_spec(self) -> dict[str, Any]:
-        """``spec`` of the last batch: fewer rows when the view's samples do not fill it (else equal to ``spec``)."""
+        """``spec`` of the last batch: fewer rows when the view's samples do not fill it (else equal to ``spec``).
+
+        With a sharding it equals ``spec``: a short batch is padded to full size.
+        """
         return self._structs(self._view_spec().last_batch)
 
     def __iter__(self) -> Iterator[JaxItem]:
@@ -160,6 +185,15 @@ class JaxView:
         for batch in self.view:
             if self._promised is not None:
                 self._promised.check(batch)
+            if self._global is not None:
+                if self._statics is None:
+                    self._statics = self._global.place_statics(dict(batch.statics))
+                arrays = self._global.place(batch)
+                arrays.update(self._statics)
+                if self.device_transform is not None:
+                    arrays = self.device_transform(arrays)
+                yield (arrays, batch.coords) if self._pairs else arrays
+                continue
             if self._statics is None:  # placed once: a read-only array is copied by device_put, never exported
                 self._statics = {label: jax.device_put(a, self.device) for label, a in batch.statics.items()}
             # on the CPU from_dlpack aliases the batch buffer (its export keeps the buffer from reuse);
@@ -183,8 +217,10 @@ def to_jax(
     device: Any = None,
     device_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     coords: bool | None = None,
+    sharding: Any = None,
+    mask: str | None = None,
 ) -> JaxView:
-    """``jax.Array`` batches over ``view`` by DLPack, on ``device`` (default ``jax.devices()[0]``).
+    """``jax.Array`` batches over ``view`` by DLPack, on ``device`` (default ``jax.devices()[0]``) or over ``sharding``.
 
     ``device`` is a ``jax.Device``, a platform string (``"cpu"``, ``"gpu"``,
     ``"cuda:1"``, ``"tpu"``) or an index into ``jax.devices()``;
@@ -194,12 +230,26 @@ def to_jax(
     coordinate mapping beside the arrays (``None``, the default, means pairs
     on an inference view only). Statics are in every item, placed once.
 
+    ``sharding``, a ``jax.sharding.NamedSharding`` whose spec's first entry
+    shards the batch axis (``NamedSharding(mesh, PartitionSpec("data"))``),
+    makes each item a global ``jax.Array``: every device is handed only its
+    own rows, and with several processes (``jax.distributed.initialize``) the
+    global batch is every process's batch in process order, placed by
+    ``jax.make_array_from_process_local_data``. Items then all have the full
+    global shape: a short batch is padded by repeating its last row, and
+    ``mask="valid"`` adds a ``(rows,)`` bool label that is ``False`` on padded
+    rows (and on rows repeated to even out ranks). Statics are replicated on
+    every device of the mesh.
+
     Raises
     ------
     ValueError
-        ``device`` names no device here (the message lists the available ones).
+        ``device`` names no device here (the message lists the available ones);
+        the batch does not split evenly over ``sharding``'s batch-axis shards;
+        the view's rank and world size are not JAX's process index and count.
     TypeError
-        ``view`` is not a view, ``device_transform`` not callable, ``device`` of no known kind.
+        ``view`` is not a view, ``device_transform`` not callable, ``device`` of no known kind;
+        ``sharding`` is not a ``NamedSharding``, or given with ``device``; ``mask`` without ``sharding``.
     """
     _jax()
-    return JaxView(view, device=device, device_transform=device_transform, coords=coords)
+    return JaxView(view, device=device, device_transform=device_transform, coords=coords, sharding=sharding, mask=mask)

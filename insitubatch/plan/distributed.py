@@ -48,13 +48,24 @@ REMAINDER_POLICIES: tuple[Remainder, ...] = get_args(Remainder)
 
 
 def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and world size: explicit values, else torch.distributed, else ``RANK``/``WORLD_SIZE``, else 0/1."""
+    """Rank and world size: explicit values, else torch.distributed, else JAX's processes, else ``RANK``/``WORLD_SIZE``, else 0/1.
+
+    JAX's are ``jax.process_index()``/``jax.process_count()``, taken once
+    ``jax.distributed.initialize`` ran: asking JAX any earlier would start its
+    backends, after which the job could no longer initialise.
+    """
     if rank is None and world_size is None and "torch" in sys.modules:
         # a process group can only exist if torch was imported: never pay for importing it here
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             rank, world_size = dist.get_rank(), dist.get_world_size()
+    if rank is None and world_size is None and "jax" in sys.modules:
+        import jax
+
+        initialized = getattr(jax.distributed, "is_initialized", None)  # JAX 0.4.3x and later
+        if initialized is not None and initialized():
+            rank, world_size = jax.process_index(), jax.process_count()
     if rank is None and world_size is None and "WORLD_SIZE" in os.environ:
         try:
             rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])

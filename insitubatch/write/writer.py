@@ -13,7 +13,9 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 
-from ..errors import WriteIntentRangeError
+from .._validate import positive_int
+from ..errors import WriteBehindError, WriteIntentRangeError
+from .behind import WriteBehind
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
 from .layout import WriteLayout, read_layout
 from .slots import ENV_PLAN, ENV_STORE, SlotPlan
@@ -39,6 +41,15 @@ class SlotWriter:
     clean exit records the range as completed, then releases the claim; an
     exception releases the claim without recording anything; a crash leaves a
     claim that goes stale after ``stale_after_s``.
+
+    With ``write_behind=N`` the writes are made by a background thread the
+    writer owns while the caller goes on computing: each is validated (and its
+    data copied) at the call, at most ``N`` are held at once (a caller that
+    gets further ahead waits), a failed one is raised as
+    :class:`~insitubatch.errors.WriteBehindError` at the next call, and the
+    range is recorded complete only once every queued write landed. Claims and
+    resume work as in the synchronous writer: after a crash nothing of the
+    range is recorded, so the range is planned, and written, again.
 
     One writer belongs to one thread; write each range through one writer.
 
@@ -66,6 +77,9 @@ class SlotWriter:
     clock
         Unix seconds now, for the claim's timestamps and staleness; tests pass
         a manual clock to age a claim without sleeping.
+    write_behind
+        Writes held in the background at most (queued or being written);
+        ``0``, the default, writes synchronously in :meth:`write`.
 
     Raises
     ------
@@ -90,6 +104,7 @@ class SlotWriter:
         force: bool = False,
         take_over_stale: bool = False,
         clock: Callable[[], float] = time.time,
+        write_behind: int = 0,
     ) -> None:
         self.store = store
         self.start = start
@@ -104,6 +119,8 @@ class SlotWriter:
             "clock": clock,
         }
         self._force = force
+        self.write_behind = positive_int("write_behind", write_behind, minimum=0)
+        self._behind: WriteBehind | None = None  # the background writes' thread, from open() to close()
         self._layout: WriteLayout | None = None
         self._claim: SlotClaim | None = None
         self._arrays: dict[str, zarr.Array] = {}
@@ -175,18 +192,59 @@ class SlotWriter:
             worker_id=self.worker_id,
             **self._claim_options,
         )
+        if self.write_behind:
+            self._behind = WriteBehind(self.write_behind, name=f"insitu-write-behind[{self.start},{self.stop})")
         return self
 
+    def flush(self) -> None:
+        """Wait until every write so far landed (write-behind); a synchronous writer has nothing to wait for.
+
+        Raises
+        ------
+        WriteBehindError
+            A background write failed; the writes queued after it were not made.
+        """
+        if self._behind is not None:
+            self._behind.flush()
+
     def complete(self) -> CoverageRecord:
-        """Record the range as completed and release the claim (done by a clean ``with`` exit)."""
+        """Record the range as completed and release the claim (done by a clean ``with`` exit).
+
+        With write-behind it first waits for every queued write to land; if
+        one failed it raises ``WriteBehindError``, releases the claim and
+        records nothing.
+        """
         claim = self._require_claim()
+        try:
+            self.flush()
+        except BaseException:
+            self._stop_behind(raise_error=False)
+            claim.release()
+            raise
+        self._stop_behind()
         self.coverage = claim.complete(force=self._force)
         return self.coverage
 
     def close(self) -> None:
-        """Release the claim without recording coverage. Idempotent."""
-        if self._claim is not None:
-            self._claim.release()
+        """Release the claim, recording nothing; queued background writes are dropped. Idempotent.
+
+        Raises ``WriteBehindError`` (after releasing) for a failed background write nobody had seen.
+        """
+        try:
+            self._stop_behind()
+        finally:
+            if self._claim is not None:
+                self._claim.release()
+
+    def _stop_behind(self, raise_error: bool = True) -> None:
+        behind, self._behind = self._behind, None
+        if behind is None:
+            return
+        try:
+            behind.close()
+        except WriteBehindError:
+            if raise_error:
+                raise
 
     def __enter__(self) -> SlotWriter:
         return self.open()
@@ -198,7 +256,7 @@ class SlotWriter:
         tb: TracebackType | None,
     ) -> None:
         if exc_type is None:
-            self.complete()
+            self.complete()  # on a failed background write it raises, with the claim released
             return
         try:
             self.close()
@@ -346,15 +404,29 @@ class SlotWriter:
             indices; the layout stores no index coordinate. Nothing is written.
         WriteClaimError
             The claim was lost (cleared as stale or taken over).
+        WriteBehindError
+            An earlier background write failed (``write_behind``): nothing more is written.
         ValueError
             ``data``'s shape does not fit.
         TypeError
             Neither or both of ``index_range`` and ``at``, or no ``data``.
         """
+        if self._behind is not None:
+            self._behind.raise_error()  # an earlier background write failed: refuse before validating this one
         lo, hi, values = self.check_write(array, index_range, data, at=at)
         self._require_claim().check()
         if hi == lo:
             return
+        if self._behind is None:
+            self._land(array, lo, hi, values)
+            return
+        # the caller may reuse its buffer (a batch buffer, a device copy) as soon as this returns
+        values = np.array(values, copy=True)
+        self._behind.submit(lambda: self._land(array, lo, hi, values), f"{array!r} at [{lo}, {hi})")
+
+    def _land(self, array: str, lo: int, hi: int, values: np.ndarray) -> None:
+        """Write checked ``values`` into ``array`` at ``[lo, hi)`` (the caller's thread, or the write-behind one)."""
+        self._require_claim().check()  # a claim lost while a write waited in the queue: nothing more lands
         spec = self.layout.array(array)
         target = self._arrays.get(array)
         if target is None:
