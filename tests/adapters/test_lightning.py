@@ -180,3 +180,78 @@ def test_a_pass_ends_with_its_last_batch_so_validation_runs_alone(path, caplog) 
     assert not [r for r in caplog.records if "open at once" in r.getMessage()], "the train pass was still open"
     assert dm.train_dataloader().state_dict()["batches_consumed"] == len(taken)
     dm.teardown("fit")
+
+
+class Ranked(L.LightningModule):
+    """Under DDP: each rank appends the real samples of every batch it trains on to its own file."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 1)
+        self.out = out
+
+    def training_step(self, batch, batch_idx):
+        real = batch["x"][~batch["padded"], 0].to(torch.int64).tolist()
+        with open(f"{self.out}/rank{self.global_rank}.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps([self.current_epoch, len(batch["x"]), real]) + "\n")
+        return self.layer(batch["x"]).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _ddp(root, *callbacks) -> L.Trainer:
+    return L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_spawn",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+        callbacks=list(callbacks),
+    )
+
+
+def _records(out) -> list[list]:
+    """Each rank's ``[epoch, rows, real samples]`` per batch, in order."""
+    return [[json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in range(2)]
+
+
+@pytest.mark.slow
+def test_ddp_ranks_come_from_the_trainer_and_resume_mid_epoch(path, tmp_path) -> None:
+    """Two spawned CPU ranks train on their shares (equal batch counts, padding masked); a mid-epoch checkpoint
+    resumes exactly on two ranks, and on one."""
+    dm = _dm(path, mask_key="padded")
+    (tmp_path / "full").mkdir()
+    _ddp(tmp_path / "full").fit(Ranked(str(tmp_path / "full")), datamodule=dm)
+    full = _records(tmp_path / "full")
+    assert len(full[0]) == len(full[1]), "ranks ran unequal batch counts"
+    for epoch in (0, 1):
+        seen = [i for rank in full for e, _, real in rank if e == epoch for i in real]
+        assert sorted(seen) == list(range(N)), f"epoch {epoch}: the ranks did not share it exactly"
+    per_epoch = len(full[0]) // 2
+    saved, killed = per_epoch + 2, per_epoch + 4  # in the second epoch
+
+    ckpts, first = tmp_path / "ckpt", tmp_path / "first"
+    first.mkdir()
+    every = L.callbacks.ModelCheckpoint(dirpath=ckpts, every_n_train_steps=saved, save_top_k=-1)
+    with pytest.raises(Exception, match="preempted at step"):
+        _ddp(first, every, Interrupt(killed)).fit(Ranked(str(first)), datamodule=_dm(path, mask_key="padded"))
+    (ckpt,) = ckpts.iterdir()
+    second = tmp_path / "second"
+    second.mkdir()
+    again = L.callbacks.ModelCheckpoint(dirpath=ckpts, every_n_train_steps=saved, save_top_k=-1)
+    _ddp(second, again).fit(Ranked(str(second)), datamodule=_dm(path, mask_key="padded"), ckpt_path=str(ckpt))
+    for rank, (done, before, after) in enumerate(zip(full, _records(first), _records(second), strict=True)):
+        assert before[:saved] + after == done, f"rank {rank} did not resume at its step {saved}"
+    # the same checkpoint, resumed by one process: the second epoch's rest, dealt to it alone
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    again = L.callbacks.ModelCheckpoint(dirpath=ckpts, every_n_train_steps=saved, save_top_k=-1)
+    _trainer(alone, again).fit(Ranked(str(alone)), datamodule=_dm(path, mask_key="padded"), ckpt_path=str(ckpt))
+    rest = [json.loads(line) for line in (alone / "rank0.jsonl").read_text().splitlines()]
+    taken = [i for rank in _records(first) for e, _, real in rank[:saved] if e == 1 for i in real]
+    assert {e for e, _, _ in rest} == {1}
+    assert sorted(taken + [i for _, _, real in rest for i in real]) == list(range(N)), "lost or repeated at 1 rank"
