@@ -158,3 +158,20 @@ def test_the_padding_mask_is_in_every_item_and_names_no_label(path) -> None:
         assert sorted(ids) == list(range(N)) and int(items[-1]["padded"].sum()) == len(items) * BATCH - N
         with pytest.raises(ValueError, match="mask_key='x' must be a str that is not a label"):
             as_torch(ds.train, mask_key="x")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the CUDA path stages a batch ahead)")
+def test_a_batch_staged_on_the_gpu_is_not_counted_as_taken(path) -> None:
+    with _ds(path) as ds:
+        expected = [_ids(t) for t in as_torch(ds.train)]
+    with _ds(path) as first:
+        tv = as_torch(first.train, device="cuda")
+        it = iter(tv)
+        taken = [_ids(next(it)) for _ in range(4)]  # the fifth batch is on its way to the device
+        state = _roundtrip(tv.state_dict())
+        del it
+    assert taken == expected[:4] and state["batches_consumed"] == 4
+    with _ds(path) as second:
+        tv = as_torch(second.train, device="cuda")
+        tv.load_state_dict(state)
+        assert [_ids(t) for t in tv] == expected[4:]
