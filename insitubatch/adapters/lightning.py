@@ -146,7 +146,9 @@ class InSituDataModule(_DataModuleBase):
         if _DataModuleBase is object:  # pragma: no cover - lightning is an optional extra
             raise ImportError("InSituDataModule needs Lightning: pip install 'insitubatch[lightning]'")
         super().__init__()
-        if splits is not None and not isinstance(splits, (SplitManifest, Sequence, Mapping)):
+        if splits is not None and (
+            isinstance(splits, str) or not isinstance(splits, (SplitManifest, Sequence, Mapping))
+        ):
             raise TypeError(f"splits must be a SplitManifest or fractions, got {type(splits).__name__}")
         self.store = store
         self.variables = variables

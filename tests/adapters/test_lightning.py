@@ -167,6 +167,8 @@ def test_every_loader_of_the_module(path, tmp_path) -> None:
 def test_bad_splits_are_a_type_error(path) -> None:
     with pytest.raises(TypeError, match="splits must be a SplitManifest or fractions, got int"):
         InSituDataModule(path, ["x"], splits=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="got str"):
+        InSituDataModule(path, ["x"], splits="train")
 
 
 def test_a_pass_ends_with_its_last_batch_so_validation_runs_alone(path, caplog) -> None:
