@@ -80,8 +80,10 @@ class TorchView(_IterableBase):
             raise TypeError(f"coords must be True, False or None (pairs on an inference view), got {coords!r}")
         self._coords = isinstance(view, InferView) if coords is None else coords  # items are (tensors, coords) pairs
         taken = {*view.geometries, *view.context.statics}
-        if mask_key is not None and (not isinstance(mask_key, str) or mask_key in taken):
-            raise ValueError(f"mask_key={mask_key!r} must be a str that is not a label ({sorted(taken)})")
+        if mask_key is not None and not isinstance(mask_key, str):
+            raise TypeError(f"mask_key must be a str (the key of the padding mask) or None, got {mask_key!r}")
+        if mask_key in taken:
+            raise ValueError(f"mask_key={mask_key!r} must not name a label; the labels are {sorted(taken)}")
         self.mask_key = mask_key  # each item's ``batch.padded`` under this key, as a bool tensor
         self._statics: dict[str, Any] | None = None  # the statics as tensors on the device, made once
         self._promised: ViewSpec | None = None  # once a spec is handed out, batches are checked against it

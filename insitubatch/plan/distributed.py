@@ -61,12 +61,12 @@ from .epoch import EpochOrder, sorted_unique
 
 __all__ = [
     "LAST_BATCH_POLICIES",
-    "REMAINDER_POLICIES",
     "LastBatch",
+    "REMAINDER_POLICIES",
     "RankStream",
     "Remainder",
-    "rank_streams",
     "last_batch_policy",
+    "rank_streams",
     "resolve_last_batch",
     "resolve_world",
 ]

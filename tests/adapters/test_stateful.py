@@ -156,8 +156,10 @@ def test_the_padding_mask_is_in_every_item_and_names_no_label(path) -> None:
         assert all(t["padded"].shape == (BATCH,) and t["x"].shape[0] == BATCH for t in items)
         ids = [i for t in items for i in _real(t)]
         assert sorted(ids) == list(range(N)) and int(items[-1]["padded"].sum()) == len(items) * BATCH - N
-        with pytest.raises(ValueError, match="mask_key='x' must be a str that is not a label"):
+        with pytest.raises(ValueError, match=r"mask_key='x' must not name a label; the labels are \['x'\]"):
             as_torch(ds.train, mask_key="x")
+        with pytest.raises(TypeError, match="mask_key must be a str"):
+            as_torch(ds.train, mask_key=3)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the CUDA path stages a batch ahead)")
