@@ -5,7 +5,7 @@
 The loader takes rank and world size from the initialized process group.
 Each epoch's shuffle blocks are dealt across ranks from one seeded order
 (no communication), so every chunk is fetched by exactly one rank, and
-every rank gets the same number of batches (``remainder="pad"``), so the
+every rank gets the same number of batches (``last_batch="pad"``), so the
 gradient all-reduce never waits on a rank that ran out of data. With
 ``--cache-dir`` the ranks of a node persist into one directory: each epoch
 reshuffles which rank reads which chunk, and a chunk another rank fetched

@@ -45,6 +45,7 @@ from .transforms import DecodedChunk, applies
 from .views import DatasetView
 
 _LAZY = {name: "adapters" for name in ("JaxView", "TorchView", "as_torch", "to_jax", "to_torch")}
+_LAZY["InSituDataModule"] = "adapters.lightning"  # Lightning is heavier still, and its own extra
 
 
 def __getattr__(name: str):
@@ -64,6 +65,7 @@ __all__ = [
     "DatasetView",
     "DateRun",
     "DecodedChunk",
+    "InSituDataModule",
     "InSituDataset",
     "InSituError",
     "JaxView",

@@ -36,7 +36,7 @@ from .io.statics import StaticField, read_statics
 from .io.stores import as_store
 from .plan.cost import KNOBS, describe_loader, format_summary
 from .plan.dates import inference_range
-from .plan.distributed import REMAINDER_POLICIES, Remainder, resolve_world
+from .plan.distributed import LastBatch, Remainder, last_batch_policy, resolve_last_batch, resolve_world
 from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner
 from .plan.splits import SplitManifest
@@ -47,7 +47,7 @@ __all__ = ["InSituDataset"]
 
 ALL_SPLIT = "__all__"  # the pseudo-split of ``ds.all``: every chunk, sequential
 # settings ``describe()`` reports as resolved (after defaults and the environment), besides the knobs
-RESOLVED = ("shuffle", "seed", "epoch", "rank", "world_size", "remainder", "on_bad_chunk", "decode_threads")
+RESOLVED = ("shuffle", "seed", "epoch", "rank", "world_size", "last_batch", "on_bad_chunk", "decode_threads")
 
 
 class InSituDataset:
@@ -98,10 +98,10 @@ class InSituDataset:
     rank, world_size
         This process's share of each epoch. Unset: from an initialized
         ``torch.distributed`` group, else JAX's processes, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
-    remainder
-        How a multi-rank training pass evens out batch counts: ``"pad"``
-        repeats a rank's own samples, ``"drop"`` cuts to the shortest rank
-        (see ``insitubatch.plan.distributed``).
+    last_batch, remainder
+        A training pass's unfilled last batch, ranks kept at equal batch counts: ``"pad"`` fills it with the rank's
+        own samples, marked in ``batch.extras["padded"]``; ``"drop"`` drops it; ``"partial"`` yields it short.
+        ``None``: pad on several ranks, partial on one (``plan.distributed``). ``remainder``: deprecated alias.
     cache_dir
         Back the pool with mmap'd tile-major ``.npy`` tile files here (local
         NVMe). Any number of processes of one host may write one directory
@@ -144,7 +144,8 @@ class InSituDataset:
         decode_threads: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        remainder: Remainder = "pad",
+        last_batch: LastBatch | None = None,
+        remainder: Remainder | None = None,
         cache_dir: str | os.PathLike | None = None,
         persist: bool = False,
         reset_stale_cache: bool = False,
@@ -176,9 +177,8 @@ class InSituDataset:
         if cache_disk_bytes is not None:
             cache_disk_bytes = positive_int("cache_disk_bytes", cache_disk_bytes)
         self.rank, self.world_size = resolve_world(rank, world_size)
-        if remainder not in REMAINDER_POLICIES:
-            raise ValueError(f"remainder={remainder!r} must be one of {REMAINDER_POLICIES}")
-        self.remainder = remainder
+        last_batch = last_batch_policy(last_batch, remainder)
+        self.last_batch: LastBatch = resolve_last_batch(last_batch, self.world_size)
         self.on_bad_chunk = on_bad_chunk
         self.manifest = manifest
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
@@ -237,7 +237,7 @@ class InSituDataset:
             seed=self.seed,
             rank=self.rank,
             world_size=self.world_size,
-            remainder=remainder,
+            last_batch=last_batch,
             release_per_block=self.persist,
         )
         self._views: dict[str, DatasetView] = {}

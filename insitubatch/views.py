@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
 from ._engine.passes.batch import Batch
@@ -64,6 +64,9 @@ class DatasetView:
         self._resume_at: tuple[int, int, tuple[tuple[int, int], ...]] | None = None
         self._last_stats: PassStats | None = None
         self._pid = os.getpid()  # the process whose engine this view's passes run on
+        # (epoch, batches consumed, history) of this view's latest pass once it ended: a pass nobody holds
+        # is collected, and a checkpoint taken after it (at an epoch's end, after a ``break``) still knows it
+        self._ended_at: tuple[int, int, History] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -117,17 +120,26 @@ class DatasetView:
             logger.warning("insitubatch: %s", empty_split_note(self.split, why))
         state = _PassState(ctx, self.split, plan, ctx.epoch, start_batch)
         state.history = history
-        state.on_stats = self._record_stats
+        ref = weakref.ref(state)
+        state.on_stats = self._pass_ended(ref)
         ctx.passes.add(state)
-        self._pass = weakref.ref(state)
+        self._pass = ref
         state.start()
         return PassIterator(state, starter=self)
 
     def _plan_for_pass(self, history: History = ()) -> EpochPlan:
         return self.planner.plan(self.split, self.context.epoch, history)
 
-    def _record_stats(self, stats: PassStats) -> None:
-        self._last_stats = stats
+    def _pass_ended(self, ref: weakref.ref[_PassState]) -> Callable[[PassStats], None]:
+        """What a pass tells when it ends: its final stats, and where its consumer stopped."""
+
+        def ended(stats: PassStats) -> None:
+            self._last_stats = stats
+            state = ref()
+            if state is not None and self._pass is ref:  # an older pass ending late does not move the position
+                self._ended_at = (state.epoch, state.consumed, state.history)
+
+        return ended
 
     @property
     def last_pass(self) -> PassStats | None:
@@ -154,6 +166,8 @@ class DatasetView:
             state = self._pass() if self._pass is not None else None
             if state is not None and state.epoch == self.context.epoch:
                 epoch, consumed, history = state.epoch, state.consumed, state.history
+            elif self._ended_at is not None and self._ended_at[0] == self.context.epoch:
+                epoch, consumed, history = self._ended_at
             else:
                 epoch, consumed = self.context.epoch, 0
         return {

@@ -416,8 +416,8 @@ def test_a_pass_sends_its_first_batch_first_with_each_stored_chunks_reads_side_b
 
 
 @SETTINGS
-@given(layout=layouts(), world=st.integers(1, 5), remainder=st.sampled_from(["pad", "drop"]))
-def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, world: int, remainder: str) -> None:
+@given(layout=layouts(), world=st.integers(1, 5), last_batch=st.sampled_from(["pad", "drop", "partial"]))
+def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, world: int, last_batch: str) -> None:
     eo = epoch_order(
         layout.manifest,
         layout.split,
@@ -429,7 +429,7 @@ def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, 
         anchor_range=layout.anchor_range,
     )
     bs = layout.batch_size
-    streams = rank_streams(eo, world, batch_size=bs, remainder=remainder)
+    streams = rank_streams(eo, world, batch_size=bs, last_batch=last_batch)
     assert len(streams) == world
     plans = [
         build_plan(
@@ -447,9 +447,19 @@ def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, 
     total = len(eo.order)
     real = np.concatenate([s.rows[~s.padded] for s in streams]) if streams else np.empty(0, dtype=np.int64)
     assert len(real) == len(set(real.tolist())), "a sample is dealt to two ranks"
-    if world == 1:
-        assert np.array_equal(streams[0].rows, np.arange(total)) and not streams[0].padded.any()
-    elif remainder == "pad":
+    if world == 1:  # the order as it is, its end as the policy says
+        real_rows = streams[0].rows[~streams[0].padded]
+        kept = total if last_batch != "drop" else total // bs * bs
+        assert np.array_equal(real_rows, np.arange(kept))
+        assert len(streams[0].rows) == (-(-total // bs) * bs if last_batch == "pad" else kept)
+    elif last_batch == "partial":
+        assert sorted(real.tolist()) == list(range(total)), "partial must keep every sample"
+        n = plans[0].n_batches
+        for s in streams:  # every batch full but the last, which holds a real sample
+            assert (n - 1) * bs < len(s.rows) <= n * bs
+        if total >= world * ((n - 1) * bs + 1):  # enough samples for every rank's last batch: no repeats
+            assert not any(s.padded.any() for s in streams)
+    elif last_batch == "pad":
         assert sorted(real.tolist()) == list(range(total)), "pad must keep every sample"
         n_rows = max(-(-int((~s.padded).sum()) // bs) for s in streams) * bs
         for s in streams:
@@ -461,9 +471,10 @@ def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, 
         n_rows = len(streams[0].rows)
         assert all(len(s.rows) == n_rows for s in streams) and n_rows % bs == 0
         assert not any(s.padded.any() for s in streams)
-    # training partitions are chunk-disjoint on the anchor grid: every chunk is dealt to one rank
+    # training partitions are chunk-disjoint on the anchor grid: every chunk is dealt to one rank (partial moves
+    # the ends of long ranks to short ones)
     owners: dict[int, int] = {}
-    for r, s in enumerate(streams):
+    for r, s in enumerate(streams if last_batch != "partial" else ()):
         for c in set(eo.order[s.rows[~s.padded], 0].tolist()):
             assert owners.setdefault(c, r) == r, f"chunk {c} is dealt to ranks {owners[c]} and {r}"
     for plan in plans:
@@ -491,8 +502,8 @@ def test_training_ranks_are_balanced_to_one_chunk(layout: Layout, world: int, hi
         old = data.draw(st.integers(1, 8))
         n_old = len(rank_streams(eo, old, batch_size=bs)[0].rows) // bs
         segments = [(old, data.draw(st.integers(0, n_old)))]
-    padded = rank_streams(eo, world, batch_size=bs, remainder="pad", history=segments)
-    dropped = rank_streams(eo, world, batch_size=bs, remainder="drop", history=segments)
+    padded = rank_streams(eo, world, batch_size=bs, last_batch="pad", history=segments)
+    dropped = rank_streams(eo, world, batch_size=bs, last_batch="drop", history=segments)
     dealt = [int((~s.padded).sum()) for s in padded]
     chunk_rows = np.bincount(eo.order[:, 0]) if len(eo.order) else np.zeros(1, dtype=np.int64)
     one_chunk = int(chunk_rows.max())

@@ -178,6 +178,17 @@ class JaxView:
         """
         return self._structs(self._view_spec().last_batch)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Where the consumer stands (the view's ``state_dict()``): torchdata's ``Stateful`` protocol.
+
+        Items are placed as they are yielded, none ahead, so the view's count is the consumer's.
+        """
+        return self.view.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state`` from ``state_dict()``: the next iteration yields the batches not yet taken."""
+        self.view.load_state_dict(state)
+
     def __iter__(self) -> Iterator[JaxItem]:
         jax = _jax()
         import jax.numpy as jnp

@@ -56,6 +56,7 @@ class TorchView(_IterableBase):
         device: Any = None,
         device_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         coords: bool | None = None,
+        mask_key: str | None = None,
     ) -> None:
         torch = _torch()
         if not isinstance(view, DatasetView):
@@ -71,9 +72,17 @@ class TorchView(_IterableBase):
         if coords is not None and not isinstance(coords, bool):
             raise TypeError(f"coords must be True, False or None (pairs on an inference view), got {coords!r}")
         self._coords = isinstance(view, InferView) if coords is None else coords  # items are (tensors, coords) pairs
+        taken = {*view.geometries, *view.context.statics}
+        if mask_key is not None and not isinstance(mask_key, str):
+            raise TypeError(f"mask_key must be a str (the key of the padding mask) or None, got {mask_key!r}")
+        if mask_key in taken:
+            raise ValueError(f"mask_key={mask_key!r} must not name a label; the labels are {sorted(taken)}")
+        self.mask_key = mask_key  # each item's ``batch.padded`` under this key, as a bool tensor
         self._statics: dict[str, Any] | None = None  # the statics as tensors on the device, made once
         self._promised: ViewSpec | None = None  # once a spec is handed out, batches are checked against it
         self._cuda = self.device is not None and self.device.type == "cuda"
+        # (epoch, batches) the view handed over that the consumer has not taken (the CUDA path stages one ahead)
+        self._ahead: tuple[int, int] = (0, 0)
         if self._cuda:
             if not torch.cuda.is_available():
                 raise ValueError(f"device={device!r} needs CUDA, but torch.cuda.is_available() is False")
@@ -89,10 +98,13 @@ class TorchView(_IterableBase):
         torch = _torch()
         self._promised = spec = view_spec(self.view)
         rows = spec.last_batch if last else spec.batch_size
-        return {
+        specs = {
             label: (torch.Size(shape), torch.from_numpy(np.empty(0, dtype=dt)).dtype)
             for label, (shape, dt) in spec.shapes(rows).items()
         }
+        if self.mask_key is not None:
+            specs[self.mask_key] = (torch.Size((rows,)), torch.bool)
+        return specs
 
     @property
     def spec(self) -> dict[str, tuple[Any, Any]]:
@@ -107,6 +119,31 @@ class TorchView(_IterableBase):
     def last_spec(self) -> dict[str, tuple[Any, Any]]:
         """``spec`` of the last batch: fewer rows when the view's samples do not fill it (else equal to ``spec``)."""
         return self._specs(last=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the consumer stands: the view's ``state_dict()``, counting only the items already yielded.
+
+        torchdata's ``Stateful`` protocol: Lightning (a loader returned as it
+        is) and ``StatefulDataLoader`` save it with the model. A batch staged
+        ahead for the device but not yet yielded counts as not taken, so the
+        restored pass yields it.
+        """
+        state = self.view.state_dict()
+        epoch, ahead = self._ahead
+        if ahead and state["epoch"] == epoch:
+            state["batches_consumed"] = max(0, state["batches_consumed"] - ahead)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state`` (from ``state_dict()``): the next iteration yields the batches not yet taken.
+
+        Raises
+        ------
+        ValueError
+            The state is of another pass (split, seed, batch size, ...), as ``DatasetView.load_state_dict``.
+        """
+        self.view.load_state_dict(state)
+        self._ahead = (0, 0)
 
     def __getstate__(self) -> dict:
         raise TypeError(OTHER_PROCESS_MESSAGE)
@@ -128,11 +165,18 @@ class TorchView(_IterableBase):
             self._statics = statics
         return self._statics
 
+    def _host_tensors(self, torch, batch: Batch) -> dict[str, Any]:
+        """The batch's arrays as CPU tensors (aliasing its buffers), with its padding mask under ``mask_key``."""
+        tensors = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+        if self.mask_key is not None:
+            tensors[self.mask_key] = torch.from_numpy(np.ascontiguousarray(batch.padded))
+        return tensors
+
     def _iter_host(self, torch) -> Iterator[TorchItem]:
         for batch in self.view:
             if self._promised is not None:
                 self._promised.check(batch)
-            tensors = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+            tensors = self._host_tensors(torch, batch)
             if self.device is not None:
                 tensors = {k: t.to(self.device) for k, t in tensors.items()}
             tensors.update(self._static_tensors(torch, batch))
@@ -143,17 +187,21 @@ class TorchView(_IterableBase):
     def _iter_cuda(self, torch) -> Iterator[TorchItem]:
         side = torch.cuda.Stream(device=self.device)
         pending = None
+        self._ahead = (0, 0)
         for batch in self.view:
             if self._promised is not None:
                 self._promised.check(batch)
-            host = {label: torch.from_dlpack(arr) for label, arr in batch.arrays.items()}
+            host = self._host_tensors(torch, batch)
             with torch.cuda.stream(side):
                 dev = {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
                 done = torch.cuda.Event()
                 done.record(side)
             staged = (dev, done, host, batch)
             if pending is not None:
-                yield self._finish(torch, pending)
+                item = self._finish(torch, pending)
+                self._ahead = (batch.epoch, 1)  # ``staged`` left the view but is not the consumer's yet
+                yield item
+                self._ahead = (0, 0)
             pending = staged
         if pending is not None:
             yield self._finish(torch, pending)
@@ -179,6 +227,7 @@ def as_torch(
     device: Any = None,
     device_transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     coords: bool | None = None,
+    mask_key: str | None = None,
 ) -> TorchView:
     """Torch tensors over ``view``: zero-copy on CPU; pinned buffers + async copy to a CUDA ``device``.
 
@@ -189,9 +238,11 @@ def as_torch(
     coordinate mapping (``Batch.coords``) beside the tensors; ``None`` (the
     default) means pairs on an inference view only. Statics are in every
     item's dict, moved to ``device`` once. ``spec``/``last_spec`` on the
-    result describe the items before the first batch.
+    result describe the items before the first batch. With ``mask_key``
+    each item also holds ``batch.padded`` under that key: a ``(batch,)``
+    bool tensor, ``True`` for rows repeated to fill a batch (``last_batch="pad"``).
     """
-    return TorchView(view, device=device, device_transform=device_transform, coords=coords)
+    return TorchView(view, device=device, device_transform=device_transform, coords=coords, mask_key=mask_key)
 
 
 def to_torch(batch: Batch, *, device: Any = None, coords: bool = False) -> dict[str, Any] | TorchItem:

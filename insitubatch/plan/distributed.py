@@ -15,12 +15,29 @@ only. Ranks split it without talking to each other:
   when gathered (batch counts may differ by one or two).
 
 A training pass must give every rank the same number of batches or DDP
-hangs. ``remainder="pad"`` (default) extends each rank's stream to the
-longest rank's batch count by repeating that rank's own samples (marked in
-``batch.extras["padded"]``); ``remainder="drop"`` cuts every rank to the
-shortest rank's count of full batches. Counts being within one chunk, that
-pads or drops less than one chunk plus one batch per rank, like
-``DistributedSampler``'s one round. ``len(view)`` reports the result.
+hangs, and a rank's stream rarely fills its last batch. ``last_batch``
+says what happens to that end (DALI's last-batch policies), on one rank
+and on several alike, every rank ending with the same batch count:
+
+* ``"pad"``: every batch is full. Each rank's stream is topped up to the
+  longest rank's batch count times ``batch_size`` by repeating that rank's
+  own samples, marked ``True`` in ``batch.extras["padded"]`` (a mask a loss
+  can weight by);
+* ``"drop"``: every batch is full. Every rank is cut to the shortest rank's
+  count of full batches; the samples past it are not seen this epoch;
+* ``"partial"``: every sample is seen once and each rank's last batch may be
+  short. Where the chunk-aligned cut leaves ranks with different batch
+  counts, samples from the ends of the longer ranks move to the shorter
+  ones (their chunks are then read by two ranks). Only when fewer samples
+  remain for the last batches than there are ranks does a rank repeat
+  some of its own (marked as under ``"pad"``) to keep the counts equal.
+
+``None`` (the dataset's default) is ``"pad"`` on several ranks and
+``"partial"`` on one: the behaviour before ``last_batch`` existed. Counts
+being within one chunk, pad and drop touch less than one chunk plus one
+batch per rank, like ``DistributedSampler``'s one round. ``len(view)``
+reports the result. Evaluation passes are exactly complete instead (each
+sample once, last batches short, counts may differ by one or two).
 
 Elastic resume: a checkpoint records the world size and the batches every
 rank consumed (all ranks consume in lockstep). Resuming at another world
@@ -33,6 +50,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -41,10 +59,32 @@ import numpy as np
 from .._validate import positive_int
 from .epoch import EpochOrder, sorted_unique
 
-__all__ = ["REMAINDER_POLICIES", "RankStream", "Remainder", "rank_streams", "resolve_world"]
+__all__ = [
+    "LAST_BATCH_POLICIES",
+    "LastBatch",
+    "REMAINDER_POLICIES",
+    "RankStream",
+    "Remainder",
+    "last_batch_policy",
+    "rank_streams",
+    "resolve_last_batch",
+    "resolve_world",
+]
 
+LastBatch = Literal["pad", "drop", "partial"]
+LAST_BATCH_POLICIES: tuple[LastBatch, ...] = get_args(LastBatch)
+# the deprecated ``remainder=`` of the dataset: how several ranks were evened out before ``last_batch``
 Remainder = Literal["pad", "drop"]
 REMAINDER_POLICIES: tuple[Remainder, ...] = get_args(Remainder)
+
+
+def resolve_last_batch(last_batch: LastBatch | None, world_size: int) -> LastBatch:
+    """The policy in force at ``world_size``: ``None`` is ``"pad"`` on several ranks, ``"partial"`` on one."""
+    if last_batch is None:
+        return "pad" if world_size > 1 else "partial"
+    if last_batch not in LAST_BATCH_POLICIES:
+        raise ValueError(f"last_batch={last_batch!r} must be one of {LAST_BATCH_POLICIES} (or None)")
+    return last_batch
 
 
 def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -82,6 +122,31 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if not 0 <= rank < world_size:
         raise ValueError(f"{rank=} must be in [0, world_size={world_size})")
     return int(rank), int(world_size)
+
+
+def last_batch_policy(last_batch: LastBatch | None, remainder: Remainder | None) -> LastBatch | None:
+    """The dataset's ``last_batch``, or what its deprecated ``remainder`` stands for (both given must agree).
+
+    ``remainder="pad"`` was the default (``None``); ``remainder="drop"`` is
+    ``last_batch="drop"``, which drops a single rank's short batch as well.
+    """
+    resolve_last_batch(last_batch, 1)  # names the valid policies
+    if remainder is None:
+        return last_batch
+    if remainder not in REMAINDER_POLICIES:
+        raise ValueError(
+            f"remainder={remainder!r} must be one of {REMAINDER_POLICIES}; it is deprecated: use last_batch"
+        )
+    warnings.warn(
+        f"remainder={remainder!r} is deprecated: use last_batch={remainder!r} (or leave it unset for the default, "
+        "pad on several ranks and a short last batch on one)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    alias: LastBatch | None = "drop" if remainder == "drop" else None
+    if last_batch is not None and last_batch != (alias or "pad"):
+        raise ValueError(f"remainder={remainder!r} contradicts last_batch={last_batch!r}: give last_batch alone")
+    return last_batch if last_batch is not None else alias
 
 
 class RankStream:
@@ -215,31 +280,81 @@ def _balanced(eo: EpochOrder, pieces: list[np.ndarray], world_size: int) -> list
     return streams
 
 
-def _equalize(streams: list[RankStream], batch_size: int, remainder: Remainder, fallback: np.ndarray) -> None:
-    """Give every rank the same number of batches (``pad`` repeats a rank's own rows; ``drop`` cuts)."""
+def _cut(s: RankStream, n_rows: int) -> None:
+    """Keep the first ``n_rows`` rows of ``s``."""
+    s.rows, s.padded = s.rows[:n_rows], s.padded[:n_rows]
+    starts = np.minimum(s.block_starts, n_rows)
+    s.block_starts = sorted_unique(starts) if n_rows else np.zeros(1, dtype=np.int64)
+    if s.block_starts[-1] != n_rows:
+        s.block_starts = np.concatenate([s.block_starts, [n_rows]])
+
+
+def _extend(s: RankStream, rows: np.ndarray, padded: bool) -> None:
+    """Append ``rows`` to ``s`` as one more block (``padded`` marks them as repeats)."""
+    if not len(rows):
+        return
+    s.padded = np.concatenate([s.padded, np.full(len(rows), padded)])
+    s.rows = np.concatenate([s.rows, rows])
+    s.block_starts = np.concatenate([s.block_starts, [len(s.rows)]]).astype(np.int64)
+
+
+def _repeat_own(s: RankStream, n_rows: int, fallback: np.ndarray) -> None:
+    """Top ``s`` up to ``n_rows`` rows by repeating its own (or, having none, the epoch's), marked padded."""
+    source = s.rows if len(s.rows) else fallback
+    if n_rows > len(s.rows) and len(source):
+        _extend(s, np.resize(source, n_rows - len(s.rows)), padded=True)
+
+
+def _partial(streams: list[RankStream], batch_size: int, fallback: np.ndarray) -> None:
+    """Equal batch counts, every batch full but each rank's last, each sample once where the samples allow.
+
+    With ``n`` the fewest batches that hold the epoch on every rank, a rank
+    needs between ``lo = (n - 1) * batch_size + 1`` and ``hi = n * batch_size``
+    rows. Rows past ``hi``, and where short ranks need more the rows past
+    ``lo`` of the fullest ones, leave the ends of their streams and fill the
+    short ranks to ``lo``, then any rank to ``hi``.
+    """
+    counts = np.array([len(s.rows) for s in streams], dtype=np.int64)
+    total = int(counts.sum())
+    if not total:
+        return
+    n = -(-total // (len(streams) * batch_size))
+    lo, hi = (n - 1) * batch_size + 1, n * batch_size
+    keep = np.minimum(counts, hi)
+    wanted = int(np.maximum(lo - keep, 0).sum()) - int((counts - keep).sum())
+    for r in np.argsort(-keep, kind="stable"):
+        if wanted <= 0:
+            break
+        give = min(int(keep[r]) - lo, wanted)
+        if give > 0:
+            keep[r] -= give
+            wanted -= give
+    pool = np.concatenate([s.rows[int(k) :] for s, k in zip(streams, keep, strict=True)])
+    for s, k in zip(streams, keep, strict=True):
+        _cut(s, int(k))
+    at = 0
+    for cap in (lo, hi):
+        for s in streams:
+            take = min(max(cap - len(s.rows), 0), len(pool) - at)
+            _extend(s, pool[at : at + take], padded=False)
+            at += take
+    for s in streams:  # fewer samples than ranks were left for the last batches
+        _repeat_own(s, lo, fallback)
+
+
+def _equalize(streams: list[RankStream], batch_size: int, last_batch: LastBatch, fallback: np.ndarray) -> None:
+    """Give every rank the same number of batches under ``last_batch`` (the module's docstring)."""
     counts = [len(s.rows) for s in streams]
-    if remainder == "pad":
+    if last_batch == "pad":
         n_rows = max(-(-c // batch_size) for c in counts) * batch_size
         for s in streams:
-            extra = n_rows - len(s.rows)
-            if extra <= 0:
-                continue
-            source = s.rows if len(s.rows) else fallback
-            if not len(source):
-                continue
-            repeat = np.resize(source, extra)
-            s.padded = np.concatenate([s.padded, np.ones(extra, dtype=bool)])
-            s.rows = np.concatenate([s.rows, repeat])
-            s.block_starts = np.concatenate([s.block_starts, [len(s.rows)]]).astype(np.int64)
-    else:
+            _repeat_own(s, n_rows, fallback)
+    elif last_batch == "drop":
         n_rows = min(c // batch_size for c in counts) * batch_size
         for s in streams:
-            s.rows = s.rows[:n_rows]
-            s.padded = s.padded[:n_rows]
-            starts = np.minimum(s.block_starts, n_rows)
-            s.block_starts = sorted_unique(starts) if n_rows else np.zeros(1, dtype=np.int64)
-            if s.block_starts[-1] != n_rows:
-                s.block_starts = np.concatenate([s.block_starts, [n_rows]])
+            _cut(s, n_rows)
+    else:
+        _partial(streams, batch_size, fallback)
 
 
 def rank_streams(
@@ -247,7 +362,7 @@ def rank_streams(
     world_size: int,
     *,
     batch_size: int,
-    remainder: Remainder = "pad",
+    last_batch: LastBatch | None = None,
     contiguous: bool = False,
     history: Sequence[tuple[int, int]] = (),
 ) -> list[RankStream]:
@@ -255,24 +370,24 @@ def rank_streams(
 
     ``contiguous=True`` is the evaluation partition (exactly complete, no
     equalization); otherwise the blocks are cut into balanced runs at chunk
-    boundaries and the batch counts evened out by ``remainder``.
+    boundaries and the batch counts evened out by ``last_batch``, resolved
+    for each world size (``resolve_last_batch``: a history segment replays
+    under the policy its world size had).
     """
-    if remainder not in REMAINDER_POLICIES:
-        raise ValueError(f"{remainder=} must be one of {REMAINDER_POLICIES}")
+    resolve_last_batch(last_batch, world_size)  # a bad policy raises before any work
     consumed = np.zeros(len(eo.order), dtype=bool)
     for w, k in history:
-        for s in _deal(eo, consumed, int(w), batch_size, remainder, contiguous):
+        policy = resolve_last_batch(last_batch, int(w))
+        for s in _deal(eo, consumed, int(w), batch_size, policy, contiguous):
             consumed[s.rows[: int(k) * batch_size]] = True
-    return _deal(eo, consumed, world_size, batch_size, remainder, contiguous)
+    return _deal(eo, consumed, world_size, batch_size, resolve_last_batch(last_batch, world_size), contiguous)
 
 
-def _deal(eo, consumed, world_size, batch_size, remainder, contiguous) -> list[RankStream]:
+def _deal(eo, consumed, world_size, batch_size, last_batch: LastBatch, contiguous) -> list[RankStream]:
     pieces = _pieces(eo, consumed)
     if contiguous:
         return _contiguous(eo, pieces, world_size)
-    if world_size == 1:
-        return [_stream(pieces)]
-    streams = _balanced(eo, pieces, world_size)
+    streams = [_stream(pieces)] if world_size == 1 else _balanced(eo, pieces, world_size)
     fallback = np.concatenate(pieces) if pieces else np.empty(0, dtype=np.int64)
-    _equalize(streams, batch_size, remainder, fallback)
+    _equalize(streams, batch_size, last_batch, fallback)
     return streams

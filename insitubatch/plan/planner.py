@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..io.geometry import ArrayGeometry
-from .distributed import Remainder, rank_streams
+from .distributed import LastBatch, rank_streams, resolve_last_batch
 from .epoch import EpochPlan, build_plan, epoch_order, valid_anchor_range
 from .quarantine import usable_rows
 from .splits import SplitManifest
@@ -37,7 +37,7 @@ class EpochPlanner:
     seed: int
     rank: int
     world_size: int
-    remainder: Remainder
+    last_batch: LastBatch | None  # a training pass's last batches (``distributed``); None: pad on several ranks
     release_per_block: bool  # a persisted cache: windowed passes release each block's chunks
     _plans: dict[tuple[str, int, History], EpochPlan] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -77,6 +77,9 @@ class EpochPlanner:
                 anchor_range = (0, manifest.n_samples)
             chunks = tuple(range(anchor_range[0] // size, -(-anchor_range[1] // size)))
             manifest = dataclasses.replace(manifest, splits=((split, chunks),))
+        training = split == "train"
+        # a training pass on one rank is dealt too when its policy changes the end (pad fills it, drop cuts it)
+        deal = self.world_size > 1 or bool(history) or (training and self.policy != "partial" and blocks is None)
         eo = epoch_order(
             manifest,
             split,
@@ -86,16 +89,16 @@ class EpochPlanner:
             seed=self.seed,
             epoch=epoch,
             anchor_range=anchor_range,
-            blocks=blocks if self.world_size == 1 and not history else None,  # ranks are dealt the whole order
+            blocks=None if deal else blocks,  # ranks are dealt the whole order
         )
         order, starts, padded = eo.order, eo.block_starts, None
-        if self.world_size > 1 or history:
+        if deal:
             mine = rank_streams(
                 eo,
                 self.world_size,
                 batch_size=batch_size,
-                remainder=self.remainder,
-                contiguous=split != "train",
+                last_batch=self.last_batch,
+                contiguous=not training,
                 history=history,
             )[self.rank]
             order, starts, padded = eo.order[mine.rows], mine.block_starts, mine.padded
@@ -111,6 +114,11 @@ class EpochPlanner:
             padded=padded if padded is not None and padded.any() else None,
             release_per_block=self.release_per_block,
         )
+
+    @property
+    def policy(self) -> LastBatch:
+        """The last-batch policy in force at this world size (``None`` resolved)."""
+        return resolve_last_batch(self.last_batch, self.world_size)
 
     def empty_reason(self, split: str, plan: EpochPlan) -> str | None:
         """Why ``plan`` (this rank's of ``split``) yields no sample, as a clause; None when it yields some
@@ -143,7 +151,7 @@ class EpochPlanner:
             )
         return (
             f"rank {self.rank} of {self.world_size} is dealt none of its {len(samples)} samples in "
-            f"{len(chunks)} chunk(s) (remainder={self.remainder!r}): use fewer ranks or give the split more chunks"
+            f"{len(chunks)} chunk(s) (last_batch={self.policy!r}): use fewer ranks or give the split more chunks"
         )
 
     def identity(self, split: str) -> dict[str, Any]:

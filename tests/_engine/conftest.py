@@ -71,7 +71,7 @@ def make_engine(
         seed=0,
         rank=0,
         world_size=1,
-        remainder="pad",
+        last_batch=None,
         release_per_block=False,
     )
     return Engine(store, data, context, planner)

@@ -136,7 +136,7 @@ def test_a_rank_dealt_nothing_is_told_so(zarr_path) -> None:
     store = local_store(zarr_path)
     geoms = open_geometries(store)
     manifest = split_by_chunk(geoms["t2m"], fractions={"train": 23 / 24, "val": 1 / 24})
-    with InSituDataset(store, manifest, geoms, batch_size=8, rank=7, world_size=8, remainder="drop") as ds:
+    with InSituDataset(store, manifest, geoms, batch_size=8, rank=7, world_size=8, last_batch="drop") as ds:
         assert ds.val.plan().n_samples == 0
         (note,) = [n for n in ds.describe()["notes"] if "'val'" in n]
         assert "rank 7 of 8" in note and "window" not in note

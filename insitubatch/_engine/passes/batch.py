@@ -39,6 +39,12 @@ class Batch:
     def __len__(self) -> int:
         return len(self.sample_indices)
 
+    @property
+    def padded(self) -> np.ndarray:
+        """``(batch,)`` bool: ``True`` for rows that repeat a sample to fill the batch (``last_batch="pad"``)."""
+        mask = self.extras.get("padded")
+        return np.zeros(len(self), dtype=bool) if mask is None else mask
+
     def read_indices(self, label: str) -> np.ndarray:
         """The sample-axis indices ``label`` was read at: ``(batch,)``, or ``(batch, steps)`` for a windowed label."""
         if label not in self.offsets:
