@@ -177,7 +177,7 @@ class DiskCache:
         self._space = DiskSpace(self.cache_dir, persist=options.persist, writes=not options.readonly)
         self._index = CacheIndex(options, fingerprints, space=self._space, fds=self._fds)
         self._held = HeldChunks(self.cache_dir)
-        self._claims = Claims(self._index.ledger.shared_dir, self._fds)
+        self._claims = Claims(self._index.shared_dir, self._fds)
         index, held, claims, space, lock = self._index, self._held, self._claims, self._space, self._lock
         self._reader = CacheReader(options, index=index, held=held, claims=claims, space=space, lock=lock)
         self._writer = CacheWriter(
@@ -379,11 +379,11 @@ class DiskCache:
             self._writer.abort_all()
             self._claims.release_all()
             self._held.close()
-            self._index.ledger.close(self._fds)
+            self._index.close()
             self._finalizer()
             if self.options.mode == "spill":  # spill space: no directory it made is left behind
-                ledger = self._index.ledger
-                leave_directory(self.cache_dir, ledger.shared_dir, ledger.base_path, made_dir=self._made_dir)
+                index = self._index
+                leave_directory(self.cache_dir, index.shared_dir, index.log_path, made_dir=self._made_dir)
 
     def __enter__(self) -> DiskCache:
         return self

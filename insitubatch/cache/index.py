@@ -64,7 +64,7 @@ class CacheIndex:
         self.cache_dir: Path = options.cache_dir
         self.options = options
         self.fingerprints = dict(fingerprints)
-        self.ledger = Ledger(self.cache_dir)
+        self._ledger = Ledger(self.cache_dir)
         self._space = space
         self._fds = fds
         self._entries: dict[Key, LogEntry] = {}
@@ -86,7 +86,7 @@ class CacheIndex:
             if self.options.persist:
                 self._load(live)
             try:
-                self.ledger.register(token, record, self._fds)
+                self._ledger.register(token, record, self._fds)
             except OSError as exc:
                 if exc.errno not in FULL_ERRNOS:
                     raise
@@ -113,7 +113,7 @@ class CacheIndex:
 
     def _live_writers(self) -> dict[str, HolderRecord | None]:
         """``{segment name: its writer's record}`` of the writers alive now (their segments are locked)."""
-        ledger = self.ledger
+        ledger = self._ledger
         return {
             name: ledger.holder(name)
             for name in ledger.segment_names()
@@ -132,7 +132,7 @@ class CacheIndex:
             m = OWNED_TILE_FILE.match(name)
             if m is not None and name.startswith("spill-") and (alone or m.group("spiller") not in tokens):
                 self._remove_file(name)
-        shared = self.ledger.shared_dir
+        shared = self._ledger.shared_dir
         if not shared.is_dir():
             return
         for name in os.listdir(shared):
@@ -143,7 +143,7 @@ class CacheIndex:
     def _load(self, live: Mapping[str, HolderRecord | None]) -> None:
         """Read every log; drop stale entries (or raise); compact and delete orphans when alone."""
         alone = not live and not self.options.readonly
-        loaded = self.ledger.load(live)
+        loaded = self._ledger.load(live)
         if loaded.version != LOG_VERSION:
             self._reset_other_version(loaded, live)
             return
@@ -194,7 +194,7 @@ class CacheIndex:
     def _compact(self, loaded: Loaded) -> None:
         """Alone: fold every log into the base log and delete tile files no entry names."""
         try:
-            self.ledger.compact(self._entries.values(), loaded.segments)
+            self._ledger.compact(self._entries.values(), loaded.segments)
         except OSError as exc:  # a full disk: the logs stay as they are, still correct
             if exc.errno not in FULL_ERRNOS:
                 raise
@@ -207,7 +207,7 @@ class CacheIndex:
 
     def _reset_other_version(self, loaded: Loaded, live: Mapping[str, HolderRecord | None]) -> None:
         """A log of another format version: nothing in it can be read, so every entry is stale."""
-        where = self.ledger.base_path if loaded.base_exists else self.ledger.shared_dir
+        where = self._ledger.base_path if loaded.base_exists else self._ledger.shared_dir
         if not self.options.reset_stale:
             raise StaleCacheError(
                 f"{where} is cache log format version {loaded.version}; this insitubatch reads version "
@@ -223,7 +223,7 @@ class CacheIndex:
         self._dropped[DROP_STALE] += 1
         self._entries = {}
         self._file_bytes = {}
-        self.ledger.compact([], self.ledger.segment_names())
+        self._ledger.compact([], self._ledger.segment_names())
 
     def _remove_file(self, name: str) -> None:
         (self.cache_dir / name).unlink(missing_ok=True)
@@ -249,7 +249,7 @@ class CacheIndex:
         if every and time.monotonic() - self._last_refresh <= every:
             return
         self._last_refresh = time.monotonic()
-        for e in self.ledger.refresh():
+        for e in self._ledger.refresh():
             self._file_bytes[e.file] = e.nbytes
             want = self.fingerprints.get(e.path)
             if want is not None and e.fingerprint != want:
@@ -269,7 +269,7 @@ class CacheIndex:
         current = self._entries.get(entry.key)
         if current is not None and dataclasses.replace(entry, t=current.t) == current:
             return  # the log has it
-        self.ledger.append(entry)
+        self._ledger.append(entry)
         self._entries[entry.key] = entry
         self._own.add((entry.key, entry.t))
         self._file_bytes[entry.file] = entry.nbytes
@@ -289,6 +289,20 @@ class CacheIndex:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def shared_dir(self) -> Path:
+        """``cache_dir``'s shared directory: the writers' segments and the claims."""
+        return self._ledger.shared_dir
+
+    @property
+    def log_path(self) -> Path:
+        """The compacted base log."""
+        return self._ledger.base_path
+
+    def close(self) -> None:
+        """Let go of this writer's segment (deleted when it logged nothing). Idempotent."""
+        self._ledger.close(self._fds)
 
     @property
     def dropped(self) -> dict[str, int]:

@@ -36,7 +36,7 @@ class Parts:
             self.writer.abort_all()
         self.claims.release_all()
         self.held.close()
-        self.index.ledger.close(self.fds)
+        self.index.close()
         release_fds(self.fds)
 
 
@@ -52,7 +52,7 @@ def cache_parts() -> Iterator[Callable[..., Parts]]:
         space = DiskSpace(options.cache_dir, persist=options.persist, writes=not options.readonly)
         index = CacheIndex(options, fingerprints, space=space, fds=fds)
         held = HeldChunks(options.cache_dir)
-        claims = Claims(index.ledger.shared_dir, fds)
+        claims = Claims(index.shared_dir, fds)
         reader = CacheReader(options, index=index, held=held, claims=claims, space=space, lock=lock)
         writer = None
         if options.readonly:

@@ -34,7 +34,7 @@ def _opened(d: Path, *, fingerprint: str = FP_A, readonly: bool = False) -> Iter
             index.open_as_writer(new_writer_token())
         yield index
     finally:
-        index.ledger.close(fds)
+        index.close()
         release_fds(fds)
 
 
