@@ -26,9 +26,8 @@ from ._engine.pool.chunk_pool import ChunkPool
 from ._engine.reads.reader import BadChunkRecord
 from ._engine.reads.store_link import route_report
 from ._validate import callables, flag, positive_int, positive_int_or_auto
-from .cache import OnCorrupt
+from .cache import CacheOptions, OnCorrupt, open_dataset_cache
 from .cache.fingerprint import array_fingerprints
-from .cache.options import open_dataset_cache
 from .io.geometry import ArrayGeometry, sample_coords
 from .io.group import resolve_statics, resolve_variables
 from .io.owned import close_store
@@ -171,11 +170,14 @@ class InSituDataset:
         if cache_budget_bytes is not None:
             cache_budget_bytes = positive_int("cache_budget_bytes", cache_budget_bytes)
         self.shuffle = flag("shuffle", shuffle)
-        persist = flag("persist", persist)
-        reset_stale_cache = flag("reset_stale_cache", reset_stale_cache)
-        readonly_cache = flag("readonly_cache", readonly_cache)
-        if cache_disk_bytes is not None:
-            cache_disk_bytes = positive_int("cache_disk_bytes", cache_disk_bytes)
+        cache_options = CacheOptions(
+            cache_dir,
+            persist=persist,
+            readonly=readonly_cache,
+            reset_stale=reset_stale_cache,
+            disk_bytes=cache_disk_bytes,
+            on_corrupt=on_corrupt_cache,
+        )
         self.rank, self.world_size = resolve_world(rank, world_size)
         last_batch = last_batch_policy(last_batch, remainder)
         self.last_batch: LastBatch = resolve_last_batch(last_batch, self.world_size)
@@ -193,17 +195,8 @@ class InSituDataset:
         check_scopes(self.chunk_transforms, {g.path for g in self.variables.values()})
         self.batch_transforms = callables("batch_transforms", batch_transforms)
         self.readers, self.outputs = read_sources(self.variables, self.chunk_transforms)
-        self.cache = open_dataset_cache(
-            cache_dir,
-            persist=persist,
-            readonly=readonly_cache,
-            reset_stale=reset_stale_cache,
-            disk_bytes=cache_disk_bytes,
-            on_corrupt=on_corrupt_cache,
-            fingerprints=self._fingerprints,
-            store=self.store,
-        )
-        self.persist = bool(persist)
+        self.cache = open_dataset_cache(cache_options, fingerprints=self._fingerprints, store=self.store)
+        self.persist = cache_options.persist
         cache = self.cache  # an entry the pool evicts leaves the disk cache's accounting too
         self.pool = ChunkPool(cache_budget_bytes, on_evict=None if cache is None else lambda e: cache.evict(*e.key))
         self.buffers = BufferPool()

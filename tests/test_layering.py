@@ -226,6 +226,57 @@ def test_no_module_over_the_size_limit() -> None:
     assert {path for path in OVERSIZED if sizes.get(path, 0) <= MAX_LINES} == set()
 
 
+def inherited_across_modules(root: Path, room: str) -> list[str]:
+    """Classes under ``root/room`` whose base is a class defined in another module of the package.
+
+    A base named through ``from .mod import Base`` or ``mod.Base`` counts when
+    ``mod`` is a module of the package that defines a class ``Base`` (a class
+    spread over modules as mixins reads that way); a base from outside the
+    package (``Exception``, a stdlib or numpy class) does not.
+    """
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+    modules = set(files)
+    trees = {name: ast.parse(path.read_text(), filename=str(path)) for name, path in files.items()}
+    classes = {name: {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)} for name, tree in trees.items()}
+    found = []
+    for name, tree in sorted(trees.items()):
+        if not name.startswith(f"{root.name}.{room}"):
+            continue
+        package = name if files[name].name == "__init__.py" else name.rpartition(".")[0]
+        origin: dict[str, str] = {}  # a name bound by an import -> the module it names, or the module it comes from
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+                absolute = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    origin[alias.asname or alias.name] = absolute
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    origin[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else ""
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for base in node.bases:
+                if isinstance(base, ast.Name) and base.id in origin:
+                    where, cls = origin[base.id], base.id
+                elif isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in origin:
+                    module = origin[base.value.id]
+                    where, cls = (
+                        (f"{module}.{base.value.id}" if f"{module}.{base.value.id}" in modules else module),
+                        base.attr,
+                    )
+                else:
+                    continue
+                if where in modules and where != name and cls in classes[where]:
+                    found.append(f"{name}.{node.name} inherits {where}.{cls}")
+    return found
+
+
+def test_no_cache_class_inherits_from_another_module() -> None:
+    """The disk cache is collaborating objects: none of its classes is built from another module's class."""
+    assert inherited_across_modules(ROOT, "cache") == []
+
+
 # -- the checker itself, on synthetic packages --------------------------------------
 
 
@@ -317,3 +368,25 @@ def test_checker_catches_an_engine_room_reaching_up(tmp_path: Path) -> None:
 def test_a_folder_in_no_layer_is_named(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="'shiny'"):
         layer_of(f"{PACKAGE}.shiny.thing")
+
+
+def test_checker_catches_a_class_built_from_other_modules_mixins(tmp_path: Path) -> None:
+    pkg = _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "cache/__init__.py": "",
+            "cache/book.py": "class _Book:\n    pass\n",
+            "cache/reading.py": "from .book import _Book\nclass _Reading(_Book):\n    pass\n",
+            "cache/disk.py": (
+                "import threading\nfrom . import book\nfrom .reading import _Reading\n"
+                "class DiskCache(_Reading, book._Book):\n    pass\n"
+                "class Local:\n    pass\nclass Sub(Local, OSError, threading.Thread):\n    pass\n"
+            ),
+        },
+    )
+    assert inherited_across_modules(pkg, "cache") == [
+        f"{PACKAGE}.cache.disk.DiskCache inherits {PACKAGE}.cache.reading._Reading",
+        f"{PACKAGE}.cache.disk.DiskCache inherits {PACKAGE}.cache.book._Book",
+        f"{PACKAGE}.cache.reading._Reading inherits {PACKAGE}.cache.book._Book",
+    ]

@@ -83,6 +83,16 @@ BAD_DATASET_KNOBS: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"readonly_cache": 1}, TypeError, r"readonly_cache must be True or False, got int \(1\)"),
     ({"reset_stale_cache": None}, TypeError, r"reset_stale_cache must be True or False, got NoneType"),
     ({"cache_dir": 5}, TypeError, r"cache_dir must be a directory path .* got int \(5\)"),
+    (
+        {
+            "cache_dir": "/nonexistent-insitubatch-cache",
+            "persist": True,
+            "readonly_cache": True,
+            "reset_stale_cache": True,
+        },
+        ValueError,
+        r"reset_stale_cache=True deletes files, which a readonly_cache never does; drop one of them",
+    ),
     ({"chunk_transforms": lambda c: c}, TypeError, r"chunk_transforms must be a list of callables, got function"),
     ({"chunk_transforms": [5]}, TypeError, r"chunk_transforms\[0\] must be callable, got int \(5\)"),
     ({"batch_transforms": [lambda b: b, None]}, TypeError, r"batch_transforms\[1\] must be callable, got NoneType"),

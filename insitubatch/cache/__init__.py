@@ -2,9 +2,63 @@
 
 from __future__ import annotations
 
-from .disk import *  # noqa: F403
-from .disk import __all__ as _disk_all
-from .fingerprint import *  # noqa: F403
-from .fingerprint import __all__ as _fingerprint_all
+from .disk import DiskCache, open_dataset_cache
+from .files import (
+    DROP_STALE,
+    DROP_SUPERSEDED,
+    DROP_TORN,
+    REJECT_CHECKSUM,
+    REJECT_DTYPE,
+    REJECT_FILE,
+    REJECT_MISSING,
+    REJECT_SHAPE,
+    SHARED_DIR,
+    WriteHandle,
+    persisted_basename,
+    spill_basename,
+)
+from .fingerprint import (
+    FINGERPRINT_FORMAT,
+    FINGERPRINT_HEX_LEN,
+    array_fingerprints,
+    is_fingerprint,
+    pipeline_fingerprint,
+    source_identity,
+)
+from .lock import LOCK_NAME, network_filesystem
+from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, LogEntry
+from .options import ON_CORRUPT, CacheOptions, OnCorrupt
+from .reading import Found
 
-__all__ = sorted([*_disk_all, *_fingerprint_all])
+__all__ = [
+    "CacheOptions",
+    "DROP_STALE",
+    "DROP_SUPERSEDED",
+    "DROP_TORN",
+    "DiskCache",
+    "FINGERPRINT_FORMAT",
+    "FINGERPRINT_HEX_LEN",
+    "Found",
+    "LOCK_NAME",
+    "LOG_FORMAT",
+    "LOG_NAME",
+    "LOG_VERSION",
+    "LogEntry",
+    "ON_CORRUPT",
+    "OnCorrupt",
+    "REJECT_CHECKSUM",
+    "REJECT_DTYPE",
+    "REJECT_FILE",
+    "REJECT_MISSING",
+    "REJECT_SHAPE",
+    "SHARED_DIR",
+    "WriteHandle",
+    "array_fingerprints",
+    "is_fingerprint",
+    "network_filesystem",
+    "open_dataset_cache",
+    "persisted_basename",
+    "pipeline_fingerprint",
+    "source_identity",
+    "spill_basename",
+]

@@ -16,9 +16,17 @@ read-only views. A chunk nobody logged is *claimed* (``claims``) before it
 is fetched, so two writers never make it at once: a writer that finds it
 claimed is told it is busy and looks again later, by which time it is
 usually logged. What ``cache_dir`` holds is listed in ``files``; how
-writers and readonly readers keep apart, in ``lock``. The class is written
-in three parts: ``reading`` (``find``, ``lookup``), ``writing``
-(``begin`` … ``commit``), ``bookkeeping`` (opening a directory, counters).
+writers and readonly readers keep apart, in ``lock``.
+
+The parts
+---------
+``DiskCache`` is the one face of collaborating parts, each holding the
+others it needs, all sharing the cache's one lock: a ``CacheIndex``
+(``index``: what the logs say, and opening the directory), ``HeldChunks``
+(``held``: the mappings it holds), ``DiskSpace`` (``space``: whether it
+still writes), ``Claims`` (``claims``), a ``CacheReader`` (``reading``:
+``find``, ``lookup``) and a ``CacheWriter`` (``writing``: ``begin`` …
+``commit``). Its settings are one checked ``CacheOptions`` (``options``).
 
 Checksums
 ---------
@@ -51,71 +59,35 @@ holds no mapping and no file descriptor after ``close()``.
 
 from __future__ import annotations
 
-import itertools
 import operator
 import os
 import threading
 import warnings
 import weakref
-from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, get_args
 
+import numpy as np
+import numpy.typing as npt
+from zarr.abc.store import Store
+
+from ..errors import CacheMissError
 from .claims import Claims
-from .files import (
-    DROP_STALE,
-    DROP_SUPERSEDED,
-    DROP_TORN,
-    REJECT_CHECKSUM,
-    REJECT_DTYPE,
-    REJECT_FILE,
-    REJECT_MISSING,
-    REJECT_SHAPE,
-    SHARED_DIR,
-    WriteHandle,
-    _Mapped,
-    new_writer_token,
-    persisted_basename,
-    spill_basename,
-)
+from .files import WriteHandle, new_writer_token
 from .fingerprint import is_fingerprint
-from .ledger import Ledger
-from .lock import LOCK_NAME, leave_directory, network_filesystem, release_fds, require_flock
-from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, Key, LogEntry
-from .reading import Found, _Reading
-from .writing import _Writing
+from .held import HeldChunks
+from .index import CacheIndex
+from .lock import leave_directory, network_filesystem, release_fds, require_flock
+from .log import Key, LogEntry
+from .options import CacheOptions, OnCorrupt
+from .reading import CacheReader, Found, Premapped
+from .space import DiskSpace
+from .writing import CacheWriter
 
-__all__ = [
-    "DROP_STALE",
-    "DROP_SUPERSEDED",
-    "DROP_TORN",
-    "LOCK_NAME",
-    "LOG_FORMAT",
-    "LOG_NAME",
-    "LOG_VERSION",
-    "ON_CORRUPT",
-    "REJECT_CHECKSUM",
-    "REJECT_DTYPE",
-    "REJECT_FILE",
-    "REJECT_MISSING",
-    "REJECT_SHAPE",
-    "SHARED_DIR",
-    "DiskCache",
-    "Found",
-    "LogEntry",
-    "OnCorrupt",
-    "WriteHandle",
-    "network_filesystem",
-    "persisted_basename",
-    "spill_basename",
-]
-
-OnCorrupt = Literal["refetch", "raise"]
-ON_CORRUPT: tuple[OnCorrupt, ...] = get_args(OnCorrupt)
+__all__ = ["DiskCache", "open_dataset_cache"]
 
 
-class DiskCache(_Reading, _Writing):
+class DiskCache:
     """The mmap-backed chunk cache of one dataset over one ``cache_dir``.
 
     Parameters
@@ -154,8 +126,10 @@ class DiskCache(_Reading, _Writing):
         A log is damaged (see ``log``).
     StaleCacheError
         Entries of arrays in ``fingerprints`` were made by other transforms.
+    TypeError
+        A flag that is not a bool, a ``disk_bytes`` that is not an int.
     ValueError
-        A bad argument combination or fingerprint.
+        A bad value or combination (``CacheOptions``), or a bad fingerprint.
 
     Warns
     -----
@@ -181,60 +155,44 @@ class DiskCache(_Reading, _Writing):
         disk_bytes: int | None = None,
         on_corrupt: OnCorrupt = "refetch",
     ) -> None:
-        self.cache_dir = Path(cache_dir)
-        self.persist = bool(persist)
-        self.readonly = bool(readonly)
-        if self.readonly and not self.persist:
-            raise ValueError("readonly=True needs persist=True: only a persisted cache has anything to read")
-        if self.readonly and reset_stale:
-            raise ValueError("reset_stale=True deletes files, which a readonly cache never does; drop one of them")
+        options = CacheOptions(
+            cache_dir,
+            persist=persist,
+            readonly=readonly,
+            reset_stale=reset_stale,
+            disk_bytes=disk_bytes,
+            on_corrupt=on_corrupt,
+        )
+        assert options.cache_dir is not None  # cache_dir is a required argument
         bad = {p: f for p, f in fingerprints.items() if not isinstance(p, str) or not is_fingerprint(f)}
         if bad:
             raise ValueError(f"fingerprints must map array paths to 16 lowercase hex digits; bad: {bad!r}")
-        if disk_bytes is not None and (type(disk_bytes) is not int or disk_bytes <= 0):
-            raise ValueError(f"disk_bytes={disk_bytes!r} must be a positive int or None (no cap)")
-        if on_corrupt not in ON_CORRUPT:
-            raise ValueError(f"on_corrupt={on_corrupt!r} must be one of {ON_CORRUPT}")
+        self.options = options
+        self.cache_dir: Path = options.cache_dir
         require_flock(self.cache_dir)
-        self.fingerprints = dict(fingerprints)
-        self.disk_bytes = disk_bytes
-        self.on_corrupt: OnCorrupt = on_corrupt
-        self.verify = True  # check each file's CRC-32C when first revived (the bench turns it off to measure it)
         self.token = new_writer_token()
-        self._reset_stale = bool(reset_stale)
-        self.log_path = self.cache_dir / LOG_NAME
-        self.lock_path = self.cache_dir / LOCK_NAME
         self._lock = threading.RLock()
         self._fds: list[int] = []
         self._finalizer = weakref.finalize(self, release_fds, self._fds)
-        self._ledger = Ledger(self.cache_dir)
-        self._claims = Claims(self._ledger.shared_dir, self._fds)
-        self._entries: dict[Key, LogEntry] = {}
-        self._own: set[tuple[Key, int]] = set()  # (key, t) of the lines this writer appended
-        self._file_bytes: dict[str, int] = {}  # every logged file's size, whoever wrote it (the disk budget)
-        self._mapped: dict[Key, _Mapped] = {}
-        self._pending: dict[Key, WriteHandle] = {}
-        self._spilled: set[Path] = set()
-        self._miss_reasons: dict[Key, str] = {}
-        # entries turned away, for any request (a damaged file: None) or for one (shapes, dtype): not tried again
-        self._bad: dict[Key, tuple[LogEntry, tuple | None]] = {}
-        self._verified_files: dict[str, tuple[tuple[int, int, int], int]] = {}  # file name -> (identity, CRC) checked
-        self._warned_files: set[str] = set()
-        self._temp_ids = itertools.count()
-        self._last_refresh = 0.0
-        self._revived = 0
-        self._revived_others = 0
-        self._written = 0
-        self._rejected: Counter[str] = Counter()
-        self._dropped: Counter[str] = Counter()
-        self._refused: Counter[str] = Counter()
-        self._persisting = not self.readonly
-        self._full_warned = False
-        self._over_budget = False
-        self._closed = False
+        self._space = DiskSpace(self.cache_dir, persist=options.persist, writes=not options.readonly)
+        self._index = CacheIndex(options, fingerprints, space=self._space, fds=self._fds)
+        self._held = HeldChunks(self.cache_dir)
+        self._claims = Claims(self._index.shared_dir, self._fds)
+        index, held, claims, space, lock = self._index, self._held, self._claims, self._space, self._lock
+        self._reader = CacheReader(options, index=index, held=held, claims=claims, space=space, lock=lock)
+        self._writer = CacheWriter(
+            options,
+            token=self.token,
+            index=index,
+            held=held,
+            claims=claims,
+            space=space,
+            reader=self._reader,
+            lock=lock,
+        )
         self._made_dir = False
 
-        if self.readonly:
+        if options.readonly:
             if not self.cache_dir.is_dir():
                 raise FileNotFoundError(
                     f"readonly cache_dir {str(self.cache_dir)!r} does not exist; warm it with a writing run first"
@@ -251,15 +209,91 @@ class DiskCache(_Reading, _Writing):
                 stacklevel=2,
             )
         try:
-            if self.readonly:
-                self._open_as_reader()
+            if options.readonly:
+                self._index.open_as_reader()
             else:
-                self._open_as_writer()
+                self._index.open_as_writer(self.token)
         except BaseException:
             self._finalizer()
             raise
 
-    # -- engine API ---------------------------------------------------------
+    # -- settings -----------------------------------------------------------
+    @property
+    def persist(self) -> bool:
+        return self.options.persist
+
+    @property
+    def readonly(self) -> bool:
+        return self.options.readonly
+
+    @property
+    def disk_bytes(self) -> int | None:
+        return self.options.disk_bytes
+
+    @property
+    def verify(self) -> bool:
+        """Check each file's CRC-32C when first revived (the bench turns it off to measure it)."""
+        return self._reader.verify
+
+    @verify.setter
+    def verify(self, value: bool) -> None:
+        self._reader.verify = value
+
+    # -- engine API: reading ------------------------------------------------
+    def premap(self, keys: Sequence[tuple[str, int]]) -> Premapped:
+        """Map the logged files of many chunks in one kernel call (``CacheReader.premap``)."""
+        return self._reader.premap(keys)
+
+    @staticmethod
+    def close_premapped(premapped: Premapped) -> None:
+        """Unmap the files ``premap`` mapped that no ``find`` took."""
+        CacheReader.close_premapped(premapped)
+
+    def lookup(
+        self, path: str, chunk_index: int, tile_shapes: Sequence[Sequence[int]], dtype: npt.DTypeLike
+    ) -> list[np.ndarray] | None:
+        """The chunk's tiles as read-only zero-copy views, or ``None`` on a miss (``find`` without claiming)."""
+        return self._reader.lookup(path, chunk_index, tile_shapes, dtype)
+
+    def find(
+        self,
+        path: str,
+        chunk_index: int,
+        tile_shapes: Sequence[Sequence[int]],
+        dtype: npt.DTypeLike,
+        *,
+        claim: bool = True,
+        premapped: Premapped | None = None,
+    ) -> Found:
+        """Revive the chunk if any writer logged it; else, with ``claim``, claim it (``CacheReader.find``)."""
+        return self._reader.find(path, chunk_index, tile_shapes, dtype, claim=claim, premapped=premapped)
+
+    def miss_error(self, path: str, chunk_index: int) -> CacheMissError:
+        """The error a readonly pass raises for a chunk ``lookup`` could not serve."""
+        return self._reader.miss_error(path, chunk_index)
+
+    # -- engine API: writing ------------------------------------------------
+    def begin(
+        self, path: str, chunk_index: int, n_tiles: int, stored_tile_shape: Sequence[int], dtype: npt.DTypeLike
+    ) -> WriteHandle | None:
+        """Start writing a chunk, or ``None``: keep it in memory (``CacheWriter.begin``)."""
+        return self._writer.begin(path, chunk_index, n_tiles, stored_tile_shape, dtype)
+
+    def write(self, handle: WriteHandle, tile_index: int, tile: np.ndarray) -> np.ndarray:
+        """Copy one decoded tile into its position (GIL released); returns the writable view of it."""
+        return self._writer.write(handle, tile_index, tile)
+
+    def commit(self, handle: WriteHandle, tile_shapes: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Publish a fully written chunk; its tiles as read-only zero-copy views (``CacheWriter.commit``)."""
+        return self._writer.commit(handle, tile_shapes)
+
+    def abort(self, handle: WriteHandle) -> None:
+        """Drop an unfinished write: its temporary file is deleted, its claim released. Idempotent."""
+        self._writer.abort(handle)
+
+    def release(self, path: str, chunk_index: int) -> None:
+        """Give up a claim ``find`` took for a chunk that will not be written (``CacheWriter.release``)."""
+        self._writer.release(path, chunk_index)
 
     def evict(self, path: str, chunk_index: int) -> None:
         """Release a chunk's mapping; an ephemeral chunk's file is deleted, a persisted one stays.
@@ -268,38 +302,88 @@ class DiskCache(_Reading, _Writing):
         """
         key = (path, operator.index(chunk_index))
         with self._lock:
-            held = self._mapped.pop(key, None)
-            if held is None:
-                return
-            held.tile_file.close()
-            if not self.persist:
-                held.tile_file.path.unlink(missing_ok=True)
-                self._spilled.discard(held.tile_file.path)
+            self._held.evict(key)
+
+    # -- observability ------------------------------------------------------
+    @property
+    def mapped_bytes(self) -> int:
+        """Tile-file bytes this cache holds mapped now (held chunks and writes in progress)."""
+        with self._lock:
+            return self._held.nbytes + self._writer.pending_bytes
+
+    @property
+    def revived(self) -> int:
+        """Chunks mapped back from a persisted file by ``find``/``lookup``."""
+        return self._reader.revived
+
+    @property
+    def revived_from_others(self) -> int:
+        """The part of ``revived`` whose file another writer made (another process, or an earlier run)."""
+        return self._reader.revived_from_others
+
+    @property
+    def written(self) -> int:
+        """Chunks committed by this cache."""
+        return self._writer.written
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Logged entries ``lookup`` turned away, by reason (``shape``, ``dtype``, ``missing``, ``file``, ``checksum``)."""
+        return self._reader.rejected
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Log lines the load dropped, by reason (``stale``, ``superseded``, ``torn``)."""
+        return self._index.dropped
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Chunks ``begin`` did not write, by reason: ``full`` (disk), ``budget`` (``disk_bytes``), ``busy`` (claimed)."""
+        with self._lock:
+            return dict(self._space.refused)
+
+    @property
+    def persisting(self) -> bool:
+        """False once a full disk stopped this cache writing."""
+        return self._space.persisting
+
+    @property
+    def over_budget(self) -> bool:
+        """True once a chunk was not written because it would have passed ``disk_bytes``."""
+        return self._space.over_budget
+
+    @property
+    def disk_used_bytes(self) -> int:
+        """Bytes of the tile files every writer logged (as this cache last read the logs)."""
+        with self._lock:
+            return self._index.logged_bytes()
+
+    def entries(self) -> dict[Key, LogEntry]:
+        """The persisted entries this cache knows, keyed ``(array_path, chunk_index)``."""
+        with self._lock:
+            return self._index.entries()
+
+    @property
+    def closed(self) -> bool:
+        return self._held.closed
 
     # -- lifetime -----------------------------------------------------------
-
     def close(self) -> None:
         """Unmap everything, delete ephemeral files, release claims and locks. Idempotent.
 
         Views handed out stay valid: their bytes stay mapped until they die.
         """
         with self._lock:
-            if self._closed:
+            if self._held.closed:
                 return
-            self._closed = True
-            for handle in list(self._pending.values()):
-                self.abort(handle)
+            self._writer.abort_all()
             self._claims.release_all()
-            for held in self._mapped.values():
-                held.tile_file.close()
-            self._mapped.clear()
-            for p in self._spilled:
-                p.unlink(missing_ok=True)
-            self._spilled.clear()
-            self._ledger.close(self._fds)
+            self._held.close()
+            self._index.close()
             self._finalizer()
-            if not self.persist and not self.readonly:  # spill space: no directory it made is left behind
-                leave_directory(self.cache_dir, self._ledger.shared_dir, self.log_path, made_dir=self._made_dir)
+            if self.options.mode == "spill":  # spill space: no directory it made is left behind
+                index = self._index
+                leave_directory(self.cache_dir, index.shared_dir, index.log_path, made_dir=self._made_dir)
 
     def __enter__(self) -> DiskCache:
         return self
@@ -308,6 +392,34 @@ class DiskCache(_Reading, _Writing):
         self.close()
 
     def __repr__(self) -> str:
-        mode = "readonly" if self.readonly else ("persist" if self.persist else "spill")
-        state = "closed" if self._closed else f"{len(self._mapped)} mapped, {len(self._entries)} logged"
-        return f"DiskCache({str(self.cache_dir)!r}, {mode}, {state})"
+        state = "closed" if self.closed else f"{len(self._held)} mapped, {len(self._index)} logged"
+        return f"DiskCache({str(self.cache_dir)!r}, {self.options.mode}, {state})"
+
+
+def open_dataset_cache(
+    options: CacheOptions, *, fingerprints: Callable[[], Mapping[str, str]], store: Store | None = None
+) -> DiskCache | None:
+    """The disk cache ``options`` ask for, or ``None`` without a ``cache_dir``.
+
+    ``fingerprints`` is called only when there is a cache to open (hashing
+    transforms is not free). ``store``, the dataset's, places the cache in
+    the subdirectory of the version it reads, if it names one
+    (``CacheOptions.directory_for``).
+
+    Raises
+    ------
+    ValueError
+        ``persist`` over a writable icechunk session with uncommitted changes.
+    """
+    directory = options.directory_for(store)
+    if directory is None:
+        return None
+    return DiskCache(
+        directory,
+        persist=options.persist,
+        readonly=options.readonly,
+        fingerprints=fingerprints(),
+        reset_stale=options.reset_stale,
+        disk_bytes=options.disk_bytes,
+        on_corrupt=options.on_corrupt,
+    )

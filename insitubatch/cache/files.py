@@ -1,7 +1,7 @@
 """Tile file names, the shared directory's names, and the small records ``DiskCache`` keeps per chunk.
 
 Names are deterministic so a later run (or another writer) finds a persisted
-chunk by name, and the ``_OWNED_*`` patterns let housekeeping delete only
+chunk by name, and the ``OWNED_*`` patterns let housekeeping delete only
 files this package wrote.
 
 Files in ``cache_dir``
@@ -35,22 +35,26 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .log import LOG_NAME, Key
 from .tilefile import TileFile
 
 __all__ = [
+    "CLAIM_FILE",
     "DROP_STALE",
     "DROP_SUPERSEDED",
     "DROP_TORN",
+    "OWNED_TEMP",
+    "OWNED_TILE_FILE",
     "REJECT_CHECKSUM",
     "REJECT_DTYPE",
     "REJECT_FILE",
     "REJECT_MISSING",
     "REJECT_SHAPE",
+    "SEGMENT_FILE",
+    "SEGMENT_TEMP",
     "SHARED_DIR",
     "WriteHandle",
+    "claim_name",
     "new_writer_token",
     "persisted_basename",
     "spill_basename",
@@ -68,16 +72,16 @@ _SLUG_MAX = 64
 _HEX8, _HEX16 = "[0-9a-f]{8}", "[0-9a-f]{16}"
 _SLUG = r"[A-Za-z0-9_.-]+"
 # a persisted file (format 1 had no fingerprint in the name) or a spill file (format 1 had no writer)
-_OWNED_TILE_FILE = re.compile(
+OWNED_TILE_FILE = re.compile(
     rf"^(?:{_PERSIST_PREFIX}-{_HEX8}(?:-{_HEX16})?|{_SPILL_PREFIX}-(?:(?P<spiller>{_HEX16})-)?{_HEX8})-\d+-{_SLUG}\.npy$"
 )
 # a file being written next to its final name: ".<name>.<writer>-<n>.tmp" (or "<pid>-<hex>" outside a cache)
-_OWNED_TEMP = re.compile(
+OWNED_TEMP = re.compile(
     rf"^\.(?:(?:{_PERSIST_PREFIX}|{_SPILL_PREFIX})-.*\.npy|{re.escape(LOG_NAME)})\.(?P<tag>[0-9a-f]+)-[0-9a-f]+\.tmp$"
 )
-_SEGMENT = re.compile(rf"^(?P<token>{_HEX16}){re.escape(SEGMENT_SUFFIX)}$")
-_SEGMENT_TEMP = re.compile(rf"^\.(?P<token>{_HEX16}){re.escape(SEGMENT_SUFFIX)}\.tmp$")
-_CLAIM = re.compile(rf"^(?:{_PERSIST_PREFIX})-.*{re.escape(CLAIM_SUFFIX)}$")
+SEGMENT_FILE = re.compile(rf"^(?P<token>{_HEX16}){re.escape(SEGMENT_SUFFIX)}$")
+SEGMENT_TEMP = re.compile(rf"^\.(?P<token>{_HEX16}){re.escape(SEGMENT_SUFFIX)}\.tmp$")
+CLAIM_FILE = re.compile(rf"^(?:{_PERSIST_PREFIX})-.*{re.escape(CLAIM_SUFFIX)}$")
 # Reasons ``lookup`` turns a logged entry away (``rejected``) and a load drops one (``dropped``).
 REJECT_SHAPE, REJECT_DTYPE, REJECT_MISSING, REJECT_FILE, REJECT_CHECKSUM = (
     "shape",
@@ -131,29 +135,3 @@ class WriteHandle:
     nbytes: int
     written: set[int] = field(default_factory=set)
     done: bool = False
-
-
-@dataclass(eq=False)
-class _Mapped:
-    """A tile file this cache holds mapped, with the tile shapes it was mapped for."""
-
-    tile_file: TileFile
-    tile_shapes: tuple[tuple[int, ...], ...]
-
-    @property
-    def nbytes(self) -> int:
-        return self.tile_file.n_tiles * self.tile_file.tile_bytes
-
-
-def _mismatch(
-    have_shapes: tuple[tuple[int, ...], ...],
-    have_dtype: np.dtype,
-    shapes: tuple[tuple[int, ...], ...],
-    dtype: np.dtype,
-) -> tuple[str, str] | None:
-    """``(reason, detail)`` when a cached chunk's tiles are not the ones asked for, else ``None``."""
-    if have_shapes != shapes:
-        return REJECT_SHAPE, f"its cached tile shapes {have_shapes} differ from the requested {shapes}"
-    if have_dtype != dtype:
-        return REJECT_DTYPE, f"its cached dtype {have_dtype} differs from the requested {dtype}"
-    return None

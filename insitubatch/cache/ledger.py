@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import CacheCorruptError
-from .files import _SEGMENT, SEGMENT_SUFFIX, SHARED_DIR
+from .files import SEGMENT_FILE, SEGMENT_SUFFIX, SHARED_DIR
 from .lock import HolderRecord, try_lock
 from .log import (
     LOG_NAME,
@@ -81,7 +81,7 @@ class Ledger:
             names = os.listdir(self.shared_dir)
         except FileNotFoundError:
             return []
-        return sorted(n for n in names if _SEGMENT.match(n))
+        return sorted(n for n in names if SEGMENT_FILE.match(n))
 
     def load(self, live: Iterable[str]) -> Loaded:
         """Read the base log and every segment; ``live`` names the live writers' segments.

@@ -1,85 +1,146 @@
-"""An ``InSituDataset``'s cache options, checked together and opened as its ``DiskCache`` (or none).
+"""A dataset's six disk-cache settings as one value, checked together when it is built.
 
-The messages name the dataset's parameters (``cache_dir``, ``persist``,
-``readonly_cache``, ``reset_stale_cache``, ``cache_disk_bytes``,
-``on_corrupt_cache``), since that is where a user sets them.
+``CacheOptions`` is the one place the cache's settings are checked: each
+value's type and range, and every combination that has no meaning (a
+readonly cache that is not persisted, a disk cap on spill space, a reset a
+readonly reader could not do, any setting without a ``cache_dir``). An
+instance is therefore always a valid combination, and what is built from it
+(``DiskCache`` and its parts) trusts it. The messages name the dataset's
+parameters (``cache_dir``, ``persist``, ``readonly_cache``,
+``reset_stale_cache``, ``cache_disk_bytes``, ``on_corrupt_cache``), since
+that is where a user sets them.
 
 A store that names the version of its bytes (an icechunk snapshot:
 ``fingerprint.source_identity``) caches under ``cache_dir/<identity>``, one
 directory per version, so a run on one snapshot never revives another's
-chunks and each snapshot keeps its own.
+chunks and each snapshot keeps its own (``CacheOptions.directory_for``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 from zarr.abc.store import Store
 
-from .disk import ON_CORRUPT, DiskCache, OnCorrupt
+from .._validate import flag, positive_int
 from .fingerprint import source_identity
 
-__all__ = ["open_dataset_cache"]
+__all__ = ["ON_CORRUPT", "CacheOptions", "OnCorrupt"]
+
+OnCorrupt = Literal["refetch", "raise"]
+ON_CORRUPT: tuple[OnCorrupt, ...] = get_args(OnCorrupt)
 
 
-def open_dataset_cache(
-    cache_dir: str | os.PathLike | None,
-    *,
-    persist: bool,
-    readonly: bool,
-    reset_stale: bool,
-    disk_bytes: int | None,
-    on_corrupt: OnCorrupt,
-    fingerprints: Callable[[], Mapping[str, str]],
-    store: Store | None = None,
-) -> DiskCache | None:
-    """The disk cache the options ask for, or ``None`` without ``cache_dir``.
+@dataclass(frozen=True, init=False)
+class CacheOptions:
+    """Where and how a dataset caches chunks on disk; an instance is always a valid combination.
 
-    ``fingerprints`` is called only when there is a cache to open (hashing
-    transforms is not free). ``store``, the dataset's, places the cache in
-    the subdirectory of the version it reads, if it names one.
+    Parameters
+    ----------
+    cache_dir
+        Directory of the tile files; ``None``: no disk cache (and then no
+        other option may be set).
+    persist
+        Keep the files across runs and log each completed chunk; without it
+        ``cache_dir`` is spill space.
+    readonly
+        Only read a warmed persisted cache (``readonly_cache``).
+    reset_stale
+        Rebuild the arrays whose chunk transforms changed instead of raising
+        (``reset_stale_cache``); a writer's option.
+    disk_bytes
+        Most bytes the persisted tile files may take (``cache_disk_bytes``);
+        ``None``: up to a full disk.
+    on_corrupt
+        A damaged tile file is re-fetched (``"refetch"``) or raises
+        (``"raise"``) (``on_corrupt_cache``).
 
     Raises
     ------
     TypeError
-        ``cache_dir`` is not a path.
+        ``cache_dir`` is not a path, a flag is not a bool, ``disk_bytes`` is
+        not an int.
     ValueError
-        An option that needs another (``persist``, ``cache_dir``), or an invalid
-        value; ``persist`` over a writable icechunk session with uncommitted changes.
+        ``disk_bytes`` is not positive, ``on_corrupt`` is not one of
+        ``ON_CORRUPT``, or an option needs another that is not set.
     """
-    if on_corrupt not in ON_CORRUPT:
-        raise ValueError(f"on_corrupt_cache={on_corrupt!r} must be one of {ON_CORRUPT}")
-    if cache_dir is None:
-        if persist or readonly or reset_stale or disk_bytes is not None:
-            raise ValueError(
-                f"persist={persist}, readonly_cache={readonly}, reset_stale_cache={reset_stale}, "
-                f"cache_disk_bytes={disk_bytes} need a cache_dir"
+
+    cache_dir: Path | None
+    persist: bool
+    readonly: bool
+    reset_stale: bool
+    disk_bytes: int | None
+    on_corrupt: OnCorrupt
+
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike | None = None,
+        *,
+        persist: bool = False,
+        readonly: bool = False,
+        reset_stale: bool = False,
+        disk_bytes: int | None = None,
+        on_corrupt: OnCorrupt = "refetch",
+    ) -> None:
+        persist = flag("persist", persist)
+        readonly = flag("readonly_cache", readonly)
+        reset_stale = flag("reset_stale_cache", reset_stale)
+        disk_bytes = None if disk_bytes is None else positive_int("cache_disk_bytes", disk_bytes)
+        if on_corrupt not in ON_CORRUPT:
+            raise ValueError(f"on_corrupt_cache={on_corrupt!r} must be one of {ON_CORRUPT}")
+        if cache_dir is None:
+            if persist or readonly or reset_stale or disk_bytes is not None:
+                raise ValueError(
+                    f"persist={persist}, readonly_cache={readonly}, reset_stale_cache={reset_stale}, "
+                    f"cache_disk_bytes={disk_bytes} need a cache_dir"
+                )
+        elif not isinstance(cache_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"cache_dir must be a directory path (str or os.PathLike) or None, got "
+                f"{type(cache_dir).__name__} ({cache_dir!r})"
             )
-        return None
-    if not isinstance(cache_dir, (str, os.PathLike)):
-        raise TypeError(
-            f"cache_dir must be a directory path (str or os.PathLike) or None, got "
-            f"{type(cache_dir).__name__} ({cache_dir!r})"
-        )
-    if readonly and not persist:
-        raise ValueError("readonly_cache=True reads a persisted cache: pass persist=True with it")
-    if disk_bytes is not None and not persist:
-        raise ValueError(
-            f"cache_disk_bytes={disk_bytes} caps a persisted cache: pass persist=True with it (spill files "
-            "without persist are bounded by cache_budget_bytes)"
-        )
-    version = None if store is None else source_identity(store) if persist else _clean_identity(store)
-    return DiskCache(
-        cache_dir if version is None else Path(cache_dir) / version,
-        persist=persist,
-        readonly=readonly,
-        fingerprints=fingerprints(),
-        reset_stale=reset_stale,
-        disk_bytes=disk_bytes,
-        on_corrupt=on_corrupt,
-    )
+        elif readonly and not persist:
+            raise ValueError("readonly_cache=True reads a persisted cache: pass persist=True with it")
+        elif readonly and reset_stale:
+            raise ValueError(
+                "reset_stale_cache=True deletes files, which a readonly_cache never does; drop one of them"
+            )
+        elif disk_bytes is not None and not persist:
+            raise ValueError(
+                f"cache_disk_bytes={disk_bytes} caps a persisted cache: pass persist=True with it (spill files "
+                "without persist are bounded by cache_budget_bytes)"
+            )
+        # frozen: each checked value is set once, here
+        object.__setattr__(self, "cache_dir", None if cache_dir is None else Path(cache_dir))
+        object.__setattr__(self, "persist", persist)
+        object.__setattr__(self, "readonly", readonly)
+        object.__setattr__(self, "reset_stale", reset_stale)
+        object.__setattr__(self, "disk_bytes", disk_bytes)
+        object.__setattr__(self, "on_corrupt", on_corrupt)
+
+    @property
+    def mode(self) -> str:
+        """``"readonly"``, ``"persist"`` or ``"spill"`` (``"off"`` without a ``cache_dir``)."""
+        if self.cache_dir is None:
+            return "off"
+        return "readonly" if self.readonly else ("persist" if self.persist else "spill")
+
+    def directory_for(self, store: Store | None) -> Path | None:
+        """The directory caching ``store``'s chunks: ``cache_dir``, or its subdirectory of the version ``store`` reads.
+
+        Raises
+        ------
+        ValueError
+            ``persist`` over a writable icechunk session with uncommitted
+            changes (which reads no snapshot's bytes).
+        """
+        if self.cache_dir is None or store is None:
+            return self.cache_dir
+        version = source_identity(store) if self.persist else _clean_identity(store)
+        return self.cache_dir if version is None else self.cache_dir / version
 
 
 def _clean_identity(store: Store) -> str | None:

@@ -1,7 +1,9 @@
-"""``DiskCache``'s reading side: ``find``/``lookup`` revive a logged chunk, verify it, or claim a miss.
+"""``CacheReader``: a ``DiskCache``'s reading side: ``find``/``lookup`` revive a logged chunk, verify it, or claim a miss.
 
-A mixin of ``DiskCache`` (see ``disk`` for the whole); its state is declared
-on ``_Bookkeeping``.
+The reader holds the cache's index (what is logged), its held chunks (what
+is mapped), its claims and its disk space; it keeps what it learnt about
+files: which it verified, which it turned away and why a chunk missed. The
+writer tells it of each chunk it commits (``committed``).
 
 A chunk is looked up in this process's view of every writer's log lines;
 one not there is looked for again in what the others appended since (at
@@ -16,8 +18,10 @@ store with one WARNING per file, or ``CacheCorruptError`` under
 
 from __future__ import annotations
 
+import logging
 import operator
-import time
+import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,12 +29,26 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import CacheCorruptError, CacheMissError
-from .bookkeeping import _FULL_ERRNOS, _Bookkeeping, logger
-from .files import REJECT_CHECKSUM, REJECT_FILE, REJECT_MISSING, _Mapped, _mismatch, claim_name, persisted_basename
+from .claims import Claims
+from .files import (
+    REJECT_CHECKSUM,
+    REJECT_DTYPE,
+    REJECT_FILE,
+    REJECT_MISSING,
+    REJECT_SHAPE,
+    claim_name,
+    persisted_basename,
+)
+from .held import HeldChunks
+from .index import CacheIndex
 from .log import Key, LogEntry
+from .options import CacheOptions
+from .space import FULL_ERRNOS, DiskSpace
 from .tilefile import TileFile, open_tile_file, open_tile_files
 
-__all__ = ["REFRESH_S", "Found", "Premapped"]
+__all__ = ["REFRESH_S", "CacheReader", "Found", "Premapped"]
+
+logger = logging.getLogger("insitubatch")
 
 # Seconds between two reads of the other writers' logs on plain misses; a won claim always reads them.
 REFRESH_S = 0.05
@@ -58,16 +76,78 @@ _MISS, _BUSY, _CLAIMED = Found(), Found(busy=True), Found(claimed=True)
 Premapped = dict[str, tuple[LogEntry, "TileFile | Exception"]]
 
 
-class _Reading(_Bookkeeping):
-    """``find``, ``lookup`` and ``miss_error`` of ``DiskCache``."""
+def _mismatch(
+    have_shapes: tuple[tuple[int, ...], ...],
+    have_dtype: np.dtype,
+    shapes: tuple[tuple[int, ...], ...],
+    dtype: np.dtype,
+) -> tuple[str, str] | None:
+    """``(reason, detail)`` when a cached chunk's tiles are not the ones asked for, else ``None``."""
+    if have_shapes != shapes:
+        return REJECT_SHAPE, f"its cached tile shapes {have_shapes} differ from the requested {shapes}"
+    if have_dtype != dtype:
+        return REJECT_DTYPE, f"its cached dtype {have_dtype} differs from the requested {dtype}"
+    return None
 
-    verify: bool
-    on_corrupt: str
-    _miss_reasons: dict[Key, str]
-    _bad: dict[Key, tuple[LogEntry, tuple | None]]
-    _verified_files: dict[str, tuple[tuple[int, int, int], int]]
-    _warned_files: set[str]
-    _last_refresh: float
+
+class CacheReader:
+    """``find``, ``lookup``, ``premap`` and ``miss_error`` of a ``DiskCache``, and what it learnt about files.
+
+    Parameters
+    ----------
+    options
+        The cache's options (``persist``, ``readonly``, ``on_corrupt``).
+    index, held, claims, space
+        The cache's logged entries, mapped chunks, write claims and writing state.
+    lock
+        The cache's lock, held around every touch of the parts above.
+    """
+
+    def __init__(
+        self,
+        options: CacheOptions,
+        *,
+        index: CacheIndex,
+        held: HeldChunks,
+        claims: Claims,
+        space: DiskSpace,
+        lock: threading.RLock,
+    ) -> None:
+        self.options = options
+        self.cache_dir = index.cache_dir
+        self.verify = True  # check each file's CRC-32C when first revived (the bench turns it off to measure it)
+        self._index = index
+        self._held = held
+        self._claims = claims
+        self._space = space
+        self._lock = lock
+        self._miss_reasons: dict[Key, str] = {}
+        # entries turned away, for any request (a damaged file: None) or for one (shapes, dtype): not tried again
+        self._bad: dict[Key, tuple[LogEntry, tuple | None]] = {}
+        self._verified_files: dict[str, tuple[tuple[int, int, int], int]] = {}  # file name -> (identity, CRC) checked
+        self._warned_files: set[str] = set()
+        self.revived = 0  # chunks mapped back from a persisted file
+        self.revived_from_others = 0  # the part of revived whose file another writer made
+        self._rejected: Counter[str] = Counter()
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Logged entries ``lookup`` turned away, by reason (``shape``, ``dtype``, ``missing``, ``file``, ``checksum``)."""
+        with self._lock:
+            return dict(self._rejected)
+
+    def committed(self, key: Key, *, verified: tuple[str, tuple[int, int, int], int] | None) -> None:
+        """The writer published the chunk ``key``: forget why it missed and, for a logged file, that it was turned away.
+
+        ``verified``: ``(file name, identity, CRC-32C)`` of a persisted file the
+        writer checksummed itself, so its first revive needs no checksum.
+        Called with the lock held.
+        """
+        self._miss_reasons.pop(key, None)
+        if verified is not None:
+            name, identity, crc = verified
+            self._verified_files[name] = (identity, crc)
+            self._bad.pop(key, None)
 
     def premap(self, keys: Sequence[tuple[str, int]]) -> Premapped:
         """Map the logged files of many chunks in one kernel call, checksummed where not verified yet.
@@ -79,12 +159,12 @@ class _Reading(_Bookkeeping):
         """
         wanted: dict[str, tuple[LogEntry, bool]] = {}
         with self._lock:
-            if not self.persist or self._closed:
+            if not self.options.persist or self._held.closed:
                 return {}
             for path, chunk_index in keys:
                 key = (path, operator.index(chunk_index))
-                entry = self._entries.get(key)
-                if entry is not None and key not in self._mapped and entry.file not in wanted:
+                entry = self._index.entry(key)
+                if entry is not None and self._held.get(key) is None and entry.file not in wanted:
                     wanted[entry.file] = (entry, self.verify and entry.file not in self._verified_files)
         files = open_tile_files([self.cache_dir / name for name in wanted], [v for _, v in wanted.values()])
         return {name: (entry, f) for (name, (entry, _)), f in zip(wanted.items(), files)}
@@ -145,23 +225,24 @@ class _Reading(_Bookkeeping):
         shapes = tuple(tuple(int(x) for x in s) for s in tile_shapes)
         dt = np.dtype(dtype)
         found = self._revive(key, shapes, dt, premapped)
-        if found is not None or not claim or self.readonly or not self.persist or not self._persisting:
+        options = self.options
+        if found is not None or not claim or options.readonly or not options.persist or not self._space.persisting:
             return found or _MISS
-        name = claim_name(persisted_basename(path, key[1], self.fingerprints[path]))
+        name = claim_name(persisted_basename(path, key[1], self._index.fingerprint(path)))
         try:
             if not self._claims.take(name):  # file work: not under the cache's lock
                 return _BUSY
         except OSError as exc:
-            if exc.errno not in _FULL_ERRNOS:
+            if exc.errno not in FULL_ERRNOS:
                 raise
             with self._lock:
-                self._disk_full(exc, 0)
+                self._space.stop(exc, 0)
             return _MISS
         with self._lock:
-            if self._closed:
+            if self._held.closed:
                 self._claims.release(name)
-                self._check_open()
-            self._refresh()  # a writer that held it logged it before letting go
+                self._held.check_open()
+            self._index.refresh()  # a writer that held it logged it before letting go
         found = self._revive(key, shapes, dt, premapped)
         if found is not None:
             with self._lock:
@@ -175,21 +256,21 @@ class _Reading(_Bookkeeping):
         """The chunk held or revived from its logged file; None when it cannot be."""
         path = key[0]
         with self._lock:
-            self._check_open()
-            held = self._mapped.get(key)
+            self._held.check_open()
+            held = self._held.get(key)
             if held is not None:
                 mismatch = _mismatch(held.tile_shapes, held.tile_file.dtype, shapes, dt)
                 if mismatch is None:
-                    return Found(self._views(held))
+                    return Found(held.views())
                 self._reject(key, *mismatch)
                 return None
-            if not self.persist:
+            if not self.options.persist:
                 return None
-            self._fingerprint(path)
-            entry = self._entries.get(key)
-            if entry is None and not self.readonly and time.monotonic() - self._last_refresh > REFRESH_S:
-                self._refresh()
-                entry = self._entries.get(key)
+            self._index.fingerprint(path)
+            entry = self._index.entry(key)
+            if entry is None:
+                self._index.refresh(every=REFRESH_S)
+                entry = self._index.entry(key)
             if entry is None:
                 self._miss_reasons[key] = "no entry in the log"
                 return None
@@ -210,17 +291,17 @@ class _Reading(_Bookkeeping):
                     self._damaged(key, entry, problem[1])  # raises under on_corrupt="raise", every time
                 self._bad[key] = (entry, None)
                 return None
-            held = self._mapped.get(key)
-            if held is not None or self._closed:  # another thread revived it meanwhile (or we closed)
+            held = self._held.get(key)
+            if held is not None or self._held.closed:  # another thread revived it meanwhile (or we closed)
                 tile_file.close()
-                self._check_open()
-                return Found(self._views(held)) if held is not None else None
-            held = self._mapped[key] = _Mapped(tile_file, shapes)
-            self._revived += 1
-            from_other = (key, entry.t) not in self._own
-            self._revived_others += from_other
+                self._held.check_open()
+                return Found(held.views()) if held is not None else None
+            held = self._held.hold(key, tile_file, shapes, spill=False)
+            self.revived += 1
+            from_other = not self._index.made_here(entry)
+            self.revived_from_others += from_other
             self._miss_reasons.pop(key, None)
-            return Found(self._views(held), from_other=from_other)
+            return Found(held.views(), from_other=from_other)
 
     def _open_entry(
         self, entry: LogEntry, shapes: tuple[tuple[int, ...], ...], dt: np.dtype, premapped: Premapped | None
@@ -275,7 +356,7 @@ class _Reading(_Bookkeeping):
     def _damaged(self, key: Key, entry: LogEntry, why: str) -> None:
         """A damaged tile file: raise under ``on_corrupt="raise"``, else one WARNING per file (lock held)."""
         where = self.cache_dir / entry.file
-        if self.on_corrupt == "raise":
+        if self.options.on_corrupt == "raise":
             raise CacheCorruptError(
                 f"cache tile file {where} (array {key[0]!r} chunk {key[1]}) is damaged: {why}. Delete it (or the "
                 "cache_dir) to rebuild it, or pass on_corrupt_cache='refetch' to re-fetch damaged chunks"
@@ -288,7 +369,7 @@ class _Reading(_Bookkeeping):
                 key[0],
                 key[1],
                 why,
-                "a readonly cache cannot re-make it" if self.readonly else "re-fetching it from the store",
+                "a readonly cache cannot re-make it" if self.options.readonly else "re-fetching it from the store",
             )
 
     def _reject(self, key: Key, reason: str, detail: str) -> None:

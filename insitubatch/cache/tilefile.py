@@ -158,9 +158,24 @@ class TileFile:
         return flat.reshape((self.n_tiles, *self.tile_shape))
 
     @property
+    def header_bytes(self) -> int:
+        """Bytes of the ``.npy`` header, before tile position 0."""
+        return self._header_bytes
+
+    @property
     def nbytes(self) -> int:
         """The file's size: header and every tile position."""
         return self._header_bytes + self.n_tiles * self.tile_bytes
+
+    def view_at(self, offset: int, shape: tuple[int, ...]) -> np.ndarray:
+        """The zero-copy view of ``shape`` starting at byte ``offset`` (``tile_view`` checks both)."""
+        # the memoryview is the export that keeps the mapping alive (and mapped) under the view
+        flat = np.frombuffer(memoryview(self._mapping), self.dtype, math.prod(shape), offset)
+        return flat.reshape(shape)
+
+    def copy_at(self, offset: int, tile: np.ndarray) -> int:
+        """Copy ``tile``'s bytes to byte ``offset`` with the GIL released (``write_tile`` checks both); 0 when done."""
+        return self._mapping.write(offset, tile)
 
     def checksum(self) -> int:
         """The CRC-32C of the whole file (header and payload), read through the mapping with the GIL released."""
@@ -343,19 +358,13 @@ def _tile_offset(tile_file: TileFile, tile_index: int, shape: Sequence[int]) -> 
         raise ValueError(
             f"tile shape {tuple(shape)} does not fit the tile shape {tile_file.tile_shape} of {tile_file.path}"
         )
-    return tile_file._header_bytes + i * tile_file.tile_bytes
-
-
-def _view_at(tile_file: TileFile, offset: int, shape: tuple[int, ...]) -> np.ndarray:
-    # the memoryview is the export that keeps the mapping alive (and mapped) under the view
-    flat = np.frombuffer(memoryview(tile_file._mapping), tile_file.dtype, math.prod(shape), offset)
-    return flat.reshape(shape)
+    return tile_file.header_bytes + i * tile_file.tile_bytes
 
 
 def tile_view(tile_file: TileFile, tile_index: int, shape: Sequence[int] | None = None) -> np.ndarray:
     """The zero-copy C-contiguous view of tile ``tile_index`` (``shape`` for an edge tile)."""
     shape = tile_file.tile_shape if shape is None else tuple(int(x) for x in shape)
-    return _view_at(tile_file, _tile_offset(tile_file, tile_index, shape), shape)
+    return tile_file.view_at(_tile_offset(tile_file, tile_index, shape), shape)
 
 
 def write_tile(tile_file: TileFile, tile_index: int, tile: np.ndarray) -> np.ndarray:
@@ -373,7 +382,7 @@ def write_tile(tile_file: TileFile, tile_index: int, tile: np.ndarray) -> np.nda
     if not tile_file.writable:
         raise ValueError(f"{tile_file!r} was opened read-only")
     offset = _tile_offset(tile_file, tile_index, tile.shape)
-    status = tile_file._mapping.write(offset, tile)
+    status = tile_file.copy_at(offset, tile)
     if status:  # unreachable after the checks above; kept so a kernel refusal is never silent
         raise ValueError(f"write_tile refused the copy into {tile_file.path} (status {status})")
-    return _view_at(tile_file, offset, tile.shape)
+    return tile_file.view_at(offset, tile.shape)

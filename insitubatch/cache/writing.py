@@ -1,7 +1,8 @@
-"""``DiskCache``'s writing side: ``begin``/``write``/``commit``/``abort`` a chunk, claims and disk budget included.
+"""``CacheWriter``: a ``DiskCache``'s writing side: ``begin``/``write``/``commit``/``abort`` a chunk, claims and disk budget included.
 
-A mixin of ``DiskCache`` (see ``disk`` for the whole); its state is declared
-on ``_Bookkeeping``.
+The writer holds the cache's index (to log), its held chunks (a committed
+chunk is held), its claims, its disk space and its reader (told of each
+commit); it owns the writes in progress.
 
 A persisted chunk is written by the one writer holding its claim (taken by
 ``find`` on a miss, or here), into a temporary file renamed into place, and
@@ -12,31 +13,77 @@ chunk would pass ``disk_bytes``, or when another writer holds its claim.
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import operator
-from collections.abc import Iterator, Sequence
+import threading
+import time
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from .bookkeeping import _FULL_ERRNOS, _Bookkeeping, now_ns
-from .files import WriteHandle, _Mapped, claim_name, persisted_basename, spill_basename
+from .claims import Claims
+from .files import WriteHandle, claim_name, persisted_basename, spill_basename
+from .held import HeldChunks
+from .index import CacheIndex
 from .log import Key, LogEntry
+from .options import CacheOptions
+from .reading import CacheReader
+from .space import FULL_ERRNOS, DiskSpace
 from .tilefile import TileFile, create_tile_file, open_tile_file, tile_file_nbytes, write_tile
 
-__all__: list[str] = []
+__all__ = ["CacheWriter", "now_ns"]
 
 
-class _Writing(_Bookkeeping):
-    """``begin``, ``write``, ``commit``, ``abort`` and ``release`` of ``DiskCache``."""
+def now_ns() -> int:
+    """A log line's ``t``: wall-clock ns, comparable between the writers of one host."""
+    return time.time_ns()
 
-    disk_bytes: int | None
-    _spilled: set
-    _miss_reasons: dict[Key, str]
-    _bad: dict
-    _verified_files: dict
-    _temp_ids: Iterator[int]
-    _over_budget: bool
+
+class CacheWriter:
+    """``begin``, ``write``, ``commit``, ``abort`` and ``release`` of a ``DiskCache``.
+
+    Parameters
+    ----------
+    options
+        The cache's options (``persist``, ``readonly``, ``disk_bytes``).
+    token
+        This writer's identity, in its temporary and spill file names.
+    index, held, claims, space, reader
+        The cache's logged entries, mapped chunks, write claims, writing state and reader.
+    lock
+        The cache's lock, held around every touch of the parts above.
+    """
+
+    def __init__(
+        self,
+        options: CacheOptions,
+        *,
+        token: str,
+        index: CacheIndex,
+        held: HeldChunks,
+        claims: Claims,
+        space: DiskSpace,
+        reader: CacheReader,
+        lock: threading.RLock,
+    ) -> None:
+        self.options = options
+        self.cache_dir = index.cache_dir
+        self.token = token
+        self.written = 0  # chunks committed
+        self._index = index
+        self._held = held
+        self._claims = claims
+        self._space = space
+        self._reader = reader
+        self._lock = lock
+        self._pending: dict[Key, WriteHandle] = {}
+        self._temp_ids = itertools.count()
+
+    @property
+    def pending_bytes(self) -> int:
+        """Tile-file bytes of the writes in progress (lock held)."""
+        return sum(h.tile_file.n_tiles * h.tile_file.tile_bytes for h in self._pending.values())
 
     def begin(
         self, path: str, chunk_index: int, n_tiles: int, stored_tile_shape: Sequence[int], dtype: npt.DTypeLike
@@ -58,62 +105,52 @@ class _Writing(_Bookkeeping):
         """
         key = (path, operator.index(chunk_index))
         with self._lock:
-            self._check_open()
-            if self.readonly:
+            self._held.check_open()
+            if self.options.readonly:
                 raise PermissionError(
                     f"readonly cache over {str(self.cache_dir)!r} writes nothing; array {path!r} chunk {key[1]} "
                     "must already be cached (raise miss_error)"
                 )
             if key in self._pending:
                 raise ValueError(f"array {path!r} chunk {key[1]} is already being written; commit or abort it first")
-            if not self._persisting:
-                self._refused["full"] += 1
+            persist = self.options.persist
+            if not self._space.persisting:
+                self._space.refuse("full")
                 return None
-            if self.persist:
-                name = persisted_basename(path, key[1], self._fingerprint(path))
+            if persist:
+                name = persisted_basename(path, key[1], self._index.fingerprint(path))
             else:
                 name = spill_basename(path, key[1], self.token)
             nbytes = tile_file_nbytes(n_tiles, stored_tile_shape, dtype)
-            if self.persist and not self._fits_budget(name, nbytes):
-                self._refused["budget"] += 1
-                self._over_budget = True
+            if persist and not self._fits_budget(name, nbytes):
+                self._space.refuse("budget")
                 self._claims.release(claim_name(name))
                 return None
             try:
-                if self.persist and not self._claims.take(claim_name(name)):
-                    self._refused["busy"] += 1
+                if persist and not self._claims.take(claim_name(name)):
+                    self._space.refuse("busy")
                     return None
                 tag = f"{self.token}-{next(self._temp_ids)}"
                 tile_file = create_tile_file(self.cache_dir / name, n_tiles, stored_tile_shape, dtype, temp=tag)
             except OSError as exc:
-                if exc.errno not in _FULL_ERRNOS:
+                if exc.errno not in FULL_ERRNOS:
                     raise
-                if self.persist:
+                if persist:
                     self._claims.release(claim_name(name))
-                self._disk_full(exc, nbytes)
+                self._space.stop(exc, nbytes)
                 return None
             handle = self._pending[key] = WriteHandle(key, tile_file, nbytes)
             return handle
 
     def _fits_budget(self, name: str, nbytes: int) -> bool:
         """Whether a file of ``nbytes`` at ``name`` keeps the directory within ``disk_bytes`` (lock held)."""
-        if self.disk_bytes is None:
+        disk_bytes = self.options.disk_bytes
+        if disk_bytes is None:
             return True
-        self._refresh()  # what the others logged up to now (their writes in flight stay unseen)
-        logged = sum(self._file_bytes.values()) - self._file_bytes.get(name, 0)
+        self._index.refresh()  # what the others logged up to now (their writes in flight stay unseen)
+        logged = self._index.logged_bytes(besides=name)
         writing = sum(h.nbytes for h in self._pending.values())
-        return logged + writing + nbytes <= self.disk_bytes
-
-    @property
-    def over_budget(self) -> bool:
-        """True once a chunk was not written because it would have passed ``disk_bytes``."""
-        return self._over_budget
-
-    @property
-    def disk_used_bytes(self) -> int:
-        """Bytes of the tile files every writer logged (as this cache last read the logs)."""
-        with self._lock:
-            return sum(self._file_bytes.values())
+        return logged + writing + nbytes <= disk_bytes
 
     def write(self, handle: WriteHandle, tile_index: int, tile: np.ndarray) -> np.ndarray:
         """Copy one decoded tile into its position (GIL released); returns the writable view of it."""
@@ -154,43 +191,32 @@ class _Writing(_Bookkeeping):
                 f"array {path!r} chunk {chunk}: tile_shapes {shapes} must be {sf.n_tiles} shapes that fit the "
                 f"stored tile shape {sf.tile_shape}"
             )
-        crc = sf.checksum() if self.persist else 0  # ours alone until published: no lock needed
+        persist = self.options.persist
+        crc = sf.checksum() if persist else 0  # ours alone until published: no lock needed
         with self._lock:
-            self._check_open()
+            self._held.check_open()
             final = sf.publish()
             sf.close()  # the writable mapping goes once write()'s views die
             handle.done = True
             del self._pending[handle.key]
             readable = open_tile_file(final)
-            old = self._mapped.pop(handle.key, None)
-            if old is not None:
-                old.tile_file.close()
-            held = self._mapped[handle.key] = _Mapped(readable, shapes)
-            self._written += 1
-            self._miss_reasons.pop(handle.key, None)
-            if self.persist:
-                self._log(handle.key, final.name, shapes, sf, crc, readable)
-            else:
-                self._spilled.add(final)
-            return self._views(held)
+            held = self._held.hold(handle.key, readable, shapes, spill=not persist)
+            self.written += 1
+            self._reader.committed(handle.key, verified=(final.name, readable.identity, crc) if persist else None)
+            if persist:
+                self._log(handle.key, final.name, shapes, sf, crc)
+            return held.views()
 
-    def _log(self, key: Key, name: str, shapes, sf: TileFile, crc: int, readable: TileFile) -> None:
+    def _log(self, key: Key, name: str, shapes: tuple[tuple[int, ...], ...], sf: TileFile, crc: int) -> None:
         """Append a committed chunk's line and let go of its claim (lock held)."""
         path, chunk = key
-        entry = LogEntry(path, chunk, name, shapes, sf.dtype, self.fingerprints[path], sf.nbytes, crc, now_ns())
-        self._verified_files[name] = (readable.identity, crc)
-        self._bad.pop(key, None)
-        current = self._entries.get(key)
+        entry = LogEntry(path, chunk, name, shapes, sf.dtype, self._index.fingerprint(path), sf.nbytes, crc, now_ns())
         try:
-            if current is None or dataclasses.replace(entry, t=current.t) != current:  # else the log has it
-                self._ledger.append(entry)
-                self._entries[key] = entry
-                self._own.add((key, entry.t))
-                self._file_bytes[name] = entry.nbytes
+            self._index.log(entry)
         except OSError as exc:
-            if exc.errno not in _FULL_ERRNOS:
+            if exc.errno not in FULL_ERRNOS:
                 raise
-            self._disk_full(exc, len(entry.to_line()))
+            self._space.stop(exc, len(entry.to_line()))
         finally:
             self._claims.release(claim_name(name))
 
@@ -201,7 +227,7 @@ class _Writing(_Bookkeeping):
                 handle.done = True
                 self._pending.pop(handle.key, None)
                 handle.tile_file.close()
-                if self.persist:
+                if self.options.persist:
                     self._claims.release(claim_name(handle.tile_file.path.name))
 
     def release(self, path: str, chunk_index: int) -> None:
@@ -211,5 +237,11 @@ class _Writing(_Bookkeeping):
         """
         key = (path, operator.index(chunk_index))
         with self._lock:
-            if self.persist and key not in self._pending and path in self.fingerprints:
-                self._claims.release(claim_name(persisted_basename(path, key[1], self.fingerprints[path])))
+            if self.options.persist and key not in self._pending and path in self._index.fingerprints:
+                self._claims.release(claim_name(persisted_basename(path, key[1], self._index.fingerprint(path))))
+
+    def abort_all(self) -> None:
+        """Abort every write in progress (closing)."""
+        with self._lock:
+            for handle in list(self._pending.values()):
+                self.abort(handle)

@@ -515,7 +515,7 @@ def test_a_spill_cache_leaves_no_directory_it_made(tmp_path: Path) -> None:
 
 
 def test_argument_errors(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="needs persist=True"):
+    with pytest.raises(ValueError, match="readonly_cache=True reads a persisted cache: pass persist=True"):
         DiskCache(tmp_path, persist=False, readonly=True, fingerprints={})
     with pytest.raises(ValueError, match="reset_stale"):
         DiskCache(tmp_path, persist=True, readonly=True, reset_stale=True, fingerprints={})
@@ -525,7 +525,7 @@ def test_argument_errors(tmp_path: Path) -> None:
         DiskCache(tmp_path / "absent", persist=True, readonly=True, fingerprints={})
     with pytest.raises(ValueError, match="disk_bytes=0"):
         DiskCache(tmp_path, persist=True, fingerprints={}, disk_bytes=0)
-    with pytest.raises(ValueError, match="on_corrupt='ignore'"):
+    with pytest.raises(ValueError, match="on_corrupt_cache='ignore' must be one of"):
         DiskCache(tmp_path, persist=True, fingerprints={}, on_corrupt="ignore")
     with _writer(tmp_path) as c:
         with pytest.raises(KeyError, match="no fingerprint"):

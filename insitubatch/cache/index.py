@@ -1,8 +1,9 @@
-"""``DiskCache``'s bookkeeping: opening a directory (admission, tidying, loading the logs), and its counters.
+"""``CacheIndex``: what ``cache_dir``'s logs say, as one ``DiskCache`` knows it, and opening the directory.
 
-A mixin so the cache class reads as its engine API (find, begin, write,
-commit, evict) and its lifetime; the state lives on ``DiskCache`` and is
-declared here only for the type checker.
+The index holds the latest logged entry of every chunk (whoever logged it),
+which of those lines this writer appended, and every logged file's size (the
+disk budget). It is loaded once, at admission, and takes in the lines other
+writers appended since on ``refresh``; ``log`` appends this writer's own.
 
 Opening as a writer holds the gate exclusively throughout (``lock``): the
 writer finds which other writers are alive (their segments are locked),
@@ -13,104 +14,88 @@ into the base log, deletes files no entry names, and applies
 ``reset_stale``. With other writers alive those wait for a later opener that
 is alone — except ``reset_stale``, which must delete files now and so
 raises ``CacheLockedError`` naming the writers in the way.
+
+Not thread-safe on its own: the ``DiskCache`` calls it under its lock.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
-import logging
 import os
-import shutil
-import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import CacheLockedError, StaleCacheError
-from .claims import Claims
-from .files import (
-    _CLAIM,
-    _OWNED_TEMP,
-    _OWNED_TILE_FILE,
-    _SEGMENT_TEMP,
-    DROP_STALE,
-    DROP_SUPERSEDED,
-    DROP_TORN,
-    WriteHandle,
-    _Mapped,
-)
+from .files import CLAIM_FILE, DROP_STALE, DROP_SUPERSEDED, DROP_TORN, OWNED_TEMP, OWNED_TILE_FILE, SEGMENT_TEMP
 from .ledger import Ledger, Loaded
-from .lock import (
-    HolderRecord,
-    holder_record,
-    open_gate,
-    probe,
-    sign_gate,
-    unlock,
-    writers_message,
-)
+from .lock import HolderRecord, holder_record, open_gate, probe, sign_gate, unlock, writers_message
 from .log import LOG_VERSION, Key, LogEntry
-from .tilefile import tile_view
+from .options import CacheOptions
+from .space import FULL_ERRNOS, DiskSpace
 
-logger = logging.getLogger("insitubatch")
-
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+__all__ = ["CacheIndex"]
 
 
-class _Bookkeeping:
-    """Admission, housekeeping and log loading of a ``DiskCache``, and its observability properties."""
+class CacheIndex:
+    """The logged entries of one cache directory as this process knows them; opens the directory.
 
-    cache_dir: Path
-    persist: bool
-    readonly: bool
-    fingerprints: dict[str, str]
-    token: str
-    _reset_stale: bool
-    _lock: threading.RLock
-    _fds: list[int]
-    _ledger: Ledger
-    _claims: Claims
-    _entries: dict[Key, LogEntry]
-    _own: set[tuple[Key, int]]
-    _file_bytes: dict[str, int]
-    _mapped: dict[Key, _Mapped]
-    _pending: dict[Key, WriteHandle]
-    _revived: int
-    _revived_others: int
-    _written: int
-    _rejected: Counter[str]
-    _dropped: Counter[str]
-    _refused: Counter[str]
-    _persisting: bool
-    _full_warned: bool
-    _closed: bool
+    Parameters
+    ----------
+    options
+        The cache's options (checked: an instance is a valid combination);
+        ``options.cache_dir`` is set.
+    fingerprints
+        ``{name: 16-hex pipeline fingerprint}`` of every array this run
+        caches (checked by ``DiskCache``).
+    space
+        Told when the disk fills while registering or compacting.
+    fds
+        The cache's open descriptors (closed on collection): the gate's,
+        while it is held, and the segment's.
+    """
+
+    def __init__(
+        self, options: CacheOptions, fingerprints: Mapping[str, str], *, space: DiskSpace, fds: list[int]
+    ) -> None:
+        assert options.cache_dir is not None  # a DiskCache is only built over a directory
+        self.cache_dir: Path = options.cache_dir
+        self.options = options
+        self.fingerprints = dict(fingerprints)
+        self._ledger = Ledger(self.cache_dir)
+        self._space = space
+        self._fds = fds
+        self._entries: dict[Key, LogEntry] = {}
+        self._own: set[tuple[Key, int]] = set()  # (key, t) of the lines this writer appended
+        self._file_bytes: dict[str, int] = {}  # every logged file's size, whoever wrote it (the disk budget)
+        self._dropped: Counter[str] = Counter()
+        self._last_refresh = 0.0
 
     # -- opening ------------------------------------------------------------------
-    def _open_as_writer(self) -> None:
+    def open_as_writer(self, token: str) -> None:
         """Admission under the exclusive gate: tidy, load, register (see the module docstring)."""
         fd = open_gate(self.cache_dir, shared=False, writable=True)
         self._fds.append(fd)
         try:
-            record = holder_record(self.token)
+            record = holder_record(token)
             sign_gate(fd, record)
             live = self._live_writers()
             self._tidy(live)
-            if self.persist:
+            if self.options.persist:
                 self._load(live)
             try:
-                self._ledger.register(self.token, record, self._fds)
+                self._ledger.register(token, record, self._fds)
             except OSError as exc:
-                if exc.errno not in _FULL_ERRNOS:
+                if exc.errno not in FULL_ERRNOS:
                     raise
-                self._disk_full(exc, len(str(record)))
+                self._space.stop(exc, len(str(record)))
         finally:
             self._fds.remove(fd)
             os.close(fd)  # lets the next opener in
 
-    def _open_as_reader(self) -> None:
+    def open_as_reader(self) -> None:
         """Hold the gate shared for life, provided no writer is alive; load the logs."""
         # the lock file is the one file a readonly cache may create: without it, no writer could be excluded
         fd = open_gate(self.cache_dir, shared=True, writable=False)
@@ -140,11 +125,11 @@ class _Bookkeeping:
         tokens = {name.removesuffix(".jsonl") for name in live}
         alone = not live
         for name in os.listdir(self.cache_dir):
-            m = _OWNED_TEMP.match(name)
+            m = OWNED_TEMP.match(name)
             if m is not None and (alone or m.group("tag") not in tokens):
                 self._remove_file(name)
                 continue
-            m = _OWNED_TILE_FILE.match(name)
+            m = OWNED_TILE_FILE.match(name)
             if m is not None and name.startswith("spill-") and (alone or m.group("spiller") not in tokens):
                 self._remove_file(name)
         shared = self._ledger.shared_dir
@@ -152,12 +137,12 @@ class _Bookkeeping:
             return
         for name in os.listdir(shared):
             # a segment temp is an admission that died (ours holds the gate); a claim is a dead writer's when alone
-            if _SEGMENT_TEMP.match(name) or (alone and _CLAIM.match(name)):
+            if SEGMENT_TEMP.match(name) or (alone and CLAIM_FILE.match(name)):
                 (shared / name).unlink(missing_ok=True)
 
     def _load(self, live: Mapping[str, HolderRecord | None]) -> None:
         """Read every log; drop stale entries (or raise); compact and delete orphans when alone."""
-        alone = not live and not self.readonly
+        alone = not live and not self.options.readonly
         loaded = self._ledger.load(live)
         if loaded.version != LOG_VERSION:
             self._reset_other_version(loaded, live)
@@ -171,7 +156,7 @@ class _Bookkeeping:
             if want is not None and e.fingerprint != want:
                 fp, n = stale.get(e.path, (e.fingerprint, 0))
                 stale[e.path] = (fp, n + 1)
-        if stale and not self._reset_stale:
+        if stale and not self.options.reset_stale:
             detail = "; ".join(
                 f"{p!r}: {n} chunks made by transforms {fp}, now {self.fingerprints[p]}"
                 for p, (fp, n) in sorted(stale.items())
@@ -198,7 +183,7 @@ class _Bookkeeping:
 
     def _stale_advice(self, reset_does: str) -> str:
         """What to do about stale entries: a writer can reset them; a readonly reader cannot write at all."""
-        if self.readonly:
+        if self.options.readonly:
             return (
                 "A readonly_cache reader never writes, so it cannot rebuild them: rewarm the cache with one "
                 f"writing run (persist=True, reset_stale_cache=True: {reset_does}) using these chunk transforms, "
@@ -211,19 +196,19 @@ class _Bookkeeping:
         try:
             self._ledger.compact(self._entries.values(), loaded.segments)
         except OSError as exc:  # a full disk: the logs stay as they are, still correct
-            if exc.errno not in _FULL_ERRNOS:
+            if exc.errno not in FULL_ERRNOS:
                 raise
-            self._disk_full(exc, 0)
+            self._space.stop(exc, 0)
             return
         named = {e.file for e in self._entries.values()}
         for name in os.listdir(self.cache_dir):
-            if _OWNED_TILE_FILE.match(name) and name not in named:
+            if OWNED_TILE_FILE.match(name) and name not in named:
                 self._remove_file(name)
 
     def _reset_other_version(self, loaded: Loaded, live: Mapping[str, HolderRecord | None]) -> None:
         """A log of another format version: nothing in it can be read, so every entry is stale."""
         where = self._ledger.base_path if loaded.base_exists else self._ledger.shared_dir
-        if not self._reset_stale:
+        if not self.options.reset_stale:
             raise StaleCacheError(
                 f"{where} is cache log format version {loaded.version}; this insitubatch reads version "
                 f"{LOG_VERSION}. {self._stale_advice('delete the whole cache and rebuild it')}"
@@ -233,19 +218,19 @@ class _Bookkeeping:
                 errno.EAGAIN, writers_message(self.cache_dir, live, wanted="reset it (reset_stale_cache=True)")
             )
         for name in os.listdir(self.cache_dir):
-            if _OWNED_TILE_FILE.match(name):
+            if OWNED_TILE_FILE.match(name):
                 self._remove_file(name)
         self._dropped[DROP_STALE] += 1
         self._entries = {}
         self._file_bytes = {}
         self._ledger.compact([], self._ledger.segment_names())
 
-    # -- shared by reading and writing ----------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"DiskCache over {str(self.cache_dir)!r} is closed")
+    def _remove_file(self, name: str) -> None:
+        (self.cache_dir / name).unlink(missing_ok=True)
 
-    def _fingerprint(self, path: str) -> str:
+    # -- reading and writing entries ----------------------------------------------
+    def fingerprint(self, path: str) -> str:
+        """The pipeline fingerprint of array ``path``; ``KeyError`` naming the covered arrays when it has none."""
         try:
             return self.fingerprints[path]
         except KeyError:
@@ -253,9 +238,15 @@ class _Bookkeeping:
                 f"array {path!r} has no fingerprint; DiskCache(fingerprints=...) covers {sorted(self.fingerprints)}"
             ) from None
 
-    def _refresh(self) -> None:
-        """Take in the lines other writers logged since the last look (lock held)."""
-        if self.readonly or not self.persist:
+    def entry(self, key: Key) -> LogEntry | None:
+        """The latest logged entry of the chunk ``key``, as this cache last read the logs."""
+        return self._entries.get(key)
+
+    def refresh(self, *, every: float = 0.0) -> None:
+        """Take in the lines other writers logged since the last look, if that was more than ``every`` s ago."""
+        if self.options.readonly or not self.options.persist:
+            return
+        if every and time.monotonic() - self._last_refresh <= every:
             return
         self._last_refresh = time.monotonic()
         for e in self._ledger.refresh():
@@ -267,96 +258,53 @@ class _Bookkeeping:
             if old is None or e.t >= old.t:
                 self._entries[e.key] = e
 
-    @staticmethod
-    def _views(held: _Mapped) -> list[np.ndarray]:
-        return [tile_view(held.tile_file, i, s) for i, s in enumerate(held.tile_shapes)]
+    def log(self, entry: LogEntry) -> None:
+        """Append this writer's line for a committed chunk, unless the log already holds the same entry.
 
-    # -- files --------------------------------------------------------------------
-    def _remove_file(self, name: str) -> None:
-        (self.cache_dir / name).unlink(missing_ok=True)
+        Raises
+        ------
+        OSError
+            The append failed (``FULL_ERRNOS``: the disk is full); the index is unchanged.
+        """
+        current = self._entries.get(entry.key)
+        if current is not None and dataclasses.replace(entry, t=current.t) == current:
+            return  # the log has it
+        self._ledger.append(entry)
+        self._entries[entry.key] = entry
+        self._own.add((entry.key, entry.t))
+        self._file_bytes[entry.file] = entry.nbytes
 
-    def _disk_full(self, exc: OSError, nbytes: int) -> None:
-        """The disk is full: stop writing for this cache's life, with one WARNING (lock held)."""
-        self._persisting = False
-        self._refused["full"] += 1
-        if self._full_warned:
-            return
-        self._full_warned = True
-        try:
-            free = shutil.disk_usage(self.cache_dir).free
-        except OSError:
-            free = -1
-        kept = (
-            "chunks are no longer persisted for this dataset; the pass goes on and revives what is already there"
-            if self.persist
-            else "chunks are no longer spilled to disk for this dataset; the pool keeps them in memory, within "
-            "cache_budget_bytes"
-        )
-        logger.warning(
-            "insitubatch: cache_dir %r is full (%s) writing %d bytes with %d bytes free; %s. Free space (or set "
-            "cache_disk_bytes below the disk's size): a new dataset over this cache_dir writes again.",
-            str(self.cache_dir),
-            os.strerror(exc.errno or errno.ENOSPC),
-            nbytes,
-            free,
-            kept,
-        )
+    def made_here(self, entry: LogEntry) -> bool:
+        """Whether this writer appended ``entry``'s line (else another writer, or an earlier run, made it)."""
+        return (entry.key, entry.t) in self._own
 
-    # -- observability ------------------------------------------------------
-    @property
-    def mapped_bytes(self) -> int:
-        """Tile-file bytes this cache holds mapped now (held chunks and writes in progress)."""
-        with self._lock:
-            held = sum(m.nbytes for m in self._mapped.values())
-            return held + sum(h.tile_file.n_tiles * h.tile_file.tile_bytes for h in self._pending.values())
+    def logged_bytes(self, *, besides: str | None = None) -> int:
+        """Bytes of the tile files every writer logged, leaving out the file named ``besides``."""
+        total = sum(self._file_bytes.values())
+        return total - self._file_bytes.get(besides, 0) if besides is not None else total
+
+    def entries(self) -> dict[Key, LogEntry]:
+        """A copy of the logged entries, keyed ``(array_path, chunk_index)``."""
+        return dict(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     @property
-    def revived(self) -> int:
-        """Chunks mapped back from a persisted file by ``find``/``lookup``."""
-        return self._revived
+    def shared_dir(self) -> Path:
+        """``cache_dir``'s shared directory: the writers' segments and the claims."""
+        return self._ledger.shared_dir
 
     @property
-    def revived_from_others(self) -> int:
-        """The part of ``revived`` whose file another writer made (another process, or an earlier run)."""
-        return self._revived_others
+    def log_path(self) -> Path:
+        """The compacted base log."""
+        return self._ledger.base_path
 
-    @property
-    def written(self) -> int:
-        """Chunks committed by this cache."""
-        return self._written
-
-    @property
-    def rejected(self) -> dict[str, int]:
-        """Logged entries ``lookup`` turned away, by reason (``shape``, ``dtype``, ``missing``, ``file``, ``checksum``)."""
-        with self._lock:
-            return dict(self._rejected)
+    def close(self) -> None:
+        """Let go of this writer's segment (deleted when it logged nothing). Idempotent."""
+        self._ledger.close(self._fds)
 
     @property
     def dropped(self) -> dict[str, int]:
         """Log lines the load dropped, by reason (``stale``, ``superseded``, ``torn``)."""
         return dict(self._dropped)
-
-    @property
-    def refused(self) -> dict[str, int]:
-        """Chunks ``begin`` did not write, by reason: ``full`` (disk), ``budget`` (``disk_bytes``), ``busy`` (claimed)."""
-        with self._lock:
-            return dict(self._refused)
-
-    @property
-    def persisting(self) -> bool:
-        """False once a full disk stopped this cache writing."""
-        return self._persisting
-
-    def entries(self) -> dict[Key, LogEntry]:
-        """The persisted entries this cache knows, keyed ``(array_path, chunk_index)``."""
-        with self._lock:
-            return dict(self._entries)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-
-def now_ns() -> int:
-    """A log line's ``t``: wall-clock ns, comparable between the writers of one host."""
-    return time.time_ns()
