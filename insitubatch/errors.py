@@ -12,12 +12,14 @@ __all__ = [
     "CachePlatformError",
     "DatasetClosedError",
     "InSituError",
+    "IrregularTimeWarning",
     "LayoutMismatchError",
     "SlotAlignmentError",
     "SlotPlanBlockedError",
     "SlotRunError",
     "StaleCacheError",
     "StoreReadError",
+    "TimeAxisError",
     "WriteClaimError",
     "WriteConflictError",
     "WriteIntentRangeError",
@@ -42,6 +44,14 @@ class BadChunkError(InSituError, ValueError):
 
 class CalendarError(InSituError, ValueError):
     """A time coordinate cannot be decoded: its calendar needs cftime (not installed), or its units are not CF time."""
+
+
+class TimeAxisError(InSituError, ValueError):
+    """A time offset, missing date or frequency the sample axis's time coordinate cannot serve; names the array."""
+
+
+class IrregularTimeWarning(UserWarning):
+    """An offset in stored steps on a time axis with gaps or uneven steps: its step is not a fixed time there."""
 
 
 class CacheCorruptError(InSituError, ValueError):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..io.dates import TimeAxis, format_bound, is_time
 from ..io.geometry import ArrayGeometry
-from .epoch import valid_anchor_range
+from .anchors import anchor_rules, valid_anchor_range
 from .quarantine import ChunkRecord, resolve_exclusions
 from .splits import DateRun, SplitDates, SplitManifest
 
@@ -159,6 +159,9 @@ def inference_range(
     ValueError
         Both forms given; an empty range or one outside the arrays; a label's
         window off its array (the message names the label and the valid range).
+    TimeAxisError
+        An anchor of the range wants a time the archive does not store, or
+        one the manifest declares missing (the message names the times).
     """
     if start is not None or stop is not None:
         if sample_range is not None:
@@ -169,6 +172,7 @@ def inference_range(
     if sample_range is None:
         if lo >= hi:
             raise ValueError(f"no anchor has every window inside the arrays (valid range would be [{lo}, {hi}))")
+        anchor_rules(manifest, outputs).check_inference(lo, hi)
         return lo, hi
     try:
         first, end = (int(v) for v in sample_range)
@@ -177,6 +181,8 @@ def inference_range(
     if not 0 <= first < end <= n:
         raise ValueError(f"sample_range={(first, end)} must satisfy 0 <= start < stop <= {n}")
     for label, g in outputs.items():
+        if g.time_rows is not None:  # offsets in time: no fixed reach; the times they want are checked below
+            continue
         low, high = min(g.read_offsets), max(g.read_offsets)
         if first + low < 0 or end - 1 + high >= n:
             raise ValueError(
@@ -184,6 +190,7 @@ def inference_range(
                 f"sample_range={(first, end)} would read [{first + low}, {end + high}) off its array of "
                 f"{n} samples; anchors with every window inside the arrays are [{lo}, {hi})"
             )
+    anchor_rules(manifest, outputs).check_inference(first, end)
     return first, end
 
 

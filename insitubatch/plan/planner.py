@@ -8,10 +8,12 @@ so a saved position only resumes the pass it came from.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from ..io.geometry import ArrayGeometry
+from .anchors import AnchorRules, anchor_rules, loss_note
 from .distributed import Remainder, rank_streams
 from .epoch import EpochPlan, build_plan, epoch_order, valid_anchor_range
 from .quarantine import usable_rows
@@ -40,6 +42,11 @@ class EpochPlanner:
     remainder: Remainder
     release_per_block: bool  # a persisted cache: windowed passes release each block's chunks
     _plans: dict[tuple[str, int, History], EpochPlan] = dataclasses.field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def rules(self) -> AnchorRules:
+        """Which anchors the times allow (offsets in time, declared missing dates, frequency): computed once."""
+        return anchor_rules(self.manifest, self.outputs)
 
     def plan(self, split: str, epoch: int, history: History = ()) -> EpochPlan:
         """This rank's (cached) plan of ``split`` for ``epoch``, after ``history``."""
@@ -87,6 +94,7 @@ class EpochPlanner:
             epoch=epoch,
             anchor_range=anchor_range,
             blocks=blocks if self.world_size == 1 and not history else None,  # ranks are dealt the whole order
+            keep=self.rules.keep,
         )
         order, starts, padded = eo.order, eo.block_starts, None
         if self.world_size > 1 or history:
@@ -126,7 +134,7 @@ class EpochPlanner:
             return f"its {len(chunks)} chunk(s) hold none of the samples its range keeps"
         lo, hi = valid_anchor_range(manifest, self.outputs)
         if not ((samples >= lo) & (samples < hi)).any():
-            reach = {label: g.read_offsets for label, g in self.outputs.items()}
+            reach = {label: g.read_offsets for label, g in self.outputs.items() if g.time_rows is None}
             label = max(reach, key=lambda lb: max(max(reach[lb]), -min(reach[lb])))
             return (
                 f"its samples {samples[0]} .. {samples[-1]} all lie outside {lo} .. {hi - 1}, the anchors whose "
@@ -135,6 +143,8 @@ class EpochPlanner:
             )
         offsets = {off for g in self.outputs.values() for off in g.read_offsets}
         inside = samples[(samples >= lo) & (samples < hi)]
+        if self.rules.keep is not None and not self.rules.keep[inside].any():
+            return f"its times leave it no anchor ({loss_note(split, self.rules.loss(inside).as_dict())})"
         size, excluded = manifest.sample_chunk_size, manifest.excluded_chunks
         if excluded and not usable_rows(inside, excluded, size, manifest.n_samples, offsets).any():
             return (
