@@ -26,6 +26,7 @@ from .dates import TimeAxis, is_time
 __all__ = [
     "StepAxis",
     "TimeRows",
+    "exact_text",
     "format_duration",
     "in_time",
     "is_duration",
@@ -90,6 +91,20 @@ def format_duration(ns: int) -> str:
     return f"{ns}ns"  # pragma: no cover - every int is a whole number of ns
 
 
+def exact_text(axis: TimeAxis, instant: Any) -> str:
+    """An instant as ISO text that reads back as that one instant (to the second, finer only when needed).
+
+    ``TimeAxis.format`` drops trailing zero fields, and ``"2000-01-02"`` read
+    back names the whole day; a declared missing date must name the step alone.
+    """
+    if axis.is_cftime:
+        text = f"{instant.year:04d}-{instant.month:02d}-{instant.day:02d}T"
+        text += f"{instant.hour:02d}:{instant.minute:02d}:{instant.second:02d}"
+        return text + (f".{instant.microsecond:06d}" if instant.microsecond else "")
+    ns = np.datetime64(instant, "ns")
+    return str(np.datetime_as_string(ns, unit="s" if int(ns.astype(np.int64)) % 10**9 == 0 else "ns"))
+
+
 @dataclass(frozen=True, eq=False)
 class StepAxis:
     """A decoded time coordinate as integer nanoseconds, and its step.
@@ -140,12 +155,16 @@ class StepAxis:
     def regular(self) -> bool:
         return self.first_gap is None
 
-    def format(self, tick: int) -> str:
-        """An instant given in ticks, as a short ISO string."""
+    def instant(self, tick: int) -> Any:
+        """The date ``tick`` nanoseconds stands for on this axis (``datetime64[ns]`` or a ``cftime`` date)."""
         if self.axis.is_cftime:
             origin = next(v for v in self.values if v is not None)
-            return self.axis.format(origin + _dt.timedelta(microseconds=int(tick) // 1000))
-        return self.axis.format(np.datetime64(int(tick), "ns"))
+            return origin + _dt.timedelta(microseconds=int(tick) // 1000)
+        return np.datetime64(int(tick), "ns")
+
+    def format(self, tick: int) -> str:
+        """An instant given in ticks, as a short ISO string."""
+        return self.axis.format(self.instant(tick))
 
     def gap_text(self) -> str:
         """The first gap, in words: the two stored times around it and the step between them."""

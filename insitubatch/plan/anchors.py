@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import CalendarError, TimeAxisError
 from ..io.dates import format_bound
 from ..io.geometry import ArrayGeometry
-from ..io.time_offsets import NAMED_TIMES, StepAxis, format_duration, parse_duration
+from ..io.time_offsets import NAMED_TIMES, StepAxis, exact_text, format_duration, parse_duration
 
 __all__ = [
     "AnchorRules",
@@ -36,11 +36,13 @@ __all__ = [
     "anchor_rules",
     "declare_frequency",
     "declare_missing",
+    "declare_times",
     "loss_note",
     "missing_samples",
     "on_frequency",
     "rows_kept",
     "split_losses",
+    "times_lines",
     "valid_anchor_range",
 ]
 
@@ -61,15 +63,6 @@ def valid_anchor_range(manifest: Any, variables: Mapping[str, ArrayGeometry]) ->
         if g.time_rows is not None:
             lo, hi = max(lo, g.time_rows.reach[0]), min(hi, g.time_rows.reach[1])
     return lo, max(lo, hi)
-
-
-def _instant_text(axis: StepAxis, value: DateLike) -> str:
-    """One instant as text that reads back as that instant (to the second; finer only when it has to)."""
-    instant = axis.axis.instant(value)
-    if axis.axis.is_cftime:
-        return f"{instant.year:04d}-{instant.month:02d}-{instant.day:02d}T{instant.hour:02d}:{instant.minute:02d}:{instant.second:02d}"
-    ns = np.datetime64(instant, "ns")
-    return str(np.datetime_as_string(ns, unit="s" if int(ns.astype(np.int64)) % 10**9 == 0 else "ns"))
 
 
 def declare_missing(axis: StepAxis, missing: Iterable[Any] | None, what: str) -> tuple[tuple[str, str], ...]:
@@ -97,7 +90,10 @@ def declare_missing(axis: StepAxis, missing: Iterable[Any] | None, what: str) ->
         pair = (item, item) if isinstance(item, str) or not isinstance(item, tuple | list) else tuple(item)
         if len(pair) != 2:
             raise TypeError(f"{what}: missing holds {item!r}: each item is a date or a (start, end) pair")
-        texts = [p.strip() if isinstance(p, str) else _instant_text(axis, p) for p in pair]
+        try:
+            texts = [p.strip() if isinstance(p, str) else exact_text(axis.axis, axis.axis.instant(p)) for p in pair]
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{what}: missing holds {item!r}: {exc}") from exc
         try:
             lo, hi = axis.axis.bounds(texts[0])[0], axis.axis.bounds(texts[1])[1]
         except (TypeError, ValueError) as exc:
@@ -343,3 +339,37 @@ def split_losses(
         if loss["unstored"] or loss["missing"] or loss["off_frequency"]:
             out[name] = loss
     return out
+
+
+def declare_times(
+    geometry: ArrayGeometry, missing: Iterable[Any] | None, frequency: Any
+) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """A splitter's ``missing=`` and ``frequency=`` as the manifest records them, checked against
+    ``geometry``'s time coordinate (read only when either is given).
+
+    Raises
+    ------
+    TimeAxisError
+        The array has no time coordinate, or the frequency is no multiple of its step.
+    TypeError, ValueError
+        As :func:`declare_missing`.
+    """
+    if missing is None and frequency is None:
+        return (), None
+    axis = geometry.step_axis("missing= and frequency=")
+    what = f"array {geometry.path!r}"
+    return declare_missing(axis, missing, what), declare_frequency(axis, frequency, what)
+
+
+def times_lines(manifest: Any, variables: Mapping[str, ArrayGeometry] | None) -> list[str]:
+    """The lines ``SplitManifest.describe`` adds: its missing dates and frequency, and with
+    ``variables`` (``{label: ArrayGeometry}``) each split's anchors lost to its times."""
+    lines = []
+    if manifest.missing:
+        dates = ", ".join(a if a == b else f"{a} .. {b}" for a, b in manifest.missing)
+        lines.append(f"  missing: {dates}: no anchor whose window touches them is drawn")
+    if manifest.frequency is not None:
+        lines.append(f"  frequency: an anchor every {manifest.frequency}, counted from the first date")
+    for name, loss in (split_losses(manifest, variables) if variables is not None else {}).items():
+        lines.append(f"  {loss_note(name, loss)}")
+    return lines

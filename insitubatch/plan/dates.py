@@ -14,6 +14,7 @@ Quarantined chunks (``exclude_chunks``) are left out of every split.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..io.dates import TimeAxis, format_bound, is_time
 from ..io.geometry import ArrayGeometry
-from .anchors import anchor_rules, valid_anchor_range
+from .anchors import anchor_rules, declare_times, valid_anchor_range
 from .quarantine import ChunkRecord, resolve_exclusions
 from .splits import DateRun, SplitDates, SplitManifest
 
@@ -227,6 +228,8 @@ def split_by_time(
     edges: Edges = "chunk",
     exclude_chunks: Iterable[int | ChunkRecord] | None = None,
     geometries: Mapping[str, ArrayGeometry] | Iterable[ArrayGeometry] | None = None,
+    missing: Iterable[Any] | None = None,
+    frequency: str | np.timedelta64 | None = None,
 ) -> SplitManifest:
     """Splits by date ranges along the sample axis's time coordinate.
 
@@ -250,6 +253,15 @@ def split_by_time(
     exclude_chunks, geometries
         Quarantined chunks, as for ``split_by_chunk``: left out of every
         split (each split's dates and samples count what remains) and never read.
+    missing
+        Dates no anchor may touch: each a date (a string names its whole
+        resolution, as a range bound does) or an inclusive ``(start, end)``
+        pair. Every split, rank and pass drops an anchor whose window (any
+        label's offsets, or the anchor itself) touches one; inference raises.
+    frequency
+        Anchors every ``frequency`` (``"12h"``; a whole multiple of the time
+        axis's step), counted from the first date: only the chunks those
+        anchors and their windows need are read.
 
     Raises
     ------
@@ -261,6 +273,8 @@ def split_by_time(
         not a date; a quarantined chunk outside its array or of an array not given.
     CalendarError
         The coordinate's calendar needs ``cftime``, which is not installed.
+    TimeAxisError
+        A ``frequency`` that is no whole multiple of the time axis's step.
     TypeError
         ``ranges`` is not a mapping of ``(start, stop)`` pairs, or a bound is no date-like.
     """
@@ -277,7 +291,9 @@ def split_by_time(
             f"coordinate {dim!r} of {geometry.path!r} holds no dates (dtype {values.dtype}, no CF time units); "
             "split_by_chunk(sample_range=...) splits by index"
         )
-    return _date_manifest(geometry, dim, values, axis, named, edges, excluded)
+    missing_dates, spacing = declare_times(geometry, missing, frequency)
+    manifest = _date_manifest(geometry, dim, values, axis, named, edges, excluded)
+    return dataclasses.replace(manifest, missing=missing_dates, frequency=spacing)
 
 
 def _date_manifest(
