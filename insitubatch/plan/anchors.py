@@ -224,11 +224,19 @@ class AnchorRules:
         return [self.axis.format(t) for t in sorted(ticks)]
 
     def loss(self, anchors: np.ndarray) -> SplitLoss:
-        """What the rules take of ``anchors`` (a split's, inside the valid range): counts, first times."""
+        """What the rules take of ``anchors`` (a split's, inside the valid range): counts, first times.
+
+        Each anchor counts once, under the first rule that takes it: off the
+        frequency, then not stored, then missing; the counts add up to the anchors dropped.
+        """
         anchors = np.asarray(anchors, dtype=np.int64)
-        unstored = anchors[self.unstored[anchors]] if self.unstored is not None else anchors[:0]
-        missing = anchors[self.missing[anchors]] if self.missing is not None else anchors[:0]
         off = int(self.off_frequency[anchors].sum()) if self.off_frequency is not None else 0
+        if self.off_frequency is not None:
+            anchors = anchors[~self.off_frequency[anchors]]
+        unstored = anchors[self.unstored[anchors]] if self.unstored is not None else anchors[:0]
+        if self.unstored is not None:
+            anchors = anchors[~self.unstored[anchors]]
+        missing = anchors[self.missing[anchors]] if self.missing is not None else anchors[:0]
         return SplitLoss(
             unstored=len(unstored),
             unstored_times=tuple(self._unstored_times(unstored[: NAMED_TIMES * 4])[:NAMED_TIMES]),
