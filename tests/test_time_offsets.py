@@ -146,7 +146,7 @@ def test_inference_raises_naming_the_times_the_archive_lacks(gapped) -> None:
     manifest = split_by_chunk(g, fractions=(1.0,))
     with InSituDataset(LocalStore(gapped, read_only=True), manifest, {"y": g.shift("6h")}, batch_size=4) as ds:
         # 2000-01-02T06 (index 5 of the full axis) was cut: the anchor at 00:00 that day wants it
-        with pytest.raises(TimeAxisError, match=r"does not store: 2000-01-02T06:00"):
+        with pytest.raises(TimeAxisError, match=r"does not store: 2000-01-02T06:00:00"):
             ds.infer(start="2000-01-02", stop="2000-01-02T12")
         batches = list(ds.infer(start="2000-01-01", stop="2000-01-01T18"))  # no gap in reach: it runs
         assert [str(t)[:13] for b in batches for t in b.coords["y.time"]][0] == "2000-01-01T06"
@@ -170,8 +170,8 @@ def test_describe_counts_each_split_s_lost_anchors_and_names_the_first_times(gap
             assert info["splits"][name]["samples"] == len(anchors) - lost
             total += lost
         train = info["splits"]["train"]["lost"]
-        assert train["unstored_times"][0] == "2000-01-02T06:00"
-        assert any("split 'train' drops anchors" in n and "2000-01-02T06:00" in n for n in info["notes"])
+        assert train["unstored_times"][0] == "2000-01-02T06:00:00"
+        assert any("split 'train' drops anchors" in n and "2000-01-02T06:00:00" in n for n in info["notes"])
         assert total == sum(1 for k in CUT if k - 1 not in CUT)  # the step before each cut run loses its target
 
 
@@ -226,3 +226,33 @@ def test_shifts_in_time_compose_with_windows_on_a_gapped_axis(gapped) -> None:
         for j, o in enumerate((6 * HOUR, 12 * HOUR)):
             hit = np.flatnonzero(times == t + o)
             assert rows[i, j] == (hit[0] if len(hit) else -1)
+
+
+def test_a_noleap_calendar_pairs_by_its_own_dates(tmp_path) -> None:
+    """cftime dates (no 29 February): +6h from 28 February 18:00 is 1 March, and xarray agrees."""
+    import datetime as dt
+
+    import xarray as xr
+
+    stamps = np.asarray(xr.date_range("2001-02-27", periods=24, freq="6h", calendar="noleap", use_cftime=True))
+    stamps = np.delete(stamps, [4, 9, 10])
+    path = write_dated(tmp_path / "noleap.zarr", stamps, chunk=4)
+    xd = open_xr(path)  # a noleap calendar decodes to cftime dates
+    g = _geometry(path)
+    manifest = split_by_chunk(g, fractions=(1.0,))
+    drawn = []
+    with InSituDataset(LocalStore(path, read_only=True), manifest, {"y": g.shift("6h")}, batch_size=4) as ds:
+        for batch in ds.train:
+            for i, t in enumerate(batch.coords["time"]):
+                want = xd["t2m"].sel(time=t + dt.timedelta(hours=6)).values
+                assert np.array_equal(batch.arrays["y"][i], want)
+                drawn.append(t)
+    held = set(stamps.tolist())
+    assert set(drawn) == {t for t in stamps.tolist() if t + dt.timedelta(hours=6) in held}
+
+
+def test_a_time_axis_that_does_not_increase_raises(tmp_path) -> None:
+    stamps = six_hourly("2000-01-01", 12)[::-1].copy()
+    g = _geometry(_write_native(tmp_path / "backwards.zarr", stamps, chunk=4))
+    with pytest.raises(TimeAxisError, match=r"time coordinate 'time' of array 't2m' does not increase"):
+        g.shift("6h")

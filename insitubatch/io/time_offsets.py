@@ -166,6 +166,10 @@ class StepAxis:
         """An instant given in ticks, as a short ISO string."""
         return self.axis.format(self.instant(tick))
 
+    def exact(self, tick: int) -> str:
+        """An instant given in ticks, as ISO text to the second (what ``missing=`` reads back as that instant)."""
+        return exact_text(self.axis, self.instant(tick))
+
     def gap_text(self) -> str:
         """The first gap, in words: the two stored times around it and the step between them."""
         i = self.first_gap
@@ -250,11 +254,11 @@ class TimeRows:
         return np.asarray((self.rows >= 0).all(axis=1))
 
     def missing_times(self, anchors: np.ndarray) -> list[str]:
-        """The times ``anchors`` want that the axis does not store, sorted, unique, as ISO strings."""
+        """The times ``anchors`` want that the axis does not store, sorted, unique, as ISO text to the second."""
         anchors = np.asarray(anchors, dtype=np.int64)
-        bad = self.rows[anchors] < 0
+        bad = (self.rows[anchors] < 0) & self.axis.stored[anchors][:, None]  # an anchor without a date wants none
         wanted = self.axis.ticks[anchors][:, None] + np.asarray(self.offsets, dtype=np.int64)[None, :]
-        return [self.axis.format(t) for t in np.unique(wanted[bad]).tolist()]
+        return [self.axis.exact(t) for t in np.unique(wanted[bad]).tolist()]
 
     def describe(self) -> str:
         words = [format_duration(o) for o in self.offsets]
@@ -284,6 +288,13 @@ def sample_time_axis(values: np.ndarray | None, path: str, dim: str | None, n: i
         raise TimeAxisError(
             f"{what}: coordinate {dim!r} of array {path!r} holds no dates (dtype {values.dtype}, no CF time "
             "units); give the offset in steps"
+        )
+    kept = axis.ticks[axis.stored]
+    if len(kept) > 1 and not (kept[1:] > kept[:-1]).all():
+        k = int(np.flatnonzero(kept[1:] <= kept[:-1])[0])
+        raise TimeAxisError(
+            f"{what}: time coordinate {dim!r} of array {path!r} does not increase ({axis.format(kept[k])} is "
+            f"followed by {axis.format(kept[k + 1])}), so no time names one step"
         )
     return axis
 

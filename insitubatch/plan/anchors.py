@@ -221,7 +221,7 @@ class AnchorRules:
             hit[hit] = self.missing_at[rows[hit]]
             ticks.update(self.axis.ticks[rows[hit]].tolist())
         ticks.update(self.axis.ticks[anchors[self.missing_at[anchors]]].tolist())
-        return [self.axis.format(t) for t in sorted(ticks)]
+        return [self.axis.exact(t) for t in sorted(ticks)]
 
     def loss(self, anchors: np.ndarray) -> SplitLoss:
         """What the rules take of ``anchors`` (a split's, inside the valid range): counts, first times.
@@ -263,7 +263,7 @@ class AnchorRules:
             raise TimeAxisError(
                 f"inference over anchors [{lo}, {hi}): {len(bad)} anchor(s) read times that {why}: "
                 f"{_named(named[:NAMED_TIMES], len(named))} (first anchor {int(bad[0])}, at "
-                f"{self.axis.format(self.axis.ticks[bad[0]]) if self.axis is not None else bad[0]}); "
+                f"{self.axis.exact(self.axis.ticks[bad[0]]) if self.axis is not None else bad[0]}); "
                 "infer over a range without them (start=/stop=), or train, which drops them"
             )
 

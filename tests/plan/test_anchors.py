@@ -93,10 +93,12 @@ def test_missing_dates_are_accounted_for_per_split_in_describe_and_the_manifest(
             lost = sum(1 for i in anchors if {times[i], times[i + 1]} & gone)
             assert info["splits"][name]["lost"]["missing"] == lost
             assert info["splits"][name]["samples"] == len(anchors) - lost
-        assert info["splits"]["train"]["lost"]["missing_times"][0] == "2000-01-03"
+        assert info["splits"]["train"]["lost"]["missing_times"][0] == "2000-01-03T00:00:00"
     text = manifest.describe(variables)
     assert "missing: 2000-01-03, 2000-01-07T06 .. 2000-01-07T12, 2000-01-12T18:00:00" in text
-    assert "split 'train' drops anchors:" in text and "touches a declared missing date (first 2000-01-03" in text
+    assert (
+        "split 'train' drops anchors:" in text and "touches a declared missing date (first 2000-01-03T00:00:00" in text
+    )
 
 
 def test_missing_dates_round_trip_in_the_manifest_json_and_older_formats_stay(archive, tmp_path) -> None:
@@ -115,7 +117,7 @@ def test_inference_raises_for_a_declared_missing_date(archive) -> None:
     g = _geometry(archive)
     manifest = split_by_chunk(g, fractions=(1.0,), missing=["2000-01-03T06"])
     with InSituDataset(LocalStore(archive, read_only=True), manifest, {"t": g}, batch_size=4) as ds:
-        with pytest.raises(TimeAxisError, match="declared missing: 2000-01-03T06:00"):
+        with pytest.raises(TimeAxisError, match="declared missing: 2000-01-03T06:00:00"):
             ds.infer(start="2000-01-03", stop="2000-01-04")
         assert sum(len(b) for b in ds.infer(start="2000-01-04", stop="2000-01-05")) == 8
 
