@@ -19,6 +19,7 @@ print: per split, how many anchors each rule took and the first times named.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "split_losses",
     "times_lines",
     "valid_anchor_range",
+    "with_declared_times",
 ]
 
 DateLike = Any  # str | datetime | date | np.datetime64 | a cftime date
@@ -381,3 +383,32 @@ def times_lines(manifest: Any, variables: Mapping[str, ArrayGeometry] | None) ->
     for name, loss in (split_losses(manifest, variables) if variables is not None else {}).items():
         lines.append(f"  {loss_note(name, loss)}")
     return lines
+
+
+def with_declared_times(manifest: Any, variables: Mapping[str, ArrayGeometry], missing: Any, frequency: Any) -> Any:
+    """``manifest`` with a dataset's ``missing=`` and ``frequency=`` added (``manifest`` itself when neither).
+
+    The missing dates join the manifest's; a frequency is the manifest's or
+    the dataset's, not two. ``variables`` supply the time coordinate (the
+    manifest's own array first).
+
+    Raises
+    ------
+    ValueError
+        Two different frequencies.
+    TimeAxisError, TypeError
+        As the splitters' ``missing=``/``frequency=``.
+    """
+    if missing is None and frequency is None:
+        return manifest
+    ordered = sorted(variables.values(), key=lambda g: g.path != manifest.array)
+    missing_dates, spacing = declare_times(ordered[0], missing, frequency)
+    if spacing is not None and manifest.frequency not in (None, spacing):
+        raise ValueError(
+            f"frequency={frequency!r} differs from the manifest's {manifest.frequency!r}: give one (the manifest "
+            "records it for every split and rank)"
+        )
+    added = tuple(m for m in missing_dates if m not in manifest.missing)
+    return dataclasses.replace(
+        manifest, missing=manifest.missing + added, frequency=spacing if spacing is not None else manifest.frequency
+    )

@@ -202,3 +202,21 @@ def test_the_fill_scan_reports_steps_that_are_all_fill_value_and_drops_nothing(t
     a[:] = 1.0
     a[3] = np.nan
     assert scan_fill_steps(LocalStore(nan), open_geometries(LocalStore(nan))["v"]).indices == (3,)
+
+
+def test_the_dataset_s_missing_and_frequency_join_its_manifest_s(archive) -> None:
+    g = _geometry(archive)
+    declared = split_by_chunk(g, fractions=(0.5, 0.5), missing=MISSING[:1], frequency="12h")
+    plain = split_by_chunk(g, fractions=(0.5, 0.5), missing=MISSING[:1])
+    variables = {"x": g.window([-1, 0])}
+    with InSituDataset(LocalStore(archive, read_only=True), declared, variables, batch_size=4) as a:
+        expected = a.plan("train")
+    with InSituDataset(
+        LocalStore(archive, read_only=True), plain, variables, batch_size=4, frequency=np.timedelta64(12, "h")
+    ) as b:
+        assert b.manifest == declared and b.plan("train").reads == expected.reads
+        assert np.array_equal(b.plan("train").order, expected.order)
+    with InSituDataset(LocalStore(archive, read_only=True), plain, variables, missing=MISSING[1:], batch_size=4) as c:
+        assert c.manifest.missing == split_by_chunk(g, missing=MISSING).missing
+    with pytest.raises(ValueError, match=r"frequency='24h' differs from the manifest's '12h'"):
+        InSituDataset(LocalStore(archive, read_only=True), declared, variables, frequency="24h")
