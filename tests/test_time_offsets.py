@@ -18,7 +18,7 @@ import zarr
 from dated_stores import LAT, LON, field, open_xr, six_hourly, write_dated
 from zarr.storage import LocalStore
 
-from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk, split_by_time
 from insitubatch.errors import IrregularTimeWarning, TimeAxisError
 
 HOUR = np.timedelta64(1, "h")
@@ -66,13 +66,17 @@ def _servable(times: np.ndarray, offsets: list[np.timedelta64]) -> set[np.dateti
     return {t for t in times.tolist() if all((np.datetime64(t, "ns") + o).astype(int) in held for o in offsets)}
 
 
-def _draw_everything(path, variables, oracle_offsets, *, world_size=1, batch_size=5):
+def _draw_everything(path, variables, oracle_offsets, *, world_size=1, batch_size=5, by_date=False):
     """Every anchor drawn by every rank over every split, each row checked against xarray."""
     xd = open_xr(path)
     drawn: list[int] = []
     for rank in range(world_size):
         g = _geometry(path)
-        manifest = split_by_chunk(g, fractions=(0.6, 0.2, 0.2))
+        if by_date:  # every sample in the split its own date falls in, as xarray's .sel(time=slice(...)) selects
+            ranges = {"train": (None, "2000-01-12"), "val": ("2000-01-13", "2000-01-16"), "test": ("2000-01-17", None)}
+            manifest = split_by_time(g, ranges, edges="exact")
+        else:
+            manifest = split_by_chunk(g, fractions=(0.6, 0.2, 0.2))
         with InSituDataset(
             LocalStore(path, read_only=True),
             manifest,
@@ -96,9 +100,12 @@ def _draw_everything(path, variables, oracle_offsets, *, world_size=1, batch_siz
     return drawn
 
 
-def test_shift_and_window_in_hours_pair_what_xarray_selects(gapped) -> None:
+@pytest.mark.parametrize("by_date", [False, True], ids=["by-chunk", "by-date"])
+def test_shift_and_window_in_hours_pair_what_xarray_selects(gapped, by_date) -> None:
     offsets = {"inputs": [-6 * HOUR, 0 * HOUR], "target": [6 * HOUR]}
-    drawn = _draw_everything(gapped, lambda g: {"inputs": g.window(["-6h", "0h"]), "target": g.shift("6h")}, offsets)
+    drawn = _draw_everything(
+        gapped, lambda g: {"inputs": g.window(["-6h", "0h"]), "target": g.shift("6h")}, offsets, by_date=by_date
+    )
     times = open_xr(gapped)["time"].values
     assert len(drawn) == len(set(drawn))  # each anchor once
     assert set(drawn) == _servable(times, [-6 * HOUR, 0 * HOUR, 6 * HOUR])
