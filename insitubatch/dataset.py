@@ -247,6 +247,7 @@ class InSituDataset:
             world_size=self.world_size,
             remainder=remainder,
             release_per_block=self.persist,
+            variables=self.variables,
         )
         self._views: dict[str, DatasetView] = {}
         try:  # read once here, not in a pass (whose GETs are the chunks')
@@ -400,6 +401,7 @@ class InSituDataset:
             remote=self.context.client() is not None,
             client=route_report(self.context.client()),  # which HTTP client reads the store, and why
             manifest=self.manifest,  # its quarantined chunks are a note
+            losses=self.planner.losses(),  # each split's anchors lost to its times
         )
         info["resolved"] = {
             **{k: getattr(self, k) for k in RESOLVED},

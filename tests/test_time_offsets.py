@@ -291,3 +291,41 @@ def test_over_http_a_gapped_epoch_reads_each_needed_chunk_once(http_server) -> N
     index = {int(t): k for k, t in enumerate(times.astype(np.int64))}
     needed = {(index[t] + d) // 2 for t in drawn for d in (-1, 0, 1)}
     assert sorted(int(p.split("/")[-3]) for p in gets) == sorted(needed)  # each needed chunk once, no other
+
+
+def test_offsets_in_time_and_declared_times_survive_a_reshaping_chunk_transform(gapped) -> None:
+    """A transform's output has no dimension names: the time axis comes from the labels' views before it."""
+    from insitubatch.transforms import Coarsen
+
+    g = _geometry(gapped)
+    manifest = split_by_chunk(g, fractions=(1.0,), missing=["2000-01-04"], frequency="12h")
+    times = open_xr(gapped)["time"].values
+    xd = open_xr(gapped)["t2m"].coarsen(lon=2).mean()
+    variables = {"y": g.shift("6h")}
+    with InSituDataset(
+        LocalStore(gapped, read_only=True), manifest, variables, batch_size=4, chunk_transforms=[Coarsen((1, 2))]
+    ) as ds:
+        drawn = []
+        for batch in ds.train:
+            for i, t in enumerate(batch.coords["time"]):
+                np.testing.assert_allclose(batch.arrays["y"][i], xd.sel(time=t + 6 * HOUR).values, rtol=1e-6)
+                drawn.append(t)
+        assert ds.describe()["splits"]["train"]["lost"]["missing"] > 0
+        with pytest.raises(TimeAxisError, match="declared missing: 2000-01-04T00:00:00"):
+            ds.infer(start="2000-01-03T18", stop="2000-01-04")
+    day = np.datetime64("2000-01-04", "ns")
+    expected = [
+        t
+        for t in times
+        if (t - times[0]) % (12 * HOUR) == 0
+        and t + 6 * HOUR in times
+        and not (day <= t < day + 24 * HOUR or day <= t + 6 * HOUR < day + 24 * HOUR)
+    ]
+    assert sorted(drawn) == expected
+    # no label offset in time: the missing dates and the frequency alone need the views' time axis
+    with InSituDataset(
+        LocalStore(gapped, read_only=True), manifest, {"now": g}, batch_size=4, chunk_transforms=[Coarsen((1, 2))]
+    ) as ds:
+        now = sorted(t for batch in ds.train for t in batch.coords["time"])
+        assert ds.describe()["splits"]["train"]["lost"]["off_frequency"] > 0
+    assert now == [t for t in times if (t - times[0]) % (12 * HOUR) == 0 and not day <= t < day + 24 * HOUR]

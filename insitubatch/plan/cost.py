@@ -18,7 +18,7 @@ from typing import Any
 from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from ..io.statics import StaticField
-from .anchors import loss_note, split_losses
+from .anchors import loss_note
 from .epoch import EpochPlan
 from .quarantine import quarantine_note
 from .splits import SplitManifest
@@ -167,6 +167,7 @@ def describe_loader(
     remote: bool = False,
     client: Mapping[str, str] | None = None,
     manifest: SplitManifest | None = None,
+    losses: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -186,8 +187,8 @@ def describe_loader(
     then stated at its cap, and on a ``remote`` store the read-ahead beyond
     the working set is a term too. ``client`` is which HTTP client reads the
     store, and why (``{"client": ..., "reason": ...}``, from the routing).
-    ``manifest`` is the split manifest: its quarantined chunks are a note, and each split's anchors lost
-    to its times (``anchors.split_losses``) are ``splits[name]["lost"]`` and a note.
+    ``manifest`` is the split manifest: its quarantined chunks are a note. ``losses`` are each split's
+    anchors lost to its times (``EpochPlanner.losses``): ``splits[name]["lost"]`` and a note.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
@@ -300,8 +301,8 @@ def describe_loader(
         )
     for name, why in (empty or {}).items():
         notes.append(empty_split_note(name, why))
-    for name, loss in (split_losses(manifest, rows) if manifest is not None else {}).items():
-        splits[name]["lost"] = loss
+    for name, loss in (losses or {}).items():
+        splits[name]["lost"] = dict(loss)
         notes.append(loss_note(name, loss))
     if manifest is not None and manifest.excluded_chunks:
         notes.append(quarantine_note(manifest.excluded_chunks, manifest.sample_chunk_size, manifest.n_samples))

@@ -151,9 +151,10 @@ def inference_range(
     """The anchors ``[lo, hi)`` an inference pass covers, checked against every label's window.
 
     ``sample_range`` gives them as indices, ``start``/``stop`` as inclusive
-    coordinate values (:func:`anchors_between` over ``geometries``); with
-    neither, every anchor whose window (``anchor + offset`` for each label of
-    ``outputs``) fits its array.
+    coordinate values (:func:`anchors_between` over ``geometries``, the
+    labels' views before chunk transforms); with neither, every anchor whose
+    window (``anchor + offset`` for each label of ``outputs``) fits its array.
+    Either way no anchor may want a time the archive lacks (``anchors``).
 
     Raises
     ------
@@ -164,6 +165,8 @@ def inference_range(
         An anchor of the range wants a time the archive does not store, or
         one the manifest declares missing (the message names the times).
     """
+    geometries = list(geometries)  # the labels' views before chunk transforms: their time axis, their offsets
+    rules = anchor_rules(manifest, {str(k): g for k, g in enumerate(geometries)})
     if start is not None or stop is not None:
         if sample_range is not None:
             raise ValueError("give sample_range=(start, stop) indices or start=/stop= coordinates, not both")
@@ -173,7 +176,7 @@ def inference_range(
     if sample_range is None:
         if lo >= hi:
             raise ValueError(f"no anchor has every window inside the arrays (valid range would be [{lo}, {hi}))")
-        anchor_rules(manifest, outputs).check_inference(lo, hi)
+        rules.check_inference(lo, hi)
         return lo, hi
     try:
         first, end = (int(v) for v in sample_range)
@@ -191,7 +194,7 @@ def inference_range(
                 f"sample_range={(first, end)} would read [{first + low}, {end + high}) off its array of "
                 f"{n} samples; anchors with every window inside the arrays are [{lo}, {hi})"
             )
-    anchor_rules(manifest, outputs).check_inference(first, end)
+    rules.check_inference(first, end)
     return first, end
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..io.geometry import ArrayGeometry
-from .anchors import AnchorRules, anchor_rules, loss_note
+from .anchors import AnchorRules, anchor_rules, loss_note, split_losses
 from .distributed import Remainder, rank_streams
 from .epoch import EpochPlan, build_plan, epoch_order, valid_anchor_range
 from .quarantine import usable_rows
@@ -41,12 +41,18 @@ class EpochPlanner:
     world_size: int
     remainder: Remainder
     release_per_block: bool  # a persisted cache: windowed passes release each block's chunks
+    # each label's view before chunk transforms (their dimension names and coordinates give the time axis)
+    variables: Mapping[str, ArrayGeometry] | None = None
     _plans: dict[tuple[str, int, History], EpochPlan] = dataclasses.field(default_factory=dict, repr=False)
 
     @functools.cached_property
     def rules(self) -> AnchorRules:
         """Which anchors the times allow (offsets in time, declared missing dates, frequency): computed once."""
-        return anchor_rules(self.manifest, self.outputs)
+        return anchor_rules(self.manifest, self.variables or self.outputs)
+
+    def losses(self) -> dict[str, dict[str, Any]]:
+        """Per split losing anchors to its times: how many per rule, the first times named (``split_losses``)."""
+        return split_losses(self.manifest, self.variables or self.outputs, self.rules)
 
     def plan(self, split: str, epoch: int, history: History = ()) -> EpochPlan:
         """This rank's (cached) plan of ``split`` for ``epoch``, after ``history``."""
