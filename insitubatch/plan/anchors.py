@@ -12,8 +12,8 @@ once with numpy from the sample axis's time coordinate:
   it after the first date: the others are *off frequency*.
 
 Training and evaluation drop such anchors; inference raises for the first
-two (naming the times) and samples the frequency. :meth:`AnchorRules.losses`
-is the accounting ``describe()`` and ``SplitManifest.describe(variables)``
+two (naming the times) and samples the frequency. :func:`split_losses` is
+the accounting ``describe()`` and ``SplitManifest.describe(variables)``
 print: per split, how many anchors each rule took and the first times named.
 """
 
@@ -47,8 +47,6 @@ __all__ = [
     "valid_anchor_range",
     "with_declared_times",
 ]
-
-DateLike = Any  # str | datetime | date | np.datetime64 | a cftime date
 
 
 def valid_anchor_range(manifest: Any, variables: Mapping[str, ArrayGeometry]) -> tuple[int, int]:
@@ -94,9 +92,6 @@ def declare_missing(axis: StepAxis, missing: Iterable[Any] | None, what: str) ->
             raise TypeError(f"{what}: missing holds {item!r}: each item is a date or a (start, end) pair")
         try:
             texts = [p.strip() if isinstance(p, str) else exact_text(axis.axis, axis.axis.instant(p)) for p in pair]
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"{what}: missing holds {item!r}: {exc}") from exc
-        try:
             lo, hi = axis.axis.bounds(texts[0])[0], axis.axis.bounds(texts[1])[1]
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{what}: missing holds {item!r}: {exc}") from exc
