@@ -329,3 +329,10 @@ def test_offsets_in_time_and_declared_times_survive_a_reshaping_chunk_transform(
         now = sorted(t for batch in ds.train for t in batch.coords["time"])
         assert ds.describe()["splits"]["train"]["lost"]["off_frequency"] > 0
     assert now == [t for t in times if (t - times[0]) % (12 * HOUR) == 0 and not day <= t < day + 24 * HOUR]
+
+
+def test_the_sample_axis_is_chosen_before_offsets_in_time(gapped) -> None:
+    g = _geometry(gapped)
+    assert g.with_sample_axis(0).shift("6h").time_rows is not None
+    with pytest.raises(ValueError, match="choose the sample axis before giving offsets in time"):
+        g.shift("6h").with_sample_axis(0)

@@ -401,6 +401,8 @@ class ArrayGeometry(Labelled):
         return dataclasses.replace(self, offset=0, window_steps=(), time_rows=None)
 
     def with_sample_axis(self, sample_axis: int) -> ArrayGeometry:
+        if self.time_rows is not None:  # its rows were looked up along the old sample axis's times
+            raise ValueError(f"array {self.path!r}: choose the sample axis before giving offsets in time")
         return dataclasses.replace(self, sample_axis=_normalize_axis(sample_axis, self.ndim, self.path))
 
 
