@@ -4,7 +4,8 @@ An archive's outage often leaves no hole in its time axis but a step whose
 chunks were never written: zarr reads a missing chunk as the fill value, so
 the step looks like data. :func:`scan_fill_steps` reads an array one stored
 chunk along the sample axis at a time and lists the steps whose every value
-is the fill value (NaN counts as a NaN fill). It drops nothing: pass what it
+is the fill value (NaN counts as a NaN fill; a v2 array without one reads
+zeros there). It drops nothing: pass what it
 finds to ``missing=`` of ``split_by_time``/``split_by_chunk`` to leave them out.
 """
 
@@ -88,6 +89,8 @@ def scan_fill_steps(store: Any, geometry: ArrayGeometry, *, sample_range: tuple[
         raise ValueError(f"sample_range={(start, stop)} must satisfy 0 <= start < stop <= {n} for {geometry.path!r}")
     array = zarr.open_array(store=as_store(store), path=geometry.path, mode="r")
     fill = array.fill_value
+    if fill is None:  # a v2 array without one: zarr reads a chunk never written as zeros
+        fill = np.zeros((), dtype=array.dtype)[()]
     size = geometry.stored_chunks[axis]
     found: list[np.ndarray] = []
     for lo in range(start - start % size, stop, size):

@@ -202,6 +202,11 @@ def test_the_fill_scan_reports_steps_that_are_all_fill_value_and_drops_nothing(t
     a[:] = 1.0
     a[3] = np.nan
     assert scan_fill_steps(LocalStore(nan), open_geometries(LocalStore(nan))["v"]).indices == (3,)
+    v2 = tmp_path / "v2.zarr"
+    group = zarr.open_group(v2, mode="w", zarr_format=2)
+    b = group.create_array("w", shape=(6, 2), chunks=(1, 2), dtype="f4", fill_value=None)
+    b[[0, 1, 3, 4, 5]] = 2.0  # step 2's chunk is never written: zarr reads it as zeros
+    assert scan_fill_steps(LocalStore(v2), open_geometries(LocalStore(v2))["w"]).indices == (2,)
 
 
 def test_the_dataset_s_missing_and_frequency_join_its_manifest_s(archive) -> None:
