@@ -31,6 +31,7 @@ from .errors import (
     StoreReadError,
 )
 from .io.decode import read_stored_chunk
+from .io.fill_scan import FillSteps, scan_fill_steps
 from .io.geometry import ArrayGeometry
 from .io.group import open_geometries, open_statics
 from .io.owned import close_store
@@ -65,6 +66,7 @@ __all__ = [
     "DatasetView",
     "DateRun",
     "DecodedChunk",
+    "FillSteps",
     "InSituDataModule",
     "InSituDataset",
     "InSituError",
@@ -86,6 +88,7 @@ __all__ = [
     "open_statics",
     "print_debug_info",
     "read_stored_chunk",
+    "scan_fill_steps",
     "shuffle_quality",
     "split_by_chunk",
     "split_by_time",

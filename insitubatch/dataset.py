@@ -33,6 +33,7 @@ from .io.group import resolve_statics, resolve_variables
 from .io.owned import close_store
 from .io.statics import StaticField, read_statics
 from .io.stores import as_store
+from .plan.anchors import with_declared_times
 from .plan.cost import KNOBS, describe_loader, format_summary
 from .plan.dates import inference_range
 from .plan.distributed import LastBatch, Remainder, last_batch_policy, resolve_last_batch, resolve_world
@@ -94,6 +95,10 @@ class InSituDataset:
         Threads of the process-wide decode pool (default: one per core).
     hedge
         Duplicate a remote GET far slower than its peers (at most 5% extra GETs).
+    missing, frequency
+        Declared missing dates and the anchors' spacing, added to the
+        manifest's (``split_by_time(missing=, frequency=)``; docs/dates.md):
+        ``ds.manifest`` records them for every split, rank and pass.
     rank, world_size
         This process's share of each epoch. Unset: from an initialized
         ``torch.distributed`` group, else JAX's processes, else ``RANK``/``WORLD_SIZE``, else 0 of 1.
@@ -153,6 +158,8 @@ class InSituDataset:
         cache_disk_bytes: int | None = None,
         on_corrupt_cache: OnCorrupt = "refetch",
         hedge: bool = True,
+        missing: Sequence[Any] | None = None,
+        frequency: str | np.timedelta64 | None = None,
     ) -> None:
         closing_deferred()  # what datasets nobody closed left behind (a cache's lock, say) goes first
         if not isinstance(manifest, SplitManifest):
@@ -187,6 +194,7 @@ class InSituDataset:
         self.store = as_store(store)
         # what variables=None left out of the store, with why
         self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
+        self.manifest = manifest = with_declared_times(manifest, self.variables, missing, frequency)
         self.static_fields = resolve_statics(self.store, statics)
         clash = sorted(set(self.static_fields) & set(self.variables))
         if clash:
@@ -232,6 +240,7 @@ class InSituDataset:
             world_size=self.world_size,
             last_batch=last_batch,
             release_per_block=self.persist,
+            variables=self.variables,
         )
         self._views: dict[str, DatasetView] = {}
         close_at_exit(self)  # however the script ends, closed while zarr's loop still runs (``lifecycle``)
@@ -343,6 +352,8 @@ class InSituDataset:
             (``anchor + offset``) would leave its array (the message names the
             label and the valid range); indices and coordinates both given, or
             coordinates without a coordinate array to match them.
+        TimeAxisError
+            An anchor wants a time the archive does not store, or one the manifest declares missing (named).
         TypeError
             A ``start``/``stop`` of the wrong kind (no date, or no number).
         """
@@ -383,6 +394,7 @@ class InSituDataset:
             remote=self.context.client() is not None,
             client=route_report(self.context.client()),  # which HTTP client reads the store, and why
             manifest=self.manifest,  # its quarantined chunks are a note
+            losses=self.planner.losses(),  # each split's anchors lost to its times
         )
         info["resolved"] = {
             **{k: getattr(self, k) for k in RESOLVED},

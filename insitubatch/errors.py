@@ -13,12 +13,14 @@ __all__ = [
     "DatasetClosedError",
     "ForkError",
     "InSituError",
+    "IrregularTimeWarning",
     "LayoutMismatchError",
     "SlotAlignmentError",
     "SlotPlanBlockedError",
     "SlotRunError",
     "StaleCacheError",
     "StoreReadError",
+    "TimeAxisError",
     "WriteBehindError",
     "WriteClaimError",
     "WriteConflictError",
@@ -44,6 +46,14 @@ class BadChunkError(InSituError, ValueError):
 
 class CalendarError(InSituError, ValueError):
     """A time coordinate cannot be decoded: its calendar needs cftime (not installed), or its units are not CF time."""
+
+
+class TimeAxisError(InSituError, ValueError):
+    """A time offset, missing date or frequency the sample axis's time coordinate cannot serve; names the array."""
+
+
+class IrregularTimeWarning(UserWarning):
+    """An offset in stored steps on a time axis with gaps or uneven steps: its step is not a fixed time there."""
 
 
 class CacheCorruptError(InSituError, ValueError):

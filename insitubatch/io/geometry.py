@@ -11,6 +11,7 @@ import functools
 import itertools
 import logging
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +19,11 @@ from typing import Any
 import numpy as np
 
 from .._zarr_compat import ArrayV2Metadata, ArrayV3Metadata, ChunkProjection
-from ..errors import CalendarError
+from ..errors import CalendarError, IrregularTimeWarning, TimeAxisError
 from .coords import CoordinateSource
 from .labelled import Labelled
 from .selection import AxisSelection
+from .time_offsets import StepAxis, TimeRows, in_time, is_duration, mixed_offsets, parse_duration, sample_time_axis
 
 __all__ = ["ArrayGeometry", "sample_coords"]
 
@@ -67,6 +69,9 @@ class ArrayGeometry(Labelled):
     read_chunks: tuple[int, ...] = ()
     # the read source of a geometry made by a reshaping chunk transform: what its rows come from
     origin: str | None = field(default=None, compare=False, repr=False, hash=False)
+    # offsets in time on an irregular time axis: each anchor's read index per step (``io.time_offsets``);
+    # ``offset``/``window_steps`` then hold the nominal steps a batch reports
+    time_rows: TimeRows | None = field(default=None, repr=False)
 
     # -- sample axis -----------------------------------------------------
     @functools.cached_property
@@ -264,25 +269,52 @@ class ArrayGeometry(Labelled):
         )
 
     # -- views -------------------------------------------------------------
-    def shift(self, k: int) -> ArrayGeometry:
-        """A shifted view: sample ``i`` reads ``array[i + offset + k]`` along the sample axis."""
-        if not isinstance(k, (int, np.integer)):
-            raise TypeError(f"shift(k) takes an int, got {type(k).__name__}")
-        return dataclasses.replace(self, offset=self.offset + int(k))
+    def shift(self, k: int | str | np.timedelta64) -> ArrayGeometry:
+        """A shifted view: sample ``i`` reads ``array[i + offset + k]`` along the sample axis.
 
-    def window(self, offsets: Iterable[int]) -> ArrayGeometry:
-        """A native multi-step view: sample ``i`` is ``array[i + offset + s]`` for each ``s``, one ``(steps, *inner)`` row.
-
-        ``window([-1, 0])`` is two input steps; ``window(range(-6, 1, 6))``
-        the step six before and this one. Composes with ``shift`` and
-        selections; steps that share a stored chunk cost one read.
+        ``k`` is a step count, or a duration (``"6h"``, ``numpy.timedelta64``)
+        resolved against the sample axis's time coordinate: on a regular axis
+        it becomes the step count it equals (the very same view); on an axis
+        with gaps each anchor reads the step stored ``k`` later, and an anchor
+        whose time plus ``k`` is not stored is dropped (inference raises).
+        A step count on an irregular axis warns (:class:`IrregularTimeWarning`).
 
         Raises
         ------
         TypeError
-            ``offsets`` is not a sequence of ints.
+            ``k`` is neither an int nor a duration, or mixes steps and durations on an irregular axis.
+        TimeAxisError
+            A duration on an array without a time coordinate along its sample
+            axis, or one that is no whole number of steps of a regular axis.
+        """
+        if is_duration(k):
+            what = f"shift({k!r}) of array {self.path!r}"
+            return self._in_time(what, parse_duration(k, what), None)
+        if not isinstance(k, (int, np.integer)):
+            raise TypeError(f"shift(k) takes an int or a duration ('6h'), got {type(k).__name__}")
+        if self.time_rows is not None:
+            raise TypeError(mixed_offsets(f"shift({int(k)})", self.path))
+        if k:
+            self._warn_irregular(f"shift({int(k)})")
+        return dataclasses.replace(self, offset=self.offset + int(k))
+
+    def window(self, offsets: Iterable[int | str | np.timedelta64]) -> ArrayGeometry:
+        """A native multi-step view: sample ``i`` is ``array[i + offset + s]`` for each ``s``, one ``(steps, *inner)`` row.
+
+        ``window([-1, 0])`` is two input steps; ``window(range(-6, 1, 6))``
+        the step six before and this one; ``window(["-6h", "0h"])`` the steps
+        six hours before and at the anchor, by the time coordinate (as for
+        ``shift``). Composes with ``shift`` and selections; steps that share
+        a stored chunk cost one read.
+
+        Raises
+        ------
+        TypeError
+            ``offsets`` is not a sequence of ints, or of durations.
         ValueError
             It is empty, or the view is already windowed.
+        TimeAxisError
+            Durations the time axis cannot serve (see ``shift``).
         """
         try:
             steps = tuple(offsets)
@@ -290,14 +322,69 @@ class ArrayGeometry(Labelled):
             raise TypeError(f"window(offsets) takes a sequence of ints, got {type(offsets).__name__}") from exc
         if not steps:
             raise ValueError(f"window() of array {self.path!r} needs at least one step")
-        bad = [s for s in steps if isinstance(s, bool) or not isinstance(s, (int, np.integer))]
-        if bad:
-            raise TypeError(f"window() steps must be ints, got {bad[0]!r} in {list(steps)}")
         if self.window_steps:
             raise ValueError(
                 f"array {self.path!r} is already windowed with steps {list(self.window_steps)}; give all steps at once"
             )
+        timed = [is_duration(s) for s in steps]
+        if all(timed):
+            what = f"window({list(steps)!r}) of array {self.path!r}"
+            return self._in_time(what, None, tuple(parse_duration(s, what) for s in steps))
+        bad = [s for s, t in zip(steps, timed) if t or isinstance(s, bool) or not isinstance(s, (int, np.integer))]
+        if bad:
+            raise TypeError(f"window() steps must be ints, or all durations ('6h'); got {bad[0]!r} in {list(steps)}")
+        if self.time_rows is not None:
+            raise TypeError(mixed_offsets(f"window({list(steps)})", self.path))
+        if any(steps):
+            self._warn_irregular(f"window({[int(s) for s in steps]})")
         return dataclasses.replace(self, window_steps=tuple(int(s) for s in steps))
+
+    # -- offsets in time ---------------------------------------------------
+    def step_axis(self, what: str = "an offset in time") -> StepAxis:
+        """The sample axis's time coordinate as a :class:`StepAxis` (read once per store).
+
+        Raises
+        ------
+        TimeAxisError
+            The array has no dimension names, no coordinate array for its
+            sample dimension, or one that holds no dates.
+        """
+        dims = self.dimension_names
+        dim = dims[self.sample_axis] if dims else None
+        try:
+            values = self.coord(dim) if dim else None
+        except KeyError:
+            values = None
+        return sample_time_axis(values, self.path, dim, self.n_samples, what)
+
+    def _in_time(self, what: str, shift: int | None, steps: tuple[int, ...] | None) -> ArrayGeometry:
+        """This view shifted by ``shift`` ns or windowed at ``steps`` ns: in steps when the axis is regular."""
+        has_steps = bool(self.offset or self.window_steps) and self.time_rows is None
+        offset, window, rows = in_time(self.step_axis(what), what, shift, steps, self.time_rows, has_steps, self.path)
+        if rows is None:
+            return dataclasses.replace(self, offset=self.offset + offset, window_steps=window or self.window_steps)
+        return dataclasses.replace(self, offset=offset, window_steps=window, time_rows=rows)
+
+    def _warn_irregular(self, what: str) -> None:
+        """Warn once when a step-count offset lands on an irregular time axis (nothing to say without one)."""
+        try:
+            axis = self.step_axis(what)
+        except (TimeAxisError, CalendarError):
+            return
+        if not axis.regular:
+            warnings.warn(
+                f"{what} of array {self.path!r} counts stored steps on a time axis with gaps or uneven steps "
+                f"(first: {axis.gap_text()}), so it pairs anchors with times a varying distance away; give the "
+                "offset as a duration ('6h') to pair by time and drop the anchors whose time is not stored",
+                IrregularTimeWarning,
+                stacklevel=3,
+            )
+
+    def read_rows(self, anchors: np.ndarray) -> np.ndarray:
+        """``(len(anchors), steps)``: the sample-axis index each anchor reads per step (``-1``: not stored)."""
+        if self.time_rows is not None:
+            return self.time_rows.rows[anchors]
+        return anchors[:, None] + np.asarray(self.read_offsets, dtype=np.int64)[None, :]
 
     @property
     def read_offsets(self) -> tuple[int, ...]:
@@ -311,9 +398,11 @@ class ArrayGeometry(Labelled):
 
     def source_view(self) -> ArrayGeometry:
         """This view's source: its array and selection, without offset or window (what a reader decodes)."""
-        return dataclasses.replace(self, offset=0, window_steps=())
+        return dataclasses.replace(self, offset=0, window_steps=(), time_rows=None)
 
     def with_sample_axis(self, sample_axis: int) -> ArrayGeometry:
+        if self.time_rows is not None:  # its rows were looked up along the old sample axis's times
+            raise ValueError(f"array {self.path!r}: choose the sample axis before giving offsets in time")
         return dataclasses.replace(self, sample_axis=_normalize_axis(sample_axis, self.ndim, self.path))
 
 

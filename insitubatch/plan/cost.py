@@ -18,6 +18,7 @@ from typing import Any
 from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from ..io.statics import StaticField
+from .anchors import loss_note
 from .epoch import EpochPlan
 from .quarantine import quarantine_note
 from .splits import SplitManifest
@@ -166,6 +167,7 @@ def describe_loader(
     remote: bool = False,
     client: Mapping[str, str] | None = None,
     manifest: SplitManifest | None = None,
+    losses: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The loader's cost for ``knobs`` as a JSON-able dict (see ``InSituDataset.describe``).
 
@@ -185,7 +187,8 @@ def describe_loader(
     then stated at its cap, and on a ``remote`` store the read-ahead beyond
     the working set is a term too. ``client`` is which HTTP client reads the
     store, and why (``{"client": ..., "reason": ...}``, from the routing).
-    ``manifest`` is the split manifest: its quarantined chunks are a note.
+    ``manifest`` is the split manifest: its quarantined chunks are a note. ``losses`` are each split's
+    anchors lost to its times (``EpochPlanner.losses``): ``splits[name]["lost"]`` and a note.
     """
     rows = batch_geometries if batch_geometries is not None else geometries
     tiles_per_read = {g.source: g.tiles_read for g in geometries.values()}
@@ -207,7 +210,9 @@ def describe_loader(
             "shard_reads": "inner chunks by byte range" if g.sharded_reads else None,
             "stored_tile_bytes": None if stored_tile_bytes is None else stored_tile_bytes.get(label),
         }
-    splits = {name: _split_row(plan, tiles_per_read, (gets or {}).get(name)) for name, plan in plans.items()}
+    splits: dict[str, dict[str, Any]] = {
+        name: _split_row(plan, tiles_per_read, (gets or {}).get(name)) for name, plan in plans.items()
+    }
     mine = splits[split]
     # a batch buffer holds at most a pass's samples (a batch_size past the split's length is one short batch)
     batch_rows = min(knobs["batch_size"], max((p.n_samples for p in plans.values()), default=0))
@@ -296,6 +301,9 @@ def describe_loader(
         )
     for name, why in (empty or {}).items():
         notes.append(empty_split_note(name, why))
+    for name, loss in (losses or {}).items():
+        splits[name]["lost"] = dict(loss)
+        notes.append(loss_note(name, loss))
     if manifest is not None and manifest.excluded_chunks:
         notes.append(quarantine_note(manifest.excluded_chunks, manifest.sample_chunk_size, manifest.n_samples))
     if budget_bytes is not None and budget_bytes < working:

@@ -14,6 +14,7 @@ Quarantined chunks (``exclude_chunks``) are left out of every split.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..io.dates import TimeAxis, format_bound, is_time
 from ..io.geometry import ArrayGeometry
-from .epoch import valid_anchor_range
+from .anchors import anchor_rules, declare_times, valid_anchor_range
 from .quarantine import ChunkRecord, resolve_exclusions
 from .splits import DateRun, SplitDates, SplitManifest
 
@@ -150,16 +151,22 @@ def inference_range(
     """The anchors ``[lo, hi)`` an inference pass covers, checked against every label's window.
 
     ``sample_range`` gives them as indices, ``start``/``stop`` as inclusive
-    coordinate values (:func:`anchors_between` over ``geometries``); with
-    neither, every anchor whose window (``anchor + offset`` for each label of
-    ``outputs``) fits its array.
+    coordinate values (:func:`anchors_between` over ``geometries``, the
+    labels' views before chunk transforms); with neither, every anchor whose
+    window (``anchor + offset`` for each label of ``outputs``) fits its array.
+    Either way no anchor may want a time the archive lacks (``anchors``).
 
     Raises
     ------
     ValueError
         Both forms given; an empty range or one outside the arrays; a label's
         window off its array (the message names the label and the valid range).
+    TimeAxisError
+        An anchor of the range wants a time the archive does not store, or
+        one the manifest declares missing (the message names the times).
     """
+    geometries = list(geometries)  # the labels' views before chunk transforms: their time axis, their offsets
+    rules = anchor_rules(manifest, {str(k): g for k, g in enumerate(geometries)})
     if start is not None or stop is not None:
         if sample_range is not None:
             raise ValueError("give sample_range=(start, stop) indices or start=/stop= coordinates, not both")
@@ -169,6 +176,7 @@ def inference_range(
     if sample_range is None:
         if lo >= hi:
             raise ValueError(f"no anchor has every window inside the arrays (valid range would be [{lo}, {hi}))")
+        rules.check_inference(lo, hi)
         return lo, hi
     try:
         first, end = (int(v) for v in sample_range)
@@ -177,6 +185,8 @@ def inference_range(
     if not 0 <= first < end <= n:
         raise ValueError(f"sample_range={(first, end)} must satisfy 0 <= start < stop <= {n}")
     for label, g in outputs.items():
+        if g.time_rows is not None:  # offsets in time: no fixed reach; the times they want are checked below
+            continue
         low, high = min(g.read_offsets), max(g.read_offsets)
         if first + low < 0 or end - 1 + high >= n:
             raise ValueError(
@@ -184,6 +194,7 @@ def inference_range(
                 f"sample_range={(first, end)} would read [{first + low}, {end + high}) off its array of "
                 f"{n} samples; anchors with every window inside the arrays are [{lo}, {hi})"
             )
+    rules.check_inference(first, end)
     return first, end
 
 
@@ -220,6 +231,8 @@ def split_by_time(
     edges: Edges = "chunk",
     exclude_chunks: Iterable[int | ChunkRecord] | None = None,
     geometries: Mapping[str, ArrayGeometry] | Iterable[ArrayGeometry] | None = None,
+    missing: Iterable[Any] | None = None,
+    frequency: str | np.timedelta64 | None = None,
 ) -> SplitManifest:
     """Splits by date ranges along the sample axis's time coordinate.
 
@@ -243,6 +256,15 @@ def split_by_time(
     exclude_chunks, geometries
         Quarantined chunks, as for ``split_by_chunk``: left out of every
         split (each split's dates and samples count what remains) and never read.
+    missing
+        Dates no anchor may touch: each a date (a string names its whole
+        resolution, as a range bound does) or an inclusive ``(start, end)``
+        pair. Every split, rank and pass drops an anchor whose window (any
+        label's offsets, or the anchor itself) touches one; inference raises.
+    frequency
+        Anchors every ``frequency`` (``"12h"``; a whole multiple of the time
+        axis's step), counted from the first date: only the chunks those
+        anchors and their windows need are read.
 
     Raises
     ------
@@ -254,6 +276,8 @@ def split_by_time(
         not a date; a quarantined chunk outside its array or of an array not given.
     CalendarError
         The coordinate's calendar needs ``cftime``, which is not installed.
+    TimeAxisError
+        A ``frequency`` that is no whole multiple of the time axis's step.
     TypeError
         ``ranges`` is not a mapping of ``(start, stop)`` pairs, or a bound is no date-like.
     """
@@ -270,7 +294,9 @@ def split_by_time(
             f"coordinate {dim!r} of {geometry.path!r} holds no dates (dtype {values.dtype}, no CF time units); "
             "split_by_chunk(sample_range=...) splits by index"
         )
-    return _date_manifest(geometry, dim, values, axis, named, edges, excluded)
+    missing_dates, spacing = declare_times(geometry, missing, frequency)
+    manifest = _date_manifest(geometry, dim, values, axis, named, edges, excluded)
+    return dataclasses.replace(manifest, missing=missing_dates, frequency=spacing)
 
 
 def _date_manifest(

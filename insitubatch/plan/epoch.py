@@ -18,6 +18,7 @@ import numpy as np
 from numpy.random import default_rng  # at import: numpy loads its random module on first use (~8 ms)
 
 from ..io.geometry import ArrayGeometry
+from .anchors import rows_kept, valid_anchor_range
 from .quarantine import drop_quarantined
 from .splits import SplitManifest
 
@@ -46,15 +47,6 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     keep = np.ones(ordered.size, dtype=bool)
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
     return ordered[keep]
-
-
-def valid_anchor_range(manifest: SplitManifest, variables: Mapping[str, ArrayGeometry]) -> tuple[int, int]:
-    """Anchors ``[lo, hi)`` for which every label's ``anchor + offset`` (every window step) lies inside its array."""
-    n = manifest.n_samples
-    offsets = [off for g in variables.values() for off in g.read_offsets]
-    lo = max(0, -min(offsets))
-    hi = min(n, n - max(offsets))
-    return lo, max(lo, hi)
 
 
 @dataclass(frozen=True)
@@ -137,6 +129,7 @@ def epoch_order(
     epoch: int,
     anchor_range: tuple[int, int] | None = None,
     blocks: int | None = None,
+    keep: np.ndarray | None = None,
 ) -> EpochOrder:
     """The global sample order of one epoch; depends on (seed, epoch) only.
 
@@ -145,7 +138,8 @@ def epoch_order(
     and so is a block left without any (it would plan no sample, only reads).
     ``anchor_range`` further restricts anchors to ``[start, stop)``, as does
     the split's own range in the manifest (a split cut at exact dates); one reading a quarantined chunk is dropped.
-    ``blocks`` stops after that many blocks: the same first blocks, sooner.
+    ``blocks`` stops after that many blocks: the same first blocks, sooner. ``keep`` (per anchor,
+    ``anchors.AnchorRules``) drops anchors whose times are not stored, declared missing, off the frequency.
     """
     lo, hi = valid_anchor_range(manifest, variables)
     for bounds in (anchor_range, manifest.split_range(split)):
@@ -156,8 +150,9 @@ def epoch_order(
     if shuffle:
         chunks = rng.permutation(chunks)
     if blocks is not None:  # the first blocks need no more chunks than the first non-empty ones hold
-        chunks = _head_chunks(chunks, manifest, lo, hi, block_chunks, blocks)
+        chunks = _head_chunks(chunks, manifest, lo, hi, block_chunks, blocks, keep)
     rows, counts = drop_quarantined(*_chunk_rows(chunks, manifest, lo, hi), manifest, variables)
+    rows, counts = rows_kept(rows, counts, keep, manifest.sample_chunk_size)
     sizes = np.add.reduceat(counts, np.arange(0, len(counts), block_chunks)) if len(counts) else counts
     # a block whose anchors all lie off a window's edge is no block: no reads, no memory
     sizes = sizes[sizes > 0][:blocks]
@@ -170,14 +165,20 @@ def epoch_order(
 
 
 def _head_chunks(
-    chunks: np.ndarray, manifest: SplitManifest, lo: int, hi: int, block_chunks: int, blocks: int
+    chunks: np.ndarray,
+    manifest: SplitManifest,
+    lo: int,
+    hi: int,
+    block_chunks: int,
+    blocks: int,
+    keep: np.ndarray | None,
 ) -> np.ndarray:
     """The shortest prefix of ``chunks`` (whole blocks) that holds ``blocks`` blocks with rows."""
     stop, found = 0, 0
     while found < blocks and stop < len(chunks):
         block = chunks[stop : stop + block_chunks]
         stop += len(block)
-        found += bool(_chunk_rows(block, manifest, lo, hi)[1].any())
+        found += bool(rows_kept(*_chunk_rows(block, manifest, lo, hi), keep, manifest.sample_chunk_size)[1].any())
     return chunks[:stop]
 
 
@@ -230,13 +231,14 @@ def build_plan(
     sources: dict[str, ArrayGeometry] = {}  # labels with one source (path and selection) share its reads
     for g in variables.values():
         sources.setdefault(g.source, g)
+    fixed = [v for v in variables.values() if v.time_rows is None]  # the others read by rows (``timed``)
     read_offsets = {
-        source: sorted({off for v in variables.values() if v.source == source for off in v.read_offsets})
-        for source in sources
+        source: sorted({off for v in fixed if v.source == source for off in v.read_offsets}) for source in sources
     }
+    timed = {s: [v.read_rows(anchors) for v in variables.values() if v.source == s and v.time_rows] for s in sources}
     paths = {path: k for k, path in enumerate(dict.fromkeys(g.path for g in sources.values()))}
     reads, first, last, nbytes, block_reads = _block_reads(
-        sources, read_offsets, paths, anchors, block_starts, release_per_block
+        sources, read_offsets, timed, paths, anchors, block_starts, release_per_block
     )
     if not release_per_block and len(sources) > len(paths):
         reads, first, last, nbytes, block_reads = _read_chunks_together(
@@ -269,6 +271,7 @@ def build_plan(
 def _block_reads(
     sources: Mapping[str, ArrayGeometry],
     read_offsets: Mapping[str, list[int]],
+    timed: Mapping[str, list[np.ndarray]],
     paths: Mapping[str, int],
     anchors: np.ndarray,
     block_starts: np.ndarray,
@@ -277,11 +280,12 @@ def _block_reads(
     """Each block's reads, deduplicated: ``(reads, first block, last block, bytes, per block its read indices)``.
 
     A block wants, per source, the chunks its anchors (at every read
-    offset) fall in, ordered by (array, chunk, source) so selections of one
-    array take its chunks side by side. A read serves every block from the
-    first that wants its chunk on (with ``release_per_block``, only an
-    unbroken run of blocks: a gap starts a new read); reads are numbered in
-    the order blocks first want them. Array operations throughout: an
+    offset, and at each row of a label offset in time: ``timed``) fall in,
+    ordered by (array, chunk, source) so selections of one array take its
+    chunks side by side. A read serves every block from the first that
+    wants its chunk on (with ``release_per_block``, only an unbroken run of
+    blocks: a gap starts a new read); reads are numbered in the order
+    blocks first want them. Array operations throughout: an
     epoch of a long archive has millions of reads.
     """
     n_blocks = len(block_starts) - 1
@@ -289,11 +293,12 @@ def _block_reads(
     columns: list[list[np.ndarray]] = [[], [], [], []]  # block, array, chunk, source: one entry per (block, read)
     for s, (name, g) in enumerate(sources.items()):
         size, n_chunks = g.sample_chunk_size, max(1, g.n_chunks)
-        chunks = np.concatenate([(anchors + off) // size for off in read_offsets[name]])
+        at = [anchors + off for off in read_offsets[name]] + [r[:, j] for r in timed[name] for j in range(r.shape[1])]
+        chunks = np.concatenate(at) // size
         outside = (chunks < 0) | (chunks >= g.n_chunks)
         if outside.any():
             g.chunk_len(int(chunks[outside][0]))  # raises: names the chunk, the array and the valid range
-        wanted = sorted_unique(np.tile(block_of_row, len(read_offsets[name])) * n_chunks + chunks)
+        wanted = sorted_unique(np.tile(block_of_row, len(at)) * n_chunks + chunks)
         columns[0].append(wanted // n_chunks)
         columns[1].append(np.full(wanted.shape, paths[g.path], dtype=np.int64))
         columns[2].append(wanted % n_chunks)

@@ -8,10 +8,12 @@ so a saved position only resumes the pass it came from.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from ..io.geometry import ArrayGeometry
+from .anchors import AnchorRules, anchor_rules, loss_note, split_losses
 from .distributed import LastBatch, rank_streams, resolve_last_batch
 from .epoch import EpochPlan, build_plan, epoch_order, valid_anchor_range
 from .quarantine import usable_rows
@@ -39,7 +41,18 @@ class EpochPlanner:
     world_size: int
     last_batch: LastBatch | None  # a training pass's last batches (``distributed``); None: pad on several ranks
     release_per_block: bool  # a persisted cache: windowed passes release each block's chunks
+    # each label's view before chunk transforms (their dimension names and coordinates give the time axis)
+    variables: Mapping[str, ArrayGeometry] | None = None
     _plans: dict[tuple[str, int, History], EpochPlan] = dataclasses.field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def rules(self) -> AnchorRules:
+        """Which anchors the times allow (offsets in time, declared missing dates, frequency): computed once."""
+        return anchor_rules(self.manifest, self.variables or self.outputs)
+
+    def losses(self) -> dict[str, dict[str, Any]]:
+        """Per split losing anchors to its times: how many per rule, the first times named (``split_losses``)."""
+        return split_losses(self.manifest, self.variables or self.outputs, self.rules)
 
     def plan(self, split: str, epoch: int, history: History = ()) -> EpochPlan:
         """This rank's (cached) plan of ``split`` for ``epoch``, after ``history``."""
@@ -90,6 +103,7 @@ class EpochPlanner:
             epoch=epoch,
             anchor_range=anchor_range,
             blocks=None if deal else blocks,  # ranks are dealt the whole order
+            keep=self.rules.keep,
         )
         order, starts, padded = eo.order, eo.block_starts, None
         if deal:
@@ -134,7 +148,7 @@ class EpochPlanner:
             return f"its {len(chunks)} chunk(s) hold none of the samples its range keeps"
         lo, hi = valid_anchor_range(manifest, self.outputs)
         if not ((samples >= lo) & (samples < hi)).any():
-            reach = {label: g.read_offsets for label, g in self.outputs.items()}
+            reach = {label: g.read_offsets for label, g in self.outputs.items() if g.time_rows is None}
             label = max(reach, key=lambda lb: max(max(reach[lb]), -min(reach[lb])))
             return (
                 f"its samples {samples[0]} .. {samples[-1]} all lie outside {lo} .. {hi - 1}, the anchors whose "
@@ -143,6 +157,8 @@ class EpochPlanner:
             )
         offsets = {off for g in self.outputs.values() for off in g.read_offsets}
         inside = samples[(samples >= lo) & (samples < hi)]
+        if self.rules.keep is not None and not self.rules.keep[inside].any():
+            return f"its times leave it no anchor ({loss_note(split, self.rules.loss(inside).as_dict())})"
         size, excluded = manifest.sample_chunk_size, manifest.excluded_chunks
         if excluded and not usable_rows(inside, excluded, size, manifest.n_samples, offsets).any():
             return (

@@ -148,15 +148,21 @@ def check_excluded(excluded: tuple[int, ...], chunk_size: int, n_samples: int) -
 
 
 def usable_rows(
-    anchors: np.ndarray, excluded: Iterable[int], chunk_size: int, n_samples: int, offsets: Iterable[int]
+    anchors: np.ndarray,
+    excluded: Iterable[int],
+    chunk_size: int,
+    n_samples: int,
+    offsets: Iterable[int],
+    rows: Iterable[np.ndarray] = (),
 ) -> np.ndarray:
-    """Which ``anchors`` read no quarantined sample: at the anchor itself and at each of ``offsets``."""
+    """Which ``anchors`` read no quarantined sample: at the anchor itself, at each of ``offsets``, and at
+    each column of ``rows`` (``(len(anchors), steps)`` read indices of labels offset in time)."""
     n_chunks = -(-n_samples // chunk_size)
     bad = np.zeros(n_chunks, dtype=bool)
     bad[list(excluded)] = True
     keep = np.ones(len(anchors), dtype=bool)
-    for off in {0, *offsets}:
-        at = anchors + off
+    columns = [anchors + off for off in {0, *offsets}] + [r[:, j] for r in rows for j in range(r.shape[1])]
+    for at in columns:
         inside = (at >= 0) & (at < n_samples)  # a window off the array is dropped elsewhere, with its own reason
         keep &= ~(inside & bad[np.clip(at, 0, n_samples - 1) // chunk_size])
     return keep
@@ -174,8 +180,10 @@ def drop_quarantined(
     if not manifest.excluded_chunks:
         return rows, counts
     size = manifest.sample_chunk_size
-    offsets = {off for g in variables.values() for off in g.read_offsets}
-    keep = usable_rows(rows[:, 0] * size + rows[:, 1], manifest.excluded_chunks, size, manifest.n_samples, offsets)
+    offsets = {off for g in variables.values() if g.time_rows is None for off in g.read_offsets}
+    anchors = rows[:, 0] * size + rows[:, 1]
+    timed = [g.read_rows(anchors) for g in variables.values() if g.time_rows is not None]
+    keep = usable_rows(anchors, manifest.excluded_chunks, size, manifest.n_samples, offsets, timed)
     owner = np.repeat(np.arange(len(counts)), counts)
     return rows[keep], np.bincount(owner[keep], minlength=len(counts)).astype(counts.dtype)
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..io.geometry import ArrayGeometry
+from .anchors import declare_times, times_lines
 from .quarantine import ChunkRecord, check_excluded, excluded_runs, resolve_exclusions
 
 __all__ = ["DateRun", "SplitDates", "SplitManifest", "split_by_chunk"]
@@ -38,7 +39,9 @@ FRACTION_SUM_TOLERANCE = 1e-6
 MANIFEST_FORMAT = 2
 CHUNK_ONLY_FORMAT = 1
 QUARANTINE_FORMAT = 3
-FORMATS = (CHUNK_ONLY_FORMAT, MANIFEST_FORMAT, QUARANTINE_FORMAT)
+# Format 4 adds missing dates and a frequency: refused, not ignored, by a library that predates them.
+TIMES_FORMAT = 4
+FORMATS = (CHUNK_ONLY_FORMAT, MANIFEST_FORMAT, QUARANTINE_FORMAT, TIMES_FORMAT)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,10 @@ class SplitManifest:
     split (``split_by_time``) also records the dimension it was cut along,
     its ``edges`` rule and each split's ``SplitDates``. ``excluded_chunks``
     are quarantined anchor-grid chunks: in no split, and never read.
+    ``missing`` are declared missing dates (``(first, last)`` as written, both
+    inclusive) and ``frequency`` the anchors' spacing (``"12h"``): no split
+    draws an anchor whose window touches a missing date, or off the frequency
+    (``anchors``).
     """
 
     array: str
@@ -129,6 +136,8 @@ class SplitManifest:
     edges: str | None = None
     dates: tuple[tuple[str, SplitDates], ...] = ()
     excluded_chunks: tuple[int, ...] = ()
+    missing: tuple[tuple[str, str], ...] = ()
+    frequency: str | None = None
 
     def __post_init__(self) -> None:
         check_excluded(self.excluded_chunks, self.sample_chunk_size, self.n_samples)
@@ -189,8 +198,12 @@ class SplitManifest:
                 return dates
         raise KeyError(f"split {name!r} has no dates: the manifest was made by split_by_chunk, not split_by_time")
 
-    def describe(self) -> str:
-        """Each split's samples and chunks, and for a date split its first and last date, what it left out or shares."""
+    def describe(self, variables: Mapping[str, ArrayGeometry] | None = None) -> str:
+        """Each split's samples and chunks, and for a date split its first and last date, what it left out or shares.
+
+        Also its missing dates and frequency; with ``variables`` (the dataset's ``{label: ArrayGeometry}``), how
+        many anchors each split loses to its times and the first times it lacks.
+        """
         by = f" along {self.dim!r}" if self.dim else ""
         head = f"SplitManifest of {self.array!r}: {self.n_samples} samples{by}, {self.sample_chunk_size} per chunk; "
         if self.dates:
@@ -230,7 +243,7 @@ class SplitManifest:
                 f"  quarantined: chunks {', '.join(str(c) for c in self.excluded_chunks)} "
                 f"(samples {', '.join(f'{a} .. {b - 1}' for a, b in bad)}): in no split, never read"
             )
-        return "\n".join(lines)
+        return "\n".join(lines + times_lines(self, variables))
 
     def __str__(self) -> str:
         return self.describe()
@@ -257,6 +270,8 @@ class SplitManifest:
         if self.excluded_chunks:
             doc["format"] = QUARANTINE_FORMAT
             doc["excluded_chunks"] = list(self.excluded_chunks)
+        if self.missing or self.frequency is not None:
+            doc.update(format=TIMES_FORMAT, missing=[list(p) for p in self.missing], frequency=self.frequency)
         return json.dumps(doc, sort_keys=False)
 
     @classmethod
@@ -279,6 +294,8 @@ class SplitManifest:
                 edges=None if d.get("edges") is None else str(d["edges"]),
                 dates=tuple((str(k), _dates_from_json(v)) for k, v in d.get("dates", {}).items()),
                 excluded_chunks=tuple(int(c) for c in d.get("excluded_chunks", ())),
+                missing=tuple((str(a), str(b)) for a, b in d.get("missing", ())),
+                frequency=None if d.get("frequency") is None else str(d["frequency"]),
             )
         except (KeyError, TypeError, IndexError, AttributeError, json.JSONDecodeError) as exc:
             raise ValueError(f"not a SplitManifest JSON document: {exc}") from exc
@@ -361,6 +378,8 @@ def split_by_chunk(
     seed: int = 0,
     exclude_chunks: Iterable[int | ChunkRecord] | None = None,
     geometries: Mapping[str, ArrayGeometry] | Iterable[ArrayGeometry] | None = None,
+    missing: Iterable[Any] | None = None,
+    frequency: str | np.timedelta64 | None = None,
 ) -> SplitManifest:
     """Assign whole sample-axis chunks of ``geometry`` to splits.
 
@@ -388,6 +407,12 @@ def split_by_chunk(
     geometries
         The other arrays records may name (``open_geometries(store)``), to
         map their chunks onto ``geometry``'s grid.
+    missing, frequency
+        Declared missing dates (dates, or ``(start, end)`` pairs, both
+        inclusive; a string names its whole resolution) and the anchors'
+        spacing (``"12h"``, a multiple of the time axis's step), by the
+        sample axis's time coordinate: every split (and rank) drops the
+        anchors whose window touches a missing date, or off the frequency.
 
     Raises
     ------
@@ -396,10 +421,14 @@ def split_by_chunk(
         range than splits with a non-zero fraction (each gets one chunk at
         least), a range outside the array, a negative seed, or a quarantined
         chunk outside its array or of an array not given.
+    TimeAxisError
+        ``missing`` or ``frequency`` on an array without a time coordinate, or
+        a frequency that is no multiple of its step.
     """
     if not isinstance(geometry, ArrayGeometry):
         raise TypeError(f"geometry must be an ArrayGeometry, got {type(geometry).__name__}")
     named = _named_fractions(fractions)
+    missing_dates, spacing = declare_times(geometry, missing, frequency)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be a non-negative int, got {type(seed).__name__} ({seed!r})")
     if seed < 0:
@@ -443,4 +472,6 @@ def split_by_chunk(
         contiguous=bool(contiguous),
         seed=int(seed),
         excluded_chunks=excluded,
+        missing=missing_dates,
+        frequency=spacing,
     )

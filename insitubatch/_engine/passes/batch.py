@@ -24,6 +24,9 @@ class Batch:
     each shifted or windowed label, its valid coordinates under
     ``"<label>.<dim>"``: ``(batch,)``, or ``(batch, steps)``. ``statics``
     are the dataset's static fields: the same read-only arrays in every batch.
+    A label offset in time on an axis with gaps reads each anchor's own
+    indices (``rows[L]``, what ``read_indices`` returns); its ``offsets``
+    and ``windows`` are then the nominal steps.
     """
 
     arrays: dict[str, np.ndarray]
@@ -35,6 +38,8 @@ class Batch:
     extras: dict[str, Any] = field(default_factory=dict)
     windows: dict[str, tuple[int, ...]] = field(default_factory=dict)
     statics: Mapping[str, np.ndarray] = field(default_factory=dict)
+    # labels offset in time on an irregular axis: the indices each read, per anchor (offsets are then nominal)
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.sample_indices)
@@ -49,6 +54,8 @@ class Batch:
         """The sample-axis indices ``label`` was read at: ``(batch,)``, or ``(batch, steps)`` for a windowed label."""
         if label not in self.offsets:
             raise KeyError(f"label {label!r} is not in this batch; labels are {sorted(self.offsets)}")
+        if label in self.rows:
+            return self.rows[label]
         steps = self.windows.get(label)
         if steps:
             return self.sample_indices[:, None] + self.offsets[label] + np.asarray(steps)[None, :]

@@ -229,7 +229,9 @@ def read_sources(
         if g.source not in readers:
             readers[g.source] = ArrayReader.build(g.source_view(), pipeline_for(chunk_transforms, g.path))
     outputs = {
-        label: dataclasses.replace(readers[g.source].output, offset=g.offset, window_steps=g.window_steps)
+        label: dataclasses.replace(
+            readers[g.source].output, offset=g.offset, window_steps=g.window_steps, time_rows=g.time_rows
+        )
         for label, g in variables.items()
     }
     return readers, outputs

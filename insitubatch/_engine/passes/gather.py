@@ -17,7 +17,7 @@ from ...io.geometry import ArrayGeometry
 from ..pool.chunk_pool import Entry
 from ..tiles.kernels import batch_runs, gather
 
-__all__ = ["gather_label"]
+__all__ = ["gather_label", "label_indices"]
 
 
 def gather_label(
@@ -35,7 +35,10 @@ def gather_label(
     """
     if len(anchors) == 0:
         return
-    if geometry.window_steps:
+    if geometry.time_rows is not None:  # offsets in time on an irregular axis: each anchor's rows, looked up
+        samples = geometry.read_rows(anchors).reshape(-1).astype(anchors.dtype, copy=False)
+        out = out.reshape(len(samples), *geometry.inner_shape)
+    elif geometry.window_steps:
         samples = (anchors[:, None] + np.asarray(geometry.read_offsets, dtype=anchors.dtype)[None, :]).reshape(-1)
         out = out.reshape(len(samples), *geometry.inner_shape)
     else:
@@ -55,3 +58,12 @@ def gather_label(
             f"gathering array {geometry.path!r} (source {geometry.source!r}, rows {geometry.row_shape} "
             f"{geometry.dtype}) from chunks {chunks.tolist()}: {exc}"
         ) from exc
+
+
+def label_indices(geometry: ArrayGeometry, anchors: np.ndarray) -> np.ndarray:
+    """The sample-axis indices a label reads for ``anchors``: ``(n,)``, or ``(n, steps)`` when windowed."""
+    windowed = bool(geometry.window_steps) if geometry.time_rows is None else geometry.time_rows.windowed
+    if geometry.time_rows is None and not windowed:
+        return anchors + geometry.offset
+    rows = geometry.read_rows(anchors)
+    return rows if windowed else rows[:, 0]

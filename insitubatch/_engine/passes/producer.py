@@ -30,7 +30,7 @@ from ..tiles.local_groups import tile_group
 from .batch import Batch
 from .context import PassContext
 from .driver import PassDriver
-from .gather import gather_label
+from .gather import gather_label, label_indices
 from .handoff import Handoff
 
 __all__ = ["PassIterator"]
@@ -256,6 +256,7 @@ class _PassState:
                 sample_indices=anchors.copy(),
                 offsets=dict(ctx.offsets),
                 windows=ctx.windows,
+                rows={lb: label_indices(g, anchors) for lb, g in ctx.outputs.items() if g.time_rows is not None},
                 coords=coords,
                 epoch=self.epoch,
                 index=k,
@@ -288,11 +289,9 @@ class _PassState:
         for name, values in self.coords.items():
             coords[name] = values[anchors]
             for label, offset in ctx.offsets.items():
-                steps = ctx.windows.get(label)
-                if steps:
-                    coords[f"{label}.{name}"] = values[anchors[:, None] + offset + np.asarray(steps)[None, :]]
-                elif offset:
-                    coords[f"{label}.{name}"] = values[anchors + offset]
+                g = ctx.outputs[label]
+                if offset or g.window_steps or g.time_rows is not None:
+                    coords[f"{label}.{name}"] = values[label_indices(g, anchors)]
         return coords
 
     # -- teardown ---------------------------------------------------------------
