@@ -15,7 +15,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from ..io.statics import StaticField
 from .epoch import EpochPlan
@@ -133,15 +132,15 @@ def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int
     return reads * int(plan.read_nbytes.max()), reads
 
 
-def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int], gets: int | None = None) -> dict[str, int]:
-    if gets is None:  # a tile a GET; a sharded array's index reads and runs are counted by the engine
-        gets = sum(tiles_per_read[source] for source, _ in plan.reads)
+def _split_row(plan: EpochPlan, reads: Mapping[str, int]) -> dict[str, int]:
     return {
         "samples": plan.n_samples,
         "batches": plan.n_batches,
         "blocks": plan.n_blocks,
         "reads": len(plan.reads),
-        "gets": gets,
+        "gets": int(reads["gets"]),
+        "index_gets": int(reads["index_gets"]),
+        "index_bytes": int(reads["index_bytes"]),
         "working_set_bytes": int(plan.working_set_bytes),
         "read_ahead_bound": int(plan.read_ahead_bound),
     }
@@ -153,6 +152,8 @@ def describe_loader(
     knobs: Mapping[str, Any],
     *,
     split: str,
+    reads: Mapping[str, Mapping[str, int]],
+    index_budget_bytes: int,
     store: str = "",
     iterations: int = 1,
     budget_bytes: int | None = None,
@@ -160,7 +161,7 @@ def describe_loader(
     stored_tile_bytes: Mapping[str, int | None] | None = None,
     ceiling: Mapping[str, Any] | None = None,
     empty: Mapping[str, str] | None = None,
-    gets: Mapping[str, int] | None = None,
+    open_reads: Mapping[str, Any] | None = None,
     statics: Mapping[str, StaticField] | None = None,
     left_out: Mapping[str, str] | None = None,
     remote: bool = False,
@@ -175,9 +176,11 @@ def describe_loader(
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
     sizes, ``None`` where unknown. ``ceiling`` is a :func:`read_ceiling`
-    (plus any ``suggest`` entry), reported as given. ``gets`` are each split's GETs
-    where the engine counted them (a sharded array's index reads and runs of
-    inner chunks; default: one per tile). ``empty`` gives, for
+    (plus any ``suggest`` entry), reported as given. ``reads`` are, per split,
+    what the engine predicts its pass sends (``_engine.reads.shard_runs.pass_reads``:
+    ``gets``, ``index_gets``, ``index_bytes``, ``index_held_bytes``); ``open_reads``
+    the GETs and bytes sent as the dataset opened, apart from every split's;
+    ``index_budget_bytes`` the most shard index entries a split holds. ``empty`` gives, for
     each split that yields no sample although it was not asked to be
     empty, why (``EpochPlanner.empty_reason``): each is a note. ``statics`` are
     ``{label: StaticField}`` (held once, counted in the memory plan); ``left_out`` what the dataset did not take from the store, with
@@ -207,7 +210,7 @@ def describe_loader(
             "shard_reads": "inner chunks by byte range" if g.sharded_reads else None,
             "stored_tile_bytes": None if stored_tile_bytes is None else stored_tile_bytes.get(label),
         }
-    splits = {name: _split_row(plan, tiles_per_read, (gets or {}).get(name)) for name, plan in plans.items()}
+    splits = {name: _split_row(plan, reads[name]) for name, plan in plans.items()}
     mine = splits[split]
     # a batch buffer holds at most a pass's samples (a batch_size past the split's length is one short batch)
     batch_rows = min(knobs["batch_size"], max((p.n_samples for p in plans.values()), default=0))
@@ -237,11 +240,9 @@ def describe_loader(
         for label, f in (statics or {}).items()
     }
     static_bytes = sum(r["bytes"] for r in static_rows.values())
-    # every index of a sharded array read by inner chunk is held once read: 16 bytes per inner chunk, at most
+    # a sharded array's indexes, 16 bytes per inner chunk: each split holds its shards' (at most the budget)
     sharded = {g.path: g for g in geometries.values() if g.sharded_reads}
-    index_bytes = sum(
-        INDEX_ENTRY_BYTES * math.prod(-(-s // c) for s, c in zip(g.shape, g.tile_chunks)) for g in sharded.values()
-    )
+    index_bytes = sum(int(reads[name]["index_held_bytes"]) for name in plans)
     memory = {
         "iterations": iterations,
         "working_set_bytes": working,
@@ -256,6 +257,7 @@ def describe_loader(
         "queue_bytes": int(queue_bytes),
         "statics_bytes": int(static_bytes),
         "shard_index_bytes": int(index_bytes),
+        "shard_index_budget_bytes": int(index_budget_bytes),
         "total_bytes": int(working + ahead + inflight_bytes + queue_bytes + static_bytes + index_bytes),
     }
     first = next(iter(geometries.values()))
@@ -280,7 +282,8 @@ def describe_loader(
     for path, g in sharded.items():
         notes.append(
             f"{path!r} is sharded: its tiles are inner chunks {g.tile_chunks} of shards {g.stored_chunks}, read by "
-            f"byte range after each shard's index (one GET per shard, all of them at most {index_bytes / MB:.3f} MB held)"
+            f"byte range after each shard's index (one GET per shard, all of them at most {index_bytes / MB:.3f} MB "
+            f"held: a split holds {index_budget_bytes / MB:.3f} MB at most, reading again one it let go)"
         )
     for label, g in geometries.items():
         if g.selection:
@@ -310,6 +313,7 @@ def describe_loader(
         "knobs": {k: knobs[k] if knobs[k] == "auto" else int(knobs[k]) for k in KNOBS},
         "split": split,
         "splits": splits,
+        "open": {"gets": 0, "bytes": 0, "split": None, **(open_reads or {})},
         "memory": memory,
         "statics": static_rows,
         "left_out": dict(left_out or {}),
@@ -370,6 +374,10 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"working    {_mb(mem['working_set_bytes'])} MB resident at most ({s['read_ahead_bound']} chunk reads{per}) — "
         f"the pool's floor and its automatic budget",
     ]
+    if (o := info.get("open", {})).get("gets"):
+        lines.append(
+            f"open       {o['gets']} GETs ({o['bytes']} bytes) as it opens: {o['split']!r}'s first shard indexes"
+        )
     if mem.get("read_ahead_bytes"):
         lines.append(
             f"ahead      {_mb(mem['read_ahead_bytes'])} MB more read ahead (max_inflight=auto on a remote store: "
