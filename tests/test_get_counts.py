@@ -17,7 +17,10 @@ import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch._engine.reads import shard_index
+from insitubatch._engine.reads.shard_index import held_index_bytes, plan_shards
 from insitubatch._engine.reads.shard_runs import MAX_RUN_TILES, coalesce, morton_ranks, run_cap
+from insitubatch.io.decode import shard_stage
 
 SHAPE = (96, 16, 20)
 INNER = (4, 8, 10)  # 2 x 2 inner chunks per step band
@@ -169,3 +172,53 @@ def test_runs_are_capped_and_only_touching_spans_join() -> None:
     runs = coalesce(spans, cap=MAX_RUN_TILES)
     assert [len(r) for r in runs] == [16, 16, 8, 1]
     assert [len(r) for r in coalesce(spans[:5], cap=run_cap(2))] == [2, 2, 1]
+
+
+@pytest.mark.parametrize("order", [("train", "val"), ("val", "train")])
+@pytest.mark.parametrize("held_shards", [None, 2], ids=["all-held", "two-held"])
+@pytest.mark.parametrize("variables", ["sharded+plain", "selection"])
+def test_each_split_sends_what_describe_states_in_either_order(where, monkeypatch, order, held_shards, variables):
+    """A shard train and val share (a 0.6 split) is read by each; with room for two shards' indexes a split lets
+    them go and reads them again: describe() states each pass's GETs whichever split ran first."""
+    url, emulator = where
+    store = obstore_store(url, read_only=True)
+    geoms = open_geometries(store, variables=["a", "b"])
+    if held_shards is not None:
+        each = held_index_bytes(shard_stage(geoms["a"]))
+        monkeypatch.setattr(shard_index, "SHARD_INDEX_BUDGET_BYTES", held_shards * each)
+    manifest = split_by_chunk(geoms["a"], fractions=(0.6, 0.4))
+    knobs = {"batch_size": 8, "block_chunks": 2, "max_inflight": 4, "hedge": False}
+    if emulator is not None:
+        emulator.reset_stats()
+    with InSituDataset(store, manifest, VARIABLES[variables](geoms), **knobs) as ds:
+        info = ds.describe()
+        served = [_served(emulator)] if emulator is not None else []
+        for split in order:
+            for _ in ds.split(split):
+                pass
+            sent = ds.split(split).last_pass
+            assert sent.gets == info["splits"][split]["gets"], split
+            if emulator is not None:
+                served.append(_served(emulator))
+                gets, nbytes = (a - b for a, b in zip(served[-1], served[-2]))
+                assert (gets, nbytes) == (sent.gets, sent.get_bytes), split
+        shards = {s: len({k for k, _ in _wanted(ds, s)}) for s in order}
+        reread = {s: info["splits"][s]["index_gets"] - shards[s] for s in order}
+        assert (
+            ds.context.shard_indexes.gets
+            == sum(info["splits"][s]["index_gets"] for s in order) + (info["open"]["gets"])
+        )
+    if emulator is not None:
+        assert served[0] == (info["open"]["gets"], info["open"]["bytes"])
+    held = info["memory"]["shard_index_bytes"]
+    if held_shards is None:
+        assert all(r <= 0 for r in reread.values())  # each index once (train's first ones read as it opened)
+    else:
+        assert reread["train"] > 0  # a shuffled pass came back to shards it had let go
+        assert held == len(manifest.names) * held_shards * held_index_bytes(shard_stage(geoms["a"]))
+
+
+def _wanted(ds, split: str):
+    readers = {s: r for s, r in ds.context.readers.items() if r.geometry.sharded_reads}
+    stages = {r.geometry.path: shard_stage(r.geometry) for r in readers.values()}
+    return plan_shards(ds.plan(split), readers, stages, 0)

@@ -31,7 +31,7 @@ from zarr.abc.store import Store
 
 from .._engine.passes.context import read_sources
 from .._engine.reads.concurrency import AUTO_START
-from .._engine.reads.shard_index import SHARD_INDEX_BUDGET_BYTES, index_entry_bytes, plan_shards
+from .._engine.reads.shard_index import SHARD_INDEX_BUDGET_BYTES, held_index_bytes, plan_shards
 from .._engine.reads.shard_runs import pass_reads
 from .._engine.reads.store_link import client_for, route_report
 from .._zarr_compat import sync
@@ -277,7 +277,7 @@ def _reads(
         stages = {r.geometry.path: shard_stage(r.geometry) for r in sharded.values()}
         first = plan_shards(head, sharded, stages, 0, 0)
         opened = {"gets": len(first), "bytes": sum(st.index_nbytes for _, st in first), "split": warm}
-        held = [(key, index_entry_bytes(st)) for key, st in first] if warm == split else []
+        held = [(key, held_index_bytes(st)) for key, st in first] if warm == split else []
     reads = pass_reads(
         plan,
         readers,

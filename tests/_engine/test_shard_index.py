@@ -12,7 +12,14 @@ from zarr.buffer import default_buffer_prototype
 from zarr.codecs import BytesCodec, ShardingCodec
 
 from insitubatch import open_geometries
-from insitubatch._engine.reads.shard_index import ShardIndexes, SplitIndexes, index_entry_bytes, prefetch
+from insitubatch._engine.reads.shard_index import (
+    HELD_ENTRY_BYTES,
+    HELD_INDEX_OVERHEAD_BYTES,
+    ShardIndexes,
+    SplitIndexes,
+    held_index_bytes,
+    prefetch,
+)
 from insitubatch._engine.reads.window import ReadWindow
 from insitubatch.io.decode import shard_stage
 
@@ -119,8 +126,8 @@ def test_a_reader_waiting_on_a_cancelled_index_read_reads_it_itself(tmp_path: Pa
 def test_a_split_holds_its_indexes_within_the_budget_least_recently_used_out(tmp_path: Path) -> None:
     g, stage, store = _sharded(tmp_path)
     keys = [g.chunk_key((s, 0)) for s in range(4)]
-    each = index_entry_bytes(stage)
-    assert each == 4 * 16  # four inner chunks a shard, 16 bytes an entry
+    each = held_index_bytes(stage)
+    assert each == 4 * HELD_ENTRY_BYTES + HELD_INDEX_OVERHEAD_BYTES  # four inner chunks a shard
 
     async def main() -> None:
         indexes, fetch = SplitIndexes(budget_bytes=2 * each), _Gate(store)
@@ -136,14 +143,14 @@ def test_a_split_holds_its_indexes_within_the_budget_least_recently_used_out(tmp
             assert await indexes.read(slot, fetch) is not None
         assert fetch.calls == [keys[0], keys[2], keys[1]] and indexes.gets == 3
         assert indexes.get_bytes == 3 * stage.index_nbytes
-        assert indexes.nbytes <= 2 * each
+        assert indexes.nbytes == 2 * 4 * HELD_ENTRY_BYTES  # the entries of the two held
 
     asyncio.run(main())
 
 
 def test_each_split_holds_its_own_indexes(tmp_path: Path) -> None:
     g, stage, _ = _sharded(tmp_path)
-    book = ShardIndexes(budget_bytes=10 * index_entry_bytes(stage))
+    book = ShardIndexes(budget_bytes=10 * held_index_bytes(stage))
     key = g.chunk_key((1, 0))
     train, val = book.of("train"), book.of("val")
     assert book.of("train") is train and train.touch(key, stage) is not val.touch(key, stage)

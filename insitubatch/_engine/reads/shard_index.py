@@ -6,8 +6,8 @@ chunk read through it; a damaged entry, only for its own inner chunk.
 A sharded array whose tiles are inner chunks (``ArrayGeometry.sharded_reads``)
 needs its shard's index before it can fetch an inner chunk by byte range.
 One ``ShardIndexes`` per dataset holds, per split, the indexes that split's
-passes read (``SplitIndexes``: 16 bytes per inner chunk, at most
-``SHARD_INDEX_BUDGET_BYTES`` a split, a term of the memory plan), so a
+passes read (``SplitIndexes``: 17 bytes per inner chunk and about a KB an
+index, at most ``SHARD_INDEX_BUDGET_BYTES`` a split, a term of the memory plan), so a
 shard's index costs one GET however many passes, epochs and selections of
 the split read it while it is held; one let go is read again when next
 needed. Concurrent requests for one index wait for the same read.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
-from ...io.chain import _ABSENT, INDEX_ENTRY_BYTES, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
+from ...io.chain import _ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
 from ...io.decode import ChunkDecoder
 from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ...io.geometry import ArrayGeometry
@@ -36,13 +36,15 @@ from ...plan.first_use import admission_order
 from .reader import ArrayReader
 
 __all__ = [
+    "HELD_ENTRY_BYTES",
+    "HELD_INDEX_OVERHEAD_BYTES",
     "SHARD_INDEX_BUDGET_BYTES",
     "IndexSlot",
     "ShardIndex",
     "ShardIndexes",
     "SplitIndexes",
     "check_span",
-    "index_entry_bytes",
+    "held_index_bytes",
     "index_request",
     "plan_shards",
     "prefetch",
@@ -77,7 +79,8 @@ class ShardIndex:
 
     @property
     def nbytes(self) -> int:
-        return int(self.problems.size) * INDEX_ENTRY_BYTES
+        """Bytes its entries take in memory (``HELD_ENTRY_BYTES`` per inner chunk)."""
+        return int(self.offsets.nbytes + self.lengths.nbytes + self.problems.nbytes)
 
 
 def index_request(stage: _ShardStage) -> ByteRequest:
@@ -92,15 +95,20 @@ def _parse(stage: _ShardStage, data: ChunkData) -> ShardIndex:
     return ShardIndex(*stage.read_index(_as_uint8(data)))
 
 
-# The most bytes of shard index entries one split's passes hold (``INDEX_ENTRY_BYTES`` per inner chunk): past
-# it the least recently used are let go and read again when a pass next needs them. 32 MiB holds two million
-# inner chunks' entries: every index of most archives, a bounded share of the largest.
+# The most bytes of shard indexes one split's passes hold (``held_index_bytes`` each): past it the least
+# recently used are let go, and read again when a pass next needs them. 32 MiB holds the indexes of about
+# two million inner chunks: every index of most archives, a bounded share of the largest.
 SHARD_INDEX_BUDGET_BYTES = 32 << 20
+# Memory one held index takes per inner chunk: its offset and length (8 bytes each) and a problem flag (1).
+HELD_ENTRY_BYTES = 17
+# Memory one held index takes besides its entries: its three arrays' headers, the index, its slot and key in
+# the split's cache (tracemalloc: about 740 bytes on CPython 3.11 and numpy 2, tests/test_memory.py; rounded up).
+HELD_INDEX_OVERHEAD_BYTES = 1024
 
 
-def index_entry_bytes(stage: _ShardStage) -> int:
-    """What one held index of ``stage``'s shards costs: ``INDEX_ENTRY_BYTES`` per inner chunk."""
-    return math.prod(stage.grid) * INDEX_ENTRY_BYTES
+def held_index_bytes(stage: _ShardStage) -> int:
+    """Memory one held index of ``stage``'s shards takes: what the budget and the memory plan count for it."""
+    return math.prod(stage.grid) * HELD_ENTRY_BYTES + HELD_INDEX_OVERHEAD_BYTES
 
 
 @dataclass(eq=False)
@@ -138,21 +146,21 @@ class SplitIndexes:
     budget_bytes: int = field(default_factory=lambda: SHARD_INDEX_BUDGET_BYTES)
     _slots: collections.OrderedDict[str, IndexSlot] = field(default_factory=collections.OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    held_bytes: int = 0  # entries of the slots held (read or not): at most the budget, or one slot past it
+    held_bytes: int = 0  # ``held_index_bytes`` of the slots held (read or not): at most the budget, or one slot
     gets: int = 0
     get_bytes: int = 0
     evictions: int = 0
 
     @property
     def nbytes(self) -> int:
-        """Bytes the indexes read and held occupy (their entries)."""
+        """Bytes the entries of the indexes read and held take (without ``HELD_INDEX_OVERHEAD_BYTES`` each)."""
         with self._lock:
             return sum(s.index.nbytes for s in self._slots.values() if s.index is not None)
 
     def held(self) -> list[tuple[str, int]]:
         """``(shard key, entry bytes)`` of the slots held, least recently used first (``shard_runs.index_gets``)."""
         with self._lock:
-            return [(key, index_entry_bytes(slot.stage)) for key, slot in self._slots.items()]
+            return [(key, held_index_bytes(slot.stage)) for key, slot in self._slots.items()]
 
     def known(self) -> dict[str, ShardIndex | None]:
         """The indexes read and held, by shard key (``None``: the shard does not exist)."""
@@ -171,10 +179,10 @@ class SplitIndexes:
                 self._slots.move_to_end(key)
                 return slot
             slot = self._slots[key] = IndexSlot(key, stage)
-            self.held_bytes += index_entry_bytes(stage)
+            self.held_bytes += held_index_bytes(stage)
             while self.held_bytes > self.budget_bytes and len(self._slots) > 1:
                 _, old = self._slots.popitem(last=False)
-                self.held_bytes -= index_entry_bytes(old.stage)
+                self.held_bytes -= held_index_bytes(old.stage)
                 self.evictions += 1
             return slot
 
@@ -307,7 +315,7 @@ class ShardIndexes:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the held indexes occupy (their entries), every split's."""
+        """Bytes the entries of every split's held indexes take."""
         return sum(s.nbytes for s in self._all())
 
     def known(self) -> dict[str, ShardIndex | None]:

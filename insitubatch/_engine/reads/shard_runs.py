@@ -25,7 +25,7 @@ from ...io.decode import shard_stage
 from ...plan.epoch import EpochPlan
 from ...plan.first_use import admission_order
 from .reader import ArrayReader
-from .shard_index import ShardIndex, index_entry_bytes, plan_shards
+from .shard_index import ShardIndex, held_index_bytes, plan_shards
 
 __all__ = [
     "COALESCE_GAP_BYTES",
@@ -126,7 +126,7 @@ def index_gets(
     sharded = {s: r for s, r in readers.items() if r.geometry.sharded_reads}
     stages = {r.geometry.path: shard_stage(r.geometry) for r in sharded.values()}
     wanted = plan_shards(plan, sharded, stages, first_block)
-    if sum(index_entry_bytes(stage) for _, stage in wanted) <= budget_bytes:
+    if sum(held_index_bytes(stage) for _, stage in wanted) <= budget_bytes:
         have = {key for key, _ in held}
         fresh = [stage for key, stage in wanted if key not in have]
         return len(fresh), sum(stage.index_nbytes for stage in fresh)
@@ -150,7 +150,7 @@ def index_gets(
                 lru.move_to_end(key)
                 continue
             gets, nbytes = gets + 1, nbytes + stage.index_nbytes
-            lru[key] = index_entry_bytes(stage)
+            lru[key] = held_index_bytes(stage)
             total += lru[key]
             while total > budget_bytes and len(lru) > 1:
                 total -= lru.popitem(last=False)[1]
@@ -231,7 +231,7 @@ def pass_reads(
     )
     sharded = {s: r for s, r in readers.items() if r.geometry.sharded_reads}
     stages = {r.geometry.path: shard_stage(r.geometry) for r in sharded.values()}
-    need = sum(index_entry_bytes(stage) for _, stage in plan_shards(plan, sharded, stages, 0))
+    need = sum(held_index_bytes(stage) for _, stage in plan_shards(plan, sharded, stages, 0))
     gets = pass_gets(plan, readers, permit_cap=permit_cap, remote=remote, indexes=indexes, index_reads=index_reads)
     return {
         "gets": gets,

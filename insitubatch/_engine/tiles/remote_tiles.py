@@ -35,7 +35,7 @@ from ..reads.shard_index import (
     ShardIndex,
     SplitIndexes,
     check_span,
-    index_entry_bytes,
+    held_index_bytes,
     plan_shards,
     prefetch,
 )
@@ -93,7 +93,7 @@ class _RemoteTiles:
             return
         wanted = plan_shards(self.plan, sharded, self._shards, self.first_block)
         indexes = self.shard_indexes
-        if sum(index_entry_bytes(stage) for _, stage in wanted) > indexes.budget_bytes:
+        if sum(held_index_bytes(stage) for _, stage in wanted) > indexes.budget_bytes:
             return  # read ahead, they would push out the ones the next blocks need: each block reads its own
         slots = [indexes.touch(key, stage) for key, stage in wanted]
         self._spawn(prefetch(indexes, slots, self._get_index, self.semaphore, INDEX_PREFETCH))
