@@ -25,6 +25,7 @@ from insitubatch.io.decode import shard_stage
 SHAPE = (96, 16, 20)
 INNER = (4, 8, 10)  # 2 x 2 inner chunks per step band
 SHARD = (16, 16, 20)  # 4 bands x 4 = 16 inner chunks per shard
+DIMS = ("time", "lat", "lon")
 
 
 def _write(root, name: str = "s.zarr") -> None:
@@ -55,6 +56,7 @@ def where(request, tmp_path):
 VARIABLES = {
     "sharded": lambda g: {"a": g["a"]},
     "sharded+plain": lambda g: {"a": g["a"], "b": g["b"]},
+    "plain": lambda g: {"b": g["b"]},
     "selection": lambda g: {"x": g["a"].isel(lat=slice(0, 8)), "y": g["a"].isel(lon=slice(12, 20))},
     # two selections of an unsharded array whose tiles overlap: a shared tile is one GET
     "overlapping": lambda g: {"x": g["b"].isel(lat=slice(0, 8)), "y": g["b"].isel(lon=slice(12, 20))},
@@ -222,3 +224,36 @@ def _wanted(ds, split: str):
     readers = {s: r for s, r in ds.context.readers.items() if r.geometry.sharded_reads}
     stages = {r.geometry.path: shard_stage(r.geometry) for r in readers.values()}
     return plan_shards(ds.plan(split), readers, stages, 0)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("variables", ["sharded+plain", "selection", "plain"])
+def test_where_no_codec_compresses_describe_states_the_bytes_too(tmp_path, request, split, variables) -> None:
+    """Stored uncompressed, every tile's size is fixed: describe() states
+    the bytes each split's cold pass moves, and the server sends exactly those; compressed, it says None."""
+    emulator = request.getfixturevalue("emulator")
+    group = zarr.open_group(emulator.root / "r.zarr", mode="w", zarr_format=3)
+    rng = np.random.default_rng(2)
+    for array, shards in (("a", SHARD), ("b", None)):
+        group.create_array(
+            array, shape=SHAPE, chunks=INNER, shards=shards, dtype="f4", compressors=None, dimension_names=DIMS
+        )[...] = rng.random(SHAPE, dtype="f4")
+    group.create_array("c", shape=SHAPE, chunks=INNER, dtype="f4", dimension_names=DIMS)[...] = 1.0  # zstd
+    for url in (str(emulator.root / "r.zarr"), emulator.url_for("r.zarr")):
+        store = obstore_store(url, read_only=True)
+        geoms = open_geometries(store, variables=["a", "b", "c"])
+        manifest = split_by_chunk(geoms["a"], fractions=(0.5, 0.5))
+        emulator.reset_stats()
+        with InSituDataset(store, manifest, VARIABLES[variables](geoms), batch_size=8, block_chunks=2) as ds:
+            info = ds.describe()
+            opened = _served(emulator)
+            for _ in ds.split(split):
+                pass
+            sent = ds.split(split).last_pass
+            assert (sent.gets, sent.get_bytes) == (info["splits"][split]["gets"], info["splits"][split]["bytes"])
+            with InSituDataset(store, manifest, {"c": geoms["c"]}, batch_size=8) as compressed:
+                assert compressed.describe()["splits"][split]["bytes"] is None
+        if url.startswith("http"):
+            total = _served(emulator)
+            assert opened == (info["open"]["gets"], info["open"]["bytes"])
+            assert (total[0] - opened[0], total[1] - opened[1]) == (sent.gets, sent.get_bytes)

@@ -132,13 +132,14 @@ def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int
     return reads * int(plan.read_nbytes.max()), reads
 
 
-def _split_row(plan: EpochPlan, reads: Mapping[str, int]) -> dict[str, int]:
+def _split_row(plan: EpochPlan, reads: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "samples": plan.n_samples,
         "batches": plan.n_batches,
         "blocks": plan.n_blocks,
         "reads": len(plan.reads),
         "gets": int(reads["gets"]),
+        "bytes": None if reads.get("bytes") is None else int(reads["bytes"]),  # known where no codec compresses
         "index_gets": int(reads["index_gets"]),
         "index_bytes": int(reads["index_bytes"]),
         "working_set_bytes": int(plan.working_set_bytes),
@@ -152,7 +153,7 @@ def describe_loader(
     knobs: Mapping[str, Any],
     *,
     split: str,
-    reads: Mapping[str, Mapping[str, int]],
+    reads: Mapping[str, Mapping[str, Any]],
     index_budget_bytes: int,
     store: str = "",
     iterations: int = 1,

@@ -252,7 +252,7 @@ def _reads(
     geoms: Mapping[str, ArrayGeometry],
     knobs: Mapping[str, Any],
     plan: EpochPlan,
-) -> tuple[dict[str, int], dict[str, Any]]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """What ``split``'s first pass sends, and the dataset as it opens, as ``InSituDataset.describe()`` states them.
 
     The same cost path (``_engine.reads.shard_runs.pass_reads``): a sharded

@@ -127,7 +127,7 @@ class PassContext:
         tiles = {r.geometry.source: r.geometry.tiles_read for r in self.readers.values()}
         return auto_read_ahead(plan, tiles, self.inflight_cap())
 
-    def predicted_reads(self, split: str, plan: EpochPlan) -> dict[str, int]:
+    def predicted_reads(self, split: str, plan: EpochPlan) -> dict[str, Any]:
         """What the first pass of ``split`` (``plan`` its plan) sends after the dataset opened: what ``describe()``
         states (``reads.shard_runs.pass_reads``). Its shard indexes are those the split does not hold once the
         open's reads are in; the store's answers are exactly these, before any other pass."""

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ...io.decode import shard_stage
+from ...io.decode import make_decoder, shard_stage
 from ...plan.epoch import EpochPlan
 from ...plan.first_use import admission_order
 from .reader import ArrayReader
@@ -172,9 +172,23 @@ def pass_gets(
     locally). ``indexes`` are shard indexes already read (their layouts, and inner chunks never written:
     no GET); any other shard is taken to be zarr-python's layout with every inner chunk written.
     """
+    return _count(plan, readers, permit_cap, remote, indexes, index_reads)[0]
+
+
+def _count(
+    plan: EpochPlan,
+    readers: Mapping[str, ArrayReader],
+    permit_cap: int,
+    remote: bool,
+    indexes: Mapping[str, ShardIndex | None] | None,
+    index_reads: int | None,
+) -> tuple[int, collections.Counter[str], int]:
+    """:func:`pass_gets`; the tiles its GETs carry whose stored size no index read says, by array path; and
+    the bytes of those an index read says (inner chunks of shards whose index is in)."""
     known = indexes or {}
     sources = {s: r for s, r in readers.items() if any(src == s for src, _ in plan.reads)}
     total = 0
+    carried: collections.Counter[str] = collections.Counter()
     shards_seen: set[str] = set()
     groups: dict[tuple[int, str, str], set[tuple[int, ...]]] = {}  # (block, path, shard) -> inner chunks wanted
     per_path = collections.Counter(r.geometry.path for r in sources.values())
@@ -187,6 +201,7 @@ def pass_gets(
         if not g.sharded_reads:
             if g.path not in shared:  # one source's reads of an array never share a tile
                 total += reader.n_tiles
+                carried[g.path] += reader.n_tiles
                 continue
             tiles.update((block, g.path, g.tile_key(reader.tile_coord(chunk, k))[0]) for k in range(reader.n_tiles))
             continue
@@ -196,15 +211,19 @@ def pass_gets(
             shards_seen.add(key)
             groups.setdefault((block, g.path, key), set()).add(place)
     total += len(tiles) + (len(shards_seen) if index_reads is None else index_reads)
+    carried.update(path for _, path, _ in tiles)
     cap = run_cap(permit_cap)
     geometries = {r.geometry.path: r.geometry for r in sources.values()}
+    spanned = 0
     for (_, path, key), places in groups.items():
         index = known.get(key, _MODELLED)
-        if not remote:
-            total += len(places) if index is _MODELLED else sum(_span(index, p) is not None for p in places)
-            continue
-        total += len(coalesce(_spans(geometries[path], index, places), cap))
-    return total
+        spans = _spans(geometries[path], index, places)
+        if index is _MODELLED:
+            carried[path] += len(spans)
+        else:
+            spanned += sum(b - a for a, b in spans)
+        total += len(coalesce(spans, cap)) if remote else len(spans)
+    return total, carried, spanned
 
 
 def pass_reads(
@@ -217,10 +236,11 @@ def pass_reads(
     held: Sequence[tuple[str, int]] = (),
     budget_bytes: int,
     indexes: Mapping[str, ShardIndex | None] | None = None,
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """What a pass of ``plan`` sends, as ``describe()`` states it for a split (and ``insitubatch inspect``).
 
-    ``gets`` in all, of them ``index_gets`` for the shard indexes its split
+    ``gets`` in all and their ``bytes`` (None where a codec compresses: known
+    only once read), of them ``index_gets`` for the shard indexes its split
     does not hold (``held``, :func:`index_gets`) and their ``index_bytes``
     (exactly: an index is a fixed range); ``index_held_bytes`` is what the
     split's index cache holds at most for it: its shards' entries, or
@@ -232,9 +252,14 @@ def pass_reads(
     sharded = {s: r for s, r in readers.items() if r.geometry.sharded_reads}
     stages = {r.geometry.path: shard_stage(r.geometry) for r in sharded.values()}
     need = sum(held_index_bytes(stage) for _, stage in plan_shards(plan, sharded, stages, 0))
-    gets = pass_gets(plan, readers, permit_cap=permit_cap, remote=remote, indexes=indexes, index_reads=index_reads)
+    gets, carried, spanned = _count(plan, readers, permit_cap, remote, indexes, index_reads)
+    sizes = {r.geometry.path: make_decoder(r.geometry, tile=True).encoded_nbytes() for r in readers.values()}
+    unknown = any(sizes[path] is None for path, n in carried.items() if n)
+    data = spanned + sum(n * int(sizes[path] or 0) for path, n in carried.items())
     return {
         "gets": gets,
+        # a tile's stored size is fixed where no codec compresses, and an index read says an inner chunk's
+        "bytes": None if unknown else index_bytes + data,
         "index_gets": index_reads,
         "index_bytes": index_bytes,
         "index_held_bytes": min(need, budget_bytes),
