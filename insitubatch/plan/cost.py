@@ -377,7 +377,7 @@ def format_summary(info: Mapping[str, Any]) -> str:
     ]
     if (o := info.get("open", {})).get("gets"):
         lines.append(
-            f"open       {o['gets']} GETs ({o['bytes']} bytes) as it opens: {o['split']!r}'s first shard indexes"
+            f"open       {o['gets']} GETs ({o['bytes']} bytes) as it opens: split {o['split']}'s first indexes"
         )
     if mem.get("read_ahead_bytes"):
         lines.append(
