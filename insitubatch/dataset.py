@@ -368,12 +368,12 @@ class InSituDataset:
 
     # -- cost before the first byte --------------------------------------------
     def describe(self, iterations: int = 1) -> dict[str, Any]:
-        """What this configuration will cost, from metadata alone, as a JSON-able dict.
+        """What this configuration will cost, from metadata alone, as a JSON-able dict (nothing is fetched).
 
-        Geometry per label, the resolved knobs, every split's samples, batches, GETs and working set
-        (this rank's share), and the memory plan term by term for ``iterations`` passes open at once
-        (train and val zipped is 2), sized for the split with the largest working set; notes; the
-        reads-in-flight limit (``concurrency``). Nothing is fetched.
+        Geometry per label, the resolved knobs, every split's samples, batches, working set (this rank's share)
+        and the GETs its first pass sends (shard indexes included), ``open``: the GETs and bytes sent as the
+        dataset opened, apart; the memory plan term by term for ``iterations`` passes open at once (train and
+        val zipped is 2), sized for the split with the largest working set; notes; ``concurrency``.
         """
         iterations = positive_int("iterations", iterations)
         plans = {name: self.plan(name) for name in self.manifest.names}
@@ -388,7 +388,7 @@ class InSituDataset:
             budget_bytes=self.pool.explicit_budget,
             batch_geometries=self.outputs,
             empty={n: why for n, p in plans.items() if (why := self.planner.empty_reason(n, p)) is not None},
-            gets={n: self.context.predicted_gets(p) for n, p in plans.items()},
+            **self.context.reads_report(plans),  # each split's GETs, the open's apart, the shard index budget
             statics=self.static_fields,
             left_out=self.left_out,
             remote=self.context.client() is not None,

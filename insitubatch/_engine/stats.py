@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from ..plan.cost import READ_AHEAD_SHARE
+from ..plan.sizing import READ_AHEAD_SHARE
 
 __all__ = ["READ_AHEAD_SHARE", "STAGES", "PassCounters", "PassStats", "PassTrace", "PoolTotals", "Stage"]
 
