@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -11,7 +16,7 @@ import pytest
 import zarr
 from helpers import CountingStore, local_store
 
-from insitubatch import InSituDataset, open_geometries, split_by_chunk
+from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch.plan.read_groups import band_cuts
 
 N, LEVELS, LAT, LON = 83, 2, 20, 6  # a ragged sample axis; 4 latitude tiles of 5 rows
@@ -20,7 +25,11 @@ CHUNKS = (4, 1, 5, 6)
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory) -> Path:
-    where = tmp_path_factory.mktemp("groups") / "g.zarr"
+    return _write(tmp_path_factory.mktemp("groups") / "g.zarr")
+
+
+def _write(where: Path) -> Path:
+    """An ERA5-shaped store written by zarr-python: a 4-D field, a land-sea mask, a 1-D series, latitudes."""
     root = zarr.open_group(where, mode="w")
     x = np.random.default_rng(0).random((N, LEVELS, LAT, LON), dtype="f4")
     dims = ("time", "level", "latitude", "longitude")
@@ -33,7 +42,7 @@ def path(tmp_path_factory) -> Path:
 
 
 def _ds(store, rank, world, group=2, part="latitude", **kw):
-    g = open_geometries(store)
+    g = open_geometries(store, variables=["x", "series"])  # named: an HTTP store cannot list
     x = g["x"]
     kw = {"batch_size": 5, "block_chunks": 3, "seed": 3, **kw}
     variables = {"x": x, "y": x.shift(2), "s": g["series"]}
@@ -222,3 +231,93 @@ def test_resume_mid_epoch_with_groups_same_and_other_world_size(path, before, af
         everything = sorted(i for b in one.train for i in b.sample_indices.tolist())
     assert not set(consumed) & set(rest)
     assert sorted(set(consumed) | set(rest)) == sorted(set(everything))
+
+
+@pytest.mark.parametrize(("world", "group"), [(2, 2), (4, 2)])
+def test_the_servers_count_each_tile_once_per_replica(emulator, world, group) -> None:
+    """GETs counted by the loopback object store: a replica's members together fetch each of x's tiles once."""
+    _write(emulator.root / "g.zarr")
+    url = emulator.url_for("g.zarr")
+
+    def x_gets() -> Counter[str]:
+        return Counter({k: v.gets for k, v in emulator.stats().keys.items() if k.split("/")[-6:-5] == ["x"]})
+
+    emulator.reset_stats()
+    with _ds(obstore_store(url, read_only=True), 0, 1, 1, part=None, hedge=False) as alone:
+        list(alone.train)
+    whole = x_gets()
+    per_replica: list[Counter[str]] = [Counter() for _ in range(world // group)]
+    for rank in range(world):
+        emulator.reset_stats()
+        with _ds(obstore_store(url, read_only=True), rank, world, group, hedge=False) as ds:
+            list(ds.train)
+            assert ds.train.last_pass.gets == ds.describe()["splits"]["train"]["gets"]  # the member's own share
+        per_replica[rank // group].update(x_gets())
+    for r, counts in enumerate(per_replica):
+        assert counts and set(counts.values()) == {1}, f"replica {r} fetched a tile of x twice"
+    if world == group:  # one replica fetches the tiles one rank alone fetches, split between its members
+        assert counts == whole
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    import torch.distributed as dist
+    import zarr
+    sys.path.insert(0, sys.argv[3])  # this tree's insitubatch, not an installed one
+    from insitubatch import InSituDataset, open_geometries, split_by_chunk
+
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups = [dist.new_group([r, r + 1]) for r in range(0, world, 2)]  # every rank makes every group
+    x = open_geometries(sys.argv[1])["x"]
+    with InSituDataset(
+        sys.argv[1], split_by_chunk(x, fractions=(0.8, 0.2)), {"x": x}, batch_size=5, block_chunks=3,
+        read_group_size=groups[rank // 2], read_group_part="latitude",
+    ) as ds:
+        band = ds.read_group_bands["latitude"]
+        full = zarr.open_array(os.path.join(sys.argv[1], "x"), mode="r")[:]
+        seen = []
+        for batch in ds.train:
+            assert (batch.arrays["x"] == full[batch.sample_indices][:, :, band]).all()
+            seen.append(batch.sample_indices.tolist())
+        out = {"rank": ds.rank, "world": ds.world_size, "member": ds.read_group.member,
+               "replica": ds.read_group.replica, "band": [band.start, band.stop], "seen": seen}
+    with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_torch_process_group_is_a_read_group_under_real_gloo(path, tmp_path) -> None:
+    world = 4
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            OMP_NUM_THREADS="1",
+        )
+        args = [sys.executable, str(script), str(path), str(tmp_path), str(Path(__file__).parents[2])]
+        procs.append(subprocess.Popen(args, env=env))
+    for p in procs:
+        assert p.wait(timeout=180) == 0
+    outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    assert [(o["rank"], o["world"], o["replica"], o["member"]) for o in outs] == [
+        (r, world, r // 2, r % 2) for r in range(world)
+    ]
+    assert [o["band"] for o in outs] == [[0, 10], [10, 20]] * 2
+    assert outs[0]["seen"] == outs[1]["seen"] and outs[2]["seen"] == outs[3]["seen"]  # members in lockstep
+    replicas = [{i // CHUNKS[0] for b in o["seen"] for i in b} for o in outs[::2]]
+    assert len(outs[0]["seen"]) == len(outs[2]["seen"]) and not replicas[0] & replicas[1]
