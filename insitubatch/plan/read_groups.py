@@ -81,8 +81,8 @@ class ReadGroup:
 
     def bands(self, variables: Mapping[str, ArrayGeometry]) -> dict[str, slice]:
         """This member's ``isel`` of the variables: its band along ``part``'s dimension, or the mapping given."""
-        if self.part is None:
-            return {}
+        if self.part is None or (self.size == 1 and isinstance(self.part, str)):
+            return {}  # one member's band is everything: no selection, so its reads and cache keys stay the plain ones
         if not isinstance(self.part, str):
             known = {d for g in variables.values() for d in g.dims or () if d is not None}
             unknown = [d for d in self.part if d not in known]

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from helpers import CountingStore, local_store
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
@@ -154,6 +156,43 @@ def test_explicit_isel_per_member(path) -> None:
     assert ranks[1]["ds"].describe({"longitude": slice(4, 6)})["part"] == {"longitude": [4, 6]}
 
 
+@pytest.mark.parametrize("selection", [slice(None, None, -1), slice(2, 18), slice(1, 20)])  # the last: 9 + 10 rows
+def test_a_band_cuts_what_a_selection_kept_at_its_tile_edges(path, selection) -> None:
+    """Bands count within an earlier selection (reversed latitudes, a region), still one tile read per replica."""
+    full = zarr.open_array(path / "x", mode="r")[:][:, :, selection]  # zarr reads, numpy reverses
+    parts, gets = [], Counter()
+    for rank in range(2):
+        store = CountingStore(local_store(path))
+        x = open_geometries(store)["x"].isel(latitude=selection)
+        manifest = split_by_chunk(x, fractions=(0.8, 0.2))
+        kw = {"rank": rank, "world_size": 2, "read_group_size": 2, "read_group_part": "latitude"}
+        with InSituDataset(store, manifest, {"x": x}, batch_size=7, **kw) as ds:
+            store.reset()
+            parts.append([(b.sample_indices.copy(), np.array(b.arrays["x"])) for b in ds.val])
+        gets.update(store.chunk_gets())
+    assert gets and set(gets.values()) == {1}
+    for (i, a), (j, b) in zip(*parts, strict=True):
+        np.testing.assert_array_equal(i, j)
+        np.testing.assert_array_equal(np.concatenate([a, b], axis=2), full[i])
+
+
+def test_inference_with_groups(path) -> None:
+    full = zarr.open_array(path / "x", mode="r")[:]
+    got = []
+    for rank in range(2):
+        with _ds(str(path), rank, 2) as ds:
+            got.append([(b.sample_indices.copy(), np.array(b.arrays["x"])) for b in ds.infer((10, 40))])
+    assert [i for i, _ in got[0]] and all((i == j).all() for (i, _), (j, _) in zip(*got, strict=True))
+    for (i, a), (_, b) in zip(*got, strict=True):
+        np.testing.assert_array_equal(np.concatenate([a, b], axis=2), full[i])
+    assert np.concatenate([i for i, _ in got[0]]).tolist() == list(range(10, 40))
+
+
+def test_one_member_selects_nothing(path) -> None:
+    with _ds(str(path), 0, 3, group=1) as ds:
+        assert ds.read_group_bands == {} and ds.variables["x"].source == "x"
+
+
 def test_describe_names_the_group_and_the_band(path) -> None:
     with _ds(str(path), 3, 4) as ds:
         info = ds.describe()["read_group"]
@@ -171,6 +210,24 @@ def test_band_cuts_follow_tile_edges_and_spread_the_remainder_over_the_first_mem
     assert np.diff(band_cuts(181, 4, one_tile)).tolist() == [46, 45, 45, 45]
     crowded = np.array([0, 1, 2, 3, 100])  # every member keeps at least one tile
     assert band_cuts(100, 4, crowded).tolist() == [0, 1, 2, 3, 100]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 400), st.integers(1, 12), st.data())
+def test_band_cuts_are_increasing_tile_edges_near_the_even_shares(n, members, data) -> None:
+    members = min(members, n)
+    tile = data.draw(st.integers(1, n))
+    edges = np.array(sorted({*range(0, n, tile), n}), dtype=np.int64)
+    cuts = band_cuts(n, members, edges)
+    assert cuts[0] == 0 and cuts[-1] == n and len(cuts) == members + 1 and (np.diff(cuts) > 0).all()
+    even = np.cumsum([0, *[len(p) for p in np.array_split(np.arange(n), members)]])
+    if len(edges) - 1 >= members:
+        assert set(cuts.tolist()) <= set(edges.tolist())  # each tile read by one member
+        # no cut is further from its even share than a tile, unless crowding forced it to the next free edge
+        free = len(edges) - 1 == members
+        assert free or (np.abs(cuts - even) <= tile).all()
+    else:
+        assert cuts.tolist() == even.tolist()
 
 
 @pytest.mark.parametrize(
