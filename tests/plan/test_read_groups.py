@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from helpers import CountingStore, local_store
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import CountingStore, local_store
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch.plan.read_groups import band_cuts
