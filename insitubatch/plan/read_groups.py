@@ -69,7 +69,7 @@ class ReadGroup:
     """This rank's read group: its replica among ``replicas`` and its member among ``size``, and its part.
 
     ``part`` is what this member selects of each sample: a dimension name
-    (its band is computed by ``cut``) or an ``isel`` mapping; ``None`` when
+    (its band is computed by ``bands``) or an ``isel`` mapping; ``None`` when
     the group has one member and nothing was asked.
     """
 
@@ -120,12 +120,20 @@ class ReadGroup:
         out = {}
         for label, f in fields.items():
             mine = {d: key for d, key in bands.items() if d in (f.dims or ())}
+            if isinstance(self.part, str) and mine and _positions(f, self.part).size < mine[self.part].stop:
+                raise ValueError(
+                    f"{label!r} ({f.path!r}) keeps {_positions(f, self.part).size} positions along "
+                    f"{self.part!r}, fewer than the variables' band {mine[self.part]} needs: select it alike"
+                )
             out[label] = f.isel(mine) if mine else f
         return out
 
     def describe(self, bands: Mapping[Any, Any]) -> dict[str, Any]:
         """JSON-able: the group's numbers and this member's part (slices as ``[start, stop]``)."""
-        part = {str(d): [k.start, k.stop] if isinstance(k, slice) else k for d, k in bands.items()}
+        part = {
+            str(d): [k.start, k.stop, *([k.step] if k.step else [])] if isinstance(k, slice) else k
+            for d, k in bands.items()
+        }
         return {
             "size": self.size,
             "member": self.member,
@@ -135,7 +143,7 @@ class ReadGroup:
         }
 
 
-def _positions(g: ArrayGeometry, dim: str) -> np.ndarray:
+def _positions(g: Labelled, dim: str) -> np.ndarray:
     """The physical positions ``g`` keeps along ``dim`` (everything when it selects none)."""
     axis = g.dims.index(dim) if g.dims else -1
     picked = next((a for a in g.selection if a.axis == axis), None)

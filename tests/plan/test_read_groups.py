@@ -18,7 +18,7 @@ from helpers import CountingStore, local_store
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch import InSituDataset, obstore_store, open_geometries, open_statics, split_by_chunk
 from insitubatch.plan.read_groups import band_cuts
 
 N, LEVELS, LAT, LON = 83, 2, 20, 6  # a ragged sample axis; 4 latitude tiles of 5 rows
@@ -246,6 +246,15 @@ def test_bad_groups_are_named(path, kw, exc, words) -> None:
         _ds(str(path), 0, 6, **kw)
     for w in words:
         assert w in str(info.value)
+
+
+def test_a_static_shorter_than_the_band_is_named(path) -> None:
+    with pytest.raises(ValueError, match="'lsm'.*keeps 8 positions along 'latitude'"):
+        store = str(path)
+        g = open_geometries(store)
+        lsm = {"lsm": open_statics(store)["lsm"].isel(latitude=slice(0, 8))}
+        kw = {"rank": 1, "world_size": 2, "read_group_size": 2, "read_group_part": "latitude"}
+        InSituDataset(store, split_by_chunk(g["x"], fractions=(1.0,)), {"x": g["x"]}, statics=lsm, **kw)
 
 
 def test_too_few_positions_for_the_members(path) -> None:
