@@ -186,7 +186,7 @@ class _ShardStage:
             raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
         offsets, lengths = index[..., 0].copy(), index[..., 1].copy()
         absent = offsets == _ABSENT
-        problems = np.zeros(offsets.shape, dtype=np.uint8)
+        problems = np.full(offsets.shape, INDEX_OK, dtype=np.uint8)
         problems[absent != (lengths == _ABSENT)] = INDEX_HALF_EMPTY
         lo = self.index_nbytes if self.index_at_start else 0
         outside = ~absent & (lengths != _ABSENT) & ((offsets < lo) | (lengths > _ABSENT - offsets))

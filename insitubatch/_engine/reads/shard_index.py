@@ -40,7 +40,6 @@ __all__ = [
     "plan_shards",
     "prefetch",
     "read_inner_chunk",
-    "shard_keys",
 ]
 
 
@@ -266,14 +265,6 @@ async def read_inner_chunk(
         return check_span(decoder, coord, span, await get_range(stored, RangeByteRequest(*span)))
     except BadChunkError as exc:
         return exc
-
-
-def shard_keys(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> list[str]:
-    """The shard keys sample-axis chunks ``chunks`` (in this order) read for tiles ``tiles``, each once, in first use."""
-    keys: dict[str, None] = {}
-    for row in _shard_rows(g, tiles, chunks):
-        keys.update(dict.fromkeys(row))
-    return list(keys)
 
 
 def _shard_rows(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> Iterator[list[str]]:
