@@ -51,6 +51,7 @@ def _scale(chunk):
     return chunk
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("transforms", [(), (_scale,)], ids=["tiles", "assembled"])
 def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(store, transforms) -> None:
     geoms = open_geometries(store)

@@ -222,6 +222,7 @@ def test_compaction_only_when_a_writer_is_alone_with_something_to_fold(tmp_path:
     assert log.read_bytes() == clean and log.stat().st_ino != ino
 
 
+@pytest.mark.invariant
 def test_readonly_keeps_a_torn_final_line_and_writes_nothing(tmp_path: Path) -> None:
     with _writer(tmp_path) as c:
         _put(c, PATH, 0, _tiles(SHAPES))
@@ -593,6 +594,7 @@ def _damage_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
 
 
+@pytest.mark.invariant
 def test_a_flipped_payload_byte_is_refetched_with_one_warning(tmp_path: Path, caplog) -> None:
     tiles = _tiles(SHAPES)
     with _writer(tmp_path) as c:
