@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from obstore.store import HTTPStore
 from insitubatch import config, open_geometries
 from insitubatch._engine.pool.buffers import BufferPool
 from insitubatch._engine.reads.read_policy import ReadPolicy
+from insitubatch._wire.pool import HttpPool
 from insitubatch.errors import SettingError
 from insitubatch.io import store_options
 from insitubatch.io.client_choice import resolve_client
@@ -198,3 +200,6 @@ def test_obstores_defaults_reach_the_engine_from_one_place() -> None:
     assert plain.connect_timeout_s == store_options.OBSTORE_CONNECT_TIMEOUT.total_seconds()
     assert plain.pool_idle_timeout_s == store_options.OBSTORE_POOL_IDLE_TIMEOUT.total_seconds()
     assert store_options.DEFAULT_CLIENT_OPTIONS["connect_timeout"] == "5s"  # obstore's, as the string it echoes
+    pool = inspect.signature(HttpPool).parameters
+    assert pool["connect_timeout_s"].default == plain.connect_timeout_s
+    assert pool["idle_timeout_s"].default == plain.pool_idle_timeout_s

@@ -173,8 +173,8 @@ def obstore_store(
         The HTTP client that reads chunks for the loader (docs/wire.md):
         ``"auto"`` (the engine's own where it can read the store, obstore's
         otherwise), ``"engine"`` (refused here if it cannot) or ``"obstore"``.
-        ``None``: the environment variable ``INSITUBATCH_CLIENT``, else
-        ``"auto"``. Metadata is always read through obstore; local and
+        ``None``: the ``client`` setting (``insitubatch.config``: its
+        ``set``, else ``INSITUBATCH_CLIENT``, else ``"auto"``). Metadata is always read through obstore; local and
         ``memory://`` stores use no HTTP client.
     **options
         Further obstore config keys for the cloud store, e.g.
