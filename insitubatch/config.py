@@ -172,10 +172,9 @@ def _setting(key: str) -> Setting:
         raise SettingError(f"{key!r} is not an insitubatch setting; settings: {', '.join(SETTINGS)}") from None
 
 
-def lookup(key: str, environ: Mapping[str, str] | None = None) -> tuple[Any, str]:
+def lookup(key: str) -> tuple[Any, str]:
     """``(value, what set it)`` for setting ``key``: :func:`set`, else its variable, else the default.
 
-    ``environ`` is the environment to read (``os.environ`` when ``None``).
     What set it reads ``"the default"``, ``"INSITUBATCH_CLIENT=obstore"`` or
     ``"insitubatch.config.set(client='obstore')"``.
 
@@ -188,7 +187,7 @@ def lookup(key: str, environ: Mapping[str, str] | None = None) -> tuple[Any, str
     given = config.get(key, _UNSET)
     if given is not _UNSET:  # checked by set()
         return given, f"insitubatch.config.set({key}={given!r})"
-    text = (os.environ if environ is None else environ).get(setting.variable, "")
+    text = os.environ.get(setting.variable, "")
     if not text.strip():
         return setting.default, "the default"
     try:

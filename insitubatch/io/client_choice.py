@@ -20,7 +20,7 @@ from zarr.abc.store import Store
 from .. import config
 from ..config import CLIENTS
 
-__all__ = ["CLIENTS", "client_choice", "remember_client", "resolve_client"]
+__all__ = ["client_choice", "remember_client", "resolve_client"]
 
 # Choices by store id, each with the words that set it ("client='engine'", "INSITUBATCH_CLIENT=obstore");
 # an entry goes with its store (zarr's stores cannot be weakly keyed: they define __eq__ without __hash__).
