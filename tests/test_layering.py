@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 # lowest first; an import may go to its own layer or a lower one
 LAYERS: dict[str, int] = {
     "errors": 0,
+    "config": 0,  # the settings: every INSITUBATCH_* variable and its default
     "_validate": 0,
     "_zarr_compat": 0,
     "_weak": 0,
