@@ -31,6 +31,7 @@ from .cache.fingerprint import array_fingerprints
 from .io.geometry import ArrayGeometry, sample_coords
 from .io.group import resolve_statics, resolve_variables
 from .io.owned import close_store
+from .io.sources.joined import JoinedStore
 from .io.statics import StaticField, read_statics
 from .io.stores import as_store
 from .plan.anchors import with_declared_times
@@ -40,6 +41,7 @@ from .plan.distributed import LastBatch, Remainder, last_batch_policy, resolve_l
 from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner
 from .plan.splits import SplitManifest
+from .plan.store_shares import store_shares
 from .transforms import ChunkTransform, check_scopes
 from .views import DatasetView, InferView
 
@@ -192,10 +194,16 @@ class InSituDataset:
         self.manifest = manifest
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
         self.store = as_store(store)
-        # what variables=None left out of the store, with why
-        self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
+        self.left_out: dict[str, str] = {}
+        if isinstance(self.store, JoinedStore):  # variables of several stores, on the anchor store's dates
+            self.variables = self.store.resolve(variables, manifest.n_samples)
+        else:  # what variables=None left out of the store, with why
+            self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
         self.manifest = manifest = with_declared_times(manifest, self.variables, missing, frequency)
-        self.static_fields = resolve_statics(self.store, statics)
+        if isinstance(self.store, JoinedStore):
+            self.static_fields = self.store.resolve_statics(statics)
+        else:
+            self.static_fields = resolve_statics(self.store, statics)
         clash = sorted(set(self.static_fields) & set(self.variables))
         if clash:
             raise ValueError(f"labels {clash} name both a variable and a static; give each its own label")
@@ -403,6 +411,9 @@ class InSituDataset:
             "chunk_transforms": len(self.chunk_transforms),
             "batch_transforms": len(self.batch_transforms),
         }
+        shares = store_shares(self.store, plans, {s: (r.geometry.path, r.n_tiles) for s, r in self.readers.items()})
+        if shares is not None:  # a store of several: each one's share of the reads
+            info["stores"] = shares
         return {**info, "concurrency": _concurrency(self.context)}  # the reads-in-flight limit, as chosen
 
     def print_summary(self, iterations: int = 1) -> None:

@@ -218,6 +218,8 @@ class TimeRows:
     steps: tuple[int, ...]
     windowed: bool
     rows: np.ndarray
+    # the axis ``rows`` index when it is not ``axis`` (a joined store's variable: its own store's time axis)
+    read_axis: StepAxis | None = None
 
     @classmethod
     def build(cls, axis: StepAxis, shift: int, steps: tuple[int, ...], windowed: bool) -> TimeRows:
