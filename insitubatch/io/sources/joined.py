@@ -74,12 +74,28 @@ class JoinedStore(RoutedStore):
     Made by :func:`join_stores`; pass it to ``InSituDataset`` like any store.
     """
 
-    def __init__(self, members: Mapping[str, Store], labels: Mapping[str, str], axes: Mapping[str, StepAxis]) -> None:
+    def __init__(self, members: Mapping[str, Store], labels: Mapping[str, str]) -> None:
         super().__init__(members)
         self.labels = dict(labels)  # label -> array path ("member/array") of variables and statics alike
         self.geometries: dict[str, ArrayGeometry] = {}  # by label: each variable's own view, unaligned
         self.static_fields: dict[str, StaticField] = {}  # by label
-        self.axes = dict(axes)  # by member with time-axis variables: its time axis
+        self.axes: dict[str, StepAxis] = {}  # by member with time-axis variables: its time axis
+        self.anchor: str | None = None
+        self.common = np.zeros(0, np.int64)
+        self.report: dict[str, MemberTimes] = {}
+        self._ticks: dict[str, np.ndarray] = {}
+
+    def place(
+        self, geometries: Mapping[str, ArrayGeometry], statics: Mapping[str, StaticField], axes: Mapping[str, StepAxis]
+    ) -> None:
+        """Take the variables and statics opened through this store, and its members' time axes: set the anchors.
+
+        Raises
+        ------
+        TimeAxisError
+            Steps that do not divide the coarsest, or no common date.
+        """
+        self.geometries, self.static_fields, self.axes = dict(geometries), dict(statics), dict(axes)
         # the anchor member: the coarsest step (the first given among equals)
         self.anchor = max(self.axes, key=lambda m: self.axes[m].step) if self.axes else None
         origin = next((a.values[a.stored][0] for a in self.axes.values() if a.axis.is_cftime), None)
@@ -201,7 +217,9 @@ class JoinedStore(RoutedStore):
         anchor = self.axes[self.anchor]
         rows = _rows_at(self._ticks[member], own.stored, self._ticks[self.anchor], anchor.stored, offsets)
         shift, steps = (0, offsets) if windowed else (offsets[0], (0,))
-        table = TimeRows(anchor, shift, steps, windowed, rows, read_axis=own)
+        kept = self._ticks[member][own.stored]
+        span = (int(kept[0]), int(kept[-1])) if len(kept) else None
+        table = TimeRows(anchor, shift, steps, windowed, rows, read_axis=own, read_span=span)
         nominal, nominal_steps = table.nominal
         return dataclasses.replace(g, offset=nominal, window_steps=nominal_steps if windowed else (), time_rows=table)
 
@@ -283,11 +301,6 @@ def _rows_at(
     return out
 
 
-def labels_of(labels: Mapping[str, str], member: str, path: str) -> str:
-    """The label of array ``path`` of ``member``."""
-    return next(lb for lb, p in labels.items() if p == f"{member}/{path}")
-
-
 def join_stores(
     stores: Mapping[str, Any],
     *,
@@ -343,16 +356,19 @@ def join_stores(
     renames = dict(rename or {})
     labels: dict[str, str] = {}
     axes_of: dict[str, int] = {}  # by variable label: where its time dimension is
-    statics: dict[str, StaticField] = {}
-    axes: dict[str, StepAxis] = {}
+    labels_of: dict[str, str] = {}  # the other way round
+    first_timed: dict[str, str] = {}  # by member with variables: the label of its first
     for name, store in members.items():
-        contents = scan_group(store, sample_axis=sample_axis)
-        found = sorted({**contents.variables, **contents.statics})
-        wanted = chosen.get(name, found)
-        missing = [p for p in wanted if p not in found]
-        if missing:
-            raise ValueError(f"store {name!r} has no data variable or static {missing}; it holds {found}")
-        dims = {p: g.dimension_names or () for p, g in open_geometries(store, variables=list(wanted)).items()}
+        if name in chosen:  # named arrays open without listing the store (an HTTP endpoint cannot list)
+            wanted = [str(p) for p in chosen[name]]
+        else:
+            contents = scan_group(store, sample_axis=sample_axis)
+            wanted = sorted({**contents.variables, **contents.statics})
+        try:
+            opened = open_geometries(store, variables=wanted)
+        except ValueError as exc:
+            raise ValueError(f"store {name!r}: {exc}") from exc
+        dims = {p: g.dimension_names or () for p, g in opened.items()}
         for path in wanted:
             label = renames.pop(f"{name}/{path}", path)
             if label in labels:
@@ -363,26 +379,25 @@ def join_stores(
                     f"rename={{'{name}/{path}': '{label}_{name}'}}"
                 )
             labels[label] = f"{name}/{path}"
+            labels_of[f"{name}/{path}"] = label
             if dim in dims[path]:
                 axes_of[label] = dims[path].index(dim)
         timed = [p for p in wanted if dim in dims[p]]
         if timed:
-            geometry = open_geometries(store, variables=timed[:1])[timed[0]]
-            axes[name] = geometry.with_sample_axis(axes_of[labels_of(labels, name, timed[0])]).step_axis(
-                f"joining store {name!r}"
-            )
+            first_timed[name] = labels_of[f"{name}/{timed[0]}"]
     if renames:
         raise ValueError(f"rename names arrays no joined store holds: {sorted(renames)}")
-    if not axes:
+    if not first_timed:
         raise ValueError(f"no joined store holds an array along {dim!r}; name the time dimension with dim=")
-    joined = JoinedStore(members, labels, axes)
+    joined = JoinedStore(members, labels)
     # each geometry and static opened through the joined store: its path names its member, its coordinates too
     paths = {lb: p for lb, p in labels.items() if lb in axes_of}
     opened = open_geometries(joined, variables=list(paths.values()))
     geometries = {lb: opened[p].with_sample_axis(axes_of[lb]) for lb, p in paths.items()}
     static_paths = {lb: p for lb, p in labels.items() if lb not in axes_of}
-    if static_paths:
-        opened_statics = open_statics(joined, variables=list(static_paths.values()))
-        statics = {lb: opened_statics[p] for lb, p in static_paths.items()}
-    joined.geometries, joined.static_fields = geometries, statics
+    opened_statics = open_statics(joined, variables=list(static_paths.values())) if static_paths else {}
+    statics = {lb: opened_statics[p] for lb, p in static_paths.items()}
+    joined.place(
+        geometries, statics, {m: geometries[lb].step_axis(f"joining store {m!r}") for m, lb in first_timed.items()}
+    )
     return joined

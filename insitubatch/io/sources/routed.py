@@ -16,8 +16,6 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 
-from ...errors import StoreReadError
-
 __all__ = ["RoutedStore", "Route"]
 
 # Where a key's bytes are: (member name, member store, key in it), or bytes the routing store holds itself.
@@ -100,10 +98,10 @@ class RoutedStore(Store):
         return True
 
     async def set(self, key: str, value: Buffer) -> None:
-        raise StoreReadError(f"{type(self).__name__} is read-only: cannot write {key!r}; write to a member store")
+        self._check_writable()  # raises: write to a member store instead
 
     async def delete(self, key: str) -> None:
-        raise StoreReadError(f"{type(self).__name__} is read-only: cannot delete {key!r}")
+        self._check_writable()
 
     async def list(self) -> AsyncIterator[str]:
         for key in await self._member_keys(""):

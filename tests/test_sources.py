@@ -1,0 +1,291 @@
+"""One dataset from many stores: ``join_stores`` against ``xr.merge``, ``concat_stores`` against ``xr.concat``.
+
+The stores are written by xarray into separate local directories, one of them
+served by the loopback HTTP server; GETs are counted at each store.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+import zarr
+from conftest import HTTPFileServer
+from helpers import CountingStore, local_store
+
+from insitubatch import (
+    InSituDataset,
+    concat_stores,
+    join_stores,
+    obstore_store,
+    open_geometries,
+    split_by_chunk,
+    split_by_time,
+)
+from insitubatch.errors import TimeAxisError
+
+CHUNK = 4  # steps per stored chunk along time, in every store here
+DOCS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
+
+
+def _write(ds: xr.Dataset, path: Path, zarr_format: int = 3) -> Path:
+    encoding = {v: {"chunks": (CHUNK, *ds[v].shape[1:])} for v in ds.data_vars if "time" in ds[v].dims}
+    ds.to_zarr(path, encoding=encoding, zarr_format=zarr_format, consolidated=zarr_format == 2)
+    return path
+
+
+def _grid() -> dict[str, np.ndarray]:
+    return {"lat": np.linspace(-30.0, 30.0, 4), "lon": np.arange(5.0)}
+
+
+def _pressure(times: pd.DatetimeIndex, seed: int = 0) -> xr.Dataset:
+    rng = np.random.default_rng(seed)
+    data = {
+        "t": (("time", "level", "lat", "lon"), rng.random((len(times), 2, 4, 5), dtype="f4")),
+        "z": (("time", "level", "lat", "lon"), rng.random((len(times), 2, 4, 5), dtype="f4")),
+    }
+    return xr.Dataset(data, coords={"time": times, "level": [500, 850], **_grid()})
+
+
+def _single(times: pd.DatetimeIndex, seed: int = 1, name: str = "t2m") -> xr.Dataset:
+    rng = np.random.default_rng(seed)
+    return xr.Dataset(
+        {name: (("time", "lat", "lon"), rng.random((len(times), 4, 5), dtype="f4"))}, coords={"time": times, **_grid()}
+    )
+
+
+def _statics() -> xr.Dataset:
+    rng = np.random.default_rng(2)
+    data = {
+        "lsm": (("lat", "lon"), rng.random((4, 5), dtype="f4")),
+        "orog": (("lat", "lon"), rng.random((4, 5), dtype="f4")),
+    }
+    return xr.Dataset(data, coords=_grid())
+
+
+def _rows(ref: xr.Dataset, times: np.ndarray) -> list[int]:
+    index = ref.get_index("time")
+    return [index.get_loc(pd.Timestamp(t)) for t in times]
+
+
+def _ns(values) -> list[int]:
+    """Dates as int64 nanoseconds, to compare lists of them."""
+    return np.asarray(values).astype("datetime64[ns]").astype(np.int64).tolist()
+
+
+def _chunk_gets(store: CountingStore) -> Counter[str]:
+    return Counter({k: n for k, n in store.gets.items() if not k.endswith(DOCS)})
+
+
+@pytest.fixture
+def three_stores(tmp_path: Path, http_server: HTTPFileServer):
+    """Pressure levels 6-hourly (local), single levels 12-hourly (over HTTP, a later start), statics (local)."""
+    pl = _pressure(pd.date_range("2020-01-01", periods=40, freq="6h"))
+    sfc = _single(pd.date_range("2020-01-02", periods=20, freq="12h"))
+    st = _statics()
+    _write(pl, tmp_path / "pl.zarr")
+    _write(sfc, http_server.root / "sfc.zarr", zarr_format=2)
+    _write(st, tmp_path / "st.zarr")
+    counted = {
+        "pl": CountingStore(local_store(tmp_path / "pl.zarr")),
+        "st": CountingStore(local_store(tmp_path / "st.zarr")),
+    }
+    stores = {"pl": counted["pl"], "sfc": obstore_store(f"{http_server.url}/sfc.zarr"), "st": counted["st"]}
+    return stores, counted, (pl, sfc, st)
+
+
+def test_a_join_of_three_stores_equals_xr_merge_on_the_common_dates(three_stores, http_server) -> None:
+    stores, counted, (pl, sfc, st) = three_stores
+    joined = join_stores(stores, variables={"sfc": ["t2m"]})
+    ref = xr.merge([pl, sfc, st], join="inner")
+    assert joined.anchor == "sfc"  # the coarsest step: 12-hourly
+    assert sorted(joined.geometries) == ["t", "t2m", "z"] and sorted(joined.static_fields) == ["lsm", "orog"]
+    np.testing.assert_array_equal(joined.common.astype("datetime64[ns]"), ref.time.values)
+    # pressure levels: 40 six-hourly steps, 18 of them are the common 12-hourly dates
+    report = joined.report["pl"]
+    assert (report.steps, report.used, report.left_out) == (40, 18, 22)
+    assert report.first_left_out[:2] == ("2020-01-01T00:00:00", "2020-01-01T06:00:00")
+    assert joined.report["sfc"].left_out == 2  # its last day runs past the pressure levels
+    manifest = split_by_chunk(joined.geometries["t2m"], fractions={"train": 1.0})
+    http_server.requests.clear()
+    for store in counted.values():
+        store.reset()
+    with InSituDataset(joined, manifest, ["t", "t2m", "z"], statics=["lsm", "orog"], batch_size=3, seed=4) as ds:
+        info = ds.describe()
+        seen = []
+        for batch in ds.train:
+            times = batch.coords["time"]
+            rows = _rows(ref, times)
+            for label in ("t", "t2m", "z"):
+                np.testing.assert_array_equal(np.asarray(batch.arrays[label]), ref[label].values[rows])
+            seen.extend(_ns(times))
+        np.testing.assert_array_equal(ds.statics["lsm"], st.lsm.values)
+        np.testing.assert_array_equal(ds.statics["orog"], st.orog.values)
+    assert sorted(seen) == _ns(ref.time.values)  # every common date once, and nothing else
+    # every stored tile of every store read once in the epoch, counted at each store
+    pl_gets = _chunk_gets(counted["pl"])  # (the time coordinate was read when the stores were joined)
+    assert set(pl_gets.values()) == {1}
+    assert {k.split("/")[0] for k in pl_gets} == {"t", "z"}
+    http_gets = Counter(p for m, p, _ in http_server.requests if m == "GET" and not p.endswith(DOCS))
+    assert set(http_gets.values()) == {1} and all(p.startswith("/sfc.zarr/t2m/") for p in http_gets)
+    # describe(): each store's share of the reads is what it was asked for
+    shares = info["stores"]
+    assert shares["pl"]["tile_reads"]["train"] == sum(pl_gets.values())
+    assert shares["sfc"]["tile_reads"]["train"] == sum(http_gets.values())
+    assert shares["st"]["tile_reads"]["train"] == 0
+    assert shares["pl"]["times"]["left_out"] == 22
+    assert shares["pl"]["share"] + shares["sfc"]["share"] == pytest.approx(1.0)
+
+
+def test_offsets_in_time_pair_by_date_across_joined_stores(tmp_path: Path) -> None:
+    pl = _pressure(pd.date_range("2020-01-01", periods=24, freq="6h"))
+    sfc = _single(pd.date_range("2020-01-01", periods=12, freq="12h"))
+    joined = join_stores({"pl": _write(pl, tmp_path / "pl.zarr"), "sfc": _write(sfc, tmp_path / "sfc.zarr")})
+    manifest = split_by_chunk(joined.geometries["t2m"], fractions={"train": 1.0})
+    views = {"t2m": joined.geometries["t2m"], "t_next": joined.geometries["t"].shift("6h")}
+    with InSituDataset(joined, manifest, views, batch_size=4, shuffle=False) as ds:
+        anchors = []
+        for batch in ds.train:
+            times = batch.coords["time"]
+            np.testing.assert_array_equal(np.asarray(batch.arrays["t2m"]), sfc.t2m.sel(time=times).values)
+            later = times + np.timedelta64(6, "h")
+            np.testing.assert_array_equal(np.asarray(batch.arrays["t_next"]), pl.t.sel(time=later).values)
+            np.testing.assert_array_equal(batch.coords["t_next.time"], later)
+            anchors.extend(_ns(times))
+    # every 12-hourly date whose next 6 hours the pressure levels store, and only those
+    assert anchors == [t for t in _ns(sfc.time.values) if t + 6 * 3600 * 10**9 in _ns(pl.time.values)]
+
+
+def _years(tmp_path: Path, zarr_format: int = 3) -> tuple[list[Path], list[xr.Dataset]]:
+    paths, parts = [], []
+    for k, year in enumerate((2020, 2021, 2022)):
+        times = pd.date_range(f"{year}-01-01", periods=12, freq="6h")
+        part = _single(times, seed=10 + k).assign(lsm=_statics().lsm)
+        paths.append(_write(part, tmp_path / f"{year}.zarr", zarr_format))
+        parts.append(part)
+    return paths, parts
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_concat_of_per_year_stores_equals_xr_concat_with_date_splits_across_them(
+    tmp_path: Path, zarr_format: int
+) -> None:
+    paths, parts = _years(tmp_path, zarr_format)
+    counted = [CountingStore(local_store(p)) for p in paths]
+    concat = concat_stores(counted)
+    ref = xr.concat(parts, dim="time", data_vars="minimal")
+    got = xr.open_zarr(concat, consolidated=False)
+    xr.testing.assert_identical(got.t2m.load(), ref.t2m)  # xarray reads the virtual store as the concatenation
+    xr.testing.assert_equal(got.lsm.load(), parts[0].lsm)
+    geometry = open_geometries(concat)["t2m"]
+    assert geometry.n_samples == 36
+    ranges = {"train": ("2020-01-01", "2021-12-31"), "val": ("2022-01-01", None)}
+    manifest = split_by_time(geometry, ranges)
+    for store in counted:
+        store.reset()
+    with InSituDataset(concat, manifest, {"t2m": geometry}, batch_size=5, seed=1) as ds:
+        info = ds.describe()
+        seen: dict[str, list] = {}
+        for name in ("train", "val"):
+            for batch in ds.split(name):
+                times = batch.coords["time"]
+                np.testing.assert_array_equal(np.asarray(batch.arrays["t2m"]), ref.t2m.sel(time=times).values)
+                seen.setdefault(name, []).extend(_ns(times))
+    assert sorted(seen["train"]) == _ns(ref.time.values[:24])  # 2020 and 2021, across the two stores
+    assert sorted(seen["val"]) == _ns(ref.time.values[24:])
+    for store in counted:  # each stored chunk of each year read once
+        gets = _chunk_gets(store)
+        assert len(gets) == 3 and set(gets.values()) == {1}
+    shares = info["stores"]
+    assert [shares[f"part{k}"]["tile_reads"]["train"] for k in range(3)] == [3, 3, 0]
+    assert [shares[f"part{k}"]["tile_reads"]["val"] for k in range(3)] == [0, 0, 3]
+
+
+def test_a_persisted_cache_keeps_each_joined_stores_chunks_apart(tmp_path: Path) -> None:
+    times = pd.date_range("2020-01-01", periods=16, freq="6h")
+    a, b = _single(times, seed=3, name="t"), _single(times, seed=4, name="t")  # one name, two stores
+    joined = join_stores(
+        {"a": _write(a, tmp_path / "a.zarr"), "b": _write(b, tmp_path / "b.zarr")}, rename={"b/t": "t_b"}
+    )
+    manifest = split_by_chunk(joined.geometries["t"], fractions={"train": 1.0})
+    kwargs = {"batch_size": 4, "cache_dir": tmp_path / "cache", "persist": True}
+    for _ in range(2):  # the second dataset revives every tile from the cache
+        with InSituDataset(joined, manifest, ["t", "t_b"], **kwargs) as ds:
+            for batch in ds.train:
+                rows = _rows(a, batch.coords["time"])
+                np.testing.assert_array_equal(np.asarray(batch.arrays["t"]), a.t.values[rows])
+                np.testing.assert_array_equal(np.asarray(batch.arrays["t_b"]), b.t.values[rows])
+            gets = ds.gets
+    assert gets == 0
+
+
+def test_ranks_share_a_join_chunk_disjoint_and_whole(tmp_path: Path) -> None:
+    pl = _pressure(pd.date_range("2020-01-01", periods=48, freq="6h"))
+    sfc = _single(pd.date_range("2020-01-01", periods=24, freq="12h"))
+    joined = join_stores({"pl": _write(pl, tmp_path / "pl.zarr"), "sfc": _write(sfc, tmp_path / "sfc.zarr")})
+    manifest = split_by_chunk(joined.geometries["t2m"], fractions={"train": 1.0})
+    drawn = []
+    for rank in range(2):
+        kwargs = {"rank": rank, "world_size": 2, "last_batch": "partial", "batch_size": 4}
+        with InSituDataset(joined, manifest, ["t", "t2m"], **kwargs) as ds:
+            mine = [t for batch in ds.train for t in _ns(batch.coords["time"])]
+        drawn.append(mine)
+    assert not set(drawn[0]) & set(drawn[1])
+    assert sorted(drawn[0] + drawn[1]) == _ns(sfc.time.values)
+    assert abs(len(drawn[0]) - len(drawn[1])) <= CHUNK
+
+
+# -- bad input ------------------------------------------------------------------------
+def test_stores_without_a_common_date_are_refused_naming_their_spans(tmp_path: Path) -> None:
+    a = _write(_single(pd.date_range("2020-01-01", periods=8, freq="6h")), tmp_path / "a.zarr")
+    b = _write(_single(pd.date_range("2021-01-01", periods=8, freq="6h"), name="u"), tmp_path / "b.zarr")
+    with pytest.raises(TimeAxisError, match=r"share no date: store 'a' spans 2020-01-01.*store 'b' spans 2021-01-01"):
+        join_stores({"a": a, "b": b})
+
+
+def test_steps_that_do_not_divide_are_refused_naming_each_stores_step(tmp_path: Path) -> None:
+    a = _write(_single(pd.date_range("2020-01-01", periods=8, freq="6h")), tmp_path / "a.zarr")
+    b = _write(_single(pd.date_range("2020-01-01", periods=8, freq="9h"), name="u"), tmp_path / "b.zarr")
+    with pytest.raises(TimeAxisError, match=r"'a' 6h, 'b' 9h: store 'a''s step 6h does not divide store 'b''s 9h"):
+        join_stores({"a": a, "b": b})
+
+
+def test_a_variable_name_in_two_stores_says_which_and_how_to_choose_or_rename(tmp_path: Path) -> None:
+    times = pd.date_range("2020-01-01", periods=8, freq="6h")
+    a, b = _write(_single(times), tmp_path / "a.zarr"), _write(_single(times, seed=5), tmp_path / "b.zarr")
+    with pytest.raises(ValueError, match=r"'t2m' is in store 'a' and in store 'b'.*variables=.*rename=\{'b/t2m'"):
+        join_stores({"a": a, "b": b})
+    assert sorted(join_stores({"a": a, "b": b}, variables={"b": []}).geometries) == ["t2m"]
+    renamed = join_stores({"a": a, "b": b}, rename={"b/t2m": "t2m_b"})
+    assert renamed.labels == {"t2m": "a/t2m", "t2m_b": "b/t2m"}
+
+
+def test_a_manifest_not_on_the_anchor_dates_is_refused(tmp_path: Path) -> None:
+    pl = _write(_pressure(pd.date_range("2020-01-01", periods=24, freq="6h")), tmp_path / "pl.zarr")
+    sfc = _write(_single(pd.date_range("2020-01-01", periods=12, freq="12h")), tmp_path / "sfc.zarr")
+    joined = join_stores({"pl": pl, "sfc": sfc})
+    manifest = split_by_chunk(joined.geometries["t"], fractions={"train": 1.0})  # 24 six-hourly steps
+    with pytest.raises(ValueError, match=r"store 'sfc''s 12 time steps .*12h.* is the coarsest"):
+        InSituDataset(joined, manifest, ["t", "t2m"])
+
+
+def test_a_year_that_would_split_a_chunk_is_refused(tmp_path: Path) -> None:
+    first = _write(_single(pd.date_range("2020-01-01", periods=10, freq="6h")), tmp_path / "a.zarr")
+    second = _write(_single(pd.date_range("2020-01-03T12", periods=8, freq="6h")), tmp_path / "b.zarr")
+    with pytest.raises(ValueError, match=r"stores \[\('part0', 10\)\].*4-step chunks.*straddle"):
+        concat_stores([first, second])
+
+
+def test_a_joined_store_is_read_only_and_routes_each_key_to_its_member(tmp_path: Path) -> None:
+    times = pd.date_range("2020-01-01", periods=8, freq="6h")
+    joined = join_stores({"a": _write(_single(times), tmp_path / "a.zarr")})
+    root = zarr.open_group(joined, mode="r")
+    assert sorted(k for k, _ in root.members()) == ["a"]
+    np.testing.assert_array_equal(zarr.open_array(joined, path="a/t2m", mode="r")[...], _single(times).t2m.values)
+    assert not joined.supports_writes
+    with pytest.raises(ValueError, match="read-only"):
+        zarr.open_array(joined, path="a/t2m", mode="r+")
