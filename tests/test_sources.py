@@ -6,6 +6,7 @@ served by the loopback HTTP server; GETs are counted at each store.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -289,3 +290,31 @@ def test_a_joined_store_is_read_only_and_routes_each_key_to_its_member(tmp_path:
     assert not joined.supports_writes
     with pytest.raises(ValueError, match="read-only"):
         zarr.open_array(joined, path="a/t2m", mode="r+")
+
+
+def test_a_pass_over_joined_and_concatenated_stores_resumes_where_it_stopped(tmp_path: Path) -> None:
+    paths, parts = _years(tmp_path)
+    pl = xr.concat([_pressure(p.time.to_index(), seed=20 + k) for k, p in enumerate(parts)], dim="time")
+    _write(pl, tmp_path / "pl.zarr")
+
+    def dataset() -> InSituDataset:
+        joined = join_stores({"years": concat_stores(paths), "pl": tmp_path / "pl.zarr"}, variables={"years": ["t2m"]})
+        manifest = split_by_chunk(joined.geometries["t2m"], fractions={"train": 1.0})
+        return InSituDataset(joined, manifest, ["t2m", "t"], batch_size=4, block_chunks=2, seed=3)
+
+    with dataset() as full:
+        expected = [_ns(b.coords["time"]) for b in full.train]
+    with dataset() as first:
+        it = iter(first.train)
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(first.train.state_dict()))
+        it.close()
+    with dataset() as second:
+        second.train.load_state_dict(state)
+        tail = []
+        for batch in second.train:
+            rows = _rows(pl, batch.coords["time"])
+            np.testing.assert_array_equal(np.asarray(batch.arrays["t"]), pl.t.values[rows])
+            tail.append(_ns(batch.coords["time"]))
+    assert tail == expected[3:] and len(expected) == 9
