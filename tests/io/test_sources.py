@@ -21,12 +21,14 @@ from helpers import CountingStore, local_store
 from insitubatch import (
     InSituDataset,
     concat_stores,
+    icechunk_store,
     join_stores,
     obstore_store,
     open_geometries,
     split_by_chunk,
     split_by_time,
 )
+from insitubatch.cache.fingerprint import source_identity
 from insitubatch.errors import TimeAxisError
 
 CHUNK = 4  # steps per stored chunk along time, in every store here
@@ -318,3 +320,22 @@ def test_a_pass_over_joined_and_concatenated_stores_resumes_where_it_stopped(tmp
             np.testing.assert_array_equal(np.asarray(batch.arrays["t"]), pl.t.values[rows])
             tail.append(_ns(batch.coords["time"]))
     assert tail == expected[3:] and len(expected) == 9
+
+
+def test_a_persisted_cache_names_the_icechunk_snapshots_a_join_reads(tmp_path: Path) -> None:
+    icechunk = pytest.importorskip("icechunk")
+    times = pd.date_range("2020-01-01", periods=8, freq="6h")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(tmp_path / "repo")))
+    versions = []
+    for seed in (6, 7):  # two snapshots of one repository
+        session = repo.writable_session("main")
+        _single(times, seed=seed, name="sst").to_zarr(session.store, mode="w", zarr_format=3, consolidated=False)
+        versions.append(session.commit(f"sst {seed}"))
+    local = _write(_single(times), tmp_path / "a.zarr")
+    identities = set()
+    for snapshot in versions:
+        joined = join_stores({"a": local, "ocean": icechunk_store(repo, snapshot=snapshot)})
+        assert source_identity(joined) is not None
+        identities.add(source_identity(joined))
+    assert len(identities) == 2  # another snapshot is another cache directory: no chunk of one revives the other
+    assert source_identity(join_stores({"a": local})) is None  # plain stores name no version, as alone
