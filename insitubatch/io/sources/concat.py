@@ -29,7 +29,7 @@ from zarr.storage import MemoryStore
 from ..._zarr_compat import ArrayV3Metadata, sync
 from ..stores import as_store
 from ..times import decode_time_coordinate, encode_time_coordinate
-from .routed import Route, RoutedStore, member_keys
+from .routed import Route, RoutedStore, close_with, member_keys
 
 __all__ = ["ConcatStore", "concat_stores"]
 
@@ -216,10 +216,14 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
         (not the last) whose length along ``dim`` is not a whole number of
         chunks (a chunk would straddle two stores); no array along ``dim``.
     """
-    named = dict(stores) if isinstance(stores, Mapping) else {f"part{k}": s for k, s in enumerate(stores)}
+    named = (
+        {str(k): s for k, s in stores.items()}
+        if isinstance(stores, Mapping)
+        else {f"part{k}": s for k, s in enumerate(stores)}
+    )
     if not named:
         raise ValueError("concat_stores needs at least one store")
-    members = {str(name): as_store(s) for name, s in named.items()}
+    members = {name: as_store(s) for name, s in named.items()}
     names, opened = list(members), [_arrays(s) for s in members.values()]
     own: dict[str, bytes] = {}
     virtual: list[_Virtual] = []
@@ -269,4 +273,6 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
         if doc.get("consolidated_metadata") is not None:
             doc["consolidated_metadata"] = None
             own["zarr.json"] = json.dumps(doc).encode()
-    return ConcatStore(members, dim, own, virtual)
+    concat = ConcatStore(members, dim, own, virtual)
+    close_with(concat, named)  # close_store(concat) closes what it opened
+    return concat

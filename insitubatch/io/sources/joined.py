@@ -36,7 +36,7 @@ from ..group import open_geometries, open_statics, scan_group
 from ..statics import StaticField
 from ..stores import as_store
 from ..time_offsets import NAMED_TIMES, StepAxis, TimeRows, format_duration
-from .routed import Route, RoutedStore, member_keys
+from .routed import Route, RoutedStore, close_with, member_keys
 
 __all__ = ["JoinedStore", "MemberTimes", "join_stores"]
 
@@ -390,6 +390,7 @@ def join_stores(
     if not first_timed:
         raise ValueError(f"no joined store holds an array along {dim!r}; name the time dimension with dim=")
     joined = JoinedStore(members, labels)
+    close_with(joined, stores)  # close_store(joined) closes what it opened
     # each geometry and static opened through the joined store: its path names its member, its coordinates too
     paths = {lb: p for lb, p in labels.items() if lb in axes_of}
     opened = open_geometries(joined, variables=list(paths.values()))

@@ -11,12 +11,15 @@ client, credentials and retries: its own ``get`` reads its bytes.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Iterable, Mapping
 
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 
-__all__ = ["RoutedStore", "Route"]
+from ..owned import close_store, on_close
+
+__all__ = ["Route", "RoutedStore", "close_with", "member_keys"]
 
 # Where a key's bytes are: (member name, member store, key in it), or bytes the routing store holds itself.
 Route = tuple[str, Store, str] | bytes | None
@@ -132,6 +135,13 @@ class RoutedStore(Store):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(self.members)})"
+
+
+def close_with(routed: RoutedStore, given: Mapping[str, object]) -> None:
+    """Have ``close_store(routed)`` close each member it opened from a URL or path (``given`` is what the caller gave)."""
+    for name, member in routed.members.items():
+        if not isinstance(given[name], Store):
+            on_close(routed, functools.partial(close_store, member))
 
 
 async def member_keys(store: Store, prefix: str) -> list[str]:
