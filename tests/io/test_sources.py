@@ -339,3 +339,51 @@ def test_a_persisted_cache_names_the_icechunk_snapshots_a_join_reads(tmp_path: P
         identities.add(source_identity(joined))
     assert len(identities) == 2  # another snapshot is another cache directory: no chunk of one revives the other
     assert source_identity(join_stores({"a": local})) is None  # plain stores name no version, as alone
+
+
+def test_offsets_in_time_cross_concatenated_stores_with_gaps_as_xarray_pairs_them(tmp_path: Path) -> None:
+    full = pd.date_range("2020-01-01", periods=32, freq="6h")
+    halves = [full[:16].delete([5, 6]), full[16:].delete([0, 9])]  # gaps in each, one at the seam
+    parts = [_single(times, seed=30 + k) for k, times in enumerate(halves)]
+    for part in parts:  # 14 steps each: chunks of 2, so no chunk straddles the seam
+        part.to_zarr(
+            tmp_path / f"{len(list(tmp_path.iterdir()))}.zarr",
+            encoding={"t2m": {"chunks": (2, 4, 5)}},
+            consolidated=False,
+        )
+    concat = concat_stores(sorted(tmp_path.iterdir()))
+    ref = xr.concat(parts, dim="time")
+    t2m = open_geometries(concat)["t2m"]
+    manifest = split_by_chunk(t2m, fractions={"train": 1.0})
+    stored = set(_ns(ref.time.values))
+    six = 6 * 3600 * 10**9
+    with InSituDataset(concat, manifest, {"pair": t2m.window(["-6h", "0h"])}, batch_size=4, seed=2) as ds:
+        anchors = []
+        for batch in ds.train:
+            times = batch.coords["time"]
+            before = ref.t2m.sel(time=times - np.timedelta64(6, "h")).values
+            np.testing.assert_array_equal(
+                np.asarray(batch.arrays["pair"]), np.stack([before, ref.t2m.sel(time=times).values], 1)
+            )
+            anchors.extend(_ns(times))
+    assert sorted(anchors) == sorted(t for t in stored if t - six in stored)  # exactly what xarray can serve
+
+
+def test_a_join_over_a_gapped_store_draws_exactly_the_dates_both_hold(tmp_path: Path) -> None:
+    pl = _pressure(pd.date_range("2020-01-01", periods=32, freq="6h").delete([4, 5, 6, 17]))
+    sfc = _single(pd.date_range("2020-01-01", periods=16, freq="12h").delete([11]))
+    joined = join_stores({"pl": _write(pl, tmp_path / "pl.zarr"), "sfc": _write(sfc, tmp_path / "sfc.zarr")})
+    ref = xr.merge([pl, sfc], join="inner")
+    assert joined.report["sfc"].first_left_out == ("2020-01-02T00:00:00", "2020-01-02T12:00:00")  # cut from pl
+    manifest = split_by_chunk(joined.geometries["t2m"], fractions={"train": 1.0})
+    with InSituDataset(joined, manifest, ["t", "t2m"], batch_size=4, seed=5) as ds:
+        seen = []
+        for batch in ds.train:
+            rows = _rows(ref, batch.coords["time"])
+            np.testing.assert_array_equal(np.asarray(batch.arrays["t"]), ref.t.values[rows])
+            np.testing.assert_array_equal(np.asarray(batch.arrays["t2m"]), ref.t2m.values[rows])
+            seen.extend(_ns(batch.coords["time"]))
+        lost = ds.describe()["splits"]["train"]["lost"]
+    assert sorted(seen) == _ns(ref.time.values)
+    # the anchors a store lacks are counted and named as the dates an axis with gaps does not store
+    assert (lost["unstored"], lost["unstored_times"]) == (2, ["2020-01-02T00:00:00", "2020-01-02T12:00:00"])
