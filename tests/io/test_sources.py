@@ -387,3 +387,35 @@ def test_a_join_over_a_gapped_store_draws_exactly_the_dates_both_hold(tmp_path: 
     assert sorted(seen) == _ns(ref.time.values)
     # the anchors a store lacks are counted and named as the dates an axis with gaps does not store
     assert (lost["unstored"], lost["unstored_times"]) == (2, ["2020-01-02T00:00:00", "2020-01-02T12:00:00"])
+
+
+def _sharded(path: Path, data: np.ndarray, chunks: tuple[int, ...] = (2, 3, 4)) -> Path:
+    root = zarr.open_group(path, mode="w")
+    arr = root.create_array(
+        "x", shape=data.shape, dtype="f4", chunks=chunks, shards=(8, 6, 8), dimension_names=("time", "a", "b")
+    )
+    arr[...] = data
+    return path
+
+
+def test_sharded_stores_concatenate_shard_by_shard_and_read_their_inner_chunks(tmp_path: Path) -> None:
+    parts = [np.random.default_rng(k).random((16, 6, 8), dtype="f4") for k in range(3)]
+    counted = [CountingStore(local_store(_sharded(tmp_path / f"{k}.zarr", p))) for k, p in enumerate(parts)]
+    concat = concat_stores(counted)
+    ref = np.concatenate(parts)
+    np.testing.assert_array_equal(zarr.open_array(concat, path="x", mode="r")[...], ref)
+    x = open_geometries(concat)["x"]
+    assert x.sharded_reads and x.n_samples == 48
+    for store in counted:
+        store.reset()
+    with InSituDataset(concat, split_by_chunk(x, fractions={"train": 1.0}), {"x": x}, batch_size=5) as ds:
+        for batch in ds.train:
+            np.testing.assert_array_equal(np.asarray(batch.arrays["x"]), ref[batch.sample_indices])
+    assert all(set(_chunk_gets(s)) == {"x/c/0/0/0", "x/c/1/0/0"} for s in counted)  # each store's own two shards
+
+
+def test_stores_of_another_layout_are_refused_naming_them(tmp_path: Path) -> None:
+    data = np.zeros((16, 6, 8), "f4")
+    first, other = _sharded(tmp_path / "a.zarr", data), _sharded(tmp_path / "b.zarr", data, chunks=(4, 3, 4))
+    with pytest.raises(ValueError, match=r"array 'x' is stored differently in stores \['part1'\] than in 'part0'"):
+        concat_stores([first, other])
