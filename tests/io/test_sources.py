@@ -419,3 +419,23 @@ def test_stores_of_another_layout_are_refused_naming_them(tmp_path: Path) -> Non
     first, other = _sharded(tmp_path / "a.zarr", data), _sharded(tmp_path / "b.zarr", data, chunks=(4, 3, 4))
     with pytest.raises(ValueError, match=r"array 'x' is stored differently in stores \['part1'\] than in 'part0'"):
         concat_stores([first, other])
+
+
+def test_declared_missing_dates_and_frequency_apply_to_every_joined_stores_times(tmp_path: Path) -> None:
+    pl = _pressure(pd.date_range("2020-01-01", periods=40, freq="6h"))
+    sfc = _single(pd.date_range("2020-01-02", periods=16, freq="12h"))
+    joined = join_stores({"pl": _write(pl, tmp_path / "pl.zarr"), "sfc": _write(sfc, tmp_path / "sfc.zarr")})
+    ranges = {"train": ("2020-01-02", "2020-01-06"), "val": ("2020-01-07", None)}
+    manifest = split_by_time(joined.geometries["t2m"], ranges, missing=["2020-01-03T12"], frequency="24h")
+    views = {"t2m": joined.geometries["t2m"], "t": joined.geometries["t"].shift("12h")}  # reads the missing step
+    with InSituDataset(joined, manifest, views, batch_size=4, shuffle=False) as ds:
+        drawn = []
+        for batch in ds.train:
+            np.testing.assert_array_equal(np.asarray(batch.arrays["t"]), pl.t.sel(time=batch.coords["t.time"]).values)
+            drawn.extend(_ns(batch.coords["time"]))
+        lost = ds.describe()["splits"]["train"]["lost"]
+        with pytest.raises(TimeAxisError, match=r"declared missing: 2020-01-03T12:00:00"):
+            ds.infer()
+    days = pd.date_range("2020-01-02", "2020-01-05", freq="24h")  # (the chunk across the val boundary is out)
+    assert drawn == _ns(days.delete(1))  # 2020-01-03T00's 12 hours later is declared missing
+    assert (lost["missing"], lost["missing_times"]) == (1, ["2020-01-03T12:00:00"])
