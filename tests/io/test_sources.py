@@ -20,6 +20,7 @@ from helpers import CountingStore, local_store
 
 from insitubatch import (
     InSituDataset,
+    close_store,
     concat_stores,
     icechunk_store,
     join_stores,
@@ -439,3 +440,21 @@ def test_declared_missing_dates_and_frequency_apply_to_every_joined_stores_times
     days = pd.date_range("2020-01-02", "2020-01-05", freq="24h")  # (the chunk across the val boundary is out)
     assert drawn == _ns(days.delete(1))  # 2020-01-03T00's 12 hours later is declared missing
     assert (lost["missing"], lost["missing_times"]) == (1, ["2020-01-03T12:00:00"])
+
+
+def test_per_year_stores_over_http_concatenate_and_each_tile_is_fetched_once(http_server: HTTPFileServer) -> None:
+    paths, parts = _years(http_server.root, zarr_format=2)  # consolidated: an HTTP endpoint cannot list
+    concat = concat_stores([obstore_store(f"{http_server.url}/{p.name}") for p in paths])
+    ref = xr.concat(parts, dim="time", data_vars="minimal")
+    t2m = open_geometries(concat, variables=["t2m"])["t2m"]
+    manifest = split_by_time(t2m, {"train": ("2020", "2021"), "val": ("2022", None)})
+    http_server.requests.clear()
+    with InSituDataset(concat, manifest, {"t2m": t2m}, batch_size=6, seed=9) as ds:
+        for batch in ds.train:
+            np.testing.assert_array_equal(
+                np.asarray(batch.arrays["t2m"]), ref.t2m.sel(time=batch.coords["time"]).values
+            )
+    gets = Counter(p for m, p, _ in http_server.requests if m == "GET" and "/t2m/" in p and not p.endswith(DOCS))
+    assert set(gets.values()) == {1}  # from the server's side: each chunk of 2020 and 2021 once, none of 2022
+    assert sorted({p.split("/")[1] for p in gets}) == ["2020.zarr", "2021.zarr"] and len(gets) == 6
+    close_store(concat)
