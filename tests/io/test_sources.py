@@ -458,3 +458,8 @@ def test_per_year_stores_over_http_concatenate_and_each_tile_is_fetched_once(htt
     assert set(gets.values()) == {1}  # from the server's side: each chunk of 2020 and 2021 once, none of 2022
     assert sorted({p.split("/")[1] for p in gets}) == ["2020.zarr", "2021.zarr"] and len(gets) == 6
     close_store(concat)
+
+
+def test_one_store_is_no_list_of_stores_to_concatenate(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="a list of stores"):
+        concat_stores(str(tmp_path / "2020.zarr"))

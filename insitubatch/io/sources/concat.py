@@ -16,6 +16,7 @@ concatenated (re-encoded to one unit when the members' CF units differ).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -215,7 +216,11 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
         stores with another dtype, field shape, chunking or codecs; a store
         (not the last) whose length along ``dim`` is not a whole number of
         chunks (a chunk would straddle two stores); no array along ``dim``.
+    TypeError
+        ``stores`` is a single store, URL or path rather than a list of them.
     """
+    if isinstance(stores, str | os.PathLike) or not isinstance(stores, Sequence | Mapping):
+        raise TypeError(f"stores must be a list of stores (or {{name: store}}), got {type(stores).__name__}")
     named = (
         {str(k): s for k, s in stores.items()}
         if isinstance(stores, Mapping)
