@@ -91,14 +91,15 @@ def _dims(arr: zarr.Array) -> tuple[str | None, ...]:
     return tuple(str(d) for d in named) if isinstance(named, list) else (None,) * arr.ndim
 
 
-def _same_layout(a: zarr.Array, b: zarr.Array, axis: int) -> bool:
-    """Whether ``b`` stores as ``a`` does: dtype, field shape, chunks and codecs (its length along ``axis`` aside)."""
+def _layout_difference(a: zarr.Array, b: zarr.Array, axis: int) -> str | None:
+    """What ``b`` stores differently from ``a`` (its length along ``axis`` aside), in words, or ``None``."""
+    if any(x != y for k, (x, y) in enumerate(zip(a.shape, b.shape)) if k != axis) or a.ndim != b.ndim:
+        return f"shape {b.shape}, not {a.shape}"
     da, db = a.metadata.to_dict(), b.metadata.to_dict()
-    for d in (da, db):
-        d.pop("shape", None)
-        d.pop("attributes", None)
-    same_field = all(x == y for k, (x, y) in enumerate(zip(a.shape, b.shape)) if k != axis)
-    return same_field and da == db
+    for key in sorted((set(da) | set(db)) - {"shape", "attributes"}):
+        if da.get(key) != db.get(key):
+            return f"{key} {db.get(key)}, not {da.get(key)}"
+    return None
 
 
 class ConcatStore(RoutedStore):
@@ -247,11 +248,12 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
             values, attrs = _encoded_coordinate(parts, path, names)
             own.update(_materialized(arr, path, values, attrs))
             continue
-        odd = [n for n, p in zip(names, parts) if not _same_layout(arr, p, axis)]
+        odd = {n: why for n, p in zip(names, parts) if (why := _layout_difference(arr, p, axis)) is not None}
         if odd:
             raise ValueError(
-                f"array {path!r} is stored differently in stores {odd} than in {names[0]!r} (dtype, shape "
-                f"besides {dim!r}, chunks or codecs differ); concatenated stores must share one layout"
+                f"array {path!r} is stored differently in stores {list(odd)} than in {names[0]!r} ({odd}); "
+                f"concatenated stores must share one layout: write each with the same chunks along {dim!r} "
+                f"that divide its length (xarray: encoding={{{path!r}: {{'chunks': (...)}}}})"
             )
         meta = arr.metadata  # the stored chunk (a shard on a sharded array): what one key holds
         grid = meta.chunk_grid if isinstance(meta, ArrayV3Metadata) else None
