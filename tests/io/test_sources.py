@@ -465,3 +465,29 @@ def test_per_year_stores_over_http_concatenate_and_each_tile_is_fetched_once(htt
 def test_one_store_is_no_list_of_stores_to_concatenate(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="a list of stores"):
         concat_stores(str(tmp_path / "2020.zarr"))
+
+
+def test_groups_of_one_store_join_as_stores_do(tmp_path: Path) -> None:
+    pl = _pressure(pd.date_range("2020-01-01", periods=16, freq="6h"))
+    sfc = _single(pd.date_range("2020-01-01", periods=16, freq="6h"))
+    for group, ds in (("pressure", pl), ("surface", sfc)):
+        encoding = {v: {"chunks": (CHUNK, *ds[v].shape[1:])} for v in ds.data_vars}
+        ds.to_zarr(tmp_path / "era5.zarr", group=group, encoding=encoding, zarr_format=3, consolidated=False)
+    store = CountingStore(local_store(tmp_path / "era5.zarr"))
+    joined = join_stores(
+        {"pl": (store, "pressure"), "sfc": (store, "surface"), "st": _write(_statics(), tmp_path / "st.zarr")}
+    )
+    assert joined.labels == {"t": "pl/t", "z": "pl/z", "t2m": "sfc/t2m", "lsm": "st/lsm", "orog": "st/orog"}
+    ref = xr.merge([pl, sfc, _statics()])
+    manifest = split_by_chunk(joined.geometries["t2m"], fractions={"train": 1.0})
+    store.reset()
+    with InSituDataset(joined, manifest, None, statics=["lsm"], batch_size=5) as ds:
+        for batch in ds.train:
+            rows = _rows(ref, batch.coords["time"])
+            for label in ("t", "z", "t2m"):
+                np.testing.assert_array_equal(np.asarray(batch.arrays[label]), ref[label].values[rows])
+        np.testing.assert_array_equal(ds.statics["lsm"], ref.lsm.values)
+    gets = _chunk_gets(store)
+    assert set(gets.values()) == {1} and {k.split("/")[0] for k in gets} == {"pressure", "surface"}
+    with pytest.raises(TypeError, match=r"store 'pl' must be a store, a URL, or a \(store, group\) pair"):
+        join_stores({"pl": (store, "pressure", "extra")})

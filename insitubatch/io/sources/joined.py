@@ -74,8 +74,9 @@ class JoinedStore(RoutedStore):
     Made by :func:`join_stores`; pass it to ``InSituDataset`` like any store.
     """
 
-    def __init__(self, members: Mapping[str, Store], labels: Mapping[str, str]) -> None:
+    def __init__(self, members: Mapping[str, Store], labels: Mapping[str, str], groups: Mapping[str, str]) -> None:
         super().__init__(members)
+        self.groups = dict(groups)  # by member: the group of its store it is ("" for the root)
         self.labels = dict(labels)  # label -> array path ("member/array") of variables and statics alike
         self.geometries: dict[str, ArrayGeometry] = {}  # by label: each variable's own view, unaligned
         self.static_fields: dict[str, StaticField] = {}  # by label
@@ -111,15 +112,25 @@ class JoinedStore(RoutedStore):
         store = self.members.get(name)
         if store is None or not inner:
             return None
-        return name, store, inner
+        return name, store, self._inner(name, inner)
+
+    def _inner(self, name: str, key: str) -> str:
+        """Member ``name``'s own key for its ``key`` (under its group)."""
+        group = self.groups.get(name, "")
+        return f"{group}/{key}".strip("/") if group else key
 
     async def _member_keys(self, prefix: str) -> list[str]:
         keys = ["zarr.json"] if "zarr.json".startswith(prefix) else []
         for name, store in self.members.items():
             if prefix.startswith(f"{name}/"):
-                keys += [f"{name}/{k}" for k in await member_keys(store, prefix[len(name) + 1 :])]
+                rest = prefix[len(name) + 1 :]
             elif f"{name}/".startswith(prefix):
-                keys += [f"{name}/{k}" for k in await member_keys(store, "")]
+                rest = ""
+            else:
+                continue
+            group = self.groups.get(name, "")
+            found = await member_keys(store, self._inner(name, rest))
+            keys += [f"{name}/{k[len(group) + 1 :] if group else k}" for k in found]
         return keys
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
@@ -131,7 +142,7 @@ class JoinedStore(RoutedStore):
         name, _, inner = prefix.partition("/")
         store = self.members.get(name)
         if store is not None:
-            async for child in store.list_dir(inner):
+            async for child in store.list_dir(self._inner(name, inner)):
                 yield child
 
     def member_of(self, path: str) -> str:
@@ -301,6 +312,15 @@ def _rows_at(
     return out
 
 
+def _group_of(name: str, given: Any) -> str:
+    """The group a ``(store, group)`` member names (``""``: a store given alone is its root)."""
+    if not isinstance(given, tuple):
+        return ""
+    if len(given) != 2 or not isinstance(given[1], str):
+        raise TypeError(f"store {name!r} must be a store, a URL, or a (store, group) pair; got {given!r}")
+    return given[1].strip("/")
+
+
 def join_stores(
     stores: Mapping[str, Any],
     *,
@@ -315,8 +335,8 @@ def join_stores(
     ----------
     stores
         ``{name: store}``: each a zarr ``Store`` or a URL/path (opened read-only),
-        read with its own client and credentials. A group of a store is a
-        store too (``zarr.storage.StorePath`` is not; give the group's URL).
+        read with its own client and credentials, or a ``(store, group)`` pair
+        for a group of one (its coordinates in that group).
     variables
         ``{name: [array, ...]}``: the arrays each member contributes (data
         variables and statics alike); a member left out contributes all of them.
@@ -332,13 +352,15 @@ def join_stores(
     JoinedStore
         A read-only store; ``InSituDataset(joined, manifest, variables=[labels])``
         reads it, with the manifest made from a variable of the anchor member
-        (``joined.anchor``; ``open_joined`` gives every label's geometry).
+        (``joined.anchor``; ``joined.geometries`` holds every variable's).
 
     Raises
     ------
     ValueError
         No store, an unknown member or array in ``variables``/``rename``, or one
         label held by two members (naming both, and how to choose or rename).
+    TypeError
+        A member that is neither a store, a URL nor a ``(store, group)`` pair.
     TimeAxisError
         Members whose time steps do not divide one another (naming each
         store's step), or no date common to every member (naming their spans).
@@ -352,23 +374,26 @@ def join_stores(
     unknown = sorted(set(chosen) - set(stores))
     if unknown:
         raise ValueError(f"variables names stores {unknown} that are not joined; the stores are {sorted(stores)}")
-    members = {name: as_store(s) for name, s in stores.items()}
+    given = {name: s[0] if isinstance(s, tuple) else s for name, s in stores.items()}
+    groups = {name: _group_of(name, s) for name, s in stores.items()}
+    members = {name: as_store(s) for name, s in given.items()}
     renames = dict(rename or {})
     labels: dict[str, str] = {}
     axes_of: dict[str, int] = {}  # by variable label: where its time dimension is
     labels_of: dict[str, str] = {}  # the other way round
     first_timed: dict[str, str] = {}  # by member with variables: the label of its first
     for name, store in members.items():
+        group = groups[name]
         if name in chosen:  # named arrays open without listing the store (an HTTP endpoint cannot list)
             wanted = [str(p) for p in chosen[name]]
         else:
-            contents = scan_group(store, sample_axis=sample_axis)
-            wanted = sorted({**contents.variables, **contents.statics})
+            contents = scan_group(store, sample_axis=sample_axis, group=group)
+            wanted = sorted(p[len(group) + 1 :] if group else p for p in {**contents.variables, **contents.statics})
         try:
-            opened = open_geometries(store, variables=wanted)
+            opened = open_geometries(store, variables=wanted, group=group)
         except ValueError as exc:
             raise ValueError(f"store {name!r}: {exc}") from exc
-        dims = {p: g.dimension_names or () for p, g in opened.items()}
+        dims = {p[len(group) + 1 :] if group else p: g.dimension_names or () for p, g in opened.items()}
         for path in wanted:
             label = renames.pop(f"{name}/{path}", path)
             if label in labels:
@@ -389,8 +414,8 @@ def join_stores(
         raise ValueError(f"rename names arrays no joined store holds: {sorted(renames)}")
     if not first_timed:
         raise ValueError(f"no joined store holds an array along {dim!r}; name the time dimension with dim=")
-    joined = JoinedStore(members, labels)
-    close_with(joined, stores)  # close_store(joined) closes what it opened
+    joined = JoinedStore(members, labels, groups)
+    close_with(joined, given)  # close_store(joined) closes what it opened
     # each geometry and static opened through the joined store: its path names its member, its coordinates too
     paths = {lb: p for lb, p in labels.items() if lb in axes_of}
     opened = open_geometries(joined, variables=list(paths.values()))
