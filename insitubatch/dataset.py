@@ -194,16 +194,14 @@ class InSituDataset:
         self.manifest = manifest
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
         self.store = as_store(store)
-        self.left_out: dict[str, str] = {}
+        self.left_out: dict[str, str] = {}  # what variables=None left out of the store, with why
         if isinstance(self.store, JoinedStore):  # variables of several stores, on the anchor store's dates
             self.variables = self.store.resolve(variables, manifest.n_samples)
-        else:  # what variables=None left out of the store, with why
-            self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
-        self.manifest = manifest = with_declared_times(manifest, self.variables, missing, frequency)
-        if isinstance(self.store, JoinedStore):
             self.static_fields = self.store.resolve_statics(statics)
         else:
+            self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
             self.static_fields = resolve_statics(self.store, statics)
+        self.manifest = manifest = with_declared_times(manifest, self.variables, missing, frequency)
         clash = sorted(set(self.static_fields) & set(self.variables))
         if clash:
             raise ValueError(f"labels {clash} name both a variable and a static; give each its own label")
