@@ -120,6 +120,7 @@ def test_a_join_of_three_stores_equals_xr_merge_on_the_common_dates(three_stores
         store.reset()
     with InSituDataset(joined, manifest, ["t", "t2m", "z"], statics=["lsm", "orog"], batch_size=3, seed=4) as ds:
         info = ds.describe()
+        assert info["client"]["client"] == "store"  # a remote member: every key through the members' own get
         seen = []
         for batch in ds.train:
             times = batch.coords["time"]
@@ -152,6 +153,7 @@ def test_offsets_in_time_pair_by_date_across_joined_stores(tmp_path: Path) -> No
     manifest = split_by_chunk(joined.geometries["t2m"], fractions={"train": 1.0})
     views = {"t2m": joined.geometries["t2m"], "t_next": joined.geometries["t"].shift("6h")}
     with InSituDataset(joined, manifest, views, batch_size=4, shuffle=False) as ds:
+        assert ds.describe()["client"]["client"] == "local"  # local members: read on the decode threads
         anchors = []
         for batch in ds.train:
             times = batch.coords["time"]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
 
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
@@ -123,6 +124,31 @@ class RoutedStore(Store):
             if child and child not in seen:
                 seen.add(child)
                 yield child
+
+    def sync_reader(self, resolve: Callable[[Store], Callable[..., Any] | None]) -> Callable[..., Any] | None:
+        """A synchronous ``get`` routed as :meth:`get` is, when ``resolve`` gives one for every member, else ``None``.
+
+        Local members are then read on the engine's decode threads, as each
+        would be alone; one member that must be read asynchronously (a remote
+        store, a wrapping store) keeps the whole store on the async path.
+        """
+        getters: dict[str, Callable[..., Any]] = {}
+        for name, member in self.members.items():
+            getter = resolve(member)
+            if getter is None:
+                return None
+            getters[name] = getter
+
+        def get(key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Any:
+            where = self.route(key)
+            if where is None:
+                return None
+            if isinstance(where, bytes):
+                return prototype.buffer.from_bytes(_slice(where, byte_range))
+            name, _, inner = where
+            return getters[name](inner, prototype=prototype, byte_range=byte_range)
+
+        return get
 
     def __eq__(self, other: object) -> bool:
         return other is self
