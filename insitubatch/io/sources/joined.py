@@ -33,6 +33,7 @@ from zarr.abc.store import Store
 from ...errors import TimeAxisError
 from ..geometry import ArrayGeometry
 from ..group import open_geometries, open_statics, scan_group
+from ..owned import close_store
 from ..statics import StaticField
 from ..stores import as_store
 from ..time_offsets import NAMED_TIMES, StepAxis, TimeRows, format_duration
@@ -82,7 +83,8 @@ class JoinedStore(RoutedStore):
         self.static_fields: dict[str, StaticField] = {}  # by label
         self.axes: dict[str, StepAxis] = {}  # by member with time-axis variables: its time axis
         self.anchor: str | None = None
-        self.common = np.zeros(0, np.int64)
+        self.common = np.zeros(0, "datetime64[ns]")  # the dates every member stores, as the anchors' axis decodes them
+        self._common_ticks = np.zeros(0, np.int64)
         self.report: dict[str, MemberTimes] = {}
         self._ticks: dict[str, np.ndarray] = {}
 
@@ -101,7 +103,10 @@ class JoinedStore(RoutedStore):
         self.anchor = max(self.axes, key=lambda m: self.axes[m].step) if self.axes else None
         origin = next((a.values[a.stored][0] for a in self.axes.values() if a.axis.is_cftime), None)
         self._ticks = {m: _ticks(a, origin) for m, a in self.axes.items()}
-        self.common = self._common_dates()
+        self._common_ticks = self._common_dates()
+        if self.anchor is not None:
+            anchor = self.axes[self.anchor]
+            self.common = anchor.values[np.isin(self._ticks[self.anchor], self._common_ticks) & anchor.stored]
         self.report = self._report()
 
     # -- routing -----------------------------------------------------------------
@@ -195,7 +200,7 @@ class JoinedStore(RoutedStore):
         out = {}
         for name, axis in self.axes.items():
             stored = np.flatnonzero(axis.stored)
-            dropped = stored[~np.isin(self._ticks[name][stored], self.common)]
+            dropped = stored[~np.isin(self._ticks[name][stored], self._common_ticks)]
             first = tuple(axis.exact(int(axis.ticks[i])) for i in dropped[:NAMED_TIMES])
             out[name] = MemberTimes(
                 name, len(stored), format_duration(axis.step), len(stored) - len(dropped), len(dropped), first
@@ -376,11 +381,30 @@ def join_stores(
         raise ValueError(f"variables names stores {unknown} that are not joined; the stores are {sorted(stores)}")
     given = {name: s[0] if isinstance(s, tuple) else s for name, s in stores.items()}
     groups = {name: _group_of(name, s) for name, s in stores.items()}
-    members = {name: as_store(s) for name, s in given.items()}
-    renames = dict(rename or {})
+    members: dict[str, Store] = {}
+    try:
+        for name, s in given.items():
+            members[name] = as_store(s)
+        return _joined(members, given, groups, chosen, dict(rename or {}), dim, sample_axis)
+    except BaseException:
+        for name, member in members.items():  # what was opened here for a join that failed
+            if not isinstance(given[name], Store):
+                close_store(member)
+        raise
+
+
+def _joined(
+    members: dict[str, Store],
+    given: Mapping[str, Any],
+    groups: Mapping[str, str],
+    chosen: Mapping[str, Sequence[str]],
+    renames: dict[str, str],
+    dim: str,
+    sample_axis: int,
+) -> JoinedStore:
+    """``join_stores`` once its members are open."""
     labels: dict[str, str] = {}
     axes_of: dict[str, int] = {}  # by variable label: where its time dimension is
-    labels_of: dict[str, str] = {}  # the other way round
     first_timed: dict[str, str] = {}  # by member with variables: the label of its first
     for name, store in members.items():
         group = groups[name]
@@ -404,12 +428,9 @@ def join_stores(
                     f"rename={{'{name}/{path}': '{label}_{name}'}}"
                 )
             labels[label] = f"{name}/{path}"
-            labels_of[f"{name}/{path}"] = label
             if dim in dims[path]:
                 axes_of[label] = dims[path].index(dim)
-        timed = [p for p in wanted if dim in dims[p]]
-        if timed:
-            first_timed[name] = labels_of[f"{name}/{timed[0]}"]
+                first_timed.setdefault(name, label)
     if renames:
         raise ValueError(f"rename names arrays no joined store holds: {sorted(renames)}")
     if not first_timed:
