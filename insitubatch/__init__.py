@@ -36,6 +36,8 @@ from .io.fill_scan import FillSteps, scan_fill_steps
 from .io.geometry import ArrayGeometry
 from .io.group import open_geometries, open_statics
 from .io.owned import close_store
+from .io.sources.concat import concat_stores
+from .io.sources.joined import join_stores
 from .io.statics import StaticField
 from .io.store_adapters import fsspec_store, icechunk_store
 from .io.stores import as_store, obstore_store
@@ -82,8 +84,10 @@ __all__ = [
     "as_store",
     "as_torch",
     "close_store",
+    "concat_stores",
     "fsspec_store",
     "icechunk_store",
+    "join_stores",
     "obstore_store",
     "open_geometries",
     "open_statics",

@@ -31,6 +31,7 @@ from .cache.fingerprint import array_fingerprints
 from .io.geometry import ArrayGeometry, sample_coords
 from .io.group import resolve_statics, resolve_variables
 from .io.owned import close_store
+from .io.sources.joined import JoinedStore
 from .io.statics import StaticField, read_statics
 from .io.stores import as_store
 from .plan.anchors import with_declared_times
@@ -41,6 +42,7 @@ from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner
 from .plan.read_groups import read_group
 from .plan.splits import SplitManifest
+from .plan.store_shares import store_shares
 from .transforms import ChunkTransform, check_scopes
 from .views import DatasetView, InferView
 
@@ -201,12 +203,17 @@ class InSituDataset:
         self.manifest = manifest
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
         self.store = as_store(store)
-        # what variables=None left out of the store, with why
-        self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
+        self.left_out: dict[str, str] = {}  # what variables=None left out of the store, with why
+        if isinstance(self.store, JoinedStore):  # variables of several stores, on the anchor store's dates
+            self.variables = self.store.resolve(variables, manifest.n_samples)
+            statics_found = self.store.resolve_statics(statics)
+        else:
+            self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
+            statics_found = resolve_statics(self.store, statics)
         self.read_group_bands = group.bands(self.variables)  # this member's part of every sample
         self.variables = group.cut(self.variables, self.read_group_bands)
         self.manifest = manifest = with_declared_times(manifest, self.variables, missing, frequency)
-        self.static_fields = group.cut(resolve_statics(self.store, statics), self.read_group_bands)
+        self.static_fields = group.cut(statics_found, self.read_group_bands)
         clash = sorted(set(self.static_fields) & set(self.variables))
         if clash:
             raise ValueError(f"labels {clash} name both a variable and a static; give each its own label")
@@ -415,6 +422,9 @@ class InSituDataset:
             "batch_transforms": len(self.batch_transforms),
         }
         info["read_group"] = self.read_group.describe(self.read_group_bands)
+        shares = store_shares(self.store, plans, {s: (r.geometry.path, r.n_tiles) for s, r in self.readers.items()})
+        if shares is not None:  # a store of several: each one's share of the reads
+            info["stores"] = shares
         return {**info, "concurrency": _concurrency(self.context)}  # the reads-in-flight limit, as chosen
 
     def print_summary(self, iterations: int = 1) -> None:

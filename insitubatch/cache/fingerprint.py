@@ -49,6 +49,7 @@ from typing import Any
 from zarr.abc.store import Store
 
 from ..io.icechunk_stores import snapshot_of
+from ..io.sources.routed import RoutedStore
 from ..transforms import ChunkTransform, Scoped, pipeline_for
 
 __all__ = [
@@ -120,6 +121,12 @@ def source_identity(store: Store) -> str | None:
         ``store`` is a writable icechunk session with uncommitted changes,
         which reads no snapshot's bytes.
     """
+    if isinstance(store, RoutedStore):  # a store of several (join_stores, concat_stores): its members' versions
+        versions = {name: source_identity(member) for name, member in store.members.items()}
+        if not any(versions.values()):
+            return None
+        digest = hashlib.blake2b(repr(sorted(versions.items())).encode(), digest_size=_DIGEST_BYTES).hexdigest()
+        return f"stores-{digest}"
     snapshot = snapshot_of(store)
     return None if snapshot is None else f"icechunk-{snapshot}"
 
