@@ -6,9 +6,12 @@ arrives (``chunked``), an unframed one runs to the close. What the answer
 must hold is checked before its bytes are returned: a 206's
 ``Content-Range`` and length against the range asked
 (:class:`~.faults.RangeMismatchError` otherwise); a 200 to a ranged GET is
-cut to the range when the bytes before it are few, and refused
-(:class:`~.faults.RangeIgnoredError`) when they are many, without receiving
-them. A 3xx with ``Location`` goes to the request's backend
+used only where it provably is the whole object (the whole object was asked
+for, or its ``Content-Range`` says it is), cut to the range when the bytes
+before it are few, and otherwise refused (:class:`~.faults.RangeIgnoredError`)
+without receiving its body. Heads whose lines end in a bare LF are read as
+if they ended in CRLF, and empty lines before a status line (a stray CRLF
+after the last body) are skipped, as obstore's client does. A 3xx with ``Location`` goes to the request's backend
 (``Ask.backend.redirected``), which follows it. Whatever goes wrong inside a
 protocol callback fails the GET with one error and closes the connection;
 nothing reaches asyncio's "Fatal error" log.
@@ -23,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .chunked import ChunkedBody
-from .faults import FramingError, HttpStatusError, RangeIgnoredError, RangeMismatchError
+from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeIgnoredError, RangeMismatchError
 
 __all__ = ["Ask", "Connection"]
 
@@ -37,9 +40,9 @@ STREAM_BUFFER_BYTES = 256 << 10
 # the largest object the loader reads whole is a stored chunk, at most io.arrays.MAX_CHUNK_BYTES (4 GiB) unless
 # raised, and bodies over fetch.STREAM_OVER_BYTES stream through obstore.
 MAX_BODY_BYTES = 1 << 36
-# A 200 to a ranged GET (a server that ignores Range) is cut to the range when at most this many bytes come
-# before it: a small object, served whole, costs about one chunk-sized read more. Past it the GET fails at once
-# rather than receive the object (a 16-byte shard index from a 300 MiB shard, once per concurrent read).
+# A 200 to a ranged GET that provably is the whole object (its Content-Range says so) is cut to the range when at
+# most this many bytes come before it: a small object, served whole, costs about one chunk-sized read more. Past it
+# the GET fails at once rather than receive the object (a 16-byte shard index from a 300 MiB shard, per read).
 IGNORED_RANGE_SLACK_BYTES = 1 << 20
 # A Content-Length of more digits than this is refused unread (MAX_BODY_BYTES has 11).
 MAX_LENGTH_DIGITS = 20
@@ -47,6 +50,7 @@ MAX_LENGTH_DIGITS = 20
 ERROR_BODY_BYTES = 64 << 10
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _CONTENT_RANGE = re.compile(rb"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+_LINE_ENDS = frozenset(b"\r\n")
 
 
 def _header(head: bytes, name: bytes, lowered: bytes | None = None) -> bytes:
@@ -71,6 +75,8 @@ class Pool(Protocol):
     def idle_again(self, connection: Connection) -> None: ...
 
     def forget(self, connection: Connection) -> None: ...
+
+    def keep_tls(self, connection: Connection) -> None: ...
 
 
 class Ask:
@@ -125,7 +131,7 @@ class Connection(asyncio.BufferedProtocol):
         self._until_eof = False
         self._stop_at = MAX_BODY_BYTES  # body bytes after which the answer is complete (the rest is not read)
         self._expect: int | None = None  # a 206's length, checked at the end of a chunked or unframed body
-        self._cut: tuple[int, int] | None = None  # the range within a 200's body
+        self._cut: tuple[int, int, int] | None = None  # the range within a 200's whole object, and its size
         self._location: bytes | None = None
         self._region: bytes | None = None
 
@@ -155,7 +161,9 @@ class Connection(asyncio.BufferedProtocol):
                 return
             self._filled += nbytes
             if self._future is None:
-                self._fail(FramingError(f"{self.origin} sent bytes nobody asked for"))
+                if bytes(self._head_view[: self._filled]).strip(b"\r\n"):
+                    self._fail(FramingError(f"{self.origin} sent bytes nobody asked for"))
+                self._filled = 0  # (empty lines after a body, as some servers send: dropped)
             elif self._status == 0:
                 self._parse_head()
             else:
@@ -211,19 +219,34 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- the head ----------------------------------------------------------------------------------------------
     def _parse_head(self) -> None:
-        end = self._head.find(b"\r\n\r\n", 0, self._filled)
-        if end < 0:
-            if self._filled >= HEAD_BYTES:
+        buffer, filled = self._head, self._filled
+        if filled and buffer[0] in _LINE_ENDS:  # empty lines before the status line (a stray CRLF after a body)
+            skip = 0
+            while skip < filled and buffer[skip] in _LINE_ENDS:
+                skip += 1
+            self._shift(skip)
+            filled = self._filled
+        # the head ends at an empty line: CRLF CRLF, or (bare-LF lines, which obstore's client reads too) LF LF
+        end = buffer.find(b"\n\r\n", 0, filled)
+        bare = buffer.find(b"\n\n", 0, filled if end < 0 else end + 1)
+        if bare >= 0:
+            end, skip = bare, bare + 2
+        elif end >= 0:
+            skip = end + 3
+        else:
+            if filled >= HEAD_BYTES:
                 raise FramingError(f"{self.origin} sent a head over {HEAD_BYTES} bytes")
             return
-        head = bytes(self._head_view[: end + 2])  # the status line and every header line, each ending in CRLF
+        head = bytes(self._head_view[: end + 1])  # the status line and every header line, each ending in (CR)LF
+        if bare >= 0 or head.count(b"\n") != head.count(b"\r\n"):
+            head = head.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")  # each line ending in CRLF
         line = head[: head.find(b"\r\n")]
         try:
             version, code = line.split(b" ", 2)[:2]
             self._status = int(code)
         except ValueError:
             raise FramingError(f"{self.origin} sent a malformed status line {line[:80]!r}") from None
-        self._shift(end + 4)
+        self._shift(skip)
         if 100 <= self._status < 200:  # an interim answer: drop it, the real one follows
             self._status = 0
             self._parse_head()
@@ -261,7 +284,9 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self._expect = self._check_range(ask, crange, size)
         elif status == 200 and ask.want is not None:
-            self._cut_range(ask, size)
+            at = lowered.find(b"\r\ncontent-range:")
+            crange = None if at < 0 else lowered[at + 16 : lowered.index(b"\r\n", at + 16)].strip()
+            self._cut_range(ask, size, crange)
         elif status >= 300:
             self._stop_at = ERROR_BODY_BYTES
             if status < 400:
@@ -287,8 +312,8 @@ class Connection(asyncio.BufferedProtocol):
         size = min(length, self._stop_at)
         if size < length:
             self._keep = False  # the rest is never read: the connection cannot carry another GET
-        elif self._filled > length:
-            raise FramingError(f"{self.origin} sent more than its Content-Length")
+        elif self._filled > length and bytes(self._head_view[length : self._filled]).strip(b"\r\n"):
+            raise FramingError(f"{self.origin} sent more than its Content-Length")  # (empty lines after it are dropped)
         try:
             body = np.empty(size, dtype=np.uint8)
         except (MemoryError, ValueError):
@@ -331,25 +356,37 @@ class Connection(asyncio.BufferedProtocol):
     def _mismatch(self, ask: Ask, sent: str) -> RangeMismatchError:
         return RangeMismatchError(f"GET {ask.target}: asked bytes={ask.span}, {self.origin} sent {sent}")
 
-    def _cut_range(self, ask: Ask, length: int | None) -> None:
-        """A 200 to a ranged GET: keep what the range needs, or refuse the answer when much comes before it."""
+    def _cut_range(self, ask: Ask, length: int | None, crange: bytes | None) -> None:
+        """A 200 to a ranged GET: used only where it provably is the whole object, and the range cut out of it.
+
+        Provably whole: the GET asked for the whole object (from byte 0 to
+        past any end), or the answer's ``Content-Range`` names all of it
+        (``bytes 0-(n-1)/n``, with ``n`` bytes). Anything else (a gateway's
+        error page, a 206 relabelled 200, a server that ignores ``Range``)
+        is refused before its body is received, as obstore refuses it.
+        """
         start, stop = ask.want  # type: ignore[misc]
-        if start >= 0:
-            before = start
-            if length is None or length - stop > IGNORED_RANGE_SLACK_BYTES:
-                self._stop_at = stop  # stop early (a few bytes more keep the connection for the next GET)
-        elif length is not None:
-            before = max(0, length + start)
-        else:  # a suffix of an unframed body: bounded, and cut once the body is in
-            before, self._stop_at = 0, -start + IGNORED_RANGE_SLACK_BYTES + 1
-        if before > IGNORED_RANGE_SLACK_BYTES:
-            size = "" if length is None else f" of {length} bytes"
+        if start == 0 and stop > MAX_BODY_BYTES:
+            return  # the whole object asked for: a 200 is what it asked
+        total = _whole_object(crange, length)
+        if total is None:
+            sent = "no Content-Range" if crange is None else f"Content-Range {crange.decode('latin-1')[:60]!r}"
+            size = "" if length is None else f" and {length} body bytes"
             raise RangeIgnoredError(
-                f"GET {ask.target}: asked bytes={ask.span}, {self.origin} answered 200 with the whole object{size}: "
-                "the server ignores Range requests (obstore refuses it too); serve the store from one that honours "
-                "them"
+                f"GET {ask.target}: asked bytes={ask.span}, {self.origin} answered 200 with {sent}{size}, not "
+                "provably the whole object: Range request not supported (obstore refuses it too); serve the store "
+                "from a server that answers ranges with 206"
             )
-        self._cut = (start, stop)
+        before = start if start >= 0 else max(0, total + start)
+        if before > IGNORED_RANGE_SLACK_BYTES:
+            raise RangeIgnoredError(
+                f"GET {ask.target}: asked bytes={ask.span}, {self.origin} answered 200 with the whole object of "
+                f"{total} bytes: the server ignores Range requests (obstore refuses it too); serve the store from "
+                "one that honours them"
+            )
+        if start >= 0 and total - stop > IGNORED_RANGE_SLACK_BYTES:
+            self._stop_at = stop  # stop early (a few bytes more keep the connection for the next GET)
+        self._cut = (start, stop, total)
 
     # -- streamed bodies ---------------------------------------------------------------------------------------
     def _stream_buffer(self) -> None:
@@ -397,7 +434,9 @@ class Connection(asyncio.BufferedProtocol):
         if body is None:
             body = bytearray()
         self._body = None
-        self.used = True
+        if not self.used:
+            self.used = True
+            self.pool.keep_tls(self)
         if self._keep and not self.closed:
             self.pool.idle_again(self)
         else:
@@ -408,13 +447,21 @@ class Connection(asyncio.BufferedProtocol):
             if cut is not None:  # a server that ignored the Range header: the range out of the whole object
                 try:
                     body = self._within(ask, body, cut)
-                except RangeIgnoredError as exc:
+                except RangeMismatchError as exc:
                     future.set_exception(exc)
                     return
             future.set_result(body)
         elif status in REDIRECT_STATUSES and self._location and ask.backend is not None:
             location = self._location.decode("latin-1")
             ask.backend.redirected(ask, future, status, location, self._region_name(), self.pool)
+        elif status == 404 and b"<Code>NoSuchBucket</Code>" in body:
+            future.set_exception(
+                NoSuchBucketError(
+                    f"GET {ask.target}: status code: 404: NoSuchBucket at {self.origin}: the bucket does not exist "
+                    "there (not a missing chunk); check the bucket and the endpoint (endpoint=, AWS_ENDPOINT_URL_S3, "
+                    "AWS_ENDPOINT_URL)"
+                )
+            )
         elif status == 404:
             future.set_exception(FileNotFoundError(f"GET {ask.target}: status code: 404"))
         elif status in (401, 403):
@@ -424,13 +471,13 @@ class Connection(asyncio.BufferedProtocol):
         else:
             future.set_exception(HttpStatusError(status, ask.target, bytes(body)))
 
-    def _within(self, ask: Ask, body: bytearray | np.ndarray, cut: tuple[int, int]) -> bytearray | np.ndarray:
-        """The range ``cut`` of a whole object's ``body``."""
-        if cut[0] >= 0:
-            return body[cut[0] : cut[1]]
-        if len(body) + cut[0] > IGNORED_RANGE_SLACK_BYTES:
-            self._cut_range(ask, len(body))  # raises, naming the size
-        return body[cut[0] :]
+    def _within(self, ask: Ask, body: bytearray | np.ndarray, cut: tuple[int, int, int]) -> bytearray | np.ndarray:
+        """The range ``cut`` (start, stop, the object's size) of a whole object's ``body``."""
+        start, stop, total = cut
+        need = min(stop, total) if start >= 0 else total
+        if len(body) < need or (start < 0 and len(body) != total):
+            raise self._mismatch(ask, f"200 with {len(body)} body bytes of a {total}-byte object")
+        return body[start:stop] if start >= 0 else body[start:]
 
     def _region_name(self) -> str | None:
         return None if self._region is None else self._region.decode("latin-1")
@@ -440,3 +487,14 @@ class Connection(asyncio.BufferedProtocol):
         self.close()
         if future is not None and not future.done():
             future.set_exception(exc)
+
+
+def _whole_object(crange: bytes | None, length: int | None) -> int | None:
+    """The object's size where ``Content-Range`` (lowered) names all of it, consistent with ``length``; else None."""
+    match = None if crange is None else _CONTENT_RANGE.match(crange)
+    if match is None or match.group(3) == b"*":
+        return None
+    first, last, total = int(match.group(1)), int(match.group(2)), int(match.group(3))
+    if first != 0 or last != total - 1 or (length is not None and length != total):
+        return None
+    return total
