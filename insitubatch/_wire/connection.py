@@ -20,15 +20,15 @@ nothing reaches asyncio's "Fatal error" log.
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, Protocol
 
 import numpy as np
 
 from .chunked import ChunkedBody
-from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeIgnoredError, RangeMismatchError
+from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeMismatchError
+from .ranges import IGNORED_RANGE_SLACK_BYTES, check_206, mismatch, whole_200, within
 
-__all__ = ["Ask", "Connection"]
+__all__ = ["IGNORED_RANGE_SLACK_BYTES", "Ask", "Connection"]
 
 # Status line and headers must fit in HEAD_BYTES; a larger head is refused. The head buffer starts at
 # FIRST_HEAD_BYTES and doubles as a head needs; a chunked or unframed body passes through it in pieces of
@@ -38,18 +38,13 @@ FIRST_HEAD_BYTES = 8 << 10
 STREAM_BUFFER_BYTES = 256 << 10
 # A Content-Length (or chunked body) past this is a corrupt or hostile answer, refused before any allocation:
 # the largest object the loader reads whole is a stored chunk, at most io.arrays.MAX_CHUNK_BYTES (4 GiB) unless
-# raised, and bodies over fetch.STREAM_OVER_BYTES stream through obstore.
+# raised (the engine's client reads a read of any size itself, chunked or not).
 MAX_BODY_BYTES = 1 << 36
-# A 200 to a ranged GET that provably is the whole object (its Content-Range says so) is cut to the range when at
-# most this many bytes come before it: a small object, served whole, costs about one chunk-sized read more. Past it
-# the GET fails at once rather than receive the object (a 16-byte shard index from a 300 MiB shard, per read).
-IGNORED_RANGE_SLACK_BYTES = 1 << 20
 # A Content-Length of more digits than this is refused unread (MAX_BODY_BYTES has 11).
 MAX_LENGTH_DIGITS = 20
 # An error answer's body is kept up to this (its message quotes the start); the rest is not received.
 ERROR_BODY_BYTES = 64 << 10
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-_CONTENT_RANGE = re.compile(rb"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
 _LINE_ENDS = frozenset(b"\r\n")
 
 
@@ -282,11 +277,13 @@ class Connection(asyncio.BufferedProtocol):
             ):
                 self._expect = size
             else:
-                self._expect = self._check_range(ask, crange, size)
+                self._expect = check_206(ask.want, crange, size, self._asked(ask))
         elif status == 200 and ask.want is not None:
             at = lowered.find(b"\r\ncontent-range:")
             crange = None if at < 0 else lowered[at + 16 : lowered.index(b"\r\n", at + 16)].strip()
-            self._cut_range(ask, size, crange)
+            cut = self._cut = whole_200(ask.want, crange, size, self._asked(ask), MAX_BODY_BYTES)
+            if cut is not None and cut[0] >= 0 and cut[2] - cut[1] > IGNORED_RANGE_SLACK_BYTES:
+                self._stop_at = cut[1]  # stop early (a few bytes more keep the connection for the next GET)
         elif status >= 300:
             self._stop_at = ERROR_BODY_BYTES
             if status < 400:
@@ -331,63 +328,6 @@ class Connection(asyncio.BufferedProtocol):
         self._head_view[:rest] = self._head_view[n : self._filled]
         self._filled = rest
 
-    # -- checks ------------------------------------------------------------------------------------------------
-    def _check_range(self, ask: Ask, crange: bytes | None, length: int | None) -> int:
-        """The length a 206 must carry for the range ``ask`` asked; raises if its ``Content-Range`` differs."""
-        start, stop = ask.want  # type: ignore[misc]
-        match = None if crange is None else _CONTENT_RANGE.match(crange)
-        if match is None:
-            raise self._mismatch(ask, "no Content-Range" if crange is None else f"Content-Range {crange[:60]!r}")
-        first, last = int(match.group(1)), int(match.group(2))
-        total = None if match.group(3) == b"*" else int(match.group(3))
-        if start >= 0:
-            end = stop if total is None else min(stop, total)
-            right = first == start and last == end - 1 if total is not None else first == start and last < stop
-        elif total is not None:
-            right = first == max(0, total + start) and last == total - 1
-        else:
-            right = last - first + 1 <= -start
-        right = right and first <= last and (total is None or last < total)
-        if not right or (length is not None and length != last - first + 1):
-            sent = f"Content-Range {crange.decode('latin-1').strip()!r}"  # type: ignore[union-attr]
-            raise self._mismatch(ask, sent + (f" and {length} body bytes" if length is not None else ""))
-        return last - first + 1
-
-    def _mismatch(self, ask: Ask, sent: str) -> RangeMismatchError:
-        return RangeMismatchError(f"GET {ask.target}: asked bytes={ask.span}, {self.origin} sent {sent}")
-
-    def _cut_range(self, ask: Ask, length: int | None, crange: bytes | None) -> None:
-        """A 200 to a ranged GET: used only where it provably is the whole object, and the range cut out of it.
-
-        Provably whole: the GET asked for the whole object (from byte 0 to
-        past any end), or the answer's ``Content-Range`` names all of it
-        (``bytes 0-(n-1)/n``, with ``n`` bytes). Anything else (a gateway's
-        error page, a 206 relabelled 200, a server that ignores ``Range``)
-        is refused before its body is received, as obstore refuses it.
-        """
-        start, stop = ask.want  # type: ignore[misc]
-        if start == 0 and stop > MAX_BODY_BYTES:
-            return  # the whole object asked for: a 200 is what it asked
-        total = _whole_object(crange, length)
-        if total is None:
-            sent = "no Content-Range" if crange is None else f"Content-Range {crange.decode('latin-1')[:60]!r}"
-            size = "" if length is None else f" and {length} body bytes"
-            raise RangeIgnoredError(
-                f"GET {ask.target}: asked bytes={ask.span}, {self.origin} answered 200 with {sent}{size}, not "
-                "provably the whole object: Range request not supported (obstore refuses it too); serve the store "
-                "from a server that answers ranges with 206"
-            )
-        before = start if start >= 0 else max(0, total + start)
-        if before > IGNORED_RANGE_SLACK_BYTES:
-            raise RangeIgnoredError(
-                f"GET {ask.target}: asked bytes={ask.span}, {self.origin} answered 200 with the whole object of "
-                f"{total} bytes: the server ignores Range requests (obstore refuses it too); serve the store from "
-                "one that honours them"
-            )
-        if start >= 0 and total - stop > IGNORED_RANGE_SLACK_BYTES:
-            self._stop_at = stop  # stop early (a few bytes more keep the connection for the next GET)
-        self._cut = (start, stop, total)
-
     # -- streamed bodies ---------------------------------------------------------------------------------------
     def _stream_buffer(self) -> None:
         if len(self._head) < STREAM_BUFFER_BYTES:
@@ -419,7 +359,7 @@ class Connection(asyncio.BufferedProtocol):
         ask, body = self._ask, self._body
         assert ask is not None and body is not None
         if self._expect is not None and len(body) != self._expect:
-            self._fail(self._mismatch(ask, f"{len(body)} body bytes for a range of {self._expect}"))
+            self._fail(mismatch(self._asked(ask), f"{len(body)} body bytes for a range of {self._expect}"))
             return
         self._finish()
 
@@ -446,7 +386,7 @@ class Connection(asyncio.BufferedProtocol):
         if 200 <= status < 300:
             if cut is not None:  # a server that ignored the Range header: the range out of the whole object
                 try:
-                    body = self._within(ask, body, cut)
+                    body = within(body, cut, self._asked(ask))
                 except RangeMismatchError as exc:
                     future.set_exception(exc)
                     return
@@ -471,13 +411,9 @@ class Connection(asyncio.BufferedProtocol):
         else:
             future.set_exception(HttpStatusError(status, ask.target, bytes(body)))
 
-    def _within(self, ask: Ask, body: bytearray | np.ndarray, cut: tuple[int, int, int]) -> bytearray | np.ndarray:
-        """The range ``cut`` (start, stop, the object's size) of a whole object's ``body``."""
-        start, stop, total = cut
-        need = min(stop, total) if start >= 0 else total
-        if len(body) < need or (start < 0 and len(body) != total):
-            raise self._mismatch(ask, f"200 with {len(body)} body bytes of a {total}-byte object")
-        return body[start:stop] if start >= 0 else body[start:]
+    def _asked(self, ask: Ask) -> str:
+        """The GET as messages name it: its path (no query) and range, and the server."""
+        return f"GET {ask.target}: asked bytes={ask.span}, {self.origin}"
 
     def _region_name(self) -> str | None:
         return None if self._region is None else self._region.decode("latin-1")
@@ -487,14 +423,3 @@ class Connection(asyncio.BufferedProtocol):
         self.close()
         if future is not None and not future.done():
             future.set_exception(exc)
-
-
-def _whole_object(crange: bytes | None, length: int | None) -> int | None:
-    """The object's size where ``Content-Range`` (lowered) names all of it, consistent with ``length``; else None."""
-    match = None if crange is None else _CONTENT_RANGE.match(crange)
-    if match is None or match.group(3) == b"*":
-        return None
-    first, last, total = int(match.group(1)), int(match.group(2)), int(match.group(3))
-    if first != 0 or last != total - 1 or (length is not None and length != total):
-        return None
-    return total
