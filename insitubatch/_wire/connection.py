@@ -394,7 +394,7 @@ class Connection(asyncio.BufferedProtocol):
         elif status in REDIRECT_STATUSES and self._location and ask.backend is not None:
             location = self._location.decode("latin-1")
             ask.backend.redirected(ask, future, status, location, self._region_name(), self.pool)
-        elif status == 404 and b"<Code>NoSuchBucket</Code>" in body:
+        elif status == 404 and b"<Code>NoSuchBucket</Code>" in bytes(body):  # (an error body: at most 64 KiB)
             future.set_exception(
                 NoSuchBucketError(
                     f"GET {ask.target}: status code: 404: NoSuchBucket at {self.origin}: the bucket does not exist "

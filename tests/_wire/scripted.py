@@ -192,6 +192,35 @@ def read_through(client: str, url: str, key: str, byte_range: Any = None, **stor
         close_store(opened)
 
 
+def read_many(
+    client: str, url: str, reads: list[tuple[str, Any, int | None]], **store: Any
+) -> list[bytes | None | BaseException]:
+    """``reads`` (key, byte range, size hint) one after another through one store, as a pass reads them, by ``client``.
+
+    Each result is the bytes, ``None`` for a missing key, or the error raised.
+    """
+    store.setdefault("retry", FEW_RETRIES)
+    opened = obstore_store(url, read_only=True, client=client, **store)
+    try:
+        reader = client_for(opened)
+        assert reader.route.client == client, reader.route
+        fetcher = Fetcher(reader, ReadWindow(4).user(4), PassCounters(), hedge=False)
+
+        async def one(key: str, byte_range: Any, size_hint: int | None) -> bytes | None | BaseException:
+            try:
+                got = await asyncio.wait_for(fetcher.get(key, byte_range, size_hint), WAIT_S)
+            except Exception as exc:
+                return exc
+            return None if got is None else got.to_bytes()
+
+        async def main() -> list[bytes | None | BaseException]:
+            return [await one(*read) for read in reads]
+
+        return asyncio.run(main())
+    finally:
+        close_store(opened)
+
+
 # What an S3 client wants besides the length (object_store reads both from a GET's answer).
 _DATED = 'Last-Modified: Mon, 01 Jan 2024 00:00:00 GMT\r\nETag: "0"\r\n'
 
