@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .chunked import ChunkedBody
-from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeMismatchError
+from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeMismatchError, UnsupportedBodyError
 from .ranges import IGNORED_RANGE_SLACK_BYTES, check_206, mismatch, whole_200, within
 
 __all__ = ["IGNORED_RANGE_SLACK_BYTES", "Ask", "Connection"]
@@ -251,7 +251,7 @@ class Connection(asyncio.BufferedProtocol):
         lowered = head.lower()
         at = lowered.find(b"\r\ncontent-length:")
         length = None if at < 0 else lowered[at + 17 : lowered.index(b"\r\n", at + 17)].strip()
-        chunked = b"\r\ntransfer-encoding:" in lowered and b"chunked" in _header(lowered, b"\r\ntransfer-encoding:")
+        chunked = b"\r\ntransfer-encoding:" in lowered and self._chunked(_header(lowered, b"\r\ntransfer-encoding:"))
         if b"\r\nconnection:" in lowered:
             self._keep = b"close" not in _header(lowered, b"\r\nconnection:")
         else:
@@ -303,6 +303,17 @@ class Connection(asyncio.BufferedProtocol):
             self._body = bytearray()
             self._stream_buffer()
             self._stream()
+
+    def _chunked(self, codings: bytes) -> bool:
+        """True for ``Transfer-Encoding: chunked``; any other coding is a body this client cannot read, refused."""
+        if [c.strip() for c in codings.split(b",") if c.strip()] == [b"chunked"]:
+            return True
+        ask = self._ask
+        raise UnsupportedBodyError(
+            f"GET {'' if ask is None else ask.target}: {self.origin} sent Transfer-Encoding "
+            f"{codings.decode('latin-1')[:60]!r}: a body this client cannot read (it decodes only 'chunked', obstore's "
+            "client none for a range); not retried"
+        )
 
     def _receive(self, length: int) -> None:
         """A body of ``length`` bytes: received into its own buffer (only its first ``_stop_at`` bytes)."""

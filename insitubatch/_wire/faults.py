@@ -17,6 +17,7 @@ __all__ = [
     "RangeMismatchError",
     "RedirectError",
     "TlsRefusedError",
+    "UnsupportedBodyError",
 ]
 
 # How much of an error body a message quotes.
@@ -58,6 +59,10 @@ class RedirectError(OSError):
     def __init__(self, message: str, region: str | None = None) -> None:
         super().__init__(message)
         self.region = region
+
+
+class UnsupportedBodyError(OSError):
+    """A body the client cannot read at all (a transfer coding other than ``chunked``): the same on every try."""
 
 
 class TlsRefusedError(ConnectionError):

@@ -9,6 +9,7 @@ that closes every connection.
 
 from __future__ import annotations
 
+import datetime
 import socket
 import threading
 import time
@@ -288,3 +289,31 @@ def test_tls_sessions_are_resumed_with_a_server_that_closes_every_connection(
         assert not resumed[0] and all(resumed[1:]), resumed  # every handshake after the first resumes
     else:
         assert ratio > 0, resumed  # the oracle resumes too
+
+
+# -- permanent answers -----------------------------------------------------------------------------------------------
+
+# Retry bounds that would keep a transient fault going for a minute.
+PATIENT = {"max_retries": 10, "retry_timeout": datetime.timedelta(seconds=60)}
+UNREADABLE = {
+    # a transfer coding neither client decodes: obstore wants a length, the engine refuses all but chunked
+    "gzip": b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-99/16384\r\nTransfer-Encoding: gzip\r\n\r\n" + b"\x1f\x8b" * 50,
+    "gzip-chunked": b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-99/16384\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+    b"64\r\n" + b"z" * 100 + b"\r\n0\r\n\r\n",
+    # a framing fault, the same on every try
+    "chunk-size": b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-99/16384\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("quirk", sorted(UNREADABLE))
+def test_an_answer_the_client_cannot_read_fails_within_seconds_naming_the_key(scripted, client: str, quirk: str):
+    server = scripted(answers=lambda r: UNREADABLE[quirk])
+    t0 = time.perf_counter()
+    (got,) = read_many(client, server.url("ds"), [(KEY, RangeByteRequest(0, 100), None)], retry=PATIENT)
+    assert isinstance(got, OSError) and KEY in str(got), got
+    assert time.perf_counter() - t0 < 5
+    if client == "engine" and quirk != "chunk-size":
+        assert "Transfer-Encoding" in str(got) and len(server.requests) == 1  # refused at once
+    else:
+        assert "twice" in str(got) and len(server.requests) == 2  # once retried, then the same fault: not again

@@ -27,6 +27,7 @@ from ..._wire.faults import (
     RangeMismatchError,
     RedirectError,
     TlsRefusedError,
+    UnsupportedBodyError,
 )
 from ...io.stores import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT, DEFAULT_RETRY_TIMEOUT
 from ...io.wire_settings import duration_s
@@ -128,7 +129,7 @@ def classify(exc: BaseException) -> Outcome:
         return Outcome.FATAL if _NO_SUCH_BUCKET in str(exc) else Outcome.MISSING
     if isinstance(exc, (RangeMismatchError, FramingError)):  # (their messages hold byte counts, not statuses)
         return Outcome.RETRY
-    if isinstance(exc, (RangeIgnoredError, RedirectError, TlsRefusedError)):
+    if isinstance(exc, (RangeIgnoredError, RedirectError, TlsRefusedError, UnsupportedBodyError)):
         return Outcome.FATAL
     if isinstance(
         exc,
