@@ -6,15 +6,15 @@ arrives (``chunked``), an unframed one runs to the close. What the answer
 must hold is checked before its bytes are returned: a 206's
 ``Content-Range`` and length against the range asked
 (:class:`~.faults.RangeMismatchError` otherwise); a 200 to a ranged GET is
-used only where it provably is the whole object (the whole object was asked
-for, or its ``Content-Range`` says it is), cut to the range when the bytes
-before it are few, and otherwise refused (:class:`~.faults.RangeIgnoredError`)
-without receiving its body. Heads whose lines end in a bare LF are read as
-if they ended in CRLF, and empty lines before a status line (a stray CRLF
-after the last body) are skipped, as obstore's client does. A 3xx with ``Location`` goes to the request's backend
-(``Ask.backend.redirected``), which follows it. Whatever goes wrong inside a
-protocol callback fails the GET with one error and closes the connection;
-nothing reaches asyncio's "Fatal error" log.
+used only where it provably is the whole object (``ranges``), else refused
+(:class:`~.faults.RangeIgnoredError`) without receiving its body. Heads
+whose lines end in a bare LF are read as if they ended in CRLF, and empty
+lines before a status line (a stray CRLF after the last body) are skipped,
+as obstore's client does; a transfer coding other than ``chunked`` is
+refused (:class:`~.faults.UnsupportedBodyError`). A 3xx with ``Location``
+goes to the request's backend (``Ask.backend.redirected``), which follows
+it. Whatever goes wrong inside a protocol callback fails the GET with one
+error and closes the connection; nothing reaches asyncio's "Fatal error" log.
 """
 
 from __future__ import annotations
