@@ -33,7 +33,9 @@ with the stall timer on every piece, so a slow large body is never cut
 while bytes still arrive. A smaller read is one request for headers and
 body together, its stall time stretched by what the body takes at
 ``SLOW_STREAM_BYTES_PER_S``; the engine's own client takes every read that way,
-whatever its size (it reads chunked bodies, which obstore's cannot for a range).
+whatever its size (it reads chunked bodies, which obstore's cannot for a range),
+a read over ``STREAM_OVER_BYTES`` with no duplicate and no latency sample
+(its time is its body's, not the link's).
 """
 
 from __future__ import annotations
@@ -151,6 +153,7 @@ class Read:
     """One read in progress: attempts until an answer, a missing key or the retry bounds; ``done`` called once."""
 
     __slots__ = (
+        "_big",
         "_fault",
         "_large",
         "_plain",
@@ -182,12 +185,9 @@ class Read:
         self.first = self.loop.time()
         self.attempt = 0
         backend = fetcher.backend
-        self._large = (
-            size_hint is not None
-            and size_hint > STREAM_OVER_BYTES
-            and isinstance(backend, _ObstoreBackend)
-            and backend.streams_large
-        )
+        # a large read taken whole (the engine's client): no duplicate of it, and its time is no GET's latency
+        self._big = size_hint is not None and size_hint > STREAM_OVER_BYTES
+        self._large = self._big and isinstance(backend, _ObstoreBackend) and backend.streams_large
         self._fault = ""  # the last attempt's protocol fault: the same one twice running is not retried again
         self._plain = False  # a whole-key ranged GET the server refused (an empty object): a plain GET instead
         self._stall_s = fetcher.link.stall_after(fetcher.policy)
@@ -241,7 +241,8 @@ class Read:
             else:
                 launch = lambda: backend.request(key, byte_range)  # noqa: E731
         fetcher.link.requested()
-        self._race = _Race(self, launch, fetcher.link.hedge_after() if fetcher.hedge else math.inf, stall)
+        hedge = fetcher.hedge and not (self._big and not self._large)
+        self._race = _Race(self, launch, fetcher.link.hedge_after() if hedge else math.inf, stall)
 
     def _raced(self, answer: Any, seconds: float, hedge_won: bool, exc: BaseException | None) -> None:
         self._race = None
@@ -250,7 +251,8 @@ class Read:
         fetcher = self.fetcher
         if exc is None:
             fetcher.counters.hedge_wins += hedge_won
-            fetcher.link.latency.add(seconds)
+            if self._large or not self._big:
+                fetcher.link.latency.add(seconds)
             if self._large:
                 self._task = asyncio.ensure_future(_body(answer, self._stall_s))
                 self._task.add_done_callback(lambda task: self.step(self._streamed, task, seconds))
