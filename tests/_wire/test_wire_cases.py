@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import obstore.store
 import pytest
 from certificates import Certificates, make_certificates
-from scripted import WIRE_CLIENTS, Request, answer, ranged, read_head, read_many, read_through
+from scripted import WIRE_CLIENTS, Request, SignedS3, answer, ranged, read_head, read_many, read_through
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch._engine.reads.read_policy import Outcome, classify
@@ -92,6 +92,13 @@ def test_a_404_no_such_bucket_is_an_error_not_a_missing_chunk(scripted, client: 
     assert isinstance(got, Exception) and classify(got) is Outcome.FATAL, got
     assert "NoSuchBucket" in str(got) and "bkt" in str(got) and "k.0" in str(got)
     assert len(server.requests) == 1  # not retried
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_a_bucket_moto_does_not_have_is_an_error_through_both_clients(signed_s3: SignedS3, client: str) -> None:
+    got = read_through(client, "s3://no-such-bucket-here/pre", KEY, RangeByteRequest(0, 8), **signed_s3.options())
+    assert isinstance(got, Exception) and classify(got) is Outcome.FATAL, got
+    assert "NoSuchBucket" in str(got) and "no-such-bucket-here" in str(got) and KEY in str(got)
 
 
 # -- bare-LF heads and a stray CRLF ----------------------------------------------------------------------------------
