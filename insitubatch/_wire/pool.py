@@ -299,6 +299,8 @@ async def _first_connected(loop: asyncio.AbstractEventLoop, addresses: list[tupl
     failed; the attempts that lose are closed. Raises the last attempt's
     error when none connects.
     """
+    if len(addresses) == 1:  # (an IP address, or a name with one: nothing to race)
+        return await _connect_to(loop, *addresses[0])
     queue = list(addresses)
     pending: set[asyncio.Task] = set()
     errors: list[BaseException] = []
