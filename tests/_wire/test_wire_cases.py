@@ -63,6 +63,15 @@ def test_aws_endpoint_url_s3_is_where_both_clients_send_every_get(scripted, monk
     assert "Credential=AKX/" in request.headers["authorization"]  # signed for the host it was sent to
 
 
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_a_plain_http_aws_endpoint_url_s3_allows_http_as_aws_endpoint_url_does(scripted, monkeypatch, client) -> None:
+    server = scripted(answers=_s3_answers)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url())  # (MinIO on plain HTTP; no AWS_ALLOW_HTTP)
+    keys = {"access_key_id": "AKX", "secret_access_key": "SKX", "region": "eu-west-1"}
+    assert read_through(client, "s3://bkt/pre", KEY, RangeByteRequest(0, 64), **keys) == BODY[:64]
+    assert len(server.requests) == 1
+
+
 def test_the_engine_takes_the_endpoint_obstore_takes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:2")
