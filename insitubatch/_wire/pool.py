@@ -295,9 +295,9 @@ async def _connect_to(loop: asyncio.AbstractEventLoop, family: int, address: tup
 async def _first_connected(loop: asyncio.AbstractEventLoop, addresses: list[tuple[int, tuple]]) -> socket.socket:
     """A socket connected to the first of ``addresses`` to answer, each tried ``HAPPY_EYEBALLS_DELAY_S`` apart.
 
-    The next address is tried at once when every attempt under way has
-    failed; the attempts that lose are closed. Raises the last attempt's
-    error when none connects.
+    The next address is tried at once when an attempt fails; the attempts
+    that lose are closed. Raises the last attempt's error when none
+    connects.
     """
     if len(addresses) == 1:  # (an IP address, or a name with one: nothing to race)
         return await _connect_to(loop, *addresses[0])
