@@ -153,8 +153,9 @@ def obstore_store(
         server. S3 and Azure ``endpoint``; GCS ``base_url``.
     allow_http
         Permit plain-HTTP connections (an HTTP client option). ``None`` means
-        ``True`` when ``endpoint``, the URL or (S3) ``AWS_ENDPOINT_URL`` is
-        ``http://`` or ``AWS_ALLOW_HTTP`` is true, else HTTPS only.
+        ``True`` when the endpoint requests go to (S3: ``AWS_ENDPOINT_URL_S3``,
+        else ``endpoint``, else ``AWS_ENDPOINT_URL``), or the URL, is
+        ``http://``, or ``AWS_ALLOW_HTTP`` is true, else HTTPS only.
     region
         S3 region.
     retry
@@ -300,8 +301,12 @@ def _cloud_store(
         raise ValueError(f"endpoint={endpoint!r} must start with http:// or https://")
     if allow_http is False and endpoint is not None and endpoint.startswith("http://"):
         raise ValueError(f"allow_http=False contradicts the plain-HTTP endpoint={endpoint!r}")
+    # obstore takes AWS_ENDPOINT_URL_S3 over any other S3 endpoint, the one given here included
+    s3_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3", "").strip() if scheme in _S3_SCHEMES else ""
     plain_http_endpoint = (
-        endpoint.startswith("http://") if endpoint else scheme in _S3_SCHEMES and _s3_env_allows_http()
+        (s3_endpoint or endpoint or "").startswith("http://")
+        if s3_endpoint or endpoint
+        else scheme in _S3_SCHEMES and _s3_env_allows_http()
     )
     http_options = _client_options(url, client_options, allow_http, plain_http_endpoint)
 

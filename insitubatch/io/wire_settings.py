@@ -93,6 +93,9 @@ _AWS_NOT_APPLIED = frozenset(
         "AWS_ALLOW_INVALID_CERTIFICATES",
     }
 )
+# The S3-only endpoint variable of AWS's SDKs: obstore takes it over every other endpoint, the store's
+# config included (checked against obstore 0.12.1: tests/_wire/test_wire_s3.py).
+S3_ENDPOINT_ENV = "AWS_ENDPOINT_URL_S3"
 _PROXY_ENV = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 # obstore's duration strings ("5s", "2h 37min", "500ms"): spans of a number and a unit (months are "M").
@@ -179,8 +182,9 @@ def _true(value: Any) -> bool:
 def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, str] | str:
     """What obstore's S3 store will use, from its config and the ``AWS_*`` environment; or why not.
 
-    The config wins over the environment. ``options`` (the client options)
-    gains ``allow_http`` from ``AWS_ALLOW_HTTP``.
+    The config wins over the environment, except ``AWS_ENDPOINT_URL_S3``,
+    which wins over the config's ``endpoint`` as it does in obstore.
+    ``options`` (the client options) gains ``allow_http`` from ``AWS_ALLOW_HTTP``.
     """
     unknown = sorted(set(config) - _S3_KEYS)
     if unknown:
@@ -195,6 +199,8 @@ def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, s
         if name == "AWS_ALLOW_HTTP":
             options.setdefault("allow_http", value)
             continue
+        if name == S3_ENDPOINT_ENV:
+            continue  # (below: it overrides the config)
         key = _S3_ALIASES.get(name[4:].lower())
         if key is None:
             continue  # what does not change a GET (write settings, credential sources: keys come first)
@@ -202,6 +208,11 @@ def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, s
             return f"two AWS_* variables give the {key} different values (which one obstore takes is undefined)"
     for key, value in from_env.items():
         settings.setdefault(key, value)
+    s3_endpoint = os.environ.get(S3_ENDPOINT_ENV)
+    if s3_endpoint is not None:
+        if not s3_endpoint.strip():
+            return f"{S3_ENDPOINT_ENV} is set but empty"
+        settings["endpoint"] = s3_endpoint
     return settings
 
 
