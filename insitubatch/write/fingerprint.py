@@ -33,8 +33,6 @@ __all__ = ["LayoutFingerprint"]
 
 # The zarr v3 metadata document of every node.
 _DOCUMENT = "zarr.json"
-# The fact recorded for a node whose document is gone (deleted) or unreadable.
-_ABSENT: dict[str, Any] = {}
 
 
 def _key(*parts: str) -> str:
@@ -70,11 +68,10 @@ class LayoutFingerprint:
     @classmethod
     def read(cls, store: Store, group: str, slot: tuple[int, int]) -> LayoutFingerprint:
         """Read the record and every indexed array's document (``1 + arrays`` small reads)."""
-        fingerprint = cls(store, group, slot, None, {})
-        record = fingerprint._read_record()
+        record = _read_record(store, group)
         indexed = record.get("indexed") if isinstance(record, dict) else None
         names = sorted(indexed) if isinstance(indexed, dict) else []
-        return cls(store, group, slot, record, {name: fingerprint._read_array(name) for name in names})
+        return cls(store, group, slot, record, {name: _read_array(store, group, name) for name in names})
 
     def check(self, array: str, doing: str) -> None:
         """Refuse when ``array``'s stored document no longer matches (one small read).
@@ -97,7 +94,7 @@ class LayoutFingerprint:
             Names every changed fact.
         """
         lines = []
-        record = self._read_record()
+        record = _read_record(self.store, self.group)
         if record != self.record:
             lines.append(f"layout record ({LAYOUT_ATTRIBUTE}): was {self.record!r}, now {record!r}")
         for name in self.arrays:
@@ -106,7 +103,7 @@ class LayoutFingerprint:
             raise self._changed(doing, lines)
 
     def _array_changes(self, name: str) -> list[str]:
-        was, now = self.arrays[name], self._read_array(name)
+        was, now = self.arrays[name], _read_array(self.store, self.group, name)
         if now == was:
             return []
         if not now:
@@ -121,26 +118,33 @@ class LayoutFingerprint:
         body = "\n  ".join(lines)
         return LayoutChangedError(
             f"the layout of group={self.group!r} changed under the writer of slot [{self.slot[0]}, "
-            f"{self.slot[1]}) (seen {doing}); the slot plan's alignment no longer holds, so nothing more is written and the slot is not recorded "
-            f"complete. Restore the layout (create_layout with the run's spec; a re-created array lost its "
-            f"chunks, so clear its coverage too), then plan_slots(resume=True) plans the slot again:\n  {body}",
+            f"{self.slot[1]}) (seen {doing}); the slot plan's alignment no longer holds, so nothing more is "
+            "written and the slot is not recorded complete. Restore the layout (create_layout with the run's "
+            "spec; a re-created array lost its chunks, so clear the coverage of ranges already complete), then "
+            f"plan_slots(resume=True) plans the slot again:\n  {body}",
             tuple(lines),
         )
 
-    def _read_document(self, key: str) -> dict[str, Any]:
-        buffer = sync(self.store.get(key, default_buffer_prototype()))
-        if buffer is None:
-            return _ABSENT
-        try:
-            document = json.loads(buffer.to_bytes())
-        except ValueError:
-            return {"unreadable": buffer.to_bytes().decode(errors="replace")}
-        return document if isinstance(document, dict) else {"unreadable": document}
 
-    def _read_record(self) -> Any:
-        attributes = self._read_document(_key(self.group, _DOCUMENT)).get("attributes")
-        return attributes.get(LAYOUT_ATTRIBUTE) if isinstance(attributes, dict) else None
+def _read_document(store: Store, key: str) -> dict[str, Any]:
+    """The JSON document at ``key``; empty when absent."""
+    buffer = sync(store.get(key, default_buffer_prototype()))
+    if buffer is None:
+        return {}
+    try:
+        document = json.loads(buffer.to_bytes())
+    except ValueError:
+        return {"unreadable": buffer.to_bytes().decode(errors="replace")}
+    return document if isinstance(document, dict) else {"unreadable": document}
 
-    def _read_array(self, name: str) -> dict[str, Any]:
-        document = self._read_document(_key(self.group, name, _DOCUMENT))
-        return {fact: value for fact, value in document.items() if fact != "attributes"}
+
+def _read_record(store: Store, group: str) -> Any:
+    """The group's layout record, or ``None``."""
+    attributes = _read_document(store, _key(group, _DOCUMENT)).get("attributes")
+    return attributes.get(LAYOUT_ATTRIBUTE) if isinstance(attributes, dict) else None
+
+
+def _read_array(store: Store, group: str, name: str) -> dict[str, Any]:
+    """Array ``name``'s metadata document without its attributes; empty when deleted."""
+    document = _read_document(store, _key(group, name, _DOCUMENT))
+    return {fact: value for fact, value in document.items() if fact != "attributes"}
