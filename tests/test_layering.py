@@ -55,6 +55,9 @@ OVERSIZED: set[str] = {
     "plan/splits.py",
     # the dataset's constructor takes every option a user sets (its docstring is the options' reference)
     "dataset.py",
+    # SlotWriter is one class (open, intent checks, landing, completion); the layout re-check before each
+    # write and before completion took it past the limit, and splitting the class would spread it over modules
+    "write/writer.py",
 }
 
 

@@ -17,6 +17,7 @@ from .._validate import positive_int
 from ..errors import WriteBehindError, WriteIntentRangeError
 from .behind import WriteBehind
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
+from .fingerprint import LayoutFingerprint
 from .layout import WriteLayout, read_layout
 from .slots import ENV_PLAN, ENV_STORE, SlotPlan
 from .tasks import assigned_ranges
@@ -122,6 +123,7 @@ class SlotWriter:
         self.write_behind = positive_int("write_behind", write_behind, minimum=0)
         self._behind: WriteBehind | None = None  # the background writes' thread, from open() to close()
         self._layout: WriteLayout | None = None
+        self._fingerprint: LayoutFingerprint | None = None  # what the range was checked against
         self._claim: SlotClaim | None = None
         self._arrays: dict[str, zarr.Array] = {}
         self.coverage: CoverageRecord | None = None
@@ -181,9 +183,11 @@ class SlotWriter:
         """Validate the range and take the claim (done by ``with``)."""
         if self._claim is not None:
             return self
+        fingerprint = LayoutFingerprint.read(self.store, self.group, (self.start, self.stop))
         layout = read_layout(self.store, self.group)
         layout.check_range(self.start, self.stop)
-        self._layout = layout
+        fingerprint.check_all("while the writer opened")  # the layout read above is the one fingerprinted
+        self._layout, self._fingerprint = layout, fingerprint
         self._claim = SlotClaim.acquire(
             self.store,
             self.start,
@@ -212,11 +216,13 @@ class SlotWriter:
 
         With write-behind it first waits for every queued write to land; if
         one failed it raises ``WriteBehindError``, releases the claim and
-        records nothing.
+        records nothing. A layout changed since the writer opened raises
+        ``LayoutChangedError`` the same way.
         """
         claim = self._require_claim()
         try:
             self.flush()
+            self._require_fingerprint().check_all("before recording the slot complete")
         except BaseException:
             self._stop_behind(raise_error=False)
             claim.release()
@@ -274,6 +280,11 @@ class SlotWriter:
         if self._claim is None:
             raise RuntimeError("the SlotWriter is not open: use `with SlotWriter(...) as w:` or w.open()")
         return self._claim
+
+    def _require_fingerprint(self) -> LayoutFingerprint:
+        self._require_claim()
+        assert self._fingerprint is not None  # open() sets it before taking the claim
+        return self._fingerprint
 
     @property
     def slot_coord(self) -> np.ndarray | None:
@@ -404,6 +415,8 @@ class SlotWriter:
             indices; the layout stores no index coordinate. Nothing is written.
         WriteClaimError
             The claim was lost (cleared as stale or taken over).
+        LayoutChangedError
+            The array's metadata changed since the writer opened (re-created, resized, deleted).
         WriteBehindError
             An earlier background write failed (``write_behind``): nothing more is written.
         ValueError
@@ -427,6 +440,7 @@ class SlotWriter:
     def _land(self, array: str, lo: int, hi: int, values: np.ndarray) -> None:
         """Write checked ``values`` into ``array`` at ``[lo, hi)`` (the caller's thread, or the write-behind one)."""
         self._require_claim().check()  # a claim lost while a write waited in the queue: nothing more lands
+        self._require_fingerprint().check(array, f"before writing {array!r} at [{lo}, {hi})")
         spec = self.layout.array(array)
         target = self._arrays.get(array)
         if target is None:
