@@ -23,11 +23,11 @@ from ._engine.passes.batch import Batch
 from ._engine.passes.context import PassContext
 from ._engine.passes.producer import PassIterator, _PassState
 from ._engine.stats import PassStats
-from ._validate import positive_int
 from .io.geometry import ArrayGeometry
 from .plan.cost import empty_split_note
 from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner, History
+from .validation import positive_int
 
 __all__ = ["OTHER_PROCESS_MESSAGE", "DatasetView", "InferView"]
 

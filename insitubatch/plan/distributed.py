@@ -56,7 +56,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from .._validate import positive_int
+from ..validation import positive_int
 from .epoch import EpochOrder, sorted_unique
 
 __all__ = [

@@ -21,8 +21,8 @@ import queue
 import threading
 from collections.abc import Callable
 
-from .._validate import positive_int
 from ..errors import WriteBehindError
+from ..validation import positive_int
 
 __all__ = ["WriteBehind"]
 

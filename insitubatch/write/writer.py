@@ -13,8 +13,8 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 
-from .._validate import positive_int
 from ..errors import WriteBehindError, WriteIntentRangeError
+from ..validation import positive_int
 from .behind import WriteBehind
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
 from .layout import WriteLayout, read_layout
