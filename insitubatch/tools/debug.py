@@ -16,6 +16,8 @@ import sys
 import sysconfig
 from typing import IO, Any
 
+from ..validation import Anything, Table, validate_params
+
 __all__ = ["debug_info", "print_debug_info"]
 
 PACKAGES = ("insitubatch", "numpy", "zarr", "numcodecs", "obstore", "torch", "jax", "fsspec", "icechunk", "cython")
@@ -75,6 +77,11 @@ def debug_info() -> dict[str, Any]:
     }
 
 
+# What ``print_debug_info`` accepts (``validation``)
+DEBUG_PARAMETERS: Table = {"file": [Anything("a text stream with write(), or None for stdout")]}
+
+
+@validate_params(DEBUG_PARAMETERS)
 def print_debug_info(file: IO[str] | None = None) -> None:
     """Print versions, built kernels and flags, CPU count and free-threading state, for a bug report."""
     info = debug_info()
