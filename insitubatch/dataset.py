@@ -1,10 +1,12 @@
 """``InSituDataset``: a zarr store's splits as views of shuffled batches, read in place.
 
-The dataset resolves the variables and builds, once, what every pass
-shares: a ``PassContext`` (readers, the ``ChunkPool`` and its disk cache,
-batch buffers, the decode pool, the read permits, the epoch's counters) and
-an ``EpochPlanner``. Views (``views.py``) read only those two to plan and
-start passes (``_engine/passes/producer.py``).
+The constructor is the public door: ``PARAMETERS`` below is what each of
+its arguments accepts (``validation``), and its docstring the options'
+reference. ``DatasetParts.assemble`` (``assembly``) then builds, once, what
+every pass shares: a ``PassContext`` (readers, the ``ChunkPool`` and its
+disk cache, batch buffers, the decode pool, the read permits, the epoch's
+counters) and an ``EpochPlanner``. Views (``views.py``) read only those
+two to plan and start passes (``_engine/passes/producer.py``).
 """
 
 from __future__ import annotations
@@ -225,12 +227,8 @@ class InSituDataset:
         )
         self.store, self._opened_store, self.manifest = parts.store, parts.opened_store, parts.manifest
         self.variables, self.left_out, self.static_fields = parts.variables, parts.left_out, parts.static_fields
-        self.readers, self.outputs, self.cache, self.persist = (
-            parts.readers,
-            parts.outputs,
-            parts.cache,
-            cache_options.persist,
-        )
+        self.readers, self.outputs, self.cache = parts.readers, parts.outputs, parts.cache
+        self.persist = cache_options.persist
         self.pool, self.buffers, self.executor = parts.pool, parts.buffers, parts.context.executor
         self.decode_threads, self.rank, self.world_size = parts.decode_threads, parts.rank, parts.world_size
         self.last_batch: LastBatch = parts.last_batch

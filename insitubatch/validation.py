@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -52,7 +53,7 @@ INT_KNOB_MAX = int(np.iinfo(np.int64).max)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Constraint:
+class Constraint(ABC):
     """One kind of valid value: whether a value is of its kind, and whether it is valid within it.
 
     The validator asks each of a parameter's constraints in turn; the first
@@ -63,8 +64,9 @@ class Constraint:
 
     description = "valid"  # what its kind is, for a type error: "an int"
 
+    @abstractmethod
     def is_kind(self, value: Any) -> bool:
-        raise NotImplementedError  # each constraint says what its kind is
+        """Whether ``value`` is of this constraint's kind (an int, a word, a path), valid or not."""
 
     def check(self, name: str, value: Any) -> Any:
         """``value`` normalised; raises ``ValueError``/``TypeError`` naming ``name`` when it is invalid."""
