@@ -35,7 +35,7 @@ from .plan.distributed import LAST_BATCH_POLICIES, LastBatch, Remainder
 from .plan.epoch import EpochPlan
 from .plan.splits import SplitManifest
 from .transforms import ChunkTransform
-from .validation import Anything, Callables, Flag, Instance, Interval, Options, Table, positive_int, validate_params
+from .validation import Anything, Callables, Flag, Instance, Interval, Options, Table, validate_params
 from .views import DatasetView, InferView
 
 __all__ = ["InSituDataset"]
@@ -71,6 +71,9 @@ PARAMETERS: Table = {
     "chunk_transforms": [Callables()],
     "batch_transforms": [Callables()],
 }
+# What ``InSituDataset.infer`` accepts; the range, against the arrays and their coordinates: ``inference_range``
+RANGE = [Anything("inference_range: anchor indices (start, stop), or coordinate bounds")]
+INFER_PARAMETERS: Table = {"sample_range": RANGE, "start": RANGE, "stop": RANGE, "batch_size": [Interval(1), None]}
 
 
 class InSituDataset:
@@ -300,9 +303,10 @@ class InSituDataset:
         """Tiles replaced under ``on_bad_chunk="nan"`` in the current epoch's passes."""
         return self.context.bad_chunks
 
+    @validate_params({"epoch": [Interval(0)]})
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the next passes draw (order depends on seed and epoch only)."""
-        self.context.set_epoch(positive_int("epoch", epoch, minimum=0))
+        self.context.set_epoch(epoch)
 
     def plan(self, split: str, epoch: int | None = None, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
         """This rank's (cached) plan of ``split`` for ``epoch`` (default: the current one).
@@ -312,6 +316,7 @@ class InSituDataset:
         """
         return self.planner.plan(split, self.epoch if epoch is None else epoch, history)
 
+    @validate_params(INFER_PARAMETERS)
     def infer(
         self,
         sample_range: tuple[int, int] | None = None,
@@ -345,7 +350,7 @@ class InSituDataset:
         """
         self._check_open()
         anchors = inference_range(self.manifest, self.outputs, self.variables.values(), sample_range, start, stop)
-        bs = self.batch_size if batch_size is None else positive_int("batch_size", batch_size)
+        bs = self.batch_size if batch_size is None else batch_size
         return InferView(self.context, self.planner, anchors, bs, dataset=self)
 
     def sample_coords(self) -> dict[str, np.ndarray]:
@@ -353,6 +358,7 @@ class InSituDataset:
         return self._coords
 
     # -- cost before the first byte --------------------------------------------
+    @validate_params({"iterations": [Interval(1)]})
     def describe(self, iterations: int = 1) -> dict[str, Any]:
         """What this configuration will cost, from metadata alone, as a JSON-able dict.
 
@@ -361,7 +367,6 @@ class InSituDataset:
         (train and val zipped is 2), sized for the split with the largest working set; notes; the
         reads-in-flight limit (``concurrency``). Nothing is fetched.
         """
-        iterations = positive_int("iterations", iterations)
         plans = {name: self.plan(name) for name in self.manifest.names}
         split = max(plans, key=lambda name: plans[name].working_set_bytes)
         info = describe_loader(
@@ -391,6 +396,7 @@ class InSituDataset:
         }
         return {**info, "concurrency": _concurrency(self.context)}  # the reads-in-flight limit, as chosen
 
+    @validate_params({"iterations": [Interval(1)]})
     def print_summary(self, iterations: int = 1) -> None:
         """Print :meth:`describe` as the text ``insitubatch inspect`` shows."""
         print(format_summary(self.describe(iterations)))

@@ -206,3 +206,18 @@ def test_the_dataset_table_holds_the_cache_options_rows() -> None:
 
     table = insitubatch.InSituDataset.__init__.parameter_constraints
     assert all(table[name] is rows for name, rows in CACHE_PARAMETERS.items())
+
+
+METHODS = [
+    insitubatch.InSituDataset.set_epoch,
+    insitubatch.InSituDataset.infer,
+    insitubatch.InSituDataset.describe,
+    insitubatch.InSituDataset.print_summary,
+    insitubatch.DatasetView.set_epoch,
+    insitubatch.DatasetView.iterate,
+]
+
+
+@pytest.mark.parametrize("method", METHODS, ids=lambda m: m.__qualname__)
+def test_the_knobs_of_a_dataset_s_methods_are_tabled_too(method) -> None:
+    assert set(method.parameter_constraints) == _parameters(method)
