@@ -21,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         f"(underlying error: {exc})"
     ) from exc
 
+from . import config  # noqa: F401  (`insitubatch.config.set(...)`, as `zarr.config`)
 from ._engine.passes.batch import Batch
 from ._engine.stats import PassStats
 from .dataset import InSituDataset

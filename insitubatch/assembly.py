@@ -33,6 +33,7 @@ from .io.stores import as_store
 from .plan.anchors import with_declared_times
 from .plan.distributed import LastBatch, Remainder, last_batch_policy, resolve_last_batch, resolve_world
 from .plan.planner import EpochPlanner
+from .plan.read_groups import ReadGroup, read_group
 from .plan.splits import SplitManifest
 from .transforms import ChunkTransform, check_scopes
 
@@ -57,7 +58,9 @@ class DatasetParts:
     decode_threads: int
     rank: int
     world_size: int
-    last_batch: LastBatch  # resolved for ``world_size``
+    last_batch: LastBatch  # resolved for the number of model replicas
+    read_group: ReadGroup  # this rank's model-parallel read group
+    read_group_bands: dict[str, slice]  # this member's part of every sample
     context: PassContext
     planner: EpochPlanner
 
@@ -88,16 +91,21 @@ class DatasetParts:
         cache_options: CacheOptions,
         missing: Sequence[Any] | None,
         frequency: str | np.timedelta64 | None,
+        read_group_size: Any,
+        read_group_part: str | Sequence[Mapping[Any, Any]] | None,
         sample_coords: Callable[[], dict[str, np.ndarray]],
     ) -> DatasetParts:
         """Resolve the arguments against the store and build every part; ``sample_coords`` is the dataset's."""
         rank, world_size = resolve_world(rank, world_size)
+        group = read_group(read_group_size, read_group_part, rank, world_size)
         last_batch = last_batch_policy(last_batch, remainder)
         opened_store = not hasattr(store, "get") or not hasattr(store, "set")
         store = as_store(store)
         variables, left_out = resolve_variables(store, variables, manifest.n_samples)
+        bands = group.bands(variables)
+        variables = group.cut(variables, bands)
         manifest = with_declared_times(manifest, variables, missing, frequency)
-        static_fields = resolve_statics(store, statics)
+        static_fields = group.cut(resolve_statics(store, statics), bands)
         check_distinct_labels(static_fields, variables)
         check_scopes(chunk_transforms, {g.path for g in variables.values()})
         readers, outputs = read_sources(variables, chunk_transforms)
@@ -139,8 +147,8 @@ class DatasetParts:
             block_chunks=block_chunks,
             shuffle=shuffle,
             seed=seed,
-            rank=rank,
-            world_size=world_size,
+            rank=group.replica,  # the epoch is dealt to model replicas: a read group's members read alike
+            world_size=group.replicas,
             last_batch=last_batch,
             release_per_block=cache_options.persist,
             variables=variables,
@@ -160,7 +168,9 @@ class DatasetParts:
             decode_threads=threads,
             rank=rank,
             world_size=world_size,
-            last_batch=resolve_last_batch(last_batch, world_size),
+            last_batch=resolve_last_batch(last_batch, group.replicas),
+            read_group=group,
+            read_group_bands=bands,
             context=context,
             planner=planner,
         )

@@ -67,6 +67,8 @@ PARAMETERS: Table = {
     "variables": [Anything("resolve_variables: labels, geometries or paths, against the store's arrays")],
     "missing": [Anything("with_declared_times: dates of the sample axis")],
     "frequency": [Anything("with_declared_times: the anchors' spacing")],
+    "read_group_size": [Anything("read_group: an int or a torch process group, dividing world_size"), None],
+    "read_group_part": [Anything("read_group: a dimension to cut, or one isel mapping per member"), None],
     "statics": [Anything("resolve_statics: static fields or paths, against the store's arrays")],
     "chunk_transforms": [Callables()],
     "batch_transforms": [Callables()],
@@ -132,6 +134,11 @@ class InSituDataset:
         A training pass's unfilled last batch, ranks kept at equal batch counts: ``"pad"`` fills it with the rank's
         own samples, marked in ``batch.extras["padded"]``; ``"drop"`` drops it; ``"partial"`` yields it short.
         ``None``: pad on several ranks, partial on one (``plan.distributed``). ``remainder``: deprecated alias.
+    read_group_size, read_group_part
+        Model-parallel read groups (``plan.read_groups``): ``G`` consecutive ranks (or a torch process group)
+        read the same samples in the same order, each member its part of every sample: a band along the
+        dimension ``read_group_part`` names, cut at tile edges, or ``read_group_part[rank % G]`` (an ``isel``).
+        The epoch is dealt to the ``world_size // G`` replicas; ``ds.read_group`` says which part is this rank's.
     cache_dir
         Back the pool with mmap'd tile-major ``.npy`` tile files here (local
         NVMe). Any number of processes of one host may write one directory
@@ -187,6 +194,8 @@ class InSituDataset:
         hedge: bool = True,
         missing: Sequence[Any] | None = None,
         frequency: str | np.timedelta64 | None = None,
+        read_group_size: Any = None,
+        read_group_part: str | Sequence[Mapping[Any, Any]] | None = None,
     ) -> None:
         closing_deferred()  # what datasets nobody closed left behind (a cache's lock, say) goes first
         cache_options = CacheOptions(  # the cache's settings together: their combinations are checked here
@@ -226,6 +235,8 @@ class InSituDataset:
             cache_options=cache_options,
             missing=missing,
             frequency=frequency,
+            read_group_size=read_group_size,
+            read_group_part=read_group_part,
             sample_coords=self.sample_coords,
         )
         self.store, self._opened_store, self.manifest = parts.store, parts.opened_store, parts.manifest
@@ -235,6 +246,7 @@ class InSituDataset:
         self.pool, self.buffers, self.executor = parts.pool, parts.buffers, parts.context.executor
         self.decode_threads, self.rank, self.world_size = parts.decode_threads, parts.rank, parts.world_size
         self.last_batch: LastBatch = parts.last_batch
+        self.read_group, self.read_group_bands = parts.read_group, parts.read_group_bands  # this member's part
         self.context, self.planner = parts.context, parts.planner
         self._views: dict[str, DatasetView] = {}
         close_at_exit(self)  # however the script ends, closed while zarr's loop still runs (``lifecycle``)
@@ -360,12 +372,12 @@ class InSituDataset:
     # -- cost before the first byte --------------------------------------------
     @validate_params({"iterations": [Interval(1)]})
     def describe(self, iterations: int = 1) -> dict[str, Any]:
-        """What this configuration will cost, from metadata alone, as a JSON-able dict.
+        """What this configuration will cost, from metadata alone, as a JSON-able dict (nothing is fetched).
 
-        Geometry per label, the resolved knobs, every split's samples, batches, GETs and working set
-        (this rank's share), and the memory plan term by term for ``iterations`` passes open at once
-        (train and val zipped is 2), sized for the split with the largest working set; notes; the
-        reads-in-flight limit (``concurrency``). Nothing is fetched.
+        Geometry per label, the resolved knobs, every split's samples, batches, working set (this rank's share)
+        and the GETs its first pass sends (shard indexes included), ``open``: the GETs and bytes sent as the
+        dataset opened, apart; the memory plan term by term for ``iterations`` passes open at once (train and
+        val zipped is 2), sized for the split with the largest working set; notes; ``concurrency``.
         """
         plans = {name: self.plan(name) for name in self.manifest.names}
         split = max(plans, key=lambda name: plans[name].working_set_bytes)
@@ -379,7 +391,7 @@ class InSituDataset:
             budget_bytes=self.pool.explicit_budget,
             batch_geometries=self.outputs,
             empty={n: why for n, p in plans.items() if (why := self.planner.empty_reason(n, p)) is not None},
-            gets={n: self.context.predicted_gets(p) for n, p in plans.items()},
+            **self.context.reads_report(plans),  # each split's GETs, the open's apart, the shard index budget
             statics=self.static_fields,
             left_out=self.left_out,
             remote=self.context.client() is not None,
@@ -394,6 +406,7 @@ class InSituDataset:
             "chunk_transforms": len(self.chunk_transforms),
             "batch_transforms": len(self.batch_transforms),
         }
+        info["read_group"] = self.read_group.describe(self.read_group_bands)
         return {**info, "concurrency": _concurrency(self.context)}  # the reads-in-flight limit, as chosen
 
     @validate_params({"iterations": [Interval(1)]})

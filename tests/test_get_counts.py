@@ -17,11 +17,15 @@ import zarr
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch._engine.reads import shard_index
+from insitubatch._engine.reads.shard_index import held_index_bytes, plan_shards
 from insitubatch._engine.reads.shard_runs import MAX_RUN_TILES, coalesce, morton_ranks, run_cap
+from insitubatch.io.decode import shard_stage
 
 SHAPE = (96, 16, 20)
 INNER = (4, 8, 10)  # 2 x 2 inner chunks per step band
 SHARD = (16, 16, 20)  # 4 bands x 4 = 16 inner chunks per shard
+DIMS = ("time", "lat", "lon")
 
 
 def _write(root, name: str = "s.zarr") -> None:
@@ -52,10 +56,17 @@ def where(request, tmp_path):
 VARIABLES = {
     "sharded": lambda g: {"a": g["a"]},
     "sharded+plain": lambda g: {"a": g["a"], "b": g["b"]},
+    "plain": lambda g: {"b": g["b"]},
     "selection": lambda g: {"x": g["a"].isel(lat=slice(0, 8)), "y": g["a"].isel(lon=slice(12, 20))},
     # two selections of an unsharded array whose tiles overlap: a shared tile is one GET
     "overlapping": lambda g: {"x": g["b"].isel(lat=slice(0, 8)), "y": g["b"].isel(lon=slice(12, 20))},
 }
+
+
+def _served(emulator) -> tuple[int, int]:
+    """GETs and bytes the server answered for the arrays' chunks so far (not the metadata, nor its 404s)."""
+    chunks = {k: v for k, v in emulator.stats().keys.items() if "/c/" in k}
+    return sum(v.gets for v in chunks.values()), sum(v.bytes_sent for v in chunks.values())
 
 
 @pytest.mark.parametrize("variables", list(VARIABLES))
@@ -72,20 +83,22 @@ def test_a_cold_pass_sends_the_gets_describe_states(where, variables, split, blo
     if emulator is not None:
         emulator.reset_stats()
     with InSituDataset(store, manifest, VARIABLES[variables](geoms), **knobs) as ds:
-        predicted = ds.describe()["splits"][split]["gets"]
+        info = ds.describe()
+        opened = _served(emulator) if emulator is not None else (0, 0)
+        predicted = info["splits"][split]
         samples = sum(len(b) for b in ds.split(split))
         assert samples == len(manifest.sample_indices(split))
-        # a remote dataset reads train's first shard indexes as it opens (the likely first pass): train's GETs
-        warm = ds.context.warmup.counters.gets if ds.context.warmup is not None else 0
-        sent = ds.split(split).last_pass.gets
-        assert sent + (warm if split == "train" else 0) == predicted
-        assert ds.gets == sent + warm  # the epoch's count holds both
-        fetched = sum(c.get_bytes for c in ds.context.epoch_counters)
-    if emulator is not None:  # every GET and byte the server sent for the arrays, index reads included
-        stats = emulator.stats()
-        chunk_keys = {k: v for k, v in stats.keys.items() if "/c/" in k}  # not the metadata (nor its 404s)
-        assert sum(v.gets for v in chunk_keys.values()) == sent + warm
-        assert sum(v.bytes_sent for v in chunk_keys.values()) == fetched
+        sent = ds.split(split).last_pass
+        assert sent.gets == predicted["gets"]  # the pass counts every read it caused, its indexes included
+        # a remote dataset reads train's first shard indexes as it opens (the likely first pass): apart
+        assert ds.gets == sent.gets + info["open"]["gets"]
+    if emulator is None:
+        assert info["open"] == {"gets": 0, "bytes": 0, "split": None}  # a local store: nothing read ahead
+        return
+    # the server's own counts: the open's reads before the constructor returned, then exactly the pass's
+    assert opened == (info["open"]["gets"], info["open"]["bytes"])
+    total = _served(emulator)
+    assert (total[0] - opened[0], total[1] - opened[1]) == (predicted["gets"], sent.get_bytes)
 
 
 def test_a_block_released_read_by_read_leaves_which_inner_chunks_share_a_get_to_the_plan(where, monkeypatch) -> None:
@@ -161,3 +174,86 @@ def test_runs_are_capped_and_only_touching_spans_join() -> None:
     runs = coalesce(spans, cap=MAX_RUN_TILES)
     assert [len(r) for r in runs] == [16, 16, 8, 1]
     assert [len(r) for r in coalesce(spans[:5], cap=run_cap(2))] == [2, 2, 1]
+
+
+@pytest.mark.parametrize("order", [("train", "val"), ("val", "train")])
+@pytest.mark.parametrize("held_shards", [None, 2], ids=["all-held", "two-held"])
+@pytest.mark.parametrize("variables", ["sharded+plain", "selection"])
+def test_each_split_sends_what_describe_states_in_either_order(where, monkeypatch, order, held_shards, variables):
+    """A shard train and val share (a 0.6 split) is read by each; with room for two shards' indexes a split lets
+    them go and reads them again: describe() states each pass's GETs whichever split ran first."""
+    url, emulator = where
+    store = obstore_store(url, read_only=True)
+    geoms = open_geometries(store, variables=["a", "b"])
+    if held_shards is not None:
+        each = held_index_bytes(shard_stage(geoms["a"]))
+        monkeypatch.setattr(shard_index, "SHARD_INDEX_BUDGET_BYTES", held_shards * each)
+    manifest = split_by_chunk(geoms["a"], fractions=(0.6, 0.4))
+    knobs = {"batch_size": 8, "block_chunks": 2, "max_inflight": 4, "hedge": False}
+    if emulator is not None:
+        emulator.reset_stats()
+    with InSituDataset(store, manifest, VARIABLES[variables](geoms), **knobs) as ds:
+        info = ds.describe()
+        served = [_served(emulator)] if emulator is not None else []
+        for split in order:
+            for _ in ds.split(split):
+                pass
+            sent = ds.split(split).last_pass
+            assert sent.gets == info["splits"][split]["gets"], split
+            if emulator is not None:
+                served.append(_served(emulator))
+                gets, nbytes = (a - b for a, b in zip(served[-1], served[-2]))
+                assert (gets, nbytes) == (sent.gets, sent.get_bytes), split
+        shards = {s: len({k for k, _ in _wanted(ds, s)}) for s in order}
+        reread = {s: info["splits"][s]["index_gets"] - shards[s] for s in order}
+        assert (
+            ds.context.shard_indexes.gets
+            == sum(info["splits"][s]["index_gets"] for s in order) + (info["open"]["gets"])
+        )
+    if emulator is not None:
+        assert served[0] == (info["open"]["gets"], info["open"]["bytes"])
+    held = info["memory"]["shard_index_bytes"]
+    if held_shards is None:
+        assert all(r <= 0 for r in reread.values())  # each index once (train's first ones read as it opened)
+    else:
+        assert reread["train"] > 0  # a shuffled pass came back to shards it had let go
+        assert held == len(manifest.names) * held_shards * held_index_bytes(shard_stage(geoms["a"]))
+
+
+def _wanted(ds, split: str):
+    readers = {s: r for s, r in ds.context.readers.items() if r.geometry.sharded_reads}
+    stages = {r.geometry.path: shard_stage(r.geometry) for r in readers.values()}
+    return plan_shards(ds.plan(split), readers, stages, 0)
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("variables", ["sharded+plain", "selection", "plain"])
+def test_where_no_codec_compresses_describe_states_the_bytes_too(tmp_path, request, split, variables) -> None:
+    """Stored uncompressed, every tile's size is fixed: describe() states
+    the bytes each split's cold pass moves, and the server sends exactly those; compressed, it says None."""
+    emulator = request.getfixturevalue("emulator")
+    group = zarr.open_group(emulator.root / "r.zarr", mode="w", zarr_format=3)
+    rng = np.random.default_rng(2)
+    for array, shards in (("a", SHARD), ("b", None)):
+        group.create_array(
+            array, shape=SHAPE, chunks=INNER, shards=shards, dtype="f4", compressors=None, dimension_names=DIMS
+        )[...] = rng.random(SHAPE, dtype="f4")
+    group.create_array("c", shape=SHAPE, chunks=INNER, dtype="f4", dimension_names=DIMS)[...] = 1.0  # zstd
+    for url in (str(emulator.root / "r.zarr"), emulator.url_for("r.zarr")):
+        store = obstore_store(url, read_only=True)
+        geoms = open_geometries(store, variables=["a", "b", "c"])
+        manifest = split_by_chunk(geoms["a"], fractions=(0.5, 0.5))
+        emulator.reset_stats()
+        with InSituDataset(store, manifest, VARIABLES[variables](geoms), batch_size=8, block_chunks=2) as ds:
+            info = ds.describe()
+            opened = _served(emulator)
+            for _ in ds.split(split):
+                pass
+            sent = ds.split(split).last_pass
+            assert (sent.gets, sent.get_bytes) == (info["splits"][split]["gets"], info["splits"][split]["bytes"])
+            with InSituDataset(store, manifest, {"c": geoms["c"]}, batch_size=8) as compressed:
+                assert compressed.describe()["splits"][split]["bytes"] is None
+        if url.startswith("http"):
+            total = _served(emulator)
+            assert opened == (info["open"]["gets"], info["open"]["bytes"])
+            assert (total[0] - opened[0], total[1] - opened[1]) == (sent.gets, sent.get_bytes)

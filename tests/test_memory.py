@@ -8,6 +8,7 @@ at once (weak references die before the next batch).
 
 from __future__ import annotations
 
+import fnmatch
 import tracemalloc
 
 import numpy as np
@@ -51,6 +52,7 @@ def _scale(chunk):
     return chunk
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("transforms", [(), (_scale,)], ids=["tiles", "assembled"])
 def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(store, transforms) -> None:
     geoms = open_geometries(store)
@@ -257,3 +259,54 @@ def test_auto_concurrency_on_a_remote_store_stays_within_describes_bound(served,
         assert ds.pool.totals.peak_resident_bytes <= memory["working_set_bytes"] + memory["read_ahead_bytes"]
         assert peak <= memory["total_bytes"] + BOOKKEEPING_BYTES, f"peak traced {peak} over {memory['total_bytes']}"
         print(f"auto: peak traced {peak} bound {memory['total_bytes']} in flight {peaks} of {memory['inflight_tiles']}")
+
+
+# our code that allocates what a held shard index keeps: its entries (``io/chain.py``) and its slot
+INDEX_CODE = ("*/insitubatch/io/chain.py", "*/insitubatch/_engine/reads/shard_index.py")
+# besides the held indexes: numpy's cache of freed small blocks (bounded), the index codec chain's buffers
+INDEX_CODE_ALLOWANCE = 64_000
+
+
+def _index_pass(tmp_path, steps: int, shards_held: int) -> tuple[int, int, int]:
+    """One pass over ``steps`` shards with room for ``shards_held`` indexes: ``(bytes our index code still holds
+    allocated afterwards, the budget, one index's held_index_bytes)``."""
+    from insitubatch._engine.reads import shard_index
+    from insitubatch.io.decode import shard_stage
+
+    root = zarr.open_group(tmp_path / f"s{steps}.zarr", mode="w", zarr_format=3)
+    root.create_array(
+        "v", shape=(steps, 16, 16), chunks=(1, 4, 4), shards=(1, 16, 16), dtype="f4", dimension_names=("t", "y", "x")
+    )[...] = np.arange(steps * 256, dtype="f4").reshape(steps, 16, 16)
+    store = local_store(tmp_path / f"s{steps}.zarr")
+    g = open_geometries(store)["v"]
+    each = shard_index.held_index_bytes(shard_stage(g))
+    budget = shards_held * each
+    shard_index_budget = shard_index.SHARD_INDEX_BUDGET_BYTES
+    shard_index.SHARD_INDEX_BUDGET_BYTES = budget
+    try:
+        with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), {"v": g}, batch_size=64, block_chunks=8) as ds:
+            assert ds.describe()["memory"]["shard_index_bytes"] == min(budget, steps * each)  # (not steps x each)
+            tracemalloc.start(1)
+            try:
+                for _ in ds.train:
+                    pass
+                snapshot = tracemalloc.take_snapshot()
+            finally:
+                tracemalloc.stop()
+            assert ds.context.shard_indexes.gets == steps  # every shard's index read, all but the last few let go
+            assert ds.train.last_pass.gets == ds.describe()["splits"]["train"]["gets"]
+    finally:
+        shard_index.SHARD_INDEX_BUDGET_BYTES = shard_index_budget
+    held = sum(t.size for t in snapshot.traces if any(fnmatch.fnmatch(t.traceback[-1].filename, c) for c in INDEX_CODE))
+    return held, budget, each
+
+
+@pytest.mark.invariant
+@pytest.mark.slow
+def test_shard_indexes_held_stay_within_the_budget_however_many_shards_a_pass_reads(tmp_path) -> None:
+    """A pass over 128 or 1024 shards holds the same bounded few indexes afterwards: the budget ``describe()``
+    states, not one index per shard read."""
+    few, budget, each = _index_pass(tmp_path, 128, 16)
+    many, _, _ = _index_pass(tmp_path, 1024, 16)
+    assert few <= budget + INDEX_CODE_ALLOWANCE and many <= budget + INDEX_CODE_ALLOWANCE, (few, many, budget)
+    assert many - few < 16 * each  # keeping every index would hold (1024 - 128) x each more

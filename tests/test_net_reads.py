@@ -24,7 +24,7 @@ from insitubatch.errors import StoreReadError
 from insitubatch.io.group import open_geometries
 from insitubatch.io.owned import close_store
 from insitubatch.io.stores import DEFAULT_RETRY_TIMEOUT, obstore_store
-from insitubatch.plan.cost import auto_inflight_cap
+from insitubatch.plan.sizing import auto_inflight_cap
 from insitubatch.plan.splits import split_by_chunk
 
 GROUP = "n.zarr"

@@ -12,6 +12,11 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 from zarr.errors import ZarrUserWarning
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
+from insitubatch._engine.reads.shard_index import (
+    HELD_ENTRY_BYTES,
+    HELD_INDEX_OVERHEAD_BYTES,
+    SHARD_INDEX_BUDGET_BYTES,
+)
 from insitubatch._engine.reads.shard_runs import coalesce
 from insitubatch._engine.reads.store_link import client_for
 from insitubatch.io.decode import shard_stage
@@ -93,6 +98,7 @@ def _needed(path, selection_tiles):
     [(None, lambda g: range(g.tiles_per_chunk)), ({1: slice(0, 5), 2: slice(6, 12)}, lambda g: [1])],
     ids=["whole field", "one tile"],
 )
+@pytest.mark.invariant
 def test_the_wire_carries_the_inner_chunks_needed_and_one_index_per_shard(tmp_path, selection, tiles) -> None:
     path = tmp_path / "s.zarr"
     data = _write(path)
@@ -143,7 +149,9 @@ def test_describe_names_the_shards_and_their_inner_chunks(tmp_path) -> None:
         info = ds.describe()
     row = info["variables"]["v"]
     assert row["stored_chunk"] == [8, 10, 12] and row["read_chunk"] == [2, 5, 6] and row["shard_reads"]
-    assert info["memory"]["shard_index_bytes"] == 16 * 19 * 2 * 2  # every inner chunk's entry, at most
+    # every shard's index, an entry per inner chunk of its grid (4 x 2 x 2), the last shard's past the array too
+    assert info["memory"]["shard_index_bytes"] == 5 * (HELD_ENTRY_BYTES * 4 * 2 * 2 + HELD_INDEX_OVERHEAD_BYTES)
+    assert info["memory"]["shard_index_budget_bytes"] == SHARD_INDEX_BUDGET_BYTES  # each split's at most
     assert any("is sharded: its tiles are inner chunks (2, 5, 6) of shards (8, 10, 12)" in n for n in info["notes"])
 
 

@@ -8,11 +8,12 @@ import time
 import numpy as np
 import pytest
 import zarr
+from helpers import shard_keys
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine.passes import warm
-from insitubatch._engine.reads.shard_index import plan_shards, shard_keys
+from insitubatch._engine.reads.shard_index import plan_shards
 from insitubatch._wire.backends import _ObstoreBackend
 from insitubatch._wire.engine_client import NativeBackend
 from insitubatch.io.decode import shard_stage
@@ -102,26 +103,35 @@ def test_the_index_gets_are_sent_before_the_whole_pass_is_planned(tmp_path, monk
         g = open_geometries(store, variables=["v"])["v"]
         with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), {"v": g}, batch_size=2, block_chunks=4) as ds:
             warmup = ds.context.warmup
-            assert warmup is not None and not warmup.future.done()  # sent, not yet answered
+            assert warmup is not None and warmup.future.done()  # the open waited for their answers, not the sending
             assert at_planning[0] == warmup.shards > 0
 
 
-def test_a_pass_started_while_the_warm_up_reads_waits_for_its_indexes(tmp_path) -> None:
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_pass_started_while_the_warm_up_reads_waits_for_its_indexes(tmp_path, monkeypatch, split) -> None:
+    """A warm-up slower than the open's wait lands while the first pass waits: the pass's GETs all come after."""
+    monkeypatch.setattr(warm, "OPEN_WAIT_S", 0.0)
     data = _write(tmp_path / "a.zarr")
     with Emulator(tmp_path, latency_s=0.1, jitter_s=0.0) as emu:
         store = obstore_store(emu.url_for("a.zarr"), read_only=True)
         g = open_geometries(store, variables=["v"])["v"]
         emu.reset_stats()
-        with InSituDataset(store, split_by_chunk(g, fractions=(1.0,)), {"v": g}, batch_size=2, block_chunks=2) as ds:
-            it = iter(ds.train)  # at once: the warm-up's GETs are still out
+        manifest = split_by_chunk(g, fractions={"train": 0.5, "val": 0.5})
+        with InSituDataset(store, manifest, {"v": g}, batch_size=2, block_chunks=2) as ds:
+            it = iter(ds.split(split))  # at once: the warm-up's GETs are still out
             assert not ds.context.warmup.future.done()
+            opened = ds.context.open_reads()
             for batch in it:
                 np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
+            assert ds.context.warmup.future.done()
+            predicted = ds.describe()["splits"][split]["gets"]
+            assert ds.split(split).last_pass.gets == predicted  # the warm-up's reads are the open's, not the pass's
+            assert ds.gets == predicted + opened["gets"]
             got = _shard_gets(emu)
-    # every inner chunk is needed, so a shard's bytes on the wire are its file, index included, exactly once
-    assert len(got) == 6
-    for key, (gets, sent) in got.items():
-        assert gets >= 2 and sent == (tmp_path / key).stat().st_size, key
+    if split == "train":  # every inner chunk is needed: a shard's bytes on the wire are its file, index included
+        assert len(got) == 3
+        for key, (gets, sent) in got.items():
+            assert gets >= 2 and sent == (tmp_path / key).stat().st_size, key
 
 
 @pytest.mark.parametrize("first", ["val", "all"])
@@ -142,11 +152,14 @@ def test_a_wrong_guess_costs_no_read_twice(tmp_path, first) -> None:
                     np.testing.assert_array_equal(batch.arrays["v"], data[batch.sample_indices])
                 assert len(seen) == len(np.unique(seen))
             shards = ds.context.shard_indexes
-            assert shards.gets == len(_shard_gets(emu))  # one index GET per shard any pass touched
+            # one index GET per shard each split touched: a split holds its own (``all`` shares train's shards)
+            # (``all`` reads all six shards, then train its three again: the warm-up's among them)
+            assert shards.gets == len(_shard_gets(emu)) + (3 if first == "all" else 0)
     assert warmed and all(gets == 1 for gets, _ in warmed.values())
 
 
-def test_closing_stops_a_warm_up_that_has_not_landed(tmp_path) -> None:
+def test_closing_stops_a_warm_up_that_has_not_landed(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(warm, "OPEN_WAIT_S", 0.0)  # (the open would wait that long for answers that never come)
     _write(tmp_path / "a.zarr")
     with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
         store = obstore_store(emu.url_for("a.zarr"), read_only=True)

@@ -23,6 +23,7 @@ import socket
 import ssl
 
 from .._weak import WeakMembers
+from ..io.store_options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
 from .connection import Ask, Connection
 from .faults import TlsRefusedError
 
@@ -46,8 +47,8 @@ class HttpPool:
         port: int,
         ssl_context: ssl.SSLContext | None = None,
         *,
-        connect_timeout_s: float = 5.0,
-        idle_timeout_s: float = 90.0,
+        connect_timeout_s: float = OBSTORE_CONNECT_TIMEOUT.total_seconds(),
+        idle_timeout_s: float = OBSTORE_POOL_IDLE_TIMEOUT.total_seconds(),
         max_idle: int | None = None,
     ) -> None:
         named = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it

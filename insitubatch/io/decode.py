@@ -116,6 +116,17 @@ class ChunkDecoder:
         direct = self._chain._direct
         return direct.codec if direct is not None and self._chain.dtype == self.dtype else None
 
+    def encoded_nbytes(self) -> int | None:
+        """Bytes each chunk (tile) this decodes takes in the store, where its codecs fix them (none compresses),
+        else None: a compressed chunk's size is known only once it is read."""
+        chain = self._chain
+        if not isinstance(chain, _Chain):
+            return None
+        try:
+            return int(chain.encoded_nbytes())
+        except Exception:  # noqa: BLE001 - a codec that cannot say (compressors raise NotImplementedError)
+            return None
+
     def fill(self) -> np.ndarray:
         """A stored chunk that was never written: all fill value."""
         return np.full(self.shape, self.fill_value, dtype=self.dtype)

@@ -23,6 +23,7 @@ from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemorySto
 from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
+from ..config import parse_flag
 from ..validation import Anything, Flag, Instance, Table, validate_params
 from .client_choice import remember_client, resolve_client
 from .obstore_runtime import ForkSafeObjectStore, obstore_usable
@@ -189,8 +190,8 @@ def obstore_store(
         The HTTP client that reads chunks for the loader (docs/wire.md):
         ``"auto"`` (the engine's own where it can read the store, obstore's
         otherwise), ``"engine"`` (refused here if it cannot) or ``"obstore"``.
-        ``None``: the environment variable ``INSITUBATCH_CLIENT``, else
-        ``"auto"``. Metadata is always read through obstore; local and
+        ``None``: the ``client`` setting (``insitubatch.config``: its
+        ``set``, else ``INSITUBATCH_CLIENT``, else ``"auto"``). Metadata is always read through obstore; local and
         ``memory://`` stores use no HTTP client.
     **options
         Further obstore config keys for the cloud store, e.g.
@@ -375,7 +376,7 @@ def _cloud_store(
 def _s3_env_allows_http() -> bool:
     """Whether ``AWS_ALLOW_HTTP`` is true, or ``AWS_ENDPOINT_URL`` (MinIO, an emulator) is plain HTTP."""
     flag, endpoint = (os.environ.get(k, "").strip().lower() for k in ("AWS_ALLOW_HTTP", "AWS_ENDPOINT_URL"))
-    return flag in ("1", "true", "yes", "on") if flag else endpoint.startswith("http://")
+    return parse_flag(flag, "AWS_ALLOW_HTTP") if flag else endpoint.startswith("http://")
 
 
 def _build(url: str, factory: Any, parse_url: str, **kwargs: Any) -> Any:

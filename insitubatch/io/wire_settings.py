@@ -22,12 +22,14 @@ from urllib.parse import quote, urlsplit
 
 import obstore.store
 
+from ..config import parse_flag
+from .store_options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
+
 __all__ = ["EngineSettings", "S3Keys", "duration_s", "engine_settings"]
 
-# obstore's own defaults where a store leaves these unset (obstore's ClientConfig documents connect_timeout's
-# 5 s; an idle connection lives 90 s in its HTTP client, reqwest/hyper's pool default).
-OBSTORE_CONNECT_TIMEOUT_S = 5.0
-OBSTORE_POOL_IDLE_TIMEOUT_S = 90.0
+# obstore's own defaults where a store leaves these unset, in seconds (written once in io.store_options).
+OBSTORE_CONNECT_TIMEOUT_S = OBSTORE_CONNECT_TIMEOUT.total_seconds()
+OBSTORE_POOL_IDLE_TIMEOUT_S = OBSTORE_POOL_IDLE_TIMEOUT.total_seconds()
 
 # Client options the engine applies (timeouts, the pool, the user agent, a CA) or that change nothing a GET
 # sends (``timeout``/``read_timeout``: the engine's stall timer; ``http1_only``: it speaks only HTTP/1.1;
@@ -171,7 +173,7 @@ class EngineSettings:
 
 
 def _true(value: Any) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes", "on")
+    return parse_flag(value, "allow_http")
 
 
 def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, str] | str:

@@ -15,19 +15,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..io.chain import INDEX_ENTRY_BYTES
 from ..io.geometry import ArrayGeometry
 from ..io.statics import StaticField
 from .anchors import loss_note
 from .epoch import EpochPlan
 from .quarantine import quarantine_note
+from .sizing import READ_AHEAD_SHARE, auto_inflight_cap, auto_read_ahead, gets_per_read
 from .splits import SplitManifest
 
 __all__ = [
-    "AUTO_INFLIGHT_CEILING",
-    "READ_AHEAD_SHARE",
-    "auto_inflight_cap",
-    "auto_read_ahead",
     "describe_loader",
     "empty_split_note",
     "format_summary",
@@ -43,21 +39,11 @@ MIN_BLOCK_SAMPLES_PER_BATCH = 4
 # cost (the "fat chunks" regime of docs/tuning.md); the note says how much.
 FAT_TILE_BYTES = 16 * MIB
 KNOBS = ("batch_size", "block_chunks", "max_inflight", "prefetch_depth")
-# A pass holds at most its read-ahead bound of reads pinned, and about half of
-# them are the block being gathered: so at most 1 / READ_AHEAD_SHARE of the
-# window's GETs are in flight. (The pass stats judge a store-limited pass by
-# the same share; measured on 30 ms emulated GETs, the windows of 24-32 GETs
-# kept 12-20 in flight.)
-READ_AHEAD_SHARE = 2
 
 
 def empty_split_note(split: str, why: str) -> str:
     """Iterating ``split`` yields nothing, and ``why`` (``EpochPlanner.empty_reason``), in one sentence."""
     return f"split {split!r} yields no sample — {why}; iterating it is an empty loop"
-
-
-def _gets_per_read(plan: EpochPlan, tiles_per_read: Mapping[str, int]) -> float:
-    return sum(tiles_per_read[source] for source, _ in plan.reads) / len(plan.reads) if plan.reads else 1.0
 
 
 def read_ceiling(
@@ -83,7 +69,7 @@ def read_ceiling(
     if max_inflight == "auto":
         max_inflight = auto_inflight_cap(max(g.tile_nbytes for g in geometries.values()))
         reads += auto_read_ahead(plan, tiles, max_inflight)[1]
-    window = reads * _gets_per_read(plan, tiles)
+    window = reads * gets_per_read(plan, tiles)
     reachable = max(window / READ_AHEAD_SHARE, 1.0)
     in_flight = min(float(max_inflight), reachable)
     gets_per_s = in_flight / latency_s
@@ -99,50 +85,16 @@ def read_ceiling(
     }
 
 
-# max_inflight="auto" lets the engine raise the reads in flight while throughput still rises, up to a cap:
-# as many decoded tiles as fit AUTO_INFLIGHT_BYTES, never more than AUTO_INFLIGHT_CEILING reads (each is a
-# connection to the store) nor fewer than AUTO_INFLIGHT_FLOOR however fat the tiles.
-AUTO_INFLIGHT_BYTES = 512 * MIB
-AUTO_INFLIGHT_CEILING = 256
-AUTO_INFLIGHT_FLOOR = 4
-
-
-def auto_inflight_cap(tile_bytes: int) -> int:
-    """The most reads ``max_inflight="auto"`` holds at once for decoded tiles of ``tile_bytes``."""
-    return max(AUTO_INFLIGHT_FLOOR, min(AUTO_INFLIGHT_CEILING, AUTO_INFLIGHT_BYTES // max(int(tile_bytes), 1)))
-
-
-def auto_read_ahead(plan: EpochPlan, tiles_per_read: Mapping[str, int], cap: int) -> tuple[int, int]:
-    """``(bytes, reads)`` a remote pass under ``max_inflight="auto"`` may read ahead beyond its working set.
-
-    The plan reads one shuffle block ahead, which can hold fewer tiles than
-    the window may want in flight: a pass may then read further ahead, as
-    many reads as bring the tiles ahead up to ``cap``, so the window can
-    fill while the consumer works on the current block. Where a block
-    already holds ``cap`` tiles, nothing more: memory read ahead past what
-    the window can use is memory the link does not need. Their decoded bytes
-    are a term of the memory plan.
-    """
-    if not plan.reads:
-        return 0, 0
-    per_read = sum(tiles_per_read[source] for source, _ in plan.reads) / len(plan.reads)
-    # the tiles one block ahead holds: the smallest full block (a last, partial block is read with less ahead)
-    sizes = [len(block) for block in plan.block_reads]
-    full = sizes[:-1] if len(sizes) > 1 else sizes
-    ahead_tiles = min(full) * per_read
-    reads = math.ceil(max(0.0, cap - ahead_tiles) / per_read)
-    return reads * int(plan.read_nbytes.max()), reads
-
-
-def _split_row(plan: EpochPlan, tiles_per_read: Mapping[str, int], gets: int | None = None) -> dict[str, int]:
-    if gets is None:  # a tile a GET; a sharded array's index reads and runs are counted by the engine
-        gets = sum(tiles_per_read[source] for source, _ in plan.reads)
+def _split_row(plan: EpochPlan, reads: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "samples": plan.n_samples,
         "batches": plan.n_batches,
         "blocks": plan.n_blocks,
         "reads": len(plan.reads),
-        "gets": gets,
+        "gets": int(reads["gets"]),
+        "bytes": None if reads.get("bytes") is None else int(reads["bytes"]),  # known where no codec compresses
+        "index_gets": int(reads["index_gets"]),
+        "index_bytes": int(reads["index_bytes"]),
         "working_set_bytes": int(plan.working_set_bytes),
         "read_ahead_bound": int(plan.read_ahead_bound),
     }
@@ -154,6 +106,8 @@ def describe_loader(
     knobs: Mapping[str, Any],
     *,
     split: str,
+    reads: Mapping[str, Mapping[str, Any]],
+    index_budget_bytes: int,
     store: str = "",
     iterations: int = 1,
     budget_bytes: int | None = None,
@@ -161,7 +115,7 @@ def describe_loader(
     stored_tile_bytes: Mapping[str, int | None] | None = None,
     ceiling: Mapping[str, Any] | None = None,
     empty: Mapping[str, str] | None = None,
-    gets: Mapping[str, int] | None = None,
+    open_reads: Mapping[str, Any] | None = None,
     statics: Mapping[str, StaticField] | None = None,
     left_out: Mapping[str, str] | None = None,
     remote: bool = False,
@@ -177,9 +131,11 @@ def describe_loader(
     the memory plan is for, ``iterations`` how many passes are open at once
     (train and val zipped is 2). ``stored_tile_bytes`` are probed encoded
     sizes, ``None`` where unknown. ``ceiling`` is a :func:`read_ceiling`
-    (plus any ``suggest`` entry), reported as given. ``gets`` are each split's GETs
-    where the engine counted them (a sharded array's index reads and runs of
-    inner chunks; default: one per tile). ``empty`` gives, for
+    (plus any ``suggest`` entry), reported as given. ``reads`` are, per split,
+    what the engine predicts its pass sends (``_engine.reads.shard_runs.pass_reads``:
+    ``gets``, ``index_gets``, ``index_bytes``, ``index_held_bytes``); ``open_reads``
+    the GETs and bytes sent as the dataset opened, apart from every split's;
+    ``index_budget_bytes`` the most shard index entries a split holds. ``empty`` gives, for
     each split that yields no sample although it was not asked to be
     empty, why (``EpochPlanner.empty_reason``): each is a note. ``statics`` are
     ``{label: StaticField}`` (held once, counted in the memory plan); ``left_out`` what the dataset did not take from the store, with
@@ -210,9 +166,7 @@ def describe_loader(
             "shard_reads": "inner chunks by byte range" if g.sharded_reads else None,
             "stored_tile_bytes": None if stored_tile_bytes is None else stored_tile_bytes.get(label),
         }
-    splits: dict[str, dict[str, Any]] = {
-        name: _split_row(plan, tiles_per_read, (gets or {}).get(name)) for name, plan in plans.items()
-    }
+    splits: dict[str, dict[str, Any]] = {name: _split_row(plan, reads[name]) for name, plan in plans.items()}
     mine = splits[split]
     # a batch buffer holds at most a pass's samples (a batch_size past the split's length is one short batch)
     batch_rows = min(knobs["batch_size"], max((p.n_samples for p in plans.values()), default=0))
@@ -242,11 +196,9 @@ def describe_loader(
         for label, f in (statics or {}).items()
     }
     static_bytes = sum(r["bytes"] for r in static_rows.values())
-    # every index of a sharded array read by inner chunk is held once read: 16 bytes per inner chunk, at most
+    # a sharded array's indexes, 16 bytes per inner chunk: each split holds its shards' (at most the budget)
     sharded = {g.path: g for g in geometries.values() if g.sharded_reads}
-    index_bytes = sum(
-        INDEX_ENTRY_BYTES * math.prod(-(-s // c) for s, c in zip(g.shape, g.tile_chunks)) for g in sharded.values()
-    )
+    index_bytes = sum(int(reads[name]["index_held_bytes"]) for name in plans)
     memory = {
         "iterations": iterations,
         "working_set_bytes": working,
@@ -261,6 +213,7 @@ def describe_loader(
         "queue_bytes": int(queue_bytes),
         "statics_bytes": int(static_bytes),
         "shard_index_bytes": int(index_bytes),
+        "shard_index_budget_bytes": int(index_budget_bytes),
         "total_bytes": int(working + ahead + inflight_bytes + queue_bytes + static_bytes + index_bytes),
     }
     first = next(iter(geometries.values()))
@@ -285,7 +238,8 @@ def describe_loader(
     for path, g in sharded.items():
         notes.append(
             f"{path!r} is sharded: its tiles are inner chunks {g.tile_chunks} of shards {g.stored_chunks}, read by "
-            f"byte range after each shard's index (one GET per shard, all of them at most {index_bytes / MB:.3f} MB held)"
+            f"byte range after each shard's index (one GET per shard, all of them at most {index_bytes / MB:.3f} MB "
+            f"held: a split holds {index_budget_bytes / MB:.3f} MB at most, reading again one it let go)"
         )
     for label, g in geometries.items():
         if g.selection:
@@ -318,6 +272,7 @@ def describe_loader(
         "knobs": {k: knobs[k] if knobs[k] == "auto" else int(knobs[k]) for k in KNOBS},
         "split": split,
         "splits": splits,
+        "open": {"gets": 0, "bytes": 0, "split": None, **(open_reads or {})},
         "memory": memory,
         "statics": static_rows,
         "left_out": dict(left_out or {}),
@@ -378,6 +333,10 @@ def format_summary(info: Mapping[str, Any]) -> str:
         f"working    {_mb(mem['working_set_bytes'])} MB resident at most ({s['read_ahead_bound']} chunk reads{per}) — "
         f"the pool's floor and its automatic budget",
     ]
+    if (o := info.get("open", {})).get("gets"):
+        lines.append(
+            f"open       {o['gets']} GETs ({o['bytes']} bytes) as it opens: split {o['split']}'s first indexes"
+        )
     if mem.get("read_ahead_bytes"):
         lines.append(
             f"ahead      {_mb(mem['read_ahead_bytes'])} MB more read ahead (max_inflight=auto on a remote store: "

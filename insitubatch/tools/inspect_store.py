@@ -7,7 +7,9 @@ a chunk and of a tile (plus the stored, encoded size of the first tile when
 (``batch_size``, ``block_chunks``, ``max_inflight``, ``prefetch_depth``) it
 plans one shuffled epoch of a split with :func:`insitubatch.plan.epoch.plan_epoch`
 and prints the working set (the pool's floor), the read-ahead bound,
-GETs per epoch, the read concurrency and the memory they add up to, for
+GETs per epoch (``InSituDataset.describe()``'s count: a sharded array's
+shard indexes and runs of inner chunks included), the GETs a remote
+dataset sends as it opens, the read concurrency and the memory they add up to, for
 ``iterations`` passes open at once (the automatic pool budget is the sum of
 their working sets), and which HTTP client reads the chunks, and why.
 Nothing is fetched but metadata (and the probes).
@@ -27,16 +29,22 @@ from typing import Any, Literal
 
 from zarr.abc.store import Store
 
+from .._engine.passes.context import read_sources
+from .._engine.reads.concurrency import AUTO_START
+from .._engine.reads.shard_index import SHARD_INDEX_BUDGET_BYTES, held_index_bytes, plan_shards
+from .._engine.reads.shard_runs import pass_reads
 from .._engine.reads.store_link import client_for, route_report
 from .._zarr_compat import sync
+from ..io.decode import shard_stage
 from ..io.geometry import ArrayGeometry
 from ..io.group import open_geometries, scan_group
 from ..io.owned import close_store
 from ..io.statics import StaticField
 from ..io.stores import as_store, obstore_store
 from ..io.sync_get import _sync_get
-from ..plan.cost import READ_AHEAD_SHARE, describe_loader, format_summary, read_ceiling
+from ..plan.cost import describe_loader, format_summary, read_ceiling
 from ..plan.epoch import EpochPlan, plan_epoch
+from ..plan.sizing import READ_AHEAD_SHARE, auto_inflight_cap
 from ..plan.splits import DEFAULT_FRACTIONS, SplitManifest, split_by_chunk
 from .selection_args import parse_selection, select
 from .store_args import URL_HELP, add_store_options, store_options
@@ -217,11 +225,15 @@ def _describe(
     plan = _plan(manifest, split, geoms, knobs, knobs["block_chunks"])
     stored = {p: _stored_nbytes(store, g) for p, g in geoms.items()} if probe else None
     ceiling = None if latency_ms is None else _ceiling(manifest, split, geoms, knobs, plan, latency_ms / 1e3)
+    reads, opened = _reads(store, manifest, split, geoms, knobs, plan)
     info = describe_loader(
         geoms,
         {split: plan},
         knobs,
         split=split,
+        reads={split: reads},
+        open_reads=opened,
+        index_budget_bytes=SHARD_INDEX_BUDGET_BYTES,
         store=where,
         stored_tile_bytes=stored,
         iterations=iterations,
@@ -232,6 +244,51 @@ def _describe(
         client=route_report(None if _sync_get(store) is not None else client_for(store)),
     )
     return format_summary(info)
+
+
+def _reads(
+    store: Store,
+    manifest: SplitManifest,
+    split: str,
+    geoms: Mapping[str, ArrayGeometry],
+    knobs: Mapping[str, Any],
+    plan: EpochPlan,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ``split``'s first pass sends, and the dataset as it opens, as ``InSituDataset.describe()`` states them.
+
+    The same cost path (``_engine.reads.shard_runs.pass_reads``): a sharded
+    array's shard indexes and runs of inner chunks, at the read permits the
+    dataset would take. A remote dataset reads its first split's first
+    block's shard indexes as it opens (``_engine.passes.warm``): they are the
+    open's GETs, and that split's pass does not read them again.
+    """
+    readers, _ = read_sources(geoms, ())
+    remote = _sync_get(store) is None
+    tile_bytes = max(g.tile_nbytes for g in geoms.values())
+    if knobs["max_inflight"] != "auto":
+        cap = int(knobs["max_inflight"])
+    else:  # (``PassContext.permits``)
+        cap = auto_inflight_cap(tile_bytes) if remote else AUTO_START
+    held: list[tuple[str, int]] = []
+    opened: dict[str, Any] = {"gets": 0, "bytes": 0, "split": None}
+    sharded = {s: r for s, r in readers.items() if r.geometry.sharded_reads}
+    warm = "train" if "train" in manifest.names else manifest.names[0]
+    if remote and sharded:
+        head = plan if warm == split else _plan(manifest, warm, geoms, knobs, knobs["block_chunks"])
+        stages = {r.geometry.path: shard_stage(r.geometry) for r in sharded.values()}
+        first = plan_shards(head, sharded, stages, 0, 0)
+        opened = {"gets": len(first), "bytes": sum(st.index_nbytes for _, st in first), "split": warm}
+        held = [(key, held_index_bytes(st)) for key, st in first] if warm == split else []
+    reads = pass_reads(
+        plan,
+        readers,
+        permit_cap=cap,
+        remote=remote,
+        first_batch_first=remote,
+        held=held,
+        budget_bytes=SHARD_INDEX_BUDGET_BYTES,
+    )
+    return reads, opened
 
 
 def _plan(

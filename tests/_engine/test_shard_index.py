@@ -12,7 +12,14 @@ from zarr.buffer import default_buffer_prototype
 from zarr.codecs import BytesCodec, ShardingCodec
 
 from insitubatch import open_geometries
-from insitubatch._engine.reads.shard_index import ShardIndexes, prefetch
+from insitubatch._engine.reads.shard_index import (
+    HELD_ENTRY_BYTES,
+    HELD_INDEX_OVERHEAD_BYTES,
+    ShardIndexes,
+    SplitIndexes,
+    held_index_bytes,
+    prefetch,
+)
 from insitubatch._engine.reads.window import ReadWindow
 from insitubatch.io.decode import shard_stage
 
@@ -54,9 +61,10 @@ def test_readers_of_one_index_share_one_fetch_and_one_permit(tmp_path: Path) -> 
     key = g.chunk_key((1, 0))
 
     async def main() -> None:
-        indexes, window = ShardIndexes(), ReadWindow(4)
+        indexes, window = SplitIndexes(), ReadWindow(4)
         user, fetch = window.user(4), _Gate(store)
-        readers = [asyncio.ensure_future(indexes.read(key, stage, fetch, user, window.ticket())) for _ in range(3)]
+        slots = [indexes.touch(key, stage) for _ in range(3)]  # three tiles of the shard admitted: one slot
+        readers = [asyncio.ensure_future(indexes.read(slot, fetch, user, window.ticket())) for slot in slots]
         for _ in range(3):
             await asyncio.sleep(0)
         assert fetch.calls == [key] and window.inflight == 1  # the two others wait for that read, holding nothing
@@ -73,11 +81,11 @@ def test_a_reading_ahead_index_waits_while_a_tile_read_waits(tmp_path: Path) -> 
     keys = [g.chunk_key((s, 0)) for s in range(4)]
 
     async def main() -> None:
-        indexes, window = ShardIndexes(), ReadWindow(1)
+        indexes, window = SplitIndexes(), ReadWindow(1)
         user, fetch = window.user(1), _Gate(store)
         fetch.open.set()
         assert user.try_acquire()  # a tile read holds the only permit
-        ahead = asyncio.ensure_future(prefetch(indexes, [(k, stage) for k in keys], fetch, user, 2))
+        ahead = asyncio.ensure_future(prefetch(indexes, [indexes.touch(k, stage) for k in keys], fetch, user, 2))
         tile = asyncio.ensure_future(user.acquire(window.ticket()))  # another tile read waits
         for _ in range(3):
             await asyncio.sleep(0)
@@ -98,11 +106,12 @@ def test_a_reader_waiting_on_a_cancelled_index_read_reads_it_itself(tmp_path: Pa
     key = g.chunk_key((2, 0))
 
     async def main() -> None:
-        indexes, window = ShardIndexes(), ReadWindow(2)
+        indexes, window = SplitIndexes(), ReadWindow(2)
         user, fetch = window.user(2), _Gate(store)
-        first = asyncio.ensure_future(indexes.read(key, stage, fetch, user, window.ticket()))
+        slot = indexes.touch(key, stage)
+        first = asyncio.ensure_future(indexes.read(slot, fetch, user, window.ticket()))
         await asyncio.sleep(0)
-        second = asyncio.ensure_future(indexes.read(key, stage, fetch, user, window.ticket()))
+        second = asyncio.ensure_future(indexes.read(slot, fetch, user, window.ticket()))
         await asyncio.sleep(0)
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
@@ -112,3 +121,36 @@ def test_a_reader_waiting_on_a_cancelled_index_read_reads_it_itself(tmp_path: Pa
         assert indexes.gets == 1 and window.inflight == 0
 
     asyncio.run(main())
+
+
+def test_a_split_holds_its_indexes_within_the_budget_least_recently_used_out(tmp_path: Path) -> None:
+    g, stage, store = _sharded(tmp_path)
+    keys = [g.chunk_key((s, 0)) for s in range(4)]
+    each = held_index_bytes(stage)
+    assert each == 4 * HELD_ENTRY_BYTES + HELD_INDEX_OVERHEAD_BYTES  # four inner chunks a shard
+
+    async def main() -> None:
+        indexes, fetch = SplitIndexes(budget_bytes=2 * each), _Gate(store)
+        fetch.open.set()
+        first = indexes.touch(keys[0], stage)
+        indexes.touch(keys[1], stage)
+        indexes.touch(keys[0], stage)  # used again: keys[1] is now the least recent
+        third = indexes.touch(keys[2], stage)
+        assert [k for k, _ in indexes.held()] == [keys[0], keys[2]] and indexes.evictions == 1
+        assert indexes.held_bytes == 2 * each
+        # a slot let go is still read for whoever holds it; a later touch of its shard is a new one, read again
+        for slot in (first, third, indexes.touch(keys[1], stage), indexes.touch(keys[1], stage)):
+            assert await indexes.read(slot, fetch) is not None
+        assert fetch.calls == [keys[0], keys[2], keys[1]] and indexes.gets == 3
+        assert indexes.get_bytes == 3 * stage.index_nbytes
+        assert indexes.nbytes == 2 * 4 * HELD_ENTRY_BYTES  # the entries of the two held
+
+    asyncio.run(main())
+
+
+def test_each_split_holds_its_own_indexes(tmp_path: Path) -> None:
+    g, stage, _ = _sharded(tmp_path)
+    book = ShardIndexes(budget_bytes=10 * held_index_bytes(stage))
+    key = g.chunk_key((1, 0))
+    train, val = book.of("train"), book.of("val")
+    assert book.of("train") is train and train.touch(key, stage) is not val.touch(key, stage)

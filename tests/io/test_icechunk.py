@@ -78,7 +78,8 @@ def _epoch(store: Any, variables: Any, **knobs: Any) -> tuple[dict[str, np.ndarr
     chosen = variables(geoms)
     manifest = split_by_chunk(geoms["t"], fractions=(1.0,))
     with InSituDataset(store, manifest, chosen, batch_size=7, shuffle=False, hedge=False, **knobs) as ds:
-        predicted = ds.describe()["splits"]["train"]["gets"]  # (a sharded array's indexes included)
+        info = ds.describe()  # the pass's GETs (a sharded array's indexes included) and those read as it opened
+        predicted = info["splits"]["train"]["gets"] + info["open"]["gets"]
         batches = list(ds.split("train"))
         counters = ds.split("train").last_pass
     return {label: np.concatenate([b.arrays[label] for b in batches]) for label in chosen}, counters, predicted

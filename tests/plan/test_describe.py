@@ -164,7 +164,7 @@ def test_blocks_left_empty_by_a_window_edge_are_dropped_from_the_plan(zarr_path)
 def test_auto_read_ahead_tops_the_tiles_a_block_holds_up_to_the_cap_and_no_further(zarr_path, block_chunks) -> None:
     """Under "auto" a remote pass reads past its next block only as far as the window could use: the tiles
     one full block holds plus the extra reach the cap; a block that already holds the cap gets nothing more."""
-    from insitubatch.plan.cost import auto_read_ahead
+    from insitubatch.plan.sizing import auto_read_ahead
 
     store = local_store(zarr_path)
     geoms = open_geometries(store)

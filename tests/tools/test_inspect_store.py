@@ -213,3 +213,46 @@ def test_cli_selections_match_the_api(levels: Path, capsys: pytest.CaptureFixtur
         parse_selection(["level"], "--sel")
     with pytest.raises(ValueError, match=r"no array has dimension\(s\) \['plev'\].*'level'"):
         inspect_store(str(levels), sel={"plev": 500})
+
+
+def _sharded_store(root: Path) -> Path:
+    """A sharded v3 array (shards of 4 x 2 x 2 inner chunks) beside a plain one, written by zarr-python."""
+    group = zarr.open_group(root / "sh.zarr", mode="w", zarr_format=3)
+    rng = np.random.default_rng(5)
+    for name, shards in (("s", (16, 16, 20)), ("p", None)):
+        group.create_array(
+            name, shape=(96, 16, 20), chunks=(4, 8, 10), shards=shards, dtype="f4", dimension_names=("time", "y", "x")
+        )[...] = rng.random((96, 16, 20), dtype="f4")
+    return root / "sh.zarr"
+
+
+@pytest.mark.parametrize("where", ["local", "emulator"])
+@pytest.mark.parametrize("arrays", [["s"], ["s", "p"]])
+def test_inspect_counts_a_sharded_arrays_gets_as_describe_and_the_server_do(tmp_path, where, arrays) -> None:
+    """One GET per shard index and per run of adjacent inner chunks, not one per tile: describe()'s cost path."""
+    path = _sharded_store(tmp_path)
+    knobs = {"batch_size": 8, "block_chunks": 2, "max_inflight": 4}
+    with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0) as emu:
+        url = str(path) if where == "local" else emu.url_for("sh.zarr")
+        text = inspect_store(url, variables=arrays, probe=False, **knobs)
+        store = obstore_store(url, read_only=True)
+        geoms = open_geometries(store, variables=arrays)
+        tiles = len(split_by_chunk(geoms["s"]).chunks("train")) * geoms["s"].tiles_read
+        emu.reset_stats()
+        with InSituDataset(store, split_by_chunk(geoms["s"]), geoms, **knobs) as ds:
+            info = ds.describe()
+            opened = emu.stats().gets_where(lambda k: "/c/" in k)
+            for _ in ds.train:
+                pass
+            sent = ds.train.last_pass.gets
+        served = emu.stats().gets_where(lambda k: "/c/" in k) - opened
+    gets = int(re.search(r"= (\d+) GETs per epoch", text).group(1))
+    assert gets == info["splits"]["train"]["gets"] == sent
+    if where == "emulator":
+        assert served == gets and opened == info["open"]["gets"] > 0
+        assert f"open       {opened} GETs ({info['open']['bytes']} bytes) as it opens" in text
+        if arrays == ["s"]:  # runs of inner chunks: fewer GETs than tiles, however many indexes
+            assert gets < tiles
+    else:
+        assert info["open"]["gets"] == 0 and "open  " not in text
+        assert gets == tiles + info["splits"]["train"]["index_gets"] + (tiles if "p" in arrays else 0)

@@ -24,16 +24,17 @@ from ...cache import DiskCache
 from ...errors import DatasetClosedError
 from ...io.geometry import ArrayGeometry
 from ...io.sync_get import _sync_get
-from ...plan.cost import auto_inflight_cap, auto_read_ahead
 from ...plan.epoch import EpochPlan
+from ...plan.sizing import auto_inflight_cap, auto_read_ahead
 from ...transforms import ChunkTransform, pipeline_for
 from ..lifecycle import live_loop
 from ..pool.buffers import BufferPool
 from ..pool.chunk_pool import ChunkPool
+from ..pool.seen_reads import SeenReads
 from ..reads.concurrency import AUTO_START, LimitHistory
 from ..reads.reader import ArrayReader, BadChunkRecord
 from ..reads.shard_index import ShardIndexes
-from ..reads.shard_runs import pass_gets
+from ..reads.shard_runs import pass_reads
 from ..reads.store_link import StoreClient, client_for
 from ..reads.window import ReadWindow, WindowUser
 from ..stats import PassCounters
@@ -54,6 +55,16 @@ class _OpenPass(Protocol):
     def close(self) -> None: ...
 
     def release(self) -> None: ...
+
+
+class _OpenReads(_OpenPass, Protocol):
+    """The reads a dataset starts as it opens (``warm.Warmup``): the passes' reads wait for them to end."""
+
+    future: concurrent.futures.Future
+    split: str  # whose shard indexes it read
+    held: list[tuple[str, int]]  # that split's index slots once it started: (shard key, entry bytes), LRU first
+    gets: int  # the GETs it sends, and their bytes
+    nbytes: int
 
 
 @dataclass(eq=False)
@@ -78,14 +89,15 @@ class PassContext:
     statics: Mapping[str, np.ndarray] = field(default_factory=dict)  # read once at open, the same in every batch
     # by windowed label: its steps (``Batch.windows``)
     windows: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    shard_indexes: ShardIndexes = field(default_factory=ShardIndexes)  # read once per shard, kept for every pass
+    # per split, the shard indexes its passes read, held within a budget (``reads.shard_index``)
+    shard_indexes: ShardIndexes = field(default_factory=ShardIndexes)
     hedge: bool = True  # duplicate a remote GET that is far slower than its peers
     epoch: int = 0
     bad_chunks: list[BadChunkRecord] = field(default_factory=list)  # this epoch's; a new epoch starts a new list
     epoch_counters: list[PassCounters] = field(default_factory=list)  # this epoch's passes'
-    fetched_keys: set = field(default_factory=set)  # every read key a pass admitted: admitting one again is a re-read
+    seen_reads: SeenReads = field(default_factory=SeenReads)  # reads any pass fetched: fetching one again is a re-read
     passes: WeakMembers[_OpenPass] = field(default_factory=WeakMembers)  # open ones, closed on close()
-    warmup: _OpenPass | None = None  # reads started as the dataset opened (``warm``), stopped on close()
+    warmup: _OpenReads | None = None  # reads started as the dataset opened (``warm``), stopped on close()
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     _permits: WindowUser | None = None
@@ -115,12 +127,37 @@ class PassContext:
         tiles = {r.geometry.source: r.geometry.tiles_read for r in self.readers.values()}
         return auto_read_ahead(plan, tiles, self.inflight_cap())
 
-    def predicted_gets(self, plan: EpochPlan) -> int:
-        """The GETs a cold pass of ``plan`` sends (``reads.shard_runs.pass_gets``): what ``describe()`` states."""
+    def predicted_reads(self, split: str, plan: EpochPlan) -> dict[str, Any]:
+        """What the first pass of ``split`` (``plan`` its plan) sends after the dataset opened: what ``describe()``
+        states (``reads.shard_runs.pass_reads``). Its shard indexes are those the split does not hold once the
+        open's reads are in; the store's answers are exactly these, before any other pass."""
         remote = self.client() is not None
-        return pass_gets(
-            plan, self.readers, permit_cap=self.permits().cap, remote=remote, indexes=self.shard_indexes.known()
+        warm = self.warmup
+        return pass_reads(
+            plan,
+            self.readers,
+            permit_cap=self.permits().cap,
+            remote=remote,
+            first_batch_first=remote and self.cache is None,  # (``PassDriver``'s admission order)
+            held=warm.held if warm is not None and warm.split == split else (),
+            budget_bytes=self.shard_indexes.budget_bytes,
+            indexes=self.shard_indexes.known(),
         )
+
+    def open_reads(self) -> dict[str, Any]:
+        """The GETs and bytes the dataset sends as it opens (its warm-up's shard indexes), apart from every pass's."""
+        warm = self.warmup
+        if warm is None:
+            return {"gets": 0, "bytes": 0, "split": None}
+        return {"gets": warm.gets, "bytes": warm.nbytes, "split": warm.split}
+
+    def reads_report(self, plans: Mapping[str, EpochPlan]) -> dict[str, Any]:
+        """``describe_loader``'s read terms for ``plans`` (by split): each one's reads, the open's, the index budget."""
+        return {
+            "reads": {name: self.predicted_reads(name, plan) for name, plan in plans.items()},
+            "open_reads": self.open_reads(),
+            "index_budget_bytes": self.shard_indexes.budget_bytes,
+        }
 
     def permits(self) -> WindowUser:
         """The read permits every pass of this dataset takes, one per tile in flight (made on first use).

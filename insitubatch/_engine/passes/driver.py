@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-import numpy as np
 from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
 
@@ -34,13 +33,14 @@ from ...cache import DiskCache
 from ...io.decode import make_decoder, shard_stage
 from ...io.sync_get import _LocalFiles, _sync_get
 from ...plan.epoch import EpochPlan
-from ...plan.first_use import admission_order
 from ..lifecycle import EXIT_WAIT_S, exiting
 from ..loop import zarr_loop
 from ..pool.chunk_pool import PENDING, ChunkPool, Entry, Owner
+from ..pool.seen_reads import SeenReads
 from ..reads.fetch import Fetcher
 from ..reads.reader import ArrayReader, BadChunkRecord
-from ..reads.shard_index import ShardIndexes
+from ..reads.shard_index import SplitIndexes
+from ..reads.shard_runs import admitted_reads
 from ..reads.window import WindowUser
 from ..tiles.landings import _Landings, _release
 from ..tiles.local_groups import MAX_TILE_GROUP, LocalGroups, kernel_kind
@@ -78,8 +78,9 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         first_block: int = 0,
         cache: DiskCache | None = None,
         group: int = MAX_TILE_GROUP,
-        shard_indexes: ShardIndexes | None = None,
+        shard_indexes: SplitIndexes | None = None,
         fetcher: Fetcher | None = None,
+        after: concurrent.futures.Future | None = None,
     ) -> None:
         self.store = store
         self.pool = pool
@@ -105,7 +106,8 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         # readers are keyed by source (a path and its selection); decoders and codec kinds by array path
         self._decoders = {r.geometry.path: make_decoder(r.geometry, tile=True) for r in readers.values()}
         self._shards = {r.geometry.path: shard_stage(r.geometry) for r in readers.values() if r.geometry.sharded_reads}
-        self.shard_indexes = shard_indexes if shard_indexes is not None else ShardIndexes()
+        self.shard_indexes = shard_indexes if shard_indexes is not None else SplitIndexes()  # the split's
+        self.after = after  # reads that end before this pass sends its own: the dataset's open reads
         self._prototype = default_buffer_prototype()
         self._get_sync = _sync_get(store)
         self._group = group
@@ -128,7 +130,8 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
             self._groups = LocalGroups(self._get_sync, self._decoders, grouped)
         self._landings = _Landings(self.loop, executor)
         self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
-        self._wants = Wants()  # stored tiles waiting to be read: another selection's entry may join one
+        # stored tiles waiting to be read: another selection's entry may join one; an inner chunk takes its index slot
+        self._wants = Wants(self.shard_indexes, self._shards)
         self._pump: asyncio.Task | None = None
         self._remote_fresh: list[Want] = []  # remote tiles wanted, their reads not started yet (_start_remote)
         self._shard_wants: dict[str, list[Want]] = {}  # a shard's wanted inner chunks, till its block is admitted
@@ -136,7 +139,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
         self._jobs_lock = threading.Lock()
         self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
-        self.seen_keys: set | None = None  # keys fetched before (any pass): an admission of one is a re-read
+        self.seen: SeenReads | None = None  # reads fetched before (any pass): an admission of one is a re-read
         self._claimed: set = set()  # disk-cache claims this pass took (released when it stops, if still held)
         self._turn: asyncio.Future | None = None  # the latest disk-cache lookup's: its misses are fetched first
         self._budget_warned = False
@@ -235,6 +238,8 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
     # -- the driver ----------------------------------------------------------------
     async def _run(self) -> None:
         try:
+            if self.after is not None and not self.after.done():  # so the store sees them end before this pass
+                await asyncio.wait({asyncio.wrap_future(self.after)})
             if self._gate is None:  # else once the first block has landed
                 self._prefetch_shard_indexes()
             await self._drive()
@@ -253,12 +258,8 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         chunk: tuple[str, int] | None = None
         block = -1
         since_yield = 0
-        if self._gate is not None:  # a remote pass: its first block's GETs go out first batch first
-            order = admission_order(plan, self.first_block)
-        else:
-            order = [
-                i for i in np.argsort(plan.read_first, kind="stable").tolist() if plan.read_last[i] >= self.first_block
-            ]
+        # a remote pass sends its first block's GETs first batch first
+        order = admitted_reads(plan, self.first_block, self._gate is not None)
         for at, i in enumerate(order):  # reads only batches before a resume point need are left out
             key = plan.reads[i]
             nbytes = int(plan.read_nbytes[i])
@@ -300,9 +301,8 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
                 for record in list(entry.bad_records):
                     self._record_bad(None, record)
             if admitted:
-                if self.seen_keys is not None:
-                    owner.counters.trace.re_reads += key in self.seen_keys
-                    self.seen_keys.add(key)
+                if self.seen is not None:
+                    owner.counters.trace.re_reads += self.seen.mark(*key)
                 if self.cache is not None:
                     revivals.append((entry, reader, key[1]))
                 else:

@@ -150,10 +150,11 @@ class _PassState:
             first_block=self._first_block(),
             cache=ctx.cache,
             group=tile_group(permits.window.limit, ctx.decode_threads),
-            shard_indexes=ctx.shard_indexes,
+            shard_indexes=ctx.shard_indexes.of(self.split),
             fetcher=None if client is None else Fetcher(client, permits, self.owner.counters, hedge=ctx.hedge),
+            after=None if ctx.warmup is None else ctx.warmup.future,
         )
-        self.driver.seen_keys = ctx.fetched_keys
+        self.driver.seen = ctx.seen_reads
         self.driver.start()
         self.thread = threading.Thread(target=self._produce, name="insitu-prefetch", daemon=True)
         try:

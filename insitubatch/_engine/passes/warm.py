@@ -8,9 +8,11 @@ array a pass reads an inner chunk only once its shard's index is in, so
 the first batch would wait two round trips where an unsharded array's
 waits one; reading those indexes meanwhile takes the extra one off. Which
 pass comes first is a guess: train's, at the current epoch (the manifest's
-first split when it has no train). Nothing is lost on a wrong guess: plans
-are kept, indexes are kept for the dataset's life, and any pass that
-reaches those shards uses them.
+first split when it has no train). Little is lost on a wrong guess: plans
+are kept, and the indexes are held by that split's index cache for its
+passes. These are the dataset's open reads: counted apart from every pass's
+(``describe()["open"]``), and every pass's own reads wait for them to end,
+so a store counting requests sees them before any pass's.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ..lifecycle import exiting, live_loop
 from ..loop import zarr_loop
 from ..reads.fetch import Fetcher
 from ..reads.reader import ArrayReader
-from ..reads.shard_index import plan_shards, prefetch
+from ..reads.shard_index import IndexSlot, plan_shards, prefetch
 from ..stats import PassCounters
 from .context import PassContext
 
@@ -48,15 +50,30 @@ SEND_WAIT_S = 0.1
 # loop steps until they have: prefetch's first schedules its workers; theirs take permits and start their
 # reads; a suffix range (an index at the end) is a task of its own, whose first step sends the GET
 SEND_STEPS = 3
+# how long opening a dataset waits, once its coordinate and statics are in, for the warm-up's reads to land
+# (they went out first and take a round trip: usually none is left). Landed, they are the open's reads on
+# the store's side too, before any pass's; a warm-up slower than this lands while the first pass waits for it.
+OPEN_WAIT_S = 2.0
 
 
 class Warmup:
     """The warm-up's reads on zarr's loop, cancelled when the dataset closes."""
 
-    def __init__(self, future: concurrent.futures.Future, shards: int, counters: PassCounters) -> None:
+    def __init__(
+        self,
+        future: concurrent.futures.Future,
+        split: str,
+        slots: list[IndexSlot],
+        held: list[tuple[str, int]],
+        counters: PassCounters,
+    ) -> None:
         self.future = future
-        self.shards = shards  # indexes it set out to read
-        self.counters = counters  # its GETs and bytes (counted in the epoch's totals too)
+        self.split = split  # whose first block's indexes it reads
+        self.shards = len(slots)  # indexes it set out to read
+        self.gets = len(slots)  # the GETs it sends, and their bytes (each index's range)
+        self.nbytes = sum(slot.stage.index_nbytes for slot in slots)
+        self.held = held  # the split's index slots once they were taken: where that split's first pass starts
+        self.counters = counters  # its GETs and bytes as they land (counted in the epoch's totals too)
 
     def close(self) -> None:
         """Cancel what is still being read, and wait until it has stopped. Idempotent."""
@@ -92,13 +109,17 @@ def open_reads(
     """What a dataset reads once as it opens: its coordinate (returned) on a helper thread, beside the warm-up.
 
     The warm-up (``ctx.warmup``) and the static fields (``ctx.statics``) are
-    read on the caller's thread meanwhile; a pass's GETs are only its chunks'.
+    read on the caller's thread meanwhile, and the warm-up's reads awaited
+    (``OPEN_WAIT_S`` at most) at the end; a pass's GETs are only its chunks'.
     """
     with ThreadPoolExecutor(1, thread_name_prefix="insitu-open") as opener:
         coords = opener.submit(read_coords)
-        ctx.warmup = warm_first_pass(ctx, planner)
+        ctx.warmup = warmup = warm_first_pass(ctx, planner)
         ctx.statics = read_statics()
-    return coords.result()
+    values = coords.result()
+    if warmup is not None:
+        concurrent.futures.wait([warmup.future], OPEN_WAIT_S)
+    return values
 
 
 def warm_first_pass(ctx: PassContext, planner: EpochPlanner) -> Warmup | None:
@@ -118,19 +139,24 @@ def warm_first_pass(ctx: PassContext, planner: EpochPlanner) -> Warmup | None:
         return None  # planning it is no longer small next to a round trip: the pass plans when it starts
     sharded = {source: r for source, r in ctx.readers.items() if r.geometry.sharded_reads}
     warmup = (
-        _read_indexes(ctx, planner.first_block(split, ctx.epoch), sharded) if sharded and ctx.cache is None else None
+        _read_indexes(ctx, split, planner.first_block(split, ctx.epoch), sharded)
+        if sharded and ctx.cache is None
+        else None
     )
     planner.plan(split, ctx.epoch)  # kept: the pass reuses it
     return warmup
 
 
-def _read_indexes(ctx: PassContext, head: EpochPlan, sharded: Mapping[str, ArrayReader]) -> Warmup | None:
+def _read_indexes(ctx: PassContext, split: str, head: EpochPlan, sharded: Mapping[str, ArrayReader]) -> Warmup | None:
     """Start reading the indexes block 0 of ``head`` reads (on zarr's loop, under the store's read permits)."""
     stages = {r.geometry.path: shard_stage(r.geometry) for r in sharded.values()}
     wanted = plan_shards(head, sharded, stages, 0, 0)
     client = ctx.client()
     if not wanted or client is None:
         return None
+    indexes = ctx.shard_indexes.of(split)
+    slots = [indexes.touch(key, stage) for key, stage in wanted]  # (in the split's cache, as its first pass's)
+    held = indexes.held()
     permits, counters = ctx.permits(), PassCounters()
     ctx.track(counters)
     fetcher = Fetcher(client, permits, counters, hedge=ctx.hedge)
@@ -138,7 +164,7 @@ def _read_indexes(ctx: PassContext, head: EpochPlan, sharded: Mapping[str, Array
     get_index = functools.partial(fetcher.get, learn=False)  # a few bytes a round trip: the auto window ignores it
 
     async def read_all() -> None:
-        reads = asyncio.ensure_future(prefetch(ctx.shard_indexes, wanted, get_index, permits, len(wanted)))
+        reads = asyncio.ensure_future(prefetch(indexes, slots, get_index, permits, len(slots)))
         for _ in range(SEND_STEPS):
             await asyncio.sleep(0)
         sent.set()
@@ -147,4 +173,4 @@ def _read_indexes(ctx: PassContext, head: EpochPlan, sharded: Mapping[str, Array
     future = asyncio.run_coroutine_threadsafe(read_all(), zarr_loop())
     # the caller goes on to plan the whole pass, holding the GIL: the GETs go out first
     sent.wait(SEND_WAIT_S)
-    return Warmup(future, len(wanted), counters)
+    return Warmup(future, split, slots, held, counters)

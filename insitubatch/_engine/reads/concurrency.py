@@ -48,7 +48,7 @@ after the limit last changed, so the window has refilled):
    the link and changes nothing; a probe it was testing is undone.
 
 The limit never leaves ``[MIN_LIMIT, cap]``; the cap is the memory plan's
-(``insitubatch.plan.cost.auto_inflight_cap``), set by the window.
+(``insitubatch.plan.sizing.auto_inflight_cap``), set by the window.
 """
 
 from __future__ import annotations

@@ -22,15 +22,22 @@ import obstore.exceptions
 
 from ..._wire.faults import FramingError, RangeIgnoredError, RangeMismatchError, RedirectError, TlsRefusedError
 from ...errors import ForkError
-from ...io.stores import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT, DEFAULT_RETRY_TIMEOUT
+from ...io.store_options import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_READ_TIMEOUT,
+    DEFAULT_RETRY_TIMEOUT,
+    OBSTORE_BACKOFF_BASE,
+    OBSTORE_INIT_BACKOFF,
+    OBSTORE_MAX_BACKOFF,
+)
 from ...io.wire_settings import duration_s
 
 __all__ = ["Outcome", "ReadPolicy", "classify", "policy_for"]
 
-# obstore's own backoff defaults (object_store's BackoffConfig): 100 ms doubling to 15 s.
-DEFAULT_INIT_BACKOFF_S = 0.1
-DEFAULT_MAX_BACKOFF_S = 15.0
-DEFAULT_BACKOFF_BASE = 2.0
+# obstore's own backoff defaults (written once in io.store_options), in seconds for the loop.
+DEFAULT_INIT_BACKOFF_S = OBSTORE_INIT_BACKOFF.total_seconds()
+DEFAULT_MAX_BACKOFF_S = OBSTORE_MAX_BACKOFF.total_seconds()
+DEFAULT_BACKOFF_BASE = OBSTORE_BACKOFF_BASE
 
 # An answer meaning "slow down": S3 SlowDown (503), GCS and Azure 429 / 503; and their words, for a
 # store whose errors carry no status

@@ -1,20 +1,24 @@
-"""Shard indexes: where each inner chunk of a shard lies, read once per shard with a ranged GET and kept.
+"""Shard indexes: where each inner chunk of a shard lies, read with a ranged GET and held within a budget.
 
 A damaged index (its checksum) raises ``_DecodeFailure`` for every inner
 chunk read through it; a damaged entry, only for its own inner chunk.
 
 A sharded array whose tiles are inner chunks (``ArrayGeometry.sharded_reads``)
 needs its shard's index before it can fetch an inner chunk by byte range.
-One ``ShardIndexes`` per dataset holds every index it has read (16 bytes per
-inner chunk, a term of the memory plan), so each shard's index costs one
-GET however many passes, epochs and selections read it; concurrent
-requests for one index wait for the same read.
+One ``ShardIndexes`` per dataset holds, per split, the indexes that split's
+passes read (``SplitIndexes``: 17 bytes per inner chunk and about a KB an
+index, at most ``SHARD_INDEX_BUDGET_BYTES`` a split, a term of the memory plan), so a
+shard's index costs one GET however many passes, epochs and selections of
+the split read it while it is held; one let go is read again when next
+needed. Concurrent requests for one index wait for the same read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import math
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +27,7 @@ from typing import Any
 import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
-from ...errors import BadChunkError
-from ...io.chain import _ABSENT, INDEX_ENTRY_BYTES, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
+from ...io.chain import _ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
 from ...io.decode import ChunkDecoder
 from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ...io.geometry import ArrayGeometry
@@ -33,14 +36,18 @@ from ...plan.first_use import admission_order
 from .reader import ArrayReader
 
 __all__ = [
+    "HELD_ENTRY_BYTES",
+    "HELD_INDEX_OVERHEAD_BYTES",
+    "SHARD_INDEX_BUDGET_BYTES",
+    "IndexSlot",
     "ShardIndex",
     "ShardIndexes",
+    "SplitIndexes",
     "check_span",
+    "held_index_bytes",
     "index_request",
     "plan_shards",
     "prefetch",
-    "read_inner_chunk",
-    "shard_keys",
 ]
 
 
@@ -71,7 +78,8 @@ class ShardIndex:
 
     @property
     def nbytes(self) -> int:
-        return int(self.problems.size) * INDEX_ENTRY_BYTES
+        """Bytes its entries take in memory (``HELD_ENTRY_BYTES`` per inner chunk)."""
+        return int(self.offsets.nbytes + self.lengths.nbytes + self.problems.nbytes)
 
 
 def index_request(stage: _ShardStage) -> ByteRequest:
@@ -86,81 +94,142 @@ def _parse(stage: _ShardStage, data: ChunkData) -> ShardIndex:
     return ShardIndex(*stage.read_index(_as_uint8(data)))
 
 
-@dataclass(eq=False)
-class ShardIndexes:
-    """Every shard index a dataset has read, by store key; ``None`` records a shard that does not exist."""
+# The most bytes of shard indexes one split's passes hold (``held_index_bytes`` each): past it the least
+# recently used are let go, and read again when a pass next needs them. 32 MiB holds the indexes of about
+# two million inner chunks: every index of most archives, a bounded share of the largest.
+SHARD_INDEX_BUDGET_BYTES = 32 << 20
+# Memory one held index takes per inner chunk: its offset and length (8 bytes each) and a problem flag (1).
+HELD_ENTRY_BYTES = 17
+# Memory one held index takes besides its entries: its three arrays' headers, the index, its slot and key in
+# the split's cache (tracemalloc: about 740 bytes on CPython 3.11 and numpy 2, tests/test_memory.py; rounded up).
+HELD_INDEX_OVERHEAD_BYTES = 1024
 
-    _held: dict[str, ShardIndex | None] = field(default_factory=dict)
-    _broken: dict[str, str] = field(default_factory=dict)  # indexes that did not decode, with why
-    _loading: dict[str, asyncio.Future] = field(default_factory=dict)
-    _reading: dict[str, threading.Event] = field(default_factory=dict)  # read_sync's reads under way
+
+def held_index_bytes(stage: _ShardStage) -> int:
+    """Memory one held index of ``stage``'s shards takes: what the budget and the memory plan count for it."""
+    return math.prod(stage.grid) * HELD_ENTRY_BYTES + HELD_INDEX_OVERHEAD_BYTES
+
+
+@dataclass(eq=False)
+class IndexSlot:
+    """One shard's place in a split's index cache: not read yet, being read, read (``index``), or broken.
+
+    A tile that will need the index holds its slot from the moment its pass
+    admits it, so an index let go meanwhile is still read (once) for it.
+    """
+
+    key: str
+    stage: _ShardStage
+    read: bool = False
+    index: ShardIndex | None = None  # None once read: the shard does not exist
+    broken: str | None = None  # why the index did not decode: every inner chunk of it is a bad chunk
+    loading: asyncio.Future | None = None  # the loop's read under way
+    reading: threading.Event | None = None  # a blocking read under way (``read_sync``)
+
+    def known(self) -> tuple[bool, ShardIndex | None]:
+        """Under the cache's lock: whether the index was read, and it; a broken one raises again."""
+        if self.broken is not None:
+            raise _DecodeFailure(self.broken)
+        return self.read, self.index
+
+
+@dataclass(eq=False)
+class SplitIndexes:
+    """The shard indexes one split's passes hold: at most ``budget_bytes`` of entries, least recently used out.
+
+    Which indexes are held, and so which a pass reads, depends only on the
+    order its tiles are admitted (``touch``), never on when a read lands:
+    ``reads.shard_runs.pass_reads`` replays that order to predict the GETs.
+    """
+
+    budget_bytes: int = field(default_factory=lambda: SHARD_INDEX_BUDGET_BYTES)
+    _slots: collections.OrderedDict[str, IndexSlot] = field(default_factory=collections.OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    held_bytes: int = 0  # ``held_index_bytes`` of the slots held (read or not): at most the budget, or one slot
     gets: int = 0
     get_bytes: int = 0
+    evictions: int = 0
 
     @property
     def nbytes(self) -> int:
-        """Bytes the held indexes occupy (their entries)."""
+        """Bytes the entries of the indexes read and held take (without ``HELD_INDEX_OVERHEAD_BYTES`` each)."""
         with self._lock:
-            return sum(i.nbytes for i in self._held.values() if i is not None)
+            return sum(s.index.nbytes for s in self._slots.values() if s.index is not None)
+
+    def held(self) -> list[tuple[str, int]]:
+        """``(shard key, entry bytes)`` of the slots held, least recently used first (``shard_runs.index_gets``)."""
+        with self._lock:
+            return [(key, held_index_bytes(slot.stage)) for key, slot in self._slots.items()]
 
     def known(self) -> dict[str, ShardIndex | None]:
-        """The indexes read so far, by shard key (``None``: the shard does not exist)."""
+        """The indexes read and held, by shard key (``None``: the shard does not exist)."""
         with self._lock:
-            return dict(self._held)
+            return {k: s.index for k, s in self._slots.items() if s.read}
 
-    def _keep(self, key: str, data: ChunkData | None, stage: _ShardStage) -> ShardIndex | None:
+    def touch(self, key: str, stage: _ShardStage) -> IndexSlot:
+        """Any thread: the slot of shard ``key``, now the most recently used; a new one (to read) if none is held.
+
+        Holding a new slot past the budget lets go of the least recently
+        used others (their holders still read and use them).
+        """
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is not None:
+                self._slots.move_to_end(key)
+                return slot
+            slot = self._slots[key] = IndexSlot(key, stage)
+            self.held_bytes += held_index_bytes(stage)
+            while self.held_bytes > self.budget_bytes and len(self._slots) > 1:
+                _, old = self._slots.popitem(last=False)
+                self.held_bytes -= held_index_bytes(old.stage)
+                self.evictions += 1
+            return slot
+
+    def _keep(self, slot: IndexSlot, data: ChunkData | None) -> ShardIndex | None:
         with self._lock:
             self.gets += 1
             self.get_bytes += 0 if data is None else len(data)
         try:
-            index = None if data is None else _parse(stage, data)
+            index = None if data is None else _parse(slot.stage, data)
         except _DecodeFailure as exc:
             with self._lock:
-                self._broken[key] = str(exc)  # not read again: every inner chunk of it is a bad chunk
+                slot.broken = str(exc)  # not read again: every inner chunk of it is a bad chunk
             raise
         with self._lock:
-            self._held[key] = index
+            slot.index, slot.read = index, True
         return index
 
-    def _known(self, key: str) -> tuple[bool, ShardIndex | None]:
-        """Under the lock: whether ``key``'s index was read, and it; a broken one raises again."""
-        if key in self._broken:
-            raise _DecodeFailure(self._broken[key])
-        return key in self._held, self._held.get(key)
-
-    def read_sync(self, key: str, stage: _ShardStage, get: Callable[..., ChunkData | None]) -> ShardIndex | None:
-        """Any thread: the index of shard ``key``, read with the blocking ``get(key, byte_range=...)`` the first time.
+    def read_sync(self, slot: IndexSlot, get: Callable[..., ChunkData | None]) -> ShardIndex | None:
+        """Any thread: ``slot``'s index, read with the blocking ``get(key, byte_range=...)`` the first time.
 
         Threads asking at once read it once: the others wait for that read.
         """
         while True:
             with self._lock:
-                known, index = self._known(key)
+                known, index = slot.known()
                 if known:
                     return index
-                reading = self._reading.get(key)
+                reading = slot.reading
                 if reading is None:
-                    reading = self._reading[key] = threading.Event()
+                    reading = slot.reading = threading.Event()
                     break
-            reading.wait()  # (a failed read leaves the key unknown: the next waiter tries it itself)
+            reading.wait()  # (a failed read leaves the slot unread: the next waiter tries it itself)
         try:
-            return self._keep(key, get(key, byte_range=index_request(stage)), stage)
+            return self._keep(slot, get(slot.key, byte_range=index_request(slot.stage)))
         finally:
             with self._lock:
-                del self._reading[key]
+                slot.reading = None
             reading.set()
 
     async def read(
         self,
-        key: str,
-        stage: _ShardStage,
+        slot: IndexSlot,
         fetch: Callable[[str, ByteRequest], Awaitable[Any]],
         permits: Any = None,
         ticket: int | None = None,
         background: bool = False,
     ) -> ShardIndex | None:
-        """Loop: the index of shard ``key``, fetched once with ``await fetch(key, byte_range)``; others wait for it.
+        """Loop: ``slot``'s index, fetched once with ``await fetch(key, byte_range)``; others wait for it.
 
         With ``permits`` (a ``window.WindowUser``) the read that fetches takes
         one, in ``ticket`` order, or with ``background`` only one no other read waits for; a
@@ -169,8 +238,8 @@ class ShardIndexes:
         """
         while True:
             with self._lock:
-                known, index = self._known(key)
-                pending = self._loading.get(key)
+                known, index = slot.known()
+                pending = slot.loading
             if known:
                 return index
             if pending is not None:
@@ -179,23 +248,21 @@ class ShardIndexes:
                     continue
                 return answer
             if permits is None:
-                return await self._fetch(key, stage, fetch, None)
+                return await self._fetch(slot, fetch, None)
             await (permits.acquire_idle() if background else permits.acquire(ticket))
             with self._lock:  # read, or being read, meanwhile
-                meanwhile = key in self._loading or key in self._held or key in self._broken
+                meanwhile = slot.loading is not None or slot.read or slot.broken is not None
             if meanwhile:
                 permits.release()
                 continue
-            return await self._fetch(key, stage, fetch, permits)
+            return await self._fetch(slot, fetch, permits)
 
-    async def _fetch(
-        self, key: str, stage: _ShardStage, fetch: Callable[..., Awaitable[Any]], held: Any
-    ) -> ShardIndex | None:
+    async def _fetch(self, slot: IndexSlot, fetch: Callable[..., Awaitable[Any]], held: Any) -> ShardIndex | None:
         """Fetch and keep the index; ``held``: the permits this read holds one of, given back when it ends."""
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._loading[key] = future
+        slot.loading = future
         try:
-            index = self._keep(key, await fetch(key, index_request(stage)), stage)
+            index = self._keep(slot, await fetch(slot.key, index_request(slot.stage)))
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -204,11 +271,58 @@ class ShardIndexes:
             future.exception()  # retrieved: a failure nobody else awaited is not logged
             raise
         finally:
-            self._loading.pop(key, None)
+            slot.loading = None
             if held is not None:
                 held.release()
         future.set_result(index)
         return index
+
+
+@dataclass(eq=False)
+class ShardIndexes:
+    """A dataset's shard indexes: each split's passes hold their own (``SplitIndexes``), within its budget.
+
+    Splits apart, the indexes a split's pass reads depend on that split's
+    passes alone, whichever split ran before (a shard two splits share is
+    read once for each).
+    """
+
+    budget_bytes: int = field(default_factory=lambda: SHARD_INDEX_BUDGET_BYTES)
+    _splits: dict[str, SplitIndexes] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def of(self, split: str) -> SplitIndexes:
+        """The indexes ``split``'s passes hold (made on first use)."""
+        with self._lock:
+            held = self._splits.get(split)
+            if held is None:
+                held = self._splits[split] = SplitIndexes(self.budget_bytes)
+            return held
+
+    def _all(self) -> list[SplitIndexes]:
+        with self._lock:
+            return list(self._splits.values())
+
+    @property
+    def gets(self) -> int:
+        """Index GETs every split's passes (and the warm-up) sent."""
+        return sum(s.gets for s in self._all())
+
+    @property
+    def get_bytes(self) -> int:
+        return sum(s.get_bytes for s in self._all())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the entries of every split's held indexes take."""
+        return sum(s.nbytes for s in self._all())
+
+    def known(self) -> dict[str, ShardIndex | None]:
+        """Every index read and held by any split, by shard key (a shard's layout is the same for all)."""
+        out: dict[str, ShardIndex | None] = {}
+        for s in self._all():
+            out.update(s.known())
+        return out
 
 
 _CANCELLED = object()
@@ -235,45 +349,6 @@ def check_span(decoder: ChunkDecoder, coord: Any, span: tuple[int, int], buf: Ch
             "the entry points outside the shard",
         )
     return buf
-
-
-async def read_inner_chunk(
-    indexes: ShardIndexes,
-    stage: _ShardStage,
-    decoder: ChunkDecoder,
-    coord: Any,
-    get_range: Callable[[str, ByteRequest], Awaitable[Any]],
-    get_index: Callable[[str, ByteRequest], Awaitable[Any]] | None = None,
-) -> ChunkData | BadChunkError | None:
-    """Loop: the bytes of the inner chunk at tile ``coord`` (None: never written), after its shard's index.
-
-    ``get_index`` reads the index, if not with ``get_range``.
-
-    Bytes found bad (a damaged index or entry, a short range) come back as
-    the ``BadChunkError`` a decode job treats as a bad tile; a store failure
-    raises.
-    """
-    stored, place = decoder.geometry.tile_key(coord)
-    assert place is not None  # sharded reads place every tile in its shard
-    try:
-        index = await indexes.read(stored, stage, get_index or get_range)
-        span = None if index is None else index.span(place)
-    except _DecodeFailure as exc:
-        return decoder._bad(coord, str(exc))
-    if span is None:
-        return None  # the shard, or this inner chunk of it, was never written
-    try:
-        return check_span(decoder, coord, span, await get_range(stored, RangeByteRequest(*span)))
-    except BadChunkError as exc:
-        return exc
-
-
-def shard_keys(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> list[str]:
-    """The shard keys sample-axis chunks ``chunks`` (in this order) read for tiles ``tiles``, each once, in first use."""
-    keys: dict[str, None] = {}
-    for row in _shard_rows(g, tiles, chunks):
-        keys.update(dict.fromkeys(row))
-    return list(keys)
 
 
 def _shard_rows(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> Iterator[list[str]]:
@@ -318,13 +393,13 @@ def plan_shards(
 
 
 async def prefetch(
-    indexes: ShardIndexes,
-    wanted: Sequence[tuple[str, _ShardStage]],
+    indexes: SplitIndexes,
+    slots: Sequence[IndexSlot],
     get_range: Callable[[str, ByteRequest], Awaitable[Any]],
     permits: Any,
     concurrency: int,
 ) -> None:
-    """Loop: read the indexes of ``wanted`` shards, in order, ``concurrency`` at a time, ahead of their tiles.
+    """Loop: read the indexes of ``slots``, in order, ``concurrency`` at a time, ahead of their tiles.
 
     Reading ahead is background work: each read takes one of the pass's
     read ``permits`` (a ``window.WindowUser``) only when no other read
@@ -332,11 +407,11 @@ async def prefetch(
     indexes fill the permits they leave idle; a tile whose index is not in
     yet reads it itself. Failures are left for those tiles to meet and report.
     """
-    pending = iter(wanted)
+    pending = iter(slots)
 
     async def worker() -> None:
-        for key, stage in pending:
+        for slot in pending:
             with contextlib.suppress(Exception):
-                await indexes.read(key, stage, get_range, permits, background=True)
+                await indexes.read(slot, get_range, permits, background=True)
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))

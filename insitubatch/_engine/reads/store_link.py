@@ -50,7 +50,7 @@ from ...io.client_choice import client_choice
 from ...io.obstore_runtime import ForkSafeObjectStore
 from ...io.owned import on_close
 from ...io.wire_settings import engine_settings
-from ...plan.cost import AUTO_INFLIGHT_CEILING
+from ...plan.sizing import AUTO_INFLIGHT_CEILING
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
 from .read_policy import ReadPolicy, policy_for

@@ -5,8 +5,9 @@ here for the type checker. A tile takes one of the pass's read permits,
 goes out through the pass's ``Fetcher`` (hedged, stall-proof, retried) or,
 without one, the store itself, and holds the permit until its decode job
 has landed. On a sharded array a tile is an inner chunk: its shard's index
-first (read once per dataset, and for the whole pass as it starts, so no
-tile idles a permit waiting for one), then its byte range.
+first (held by the split's index cache, and read for the whole pass as it
+starts where the pass's indexes fit that cache, so no tile idles a permit
+waiting for one), then its byte range.
 """
 
 from __future__ import annotations
@@ -29,7 +30,15 @@ from ...io.geometry import ArrayGeometry
 from ...plan.epoch import EpochPlan
 from ..pool.chunk_pool import ChunkPool, Owner
 from ..reads.fetch import Fetcher
-from ..reads.shard_index import ShardIndexes, check_span, plan_shards, prefetch, read_inner_chunk
+from ..reads.shard_index import (
+    IndexSlot,
+    ShardIndex,
+    SplitIndexes,
+    check_span,
+    held_index_bytes,
+    plan_shards,
+    prefetch,
+)
 from ..reads.shard_runs import coalesce, run_cap
 from .landings import _Landings, _release
 from .tile_jobs import _GET_IN_JOB
@@ -53,7 +62,7 @@ class _RemoteTiles:
     readers: Any
     cache: DiskCache | None
     first_block: int
-    shard_indexes: ShardIndexes
+    shard_indexes: SplitIndexes
     _shards: dict[str, _ShardStage]
     _decoders: dict[str, ChunkDecoder]
     _prototype: BufferPrototype
@@ -83,7 +92,11 @@ class _RemoteTiles:
         if not sharded or self._get_sync is not None or self.cache is not None:
             return
         wanted = plan_shards(self.plan, sharded, self._shards, self.first_block)
-        self._spawn(prefetch(self.shard_indexes, wanted, self._get_index, self.semaphore, INDEX_PREFETCH))
+        indexes = self.shard_indexes
+        if sum(held_index_bytes(stage) for _, stage in wanted) > indexes.budget_bytes:
+            return  # read ahead, they would push out the ones the next blocks need: each block reads its own
+        slots = [indexes.touch(key, stage) for key, stage in wanted]
+        self._spawn(prefetch(indexes, slots, self._get_index, self.semaphore, INDEX_PREFETCH))
 
     def _first_block_waits(self) -> bool:
         """Whether the pass admits its second block only once its first block's reads have landed.
@@ -119,12 +132,9 @@ class _RemoteTiles:
         """A shard index's bytes: a round trip for a few bytes, which the auto window does not learn from."""
         return await self._get_range(key, byte_range, learn=False)
 
-    async def _get_tile(self, g: ArrayGeometry, coord, key: str) -> ChunkData | BadChunkError | None:
-        """Loop: a tile's bytes (None: missing); an inner chunk of a shard by byte range (``read_inner_chunk``)."""
-        if not g.sharded_reads:
-            return await self._get_range(key, None, g.tile_nbytes)
-        stage, decoder = self._shards[g.path], self._decoders[g.path]
-        return await read_inner_chunk(self.shard_indexes, stage, decoder, coord, self._get_range, self._get_index)
+    async def _get_tile(self, g: ArrayGeometry, key: str) -> ChunkData | None:
+        """Loop: a stored tile's bytes (None: missing); inner chunks of shards are read by ``_fetch_shard``."""
+        return await self._get_range(key, None, g.tile_nbytes)
 
     async def _fetch_tile(self, want: Want) -> None:
         entry, reader, k = want.consumers[0]
@@ -137,7 +147,7 @@ class _RemoteTiles:
                 trace = self.owner.counters.trace
                 t0 = time.perf_counter()
                 try:
-                    buf = await self._get_tile(g, coord, key)
+                    buf = await self._get_tile(g, key)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -195,27 +205,34 @@ class _RemoteTiles:
         _, reader, k = wants[0].consumers[0]
         g = reader.geometry
         decoder = self._decoders[g.path]
-        broken: _DecodeFailure | None = None
         # a shard's reads wait in the order its tiles were admitted, so a later block's reads cannot take the
         # permits an earlier block's inner chunks wait for while their index comes
         ticket = min((w.ticket for w in wants if w.ticket is not None), default=None)
-        try:  # (an index read is a read in flight like any other: the one that fetches it takes a permit)
-            index = await self.shard_indexes.read(key, self._shards[g.path], self._get_index, self.semaphore, ticket)
-        except asyncio.CancelledError:
-            raise
-        except _DecodeFailure as exc:
-            index, broken = None, exc
-        except Exception as exc:  # the store failed: every tile of the shard read now raises it
-            coord = reader.tile_coord(wants[0].chunk_index, k)
-            self._fail_wants(wants, self._read_error(g, coord, key, exc))
-            return
+        # each tile holds the slot it was admitted with: one, unless the split's cache let it go in between
+        slots: list[IndexSlot] = []
+        for w in wants:
+            assert w.index_slot is not None  # (the driver gives every inner chunk's want its slot as it admits it)
+            slots.append(w.index_slot)
+        indexes: dict[IndexSlot, ShardIndex | _DecodeFailure | None] = {}
+        for slot in dict.fromkeys(slots):
+            try:  # (an index read is a read in flight like any other: the one that fetches it takes a permit)
+                indexes[slot] = await self.shard_indexes.read(slot, self._get_index, self.semaphore, ticket)
+            except asyncio.CancelledError:
+                raise
+            except _DecodeFailure as exc:
+                indexes[slot] = exc
+            except Exception as exc:  # the store failed: every tile of the shard read now raises it
+                coord = reader.tile_coord(wants[0].chunk_index, k)
+                self._fail_wants(wants, self._read_error(g, coord, key, exc))
+                return
         spans: list[tuple[int, int, Want, Any]] = []
-        for want in wants:
+        for want, held in zip(wants, slots):
             _, r, tk = want.consumers[0]
             coord = r.tile_coord(want.chunk_index, tk)
+            index = indexes[held]
             try:
-                if broken is not None:
-                    raise broken
+                if isinstance(index, _DecodeFailure):
+                    raise index
                 place = g.tile_key(coord)[1]
                 assert place is not None  # sharded reads place every tile in its shard
                 span = None if index is None else index.span(place)

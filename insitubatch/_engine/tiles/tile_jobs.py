@@ -27,7 +27,7 @@ from ...io.geometry import ArrayGeometry
 from ...transforms import ChunkRead, DecodedChunk, run_pipeline
 from ..pool.chunk_pool import FAILED, ChunkPool, Entry, Owner
 from ..reads.reader import ArrayReader, BadChunkRecord, _fill_value
-from ..reads.shard_index import ShardIndexes, check_span
+from ..reads.shard_index import IndexSlot, SplitIndexes, check_span
 from .finishing import _BAD_TILE, _BadTile, _Finishing
 from .kernels import fill_region, select_block
 from .landings import _Tally
@@ -52,7 +52,7 @@ class _TileJobs(_Finishing):
     _groups: LocalGroups | None
     _kinds: dict[str, int]  # per array path: the tilegroup kernel's codec kind (sample-first zstd/blosc arrays)
     _shards: dict[str, _ShardStage]  # per array path read by inner chunk: its sharding stage (index and inner chains)
-    shard_indexes: ShardIndexes
+    shard_indexes: SplitIndexes
     _scratches: threading.local
 
     def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
@@ -71,7 +71,7 @@ class _TileJobs(_Finishing):
             return
         tally = _Tally()
         try:
-            landed = self._tile(consumers, want.chunk_index, coord, key, buf, tally)
+            landed = self._tile(consumers, want.chunk_index, coord, key, buf, tally, want.index_slot)
         except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
             for entry, _, _ in consumers:
                 self.pool.fail(entry, exc)
@@ -110,7 +110,7 @@ class _TileJobs(_Finishing):
             coord = reader.tile_coord(want.chunk_index, k)
             key = reader.geometry.tile_key(coord)[0]
             try:
-                landed.extend(self._tile(consumers, want.chunk_index, coord, key, _GET_IN_JOB, tally))
+                landed.extend(self._tile(consumers, want.chunk_index, coord, key, _GET_IN_JOB, tally, want.index_slot))
             except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
                 for entry, _, _ in consumers:
                     self.pool.fail(entry, exc)
@@ -161,9 +161,17 @@ class _TileJobs(_Finishing):
         return rest
 
     def _tile(
-        self, consumers: list[Consumer], chunk_index: int, coord, key: str, buf, tally: _Tally
+        self,
+        consumers: list[Consumer],
+        chunk_index: int,
+        coord,
+        key: str,
+        buf,
+        tally: _Tally,
+        slot: IndexSlot | None = None,
     ) -> list[tuple[Entry, int, np.ndarray]]:
-        """Decode thread: read (``buf`` is ``_GET_IN_JOB``) and decode one stored tile, then cut it for each consumer.
+        """Decode thread: read (``buf`` is ``_GET_IN_JOB``; an inner chunk after ``slot``'s index) and decode one
+        stored tile, then cut it for each consumer.
 
         Every consumer is ``(entry, reader, k)``: read tile ``k`` of
         ``reader``'s chunk ``chunk_index``, the same stored tile for all of
@@ -185,7 +193,7 @@ class _TileJobs(_Finishing):
         tiles: dict[int, list[tuple[int, np.ndarray | _BadTile]]] = {}
         try:
             if buf is _GET_IN_JOB:
-                buf = self._timed_read(g, coord, key, tally)
+                buf = self._timed_read(g, coord, key, tally, slot)
             elif isinstance(buf, BadChunkError):  # the loop's read found the bytes bad (a shard index, a short range)
                 raise buf
             data = self._decode(decoder_reader, chunk_index, k, coord, buf)
@@ -220,11 +228,11 @@ class _TileJobs(_Finishing):
             landed.extend((entry, p, cast(np.ndarray, piece)) for p, piece in pieces)
         return landed
 
-    def _timed_read(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
+    def _timed_read(self, g: ArrayGeometry, coord, key: str, tally: _Tally, slot: IndexSlot | None) -> ChunkData | None:
         """Decode thread: ``_read_tile_sync``, timed; a store failure becomes ``StoreReadError``, bad bytes stay bad."""
         t0 = time.perf_counter()
         try:
-            return self._read_tile_sync(g, coord, key, tally)
+            return self._read_tile_sync(g, coord, key, tally, slot)
         except BadChunkError:
             raise
         except Exception as exc:
@@ -232,11 +240,13 @@ class _TileJobs(_Finishing):
         finally:
             self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
 
-    def _read_tile_sync(self, g: ArrayGeometry, coord, key: str, tally: _Tally) -> ChunkData | None:
+    def _read_tile_sync(
+        self, g: ArrayGeometry, coord, key: str, tally: _Tally, slot: IndexSlot | None
+    ) -> ChunkData | None:
         """Decode thread: a tile's bytes from a store that reads on this thread (None: missing, the fill value).
 
         An inner chunk of a shard is read by byte range, after the shard's
-        index (read once per dataset, ``ShardIndexes``).
+        index (``slot``: held by the split's index cache since the tile was admitted).
         """
         get = self._get_sync
         assert get is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
@@ -246,8 +256,8 @@ class _TileJobs(_Finishing):
             tally.get_bytes += 0 if buf is None else len(buf)
             return buf
         stored, place = g.tile_key(coord)
-        assert place is not None  # sharded reads place every tile in its shard
-        stage, decoder = self._shards[g.path], self._decoders[g.path]
+        assert place is not None and slot is not None  # sharded reads place every tile in its shard, admitted
+        decoder = self._decoders[g.path]
 
         def get_index(key: str, byte_range: ByteRequest) -> ChunkData | None:  # a GET, counted like a tile's
             buf = get(key, prototype=self._prototype, byte_range=byte_range)
@@ -256,7 +266,7 @@ class _TileJobs(_Finishing):
             return buf
 
         try:
-            index = self.shard_indexes.read_sync(stored, stage, get_index)
+            index = self.shard_indexes.read_sync(slot, get_index)
             span = None if index is None else index.span(place)
         except _DecodeFailure as exc:
             raise decoder._bad(coord, str(exc)) from exc.__cause__

@@ -10,10 +10,13 @@ entry joins the first's ``Want`` while it still waits for its job.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..pool.entry import FAILED, Entry
 from ..reads.reader import ArrayReader
+from ..reads.shard_index import IndexSlot, SplitIndexes
 
 __all__ = ["Consumer", "Want", "Wants"]
 
@@ -35,6 +38,9 @@ class Want:
     wants: Wants
     ticket: int | None = None  # its place in the read permits' queue (``window.ReadWindow.ticket``): admission
     sealed: bool = False
+    index_slot: IndexSlot | None = (
+        None  # an inner chunk's: its shard's index slot, held from admission (``reads.shard_index``)
+    )
 
     def seal(self) -> list[Consumer]:
         """Decode thread: close it to newcomers; the consumers whose entry has not failed."""
@@ -48,8 +54,15 @@ class Want:
 
 @dataclass(eq=False)
 class Wants:
-    """A pass's stored tiles waiting to be read, by ``(array path, chunk, tile)``."""
+    """A pass's stored tiles waiting to be read, by ``(array path, chunk, tile)``.
 
+    An inner chunk of a shard takes its shard's index slot from ``indexes``
+    (the split's cache; ``stages`` by array path) as it is first wanted:
+    the cache learns the order tiles come in here, and only here.
+    """
+
+    indexes: SplitIndexes = field(default_factory=SplitIndexes)
+    stages: Mapping[str, Any] = field(default_factory=dict)  # ``io.decode.shard_stage`` of each sharded array
     open: dict[tuple[str, int, int], Want] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -68,4 +81,9 @@ class Wants:
                     path, chunk_index, t, [(entry, reader, k)], self, ticket
                 )
                 fresh.append(want)
+        stage = self.stages.get(path)
+        if stage is not None:
+            for want in fresh:
+                key = reader.geometry.tile_key(reader.tile_coord(chunk_index, want.consumers[0][2]))[0]
+                want.index_slot = self.indexes.touch(key, stage)
         return fresh
