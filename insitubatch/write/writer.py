@@ -13,8 +13,8 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 
-from .._validate import positive_int
 from ..errors import WriteBehindError, WriteIntentRangeError
+from ..validation import Anything, Flag, Instance, Interval, IsCallable, Table, validate_params
 from .behind import WriteBehind
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
 from .fingerprint import LayoutFingerprint
@@ -31,6 +31,22 @@ def _open_writable(url: str) -> Store:
     from ..io.stores import obstore_store
 
     return obstore_store(url, read_only=False)
+
+
+# What ``SlotWriter`` accepts (``validation``); the range against the layout and the claim's timings when it opens
+PARAMETERS: Table = {
+    "store": [Anything("the store of the prepared layout, opened when the writer opens")],
+    "start": [Anything("the layout: a slot range inside its length")],
+    "stop": [Anything("the layout: a slot range inside its length")],
+    "group": [Instance(str, "a str (a path inside the store, '' for its root)")],
+    "worker_id": [Instance(str, "a str"), None],
+    "heartbeat_s": [Anything("SlotClaim: seconds > 0")],
+    "stale_after_s": [Anything("SlotClaim: seconds longer than heartbeat_s")],
+    "force": [Flag()],
+    "take_over_stale": [Flag()],
+    "clock": [IsCallable()],
+    "write_behind": [Interval(0)],  # 0: write synchronously
+}
 
 
 class SlotWriter:
@@ -92,6 +108,7 @@ class SlotWriter:
         the store cannot create atomically.
     """
 
+    @validate_params(PARAMETERS)
     def __init__(
         self,
         store: Store,
@@ -120,7 +137,7 @@ class SlotWriter:
             "clock": clock,
         }
         self._force = force
-        self.write_behind = positive_int("write_behind", write_behind, minimum=0)
+        self.write_behind = write_behind
         self._behind: WriteBehind | None = None  # the background writes' thread, from open() to close()
         self._layout: WriteLayout | None = None
         self._fingerprint: LayoutFingerprint | None = None  # what the range was checked against

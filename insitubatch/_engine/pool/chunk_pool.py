@@ -53,8 +53,7 @@ class ChunkPool:
     """
 
     def __init__(self, budget: int | None = None, on_evict: Callable[[Entry], None] | None = None) -> None:
-        if budget is not None and (not isinstance(budget, (int, np.integer)) or budget <= 0):
-            raise ValueError(f"cache_budget_bytes={budget!r} must be a positive int or None (auto: the working set)")
+        # ``budget`` is a positive int or None: the dataset's door checked ``cache_budget_bytes``
         self.explicit_budget = None if budget is None else int(budget)
         self.budget = self.explicit_budget or 0
         self.lock = threading.Lock()
