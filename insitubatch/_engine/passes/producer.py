@@ -349,8 +349,7 @@ class _PassState:
 
     async def _finish_on_loop(self) -> None:
         if self.driver is not None:
-            self.driver._stopping = True
-            await self.driver._cancel_own()
+            await self.driver.stop_on_loop()
         while self.thread is not None and self.thread.is_alive():  # it still reads the entries it gathers from
             await asyncio.sleep(POLL_S)
         self._hand_back()
