@@ -11,10 +11,13 @@ tile's own memory, transforms it and hands it to the pool. A network store's
 GET is awaited on the loop first; a local or memory store is read inside the
 job, with tiles grouped per job. A remote store's GET goes through the
 pass's ``Fetcher`` (hedged, stall-proof, retried). Finished jobs return to
-the loop in bursts.
+the loop in bursts. The driver is the admission loop only: what reads a
+tile is its tile source (``LocalTiles`` or ``RemoteTiles``, with
+``Revivals`` in front of it under a disk cache), what decodes it the pass's
+``TileJobs``, and what it has running its ``PassTasks``.
 Teardown cancels only the tasks this driver started, waits for the decode-pool
 jobs they left behind, and only then lets the pool hand this pass's unfinished
-fetches to a pass still waiting on them (``Owner.refetch``, re-admitted on the loop).
+fetches to a pass still waiting on them (its driver hears ``adopted`` and re-admits them on the loop).
 """
 
 from __future__ import annotations
@@ -96,7 +99,6 @@ class PassDriver:
         self.readers = readers
         self.first_block = first_block
         self.cache = cache
-        self.entries: list[Entry | None] = [None] * len(plan.reads)
         self.error: BaseException | None = None
         self.loop = zarr_loop()
         self.after = after  # reads that end before this pass sends its own: the dataset's open reads
@@ -182,10 +184,19 @@ class PassDriver:
                 tasks=self.tasks,
                 finisher=self.finisher,
             )
-        owner.wake = self._wake_soon
-        owner.refetch = lambda entry: self.loop.call_soon_threadsafe(self._readmit, entry)
+        owner.listen(self)
 
-    def _wake_soon(self) -> None:
+    @property
+    def entries(self) -> list[Entry | None]:
+        """The entry of each of the pass's reads once claimed (``None`` before): the owner's, set by the pool."""
+        return self.owner.entries
+
+    # -- what the pool tells this pass's owner (any thread) ---------------------------
+    def adopted(self, entry: Entry) -> None:
+        """Any thread: fetch again, on the loop, an entry this pass adopted from a pass that closed mid-fetch."""
+        self.loop.call_soon_threadsafe(self._readmit, entry)
+
+    def room_freed(self) -> None:
         """Any thread: have the driver re-check for room; one loop wake-up covers every call until it runs."""
         with self._wake_lock:
             if self._wake_armed:
@@ -305,7 +316,7 @@ class PassDriver:
             # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
             own = not reader.pipeline and self.cache is None
             while True:  # a hit or join pins what is there; a miss is admitted; else wait for room
-                entry, admitted = pool.claim(key, nbytes, reader.origins, owner, own, self.entries, i)
+                entry, admitted = pool.claim(key, nbytes, reader.origins, owner, own, i)
                 if entry is not None:
                     self._pinned_last[int(plan.read_last[i])] += 1
                     break
