@@ -246,7 +246,7 @@ class TileJobs:
                 ((p, piece),) = pieces
                 if not isinstance(piece, BadTile):
                     pieces = [(p, self.finisher.transform(reader, chunk_index, piece))]
-            # a transformed chunk lands whole, at its output's origin (``_finalize``): its rank may differ
+            # a transformed chunk lands whole, at its output's origin (``ChunkFinisher``): its rank may differ
             if reader.pipeline or self.finisher.cache is not None:
                 for p, piece in pieces:
                     self.finisher.stage(entry, reader, chunk_index, p, piece)
@@ -394,7 +394,7 @@ class TileJobs:
 
         ``"edge"``: a whole edge chunk, decoded before its valid part is
         clipped out. ``"cut"``: a decoded tile cut into pieces at once. Freed
-        with the driver.
+        with the pass's ``TileJobs``.
         """
         arrays = getattr(self._scratches, use, None)
         if arrays is None:
@@ -409,7 +409,7 @@ class TileJobs:
         """A bad tile's stand-in pieces: NaN for floats, else the fill value (then transformed like any piece).
 
         The pieces of a chunk that is assembled before its transforms are
-        only marked; ``_finalize`` fills their rectangles of the chunk in place.
+        only marked; the ``ChunkFinisher`` fills their rectangles of the chunk in place.
         """
         g = reader.geometry
         if reader.assembles:
