@@ -15,7 +15,23 @@ import numpy
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-DEBUG = os.environ.get("INSITUBATCH_DEBUG_KERNELS") == "1"
+# The yes/no words of every insitubatch variable (insitubatch.config's TRUE_WORDS / FALSE_WORDS: this file
+# cannot import the package it builds; tests/test_config.py checks the two agree).
+TRUE_WORDS = ("1", "true", "on", "yes", "y")
+FALSE_WORDS = ("0", "false", "off", "no", "n")
+
+
+def _flag(name: str) -> bool:
+    """The yes/no build variable ``name`` (unset or empty: no); another word stops the build naming it."""
+    word = os.environ.get(name, "").strip().lower()
+    if word and word not in TRUE_WORDS + FALSE_WORDS:
+        raise SystemExit(
+            f"{name}={os.environ[name]!r} must be one of {'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}"
+        )
+    return word in TRUE_WORDS
+
+
+DEBUG = _flag("INSITUBATCH_DEBUG_KERNELS")
 
 DIRECTIVES = {
     "language_level": 3,
@@ -25,7 +41,7 @@ DIRECTIVES = {
     "cdivision": not DEBUG,
     "embedsignature": True,
 }
-OPENMP = os.environ.get("INSITUBATCH_OPENMP") == "1"
+OPENMP = _flag("INSITUBATCH_OPENMP")
 COMPILE_ARGS = (["-O0", "-g"] if DEBUG else ["-O3"]) + (["-fopenmp"] if OPENMP else [])
 LINK_ARGS = ["-fopenmp"] if OPENMP else []
 

@@ -9,26 +9,10 @@ cimport numpy as cnp
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from rect cimport copy_rect, fill_rect
+from rect cimport fill_rect
 from tiles cimport NO_MEMORY, OK, TILE_ROWS, TileTable, build_table, copy_rows, free_table, scan_tiles
 
 cnp.import_array()
-
-
-def copy_rect_bytes(
-    unsigned char[::1] dst, Py_ssize_t dst_offset, const Py_ssize_t[::1] dst_strides,
-    const unsigned char[::1] src, Py_ssize_t src_offset, const Py_ssize_t[::1] src_strides,
-    const Py_ssize_t[::1] extent, Py_ssize_t run_bytes,
-):
-    """Copy ``prod(extent)`` runs of ``run_bytes`` from ``src`` into ``dst``."""
-    cdef int ndim = <int>extent.shape[0]
-    cdef char* d = <char*>&dst[0] + dst_offset
-    cdef const char* s = <const char*>&src[0] + src_offset
-    cdef const Py_ssize_t* ds = &dst_strides[0] if ndim else NULL
-    cdef const Py_ssize_t* ss = &src_strides[0] if ndim else NULL
-    cdef const Py_ssize_t* ex = &extent[0] if ndim else NULL
-    with nogil:
-        copy_rect(d, ds, s, ss, ex, ndim, run_bytes, False)
 
 
 def fill_rect_bytes(

@@ -21,6 +21,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         f"(underlying error: {exc})"
     ) from exc
 
+from . import config  # noqa: F401  (`insitubatch.config.set(...)`, as `zarr.config`)
 from ._engine.passes.batch import Batch
 from ._engine.stats import PassStats
 from .dataset import InSituDataset
@@ -35,6 +36,8 @@ from .io.fill_scan import FillSteps, scan_fill_steps
 from .io.geometry import ArrayGeometry
 from .io.group import open_geometries, open_statics
 from .io.owned import close_store
+from .io.sources.concat import concat_stores
+from .io.sources.joined import join_stores
 from .io.statics import StaticField
 from .io.store_adapters import fsspec_store, icechunk_store
 from .io.stores import as_store, obstore_store
@@ -81,8 +84,10 @@ __all__ = [
     "as_store",
     "as_torch",
     "close_store",
+    "concat_stores",
     "fsspec_store",
     "icechunk_store",
+    "join_stores",
     "obstore_store",
     "open_geometries",
     "open_statics",

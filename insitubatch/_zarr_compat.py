@@ -30,7 +30,6 @@ called directly on every line (one fewer buffer wrapper than zarr's own
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable, Coroutine, MutableMapping
 from typing import Any, TypeVar
 
@@ -42,7 +41,6 @@ from zarr.abc.store import Store
 from zarr.storage import MemoryStore, WrapperStore
 
 __all__ = [
-    "ZARR_VERSION",
     "bytes_codec_endian",
     "ArrayConfig",
     "ArraySpec",
@@ -64,14 +62,6 @@ __all__ = [
 # The zarr range .ci/run tests (its oldest and newest lines); the dependency
 # pin in pyproject.toml says the same.
 TESTED_ZARR = ((3, 1), (3, 4))
-
-
-def _parse_version(text: str) -> tuple[int, int]:
-    match = re.match(r"(\d+)\.(\d+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
-ZARR_VERSION: tuple[int, int] = _parse_version(zarr.__version__)
 _TESTED = f"{TESTED_ZARR[0][0]}.{TESTED_ZARR[0][1]}-{TESTED_ZARR[-1][0]}.{TESTED_ZARR[-1][1]}"
 
 

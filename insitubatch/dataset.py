@@ -31,6 +31,7 @@ from .cache.fingerprint import array_fingerprints
 from .io.geometry import ArrayGeometry, sample_coords
 from .io.group import resolve_statics, resolve_variables
 from .io.owned import close_store
+from .io.sources.joined import JoinedStore
 from .io.statics import StaticField, read_statics
 from .io.stores import as_store
 from .plan.anchors import with_declared_times
@@ -39,7 +40,9 @@ from .plan.dates import inference_range
 from .plan.distributed import LastBatch, Remainder, last_batch_policy, resolve_last_batch, resolve_world
 from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner
+from .plan.read_groups import read_group
 from .plan.splits import SplitManifest
+from .plan.store_shares import store_shares
 from .transforms import ChunkTransform, check_scopes
 from .views import DatasetView, InferView
 
@@ -106,6 +109,11 @@ class InSituDataset:
         A training pass's unfilled last batch, ranks kept at equal batch counts: ``"pad"`` fills it with the rank's
         own samples, marked in ``batch.extras["padded"]``; ``"drop"`` drops it; ``"partial"`` yields it short.
         ``None``: pad on several ranks, partial on one (``plan.distributed``). ``remainder``: deprecated alias.
+    read_group_size, read_group_part
+        Model-parallel read groups (``plan.read_groups``): ``G`` consecutive ranks (or a torch process group)
+        read the same samples in the same order, each member its part of every sample: a band along the
+        dimension ``read_group_part`` names, cut at tile edges, or ``read_group_part[rank % G]`` (an ``isel``).
+        The epoch is dealt to the ``world_size // G`` replicas; ``ds.read_group`` says which part is this rank's.
     cache_dir
         Back the pool with mmap'd tile-major ``.npy`` tile files here (local
         NVMe). Any number of processes of one host may write one directory
@@ -160,6 +168,8 @@ class InSituDataset:
         hedge: bool = True,
         missing: Sequence[Any] | None = None,
         frequency: str | np.timedelta64 | None = None,
+        read_group_size: Any = None,
+        read_group_part: str | Sequence[Mapping[Any, Any]] | None = None,
     ) -> None:
         closing_deferred()  # what datasets nobody closed left behind (a cache's lock, say) goes first
         if not isinstance(manifest, SplitManifest):
@@ -186,16 +196,24 @@ class InSituDataset:
             on_corrupt=on_corrupt_cache,
         )
         self.rank, self.world_size = resolve_world(rank, world_size)
+        self.read_group = group = read_group(read_group_size, read_group_part, self.rank, self.world_size)
         last_batch = last_batch_policy(last_batch, remainder)
-        self.last_batch: LastBatch = resolve_last_batch(last_batch, self.world_size)
+        self.last_batch: LastBatch = resolve_last_batch(last_batch, group.replicas)
         self.on_bad_chunk = on_bad_chunk
         self.manifest = manifest
         self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
         self.store = as_store(store)
-        # what variables=None left out of the store, with why
-        self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
+        self.left_out: dict[str, str] = {}  # what variables=None left out of the store, with why
+        if isinstance(self.store, JoinedStore):  # variables of several stores, on the anchor store's dates
+            self.variables = self.store.resolve(variables, manifest.n_samples)
+            statics_found = self.store.resolve_statics(statics)
+        else:
+            self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
+            statics_found = resolve_statics(self.store, statics)
+        self.read_group_bands = group.bands(self.variables)  # this member's part of every sample
+        self.variables = group.cut(self.variables, self.read_group_bands)
         self.manifest = manifest = with_declared_times(manifest, self.variables, missing, frequency)
-        self.static_fields = resolve_statics(self.store, statics)
+        self.static_fields = group.cut(statics_found, self.read_group_bands)
         clash = sorted(set(self.static_fields) & set(self.variables))
         if clash:
             raise ValueError(f"labels {clash} name both a variable and a static; give each its own label")
@@ -236,8 +254,8 @@ class InSituDataset:
             block_chunks=self.block_chunks,
             shuffle=self.shuffle,
             seed=self.seed,
-            rank=self.rank,
-            world_size=self.world_size,
+            rank=group.replica,  # the epoch is dealt to model replicas: a read group's members read alike
+            world_size=group.replicas,
             last_batch=last_batch,
             release_per_block=self.persist,
             variables=self.variables,
@@ -403,6 +421,10 @@ class InSituDataset:
             "chunk_transforms": len(self.chunk_transforms),
             "batch_transforms": len(self.batch_transforms),
         }
+        info["read_group"] = self.read_group.describe(self.read_group_bands)
+        shares = store_shares(self.store, plans, {s: (r.geometry.path, r.n_tiles) for s, r in self.readers.items()})
+        if shares is not None:  # a store of several: each one's share of the reads
+            info["stores"] = shares
         return {**info, "concurrency": _concurrency(self.context)}  # the reads-in-flight limit, as chosen
 
     def print_summary(self, iterations: int = 1) -> None:

@@ -17,6 +17,7 @@ __all__ = [
     "LayoutMismatchError",
     "SlotAlignmentError",
     "SlotPlanBlockedError",
+    "SettingError",
     "SlotRunError",
     "StaleCacheError",
     "StoreReadError",
@@ -102,6 +103,10 @@ class LayoutMismatchError(InSituError, ValueError):
     def __init__(self, message: str, diff: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.diff = diff
+
+
+class SettingError(InSituError, ValueError):
+    """A setting (``insitubatch.config``) or its ``INSITUBATCH_*`` variable holds a value it does not accept."""
 
 
 class SlotAlignmentError(InSituError, ValueError):

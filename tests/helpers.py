@@ -197,6 +197,22 @@ class FullAfter:
         self._real(fd, offset, length)
 
 
+def shard_keys(g, tiles, chunks) -> list[str]:
+    """The shard keys sample-axis chunks ``chunks`` (in order) read for tiles ``tiles``, each once, in first use.
+
+    The test's own reckoning from the geometry: a tile's shard is its stored-chunk coordinate.
+    """
+    axis = g.sample_axis
+    per = [s // c for s, c in zip(g.stored_chunks, g.tile_chunks)]
+    inner = per[:axis] + per[axis + 1 :]
+    field = sorted({tuple(c // p for c, p in zip(g.tile_coord(t), inner)) for t in tiles})
+    keys: dict[str, None] = {}
+    for c in chunks:
+        row = int(c) // per[axis]
+        keys.update(dict.fromkeys(g.chunk_key((*f[:axis], row, *f[axis:])) for f in field))
+    return list(keys)
+
+
 def local_store(path: Path, read_only: bool = True) -> Store:
     return zarr.storage.LocalStore(str(path), read_only=read_only)
 

@@ -100,6 +100,7 @@ KILLED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.invariant
 def test_a_sigkilled_run_keeps_what_it_finished(data, tmp_path) -> None:
     path, truth = data
     cache = tmp_path / "cache"

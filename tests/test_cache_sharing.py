@@ -140,6 +140,7 @@ def test_four_ranks_share_one_cache_dir_across_epochs(data, tmp_path) -> None:
     _run_shared(data, tmp_path / "cache", 4)
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("kill", ["before-publish", "before-log-line"])
 def test_a_rank_killed_mid_write_leaves_nothing_revived_wrongly(data, tmp_path, kill) -> None:
     cache = tmp_path / "cache"

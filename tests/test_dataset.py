@@ -49,6 +49,7 @@ def era5_like(tmp_path):
     return tmp_path / "era5.zarr", {"t2m": t2m, "u10": u10}
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("batch_size", [5, 8])
 def test_every_batch_matches_zarr_and_each_sample_once(era5_like, shuffle, batch_size) -> None:
@@ -78,6 +79,7 @@ def test_windowed_labels_drop_anchors_that_run_off_the_array(era5_like) -> None:
     assert sorted(seen) == list(range(2, 53 - 6))
 
 
+@pytest.mark.invariant
 def test_windowed_view_decodes_each_chunk_once(era5_like) -> None:
     path, arrays = era5_like
     store = CountingStore(local_store(path))
@@ -181,6 +183,7 @@ def test_order_is_deterministic_per_seed_and_epoch(era5_like) -> None:
         assert sorted(sum(second, [])) == sorted(sum(first, []))
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("batch_size, shuffle", [(3, True), (16, True), (16, False)])
 def test_gets_per_epoch_equal_distinct_stored_tiles(era5_like, batch_size, shuffle) -> None:
     path, arrays = era5_like
@@ -196,6 +199,7 @@ def test_gets_per_epoch_equal_distinct_stored_tiles(era5_like, batch_size, shuff
         assert ds.gets == expected and ds.cache_misses == sum(g.n_chunks for g in geoms.values())
 
 
+@pytest.mark.invariant
 def test_pool_residency_and_concurrency_stay_bounded(era5_like) -> None:
     path, arrays = era5_like
     store = CountingStore(local_store(path), latency_s=0.005)
@@ -212,6 +216,7 @@ def test_pool_residency_and_concurrency_stay_bounded(era5_like) -> None:
     assert store.peak_inflight <= 3
 
 
+@pytest.mark.invariant
 def test_budget_below_the_working_set_raises_naming_numbers(era5_like) -> None:
     path, _ = era5_like
     g = open_geometries(str(path))["t2m"]
@@ -231,6 +236,7 @@ def test_train_and_val_zipped_share_one_pool(era5_like) -> None:
             np.testing.assert_array_equal(vb.arrays["t2m"], arrays["t2m"][...][vb.sample_indices])
 
 
+@pytest.mark.invariant
 def test_kept_batches_are_never_overwritten(era5_like) -> None:
     path, arrays = era5_like
     g = open_geometries(str(path))["t2m"]

@@ -101,6 +101,7 @@ API_NAMESPACES = ("insitubatch", "insitubatch.write", "insitubatch.errors")
 # Public helpers outside any ``__all__`` above that users call directly.
 API_EXTRAS = {
     "insitubatch.transforms": ("Coarsen", "KelvinToCelsius", "Regrid", "StandardScaler", "kelvin_to_celsius"),
+    "insitubatch.config": ("get", "set"),
     "insitubatch.tools.inspect_store": ("inspect_store",),
     "insitubatch.tools.demo": ("write_demo_dataset",),
     # what the pytest plugin's fixtures return, and the helpers under them (docs/testing.md)

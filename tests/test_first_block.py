@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 import zarr
+from helpers import shard_keys
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine.reads.fetch import Fetcher
-from insitubatch._engine.reads.shard_index import shard_keys
 from insitubatch._engine.tiles.remote_tiles import RemoteTiles
 from insitubatch.testing.emulator import Emulator
 

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 # lowest first; an import may go to its own layer or a lower one
 LAYERS: dict[str, int] = {
     "errors": 0,
+    "config": 0,  # the settings: every INSITUBATCH_* variable and its default
     "_validate": 0,
     "_zarr_compat": 0,
     "_weak": 0,
@@ -235,6 +236,9 @@ DELIBERATE_BASES: dict[str, str] = {
     # the dimension names, coordinates and selections of a frozen array view: variables (``ArrayGeometry``) and
     # statics (``StaticField``) are both labelled views, with the same isel/sel behind both (no state of its own)
     f"{PACKAGE}.io.labelled.Labelled": "a public base of the labelled array-view dataclasses",
+    # a read-only zarr ``Store`` that routes each key to the member store holding it: joining and concatenating
+    # datasets are its two routings (``JoinedStore``, ``ConcatStore``), with the store interface in one place
+    f"{PACKAGE}.io.sources.routed.RoutedStore": "the public base of the stores that make one dataset from many",
 }
 # Classes that still inherit another module's class, each for its room's own rework; the list only shrinks
 # (an entry whose class no longer inherits is dropped by whoever reworks it; it is not checked to be stale, so a

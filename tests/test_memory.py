@@ -52,6 +52,7 @@ def _scale(chunk):
     return chunk
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("transforms", [(), (_scale,)], ids=["tiles", "assembled"])
 def test_a_pass_8x_the_budget_stays_under_the_bound_and_frees_evicted_chunks(store, transforms) -> None:
     geoms = open_geometries(store)
@@ -300,6 +301,7 @@ def _index_pass(tmp_path, steps: int, shards_held: int) -> tuple[int, int, int]:
     return held, budget, each
 
 
+@pytest.mark.invariant
 @pytest.mark.slow
 def test_shard_indexes_held_stay_within_the_budget_however_many_shards_a_pass_reads(tmp_path) -> None:
     """A pass over 128 or 1024 shards holds the same bounded few indexes afterwards: the budget ``describe()``

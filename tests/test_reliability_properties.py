@@ -27,6 +27,7 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -235,6 +236,7 @@ def _epoch_plan(layout: Layout, release_per_block: bool):
 # --- single rank ----------------------------------------------------------------------
 
 
+@pytest.mark.invariant
 @SETTINGS
 @given(layout=layouts(), release_per_block=st.booleans())
 def test_single_rank_plan_invariants(layout: Layout, release_per_block: bool) -> None:
@@ -415,6 +417,7 @@ def test_a_pass_sends_its_first_batch_first_with_each_stored_chunks_reads_side_b
 # --- many ranks -------------------------------------------------------------------------
 
 
+@pytest.mark.invariant
 @SETTINGS
 @given(layout=layouts(), world=st.integers(1, 5), last_batch=st.sampled_from(["pad", "drop", "partial"]))
 def test_training_ranks_get_equal_batches_and_every_sample_once(layout: Layout, world: int, last_batch: str) -> None:
@@ -547,6 +550,7 @@ def test_evaluation_ranks_are_exactly_complete_and_chunk_aligned(layout: Layout,
         _simulate(plan)
 
 
+@pytest.mark.invariant
 @SETTINGS
 @given(layout=layouts(), old=st.integers(1, 4), new=st.integers(1, 4), data=st.data())
 def test_resume_at_another_world_size_neither_repeats_nor_skips(layout: Layout, old: int, new: int, data) -> None:

@@ -29,6 +29,7 @@ def _ds(store, **kw):
     return InSituDataset(store, m, {"x": g, "y": g.shift(3)}, batch_size=4, block_chunks=2, seed=7, **kw)
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("k", [0, 1, 5, 11])
 def test_resume_after_k_batches_yields_the_tail_and_rereads_nothing_consumed(path, k) -> None:
     with _ds(str(path)) as full:

@@ -98,6 +98,7 @@ def _needed(path, selection_tiles):
     [(None, lambda g: range(g.tiles_per_chunk)), ({1: slice(0, 5), 2: slice(6, 12)}, lambda g: [1])],
     ids=["whole field", "one tile"],
 )
+@pytest.mark.invariant
 def test_the_wire_carries_the_inner_chunks_needed_and_one_index_per_shard(tmp_path, selection, tiles) -> None:
     path = tmp_path / "s.zarr"
     data = _write(path)

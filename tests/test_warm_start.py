@@ -8,11 +8,12 @@ import time
 import numpy as np
 import pytest
 import zarr
+from helpers import shard_keys
 from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine.passes import warm
-from insitubatch._engine.reads.shard_index import plan_shards, shard_keys
+from insitubatch._engine.reads.shard_index import plan_shards
 from insitubatch._wire.backends import _ObstoreBackend
 from insitubatch._wire.engine_client import NativeBackend
 from insitubatch.io.decode import shard_stage

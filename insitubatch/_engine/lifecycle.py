@@ -50,7 +50,6 @@ __all__ = [
     "closing_deferred",
     "dropped",
     "exiting",
-    "hooks_installed",
     "live_loop",
     "may_wait",
 ]
@@ -136,11 +135,6 @@ def _remove_hooks() -> None:
     if sys.unraisablehook is rescue_interrupt:
         sys.unraisablehook = _replaced
     _hooks_installed = False
-
-
-def hooks_installed() -> bool:
-    """Whether the collector and unraisable-error hooks are installed now (from the first open to the last close)."""
-    return _hooks_installed
 
 
 def close_at_exit(obj: _Closable) -> None:

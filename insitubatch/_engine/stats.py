@@ -15,16 +15,15 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from ..plan.sizing import READ_AHEAD_SHARE
 
-__all__ = ["READ_AHEAD_SHARE", "STAGES", "PassCounters", "PassStats", "PassTrace", "PoolTotals", "Stage"]
+__all__ = ["READ_AHEAD_SHARE", "PassCounters", "PassStats", "PassTrace", "PoolTotals", "Stage"]
 
 logger = logging.getLogger("insitubatch")
 
 Stage = Literal["store", "decode", "budget", "consumer", "unknown"]
-STAGES: tuple[Stage, ...] = get_args(Stage)
 # Fewer batches than this say nothing about a steady state.
 MIN_BATCHES = 2
 # The consumer limits when it spent at most this share of the pass waiting for

@@ -26,6 +26,9 @@ WHOLE_OBJECT_END = 1 << 50
 class _ObstoreBackend:
     """Requests straight to an obstore store (the retry-free twin): each is one asyncio future."""
 
+    # a read over fetch.STREAM_OVER_BYTES streams its body through obstore (per-piece stall timers)
+    streams_large = True
+
     def __init__(self, raw: Any, own_retries: bool = False) -> None:
         self.raw = raw
         self.own_retries = own_retries  # False: failures come back raw, and the engine's loop retries them

@@ -6,26 +6,29 @@ arrives (``chunked``), an unframed one runs to the close. What the answer
 must hold is checked before its bytes are returned: a 206's
 ``Content-Range`` and length against the range asked
 (:class:`~.faults.RangeMismatchError` otherwise); a 200 to a ranged GET is
-cut to the range when the bytes before it are few, and refused
-(:class:`~.faults.RangeIgnoredError`) when they are many, without receiving
-them. A 3xx with ``Location`` goes to the request's backend
-(``Ask.backend.redirected``), which follows it. Whatever goes wrong inside a
-protocol callback fails the GET with one error and closes the connection;
-nothing reaches asyncio's "Fatal error" log.
+used only where it provably is the whole object (``ranges``), else refused
+(:class:`~.faults.RangeIgnoredError`) without receiving its body. Heads
+whose lines end in a bare LF are read as if they ended in CRLF, and empty
+lines before a status line (a stray CRLF after the last body) are skipped,
+as obstore's client does; a transfer coding other than ``chunked`` is
+refused (:class:`~.faults.UnsupportedBodyError`). A 3xx with ``Location``
+goes to the request's backend (``Ask.backend.redirected``), which follows
+it. Whatever goes wrong inside a protocol callback fails the GET with one
+error and closes the connection; nothing reaches asyncio's "Fatal error" log.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, Protocol
 
 import numpy as np
 
 from .chunked import ChunkedBody
-from .faults import FramingError, HttpStatusError, RangeIgnoredError, RangeMismatchError
+from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeMismatchError, UnsupportedBodyError
+from .ranges import IGNORED_RANGE_SLACK_BYTES, check_206, mismatch, whole_200, within
 
-__all__ = ["Ask", "Connection"]
+__all__ = ["IGNORED_RANGE_SLACK_BYTES", "Ask", "Connection"]
 
 # Status line and headers must fit in HEAD_BYTES; a larger head is refused. The head buffer starts at
 # FIRST_HEAD_BYTES and doubles as a head needs; a chunked or unframed body passes through it in pieces of
@@ -35,18 +38,14 @@ FIRST_HEAD_BYTES = 8 << 10
 STREAM_BUFFER_BYTES = 256 << 10
 # A Content-Length (or chunked body) past this is a corrupt or hostile answer, refused before any allocation:
 # the largest object the loader reads whole is a stored chunk, at most io.arrays.MAX_CHUNK_BYTES (4 GiB) unless
-# raised, and bodies over fetch.STREAM_OVER_BYTES stream through obstore.
+# raised (the engine's client reads a read of any size itself, chunked or not).
 MAX_BODY_BYTES = 1 << 36
-# A 200 to a ranged GET (a server that ignores Range) is cut to the range when at most this many bytes come
-# before it: a small object, served whole, costs about one chunk-sized read more. Past it the GET fails at once
-# rather than receive the object (a 16-byte shard index from a 300 MiB shard, once per concurrent read).
-IGNORED_RANGE_SLACK_BYTES = 1 << 20
 # A Content-Length of more digits than this is refused unread (MAX_BODY_BYTES has 11).
 MAX_LENGTH_DIGITS = 20
 # An error answer's body is kept up to this (its message quotes the start); the rest is not received.
 ERROR_BODY_BYTES = 64 << 10
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-_CONTENT_RANGE = re.compile(rb"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*$", re.IGNORECASE)
+_LINE_ENDS = frozenset(b"\r\n")
 
 
 def _header(head: bytes, name: bytes, lowered: bytes | None = None) -> bytes:
@@ -71,6 +70,8 @@ class Pool(Protocol):
     def idle_again(self, connection: Connection) -> None: ...
 
     def forget(self, connection: Connection) -> None: ...
+
+    def keep_tls(self, connection: Connection) -> None: ...
 
 
 class Ask:
@@ -125,7 +126,7 @@ class Connection(asyncio.BufferedProtocol):
         self._until_eof = False
         self._stop_at = MAX_BODY_BYTES  # body bytes after which the answer is complete (the rest is not read)
         self._expect: int | None = None  # a 206's length, checked at the end of a chunked or unframed body
-        self._cut: tuple[int, int] | None = None  # the range within a 200's body
+        self._cut: tuple[int, int, int] | None = None  # the range within a 200's whole object, and its size
         self._location: bytes | None = None
         self._region: bytes | None = None
 
@@ -155,7 +156,9 @@ class Connection(asyncio.BufferedProtocol):
                 return
             self._filled += nbytes
             if self._future is None:
-                self._fail(FramingError(f"{self.origin} sent bytes nobody asked for"))
+                if bytes(self._head_view[: self._filled]).strip(b"\r\n"):
+                    self._fail(FramingError(f"{self.origin} sent bytes nobody asked for"))
+                self._filled = 0  # (empty lines after a body, as some servers send: dropped)
             elif self._status == 0:
                 self._parse_head()
             else:
@@ -211,19 +214,34 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- the head ----------------------------------------------------------------------------------------------
     def _parse_head(self) -> None:
-        end = self._head.find(b"\r\n\r\n", 0, self._filled)
-        if end < 0:
-            if self._filled >= HEAD_BYTES:
+        buffer, filled = self._head, self._filled
+        if filled and buffer[0] in _LINE_ENDS:  # empty lines before the status line (a stray CRLF after a body)
+            skip = 0
+            while skip < filled and buffer[skip] in _LINE_ENDS:
+                skip += 1
+            self._shift(skip)
+            filled = self._filled
+        # the head ends at an empty line: CRLF CRLF, or (bare-LF lines, which obstore's client reads too) LF LF
+        end = buffer.find(b"\n\r\n", 0, filled)
+        bare = buffer.find(b"\n\n", 0, filled if end < 0 else end + 1)
+        if bare >= 0:
+            end, skip = bare, bare + 2
+        elif end >= 0:
+            skip = end + 3
+        else:
+            if filled >= HEAD_BYTES:
                 raise FramingError(f"{self.origin} sent a head over {HEAD_BYTES} bytes")
             return
-        head = bytes(self._head_view[: end + 2])  # the status line and every header line, each ending in CRLF
+        head = bytes(self._head_view[: end + 1])  # the status line and every header line, each ending in (CR)LF
+        if bare >= 0 or head.count(b"\n") != head.count(b"\r\n"):
+            head = head.replace(b"\r\n", b"\n").replace(b"\n", b"\r\n")  # each line ending in CRLF
         line = head[: head.find(b"\r\n")]
         try:
             version, code = line.split(b" ", 2)[:2]
             self._status = int(code)
         except ValueError:
             raise FramingError(f"{self.origin} sent a malformed status line {line[:80]!r}") from None
-        self._shift(end + 4)
+        self._shift(skip)
         if 100 <= self._status < 200:  # an interim answer: drop it, the real one follows
             self._status = 0
             self._parse_head()
@@ -233,7 +251,7 @@ class Connection(asyncio.BufferedProtocol):
         lowered = head.lower()
         at = lowered.find(b"\r\ncontent-length:")
         length = None if at < 0 else lowered[at + 17 : lowered.index(b"\r\n", at + 17)].strip()
-        chunked = b"\r\ntransfer-encoding:" in lowered and b"chunked" in _header(lowered, b"\r\ntransfer-encoding:")
+        chunked = b"\r\ntransfer-encoding:" in lowered and self._chunked(_header(lowered, b"\r\ntransfer-encoding:"))
         if b"\r\nconnection:" in lowered:
             self._keep = b"close" not in _header(lowered, b"\r\nconnection:")
         else:
@@ -259,9 +277,13 @@ class Connection(asyncio.BufferedProtocol):
             ):
                 self._expect = size
             else:
-                self._expect = self._check_range(ask, crange, size)
+                self._expect = check_206(ask.want, crange, size, self._asked(ask))
         elif status == 200 and ask.want is not None:
-            self._cut_range(ask, size)
+            at = lowered.find(b"\r\ncontent-range:")
+            crange = None if at < 0 else lowered[at + 16 : lowered.index(b"\r\n", at + 16)].strip()
+            cut = self._cut = whole_200(ask.want, crange, size, self._asked(ask), MAX_BODY_BYTES)
+            if cut is not None and cut[0] >= 0 and cut[2] - cut[1] > IGNORED_RANGE_SLACK_BYTES:
+                self._stop_at = cut[1]  # stop early (a few bytes more keep the connection for the next GET)
         elif status >= 300:
             self._stop_at = ERROR_BODY_BYTES
             if status < 400:
@@ -282,13 +304,24 @@ class Connection(asyncio.BufferedProtocol):
             self._stream_buffer()
             self._stream()
 
+    def _chunked(self, codings: bytes) -> bool:
+        """True for ``Transfer-Encoding: chunked``; any other coding is a body this client cannot read, refused."""
+        if [c.strip() for c in codings.split(b",") if c.strip()] == [b"chunked"]:
+            return True
+        ask = self._ask
+        raise UnsupportedBodyError(
+            f"GET {'' if ask is None else ask.target}: {self.origin} sent Transfer-Encoding "
+            f"{codings.decode('latin-1')[:60]!r}: a body this client cannot read (it decodes only 'chunked', obstore's "
+            "client none for a range); not retried"
+        )
+
     def _receive(self, length: int) -> None:
         """A body of ``length`` bytes: received into its own buffer (only its first ``_stop_at`` bytes)."""
         size = min(length, self._stop_at)
         if size < length:
             self._keep = False  # the rest is never read: the connection cannot carry another GET
-        elif self._filled > length:
-            raise FramingError(f"{self.origin} sent more than its Content-Length")
+        elif self._filled > length and bytes(self._head_view[length : self._filled]).strip(b"\r\n"):
+            raise FramingError(f"{self.origin} sent more than its Content-Length")  # (empty lines after it are dropped)
         try:
             body = np.empty(size, dtype=np.uint8)
         except (MemoryError, ValueError):
@@ -305,51 +338,6 @@ class Connection(asyncio.BufferedProtocol):
         rest = self._filled - n
         self._head_view[:rest] = self._head_view[n : self._filled]
         self._filled = rest
-
-    # -- checks ------------------------------------------------------------------------------------------------
-    def _check_range(self, ask: Ask, crange: bytes | None, length: int | None) -> int:
-        """The length a 206 must carry for the range ``ask`` asked; raises if its ``Content-Range`` differs."""
-        start, stop = ask.want  # type: ignore[misc]
-        match = None if crange is None else _CONTENT_RANGE.match(crange)
-        if match is None:
-            raise self._mismatch(ask, "no Content-Range" if crange is None else f"Content-Range {crange[:60]!r}")
-        first, last = int(match.group(1)), int(match.group(2))
-        total = None if match.group(3) == b"*" else int(match.group(3))
-        if start >= 0:
-            end = stop if total is None else min(stop, total)
-            right = first == start and last == end - 1 if total is not None else first == start and last < stop
-        elif total is not None:
-            right = first == max(0, total + start) and last == total - 1
-        else:
-            right = last - first + 1 <= -start
-        right = right and first <= last and (total is None or last < total)
-        if not right or (length is not None and length != last - first + 1):
-            sent = f"Content-Range {crange.decode('latin-1').strip()!r}"  # type: ignore[union-attr]
-            raise self._mismatch(ask, sent + (f" and {length} body bytes" if length is not None else ""))
-        return last - first + 1
-
-    def _mismatch(self, ask: Ask, sent: str) -> RangeMismatchError:
-        return RangeMismatchError(f"GET {ask.target}: asked bytes={ask.span}, {self.origin} sent {sent}")
-
-    def _cut_range(self, ask: Ask, length: int | None) -> None:
-        """A 200 to a ranged GET: keep what the range needs, or refuse the answer when much comes before it."""
-        start, stop = ask.want  # type: ignore[misc]
-        if start >= 0:
-            before = start
-            if length is None or length - stop > IGNORED_RANGE_SLACK_BYTES:
-                self._stop_at = stop  # stop early (a few bytes more keep the connection for the next GET)
-        elif length is not None:
-            before = max(0, length + start)
-        else:  # a suffix of an unframed body: bounded, and cut once the body is in
-            before, self._stop_at = 0, -start + IGNORED_RANGE_SLACK_BYTES + 1
-        if before > IGNORED_RANGE_SLACK_BYTES:
-            size = "" if length is None else f" of {length} bytes"
-            raise RangeIgnoredError(
-                f"GET {ask.target}: asked bytes={ask.span}, {self.origin} answered 200 with the whole object{size}: "
-                "the server ignores Range requests (obstore refuses it too); serve the store from one that honours "
-                "them"
-            )
-        self._cut = (start, stop)
 
     # -- streamed bodies ---------------------------------------------------------------------------------------
     def _stream_buffer(self) -> None:
@@ -382,7 +370,7 @@ class Connection(asyncio.BufferedProtocol):
         ask, body = self._ask, self._body
         assert ask is not None and body is not None
         if self._expect is not None and len(body) != self._expect:
-            self._fail(self._mismatch(ask, f"{len(body)} body bytes for a range of {self._expect}"))
+            self._fail(mismatch(self._asked(ask), f"{len(body)} body bytes for a range of {self._expect}"))
             return
         self._finish()
 
@@ -397,7 +385,9 @@ class Connection(asyncio.BufferedProtocol):
         if body is None:
             body = bytearray()
         self._body = None
-        self.used = True
+        if not self.used:
+            self.used = True
+            self.pool.keep_tls(self)
         if self._keep and not self.closed:
             self.pool.idle_again(self)
         else:
@@ -407,14 +397,22 @@ class Connection(asyncio.BufferedProtocol):
         if 200 <= status < 300:
             if cut is not None:  # a server that ignored the Range header: the range out of the whole object
                 try:
-                    body = self._within(ask, body, cut)
-                except RangeIgnoredError as exc:
+                    body = within(body, cut, self._asked(ask))
+                except RangeMismatchError as exc:
                     future.set_exception(exc)
                     return
             future.set_result(body)
         elif status in REDIRECT_STATUSES and self._location and ask.backend is not None:
             location = self._location.decode("latin-1")
             ask.backend.redirected(ask, future, status, location, self._region_name(), self.pool)
+        elif status == 404 and b"<Code>NoSuchBucket</Code>" in bytes(body):  # (an error body: at most 64 KiB)
+            future.set_exception(
+                NoSuchBucketError(
+                    f"GET {ask.target}: status code: 404: NoSuchBucket at {self.origin}: the bucket does not exist "
+                    "there (not a missing chunk); check the bucket and the endpoint (endpoint=, AWS_ENDPOINT_URL_S3, "
+                    "AWS_ENDPOINT_URL)"
+                )
+            )
         elif status == 404:
             future.set_exception(FileNotFoundError(f"GET {ask.target}: status code: 404"))
         elif status in (401, 403):
@@ -424,13 +422,9 @@ class Connection(asyncio.BufferedProtocol):
         else:
             future.set_exception(HttpStatusError(status, ask.target, bytes(body)))
 
-    def _within(self, ask: Ask, body: bytearray | np.ndarray, cut: tuple[int, int]) -> bytearray | np.ndarray:
-        """The range ``cut`` of a whole object's ``body``."""
-        if cut[0] >= 0:
-            return body[cut[0] : cut[1]]
-        if len(body) + cut[0] > IGNORED_RANGE_SLACK_BYTES:
-            self._cut_range(ask, len(body))  # raises, naming the size
-        return body[cut[0] :]
+    def _asked(self, ask: Ask) -> str:
+        """The GET as messages name it: its path (no query) and range, and the server."""
+        return f"GET {ask.target}: asked bytes={ask.span}, {self.origin}"
 
     def _region_name(self) -> str | None:
         return None if self._region is None else self._region.decode("latin-1")

@@ -7,8 +7,10 @@ client keeps the store). Every request carries the store URL's query (a
 token), a ``User-Agent`` naming insitubatch, and, for S3, a SigV4
 signature. A redirect is followed (``redirects``); where it leads somewhere
 the engine cannot go (a host it cannot sign for, a protocol it does not
-speak), that read is handed to obstore through the store's retry-free twin,
-which also streams the bodies larger than ``fetch.STREAM_OVER_BYTES``.
+speak), that read is handed to obstore through the store's retry-free twin.
+Reads of every size are the engine's (``streams_large`` is off): obstore's
+client cannot read a chunked body for a range, and a large chunk sent
+chunked would fail there on every attempt.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def _host_header(scheme: str, host: str, port: int) -> str:
 
 class NativeBackend(_ObstoreBackend):
     """GETs on the loop for one bucket or URL; ``raw`` (obstore, retry-free) takes what the engine hands over."""
+
+    streams_large = False  # a large body is received here too (chunked or not), not streamed through obstore
 
     def __init__(self, raw: Any, settings: EngineSettings) -> None:
         super().__init__(raw, own_retries=False)

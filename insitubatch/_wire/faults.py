@@ -3,8 +3,8 @@
 Every fault names the request by its path only: a URL's query may carry a
 token (a presigned or SAS URL), which never goes into a message.
 ``_engine.reads.read_policy.classify`` retries :class:`RangeMismatchError`
-and :class:`FramingError` (a server or proxy having a bad moment) and fails
-at once on the rest.
+and :class:`FramingError` (a server or proxy having a bad moment), unless the
+same fault comes twice running, and fails at once on the rest.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from __future__ import annotations
 __all__ = [
     "FramingError",
     "HttpStatusError",
+    "NoSuchBucketError",
     "RangeIgnoredError",
     "RangeMismatchError",
     "RedirectError",
     "TlsRefusedError",
+    "UnsupportedBodyError",
 ]
 
 # How much of an error body a message quotes.
@@ -29,6 +31,14 @@ class HttpStatusError(OSError):
         text = body[:ERROR_QUOTE_BYTES].decode("utf-8", "replace").strip()
         super().__init__(f"GET {target}: status code: {status}" + (f": {text}" if text else ""))
         self.status = status
+
+
+class NoSuchBucketError(OSError):
+    """S3 answered 404 ``NoSuchBucket``: the bucket is not at that endpoint, which no chunk's absence explains.
+
+    Not a ``FileNotFoundError``: a missing key reads as zarr's fill value,
+    a missing bucket must fail the read.
+    """
 
 
 class RangeMismatchError(OSError):
@@ -49,6 +59,10 @@ class RedirectError(OSError):
     def __init__(self, message: str, region: str | None = None) -> None:
         super().__init__(message)
         self.region = region
+
+
+class UnsupportedBodyError(OSError):
+    """A body the client cannot read at all (a transfer coding other than ``chunked``): the same on every try."""
 
 
 class TlsRefusedError(ConnectionError):

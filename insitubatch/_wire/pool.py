@@ -10,6 +10,13 @@ connection (lookup, TCP and TLS) must be made within ``connect_timeout_s``.
 close when their GET ends. A connection dropped before any byte of a
 reused connection's answer is retried once on a fresh one (the server
 closed it while idle).
+
+A host name with several addresses is connected to as RFC 8305 (Happy
+Eyeballs) says: the addresses, families interleaved, are tried one
+``HAPPY_EYEBALLS_DELAY_S`` after another (at once after a refusal) until one
+connects, the others then closed; an unreachable address costs that delay,
+not the connect timeout. An HTTPS pool offers the TLS session of its last
+connection on the next (``tls.ResumingContext``).
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import socket
 import ssl
 
 from .._weak import WeakMembers
+from ..io.store_options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
 from .connection import Ask, Connection
 from .faults import TlsRefusedError
+from .tls import ResumingContext
 
 __all__ = ["HttpPool"]
 
@@ -32,6 +41,9 @@ __all__ = ["HttpPool"]
 MAX_IDLE = 512
 # A host's addresses are looked up once per this many seconds, and new connections take them in turn.
 ADDRESS_TTL_S = 60.0
+# RFC 8305's "Connection Attempt Delay" (its recommended 250 ms; obstore's client waits 300 ms, asyncio's
+# happy_eyeballs_delay is usually given 0.25): the next address is tried when the last has not connected by then.
+HAPPY_EYEBALLS_DELAY_S = 0.25
 # At exit (and from close(wait_s=...)), how long closing a pool's connections may wait for its loop.
 EXIT_WAIT_S = 1.0
 
@@ -46,14 +58,14 @@ class HttpPool:
         port: int,
         ssl_context: ssl.SSLContext | None = None,
         *,
-        connect_timeout_s: float = 5.0,
-        idle_timeout_s: float = 90.0,
+        connect_timeout_s: float = OBSTORE_CONNECT_TIMEOUT.total_seconds(),
+        idle_timeout_s: float = OBSTORE_POOL_IDLE_TIMEOUT.total_seconds(),
         max_idle: int | None = None,
     ) -> None:
         named = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
         self.origin = f"{scheme}://{named}:{port}"
         self.scheme, self.host, self.port = scheme, host, port
-        self.ssl = ssl_context if scheme == "https" else None
+        self.ssl = ResumingContext(ssl_context) if scheme == "https" and ssl_context is not None else None
         self.connect_timeout_s = connect_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.max_idle = MAX_IDLE if max_idle is None else max_idle
@@ -62,7 +74,7 @@ class HttpPool:
         self._keeper: asyncio.Task | None = None
         self._sweep: asyncio.TimerHandle | None = None
         self._lookup: asyncio.Future | None = None
-        self._literal = (host.strip("[]"), port) if _is_address(host) else None  # an IP needs no lookup
+        self._literal = _literal(host, port)  # an IP needs no lookup
         self._lookup_until = 0.0
         self._turn = 0
         _pools.add(self)
@@ -136,25 +148,29 @@ class HttpPool:
         addresses = await self._addresses(loop)
         server_hostname = self.host.strip("[]") if self.ssl is not None else None
         self._turn += 1
-        error: OSError | None = None
-        for i in range(len(addresses)):  # in turn, from the next one; an address that refuses passes to the next
-            host, port = addresses[(self._turn + i) % len(addresses)]
-            try:
-                _, connection = await loop.create_connection(
-                    lambda: Connection(self), host, port, ssl=self.ssl, server_hostname=server_hostname
-                )
-                return connection
-            except ssl.SSLError:
-                raise  # the same certificate on every address
-            except OSError as exc:
-                error = exc
-        assert error is not None
-        raise error
+        turn = self._turn % len(addresses)  # from the next address each time, families interleaved (RFC 8305)
+        sock = await _first_connected(loop, _interleaved(addresses[turn:] + addresses[:turn]))
+        try:
+            _, connection = await loop.create_connection(
+                lambda: Connection(self),
+                sock=sock,
+                ssl=self.ssl,  # type: ignore[arg-type]  # (asyncio calls only its wrap_bio)
+                server_hostname=server_hostname,
+            )
+        except BaseException:
+            sock.close()
+            raise
+        return connection
 
-    async def _addresses(self, loop: asyncio.AbstractEventLoop) -> list[tuple[str, int]]:
-        """The host's addresses: looked up once per ``ADDRESS_TTL_S``, not once per connection."""
+    def keep_tls(self, connection: Connection) -> None:
+        """``connection`` answered its first GET: its TLS session is offered to the next connection."""
+        if self.ssl is not None and connection.transport is not None:
+            self.ssl.keep(connection.transport)
+
+    async def _addresses(self, loop: asyncio.AbstractEventLoop) -> list[tuple[int, tuple]]:
+        """The host's addresses (family, socket address): looked up once per ``ADDRESS_TTL_S``, not per connection."""
         if self._literal is not None:
-            return [self._literal]
+            return self._literal
         lookup = self._lookup
         if lookup is None or loop.time() > self._lookup_until or lookup.get_loop() is not loop or lookup.cancelled():
             lookup = self._lookup = asyncio.ensure_future(
@@ -169,7 +185,7 @@ class HttpPool:
             raise
         if not infos:
             raise OSError(f"no address for {self.host!r}")
-        return [(str(info[4][0]), int(info[4][1])) for info in infos]
+        return [(info[0], info[4]) for info in infos]
 
     def _connected(self, task: asyncio.Future, request: bytes, future: asyncio.Future, ask: Ask) -> None:
         if task.cancelled():
@@ -246,12 +262,80 @@ class HttpPool:
                 done.result(wait_s)
 
 
-def _is_address(host: str) -> bool:
+def _literal(host: str, port: int) -> list[tuple[int, tuple]] | None:
+    """``host``'s one address when it is an IP address (no lookup), else None."""
     try:
-        ipaddress.ip_address(host.strip("[]"))
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return False
-    return True
+        return None
+    if address.version == 6:
+        return [(socket.AF_INET6, (str(address), port, 0, 0))]
+    return [(socket.AF_INET, (str(address), port))]
+
+
+def _interleaved(addresses: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
+    """``addresses`` with their families alternating, the first address's family first (RFC 8305 section 4)."""
+    first = [a for a in addresses if a[0] == addresses[0][0]]
+    other = [a for a in addresses if a[0] != addresses[0][0]]
+    out: list[tuple[int, tuple]] = []
+    for i in range(max(len(first), len(other))):
+        out.extend(first[i : i + 1] + other[i : i + 1])
+    return out
+
+
+async def _connect_to(loop: asyncio.AbstractEventLoop, family: int, address: tuple) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        await loop.sock_connect(sock, address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _first_connected(loop: asyncio.AbstractEventLoop, addresses: list[tuple[int, tuple]]) -> socket.socket:
+    """A socket connected to the first of ``addresses`` to answer, each tried ``HAPPY_EYEBALLS_DELAY_S`` apart.
+
+    The next address is tried at once when an attempt fails; the attempts
+    that lose are closed. Raises the last attempt's error when none
+    connects.
+    """
+    if len(addresses) == 1:  # (an IP address, or a name with one: nothing to race)
+        return await _connect_to(loop, *addresses[0])
+    queue = list(addresses)
+    pending: set[asyncio.Task] = set()
+    errors: list[BaseException] = []
+    winner: socket.socket | None = None
+    try:
+        while queue or pending:
+            if queue:
+                pending.add(loop.create_task(_connect_to(loop, *queue.pop(0))))
+            done, _ = await asyncio.wait(
+                pending, timeout=HAPPY_EYEBALLS_DELAY_S if queue else None, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                pending.discard(task)
+                error = task.exception()
+                if error is not None:
+                    errors.append(error)
+                elif winner is None:
+                    winner = task.result()
+                else:
+                    task.result().close()
+            if winner is not None:
+                return winner
+        raise errors[-1]
+    finally:
+        for task in pending:
+            task.cancel()  # (a cancelled attempt closes its socket)
+            task.add_done_callback(_close_late_winner)
+
+
+def _close_late_winner(task: asyncio.Task) -> None:
+    """An attempt that connected as it was cancelled: its socket is closed."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 async def _ended(keeper: asyncio.Task, sweep: asyncio.TimerHandle | None) -> None:

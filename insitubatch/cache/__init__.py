@@ -22,7 +22,6 @@ from .fingerprint import (
     FINGERPRINT_HEX_LEN,
     array_fingerprints,
     is_fingerprint,
-    pipeline_fingerprint,
     source_identity,
 )
 from .lock import LOCK_NAME, network_filesystem
@@ -58,7 +57,6 @@ __all__ = [
     "network_filesystem",
     "open_dataset_cache",
     "persisted_basename",
-    "pipeline_fingerprint",
     "source_identity",
     "spill_basename",
 ]

@@ -1,8 +1,8 @@
 """Per-array chunk-transform fingerprints: the identity stamped on every persisted cache entry.
 
 A cached chunk is the *output* of its array's chunk-transform pipeline, so an
-entry is only valid for the pipeline that made it. ``pipeline_fingerprint``
-hashes an ordered pipeline to 16 hex digits; each transform is identified by,
+entry is only valid for the pipeline that made it. ``array_fingerprints``
+hashes each array's ordered pipeline to 16 hex digits; each transform is identified by,
 in order of preference:
 
 1. ``transform.cache_key`` (a ``str``) when set — authoritative, nothing else
@@ -49,6 +49,7 @@ from typing import Any
 from zarr.abc.store import Store
 
 from ..io.icechunk_stores import snapshot_of
+from ..io.sources.routed import RoutedStore
 from ..transforms import ChunkTransform, Scoped, pipeline_for
 
 __all__ = [
@@ -56,7 +57,6 @@ __all__ = [
     "FINGERPRINT_HEX_LEN",
     "array_fingerprints",
     "is_fingerprint",
-    "pipeline_fingerprint",
     "source_identity",
 ]
 
@@ -83,19 +83,12 @@ def is_fingerprint(value: object) -> bool:
     return isinstance(value, str) and _FINGERPRINT.match(value) is not None
 
 
-def pipeline_fingerprint(transforms: Iterable[ChunkTransform]) -> str:
-    """The 16-hex fingerprint of an ordered chunk-transform pipeline.
+def array_fingerprints(transforms: Sequence[ChunkTransform], paths: Iterable[str]) -> dict[str, str]:
+    """``{path: the 16-hex fingerprint of pipeline_for(transforms, path)}`` for each array path.
 
-    Parameters
-    ----------
-    transforms
-        The transforms that run on one array, in order (see
-        ``transforms.pipeline_for``). ``Scoped`` wrappers are unwrapped.
-
-    Returns
-    -------
-    str
-        16 lowercase hex digits; the empty pipeline has a fixed fingerprint.
+    Each transform is identified once, however many arrays' pipelines it joins;
+    ``Scoped`` wrappers are unwrapped, and the empty pipeline has a fixed
+    fingerprint.
 
     Raises
     ------
@@ -108,17 +101,6 @@ def pipeline_fingerprint(transforms: Iterable[ChunkTransform]) -> str:
         Once per process, the first time a transform is identified by its
         source text (no ``cache_key``, and cloudpickle is missing or cannot
         pickle it).
-    """
-    identities: list[tuple[str, bytes]] = []
-    for t in transforms:  # a loop, not a comprehension, so the warning's stacklevel finds our caller
-        identities.append(_transform_identity(t))
-    return _combine(identities)
-
-
-def array_fingerprints(transforms: Sequence[ChunkTransform], paths: Iterable[str]) -> dict[str, str]:
-    """``{path: pipeline_fingerprint(pipeline_for(transforms, path))}`` for each array path.
-
-    Each transform is identified once, however many arrays' pipelines it joins.
     """
     transforms = tuple(transforms)
     identities: dict[int, tuple[str, bytes]] = {}
@@ -139,6 +121,12 @@ def source_identity(store: Store) -> str | None:
         ``store`` is a writable icechunk session with uncommitted changes,
         which reads no snapshot's bytes.
     """
+    if isinstance(store, RoutedStore):  # a store of several (join_stores, concat_stores): its members' versions
+        versions = {name: source_identity(member) for name, member in store.members.items()}
+        if not any(versions.values()):
+            return None
+        digest = hashlib.blake2b(repr(sorted(versions.items())).encode(), digest_size=_DIGEST_BYTES).hexdigest()
+        return f"stores-{digest}"
     snapshot = snapshot_of(store)
     return None if snapshot is None else f"icechunk-{snapshot}"
 

@@ -55,7 +55,6 @@ __all__ = [
     "LOCK_NAME",
     "HolderRecord",
     "describe_holder",
-    "has_flock",
     "leave_directory",
     "network_filesystem",
     "open_gate",
@@ -85,11 +84,6 @@ _NETWORK_FS_PREFIXES = ("fuse.",)
 _HOLDER_READ_BYTES = 4096
 
 HolderRecord = Mapping[str, object]
-
-
-def has_flock() -> bool:
-    """Whether this platform has ``flock`` (``fcntl``), which a disk cache needs."""
-    return _fcntl is not None
 
 
 def require_flock(cache_dir: Path) -> None:

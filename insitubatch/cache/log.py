@@ -15,7 +15,7 @@ one completed chunk::
 ``chunk`` is the global sample-axis chunk index, ``file`` a bare basename in
 the cache directory, ``tile_shapes`` each tile's real (packed) shape,
 ``dtype`` numpy's ``.npy`` descr, ``fingerprint`` the 16-hex hash of the
-chunk transforms scoped to the array (``fingerprint.pipeline_fingerprint``),
+chunk transforms scoped to the array (``fingerprint.array_fingerprints``),
 ``nbytes`` the file's size, ``crc32c`` the CRC-32C of the whole file
 (header and payload), and ``t`` when it was committed (ns since the epoch):
 of two lines for one ``(path, chunk)`` the later ``t`` wins. Writes of one

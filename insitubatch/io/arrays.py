@@ -8,11 +8,11 @@ metadata from turning into an allocation.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import zarr
 
+from .. import config
 from .._zarr_compat import ArrayV3Metadata
 from .coords import CoordinateSource
 from .decode import partial_shards
@@ -20,19 +20,14 @@ from .geometry import ArrayGeometry, _ceil_div, _normalize_axis
 
 __all__ = [
     "MAX_CHUNK_BYTES",
-    "MAX_CHUNK_BYTES_ENV",
     "MAX_CHUNKS_PER_READ",
     "geometry_of",
 ]
 
-# Largest decoded chunk the engine will allocate, in bytes. A stored chunk (the
-# shard of a sharded array: what one decode returns) and a sample-axis chunk
-# across its tiles (what one pool entry holds) must each fit. Real archives keep
-# chunks near 1-100 MB and shards within a few GB; metadata past this is corrupt
-# or hostile, and believing it would allocate that much. Raise it per call with
-# ``max_chunk_bytes=``, or process-wide with the environment variable below.
-MAX_CHUNK_BYTES = 4 * 2**30
-MAX_CHUNK_BYTES_ENV = "INSITUBATCH_MAX_CHUNK_BYTES"
+# Largest decoded chunk the engine will allocate, in bytes: the ``max_chunk_bytes`` setting's default (why
+# 4 GiB: ``insitubatch.config``). Raise it per call with ``max_chunk_bytes=``, or process-wide with the setting.
+MAX_CHUNK_BYTES: int = config.SETTINGS["max_chunk_bytes"].default
+_MAX_CHUNK_BYTES_VARIABLE = config.SETTINGS["max_chunk_bytes"].variable
 # Most stored chunks one sample-axis chunk may span, and most inner chunks one
 # shard may hold: each costs a GET or a shard-index entry plus a Python call per
 # read. 2**20 covers a 4 GiB read of 4 KiB chunks; more is a chunking no engine
@@ -52,18 +47,9 @@ def _dimension_names(arr: zarr.Array) -> tuple[str | None, ...] | None:
 
 
 def _chunk_byte_limit(max_chunk_bytes: int | None) -> int:
-    """``max_chunk_bytes``, else the environment's limit, else ``MAX_CHUNK_BYTES``."""
+    """``max_chunk_bytes``, else the ``max_chunk_bytes`` setting (its variable, else ``MAX_CHUNK_BYTES``)."""
     if max_chunk_bytes is None:
-        text = os.environ.get(MAX_CHUNK_BYTES_ENV)
-        if not text:
-            return MAX_CHUNK_BYTES
-        try:
-            value = int(text)
-        except ValueError:
-            value = 0
-        if value < 1:
-            raise ValueError(f"{MAX_CHUNK_BYTES_ENV}={text!r} must be a positive integer number of bytes")
-        return value
+        return int(config.get("max_chunk_bytes"))
     if isinstance(max_chunk_bytes, bool) or not isinstance(max_chunk_bytes, (int, np.integer)):
         raise TypeError(f"max_chunk_bytes must be an int (bytes) or None, got {type(max_chunk_bytes).__name__}")
     if max_chunk_bytes < 1:
@@ -73,7 +59,7 @@ def _chunk_byte_limit(max_chunk_bytes: int | None) -> int:
 
 def _check_size(g: ArrayGeometry, limit: int) -> None:
     """Refuse metadata whose chunks would decode to more than ``limit`` bytes, before anything is allocated."""
-    override = f"if the array is real, pass max_chunk_bytes= or set {MAX_CHUNK_BYTES_ENV}"
+    override = f"if the array is real, pass max_chunk_bytes= or set {_MAX_CHUNK_BYTES_VARIABLE}"
     for what, nbytes in (("one stored chunk", g.stored_chunk_nbytes), ("one sample-axis chunk", g.chunk_nbytes)):
         if nbytes > limit:
             raise ValueError(

@@ -24,12 +24,10 @@ from zarr.dtype import UInt64
 from .._zarr_compat import ArrayConfig, ArraySpec, bytes_codec_endian, codec_decoder, shard_index_at_start
 from .direct import _check_blosc_frame, _DecodeFailure, _Direct, _is_blosc
 
-__all__ = ["INDEX_ENTRY_BYTES", "INDEX_HALF_EMPTY", "INDEX_OK", "INDEX_OUTSIDE", "partial_shards"]
+__all__ = ["INDEX_HALF_EMPTY", "INDEX_OK", "INDEX_OUTSIDE", "partial_shards"]
 
 # Shard-index entry of an inner chunk that was never written (zarr sharding spec).
 _ABSENT = 2**64 - 1
-# What a shard index entry takes held: an offset and a length, uint64 each.
-INDEX_ENTRY_BYTES = 16
 # What ``_ShardStage.read_index`` says of each entry.
 INDEX_OK, INDEX_HALF_EMPTY, INDEX_OUTSIDE = 0, 1, 2
 # Decode into host numpy memory whatever zarr's configured default buffer is.
@@ -186,7 +184,7 @@ class _ShardStage:
             raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
         offsets, lengths = index[..., 0].copy(), index[..., 1].copy()
         absent = offsets == _ABSENT
-        problems = np.zeros(offsets.shape, dtype=np.uint8)
+        problems = np.full(offsets.shape, INDEX_OK, dtype=np.uint8)
         problems[absent != (lengths == _ABSENT)] = INDEX_HALF_EMPTY
         lo = self.index_nbytes if self.index_at_start else 0
         outside = ~absent & (lengths != _ABSENT) & ((offsets < lo) | (lengths > _ABSENT - offsets))

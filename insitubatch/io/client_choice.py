@@ -6,23 +6,21 @@ engine send the GETs itself where it can (``io.wire_settings``) and leaves
 every other store on obstore's client; ``"engine"`` insists on the engine's
 client (a store it cannot read is refused when it is built); ``"obstore"``
 always uses obstore's. A store not built by ``obstore_store`` takes the
-process default: ``INSITUBATCH_CLIENT``, else ``"auto"``.
+process default: the ``client`` setting (``insitubatch.config``:
+``INSITUBATCH_CLIENT``, else ``"auto"``).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
 from zarr.abc.store import Store
 
-__all__ = ["CLIENTS", "CLIENT_ENV", "client_choice", "remember_client", "resolve_client"]
+from .. import config
+from ..config import CLIENTS
 
-CLIENTS = ("auto", "engine", "obstore")
-# The process default for stores whose client is not given (docs/wire.md).
-CLIENT_ENV = "INSITUBATCH_CLIENT"
-DEFAULT_CLIENT = "auto"
+__all__ = ["client_choice", "remember_client", "resolve_client"]
 
 # Choices by store id, each with the words that set it ("client='engine'", "INSITUBATCH_CLIENT=obstore");
 # an entry goes with its store (zarr's stores cannot be weakly keyed: they define __eq__ without __hash__).
@@ -31,20 +29,15 @@ _lock = threading.Lock()
 
 
 def resolve_client(client: str | None) -> tuple[str, str]:
-    """``(choice, what set it)`` for a ``client=`` argument; ``None`` takes ``INSITUBATCH_CLIENT`` or ``"auto"``.
+    """``(choice, what set it)`` for a ``client=`` argument; ``None`` takes the ``client`` setting.
 
     Raises
     ------
     ValueError
-        ``client`` (or the environment variable) is not one of :data:`CLIENTS`.
+        ``client`` (or the setting's variable, ``INSITUBATCH_CLIENT``) is not one of :data:`CLIENTS`.
     """
     if client is None:
-        value = os.environ.get(CLIENT_ENV, "").strip().lower()
-        if not value:
-            return DEFAULT_CLIENT, "the default"
-        if value not in CLIENTS:
-            raise ValueError(f"{CLIENT_ENV}={value!r} in the environment must be one of {', '.join(CLIENTS)}")
-        return value, f"{CLIENT_ENV}={value}"
+        return config.lookup("client")
     if client not in CLIENTS:
         raise ValueError(f"client={client!r} must be one of {', '.join(repr(c) for c in CLIENTS)}")
     return client, f"client={client!r}"

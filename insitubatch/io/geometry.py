@@ -428,6 +428,8 @@ def sample_coords(variables: Iterable[ArrayGeometry], n: int) -> dict[str, np.nd
     for g in variables:
         dims = g.dimension_names
         name = dims[g.sample_axis] if dims else None
+        if name and g.time_rows is not None and len(g.time_rows.rows) == n:  # rows looked up on the anchors' axis
+            return {name: g.time_rows.axis.values}
         if name and g.n_samples == n:
             try:
                 found = g._coordinate(name)

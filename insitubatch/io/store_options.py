@@ -20,16 +20,32 @@ __all__ = [
     "DEFAULT_RETRY",
     "DEFAULT_RETRY_TIMEOUT",
     "DEFAULT_TIMEOUT",
+    "OBSTORE_BACKOFF_BASE",
+    "OBSTORE_CONNECT_TIMEOUT",
+    "OBSTORE_INIT_BACKOFF",
+    "OBSTORE_MAX_BACKOFF",
+    "OBSTORE_MAX_RETRIES",
+    "OBSTORE_POOL_IDLE_TIMEOUT",
 ]
 
 # The keys obstore's RetryConfig reads; obstore silently ignores any other key,
 # so a typo would otherwise pass unnoticed.
 _RETRY_KEYS = frozenset({"backoff", "max_retries", "retry_timeout"})
 
+# obstore's own defaults (object_store's ClientOptions, RetryConfig and BackoffConfig), written here once:
+# insitubatch's network policy below starts from them, and the engine's own client and retry loop
+# (io.wire_settings, _engine.reads.read_policy) fall back to them where a store leaves a key unset.
+OBSTORE_CONNECT_TIMEOUT = timedelta(seconds=5)
+OBSTORE_POOL_IDLE_TIMEOUT = timedelta(seconds=90)  # how long an idle connection lives (reqwest/hyper's pool)
+OBSTORE_MAX_RETRIES = 10
+OBSTORE_INIT_BACKOFF = timedelta(milliseconds=100)  # the first retry's wait, doubling ...
+OBSTORE_BACKOFF_BASE = 2.0
+OBSTORE_MAX_BACKOFF = timedelta(seconds=15)  # ... up to this
+
 # Network defaults of every remote store obstore_store builds (HTTP, S3, GCS,
 # Azure). A caller's ``retry=`` / ``client_options=`` keys override them one by
 # one. obstore retries 5xx answers, dropped connections, truncated bodies and
-# timeouts of reads with exponential backoff (100 ms doubling to 15 s); a client
+# timeouts of reads with exponential backoff (OBSTORE_INIT_BACKOFF doubling to OBSTORE_MAX_BACKOFF); a client
 # error such as 403 fails at once. So a persistent fault surfaces as an error
 # after at most DEFAULT_RETRY_TIMEOUT plus one attempt (itself bounded by
 # DEFAULT_TIMEOUT), a stalled attempt after DEFAULT_READ_TIMEOUT -- never a hang.
@@ -41,13 +57,13 @@ DEFAULT_READ_TIMEOUT = "30s"
 # of 32 concurrent streams gets takes 64 s); 10 min carries a 4 GiB stored chunk
 # (arrays.MAX_CHUNK_BYTES) at ~7 MB/s.
 DEFAULT_TIMEOUT = "600s"
-# Establishing a TCP (+TLS) connection (obstore's default).
-DEFAULT_CONNECT_TIMEOUT = "5s"
+# Establishing a TCP (+TLS) connection (obstore's default), as the duration string obstore echoes back.
+DEFAULT_CONNECT_TIMEOUT = f"{OBSTORE_CONNECT_TIMEOUT.total_seconds():g}s"
 # Retries of one request (obstore's default), and the time after its first
 # attempt when no further retry starts: 45 s, not obstore's 3 min, so that a key
 # that never answers surfaces within a minute. The loader's own reads retry in
 # the engine's loop under the same two bounds (see docs/tuning.md).
-DEFAULT_MAX_RETRIES = 10
+DEFAULT_MAX_RETRIES = OBSTORE_MAX_RETRIES
 DEFAULT_RETRY_TIMEOUT = timedelta(seconds=45)
 DEFAULT_CLIENT_OPTIONS: Mapping[str, Any] = {
     "read_timeout": DEFAULT_READ_TIMEOUT,

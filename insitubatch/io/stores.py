@@ -23,6 +23,7 @@ from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemorySto
 from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
+from ..config import parse_flag
 from .client_choice import remember_client, resolve_client
 from .obstore_runtime import ForkSafeObjectStore, obstore_usable
 from .owned import _remember
@@ -152,8 +153,9 @@ def obstore_store(
         server. S3 and Azure ``endpoint``; GCS ``base_url``.
     allow_http
         Permit plain-HTTP connections (an HTTP client option). ``None`` means
-        ``True`` when ``endpoint``, the URL or (S3) ``AWS_ENDPOINT_URL`` is
-        ``http://`` or ``AWS_ALLOW_HTTP`` is true, else HTTPS only.
+        ``True`` when the endpoint requests go to (S3: ``AWS_ENDPOINT_URL_S3``,
+        else ``endpoint``, else ``AWS_ENDPOINT_URL``), or the URL, is
+        ``http://``, or ``AWS_ALLOW_HTTP`` is true, else HTTPS only.
     region
         S3 region.
     retry
@@ -172,8 +174,8 @@ def obstore_store(
         The HTTP client that reads chunks for the loader (docs/wire.md):
         ``"auto"`` (the engine's own where it can read the store, obstore's
         otherwise), ``"engine"`` (refused here if it cannot) or ``"obstore"``.
-        ``None``: the environment variable ``INSITUBATCH_CLIENT``, else
-        ``"auto"``. Metadata is always read through obstore; local and
+        ``None``: the ``client`` setting (``insitubatch.config``: its
+        ``set``, else ``INSITUBATCH_CLIENT``, else ``"auto"``). Metadata is always read through obstore; local and
         ``memory://`` stores use no HTTP client.
     **options
         Further obstore config keys for the cloud store, e.g.
@@ -299,8 +301,12 @@ def _cloud_store(
         raise ValueError(f"endpoint={endpoint!r} must start with http:// or https://")
     if allow_http is False and endpoint is not None and endpoint.startswith("http://"):
         raise ValueError(f"allow_http=False contradicts the plain-HTTP endpoint={endpoint!r}")
+    # obstore takes AWS_ENDPOINT_URL_S3 over any other S3 endpoint, the one given here included
+    s3_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3", "").strip() if scheme in _S3_SCHEMES else ""
     plain_http_endpoint = (
-        endpoint.startswith("http://") if endpoint else scheme in _S3_SCHEMES and _s3_env_allows_http()
+        (s3_endpoint or endpoint or "").startswith("http://")
+        if s3_endpoint or endpoint
+        else scheme in _S3_SCHEMES and _s3_env_allows_http()
     )
     http_options = _client_options(url, client_options, allow_http, plain_http_endpoint)
 
@@ -361,7 +367,7 @@ def _cloud_store(
 def _s3_env_allows_http() -> bool:
     """Whether ``AWS_ALLOW_HTTP`` is true, or ``AWS_ENDPOINT_URL`` (MinIO, an emulator) is plain HTTP."""
     flag, endpoint = (os.environ.get(k, "").strip().lower() for k in ("AWS_ALLOW_HTTP", "AWS_ENDPOINT_URL"))
-    return flag in ("1", "true", "yes", "on") if flag else endpoint.startswith("http://")
+    return parse_flag(flag, "AWS_ALLOW_HTTP") if flag else endpoint.startswith("http://")
 
 
 def _build(url: str, factory: Any, parse_url: str, **kwargs: Any) -> Any:

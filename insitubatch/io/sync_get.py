@@ -29,6 +29,7 @@ from zarr.storage import ObjectStore
 
 from .direct import ChunkData
 from .obstore_runtime import ForkSafeObjectStore, refuse_dead_obstore
+from .sources.routed import RoutedStore
 
 
 def _sync_get(store: Store) -> Callable[..., ChunkData | None] | None:
@@ -46,6 +47,8 @@ def _sync_get(store: Store) -> Callable[..., ChunkData | None] | None:
     is a view of the calling thread's reused buffer (see ``_LocalFiles``).
     """
     cls = type(store)
+    if isinstance(store, RoutedStore):  # a store of several: synchronous when every member is
+        return store.sync_reader(_sync_get)
     if cls is ObjectStore or cls is ForkSafeObjectStore:
         raw = cast(ObjectStore, store).store
         if isinstance(raw, obstore.store.LocalStore) and raw.prefix is not None:

@@ -218,6 +218,10 @@ class TimeRows:
     steps: tuple[int, ...]
     windowed: bool
     rows: np.ndarray
+    # the axis ``rows`` index when it is not ``axis`` (a joined store's variable: its own store's time axis),
+    # and its first and last stored instants in ``axis``'s ticks
+    read_axis: StepAxis | None = None
+    read_span: tuple[int, int] | None = None
 
     @classmethod
     def build(cls, axis: StepAxis, shift: int, steps: tuple[int, ...], windowed: bool) -> TimeRows:
@@ -243,7 +247,8 @@ class TimeRows:
         kept = self.axis.ticks[self.axis.stored]
         if not len(kept):
             return 0, 0
-        lo_t, hi_t = kept[0] - min(self.offsets), kept[-1] - max(self.offsets)
+        first, last = self.read_span if self.read_span is not None else (kept[0], kept[-1])
+        lo_t, hi_t = first - min(self.offsets), last - max(self.offsets)
         inside = self.axis.stored & (self.axis.ticks >= lo_t) & (self.axis.ticks <= hi_t)
         if not inside.any():
             return 0, 0

@@ -22,12 +22,14 @@ from urllib.parse import quote, urlsplit
 
 import obstore.store
 
+from ..config import parse_flag
+from .store_options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
+
 __all__ = ["EngineSettings", "S3Keys", "duration_s", "engine_settings"]
 
-# obstore's own defaults where a store leaves these unset (obstore's ClientConfig documents connect_timeout's
-# 5 s; an idle connection lives 90 s in its HTTP client, reqwest/hyper's pool default).
-OBSTORE_CONNECT_TIMEOUT_S = 5.0
-OBSTORE_POOL_IDLE_TIMEOUT_S = 90.0
+# obstore's own defaults where a store leaves these unset, in seconds (written once in io.store_options).
+OBSTORE_CONNECT_TIMEOUT_S = OBSTORE_CONNECT_TIMEOUT.total_seconds()
+OBSTORE_POOL_IDLE_TIMEOUT_S = OBSTORE_POOL_IDLE_TIMEOUT.total_seconds()
 
 # Client options the engine applies (timeouts, the pool, the user agent, a CA) or that change nothing a GET
 # sends (``timeout``/``read_timeout``: the engine's stall timer; ``http1_only``: it speaks only HTTP/1.1;
@@ -91,6 +93,9 @@ _AWS_NOT_APPLIED = frozenset(
         "AWS_ALLOW_INVALID_CERTIFICATES",
     }
 )
+# The S3-only endpoint variable of AWS's SDKs: obstore takes it over every other endpoint, the store's
+# config included (checked against obstore 0.12.1: tests/_wire/test_wire_s3.py).
+S3_ENDPOINT_ENV = "AWS_ENDPOINT_URL_S3"
 _PROXY_ENV = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 # obstore's duration strings ("5s", "2h 37min", "500ms"): spans of a number and a unit (months are "M").
@@ -171,14 +176,15 @@ class EngineSettings:
 
 
 def _true(value: Any) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes", "on")
+    return parse_flag(value, "allow_http")
 
 
 def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, str] | str:
     """What obstore's S3 store will use, from its config and the ``AWS_*`` environment; or why not.
 
-    The config wins over the environment. ``options`` (the client options)
-    gains ``allow_http`` from ``AWS_ALLOW_HTTP``.
+    The config wins over the environment, except ``AWS_ENDPOINT_URL_S3``,
+    which wins over the config's ``endpoint`` as it does in obstore.
+    ``options`` (the client options) gains ``allow_http`` from ``AWS_ALLOW_HTTP``.
     """
     unknown = sorted(set(config) - _S3_KEYS)
     if unknown:
@@ -193,6 +199,8 @@ def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, s
         if name == "AWS_ALLOW_HTTP":
             options.setdefault("allow_http", value)
             continue
+        if name == S3_ENDPOINT_ENV:
+            continue  # (below: it overrides the config)
         key = _S3_ALIASES.get(name[4:].lower())
         if key is None:
             continue  # what does not change a GET (write settings, credential sources: keys come first)
@@ -200,6 +208,11 @@ def _s3_settings(config: dict[str, Any], options: dict[str, Any]) -> dict[str, s
             return f"two AWS_* variables give the {key} different values (which one obstore takes is undefined)"
     for key, value in from_env.items():
         settings.setdefault(key, value)
+    s3_endpoint = os.environ.get(S3_ENDPOINT_ENV)
+    if s3_endpoint is not None:
+        if not s3_endpoint.strip():
+            return f"{S3_ENDPOINT_ENV} is set but empty"
+        settings["endpoint"] = s3_endpoint
     return settings
 
 

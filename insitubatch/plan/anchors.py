@@ -200,6 +200,7 @@ class AnchorRules:
     labels: Mapping[str, ArrayGeometry]
     missing_at: np.ndarray | None
     axis: StepAxis | None
+    declared: tuple[tuple[str, str], ...] = ()  # the manifest's missing dates, for a label read on another axis
 
     def _unstored_times(self, anchors: np.ndarray) -> list[str]:
         found: set[str] = set()
@@ -212,13 +213,18 @@ class AnchorRules:
         if self.missing_at is None or self.axis is None:
             return []
         ticks: set[int] = set()
+        named: set[str] = set()
         for g in self.labels.values():
-            rows = _rows_inside(g, anchors, len(self.missing_at))
+            axis, at = _read_missing(g, self.axis, self.missing_at, self.declared)
+            rows = _rows_inside(g, anchors, len(at))
             hit = rows >= 0
-            hit[hit] = self.missing_at[rows[hit]]
-            ticks.update(self.axis.ticks[rows[hit]].tolist())
+            hit[hit] = at[rows[hit]]
+            if axis is self.axis:
+                ticks.update(self.axis.ticks[rows[hit]].tolist())
+            else:  # a joined store's label: its own axis names its times
+                named.update(axis.exact(t) for t in axis.ticks[rows[hit]].tolist())
         ticks.update(self.axis.ticks[anchors[self.missing_at[anchors]]].tolist())
-        return [self.axis.exact(t) for t in sorted(ticks)]
+        return sorted(named | {self.axis.exact(t) for t in ticks})
 
     def loss(self, anchors: np.ndarray) -> SplitLoss:
         """What the rules take of ``anchors`` (a split's, inside the valid range): counts, first times.
@@ -271,6 +277,16 @@ def _rows_inside(g: ArrayGeometry, anchors: np.ndarray, n: int) -> np.ndarray:
     return np.where((rows >= 0) & (rows < n), rows, -1)
 
 
+def _read_missing(
+    g: ArrayGeometry, axis: StepAxis, missing_at: np.ndarray, declared: tuple[tuple[str, str], ...]
+) -> tuple[StepAxis, np.ndarray]:
+    """The axis ``g`` reads rows of, and which of them are declared missing: the anchors' own, or a joined store's."""
+    read = g.time_rows.read_axis if g.time_rows is not None else None
+    if read is None:
+        return axis, missing_at
+    return read, missing_samples(read, declared)
+
+
 def _time_axis(variables: Mapping[str, ArrayGeometry], what: str) -> StepAxis:
     for g in variables.values():
         if g.time_rows is not None:
@@ -302,16 +318,17 @@ def anchor_rules(manifest: Any, variables: Mapping[str, ArrayGeometry]) -> Ancho
         missing = missing_at.copy()
         everyone = np.arange(n, dtype=np.int64)
         for g in variables.values():
-            rows = _rows_inside(g, everyone, n)
+            _, at = _read_missing(g, axis, missing_at, missing_dates)
+            rows = _rows_inside(g, everyone, len(at))
             hit = np.zeros(rows.shape, dtype=bool)
-            hit[rows >= 0] = missing_at[rows[rows >= 0]]
+            hit[rows >= 0] = at[rows[rows >= 0]]
             missing |= hit.any(axis=1)
     off = ~on_frequency(axis, frequency) if frequency is not None else None
     keep = ~unstored
     for rule in (missing, off):
         if rule is not None:
             keep &= ~rule
-    return AnchorRules(keep, unstored if timed else None, missing, off, variables, missing_at, axis)
+    return AnchorRules(keep, unstored if timed else None, missing, off, variables, missing_at, axis, missing_dates)
 
 
 def rows_kept(

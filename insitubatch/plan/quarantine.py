@@ -182,7 +182,10 @@ def drop_quarantined(
     size = manifest.sample_chunk_size
     offsets = {off for g in variables.values() if g.time_rows is None for off in g.read_offsets}
     anchors = rows[:, 0] * size + rows[:, 1]
-    timed = [g.read_rows(anchors) for g in variables.values() if g.time_rows is not None]
+    # (a joined store's label reads rows of its own store's array, on no chunk of the manifest's grid)
+    timed = [
+        g.read_rows(anchors) for g in variables.values() if g.time_rows is not None and g.time_rows.read_axis is None
+    ]
     keep = usable_rows(anchors, manifest.excluded_chunks, size, manifest.n_samples, offsets, timed)
     owner = np.repeat(np.arange(len(counts)), counts)
     return rows[keep], np.bincount(owner[keep], minlength=len(counts)).astype(counts.dtype)

@@ -6,20 +6,21 @@ arguments and sets ``run=_run_<name>``, and list it in ``_SUBCOMMANDS``.
 
 A command that fails prints one line, ``insitubatch COMMAND: error: ...``,
 and exits with ``EXIT_FAILURE``; a store backend's multi-line debug output
-is cut to its first line (``INSITUBATCH_TRACEBACK=1`` shows the traceback).
+is cut to its first line (the ``traceback`` setting, ``INSITUBATCH_TRACEBACK=1``,
+shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from zarr.abc.store import Store
 
+from .. import config
 from ..errors import InSituError
 from ..progress import progress
 from .store_args import URL_HELP, add_store_options, one_line, store_options
@@ -28,8 +29,6 @@ __all__ = ["build_parser", "main"]
 
 # Exit status for a command that ran but failed (argparse uses 2 for usage errors).
 EXIT_FAILURE = 1
-# Set to 1 to see the traceback of a failed command instead of its one-line message.
-TRACEBACK_ENV = "INSITUBATCH_TRACEBACK"
 
 
 def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -235,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except _failures() as exc:
-        if os.environ.get(TRACEBACK_ENV) == "1":
+        if config.get("traceback"):
             raise
         print(f"insitubatch {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE

@@ -16,11 +16,13 @@ import sys
 import sysconfig
 from typing import IO, Any
 
+from .. import config
+
 __all__ = ["debug_info", "print_debug_info"]
 
 PACKAGES = ("insitubatch", "numpy", "zarr", "numcodecs", "obstore", "torch", "jax", "fsspec", "icechunk", "cython")
 # environment variables that change how insitubatch or its kernels behave
-ENVIRONMENT = ("INSITUBATCH_NO_BUFFER_REUSE", "INSITUBATCH_DEBUG_KERNELS", "INSITUBATCH_OPENMP", "OMP_NUM_THREADS")
+ENVIRONMENT = (*(s.variable for s in config.SETTINGS.values()), *config.BUILD_VARIABLES, "OMP_NUM_THREADS")
 
 
 def _version(name: str) -> str | None:

@@ -48,6 +48,7 @@ def test_an_entry_is_ready_once_every_tile_landed() -> None:
     assert (owner.counters.misses, owner.counters.hits) == (1, 0)
 
 
+@pytest.mark.invariant
 def test_pinned_entries_are_never_evicted_and_admission_waits_for_room() -> None:
     pool = ChunkPool(2 * ENTRY_BYTES)
     owner = pool.open_owner(2 * ENTRY_BYTES, 4)

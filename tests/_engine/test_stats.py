@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import get_args
 
 import numpy as np
 import pytest
@@ -23,8 +24,10 @@ from insitubatch._engine.stats import (
     FULL_CONCURRENCY_SHARE,
     MIN_PRESSURE,
     READ_AHEAD_SHARE,
-    STAGES,
+    Stage,
 )
+
+STAGES = get_args(Stage)  # the stages a pass may name as limiting
 
 # A GET (or a transform, or a step) this slow dwarfs the rest of a pass over a few hundred KB.
 SLOW_S = 0.03

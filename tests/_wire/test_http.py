@@ -141,8 +141,9 @@ def test_chunked_unframed_interim_and_ignored_range_answers_are_read_whole(scrip
             piece = BODY[i : i + 3000]
             conn.sendall(b"%x;ext=1\r\n" % len(piece) + piece + b"\r\n")
         conn.sendall(b"0\r\nX-Trailer: y\r\n\r\n")
-        read_head(conn)  # a 200 with the whole object, for a range: the client cuts the range out
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        read_head(conn)  # a 200 with the whole object (its Content-Range says so), for a range: the range cut out
+        whole = b"Content-Range: bytes 0-%d/%d\r\n" % (len(BODY) - 1, len(BODY))
+        conn.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (whole, len(BODY)) + BODY)
         read_head(conn)  # no length: the body runs to the close
         conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + BODY)
         conn.close()

@@ -95,6 +95,7 @@ def _dm(path, **kw) -> InSituDataModule:
     return InSituDataModule(path, ["x"], splits=(1.0,), batch_size=BATCH, block_chunks=3, seed=SEED, **kw)
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("saved, killed", [(5, 8), (PER_EPOCH, PER_EPOCH + 2), (PER_EPOCH + 4, PER_EPOCH + 9)])
 def test_a_fit_resumed_from_a_mid_epoch_checkpoint_sees_every_sample_once(path, tmp_path, saved, killed) -> None:
     full = Tiny()

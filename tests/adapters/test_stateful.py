@@ -102,6 +102,7 @@ def test_jax_view_state_round_trips(path) -> None:
         assert [np.asarray(a["x"])[:, 0].astype(int).tolist() for a in jv] == expected[5:]
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("old, new", [(2, 2), (2, 3), (3, 1)])
 @pytest.mark.parametrize("last_batch", ["pad", "partial", "drop"])
 def test_torch_views_resume_at_the_same_and_another_world_size(path, old, new, last_batch) -> None:

@@ -29,7 +29,7 @@ from insitubatch.cache import (
     spill_basename,
 )
 from insitubatch.cache import fingerprint as fp_mod
-from insitubatch.cache.fingerprint import array_fingerprints, pipeline_fingerprint
+from insitubatch.cache.fingerprint import array_fingerprints
 from insitubatch.cache.tilefile import TileFile
 from insitubatch.errors import CacheCorruptError, CacheMissError, StaleCacheError
 from insitubatch.transforms import applies
@@ -222,6 +222,7 @@ def test_compaction_only_when_a_writer_is_alone_with_something_to_fold(tmp_path:
     assert log.read_bytes() == clean and log.stat().st_ino != ino
 
 
+@pytest.mark.invariant
 def test_readonly_keeps_a_torn_final_line_and_writes_nothing(tmp_path: Path) -> None:
     with _writer(tmp_path) as c:
         _put(c, PATH, 0, _tiles(SHAPES))
@@ -387,6 +388,11 @@ def test_a_readonly_reader_of_a_stale_cache_is_told_what_works_there(tmp_path: P
         assert len(c.entries()) == 0
 
 
+def pipeline_fingerprint(transforms) -> str:
+    """The fingerprint of one ordered pipeline: ``array_fingerprints`` for an array every transform reaches."""
+    return array_fingerprints(list(transforms), ["a"])["a"]
+
+
 def test_fingerprint_rules() -> None:
     # pinned: a change here silently invalidates every user's persisted cache (bump FINGERPRINT_FORMAT)
     assert pipeline_fingerprint([]) == pipeline_fingerprint(()) == EMPTY_PIPELINE_FINGERPRINT
@@ -419,7 +425,7 @@ def test_fingerprint_rules() -> None:
 _STABILITY_SCRIPT = """
 import crc32c
 import numpy as np
-from insitubatch.cache.fingerprint import pipeline_fingerprint
+from insitubatch.cache.fingerprint import array_fingerprints
 TAGS = {"alpha", "beta", "gamma", "delta"}
 class Norm:  # defined in __main__: cloudpickle pickles it by value
     def __init__(self):
@@ -427,7 +433,7 @@ class Norm:  # defined in __main__: cloudpickle pickles it by value
         self.names = {"u", "v", "w", "t2m"}
     def __call__(self, chunk):
         return chunk if "alpha" in TAGS else None
-print(pipeline_fingerprint([Norm()]))
+print(array_fingerprints([Norm()], ["a"])["a"])
 """
 
 
@@ -588,6 +594,7 @@ def _damage_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
 
 
+@pytest.mark.invariant
 def test_a_flipped_payload_byte_is_refetched_with_one_warning(tmp_path: Path, caplog) -> None:
     tiles = _tiles(SHAPES)
     with _writer(tmp_path) as c:

@@ -109,6 +109,7 @@ def test_a_real_full_filesystem_stops_persisting_with_one_warning(small_disk: Pa
         assert c.lookup(PATH, 0, SHAPES, np.float32) is None  # a deleted file is a miss, never garbage
 
 
+@pytest.mark.invariant
 def test_a_full_disk_while_logging_leaves_no_line_and_nothing_to_revive(
     tmp_path: Path, caplog, monkeypatch: pytest.MonkeyPatch
 ) -> None:

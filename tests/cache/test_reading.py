@@ -41,6 +41,7 @@ def _count_opens(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return calls
 
 
+@pytest.mark.invariant
 def test_a_readonly_reader_revives_without_a_writer_and_refuses_a_damaged_file_once(
     tmp_path: Path, cache_parts, monkeypatch: pytest.MonkeyPatch
 ) -> None:

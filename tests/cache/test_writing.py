@@ -30,6 +30,7 @@ def _left_over(d: Path) -> list[str]:
     return sorted([p.name for p in d.glob(".*.tmp")] + claims)
 
 
+@pytest.mark.invariant
 def test_the_file_is_in_place_before_its_line_is_logged(
     tmp_path: Path, cache_parts, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,6 +25,7 @@ def _real(stream) -> list[int]:
     return stream.rows[~stream.padded].tolist()
 
 
+@pytest.mark.invariant
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 @pytest.mark.parametrize("sizes", [[7] * 10, [5, 9, 1, 7, 3, 8], [3, 3], [1]])
 def test_each_policy_keeps_ranks_at_equal_batch_counts(world, sizes) -> None:

@@ -107,6 +107,7 @@ def test_racing_for_one_claim_on_s3_exactly_one_wins(write_s3_store) -> None:
     assert status.claims == () and status.coverage == ()  # the winner released without completing
 
 
+@pytest.mark.invariant
 @pytest.mark.slow
 def test_racing_for_overlapping_claims_at_most_one_proceeds(write_s3_store) -> None:
     create_layout(write_s3_store, layout_spec(), group=GROUP)
@@ -122,6 +123,7 @@ def test_racing_for_overlapping_claims_at_most_one_proceeds(write_s3_store) -> N
     assert winners in ({(0, 24)}, {(12, 36)}, {(0, 12)}, {(12, 36), (0, 12)}, set())
 
 
+@pytest.mark.invariant
 @pytest.mark.slow
 def test_killed_worker_goes_stale_and_its_slot_is_replanned(tmp_path: Path, reference: dict[str, bytes]) -> None:
     store = LocalStore(tmp_path / "out.zarr")

@@ -68,6 +68,7 @@ def test_explicit_slot_size_must_be_a_multiple_of_the_lcm(store: MemoryStore) ->
         plan_slots(store, group=GROUP, workers=0)
 
 
+@pytest.mark.invariant
 def test_shard_sharing_ranges_are_rejected_by_the_planner() -> None:
     """Ranges aligned to the inner chunk (2) but not the shard (6) would share shard objects."""
     store = MemoryStore()
@@ -203,6 +204,7 @@ def _layouts(draw: st.DrawFn) -> tuple[LayoutSpec, list[int]]:
     return LayoutSpec(tuple(arrays)), done_units
 
 
+@pytest.mark.invariant
 @settings(max_examples=40, deadline=None)
 @given(_layouts(), st.one_of(st.none(), st.integers(1, 5)))
 def test_plan_invariants(layout_and_done: tuple[LayoutSpec, list[int]], workers: int | None) -> None:

@@ -191,6 +191,7 @@ def test_write_behind_is_validated() -> None:
         SlotWriter(MemoryStore(), 0, 12, write_behind=2.5)
 
 
+@pytest.mark.invariant
 @pytest.mark.slow
 def test_a_worker_killed_mid_queue_resumes_to_the_synchronous_store(tmp_path: Path) -> None:
     path = tmp_path / "o.zarr"

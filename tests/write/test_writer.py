@@ -112,6 +112,7 @@ def test_shard_sharing_ranges_are_rejected_by_the_writer() -> None:
         ("pred", (12, 14), (2, 3, 7), ValueError, r"expected \(2, 3, 8\)"),
     ],
 )
+@pytest.mark.invariant
 def test_bad_write_raises_before_any_byte_is_written(
     store, array: str, index_range: object, shape: tuple[int, ...], error: type, message: str
 ) -> None:

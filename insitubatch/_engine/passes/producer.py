@@ -295,7 +295,8 @@ class _PassState:
             for label, offset in ctx.offsets.items():
                 g = ctx.outputs[label]
                 if offset or g.window_steps or g.time_rows is not None:
-                    coords[f"{label}.{name}"] = values[label_indices(g, anchors)]
+                    read = g.time_rows.read_axis if g.time_rows is not None else None  # a joined store's own times
+                    coords[f"{label}.{name}"] = (values if read is None else read.values)[label_indices(g, anchors)]
         return coords
 
     # -- teardown ---------------------------------------------------------------

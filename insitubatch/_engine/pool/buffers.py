@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
+from ... import config
+
 __all__ = ["BufferPool"]
 
-NO_REUSE_ENV = "INSITUBATCH_NO_BUFFER_REUSE"
 Allocator = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 
 
@@ -29,7 +29,7 @@ class BufferPool:
 
     def __init__(self, reuse: bool | None = None, allocator: Allocator | None = None) -> None:
         if reuse is None:
-            reuse = os.environ.get(NO_REUSE_ENV, "") not in ("1", "true", "yes")
+            reuse = not config.get("no_buffer_reuse")
         self.reuse = reuse
         self.allocator: Allocator = allocator or _heap
         self._lock = threading.Lock()

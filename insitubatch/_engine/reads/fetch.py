@@ -17,19 +17,25 @@ no task of its own: a read is a loop of attempts bounded by the store's
 * a throttling answer (429/503, S3 ``SlowDown``) tells the link (the auto
   window halves, hedging pauses) and is retried after the backoff; another
   transient failure is retried; a missing key is ``None``; a denied or
-  malformed request fails at once.
+  malformed request fails at once, and so does an answer the client
+  cannot frame (``read_policy.protocol_fault``) that comes twice running,
+  the same both times: the server's way of answering, not a bad moment.
+  An S3 404 ``NoSuchBucket`` is an error, never a missing key.
 
 No attempt starts later than ``retry_timeout`` after the first, and a
 silent attempt is cut where that window ends (but not before the 2 s
 floor), so a key that never answers fails within ``retry_timeout`` + 2 s,
 naming the attempts.
 
-A read whose ``size_hint`` is over ``STREAM_OVER_BYTES`` is a large one:
-its race ends with the response's first byte, and its body is streamed
+A read whose ``size_hint`` is over ``STREAM_OVER_BYTES`` through obstore's
+client is a large one: its race ends with the response's first byte, and its body is streamed
 with the stall timer on every piece, so a slow large body is never cut
 while bytes still arrive. A smaller read is one request for headers and
 body together, its stall time stretched by what the body takes at
-``SLOW_STREAM_BYTES_PER_S``.
+``SLOW_STREAM_BYTES_PER_S``; the engine's own client takes every read that way,
+whatever its size (it reads chunked bodies, which obstore's cannot for a range),
+a read over ``STREAM_OVER_BYTES`` with no duplicate and no latency sample
+(its time is its body's, not the link's).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from zarr.buffer import default_buffer_prototype
 from ..._wire.backends import _ObstoreBackend
 from ...io.obstore_runtime import refuse_dead_obstore
 from ..stats import PassCounters
-from .read_policy import Outcome, classify, http_status
+from .read_policy import Outcome, classify, http_status, protocol_fault
 from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient
 from .window import WindowUser
 
@@ -148,6 +154,8 @@ class Read:
     """One read in progress: attempts until an answer, a missing key or the retry bounds; ``done`` called once."""
 
     __slots__ = (
+        "_big",
+        "_fault",
         "_large",
         "_plain",
         "_race",
@@ -177,9 +185,11 @@ class Read:
         self.loop = asyncio.get_running_loop()
         self.first = self.loop.time()
         self.attempt = 0
-        self._large = (
-            size_hint is not None and size_hint > STREAM_OVER_BYTES and isinstance(fetcher.backend, _ObstoreBackend)
-        )
+        backend = fetcher.backend
+        # a large read taken whole (the engine's client): no duplicate of it, and its time is no GET's latency
+        self._big = size_hint is not None and size_hint > STREAM_OVER_BYTES
+        self._large = self._big and isinstance(backend, _ObstoreBackend) and backend.streams_large
+        self._fault = ""  # the last attempt's protocol fault: the same one twice running is not retried again
         self._plain = False  # a whole-key ranged GET the server refused (an empty object): a plain GET instead
         self._stall_s = fetcher.link.stall_after(fetcher.policy)
         self._race: _Race | None = None
@@ -232,7 +242,8 @@ class Read:
             else:
                 launch = lambda: backend.request(key, byte_range)  # noqa: E731
         fetcher.link.requested()
-        self._race = _Race(self, launch, fetcher.link.hedge_after() if fetcher.hedge else math.inf, stall)
+        hedge = fetcher.hedge and not (self._big and not self._large)
+        self._race = _Race(self, launch, fetcher.link.hedge_after() if hedge else math.inf, stall)
 
     def _raced(self, answer: Any, seconds: float, hedge_won: bool, exc: BaseException | None) -> None:
         self._race = None
@@ -241,7 +252,8 @@ class Read:
         fetcher = self.fetcher
         if exc is None:
             fetcher.counters.hedge_wins += hedge_won
-            fetcher.link.latency.add(seconds)
+            if self._large or not self._big:
+                fetcher.link.latency.add(seconds)
             if self._large:
                 self._task = asyncio.ensure_future(_body(answer, self._stall_s))
                 self._task.add_done_callback(lambda task: self.step(self._streamed, task, seconds))
@@ -290,6 +302,15 @@ class Read:
             if outcome is Outcome.FATAL or (fetcher.backend.own_retries and outcome is Outcome.RETRY):
                 self._finish(None, exc)
                 return
+            if protocol_fault(exc):
+                fault = f"{type(exc).__name__}: {exc}"
+                if fault == self._fault:
+                    elapsed = self.loop.time() - self.first
+                    self._finish(
+                        None, _give_up(self.key, self.attempt, elapsed, exc, " (the same fault twice running)")
+                    )
+                    return
+                self._fault = fault
             if outcome is Outcome.THROTTLE:
                 fetcher.counters.throttled += 1
                 fetcher.link.throttled(self.loop.time())
@@ -381,7 +402,7 @@ async def _body(result: Any, stall_s: float) -> bytes:
         pieces.append(piece)
 
 
-def _give_up(key: str, attempts: int, elapsed: float, error: BaseException) -> OSError:
+def _give_up(key: str, attempts: int, elapsed: float, error: BaseException, why: str = "") -> OSError:
     what = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    message = f"gave up on {key!r} after {attempts} attempt(s) in {elapsed:.1f}s; the last: {what}"
+    message = f"gave up on {key!r} after {attempts} attempt(s) in {elapsed:.1f}s{why}; the last: {what}"
     return TimeoutError(message) if isinstance(error, TimeoutError) else OSError(message)

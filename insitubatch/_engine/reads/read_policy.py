@@ -20,23 +20,42 @@ from typing import Any
 
 import obstore.exceptions
 
-from ..._wire.faults import FramingError, RangeIgnoredError, RangeMismatchError, RedirectError, TlsRefusedError
+from ..._wire.faults import (
+    FramingError,
+    NoSuchBucketError,
+    RangeIgnoredError,
+    RangeMismatchError,
+    RedirectError,
+    TlsRefusedError,
+    UnsupportedBodyError,
+)
 from ...errors import ForkError
-from ...io.stores import DEFAULT_MAX_RETRIES, DEFAULT_READ_TIMEOUT, DEFAULT_RETRY_TIMEOUT
+from ...io.store_options import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_READ_TIMEOUT,
+    DEFAULT_RETRY_TIMEOUT,
+    OBSTORE_BACKOFF_BASE,
+    OBSTORE_INIT_BACKOFF,
+    OBSTORE_MAX_BACKOFF,
+)
 from ...io.wire_settings import duration_s
 
-__all__ = ["Outcome", "ReadPolicy", "classify", "policy_for"]
+__all__ = ["Outcome", "ReadPolicy", "classify", "policy_for", "protocol_fault"]
 
-# obstore's own backoff defaults (object_store's BackoffConfig): 100 ms doubling to 15 s.
-DEFAULT_INIT_BACKOFF_S = 0.1
-DEFAULT_MAX_BACKOFF_S = 15.0
-DEFAULT_BACKOFF_BASE = 2.0
+# obstore's own backoff defaults (written once in io.store_options), in seconds for the loop.
+DEFAULT_INIT_BACKOFF_S = OBSTORE_INIT_BACKOFF.total_seconds()
+DEFAULT_MAX_BACKOFF_S = OBSTORE_MAX_BACKOFF.total_seconds()
+DEFAULT_BACKOFF_BASE = OBSTORE_BACKOFF_BASE
 
 # An answer meaning "slow down": S3 SlowDown (503), GCS and Azure 429 / 503; and their words, for a
 # store whose errors carry no status
 _THROTTLE_STATUS = (429, 503)
 _THROTTLE = re.compile(r"\b(429|503)\b|SlowDown|Slow Down|TooManyRequests|RequestLimitExceeded|Throttl", re.IGNORECASE)
 _STATUS = re.compile(r"status code: (\d{3})")
+# S3's answer for a bucket that is not at the endpoint: a 404 through either client, never a missing key.
+_NO_SUCH_BUCKET = "<Code>NoSuchBucket</Code>"
+# obstore's words for an answer it cannot frame or use (a header it needs and did not get: a chunked 206; another range).
+_PROTOCOL_WORDS = re.compile(r"Header|Content-Length|Content-Range|Range request|UnexpectedRange", re.IGNORECASE)
 # A client error that trying again will not fix (408 Request Timeout and 429 are worth another try).
 _RETRYABLE_4XX = (408, 429)
 
@@ -95,13 +114,30 @@ def http_status(exc: BaseException) -> int | None:
     return None if status is None else int(status.group(1))
 
 
+def protocol_fault(exc: BaseException) -> bool:
+    """An answer the client could not frame or use (not a dropped connection, not a status).
+
+    Retried once; the same fault again from the same read is the server's
+    way of answering, and the read fails (``fetch``).
+    """
+    if isinstance(exc, (FramingError, RangeMismatchError)):
+        return True
+    return (
+        isinstance(exc, obstore.exceptions.GenericError)
+        and http_status(exc) is None
+        and _PROTOCOL_WORDS.search(str(exc)) is not None
+    )
+
+
 def classify(exc: BaseException) -> Outcome:
     """Sort a failed attempt's exception; anything unrecognised is transient."""
+    if isinstance(exc, NoSuchBucketError):
+        return Outcome.FATAL
     if isinstance(exc, (FileNotFoundError, obstore.exceptions.NotFoundError)):
-        return Outcome.MISSING
+        return Outcome.FATAL if _NO_SUCH_BUCKET in str(exc) else Outcome.MISSING
     if isinstance(exc, (RangeMismatchError, FramingError)):  # (their messages hold byte counts, not statuses)
         return Outcome.RETRY
-    if isinstance(exc, (RangeIgnoredError, RedirectError, TlsRefusedError, ForkError)):
+    if isinstance(exc, (RangeIgnoredError, RedirectError, TlsRefusedError, UnsupportedBodyError, ForkError)):
         return Outcome.FATAL
     if isinstance(
         exc,

@@ -48,7 +48,6 @@ __all__ = [
     "index_request",
     "plan_shards",
     "prefetch",
-    "shard_keys",
 ]
 
 
@@ -140,7 +139,7 @@ class SplitIndexes:
 
     Which indexes are held, and so which a pass reads, depends only on the
     order its tiles are admitted (``touch``), never on when a read lands:
-    ``reads.shard_runs.pass_gets`` replays that order to predict the GETs.
+    ``reads.shard_runs.pass_reads`` replays that order to predict the GETs.
     """
 
     budget_bytes: int = field(default_factory=lambda: SHARD_INDEX_BUDGET_BYTES)
@@ -350,14 +349,6 @@ def check_span(decoder: ChunkDecoder, coord: Any, span: tuple[int, int], buf: Ch
             "the entry points outside the shard",
         )
     return buf
-
-
-def shard_keys(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> list[str]:
-    """The shard keys sample-axis chunks ``chunks`` (in this order) read for tiles ``tiles``, each once, in first use."""
-    keys: dict[str, None] = {}
-    for row in _shard_rows(g, tiles, chunks):
-        keys.update(dict.fromkeys(row))
-    return list(keys)
 
 
 def _shard_rows(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -> Iterator[list[str]]:

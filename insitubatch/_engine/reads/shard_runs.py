@@ -4,7 +4,7 @@ A remote pass reads the inner chunks one block wants from one shard
 together, after the shard's index: inner chunks that lie back to back in
 the shard are one ranged GET (a *run*) of at most :func:`run_cap` of them.
 Runs depend only on the plan, the knobs and the shard's layout, never on
-timing, so :func:`pass_gets` predicts a cold pass's GETs exactly: one per
+timing, so :func:`pass_reads` predicts a cold pass's GETs exactly: one per
 shard index the split does not hold yet (:func:`index_gets`), plus one per
 run, plus one per tile of an unsharded array. Where an index has not been read yet, the
 layout is zarr-python's: every inner chunk written, in Morton order, back
@@ -34,7 +34,6 @@ __all__ = [
     "coalesce",
     "index_gets",
     "morton_ranks",
-    "pass_gets",
     "pass_reads",
     "run_cap",
 ]
@@ -157,24 +156,6 @@ def index_gets(
     return gets, nbytes
 
 
-def pass_gets(
-    plan: EpochPlan,
-    readers: Mapping[str, ArrayReader],
-    *,
-    permit_cap: int,
-    remote: bool,
-    indexes: Mapping[str, ShardIndex | None] | None = None,
-    index_reads: int | None = None,
-) -> int:
-    """The GETs a cold pass of ``plan`` sends: each block's distinct tiles of unsharded sources (selections of
-    one array share them), and for sharded ones ``index_reads`` index GETs (:func:`index_gets`; default one
-    per shard) plus, remotely, one per run of each block's inner chunks of each shard (one per inner chunk
-    locally). ``indexes`` are shard indexes already read (their layouts, and inner chunks never written:
-    no GET); any other shard is taken to be zarr-python's layout with every inner chunk written.
-    """
-    return _count(plan, readers, permit_cap, remote, indexes, index_reads)[0]
-
-
 def _count(
     plan: EpochPlan,
     readers: Mapping[str, ArrayReader],
@@ -183,7 +164,9 @@ def _count(
     indexes: Mapping[str, ShardIndex | None] | None,
     index_reads: int | None,
 ) -> tuple[int, collections.Counter[str], int]:
-    """:func:`pass_gets`; the tiles its GETs carry whose stored size no index read says, by array path; and
+    """The GETs a cold pass of ``plan`` sends: each block's distinct tiles of unsharded sources (selections of
+    one array share them), and for sharded ones ``index_reads`` index GETs (default one per shard) plus,
+    remotely, one per run of each block's inner chunks of each shard (one per inner chunk locally); the tiles its GETs carry whose stored size no index read says, by array path; and
     the bytes of those an index read says (inner chunks of shards whose index is in)."""
     known = indexes or {}
     sources = {s: r for s, r in readers.items() if any(src == s for src, _ in plan.reads)}

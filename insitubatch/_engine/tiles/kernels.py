@@ -9,7 +9,7 @@ C-contiguous ``(n_rows, *tile_inner)`` block whose inner rectangle starts at an
 
 - ``gather`` copies runs of tile rows into a ``(batch, *inner)`` buffer — the
   loader's one call per batch and label; ``coalesce_runs`` builds its run table.
-- ``assemble_tiles`` / ``place_tile`` / ``fill_region`` build a whole chunk.
+- ``assemble_tiles`` / ``fill_region`` build a whole chunk.
 - ``select_block`` cuts a selection's piece out of a decoded tile.
 
 The tile-major ``.npy`` files of the disk cache live in ``cache.tilefile``.
@@ -33,7 +33,6 @@ __all__ = [
     "coalesce_runs",
     "fill_region",
     "gather",
-    "place_tile",
     "rect_geometry",
     "select_block",
 ]
@@ -97,33 +96,6 @@ def _check_origin(name: str, origin: Sequence[int], rect: Sequence[int], dst: np
                 f"(destination shape {dst.shape}, {name}={out}, rectangle shape {tuple(rect)})"
             )
     return out
-
-
-def place_tile(dst: np.ndarray, tile: np.ndarray, origin: Sequence[int]) -> None:
-    """Copy ``tile`` into ``dst[origin[0]:origin[0]+tile.shape[0], ...]``.
-
-    Both arrays must be C-contiguous with the same dtype and number of dims.
-    Equivalent to the numpy slice assignment, without the GIL during the copy.
-    """
-    _require_c_contiguous("dst", dst)
-    _require_c_contiguous("tile", tile)
-    if tile.dtype != dst.dtype:
-        raise ValueError(f"tile dtype {tile.dtype} does not match dst dtype {dst.dtype}")
-    if not dst.flags.writeable:
-        raise ValueError("dst is read-only")
-    start = _check_origin("origin", origin, tile.shape, dst)
-    if tile.size == 0:
-        return
-    itemsize = dst.dtype.itemsize
-    outer, dst_strides, run = rect_geometry(dst.shape, tile.shape, itemsize)
-    src_strides = np.empty(len(outer), dtype=np.intp)
-    acc = itemsize
-    for k in range(tile.ndim - 1, -1, -1):
-        if k < len(outer):
-            src_strides[k] = acc
-        acc *= tile.shape[k]
-    offset = sum(o * s for o, s in zip(start, dst.strides))
-    _assemble.copy_rect_bytes(_as_bytes(dst), offset, dst_strides, _as_bytes(tile), 0, src_strides, outer, run)
 
 
 def fill_region(dst: np.ndarray, origin: Sequence[int], shape: Sequence[int], value: object) -> None:
