@@ -129,3 +129,43 @@ def test_a_step_offset_over_the_padding_warns_once_and_never_reads_a_padded_row(
     assert sorted(drawn) == _ns(pd.date_range("2021-12-31", "2021-12-31T12", freq="6h")) + _ns(
         pd.date_range("2022-01-01", "2022-01-02T18", freq="6h")
     )
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_years_of_one_chunk_each_concatenate_as_xr_concat_each_read_once(tmp_path: Path, zarr_format: int) -> None:
+    paths, parts = _years(tmp_path, chunk=None, zarr_format=zarr_format)  # 1464, 1460, 1460 steps: one chunk each
+    counted = [CountingStore(local_store(p)) for p in paths]
+    concat = concat_stores(counted)
+    ref = xr.concat(parts, dim="time")
+    t2m = open_geometries(concat)["t2m"]
+    assert (t2m.n_samples, t2m.sample_chunk_size) == (1464 * 2 + 1460, 1464)  # one virtual chunk per year
+    stored = xr.open_zarr(concat, consolidated=False).isel(time=~np.isnat(t2m.coord("time")))
+    xr.testing.assert_equal(stored.t2m.load(), ref.t2m)  # 2021's chunk, padded by 4 rows, decodes as stored
+    manifest = split_by_time(t2m, {"train": ("2020", "2021"), "val": ("2022", None)})
+    for store in counted:
+        store.reset()
+    with InSituDataset(concat, manifest, {"x": t2m, "next": t2m.shift("6h")}, batch_size=512, seed=5) as ds:
+        drawn: dict[str, list[int]] = {}
+        for name in ("train", "val"):
+            for batch in ds.split(name):
+                times = batch.coords["time"]
+                np.testing.assert_array_equal(np.asarray(batch.arrays["x"]), ref.t2m.sel(time=times).values)
+                np.testing.assert_array_equal(
+                    np.asarray(batch.arrays["next"]), ref.t2m.sel(time=times + SIX_HOURS).values
+                )
+                drawn.setdefault(name, []).extend(_ns(times))
+    times = ref.get_index("time")
+    servable = _ns(times[times.isin(times + pd.Timedelta("6h"))] - pd.Timedelta("6h"))
+    assert sorted(drawn["train"]) == [t for t in servable if t < _ns([np.datetime64("2022-01-01")])[0]]
+    assert sorted(drawn["val"]) == [t for t in servable if t >= _ns([np.datetime64("2022-01-01")])[0]]
+    for store in counted:  # each year's one chunk fetched once (2021's read by train, then by next's seam)
+        assert list(_chunk_gets(store).values()) == [1]
+
+
+def test_a_store_of_several_shorter_chunks_is_refused_naming_it(tmp_path: Path) -> None:
+    first = _year(2020, seed=0)
+    first.to_zarr(tmp_path / "a.zarr", encoding={"t2m": {"chunks": (1464, 3, 4)}}, consolidated=False)
+    second = _year(2021, seed=1)
+    second.to_zarr(tmp_path / "b.zarr", encoding={"t2m": {"chunks": (8, 3, 4)}}, consolidated=False)
+    with pytest.raises(ValueError, match=r"\('part1', 1460, 8\).*1464-step chunks of store 'part0'"):
+        concat_stores([tmp_path / "a.zarr", tmp_path / "b.zarr"])

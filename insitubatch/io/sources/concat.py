@@ -25,22 +25,23 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zarr
-from zarr.abc.store import Store
+from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.store import ByteRequest, Store
 from zarr.core.chunk_grids import RegularChunkGrid
-from zarr.storage import MemoryStore
 
 from ..._zarr_compat import ArrayV3Metadata, sync
 from ...validation import Anything, Instance, Table, validate_params
 from ..stores import as_store
 from ..time_offsets import UNSTORED_ROWS
-from ..times import decode_time_coordinate, encode_time_coordinate
-from .routed import Route, RoutedStore, close_with, member_keys
+from .concat_coords import concatenated_coordinate, materialized
+from .padded_chunk import PaddedChunk
+from .routed import Route, RoutedStore, close_with, member_keys, slice_bytes
 
 __all__ = ["ConcatStore", "concat_stores"]
 
@@ -57,6 +58,7 @@ class _Virtual:
     first: tuple[int, ...]  # per member, plus the total at the end
     stored: tuple[int, ...]  # per member: the chunks it stores along ``axis`` (the rest of its span is padding)
     metadata: tuple[Any, ...]  # per member: zarr's metadata (its chunk key encoding)
+    recode: tuple[PaddedChunk | None, ...]  # per member: how its (shorter) chunk becomes a virtual one, if it must
 
     def member_key(self, coords: tuple[int, ...]) -> tuple[int, str | None]:
         """The member holding virtual chunk ``coords``, and its key there (``None``: a chunk of padding)."""
@@ -105,14 +107,35 @@ def _dims(arr: zarr.Array) -> tuple[str | None, ...]:
 
 
 def _layout_difference(a: zarr.Array, b: zarr.Array, axis: int) -> str | None:
-    """What ``b`` stores differently from ``a`` (its length along ``axis`` aside), in words, or ``None``."""
+    """What ``b`` stores differently from ``a`` (its length along ``axis`` aside), in words, or ``None``.
+
+    An unsharded chunk may be shorter along ``axis`` (its store's one chunk: :class:`PaddedChunk` lengthens it).
+    """
     if any(x != y for k, (x, y) in enumerate(zip(a.shape, b.shape)) if k != axis) or a.ndim != b.ndim:
         return f"shape {b.shape}, not {a.shape}"
     da, db = a.metadata.to_dict(), b.metadata.to_dict()
+    if a.shards is None and b.shards is None:
+        da, db = _chunk_free(da, axis), _chunk_free(db, axis)
     for key in sorted((set(da) | set(db)) - {"shape", "attributes"}):
         if da.get(key) != db.get(key):
             return f"{key} {db.get(key)}, not {da.get(key)}"
     return None
+
+
+def _chunk_free(doc: dict[str, Any], axis: int) -> dict[str, Any]:
+    """A metadata document with its chunk length along ``axis`` blanked (zarr v3's chunk grid, v2's chunks)."""
+    doc = dict(doc)
+    grid = doc.get("chunk_grid")
+    if isinstance(grid, dict):
+        conf = dict(grid.get("configuration") or {})
+        shape = list(conf.get("chunk_shape") or ())
+        shape[axis : axis + 1] = [None] if axis < len(shape) else []
+        doc["chunk_grid"] = {**grid, "configuration": {**conf, "chunk_shape": shape}}
+    elif doc.get("chunks") is not None:
+        chunks = list(doc["chunks"])
+        chunks[axis : axis + 1] = [None] if axis < len(chunks) else []
+        doc["chunks"] = chunks
+    return doc
 
 
 class ConcatStore(RoutedStore):
@@ -144,6 +167,35 @@ class ConcatStore(RoutedStore):
             return None if inner is None else (self._names[j], self._stores[j], inner)
         return self._names[0], self._stores[0], key
 
+    def recoding(self, key: str) -> PaddedChunk | None:
+        """How the bytes routed for ``key`` become the virtual chunk (a shorter member chunk), else ``None``."""
+        for v in self.virtual:
+            if any(v.recode) and (not v.path or key.startswith(v.path + "/")):
+                coords = _decode_key(v.metadata[0], key[len(v.path) + 1 :] if v.path else key)
+                if coords is not None and len(coords) == len(v.metadata[0].shape):
+                    return v.recode[v.member_key(coords)[0]]
+        return None
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        recode = self.recoding(key)
+        data = await super().get(key, prototype, None if recode else byte_range)
+        if recode is None or data is None:
+            return data
+        chunk = await recode.convert(data.to_bytes())
+        return None if chunk is None else prototype.buffer.from_bytes(slice_bytes(chunk, byte_range))
+
+    def sync_reader(self, resolve: Callable[[Store], Callable[..., Any] | None]) -> Callable[..., Any] | None:
+        get = super().sync_reader(resolve)
+        if get is None or not any(r for v in self.virtual for r in v.recode):
+            return get
+
+        def recoded_get(key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Any:
+            recode = self.recoding(key)
+            data = get(key, prototype=prototype, byte_range=None if recode else byte_range)
+            return data if recode is None or data is None else _recoded(recode, data, prototype, byte_range)
+
+        return recoded_get
+
     def member_of_read(self, path: str, chunk: int) -> str:
         """The member that serves chunk ``chunk`` along ``dim`` of array ``path`` (the first for any other array)."""
         for v in self.virtual:
@@ -160,82 +212,10 @@ class ConcatStore(RoutedStore):
             yield child
 
 
-def _encoded_coordinate(
-    arrays: Sequence[zarr.Array], path: str, names: Sequence[str], spans: Sequence[int]
-) -> tuple[np.ndarray, dict, Any]:
-    """A coordinate's members' values concatenated, with its attributes and fill value.
-
-    Each member's values are padded to its span on the virtual axis (``spans``):
-    dates with NaT (encoded as the int64 NaT pattern, the array's fill value, as
-    xarray writes a missing date), numbers with the array's fill value.
-    Time is re-encoded to one CF unit when the members' units differ or padding puts NaT in it.
-    """
-    raws = [np.asarray(a[...]) for a in arrays]
-    attrs = dict(arrays[0].attrs)
-    fill = arrays[0].metadata.fill_value
-    time_keys = ("units", "calendar")
-    padded = any(span > len(r) for span, r in zip(spans, raws))
-    same_units = all({k: a.attrs.get(k) for k in time_keys} == {k: attrs.get(k) for k in time_keys} for a in arrays)
-    if same_units and not padded:
-        return np.concatenate(raws), attrs, fill
-    dates = [decode_time_coordinate(r, dict(a.attrs), name=path) for r, a in zip(raws, arrays)]
-    if any(d is None for d in dates):
-        if same_units:  # numbers, not dates: padded with the fill value
-            return np.concatenate([_pad(r, span, fill) for r, span in zip(raws, spans)]), attrs, fill
-        raise ValueError(
-            f"coordinate {path!r} has different units in the concatenated stores "
-            f"({[a.attrs.get('units') for a in arrays]} in {list(names)}) and holds no dates to convert"
-        )
-    joined = np.concatenate([_pad(d, span, None) for d, span in zip(dates, spans) if d is not None])
-    if joined.dtype.kind != "M":
-        if padded:
-            raise ValueError(
-                f"coordinate {path!r} holds cftime dates: concatenated stores whose lengths are no whole number "
-                f"of chunks need datetime64 dates (padding marks the rows no store holds with NaT)"
-            )
-        values, cf = encode_time_coordinate(joined)
-        return values, {**attrs, **cf}, None
-    nat = np.isnat(joined)
-    values, cf = encode_time_coordinate(joined[~nat])
-    out = np.full(joined.shape, np.iinfo(np.int64).min, dtype=np.int64)  # the int64 NaT pattern
-    out[~nat] = values
-    return out, {**attrs, **cf}, int(np.iinfo(np.int64).min) if nat.any() else None
-
-
-def _pad(values: np.ndarray, span: int, fill: Any) -> np.ndarray:
-    """``values`` followed by rows of ``fill`` up to ``span`` (NaT for dates, NaN for floats, else ``fill``)."""
-    if span <= len(values):
-        return values
-    if values.dtype.kind == "M":
-        blank: Any = np.datetime64("NaT")
-    elif values.dtype.kind == "f":
-        blank = np.nan
-    elif values.dtype.kind == "O":
-        blank = None
-    else:
-        blank = 0 if fill is None else fill
-    return np.concatenate([values, np.full(span - len(values), blank, dtype=values.dtype)])
-
-
-def _materialized(first: zarr.Array, path: str, values: np.ndarray, attrs: dict, fill: Any) -> dict[str, bytes]:
-    """The keys of a one-chunk array holding ``values`` (written by zarr in memory), under ``path``."""
-    mem = MemoryStore()
-    kwargs: dict[str, Any] = {"dimension_names": _dims(first)} if first.metadata.zarr_format == 3 else {}
-    arr = zarr.create_array(
-        store=mem,
-        name=path,
-        shape=values.shape,
-        dtype=values.dtype,
-        chunks=values.shape,
-        compressors=None,
-        filters=None,
-        fill_value=fill,
-        attributes=attrs,
-        zarr_format=first.metadata.zarr_format,
-        **kwargs,
-    )
-    arr[...] = values
-    return {k: bytes(v.to_bytes()) for k, v in mem._store_dict.items() if k.startswith(path + "/")}
+def _recoded(recode: PaddedChunk, data: Any, prototype: BufferPrototype, byte_range: ByteRequest | None) -> Any:
+    """A member's chunk ``data`` (a ``Buffer`` or bytes) as the virtual chunk, cut to ``byte_range``."""
+    chunk = recode(data.to_bytes() if hasattr(data, "to_bytes") else bytes(data))
+    return None if chunk is None else prototype.buffer.from_bytes(slice_bytes(chunk, byte_range))
 
 
 def _virtual_doc(first_docs: dict[str, bytes], shape: tuple[int, ...], marks: dict[str, Any]) -> dict[str, bytes]:
@@ -259,6 +239,39 @@ def _chunk_along(arr: zarr.Array, axis: int) -> int:
     meta = arr.metadata
     grid = meta.chunk_grid if isinstance(meta, ArrayV3Metadata) else None
     return int(grid.chunk_shape[axis] if isinstance(grid, RegularChunkGrid) else meta.chunks[axis])
+
+
+def _longest_chunk(
+    path: str, axis: int, parts: Sequence[zarr.Array], names: Sequence[str], lengths: Sequence[int], dim: str
+) -> zarr.Array:
+    """The member array whose chunk along ``axis`` is the longest: the virtual array's layout.
+
+    Raises
+    ------
+    ValueError
+        A member stored in another layout, or a member whose shorter chunk is not its one chunk along ``dim``.
+    """
+    model = max(parts, key=lambda p: _chunk_along(p, axis))
+    odd = {n: why for n, p in zip(names, parts) if (why := _layout_difference(model, p, axis)) is not None}
+    if odd:
+        raise ValueError(
+            f"array {path!r} is stored differently in stores {list(odd)} than in {names[parts.index(model)]!r} "
+            f"({odd}); concatenated stores must share one layout: write each with the same chunks "
+            f"(xarray: encoding={{{path!r}: {{'chunks': (...)}}}})"
+        )
+    step = _chunk_along(model, axis)
+    split = [
+        (n, size, _chunk_along(p, axis))
+        for n, size, p in zip(names, lengths, parts)
+        if _chunk_along(p, axis) < min(size, step)
+    ]
+    if split:
+        raise ValueError(
+            f"array {path!r}: stores {split} (name, length along {dim!r}, chunk) hold several chunks shorter than "
+            f"the {step}-step chunks of store {names[parts.index(model)]!r}; write every store with the same chunk "
+            f"along {dim!r}, or each as one chunk (xarray's default)"
+        )
+    return model
 
 
 def _member_lengths(along: Mapping[str, tuple[int, list[zarr.Array]]], names: Sequence[str], dim: str) -> list[int]:
@@ -342,16 +355,9 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
         along[path] = (dims.index(dim), [arrays[path] for arrays in opened])
     lengths = _member_lengths(along, names, dim)
     chunked = {path: axis_parts for path, axis_parts in along.items() if axis_parts[1][0].ndim > 1}
-    for path, (axis, parts) in chunked.items():
-        odd = {n: why for n, p in zip(names, parts) if (why := _layout_difference(parts[0], p, axis)) is not None}
-        if odd:
-            raise ValueError(
-                f"array {path!r} is stored differently in stores {list(odd)} than in {names[0]!r} ({odd}); "
-                f"concatenated stores must share one layout: write each with the same chunks along {dim!r} "
-                f"(xarray: encoding={{{path!r}: {{'chunks': (...)}}}})"
-            )
+    longest = {path: _longest_chunk(path, axis, parts, names, lengths, dim) for path, (axis, parts) in chunked.items()}
     # every member spans a whole number of every array's chunks on the virtual axis: padded up to their lcm
-    unit = math.lcm(*(_chunk_along(parts[0], axis) for axis, parts in chunked.values())) if chunked else 1
+    unit = math.lcm(*(_chunk_along(longest[path], axis) for path, (axis, _) in chunked.items())) if chunked else 1
     spans = _spans(lengths, unit)
     starts = np.cumsum([0] + spans).tolist()
     padding = [[starts[j] + n, starts[j + 1]] for j, n in enumerate(lengths) if spans[j] > n]
@@ -362,18 +368,24 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
         arr = parts[0]
         shape = tuple(starts[-1] if k == axis else s for k, s in enumerate(arr.shape))
         if arr.ndim == 1:  # a coordinate: read once and served whole
-            values, attrs, fill = _encoded_coordinate(parts, path, names, spans)
-            own.update(_materialized(arr, path, values, {**attrs, **marks}, fill))
+            values, attrs, fill = concatenated_coordinate(parts, path, names, spans)
+            own.update(materialized(arr, _dims(arr), path, values, {**attrs, **marks}, fill))
             continue
-        step = _chunk_along(arr, axis)  # the stored chunk (a shard on a sharded array): what one key holds
+        model = longest[path]  # the virtual array is stored as this member's, its chunk the longest
+        step = _chunk_along(model, axis)  # the stored chunk (a shard on a sharded array): what one key holds
         first = [s // step for s in starts[:-1]] + [-(-starts[-1] // step)]
-        stored = [-(-n // step) for n in lengths]
+        stored = [-(-n // _chunk_along(p, axis)) for n, p in zip(lengths, parts)]
+        recode = tuple(
+            PaddedChunk(p.metadata, p.chunks, model.metadata, model.chunks, axis) if p.chunks != model.chunks else None
+            for p in parts
+        )
+        member = members[names[parts.index(model)]]
         docs = {
-            f"{path}/{d}": sync(members[names[0]].get(f"{path}/{d}", zarr.core.buffer.default_buffer_prototype()))
+            f"{path}/{d}": sync(member.get(f"{path}/{d}", zarr.core.buffer.default_buffer_prototype()))
             for d in ("zarr.json", ".zarray", ".zattrs")
         }
         own.update(_virtual_doc({k: v.to_bytes() for k, v in docs.items() if v is not None}, shape, marks))
-        virtual.append(_Virtual(path, axis, tuple(first), tuple(stored), tuple(p.metadata for p in parts)))
+        virtual.append(_Virtual(path, axis, tuple(first), tuple(stored), tuple(p.metadata for p in parts), recode))
     if not virtual and not own:
         raise ValueError(f"no array of store {names[0]!r} has dimension {dim!r} to concatenate along")
     root = sync(members[names[0]].get("zarr.json", zarr.core.buffer.default_buffer_prototype()))
