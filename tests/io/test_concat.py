@@ -16,8 +16,9 @@ import pandas as pd
 import pytest
 import xarray as xr
 from helpers import CountingStore, local_store
+from servers import HTTPFileServer
 
-from insitubatch import InSituDataset, concat_stores, open_geometries, split_by_time
+from insitubatch import InSituDataset, close_store, concat_stores, obstore_store, open_geometries, split_by_time
 from insitubatch.errors import IrregularTimeWarning
 
 DOCS = ("zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata")
@@ -34,13 +35,15 @@ def _year(year: int, seed: int) -> xr.Dataset:
 
 
 def _years(tmp_path: Path, chunk: int | None, zarr_format: int = 3) -> tuple[list[Path], list[xr.Dataset]]:
-    """Stores of 2020, 2021, 2022 in time chunks of ``chunk`` (``None``: each year one chunk)."""
+    """Stores of 2020, 2021, 2022 in time chunks of ``chunk`` (``None``: each year one chunk); v2 consolidated."""
     paths, parts = [], []
     for k, year in enumerate((2020, 2021, 2022)):
         part = _year(year, seed=k)
         steps = chunk or part.sizes["time"]
         path = tmp_path / f"{year}.zarr"
-        part.to_zarr(path, encoding={"t2m": {"chunks": (steps, 3, 4)}}, zarr_format=zarr_format, consolidated=False)
+        part.to_zarr(
+            path, encoding={"t2m": {"chunks": (steps, 3, 4)}}, zarr_format=zarr_format, consolidated=zarr_format == 2
+        )
         paths.append(path)
         parts.append(part)
     return paths, parts
@@ -170,3 +173,21 @@ def test_a_store_of_several_shorter_chunks_is_refused_naming_it(tmp_path: Path) 
     second.to_zarr(tmp_path / "b.zarr", encoding={"t2m": {"chunks": (8, 3, 4)}}, consolidated=False)
     with pytest.raises(ValueError, match=r"\('part1', 1460, 8\).*1464-step chunks of store 'part0'"):
         concat_stores([tmp_path / "a.zarr", tmp_path / "b.zarr"])
+
+
+def test_years_of_one_chunk_each_over_http_are_fetched_once_each(http_server: HTTPFileServer) -> None:
+    paths, parts = _years(http_server.root, chunk=None, zarr_format=2)  # consolidated: an HTTP endpoint cannot list
+    concat = concat_stores([obstore_store(f"{http_server.url}/{p.name}") for p in paths])  # recoded on the async path
+    ref = xr.concat(parts, dim="time")
+    t2m = open_geometries(concat, variables=["t2m"])["t2m"]
+    manifest = split_by_time(t2m, {"train": ("2021", None)})
+    http_server.requests.clear()
+    with InSituDataset(concat, manifest, {"x": t2m}, batch_size=512, seed=7, hedge=False) as ds:
+        drawn = []
+        for batch in ds.train:
+            np.testing.assert_array_equal(np.asarray(batch.arrays["x"]), ref.t2m.sel(time=batch.coords["time"]).values)
+            drawn.extend(_ns(batch.coords["time"]))
+    assert sorted(drawn) == _ns(ref.time.values[1464:])  # 2021 (padded by 4 rows) and 2022, every stored step
+    gets = Counter(p for m, p, _ in http_server.requests if m == "GET" and "/t2m/" in p and not p.endswith(DOCS))
+    assert gets == Counter({"/2021.zarr/t2m/0.0.0": 1, "/2022.zarr/t2m/0.0.0": 1})  # from the server's side
+    close_store(concat)
