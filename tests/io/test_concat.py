@@ -191,3 +191,34 @@ def test_years_of_one_chunk_each_over_http_are_fetched_once_each(http_server: HT
     gets = Counter(p for m, p, _ in http_server.requests if m == "GET" and "/t2m/" in p and not p.endswith(DOCS))
     assert gets == Counter({"/2021.zarr/t2m/0.0.0": 1, "/2022.zarr/t2m/0.0.0": 1})  # from the server's side
     close_store(concat)
+
+
+def test_years_with_gaps_cut_and_partial_chunks_pair_by_time_as_xarray(tmp_path: Path) -> None:
+    parts = []
+    for k, year in enumerate((2020, 2021)):
+        part = _year(year, seed=20 + k)
+        cut = [5, 6, 700] if year == 2020 else [0, 1, 1459]  # gaps inside, and at both ends of the seam
+        part = part.isel(time=np.setdiff1d(np.arange(part.sizes["time"]), cut))
+        part.to_zarr(tmp_path / f"{year}.zarr", encoding={"t2m": {"chunks": (8, 3, 4)}}, consolidated=False)
+        parts.append(part)
+    concat = concat_stores([tmp_path / "2020.zarr", tmp_path / "2021.zarr"])
+    ref = xr.concat(parts, dim="time")
+    t2m = open_geometries(concat)["t2m"]
+    manifest = split_by_time(t2m, {"train": ("2020", None)})
+    with InSituDataset(concat, manifest, {"pair": t2m.window(["-6h", "0h"])}, batch_size=256, seed=4) as ds:
+        drawn = []
+        for batch in ds.train:
+            times = batch.coords["time"]
+            before = ref.t2m.sel(time=times - SIX_HOURS).values
+            np.testing.assert_array_equal(
+                np.asarray(batch.arrays["pair"]), np.stack([before, ref.t2m.sel(time=times).values], 1)
+            )
+            drawn.extend(_ns(times))
+        lost = ds.describe()["splits"]["train"]["lost"]
+    stored = set(_ns(ref.time.values))
+    assert sorted(drawn) == sorted(t for t in stored if t - 6 * 3600 * 10**9 in stored)  # what xarray can serve
+    # three anchors want a cut time (named); 2020's 1461 steps are padded by three rows (no date to name)
+    assert (lost["unstored"], lost["unstored_times"]) == (
+        6,
+        ["2020-01-02T12:00:00", "2020-06-24T00:00:00", "2021-01-01T06:00:00"],
+    )
