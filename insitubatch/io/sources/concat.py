@@ -14,7 +14,9 @@ chunk one stored chunk; a chunk's identity in a cache is the virtual array's
 chunk index. The padded rows are marked twice: the concatenated time
 coordinate holds NaT there (offsets in time resolve by time across them), and
 each virtual array's attribute :data:`UNSTORED_ROWS` lists them, so the
-planner never draws an anchor that reads one. Small coordinate arrays along
+planner never draws an anchor that reads one. Years stored as one chunk each
+of different lengths (xarray's default) share the longest chunk: a shorter
+one is lengthened as it is read (:class:`PaddedChunk`). Small coordinate arrays along
 the dimension (``time``, which xarray writes as one chunk per store) are read
 once and served concatenated (re-encoded to one unit when the members' CF
 units differ, or when padding puts NaT in them).
