@@ -24,6 +24,7 @@ from ..errors import TimeAxisError
 from .dates import TimeAxis, is_time
 
 __all__ = [
+    "UNSTORED_ROWS",
     "StepAxis",
     "TimeRows",
     "exact_text",
@@ -33,6 +34,7 @@ __all__ = [
     "mixed_offsets",
     "parse_duration",
     "sample_time_axis",
+    "unstored_rows",
 ]
 
 # Nanoseconds per duration unit a user may write ("m" alone is refused: minutes or months?).
@@ -49,6 +51,20 @@ _UNIT_NS = {
 _DURATION = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?P<unit>w|d|h|min|s|ms|us|ns)\s*$", re.IGNORECASE)
 # how many missing times an error or a report names before "and N more"
 NAMED_TIMES = 5
+# The array attribute naming rows of a dimension that no store holds (``{"dim": name, "rows": [[start, stop], ...]}``):
+# ``concat_stores`` pads each store to a chunk boundary with them, and no pass draws an anchor that reads one.
+UNSTORED_ROWS = "insitubatch_unstored_rows"
+
+
+def unstored_rows(attributes: Any, dim: str | None, n: int) -> np.ndarray | None:
+    """``(n,)``: the rows along ``dim`` that an array's ``attributes`` declare no store holds, or ``None``."""
+    declared = attributes.get(UNSTORED_ROWS) if isinstance(attributes, dict) else None
+    if not isinstance(declared, dict) or dim is None or declared.get("dim") != dim:
+        return None
+    out = np.zeros(n, dtype=bool)
+    for start, stop in declared.get("rows", []):
+        out[int(start) : int(stop)] = True
+    return out if out.any() else None
 
 
 def is_duration(value: Any) -> bool:

@@ -9,7 +9,10 @@ once with numpy from the sample axis's time coordinate:
 - a label's window (or the anchor itself) touches a date the manifest
   declares ``missing``: the anchor is *missing*;
 - the manifest's ``frequency`` keeps anchors whose time is a whole number of
-  it after the first date: the others are *off frequency*.
+  it after the first date: the others are *off frequency*;
+- a label reads a row that no store holds (the padding ``concat_stores`` puts
+  between stores, declared by the arrays' ``UNSTORED_ROWS`` attribute): the
+  anchor is *unstored* too, and inference skips it (it has no date to infer).
 
 Training and evaluation drop such anchors; inference raises for the first
 two (naming the times) and samples the frequency. :func:`split_losses` is
@@ -29,7 +32,7 @@ import numpy as np
 from ..errors import CalendarError, TimeAxisError
 from ..io.dates import format_bound
 from ..io.geometry import ArrayGeometry
-from ..io.time_offsets import NAMED_TIMES, StepAxis, exact_text, format_duration, parse_duration
+from ..io.time_offsets import NAMED_TIMES, StepAxis, exact_text, format_duration, parse_duration, unstored_rows
 
 __all__ = [
     "AnchorRules",
@@ -172,7 +175,9 @@ def _named(times: list[str], total: int) -> str:
 def loss_note(name: str, loss: Mapping[str, Any]) -> str:
     """One sentence: what split ``name`` lost to its times (a ``SplitLoss.as_dict()``)."""
     parts = []
-    if loss["unstored"]:
+    if loss["unstored"] and not loss["unstored_times"]:
+        parts.append(f"{loss['unstored']} that read rows no store holds (padding between concatenated stores)")
+    elif loss["unstored"]:
         parts.append(
             f"{loss['unstored']} whose offsets in time want times the archive does not store "
             f"(first {', '.join(loss['unstored_times'])})"
@@ -201,6 +206,7 @@ class AnchorRules:
     missing_at: np.ndarray | None
     axis: StepAxis | None
     declared: tuple[tuple[str, str], ...] = ()  # the manifest's missing dates, for a label read on another axis
+    padding: np.ndarray | None = None  # anchors a label of which reads a row no store holds (part of ``unstored``)
 
     def _unstored_times(self, anchors: np.ndarray) -> list[str]:
         found: set[str] = set()
@@ -253,8 +259,9 @@ class AnchorRules:
         if self.keep is None:
             return
         anchors = np.arange(lo, hi, dtype=np.int64)
-        if self.off_frequency is not None:
-            anchors = anchors[~self.off_frequency[anchors]]
+        for skipped in (self.off_frequency, self.padding):
+            if skipped is not None:
+                anchors = anchors[~skipped[anchors]]
         for rule, times, why in (
             (self.unstored, self._unstored_times, "the archive does not store"),
             (self.missing, self._missing_times, "are declared missing"),
@@ -306,14 +313,16 @@ def anchor_rules(manifest: Any, variables: Mapping[str, ArrayGeometry]) -> Ancho
     timed = {label: g for label, g in variables.items() if g.time_rows is not None}
     missing_dates = tuple(getattr(manifest, "missing", ()))
     frequency = getattr(manifest, "frequency", None)
-    if not timed and not missing_dates and frequency is None:
+    padding = _padding(variables, n)
+    if not timed and not missing_dates and frequency is None and padding is None:
         return AnchorRules(None, None, None, None, variables, None, None)
-    axis = _time_axis(variables, "missing dates and frequency")
-    unstored = np.zeros(n, dtype=bool)
+    dated = timed or missing_dates or frequency is not None
+    axis = _time_axis(variables, "missing dates and frequency") if dated else None
+    unstored = np.zeros(n, dtype=bool) if padding is None else padding.copy()
     for g in timed.values():
         unstored |= ~g.time_rows.valid()  # type: ignore[union-attr]
     missing = missing_at = None
-    if missing_dates:
+    if missing_dates and axis is not None:
         missing_at = missing_samples(axis, missing_dates)
         missing = missing_at.copy()
         everyone = np.arange(n, dtype=np.int64)
@@ -323,12 +332,26 @@ def anchor_rules(manifest: Any, variables: Mapping[str, ArrayGeometry]) -> Ancho
             hit = np.zeros(rows.shape, dtype=bool)
             hit[rows >= 0] = at[rows[rows >= 0]]
             missing |= hit.any(axis=1)
-    off = ~on_frequency(axis, frequency) if frequency is not None else None
+    off = ~on_frequency(axis, frequency) if frequency is not None and axis is not None else None
     keep = ~unstored
     for rule in (missing, off):
         if rule is not None:
             keep &= ~rule
-    return AnchorRules(keep, unstored if timed else None, missing, off, variables, missing_at, axis, missing_dates)
+    unstored_rule = unstored if timed or padding is not None else None
+    return AnchorRules(keep, unstored_rule, missing, off, variables, missing_at, axis, missing_dates, padding)
+
+
+def _padding(variables: Mapping[str, ArrayGeometry], n: int) -> np.ndarray | None:
+    """``(n,)``: anchors a label of which reads a row its array declares no store holds; ``None`` when none does."""
+    out = np.zeros(n, dtype=bool)
+    for g in variables.values():
+        dims = g.dimension_names
+        dim = dims[g.sample_axis] if dims else None
+        absent = unstored_rows(getattr(g.metadata, "attributes", None), dim, g.n_samples)
+        if absent is not None and (g.time_rows is None or g.time_rows.read_axis is None):  # not a joined store's axis
+            rows = _rows_inside(g, np.arange(n, dtype=np.int64), len(absent))
+            out |= np.asarray(((rows >= 0) & absent[np.maximum(rows, 0)]).any(axis=1))
+    return out if out.any() else None
 
 
 def rows_kept(

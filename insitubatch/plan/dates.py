@@ -68,6 +68,20 @@ def sample_coordinate(geometries: Iterable[ArrayGeometry]) -> tuple[str, np.ndar
     )
 
 
+def _dated(values: np.ndarray) -> np.ndarray:
+    """Dates with each NaT (a row no store holds: padding between concatenated stores) taking the date before it
+    (the first date when none is before), so a range of dates stays a run of indices around them."""
+    if values.dtype.kind != "M" or not np.isnat(values).any():
+        return values
+    nat = np.isnat(values)
+    if nat.all():
+        return values
+    last = np.maximum.accumulate(np.where(nat, 0, np.arange(len(values))))
+    filled = values[last]
+    filled[np.isnat(filled)] = values[~nat][0]
+    return filled
+
+
 def _increasing(values: np.ndarray) -> bool:
     return len(values) < 2 or bool(np.all(values[1:] >= values[:-1]))
 
@@ -114,7 +128,7 @@ def coordinate_range(
         A bound of the wrong kind (a number for dates, a date for numbers).
     """
     axis = TimeAxis.of(values) if is_time(values) else None
-    comparable = axis.values(values) if axis is not None else values
+    comparable = _dated(axis.values(values)) if axis is not None else values
     if not _increasing(comparable):
         raise ValueError(f"{what}: the coordinate does not increase, so a range of it is no run of indices")
     lo_value, hi_value = _bounds(axis, start, stop, what)

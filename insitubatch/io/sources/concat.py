@@ -2,36 +2,48 @@
 
 A :class:`ConcatStore` is a read-only zarr store with the first member's
 hierarchy, in which every array along the concatenated dimension is a
-*virtual array*: its shape is the sum of the members', and its chunk ``k``
-along that dimension is stored chunk ``k - first[j]`` of member ``j``, read
-with member ``j``'s own client and key. Chunks never straddle members (each
-member but the last must hold a whole number of chunks along the dimension),
-so the engine reads, caches and plans the virtual array like any other; a
-chunk's identity in a cache is the virtual array's chunk index, which names
-one member's chunk. Small coordinate arrays along the dimension (``time``,
-which xarray writes as one chunk per store) are read once and served
-concatenated (re-encoded to one unit when the members' CF units differ).
+*virtual array*: its chunk ``k`` along that dimension is stored chunk
+``k - first[j]`` of member ``j``, read with member ``j``'s own client and key.
+Chunks never straddle members: a member whose length is no whole number of
+chunks (a year of 1460 six-hourly steps in chunks of 8) is *padded* on the
+virtual axis up to the next chunk boundary of every array (the least common
+multiple of their chunk lengths), with rows no store holds: its last stored
+chunk's tail, and absent chunks (read as nothing, never fetched). So the
+engine reads, caches and plans the virtual array like any other, one virtual
+chunk one stored chunk; a chunk's identity in a cache is the virtual array's
+chunk index. The padded rows are marked twice: the concatenated time
+coordinate holds NaT there (offsets in time resolve by time across them), and
+each virtual array's attribute :data:`UNSTORED_ROWS` lists them, so the
+planner never draws an anchor that reads one. Years stored as one chunk each
+of different lengths (xarray's default) share the longest chunk: a shorter
+one is lengthened as it is read (:class:`PaddedChunk`). Small coordinate arrays along
+the dimension (``time``, which xarray writes as one chunk per store) are read
+once and served concatenated (re-encoded to one unit when the members' CF
+units differ, or when padding puts NaT in them).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zarr
-from zarr.abc.store import Store
+from zarr.abc.buffer import Buffer, BufferPrototype
+from zarr.abc.store import ByteRequest, Store
 from zarr.core.chunk_grids import RegularChunkGrid
-from zarr.storage import MemoryStore
 
 from ..._zarr_compat import ArrayV3Metadata, sync
 from ...validation import Anything, Instance, Table, validate_params
 from ..stores import as_store
-from ..times import decode_time_coordinate, encode_time_coordinate
-from .routed import Route, RoutedStore, close_with, member_keys
+from ..time_offsets import UNSTORED_ROWS
+from .concat_coords import concatenated_coordinate, materialized
+from .padded_chunk import PaddedChunk
+from .routed import Route, RoutedStore, close_with, member_keys, slice_bytes
 
 __all__ = ["ConcatStore", "concat_stores"]
 
@@ -46,14 +58,18 @@ class _Virtual:
     path: str
     axis: int
     first: tuple[int, ...]  # per member, plus the total at the end
+    stored: tuple[int, ...]  # per member: the chunks it stores along ``axis`` (the rest of its span is padding)
     metadata: tuple[Any, ...]  # per member: zarr's metadata (its chunk key encoding)
+    recode: tuple[PaddedChunk | None, ...]  # per member: how its (shorter) chunk becomes a virtual one, if it must
 
-    def member_key(self, coords: tuple[int, ...]) -> tuple[int, str]:
-        """The member holding virtual chunk ``coords``, and its key there."""
+    def member_key(self, coords: tuple[int, ...]) -> tuple[int, str | None]:
+        """The member holding virtual chunk ``coords``, and its key there (``None``: a chunk of padding)."""
         c = coords[self.axis]
         j = int(np.searchsorted(self.first, c, side="right")) - 1
         local = list(coords)
         local[self.axis] = c - self.first[j]
+        if local[self.axis] >= self.stored[j]:
+            return j, None
         key = self.metadata[j].encode_chunk_key(tuple(local))
         return j, f"{self.path}/{key}" if self.path else key
 
@@ -93,14 +109,35 @@ def _dims(arr: zarr.Array) -> tuple[str | None, ...]:
 
 
 def _layout_difference(a: zarr.Array, b: zarr.Array, axis: int) -> str | None:
-    """What ``b`` stores differently from ``a`` (its length along ``axis`` aside), in words, or ``None``."""
+    """What ``b`` stores differently from ``a`` (its length along ``axis`` aside), in words, or ``None``.
+
+    An unsharded chunk may be shorter along ``axis`` (its store's one chunk: :class:`PaddedChunk` lengthens it).
+    """
     if any(x != y for k, (x, y) in enumerate(zip(a.shape, b.shape)) if k != axis) or a.ndim != b.ndim:
         return f"shape {b.shape}, not {a.shape}"
     da, db = a.metadata.to_dict(), b.metadata.to_dict()
+    if a.shards is None and b.shards is None:
+        da, db = _chunk_free(da, axis), _chunk_free(db, axis)
     for key in sorted((set(da) | set(db)) - {"shape", "attributes"}):
         if da.get(key) != db.get(key):
             return f"{key} {db.get(key)}, not {da.get(key)}"
     return None
+
+
+def _chunk_free(doc: dict[str, Any], axis: int) -> dict[str, Any]:
+    """A metadata document with its chunk length along ``axis`` blanked (zarr v3's chunk grid, v2's chunks)."""
+    doc = dict(doc)
+    grid = doc.get("chunk_grid")
+    if isinstance(grid, dict):
+        conf = dict(grid.get("configuration") or {})
+        shape = list(conf.get("chunk_shape") or ())
+        shape[axis : axis + 1] = [None] if axis < len(shape) else []
+        doc["chunk_grid"] = {**grid, "configuration": {**conf, "chunk_shape": shape}}
+    elif doc.get("chunks") is not None:
+        chunks = list(doc["chunks"])
+        chunks[axis : axis + 1] = [None] if axis < len(chunks) else []
+        doc["chunks"] = chunks
+    return doc
 
 
 class ConcatStore(RoutedStore):
@@ -129,8 +166,37 @@ class ConcatStore(RoutedStore):
             if coords is None or len(coords) != len(v.metadata[0].shape):
                 break
             j, inner = v.member_key(coords)
-            return self._names[j], self._stores[j], inner
+            return None if inner is None else (self._names[j], self._stores[j], inner)
         return self._names[0], self._stores[0], key
+
+    def recoding(self, key: str) -> PaddedChunk | None:
+        """How the bytes routed for ``key`` become the virtual chunk (a shorter member chunk), else ``None``."""
+        for v in self.virtual:
+            if any(v.recode) and (not v.path or key.startswith(v.path + "/")):
+                coords = _decode_key(v.metadata[0], key[len(v.path) + 1 :] if v.path else key)
+                if coords is not None and len(coords) == len(v.metadata[0].shape):
+                    return v.recode[v.member_key(coords)[0]]
+        return None
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        recode = self.recoding(key)
+        data = await super().get(key, prototype, None if recode else byte_range)
+        if recode is None or data is None:
+            return data
+        chunk = await recode.convert(data.to_bytes())
+        return None if chunk is None else prototype.buffer.from_bytes(slice_bytes(chunk, byte_range))
+
+    def sync_reader(self, resolve: Callable[[Store], Callable[..., Any] | None]) -> Callable[..., Any] | None:
+        get = super().sync_reader(resolve)
+        if get is None or not any(r for v in self.virtual for r in v.recode):
+            return get
+
+        def recoded_get(key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Any:
+            recode = self.recoding(key)
+            data = get(key, prototype=prototype, byte_range=None if recode else byte_range)
+            return data if recode is None or data is None else _recoded(recode, data, prototype, byte_range)
+
+        return recoded_get
 
     def member_of_read(self, path: str, chunk: int) -> str:
         """The member that serves chunk ``chunk`` along ``dim`` of array ``path`` (the first for any other array)."""
@@ -148,53 +214,88 @@ class ConcatStore(RoutedStore):
             yield child
 
 
-def _encoded_coordinate(arrays: Sequence[zarr.Array], path: str, names: Sequence[str]) -> tuple[np.ndarray, dict]:
-    """A coordinate's members' values concatenated, with its attributes (time re-encoded to one CF unit)."""
-    raws = [np.asarray(a[...]) for a in arrays]
-    attrs = dict(arrays[0].attrs)
-    time_keys = ("units", "calendar")
-    if all({k: a.attrs.get(k) for k in time_keys} == {k: attrs.get(k) for k in time_keys} for a in arrays):
-        return np.concatenate(raws), attrs
-    dates = [decode_time_coordinate(r, dict(a.attrs), name=path) for r, a in zip(raws, arrays)]
-    if any(d is None for d in dates):
-        raise ValueError(
-            f"coordinate {path!r} has different units in the concatenated stores "
-            f"({[a.attrs.get('units') for a in arrays]} in {list(names)}) and holds no dates to convert"
-        )
-    values, cf = encode_time_coordinate(np.concatenate([d for d in dates if d is not None]))
-    return values, {**attrs, **cf}
+def _recoded(recode: PaddedChunk, data: Any, prototype: BufferPrototype, byte_range: ByteRequest | None) -> Any:
+    """A member's chunk ``data`` (a ``Buffer`` or bytes) as the virtual chunk, cut to ``byte_range``."""
+    chunk = recode(data.to_bytes() if hasattr(data, "to_bytes") else bytes(data))
+    return None if chunk is None else prototype.buffer.from_bytes(slice_bytes(chunk, byte_range))
 
 
-def _materialized(first: zarr.Array, path: str, values: np.ndarray, attrs: dict) -> dict[str, bytes]:
-    """The keys of a one-chunk array holding ``values`` (written by zarr in memory), under ``path``."""
-    written: dict[str, Any] = {}  # the store's own mapping (zarr's documented ``store_dict``), read back below
-    mem = MemoryStore(written)
-    kwargs: dict[str, Any] = {"dimension_names": _dims(first)} if first.metadata.zarr_format == 3 else {}
-    arr = zarr.create_array(
-        store=mem,
-        name=path,
-        shape=values.shape,
-        dtype=values.dtype,
-        chunks=values.shape,
-        compressors=None,
-        filters=None,
-        fill_value=first.metadata.fill_value if values.dtype == first.dtype else None,
-        attributes=attrs,
-        zarr_format=first.metadata.zarr_format,
-        **kwargs,
-    )
-    arr[...] = values
-    return {k: bytes(v.to_bytes()) for k, v in written.items() if k.startswith(path + "/")}
-
-
-def _virtual_doc(first_docs: dict[str, bytes], shape: tuple[int, ...]) -> dict[str, bytes]:
-    """The first member's metadata documents of an array with its shape replaced."""
+def _virtual_doc(first_docs: dict[str, bytes], shape: tuple[int, ...], marks: dict[str, Any]) -> dict[str, bytes]:
+    """The first member's metadata documents of an array with its shape replaced and ``marks`` added to its
+    attributes (``zarr.json``'s, or ``.zattrs`` for zarr v2)."""
     out = {}
     for key, raw in first_docs.items():
         doc = json.loads(raw)
-        doc["shape"] = list(shape)
+        if key.endswith(".zattrs"):
+            doc.update(marks)
+        else:
+            doc["shape"] = list(shape)
+            if "attributes" in doc or key.endswith("zarr.json"):
+                doc["attributes"] = {**doc.get("attributes", {}), **marks}
         out[key] = json.dumps(doc).encode()
     return out
+
+
+def _chunk_along(arr: zarr.Array, axis: int) -> int:
+    """What one stored key holds along ``axis`` (a shard on a sharded array)."""
+    meta = arr.metadata
+    grid = meta.chunk_grid if isinstance(meta, ArrayV3Metadata) else None
+    return int(grid.chunk_shape[axis] if isinstance(grid, RegularChunkGrid) else meta.chunks[axis])
+
+
+def _longest_chunk(
+    path: str, axis: int, parts: Sequence[zarr.Array], names: Sequence[str], lengths: Sequence[int], dim: str
+) -> zarr.Array:
+    """The member array whose chunk along ``axis`` is the longest: the virtual array's layout.
+
+    Raises
+    ------
+    ValueError
+        A member stored in another layout, or a member whose shorter chunk is not its one chunk along ``dim``.
+    """
+    model = max(parts, key=lambda p: _chunk_along(p, axis))
+    odd = {n: why for n, p in zip(names, parts) if (why := _layout_difference(model, p, axis)) is not None}
+    if odd:
+        raise ValueError(
+            f"array {path!r} is stored differently in stores {list(odd)} than in {names[parts.index(model)]!r} "
+            f"({odd}); concatenated stores must share one layout: write each with the same chunks "
+            f"(xarray: encoding={{{path!r}: {{'chunks': (...)}}}})"
+        )
+    step = _chunk_along(model, axis)
+    split = [
+        (n, size, _chunk_along(p, axis))
+        for n, size, p in zip(names, lengths, parts)
+        if _chunk_along(p, axis) < min(size, step)
+    ]
+    if split:
+        raise ValueError(
+            f"array {path!r}: stores {split} (name, length along {dim!r}, chunk) hold several chunks shorter than "
+            f"the {step}-step chunks of store {names[parts.index(model)]!r}; write every store with the same chunk "
+            f"along {dim!r}, or each as one chunk (xarray's default)"
+        )
+    return model
+
+
+def _member_lengths(along: Mapping[str, tuple[int, list[zarr.Array]]], names: Sequence[str], dim: str) -> list[int]:
+    """Each member's length along ``dim``, the same for each of its arrays along it.
+
+    Raises
+    ------
+    ValueError
+        A member whose arrays along ``dim`` differ in length (naming the store and the arrays).
+    """
+    lengths = []
+    for j, name in enumerate(names):
+        found = {path: parts[j].shape[axis] for path, (axis, parts) in along.items()}
+        if len(set(found.values())) > 1:
+            raise ValueError(f"store {name!r}: its arrays along {dim!r} differ in length ({found})")
+        lengths.append(next(iter(found.values()), 0))
+    return lengths
+
+
+def _spans(lengths: Sequence[int], unit: int) -> list[int]:
+    """Each member's span on the virtual axis: its length rounded up to ``unit`` (the last: its length)."""
+    return [-(-n // unit) * unit for n in lengths[:-1]] + [lengths[-1]]
 
 
 # What ``concat_stores`` accepts (``validation``); the stores' layouts are checked against one another
@@ -210,7 +311,11 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
 
     Every array along ``dim`` becomes their concatenation (``xr.concat(..., dim)``);
     the rest (statics, coordinates of other dimensions, attributes) is the
-    first store's. Each store keeps its own client and credentials.
+    first store's. Each store keeps its own client and credentials. A store
+    whose length is no whole number of chunks (1460 six-hourly steps in
+    chunks of 8) is padded to its next chunk boundary with rows no store holds:
+    the time coordinate reads NaT there, no pass draws an anchor that reads
+    one, and offsets in time (``shift("6h")``) pair across them by time.
 
     Parameters
     ----------
@@ -225,8 +330,8 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
     ValueError
         Fewer than one store; an array along ``dim`` that a store lacks, or
         stores with another dtype, field shape, chunking or codecs; a store
-        (not the last) whose length along ``dim`` is not a whole number of
-        chunks (a chunk would straddle two stores); no array along ``dim``.
+        whose arrays along ``dim`` differ in length; padding in a coordinate
+        of ``cftime`` dates; no array along ``dim``.
     TypeError
         ``stores`` is a single store, URL or path rather than a list of them.
     """
@@ -241,47 +346,48 @@ def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time
         raise ValueError("concat_stores needs at least one store")
     members = {name: as_store(s) for name, s in named.items()}
     names, opened = list(members), [_arrays(s) for s in members.values()]
-    own: dict[str, bytes] = {}
-    virtual: list[_Virtual] = []
+    along: dict[str, tuple[int, list[zarr.Array]]] = {}
     for path, arr in opened[0].items():
         dims = _dims(arr)
         if dim not in dims:
             continue
-        axis = dims.index(dim)
         lacking = [n for n, arrays in zip(names, opened) if path not in arrays]
         if lacking:
             raise ValueError(f"array {path!r} (along {dim!r}) is in store {names[0]!r} but not in stores {lacking}")
-        parts = [arrays[path] for arrays in opened]
-        total = sum(p.shape[axis] for p in parts)
-        shape = tuple(total if k == axis else s for k, s in enumerate(arr.shape))
+        along[path] = (dims.index(dim), [arrays[path] for arrays in opened])
+    lengths = _member_lengths(along, names, dim)
+    chunked = {path: axis_parts for path, axis_parts in along.items() if axis_parts[1][0].ndim > 1}
+    longest = {path: _longest_chunk(path, axis, parts, names, lengths, dim) for path, (axis, parts) in chunked.items()}
+    # every member spans a whole number of every array's chunks on the virtual axis: padded up to their lcm
+    unit = math.lcm(*(_chunk_along(longest[path], axis) for path, (axis, _) in chunked.items())) if chunked else 1
+    spans = _spans(lengths, unit)
+    starts = np.cumsum([0] + spans).tolist()
+    padding = [[starts[j] + n, starts[j + 1]] for j, n in enumerate(lengths) if spans[j] > n]
+    marks = {UNSTORED_ROWS: {"dim": dim, "rows": padding}} if padding else {}
+    own: dict[str, bytes] = {}
+    virtual: list[_Virtual] = []
+    for path, (axis, parts) in along.items():
+        arr = parts[0]
+        shape = tuple(starts[-1] if k == axis else s for k, s in enumerate(arr.shape))
         if arr.ndim == 1:  # a coordinate: read once and served whole
-            values, attrs = _encoded_coordinate(parts, path, names)
-            own.update(_materialized(arr, path, values, attrs))
+            values, attrs, fill = concatenated_coordinate(parts, path, names, spans)
+            own.update(materialized(arr, _dims(arr), path, values, {**attrs, **marks}, fill))
             continue
-        odd = {n: why for n, p in zip(names, parts) if (why := _layout_difference(arr, p, axis)) is not None}
-        if odd:
-            raise ValueError(
-                f"array {path!r} is stored differently in stores {list(odd)} than in {names[0]!r} ({odd}); "
-                f"concatenated stores must share one layout: write each with the same chunks along {dim!r} "
-                f"that divide its length (xarray: encoding={{{path!r}: {{'chunks': (...)}}}})"
-            )
-        meta = arr.metadata  # the stored chunk (a shard on a sharded array): what one key holds
-        grid = meta.chunk_grid if isinstance(meta, ArrayV3Metadata) else None
-        step = int(grid.chunk_shape[axis] if isinstance(grid, RegularChunkGrid) else meta.chunks[axis])
-        straddle = [(n, p.shape[axis]) for n, p in zip(names[:-1], parts[:-1]) if p.shape[axis] % step]
-        if straddle:
-            raise ValueError(
-                f"array {path!r}: stores {straddle} (name, length along {dim!r}) do not hold a whole number of "
-                f"{step}-step chunks, so a chunk would straddle two stores; rechunk them to a chunk that "
-                f"divides each store's length"
-            )
-        first = np.cumsum([0] + [-(-p.shape[axis] // step) for p in parts]).tolist()
+        model = longest[path]  # the virtual array is stored as this member's, its chunk the longest
+        step = _chunk_along(model, axis)  # the stored chunk (a shard on a sharded array): what one key holds
+        first = [s // step for s in starts[:-1]] + [-(-starts[-1] // step)]
+        stored = [-(-n // _chunk_along(p, axis)) for n, p in zip(lengths, parts)]
+        recode = tuple(
+            PaddedChunk(p.metadata, p.chunks, model.metadata, model.chunks, axis) if p.chunks != model.chunks else None
+            for p in parts
+        )
+        member = members[names[parts.index(model)]]
         docs = {
-            f"{path}/{d}": sync(members[names[0]].get(f"{path}/{d}", zarr.core.buffer.default_buffer_prototype()))
-            for d in ("zarr.json", ".zarray")
+            f"{path}/{d}": sync(member.get(f"{path}/{d}", zarr.core.buffer.default_buffer_prototype()))
+            for d in ("zarr.json", ".zarray", ".zattrs")
         }
-        own.update(_virtual_doc({k: v.to_bytes() for k, v in docs.items() if v is not None}, shape))
-        virtual.append(_Virtual(path, axis, tuple(first), tuple(p.metadata for p in parts)))
+        own.update(_virtual_doc({k: v.to_bytes() for k, v in docs.items() if v is not None}, shape, marks))
+        virtual.append(_Virtual(path, axis, tuple(first), tuple(stored), tuple(p.metadata for p in parts), recode))
     if not virtual and not own:
         raise ValueError(f"no array of store {names[0]!r} has dimension {dim!r} to concatenate along")
     root = sync(members[names[0]].get("zarr.json", zarr.core.buffer.default_buffer_prototype()))

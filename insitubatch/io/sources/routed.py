@@ -20,13 +20,13 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Sto
 
 from ..owned import close_store, on_close
 
-__all__ = ["Route", "RoutedStore", "close_with", "member_keys"]
+__all__ = ["Route", "RoutedStore", "close_with", "member_keys", "slice_bytes"]
 
 # Where a key's bytes are: (member name, member store, key in it), or bytes the routing store holds itself.
 Route = tuple[str, Store, str] | bytes | None
 
 
-def _slice(data: bytes, byte_range: ByteRequest | None) -> bytes:
+def slice_bytes(data: bytes, byte_range: ByteRequest | None) -> bytes:
     """``data`` cut to a zarr byte request (what a store returns for a ranged read)."""
     if byte_range is None:
         return data
@@ -71,7 +71,7 @@ class RoutedStore(Store):
         if where is None:
             return None
         if isinstance(where, bytes):
-            return prototype.buffer.from_bytes(_slice(where, byte_range))
+            return prototype.buffer.from_bytes(slice_bytes(where, byte_range))
         _, store, inner = where
         return await store.get(inner, prototype=prototype, byte_range=byte_range)
 
@@ -144,7 +144,7 @@ class RoutedStore(Store):
             if where is None:
                 return None
             if isinstance(where, bytes):
-                return prototype.buffer.from_bytes(_slice(where, byte_range))
+                return prototype.buffer.from_bytes(slice_bytes(where, byte_range))
             name, _, inner = where
             return getters[name](inner, prototype=prototype, byte_range=byte_range)
 
