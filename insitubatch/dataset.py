@@ -30,10 +30,8 @@ from .cache import CacheOptions, OnCorrupt, open_dataset_cache
 from .cache.fingerprint import array_fingerprints
 from .io.geometry import ArrayGeometry, sample_coords
 from .io.group import resolve_statics, resolve_variables
-from .io.owned import close_store
 from .io.sources.joined import JoinedStore
 from .io.statics import StaticField, read_statics
-from .io.stores import as_store
 from .plan.anchors import with_declared_times
 from .plan.cost import KNOBS, describe_loader, format_summary
 from .plan.dates import inference_range
@@ -43,6 +41,8 @@ from .plan.planner import EpochPlanner
 from .plan.read_groups import read_group
 from .plan.splits import SplitManifest
 from .plan.store_shares import store_shares
+from .stores.obstore_stores import as_store
+from .stores.owned import close_store
 from .transforms import ChunkTransform, check_scopes
 from .views import DatasetView, InferView
 

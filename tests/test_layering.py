@@ -25,22 +25,25 @@ LAYERS: dict[str, int] = {
     "progress": 0,
     "_progress": 0,
     "_ext": 0,
-    "io": 1,
-    "plan": 2,
+    # the store layer: the factories, what a store carries (its client, retry and timeout settings, what
+    # closes with it) and obstore's fork safety; stands on the settings alone, so io and the engine stand on it
+    "stores": 1,
+    "io": 2,
+    "plan": 3,
     # chunk transforms, the disk cache and the zarr writer all stand on io alone
-    "transforms": 3,
-    "cache": 3,
-    "write": 3,
+    "transforms": 4,
+    "cache": 4,
+    "write": 4,
     # the engine's own HTTP/S3 client and obstore's, between a key and its bytes: stands on io alone
-    "_wire": 3,
-    "_engine": 4,
-    "dataset": 5,
-    "views": 5,
-    "adapters": 6,
-    "tools": 6,
-    "testing": 6,
-    "__init__": 7,  # the public facade re-exports every layer
-    "__main__": 7,  # `python -m insitubatch`: the command line
+    "_wire": 4,
+    "_engine": 5,
+    "dataset": 6,
+    "views": 6,
+    "adapters": 7,
+    "tools": 7,
+    "testing": 7,
+    "__init__": 8,  # the public facade re-exports every layer
+    "__main__": 8,  # `python -m insitubatch`: the command line
 }
 # The engine's rooms, lowest first: a module of one room imports its own room's modules or a lower room's.
 # ``loop`` and ``stats`` (the executors and the counters) sit under every room; ``lifecycle`` (what closes at exit) under tiles and passes.
@@ -303,7 +306,7 @@ def test_checker_catches_an_upward_import_hidden_under_type_checking(tmp_path: P
             "io/stores.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..dataset import InSituDataset\n",
         },
     )
-    assert upward_imports(module_graph(pkg)) == [f"{PACKAGE}.io.stores (layer 1) imports {PACKAGE}.dataset (layer 5)"]
+    assert upward_imports(module_graph(pkg)) == [f"{PACKAGE}.io.stores (layer 2) imports {PACKAGE}.dataset (layer 6)"]
 
 
 def test_checker_catches_an_upward_import_inside_a_function(tmp_path: Path) -> None:
@@ -316,7 +319,7 @@ def test_checker_catches_an_upward_import_inside_a_function(tmp_path: Path) -> N
             "views.py": "",
         },
     )
-    assert upward_imports(module_graph(pkg)) == [f"{PACKAGE}._engine.pool (layer 4) imports {PACKAGE}.views (layer 5)"]
+    assert upward_imports(module_graph(pkg)) == [f"{PACKAGE}._engine.pool (layer 5) imports {PACKAGE}.views (layer 6)"]
 
 
 def test_checker_catches_a_same_layer_cycle(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import obstore
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 from zarr.buffer import default_buffer_prototype
 
-from ..io.obstore_runtime import refuse_dead_obstore
+from ..stores.obstore_runtime import refuse_dead_obstore
 
 __all__ = ["WHOLE_OBJECT_END"]
 

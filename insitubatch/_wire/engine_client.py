@@ -1,7 +1,7 @@
 """The engine's own GETs for plain HTTP(S) stores and S3 buckets with static keys or none.
 
 :func:`native_backend` returns a backend that sends a store's GETs on the
-event loop (``_wire.pool``) when ``io.wire_settings`` finds everything a
+event loop (``_wire.pool``) when ``stores.wire_settings`` finds everything a
 request depends on is what this client applies, else ``None`` (obstore's
 client keeps the store). Every request carries the store URL's query (a
 token), a ``User-Agent`` naming insitubatch, and, for S3, a SigV4
@@ -22,8 +22,8 @@ from urllib.parse import quote
 
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
-from ..io.obstore_runtime import read_without_obstore
-from ..io.wire_settings import EngineSettings, engine_settings
+from ..stores.obstore_runtime import read_without_obstore
+from ..stores.wire_settings import EngineSettings, engine_settings
 from .backends import WHOLE_OBJECT_END, _ObstoreBackend
 from .connection import Ask
 from .pool import EXIT_WAIT_S, HttpPool
@@ -195,5 +195,5 @@ def native_backend(raw: Any, twin: Any) -> NativeBackend | None:
 
 
 # In a process forked after obstore's runtime started, the stores this client can read are read through it
-# (metadata too), with no retry-free twin to hand over to: a hand-over there refuses (``io.obstore_runtime``).
+# (metadata too), with no retry-free twin to hand over to: a hand-over there refuses (``stores.obstore_runtime``).
 read_without_obstore(lambda raw: native_backend(raw, raw))

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import zarr
 
+from ..stores.obstore_stores import as_store
 from .geometry import ArrayGeometry
-from .stores import as_store
 from .time_offsets import StepAxis, exact_text
 
 __all__ = ["FillSteps", "scan_fill_steps"]

@@ -27,8 +27,8 @@ from zarr.abc.store import (
 )
 from zarr.storage import ObjectStore
 
+from ..stores.obstore_runtime import ForkSafeObjectStore, refuse_dead_obstore
 from .direct import ChunkData
-from .obstore_runtime import ForkSafeObjectStore, refuse_dead_obstore
 from .sources.routed import RoutedStore
 
 

@@ -15,10 +15,10 @@ store built from its own config with obstore's retries turned off, so
 that every throttling answer and every stalled attempt comes back to the
 engine's retry loop (``fetch``); a whole key is one ranged GET (``bytes=0-``
 far past any object), which obstore answers in one future instead of a
-header future and a body future. Where ``io.wire_settings`` finds the
+header future and a body future. Where ``stores.wire_settings`` finds the
 engine's own client can read the store (plain HTTP(S), and S3 with static
 keys or none, and a region) and the store's ``client`` setting
-(``io.client_choice``: ``"auto"``, ``"engine"`` or ``"obstore"``) allows it,
+(``stores.client_choice``: ``"auto"``, ``"engine"`` or ``"obstore"``) allows it,
 the engine sends the GETs itself instead, on the loop (``_wire``), with the
 twin kept for bodies too large to take whole and for what it hands over.
 Any other store is read through its own ``get``, which has already retried
@@ -46,11 +46,11 @@ from zarr.storage import ObjectStore
 
 from ..._wire.backends import _ObstoreBackend, _StoreBackend
 from ..._wire.engine_client import NativeBackend
-from ...io.client_choice import client_choice
-from ...io.obstore_runtime import ForkSafeObjectStore
-from ...io.owned import on_close
-from ...io.wire_settings import engine_settings
 from ...plan.sizing import AUTO_INFLIGHT_CEILING
+from ...stores.client_choice import client_choice
+from ...stores.obstore_runtime import ForkSafeObjectStore
+from ...stores.owned import on_close
+from ...stores.wire_settings import engine_settings
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
 from .read_policy import ReadPolicy, policy_for

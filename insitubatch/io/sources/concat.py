@@ -28,7 +28,7 @@ from zarr.core.chunk_grids import RegularChunkGrid
 from zarr.storage import MemoryStore
 
 from ..._zarr_compat import ArrayV3Metadata, sync
-from ..stores import as_store
+from ...stores.obstore_stores import as_store
 from ..times import decode_time_coordinate, encode_time_coordinate
 from .routed import Route, RoutedStore, close_with, member_keys
 

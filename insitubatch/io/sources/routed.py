@@ -18,7 +18,7 @@ from typing import Any
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
 
-from ..owned import close_store, on_close
+from ...stores.owned import close_store, on_close
 
 __all__ = ["Route", "RoutedStore", "close_with", "member_keys"]
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from zarr.abc.store import Store
 
 from .._zarr_compat import unwrap_store
+from .obstore_stores import _local_dir, _split_scheme
 from .owned import _remember
-from .stores import _local_dir, _split_scheme
 
 if TYPE_CHECKING:
     from icechunk import IcechunkStore, Repository, Storage

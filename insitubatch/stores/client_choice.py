@@ -2,7 +2,7 @@
 
 ``obstore_store(url, client=...)`` records the choice here; the engine's
 routing (``_engine.reads.store_link``) reads it back. ``"auto"`` lets the
-engine send the GETs itself where it can (``io.wire_settings``) and leaves
+engine send the GETs itself where it can (``stores.wire_settings``) and leaves
 every other store on obstore's client; ``"engine"`` insists on the engine's
 client (a store it cannot read is refused when it is built); ``"obstore"``
 always uses obstore's. A store not built by ``obstore_store`` takes the

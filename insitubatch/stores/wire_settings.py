@@ -23,7 +23,7 @@ from urllib.parse import quote, urlsplit
 import obstore.store
 
 from ..config import parse_flag
-from .store_options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
+from .options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
 
 __all__ = ["EngineSettings", "S3Keys", "duration_s", "engine_settings"]
 
