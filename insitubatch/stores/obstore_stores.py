@@ -24,7 +24,7 @@ from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
 from ..config import parse_flag
-from .client_choice import remember_client, resolve_client
+from .client_choice import resolve_client
 from .obstore_runtime import ForkSafeObjectStore, obstore_usable
 from .options import (
     DEFAULT_CLIENT_OPTIONS,
@@ -266,8 +266,7 @@ def obstore_store(
                 f"{chosen_by} for url={url!r}, but the engine's client cannot read this store: {why}; "
                 "pass client='auto' or client='obstore' to read it with obstore's client"
             )
-    store = ForkSafeObjectStore(raw, read_only=read_only)
-    remember_client(store, choice, chosen_by)
+    store = ForkSafeObjectStore(raw, read_only=read_only, client=(choice, chosen_by))
     _remember(store)
     return store
 

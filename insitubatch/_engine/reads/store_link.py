@@ -18,7 +18,7 @@ far past any object), which obstore answers in one future instead of a
 header future and a body future. Where ``stores.wire_settings`` finds the
 engine's own client can read the store (plain HTTP(S), and S3 with static
 keys or none, and a region) and the store's ``client`` setting
-(``stores.client_choice``: ``"auto"``, ``"engine"`` or ``"obstore"``) allows it,
+(``ForkSafeObjectStore.client_setting``: ``"auto"``, ``"engine"`` or ``"obstore"``) allows it,
 the engine sends the GETs itself instead, on the loop (``_wire``), with the
 twin kept for bodies too large to take whole and for what it hands over.
 Any other store is read through its own ``get``, which has already retried
@@ -47,7 +47,7 @@ from zarr.storage import ObjectStore
 from ..._wire.backends import _ObstoreBackend, _StoreBackend
 from ..._wire.engine_client import NativeBackend
 from ...plan.sizing import AUTO_INFLIGHT_CEILING
-from ...stores.client_choice import client_choice
+from ...stores.client_choice import resolve_client
 from ...stores.obstore_runtime import ForkSafeObjectStore
 from ...stores.owned import on_close
 from ...stores.wire_settings import engine_settings
@@ -209,7 +209,7 @@ def _build(store: Store) -> StoreClient:
         route = Route("store", f"a {type(store).__name__}: read through its own get, which retries by its own rules")
         own = StoreLink(f"store:{type(store).__name__}:{id(store)}")
         return StoreClient(_StoreBackend(store), ReadPolicy(), own, route)
-    choice, source = client_choice(store)
+    choice, source = store.client_setting if isinstance(store, ForkSafeObjectStore) else resolve_client(None)
     settings = engine_settings(raw) if choice != "obstore" else f"{source}"
     if choice == "engine" and isinstance(settings, str):
         raise ValueError(
