@@ -20,8 +20,7 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import quote
 
-from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
-
+from ..stores.byte_ranges import byte_span
 from ..stores.obstore_runtime import read_without_obstore
 from ..stores.wire_settings import EngineSettings, engine_settings
 from .backends import WHOLE_OBJECT_END, _ObstoreBackend
@@ -90,14 +89,12 @@ class NativeBackend(_ObstoreBackend):
         """A future for ``key``'s bytes (a ``bytearray``), the whole object or ``byte_range`` of it."""
         if byte_range is None:
             return self._get(key, byte_range, f"0-{WHOLE_OBJECT_END - 1}", (0, WHOLE_OBJECT_END))
-        if isinstance(byte_range, RangeByteRequest):
-            start, end = byte_range.start, byte_range.end
-            return self._get(key, byte_range, f"{start}-{end - 1}", (start, end))
-        if isinstance(byte_range, OffsetByteRequest):
-            return self._get(key, byte_range, f"{byte_range.offset}-", (byte_range.offset, WHOLE_OBJECT_END))
-        if isinstance(byte_range, SuffixByteRequest):
-            return self._get(key, byte_range, f"-{byte_range.suffix}", (-byte_range.suffix, 0))
-        raise TypeError(f"byte_range={byte_range!r} is not a zarr ByteRequest")
+        start, stop, from_end = byte_span(byte_range)
+        if from_end:
+            return self._get(key, byte_range, f"-{start}", (-start, 0))
+        if stop is None:
+            return self._get(key, byte_range, f"{start}-", (start, WHOLE_OBJECT_END))
+        return self._get(key, byte_range, f"{start}-{stop - 1}", (start, stop))
 
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
