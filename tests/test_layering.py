@@ -219,6 +219,81 @@ def test_no_folder_holds_more_modules_than_a_reader_can_scan() -> None:
     assert {folder: n for folder, n in counts.items() if n > MAX_MODULES_PER_FOLDER} == {}
 
 
+# The store layer is the door to the backends: only it (and the backends themselves, ``_wire``) imports
+# obstore or the engine's own client, and on the read path (io, the engine) only it names zarr's concrete
+# store classes. These modules still reach past it, until the engine reads through the store's own reader;
+# the set may only shrink.
+REACHES_PAST_THE_STORE_LAYER: set[str] = {
+    "_engine/reads/fetch.py",
+    "_engine/reads/read_policy.py",
+    "_engine/reads/store_link.py",
+    "io/group.py",
+    "io/sync_get.py",
+    "io/sources/concat.py",
+    "testing/ceiling.py",
+    "tools/cli.py",
+    "write/records.py",
+}
+_READ_PATH = ("io", "_engine")
+
+
+def reaches_past_the_store_layer(root: Path) -> set[str]:
+    """Modules outside ``stores/`` and ``_wire/`` that import obstore or ``_wire``, or (io, engine) ``zarr.storage``."""
+    found = set()
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if rel.parts[0] in ("stores", "_wire"):
+            continue
+        name = module_name(path, root)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+                absolute = ".".join(base + ([node.module] if node.module else []))
+                targets = [absolute] + [f"{absolute}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                parts = target.split(".")
+                if (
+                    parts[0] == "obstore"
+                    or parts[:2] == [root.name, "_wire"]
+                    or (parts[:2] == ["zarr", "storage"] and rel.parts[0] in _READ_PATH)
+                ):
+                    found.add(rel.as_posix())
+    return found
+
+
+def test_only_the_store_layer_reaches_the_backends() -> None:
+    found = reaches_past_the_store_layer(ROOT)
+    assert found - REACHES_PAST_THE_STORE_LAYER == set(), "import the backend through insitubatch/stores/"
+    # an entry that no longer reaches past the store layer leaves the set, so the set only shrinks
+    assert REACHES_PAST_THE_STORE_LAYER - found == set()
+
+
+def test_checker_catches_a_backend_import_outside_the_store_layer(tmp_path: Path) -> None:
+    pkg = _write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "stores/__init__.py": "",
+            "stores/obstore_stores.py": "import obstore\nfrom zarr.storage import ObjectStore\n",
+            "_wire/__init__.py": "",
+            "_wire/backends.py": "import obstore.store\n",
+            "io/__init__.py": "",
+            "io/sync_get.py": "def f():\n    from zarr.storage import ObjectStore\n",
+            "_engine/__init__.py": "",
+            "_engine/fetch.py": "from .._wire.backends import X\n",
+            "write/__init__.py": "",
+            "write/records.py": "from zarr.storage import MemoryStore\nfrom obstore.store import S3Store\n",
+            "write/layout.py": "from zarr.storage import MemoryStore\n",
+        },
+    )
+    assert reaches_past_the_store_layer(pkg) == {"io/sync_get.py", "_engine/fetch.py", "write/records.py"}
+
+
 def test_dataset_views_and_passes_do_not_reach_back() -> None:
     """Passes and views read the engine context; neither imports the dataset that built it."""
     graph = module_graph(ROOT)
