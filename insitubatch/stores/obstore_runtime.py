@@ -42,6 +42,7 @@ from zarr.storage import LocalStore, ObjectStore
 
 from ..errors import ForkError
 from .client_choice import resolve_client
+from .owned import close_held
 
 __all__ = ["FORK_WAY_OUT", "ForkSafeObjectStore", "obstore_usable", "read_without_obstore", "refuse_dead_obstore"]
 
@@ -146,6 +147,11 @@ class ForkSafeObjectStore(ObjectStore[Any]):
 
     def with_read_only(self, read_only: bool = False) -> ForkSafeObjectStore:
         return type(self)(self.store, read_only=read_only, client=self._client)
+
+    def close(self) -> None:
+        """Close the engine's connections to this store, then the store (also on leaving a ``with`` block)."""
+        close_held(self)
+        super().close()
 
     def _instead(self) -> Any:
         """What serves requests in a process where obstore cannot answer (a store, or reads only); None where it can."""

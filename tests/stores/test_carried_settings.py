@@ -50,3 +50,15 @@ def test_a_store_built_without_a_choice_takes_the_default_when_it_is_read(monkey
     monkeypatch.setenv("INSITUBATCH_CLIENT", "obstore")
     assert built_elsewhere.client_setting == ("obstore", "INSITUBATCH_CLIENT=obstore")
     assert _route(built_elsewhere) == ("obstore", "INSITUBATCH_CLIENT=obstore")
+
+
+def test_closing_the_store_closes_the_engines_client_of_it() -> None:
+    with obstore_store(URL) as store:
+        client = client_for(store)
+        assert client_for(store) is client  # one client per store while it is open
+    # leaving the block closed the client (its connections) too: a later read builds a fresh one
+    fresh = client_for(store)
+    assert fresh is not client
+    store.close()
+    assert client_for(store) is not fresh
+    close_store(store)
