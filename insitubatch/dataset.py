@@ -1,10 +1,12 @@
 """``InSituDataset``: a zarr store's splits as views of shuffled batches, read in place.
 
-The dataset resolves the variables and builds, once, what every pass
-shares: a ``PassContext`` (readers, the ``ChunkPool`` and its disk cache,
-batch buffers, the decode pool, the read permits, the epoch's counters) and
-an ``EpochPlanner``. Views (``views.py``) read only those two to plan and
-start passes (``_engine/passes/producer.py``).
+The constructor is the public door: ``PARAMETERS`` below is what each of
+its arguments accepts (``validation``), and its docstring the options'
+reference. ``DatasetParts.assemble`` (``assembly``) then builds, once, what
+every pass shares: a ``PassContext`` (readers, the ``ChunkPool`` and its
+disk cache, batch buffers, the decode pool, the read permits, the epoch's
+counters) and an ``EpochPlanner``. Views (``views.py``) read only those
+two to plan and start passes (``_engine/passes/producer.py``).
 """
 
 from __future__ import annotations
@@ -17,33 +19,24 @@ from typing import Any, Literal
 import numpy as np
 
 from ._engine.lifecycle import close_at_exit, closed, closing_deferred, dropped
-from ._engine.loop import decode_pool
-from ._engine.passes.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk, PassContext, read_sources
+from ._engine.passes.context import ON_BAD_CHUNK, BatchTransform, OnBadChunk
 from ._engine.passes.context import concurrency_report as _concurrency
 from ._engine.passes.warm import open_reads
-from ._engine.pool.buffers import BufferPool
-from ._engine.pool.chunk_pool import ChunkPool
 from ._engine.reads.reader import BadChunkRecord
 from ._engine.reads.store_link import route_report
-from ._validate import callables, flag, positive_int, positive_int_or_auto
-from .cache import CacheOptions, OnCorrupt, open_dataset_cache
-from .cache.fingerprint import array_fingerprints
+from .assembly import DatasetParts
+from .cache import CACHE_PARAMETERS, CacheOptions, OnCorrupt
 from .io.geometry import ArrayGeometry, sample_coords
-from .io.group import resolve_statics, resolve_variables
-from .io.sources.joined import JoinedStore
 from .io.statics import StaticField, read_statics
-from .plan.anchors import with_declared_times
 from .plan.cost import KNOBS, describe_loader, format_summary
 from .plan.dates import inference_range
-from .plan.distributed import LastBatch, Remainder, last_batch_policy, resolve_last_batch, resolve_world
+from .plan.distributed import LAST_BATCH_POLICIES, LastBatch, Remainder
 from .plan.epoch import EpochPlan
-from .plan.planner import EpochPlanner
-from .plan.read_groups import read_group
 from .plan.splits import SplitManifest
 from .plan.store_shares import store_shares
-from .stores.obstore_stores import as_store
 from .stores.owned import close_store
-from .transforms import ChunkTransform, check_scopes
+from .transforms import ChunkTransform
+from .validation import Anything, Callables, Flag, Instance, Interval, Options, Table, validate_params
 from .views import DatasetView, InferView
 
 __all__ = ["InSituDataset"]
@@ -51,6 +44,39 @@ __all__ = ["InSituDataset"]
 ALL_SPLIT = "__all__"  # the pseudo-split of ``ds.all``: every chunk, sequential
 # settings ``describe()`` reports as resolved (after defaults and the environment), besides the knobs
 RESOLVED = ("shuffle", "seed", "epoch", "rank", "world_size", "last_batch", "on_bad_chunk", "decode_threads")
+
+# What each parameter of ``InSituDataset`` accepts (``validation``): one row per parameter, in the order checked.
+# ``Anything`` rows are resolved against the store (or the manifest) by the function named, with its own messages.
+PARAMETERS: Table = {
+    "store": [Anything("as_store: a zarr Store, or a URL/path to open")],
+    "manifest": [Instance(SplitManifest, "a SplitManifest (from split_by_chunk)")],
+    "batch_size": [Interval(1)],
+    "block_chunks": [Interval(1)],
+    "max_inflight": [Options("auto"), Interval(1)],
+    "hedge": [Flag()],
+    "prefetch_depth": [Interval(1)],
+    "seed": [Interval(0)],
+    "decode_threads": [Interval(1), None],
+    "on_bad_chunk": [Options(*ON_BAD_CHUNK)],
+    "cache_budget_bytes": [Interval(1), None],
+    "shuffle": [Flag()],
+    **CACHE_PARAMETERS,  # cache_dir, persist, readonly_cache, reset_stale_cache, cache_disk_bytes, on_corrupt_cache
+    "rank": [Interval(0), None],  # below world_size: resolve_world, which also reads torch, JAX or the environment
+    "world_size": [Interval(1), None],
+    "last_batch": [Options(*LAST_BATCH_POLICIES), None],
+    "remainder": [Anything("last_batch_policy: the deprecated alias of last_batch, named with its replacement")],
+    "variables": [Anything("resolve_variables: labels, geometries or paths, against the store's arrays")],
+    "missing": [Anything("with_declared_times: dates of the sample axis")],
+    "frequency": [Anything("with_declared_times: the anchors' spacing")],
+    "read_group_size": [Anything("read_group: an int or a torch process group, dividing world_size"), None],
+    "read_group_part": [Anything("read_group: a dimension to cut, or one isel mapping per member"), None],
+    "statics": [Anything("resolve_statics: static fields or paths, against the store's arrays")],
+    "chunk_transforms": [Callables()],
+    "batch_transforms": [Callables()],
+}
+# What ``InSituDataset.infer`` accepts; the range, against the arrays and their coordinates: ``inference_range``
+RANGE = [Anything("inference_range: anchor indices (start, stop), or coordinate bounds")]
+INFER_PARAMETERS: Table = {"sample_range": RANGE, "start": RANGE, "stop": RANGE, "batch_size": [Interval(1), None]}
 
 
 class InSituDataset:
@@ -137,6 +163,7 @@ class InSituDataset:
         ``CacheCorruptError`` (``"raise"``).
     """
 
+    @validate_params(PARAMETERS)
     def __init__(
         self,
         store: Any,
@@ -172,22 +199,7 @@ class InSituDataset:
         read_group_part: str | Sequence[Mapping[Any, Any]] | None = None,
     ) -> None:
         closing_deferred()  # what datasets nobody closed left behind (a cache's lock, say) goes first
-        if not isinstance(manifest, SplitManifest):
-            raise TypeError(f"manifest must be a SplitManifest (from split_by_chunk), got {type(manifest).__name__}")
-        self.batch_size = positive_int("batch_size", batch_size)
-        self.block_chunks = positive_int("block_chunks", block_chunks)
-        self.max_inflight: int | Literal["auto"] = positive_int_or_auto("max_inflight", max_inflight)
-        self.hedge = flag("hedge", hedge)
-        self.prefetch_depth = positive_int("prefetch_depth", prefetch_depth)
-        self.seed = positive_int("seed", seed, minimum=0)
-        if decode_threads is not None:
-            decode_threads = positive_int("decode_threads", decode_threads)
-        if on_bad_chunk not in ON_BAD_CHUNK:
-            raise ValueError(f"on_bad_chunk={on_bad_chunk!r} must be one of {ON_BAD_CHUNK}")
-        if cache_budget_bytes is not None:
-            cache_budget_bytes = positive_int("cache_budget_bytes", cache_budget_bytes)
-        self.shuffle = flag("shuffle", shuffle)
-        cache_options = CacheOptions(
+        cache_options = CacheOptions(  # the cache's settings together: their combinations are checked here
             cache_dir,
             persist=persist,
             readonly=readonly_cache,
@@ -195,75 +207,52 @@ class InSituDataset:
             disk_bytes=cache_disk_bytes,
             on_corrupt=on_corrupt_cache,
         )
-        self.rank, self.world_size = resolve_world(rank, world_size)
-        self.read_group = group = read_group(read_group_size, read_group_part, self.rank, self.world_size)
-        last_batch = last_batch_policy(last_batch, remainder)
-        self.last_batch: LastBatch = resolve_last_batch(last_batch, group.replicas)
-        self.on_bad_chunk = on_bad_chunk
-        self.manifest = manifest
-        self._opened_store = not hasattr(store, "get") or not hasattr(store, "set")
-        self.store = as_store(store)
-        self.left_out: dict[str, str] = {}  # what variables=None left out of the store, with why
-        if isinstance(self.store, JoinedStore):  # variables of several stores, on the anchor store's dates
-            self.variables = self.store.resolve(variables, manifest.n_samples)
-            statics_found = self.store.resolve_statics(statics)
-        else:
-            self.variables, self.left_out = resolve_variables(self.store, variables, manifest.n_samples)
-            statics_found = resolve_statics(self.store, statics)
-        self.read_group_bands = group.bands(self.variables)  # this member's part of every sample
-        self.variables = group.cut(self.variables, self.read_group_bands)
-        self.manifest = manifest = with_declared_times(manifest, self.variables, missing, frequency)
-        self.static_fields = group.cut(statics_found, self.read_group_bands)
-        clash = sorted(set(self.static_fields) & set(self.variables))
-        if clash:
-            raise ValueError(f"labels {clash} name both a variable and a static; give each its own label")
-        self.chunk_transforms = callables("chunk_transforms", chunk_transforms)
-        check_scopes(self.chunk_transforms, {g.path for g in self.variables.values()})
-        self.batch_transforms = callables("batch_transforms", batch_transforms)
-        self.readers, self.outputs = read_sources(self.variables, self.chunk_transforms)
-        self.cache = open_dataset_cache(cache_options, fingerprints=self._fingerprints, store=self.store)
-        self.persist = cache_options.persist
-        cache = self.cache  # an entry the pool evicts leaves the disk cache's accounting too
-        self.pool = ChunkPool(cache_budget_bytes, on_evict=None if cache is None else lambda e: cache.evict(*e.key))
-        self.buffers = BufferPool()
-        self.executor = decode_pool(decode_threads)
-        self.decode_threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
-        self.context = PassContext(
-            store=self.store,
-            readers=self.readers,
-            outputs=self.outputs,
-            offsets={lb: g.offset for lb, g in self.variables.items()},
-            windows={lb: g.window_steps for lb, g in self.variables.items() if g.window_steps},
-            pool=self.pool,
-            buffers=self.buffers,
-            executor=self.executor,
-            max_inflight=self.max_inflight,
-            decode_threads=self.decode_threads,
-            prefetch_depth=self.prefetch_depth,
+        self.batch_size, self.block_chunks, self.shuffle, self.seed = batch_size, block_chunks, shuffle, seed
+        self.max_inflight: int | Literal["auto"] = max_inflight
+        self.prefetch_depth, self.hedge, self.on_bad_chunk = prefetch_depth, hedge, on_bad_chunk
+        self.chunk_transforms, self.batch_transforms = chunk_transforms, batch_transforms
+        self._coords: dict[str, np.ndarray] = {}  # the sample-axis coordinates, read below
+        parts = DatasetParts.assemble(
+            store,
+            manifest,
+            variables,
+            statics,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            block_chunks=block_chunks,
+            seed=seed,
+            max_inflight=max_inflight,
+            prefetch_depth=prefetch_depth,
+            cache_budget_bytes=cache_budget_bytes,
             on_bad_chunk=on_bad_chunk,
-            cache=self.cache,
-            persist=self.persist,
-            batch_transforms=self.batch_transforms,
-            sample_coords=self.sample_coords,
-            hedge=self.hedge,
-        )
-        self.planner = EpochPlanner(
-            manifest=manifest,
-            outputs=self.outputs,
-            batch_size=self.batch_size,
-            block_chunks=self.block_chunks,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            rank=group.replica,  # the epoch is dealt to model replicas: a read group's members read alike
-            world_size=group.replicas,
+            chunk_transforms=chunk_transforms,
+            batch_transforms=batch_transforms,
+            decode_threads=decode_threads,
+            hedge=hedge,
+            rank=rank,
+            world_size=world_size,
             last_batch=last_batch,
-            release_per_block=self.persist,
-            variables=self.variables,
+            remainder=remainder,
+            cache_options=cache_options,
+            missing=missing,
+            frequency=frequency,
+            read_group_size=read_group_size,
+            read_group_part=read_group_part,
+            sample_coords=self.sample_coords,
         )
+        self.store, self._opened_store, self.manifest = parts.store, parts.opened_store, parts.manifest
+        self.variables, self.left_out, self.static_fields = parts.variables, parts.left_out, parts.static_fields
+        self.readers, self.outputs, self.cache = parts.readers, parts.outputs, parts.cache
+        self.persist = cache_options.persist
+        self.pool, self.buffers, self.executor = parts.pool, parts.buffers, parts.context.executor
+        self.decode_threads, self.rank, self.world_size = parts.decode_threads, parts.rank, parts.world_size
+        self.last_batch: LastBatch = parts.last_batch
+        self.read_group, self.read_group_bands = parts.read_group, parts.read_group_bands  # this member's part
+        self.context, self.planner = parts.context, parts.planner
         self._views: dict[str, DatasetView] = {}
         close_at_exit(self)  # however the script ends, closed while zarr's loop still runs (``lifecycle``)
         try:  # read once here, not in a pass (whose GETs are the chunks')
-            self._coords: dict[str, np.ndarray] = open_reads(
+            self._coords = open_reads(
                 self.context,
                 self.planner,
                 functools.partial(sample_coords, self.variables.values(), self.manifest.n_samples),
@@ -283,11 +272,6 @@ class InSituDataset:
     def statics(self) -> Mapping[str, np.ndarray]:
         """The static fields by label: read-only arrays, read once, the same objects every batch carries."""
         return self.context.statics
-
-    def _fingerprints(self) -> dict[str, str]:
-        """Each read source's chunk-transform fingerprint: its array path's (a selection changes the name, not it)."""
-        by_path = array_fingerprints(self.chunk_transforms, {r.geometry.path for r in self.readers.values()})
-        return {source: by_path[r.geometry.path] for source, r in self.readers.items()}
 
     # -- views --------------------------------------------------------------
     def split(self, name: str) -> DatasetView:
@@ -332,9 +316,10 @@ class InSituDataset:
         """Tiles replaced under ``on_bad_chunk="nan"`` in the current epoch's passes."""
         return self.context.bad_chunks
 
+    @validate_params({"epoch": [Interval(0)]})
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the next passes draw (order depends on seed and epoch only)."""
-        self.context.set_epoch(positive_int("epoch", epoch, minimum=0))
+        self.context.set_epoch(epoch)
 
     def plan(self, split: str, epoch: int | None = None, history: tuple[tuple[int, int], ...] = ()) -> EpochPlan:
         """This rank's (cached) plan of ``split`` for ``epoch`` (default: the current one).
@@ -344,6 +329,7 @@ class InSituDataset:
         """
         return self.planner.plan(split, self.epoch if epoch is None else epoch, history)
 
+    @validate_params(INFER_PARAMETERS)
     def infer(
         self,
         sample_range: tuple[int, int] | None = None,
@@ -377,7 +363,7 @@ class InSituDataset:
         """
         self._check_open()
         anchors = inference_range(self.manifest, self.outputs, self.variables.values(), sample_range, start, stop)
-        bs = self.batch_size if batch_size is None else positive_int("batch_size", batch_size)
+        bs = self.batch_size if batch_size is None else batch_size
         return InferView(self.context, self.planner, anchors, bs, dataset=self)
 
     def sample_coords(self) -> dict[str, np.ndarray]:
@@ -385,6 +371,7 @@ class InSituDataset:
         return self._coords
 
     # -- cost before the first byte --------------------------------------------
+    @validate_params({"iterations": [Interval(1)]})
     def describe(self, iterations: int = 1) -> dict[str, Any]:
         """What this configuration will cost, from metadata alone, as a JSON-able dict (nothing is fetched).
 
@@ -393,7 +380,6 @@ class InSituDataset:
         dataset opened, apart; the memory plan term by term for ``iterations`` passes open at once (train and
         val zipped is 2), sized for the split with the largest working set; notes; ``concurrency``.
         """
-        iterations = positive_int("iterations", iterations)
         plans = {name: self.plan(name) for name in self.manifest.names}
         split = max(plans, key=lambda name: plans[name].working_set_bytes)
         info = describe_loader(
@@ -427,6 +413,7 @@ class InSituDataset:
             info["stores"] = shares
         return {**info, "concurrency": _concurrency(self.context)}  # the reads-in-flight limit, as chosen
 
+    @validate_params({"iterations": [Interval(1)]})
     def print_summary(self, iterations: int = 1) -> None:
         """Print :meth:`describe` as the text ``insitubatch inspect`` shows."""
         print(format_summary(self.describe(iterations)))

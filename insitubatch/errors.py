@@ -14,6 +14,7 @@ __all__ = [
     "ForkError",
     "InSituError",
     "IrregularTimeWarning",
+    "LayoutChangedError",
     "LayoutMismatchError",
     "SlotAlignmentError",
     "SlotPlanBlockedError",
@@ -103,6 +104,10 @@ class LayoutMismatchError(InSituError, ValueError):
     def __init__(self, message: str, diff: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.diff = diff
+
+
+class LayoutChangedError(LayoutMismatchError):
+    """A group's layout changed under an open slot writer; ``.diff`` names each changed fact, nothing more is written."""
 
 
 class SettingError(InSituError, ValueError):

@@ -23,11 +23,11 @@ from ._engine.passes.batch import Batch
 from ._engine.passes.context import PassContext
 from ._engine.passes.producer import PassIterator, _PassState
 from ._engine.stats import PassStats
-from ._validate import positive_int
 from .io.geometry import ArrayGeometry
 from .plan.cost import empty_split_note
 from .plan.epoch import EpochPlan
 from .plan.planner import EpochPlanner, History
+from .validation import Anything, Interval, positive_int, validate_params
 
 __all__ = ["OTHER_PROCESS_MESSAGE", "DatasetView", "InferView"]
 
@@ -89,8 +89,9 @@ class DatasetView:
         """Each label's geometry after chunk transforms (batch rows are ``(*inner_shape,)`` of ``dtype``)."""
         return dict(self.context.outputs)
 
+    @validate_params({"epoch": [Interval(0)]})
     def set_epoch(self, epoch: int) -> None:
-        self.context.set_epoch(positive_int("epoch", epoch, minimum=0))
+        self.context.set_epoch(epoch)
 
     def plan(self) -> EpochPlan:
         return self.planner.plan(self.split, self.context.epoch)
@@ -107,13 +108,15 @@ class DatasetView:
             self.set_epoch(epoch)
         return self.iterate(start, history=history)
 
+    @validate_params(
+        {"start_batch": [Interval(0)], "history": [Anything("load_state_dict: [world_size, batches] segments")]}
+    )
     def iterate(self, start_batch: int = 0, *, history: tuple[tuple[int, int], ...] = ()) -> PassIterator:
         """Start a pass at batch ``start_batch`` of the current epoch."""
         ctx = self.context
         if os.getpid() != self._pid:  # a forked child: the dataset's threads and loop stayed in the parent
             raise RuntimeError(OTHER_PROCESS_MESSAGE)
         ctx.check_open()
-        start_batch = positive_int("start_batch", start_batch, minimum=0)
         plan = self._plan_for_pass(history)
         why = self.planner.empty_reason(self.split, plan)
         if why is not None:  # never a silently empty loop, unless the split was asked to be empty

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import email.utils
-import http.server
 import itertools
-import re
-import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from servers import LOOPBACK, S3Server, start_s3_server
+from servers import HTTPFileServer, S3Server, serve_files, start_s3_server
 
 if TYPE_CHECKING:
     import zarr.storage
@@ -38,103 +33,14 @@ def s3_bucket(s3_server: S3Server) -> str:
 
 # --- loopback HTTP file server (stores tests) --------------------------------
 
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
-
-
-@dataclass
-class HTTPFileServer:
-    """A threaded HTTP server on 127.0.0.1 serving ``root`` read-only, with Range and HEAD."""
-
-    root: Path
-    url: str
-    requests: list[tuple[str, str, str | None]] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def record(self, method: str, path: str, byte_range: str | None) -> None:
-        with self._lock:
-            self.requests.append((method, path, byte_range))
-
-
-def _file_handler(server: HTTPFileServer) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
-            pass
-
-        def do_HEAD(self) -> None:
-            self._serve(body=False)
-
-        def do_GET(self) -> None:
-            self._serve(body=True)
-
-        def _fail(self, status: int, extra: dict[str, str] | None = None) -> None:
-            self.send_response(status)
-            for key, value in (extra or {}).items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def _serve(self, *, body: bool) -> None:
-            path = self.path.split("?", 1)[0]
-            byte_range = self.headers.get("Range")
-            server.record(self.command, path, byte_range)
-            target = (server.root / path.lstrip("/")).resolve()
-            if server.root not in target.parents or not target.is_file():
-                self._fail(404)
-                return
-            stat = target.stat()
-            size = stat.st_size
-            start, stop, status = 0, size, 200
-            if byte_range is not None:
-                match = _RANGE.match(byte_range.strip())
-                if match is None or match.groups() == ("", ""):
-                    self._fail(400)
-                    return
-                first, last = match.groups()
-                if first == "":  # suffix range: the last N bytes
-                    start = max(size - int(last), 0)
-                else:
-                    start = int(first)
-                    stop = min(int(last) + 1, size) if last else size
-                if start >= size or start >= stop:
-                    self._fail(416, {"Content-Range": f"bytes */{size}"})
-                    return
-                status = 206
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(stop - start))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
-            self.send_header("ETag", f'"{stat.st_mtime_ns:x}-{size:x}"')
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
-            self.end_headers()
-            if body:
-                with open(target, "rb") as f:
-                    f.seek(start)
-                    self.wfile.write(f.read(stop - start))
-
-    return Handler
-
 
 @pytest.fixture
 def http_server(tmp_path: Path) -> HTTPFileServer:
     """Serve a fresh directory (``.root``) at ``.url`` on 127.0.0.1 and a free port."""
     root = (tmp_path / "http-root").resolve()
     root.mkdir()
-    server = HTTPFileServer(root=root, url="")
-    httpd = http.server.ThreadingHTTPServer((LOOPBACK, 0), _file_handler(server))
-    httpd.daemon_threads = True
-    server.url = f"http://{LOOPBACK}:{httpd.server_address[1]}"
-    thread = threading.Thread(
-        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="test-http-server", daemon=True
-    )
-    thread.start()
-    yield server
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(timeout=10)
+    with serve_files(root) as server:
+        yield server
 
 
 # --- parallel-write tests ------------------------------------------------------

@@ -11,7 +11,7 @@ from helpers import shard_keys
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine.reads.fetch import Fetcher
-from insitubatch._engine.tiles.remote_tiles import _RemoteTiles
+from insitubatch._engine.tiles.remote_tiles import RemoteTiles
 from insitubatch.testing.emulator import Emulator
 
 SHAPE = (40, 10, 12)
@@ -32,7 +32,7 @@ def test_a_remote_pass_reads_its_first_block_alone(tmp_path, monkeypatch, sharde
     data = _write(tmp_path / "a.zarr", sharded)
     reads: list[tuple[float, float, list[int]]] = []  # (start, landed, chunks) per tile read or run of inner chunks
     index_starts: dict[str, float] = {}
-    fetch_tile, fetch_run, get = _RemoteTiles._fetch_tile, _RemoteTiles._fetch_run, Fetcher.get
+    fetch_tile, fetch_run, get = RemoteTiles._fetch_tile, RemoteTiles._fetch_run, Fetcher.get
 
     async def logged_tile(self, want):
         t0 = time.perf_counter()
@@ -49,8 +49,8 @@ def test_a_remote_pass_reads_its_first_block_alone(tmp_path, monkeypatch, sharde
             index_starts.setdefault(key, time.perf_counter())
         return await get(self, key, byte_range, size_hint, learn)
 
-    monkeypatch.setattr(_RemoteTiles, "_fetch_tile", logged_tile)
-    monkeypatch.setattr(_RemoteTiles, "_fetch_run", logged_run)
+    monkeypatch.setattr(RemoteTiles, "_fetch_tile", logged_tile)
+    monkeypatch.setattr(RemoteTiles, "_fetch_run", logged_run)
     monkeypatch.setattr(Fetcher, "get", logged_get)
     with Emulator(tmp_path, latency_s=0.01, jitter_s=0.0) as emu:
         store = obstore_store(emu.url_for("a.zarr"), read_only=True)

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from ..validation import Anything, Flag, Instance, IsCallable, Table, validate_params
 from ..views import OTHER_PROCESS_MESSAGE, DatasetView, InferView
 from .jax_sharding import GlobalBatches
 from .spec import ViewSpec, view_spec
@@ -93,6 +94,17 @@ def resolve_jax_device(device: Any = None) -> Any:
     return devices[index]
 
 
+# What ``JaxView`` (and ``to_jax``, which makes one) accepts (``validation``); device and sharding exclude each other
+VIEW_PARAMETERS: Table = {
+    "view": [Instance(DatasetView, "a DatasetView (ds.train, ds.val, ds.infer(...))")],
+    "device": [Anything("resolve_jax_device: a jax.Device, a platform string or an index")],
+    "device_transform": [IsCallable(), None],
+    "coords": [Flag(), None],  # None: pairs on an inference view only
+    "sharding": [Anything("GlobalBatches: a NamedSharding whose first spec entry shards the batch axis")],
+    "mask": [Instance(str, "a label (str)"), None],  # needs sharding=; not a label of the view: GlobalBatches
+}
+
+
 class JaxView:
     """``dict[label, jax.Array]`` items over a view, on one device or laid out by a sharding; iterate once per epoch.
 
@@ -101,6 +113,7 @@ class JaxView:
     ``(arrays, coords)``. Statics are in every item, placed once.
     """
 
+    @validate_params(VIEW_PARAMETERS)
     def __init__(
         self,
         view: DatasetView,
@@ -110,12 +123,6 @@ class JaxView:
         sharding: Any = None,
         mask: str | None = None,
     ) -> None:
-        if not isinstance(view, DatasetView):
-            raise TypeError(f"view must be a DatasetView (ds.train, ds.val, ds.infer(...)), got {type(view).__name__}")
-        if device_transform is not None and not callable(device_transform):
-            raise TypeError(f"device_transform must be callable, got {type(device_transform).__name__}")
-        if coords is not None and not isinstance(coords, bool):
-            raise TypeError(f"coords must be True, False or None (pairs on an inference view), got {coords!r}")
         if sharding is not None and device is not None:
             raise TypeError("give device= (one device) or sharding= (a global batch over several), not both")
         if mask is not None and sharding is None:

@@ -64,8 +64,6 @@ class GlobalBatches:
                 "sharding must be a jax.sharding.NamedSharding over the batch axis, e.g. "
                 f"NamedSharding(Mesh(jax.devices(), ('data',)), PartitionSpec('data')); got {type(sharding).__name__}"
             )
-        if mask is not None and not isinstance(mask, str):
-            raise TypeError(f"mask must be a label (str) or None, got {type(mask).__name__}")
         if mask is not None and mask in spec.shapes(spec.batch_size):
             raise ValueError(f"mask={mask!r} is a label of the view already; name the mask something else")
         self.processes = jax.process_count()

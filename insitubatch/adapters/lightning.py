@@ -19,6 +19,7 @@ from ..dataset import InSituDataset
 from ..io.geometry import ArrayGeometry
 from ..io.group import open_geometries
 from ..plan.splits import SplitManifest, split_by_chunk
+from ..validation import Anything, Instance, Table, validate_params
 from ..views import DatasetView
 from .torch import TorchView
 
@@ -100,6 +101,17 @@ class SplitLoader:
         self._pending = dict(state)
 
 
+# What ``InSituDataModule`` accepts (``validation``); what it hands the dataset, the dataset's own table checks
+PARAMETERS: Table = {
+    "store": [Anything("InSituDataset, on each process")],
+    "variables": [Anything("InSituDataset, on each process")],
+    "splits": [Instance(SplitManifest, "a SplitManifest"), Instance((tuple, list, Mapping), "fractions"), None],
+    "batch_size": [Anything("InSituDataset's batch_size")],
+    "predict_split": [Instance(str, "a split name (str)")],
+    "mask_key": [Instance(str, "a str (the key of the padding mask)"), None],
+}
+
+
 class InSituDataModule(_DataModuleBase):
     """A ``LightningDataModule`` over a zarr store: train/val/test/predict loaders, resumable mid-epoch.
 
@@ -132,6 +144,7 @@ class InSituDataModule(_DataModuleBase):
         ``splits`` is neither a manifest nor fractions.
     """
 
+    @validate_params(PARAMETERS)
     def __init__(
         self,
         store: Any,
@@ -146,10 +159,6 @@ class InSituDataModule(_DataModuleBase):
         if _DataModuleBase is object:  # pragma: no cover - lightning is an optional extra
             raise ImportError("InSituDataModule needs Lightning: pip install 'insitubatch[lightning]'")
         super().__init__()
-        if splits is not None and (
-            isinstance(splits, str) or not isinstance(splits, (SplitManifest, Sequence, Mapping))
-        ):
-            raise TypeError(f"splits must be a SplitManifest or fractions, got {type(splits).__name__}")
         self.store = store
         self.variables = variables
         self.splits = splits

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._engine.passes.batch import Batch
+from ..validation import Anything, Flag, Instance, IsCallable, Table, validate_params
 from ..views import OTHER_PROCESS_MESSAGE, DatasetView, InferView
 from .spec import ViewSpec, view_spec
 
@@ -37,6 +38,21 @@ else:
     except ImportError:  # pragma: no cover
         _IterableBase = object
 
+# What ``TorchView`` (and ``as_torch``, which makes one) accepts (``validation``)
+VIEW_PARAMETERS: Table = {
+    "view": [Instance(DatasetView, "a DatasetView (ds.train, ds.val, ds.infer(...))")],
+    "device": [Anything("torch.device: 'cpu', 'cuda', 'cuda:1' or a torch.device")],
+    "device_transform": [IsCallable(), None],
+    "coords": [Flag(), None],  # None: pairs on an inference view only
+    "mask_key": [Instance(str, "a str (the key of the padding mask)"), None],  # not a label: checked against them
+}
+# What ``to_torch`` accepts
+BATCH_PARAMETERS: Table = {
+    "batch": [Instance(Batch, "an insitubatch Batch")],
+    "device": [Anything("torch.device: 'cpu', 'cuda', 'cuda:1' or a torch.device")],
+    "coords": [Flag(), None],
+}
+
 # An item: the tensors by label (statics included), or with coords (tensors, the batch's coords)
 TorchItem = dict[str, Any] | tuple[dict[str, Any], Mapping[str, np.ndarray] | None]
 
@@ -50,6 +66,7 @@ class TorchView(_IterableBase):
     ``spec`` and ``last_spec`` describe the items before the first batch.
     """
 
+    @validate_params(VIEW_PARAMETERS)
     def __init__(
         self,
         view: DatasetView,
@@ -59,22 +76,14 @@ class TorchView(_IterableBase):
         mask_key: str | None = None,
     ) -> None:
         torch = _torch()
-        if not isinstance(view, DatasetView):
-            raise TypeError(f"view must be a DatasetView (ds.train, ds.val, ds.infer(...)), got {type(view).__name__}")
-        if device_transform is not None and not callable(device_transform):
-            raise TypeError(f"device_transform must be callable, got {type(device_transform).__name__}")
         self.view = view
         try:
             self.device = torch.device(device) if device is not None else None
         except (RuntimeError, TypeError) as exc:
             raise ValueError(f"device={device!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
         self.device_transform = device_transform
-        if coords is not None and not isinstance(coords, bool):
-            raise TypeError(f"coords must be True, False or None (pairs on an inference view), got {coords!r}")
         self._coords = isinstance(view, InferView) if coords is None else coords  # items are (tensors, coords) pairs
         taken = {*view.geometries, *view.context.statics}
-        if mask_key is not None and not isinstance(mask_key, str):
-            raise TypeError(f"mask_key must be a str (the key of the padding mask) or None, got {mask_key!r}")
         if mask_key in taken:
             raise ValueError(f"mask_key={mask_key!r} must not name a label; the labels are {sorted(taken)}")
         self.mask_key = mask_key  # each item's ``batch.padded`` under this key, as a bool tensor
@@ -245,14 +254,13 @@ def as_torch(
     return TorchView(view, device=device, device_transform=device_transform, coords=coords, mask_key=mask_key)
 
 
+@validate_params(BATCH_PARAMETERS)
 def to_torch(batch: Batch, *, device: Any = None, coords: bool = False) -> dict[str, Any] | TorchItem:
     """One batch as ``{label: torch.Tensor}`` by DLPack (zero-copy on the CPU), moved to ``device`` if given.
 
     Statics are included under their labels; ``coords=True`` returns ``(tensors, batch.coords)``.
     """
     torch = _torch()
-    if not isinstance(batch, Batch):
-        raise TypeError(f"batch must be an insitubatch Batch, got {type(batch).__name__}")
     try:
         target = torch.device(device) if device is not None else None
     except (RuntimeError, TypeError) as exc:

@@ -26,10 +26,11 @@ from .fingerprint import (
 )
 from .lock import LOCK_NAME, network_filesystem
 from .log import LOG_FORMAT, LOG_NAME, LOG_VERSION, LogEntry
-from .options import ON_CORRUPT, CacheOptions, OnCorrupt
+from .options import CACHE_PARAMETERS, ON_CORRUPT, CacheOptions, OnCorrupt
 from .reading import Found
 
 __all__ = [
+    "CACHE_PARAMETERS",
     "CacheOptions",
     "DROP_STALE",
     "DROP_SUPERSEDED",

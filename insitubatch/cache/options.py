@@ -21,17 +21,27 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from zarr.abc.store import Store
 
-from .._validate import flag, positive_int
+from ..validation import Flag, Instance, Interval, Options, Table, check_params
 from .fingerprint import source_identity
 
-__all__ = ["ON_CORRUPT", "CacheOptions", "OnCorrupt"]
+__all__ = ["CACHE_PARAMETERS", "ON_CORRUPT", "CacheOptions", "OnCorrupt"]
 
 OnCorrupt = Literal["refetch", "raise"]
 ON_CORRUPT: tuple[OnCorrupt, ...] = get_args(OnCorrupt)
+# each setting's constraints, under the dataset's parameter names (``InSituDataset``'s table holds these rows);
+# the flags come first so that a flag without a ``cache_dir`` is named before the directory's type
+CACHE_PARAMETERS: Table = {
+    "persist": [Flag()],
+    "readonly_cache": [Flag()],
+    "reset_stale_cache": [Flag()],
+    "cache_disk_bytes": [Interval(1), None],
+    "on_corrupt_cache": [Options(*ON_CORRUPT)],
+    "cache_dir": [Instance((str, os.PathLike), "a directory path (str or os.PathLike) or None"), None],
+}
 
 
 @dataclass(frozen=True, init=False)
@@ -85,23 +95,17 @@ class CacheOptions:
         disk_bytes: int | None = None,
         on_corrupt: OnCorrupt = "refetch",
     ) -> None:
-        persist = flag("persist", persist)
-        readonly = flag("readonly_cache", readonly)
-        reset_stale = flag("reset_stale_cache", reset_stale)
-        disk_bytes = None if disk_bytes is None else positive_int("cache_disk_bytes", disk_bytes)
-        if on_corrupt not in ON_CORRUPT:
-            raise ValueError(f"on_corrupt_cache={on_corrupt!r} must be one of {ON_CORRUPT}")
+        given: dict[str, Any] = {"persist": persist, "readonly_cache": readonly, "reset_stale_cache": reset_stale}
+        given |= {"cache_disk_bytes": disk_bytes, "on_corrupt_cache": on_corrupt, "cache_dir": cache_dir}
+        checked = check_params(CACHE_PARAMETERS, given)
+        persist, readonly, reset_stale = checked["persist"], checked["readonly_cache"], checked["reset_stale_cache"]
+        disk_bytes, on_corrupt = checked["cache_disk_bytes"], checked["on_corrupt_cache"]
         if cache_dir is None:
             if persist or readonly or reset_stale or disk_bytes is not None:
                 raise ValueError(
                     f"persist={persist}, readonly_cache={readonly}, reset_stale_cache={reset_stale}, "
                     f"cache_disk_bytes={disk_bytes} need a cache_dir"
                 )
-        elif not isinstance(cache_dir, (str, os.PathLike)):
-            raise TypeError(
-                f"cache_dir must be a directory path (str or os.PathLike) or None, got "
-                f"{type(cache_dir).__name__} ({cache_dir!r})"
-            )
         elif readonly and not persist:
             raise ValueError("readonly_cache=True reads a persisted cache: pass persist=True with it")
         elif readonly and reset_stale:

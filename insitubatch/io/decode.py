@@ -64,6 +64,7 @@ from .._zarr_compat import (
     sync,
 )
 from ..errors import BadChunkError, StoreReadError
+from ..validation import Anything, Instance, Table, validate_params
 from .chain import _CONFIG, _PROTOTYPE, _Chain, _fill_value, _ShardStage, partial_shards
 from .decode_v2 import _V2Chain
 from .direct import ChunkData, _as_uint8, _DecodeFailure
@@ -238,6 +239,15 @@ def clip_to_array(geometry: ArrayGeometry, coord: Sequence[int], decoded: np.nda
     return decoded[region]
 
 
+# What ``read_stored_chunk`` accepts (``validation``)
+READ_CHUNK_PARAMETERS: Table = {
+    "store": [Anything("the zarr Store holding the array")],
+    "geometry": [Instance(ArrayGeometry, "an ArrayGeometry")],
+    "chunk_coord": [Anything("a stored chunk's index along every axis, inside the chunk grid")],
+}
+
+
+@validate_params(READ_CHUNK_PARAMETERS)
 def read_stored_chunk(store: Store, geometry: ArrayGeometry, chunk_coord: Sequence[int]) -> np.ndarray:
     """Fetch, decode and clip one stored chunk: equal to zarr's read of that region.
 

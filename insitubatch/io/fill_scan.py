@@ -18,6 +18,7 @@ import numpy as np
 import zarr
 
 from ..stores.obstore_stores import as_store
+from ..validation import Anything, Instance, Table, validate_params
 from .geometry import ArrayGeometry
 from .time_offsets import StepAxis, exact_text
 
@@ -64,6 +65,15 @@ def _all_fill(rows: np.ndarray, fill: Any) -> np.ndarray:
     return np.asarray((flat == fill).all(axis=1))
 
 
+# What ``scan_fill_steps`` accepts (``validation``)
+SCAN_PARAMETERS: Table = {
+    "store": [Anything("as_store: a zarr Store, or a URL/path to open")],
+    "geometry": [Instance(ArrayGeometry, "an ArrayGeometry")],
+    "sample_range": [Anything("a (start, stop) pair inside the array, or None for all of it")],
+}
+
+
+@validate_params(SCAN_PARAMETERS)
 def scan_fill_steps(store: Any, geometry: ArrayGeometry, *, sample_range: tuple[int, int] | None = None) -> FillSteps:
     """Read ``geometry``'s array (whole field) and report the sample-axis steps that are all fill value.
 

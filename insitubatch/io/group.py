@@ -26,6 +26,7 @@ import zarr.errors
 
 from .._zarr_compat import sync
 from ..errors import ForkError, StoreReadError
+from ..validation import INT_KNOB_MAX, Anything, Instance, Interval, Table, validate_params
 from .arrays import _chunk_byte_limit, _dimension_names, geometry_of
 from .coords import CoordinateSource
 from .geometry import ArrayGeometry, _normalize_axis
@@ -288,6 +289,19 @@ def _open_named(
     return [(path, arr, source) for path, arr in zip(paths, arrays, strict=True)]
 
 
+# What ``open_geometries`` accepts (``validation``); the Anything rows are checked against the store
+GEOMETRIES_PARAMETERS: Table = {
+    "store": [Anything("as_store: a zarr Store, or a URL/path to open")],
+    "sample_axis": [Interval(-INT_KNOB_MAX)],  # negative counts from the end; inside each array's dims: geometry_of
+    "variables": [Anything("_open_named: array paths (a list, not one string), against the store's arrays")],
+    "group": [Instance(str, "a str (a path inside the store, '' for its root)")],
+    "max_chunk_bytes": [Anything("arrays: bytes, or None for INSITUBATCH_MAX_CHUNK_BYTES")],
+}
+# ``open_statics`` takes the same arguments, without a chunk-size cap
+STATICS_PARAMETERS: Table = {name: row for name, row in GEOMETRIES_PARAMETERS.items() if name != "max_chunk_bytes"}
+
+
+@validate_params(GEOMETRIES_PARAMETERS)
 def open_geometries(
     store: Any,
     *,
@@ -321,7 +335,7 @@ def open_geometries(
     """
 
     limit = _chunk_byte_limit(max_chunk_bytes)
-    group = _check_group(group)
+    group = group.strip("/")
     if variables is None:
         contents = scan_group(store, sample_axis=sample_axis, group=group, max_chunk_bytes=limit)
         if not contents.variables:
@@ -342,6 +356,7 @@ def _no_data_message(store: Any, group: str, sample_axis: int, contents: GroupCo
     )
 
 
+@validate_params(STATICS_PARAMETERS)
 def open_statics(
     store: Any, *, variables: Sequence[str] | None = None, sample_axis: int = 0, group: str = ""
 ) -> dict[str, StaticField]:
@@ -360,7 +375,7 @@ def open_statics(
         The store failed, or cannot list and has no consolidated metadata.
     """
 
-    group = _check_group(group)
+    group = group.strip("/")
     if variables is None:
         return scan_group(store, sample_axis=sample_axis, group=group).statics
     return {path: static_of(arr, source) for path, arr, source in _open_named(store, variables, group, "static")}

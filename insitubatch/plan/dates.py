@@ -22,6 +22,7 @@ import numpy as np
 
 from ..io.dates import TimeAxis, format_bound, is_time
 from ..io.geometry import ArrayGeometry
+from ..validation import Anything, Instance, Options, Table, validate_params
 from .anchors import anchor_rules, declare_times, valid_anchor_range
 from .quarantine import ChunkRecord, resolve_exclusions
 from .splits import DateRun, SplitDates, SplitManifest
@@ -224,6 +225,19 @@ def _check_disjoint(spans: list[tuple[str, Any, Any, str]]) -> None:
                 )
 
 
+# What ``split_by_time`` accepts (``validation``); the rows marked Anything are checked against the time axis
+SPLIT_BY_TIME_PARAMETERS: Table = {
+    "geometry": [Instance(ArrayGeometry, "an ArrayGeometry")],
+    "ranges": [Anything("_named_ranges: split names to (start, stop) date bounds")],
+    "edges": [Options(*EDGES)],
+    "exclude_chunks": [Anything("resolve_exclusions: chunk indices or records of the geometry")],
+    "geometries": [Anything("resolve_exclusions: the geometries the records name")],
+    "missing": [Anything("declare_times: dates of the geometry's time axis")],
+    "frequency": [Anything("declare_times: a multiple of the time axis's step")],
+}
+
+
+@validate_params(SPLIT_BY_TIME_PARAMETERS)
 def split_by_time(
     geometry: ArrayGeometry,
     ranges: Mapping[str, tuple[DateBound, DateBound]],
@@ -281,10 +295,6 @@ def split_by_time(
     TypeError
         ``ranges`` is not a mapping of ``(start, stop)`` pairs, or a bound is no date-like.
     """
-    if not isinstance(geometry, ArrayGeometry):
-        raise TypeError(f"geometry must be an ArrayGeometry, got {type(geometry).__name__}")
-    if edges not in EDGES:
-        raise ValueError(f"edges={edges!r} must be one of {EDGES}")
     named = _named_ranges(ranges)
     excluded = resolve_exclusions(geometry, exclude_chunks, geometries)
     dim, values = sample_coordinate([geometry])

@@ -56,7 +56,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from .._validate import positive_int
+from ..validation import positive_int
 from .epoch import EpochOrder, sorted_unique
 
 __all__ = [
@@ -115,9 +115,7 @@ def resolve_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
             ) from exc
     rank = 0 if rank is None else rank
     world_size = 1 if world_size is None else world_size
-    for name, v in (("rank", rank), ("world_size", world_size)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__} ({v!r})")
+    # explicit values passed the dataset's door; those read from torch, JAX or the environment are ints
     world_size = positive_int("world_size", world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"{rank=} must be in [0, world_size={world_size})")
@@ -130,7 +128,6 @@ def last_batch_policy(last_batch: LastBatch | None, remainder: Remainder | None)
     ``remainder="pad"`` was the default (``None``); ``remainder="drop"`` is
     ``last_batch="drop"``, which drops a single rank's short batch as well.
     """
-    resolve_last_batch(last_batch, 1)  # names the valid policies
     if remainder is None:
         return last_batch
     if remainder not in REMAINDER_POLICIES:

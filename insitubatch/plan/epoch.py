@@ -18,6 +18,7 @@ import numpy as np
 from numpy.random import default_rng  # at import: numpy loads its random module on first use (~8 ms)
 
 from ..io.geometry import ArrayGeometry
+from ..validation import Anything, Interval, Table, validate_params
 from .anchors import rows_kept, valid_anchor_range
 from .quarantine import drop_quarantined
 from .splits import SplitManifest
@@ -423,6 +424,14 @@ def _peak_live(plan: EpochPlan) -> tuple[int, int]:
     return int(live_b.max()), int(live_n.max())
 
 
+# What ``shuffle_quality`` accepts (``validation``)
+QUALITY_PARAMETERS: Table = {
+    "order": [Anything("np.asarray: a (N, 2) ledger or 1-D sample indices")],
+    "samples_per_chunk": [Interval(1)],
+}
+
+
+@validate_params(QUALITY_PARAMETERS)
 def shuffle_quality(order: np.ndarray, samples_per_chunk: int) -> float:
     """How close an emitted order is to a perfect global shuffle, in ``[0, 1]``.
 

@@ -36,9 +36,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .._validate import positive_int
 from ..io.geometry import ArrayGeometry
 from ..io.labelled import Labelled
+from ..validation import positive_int
 
 __all__ = ["ReadGroup", "band_cuts", "read_group"]
 

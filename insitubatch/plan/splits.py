@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..io.geometry import ArrayGeometry
+from ..validation import Anything, Flag, Instance, Interval, Table, validate_params
 from .anchors import declare_times, times_lines
 from .quarantine import ChunkRecord, check_excluded, excluded_runs, resolve_exclusions
 
@@ -369,6 +370,21 @@ def _allocate(n: int, named: list[tuple[str, float]], quarantined: int = 0) -> l
     return counts
 
 
+# What ``split_by_chunk`` accepts (``validation``); the rows marked Anything are checked against the geometry
+SPLIT_BY_CHUNK_PARAMETERS: Table = {
+    "geometry": [Instance(ArrayGeometry, "an ArrayGeometry")],
+    "fractions": [Anything("_named_fractions: 1 to 3 fractions, or split names to fractions, in [0, 1], sum <= 1")],
+    "contiguous": [Flag()],
+    "sample_range": [Anything("a (start, stop) pair inside the geometry's sample axis, or None for all of it")],
+    "seed": [Interval(0)],
+    "exclude_chunks": [Anything("resolve_exclusions: chunk indices or records of the geometry")],
+    "geometries": [Anything("resolve_exclusions: the geometries the records name")],
+    "missing": [Anything("declare_times: dates of the geometry's time axis")],
+    "frequency": [Anything("declare_times: a multiple of the time axis's step")],
+}
+
+
+@validate_params(SPLIT_BY_CHUNK_PARAMETERS)
 def split_by_chunk(
     geometry: ArrayGeometry,
     *,
@@ -425,16 +441,8 @@ def split_by_chunk(
         ``missing`` or ``frequency`` on an array without a time coordinate, or
         a frequency that is no multiple of its step.
     """
-    if not isinstance(geometry, ArrayGeometry):
-        raise TypeError(f"geometry must be an ArrayGeometry, got {type(geometry).__name__}")
     named = _named_fractions(fractions)
     missing_dates, spacing = declare_times(geometry, missing, frequency)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be a non-negative int, got {type(seed).__name__} ({seed!r})")
-    if seed < 0:
-        raise ValueError(f"{seed=} must be a non-negative int")
-    if not isinstance(contiguous, (bool, np.bool_)):
-        raise TypeError(f"contiguous must be True or False, got {type(contiguous).__name__} ({contiguous!r})")
     n_samples, size = geometry.n_samples, geometry.sample_chunk_size
     if sample_range is None:
         start, stop = 0, n_samples

@@ -18,6 +18,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .._zarr_compat import sync
+from ..validation import Flag, Instance, Table, validate_params
 from .icechunk_stores import icechunk_store
 from .owned import _remember, on_close
 
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
 __all__ = ["fsspec_store", "icechunk_store"]
 
 
+# What ``fsspec_store`` accepts (``validation``); ``storage_options`` are fsspec's to check
+FSSPEC_PARAMETERS: Table = {"url": [Instance((str, os.PathLike), "a str or os.PathLike")], "read_only": [Flag()]}
+
+
+@validate_params(FSSPEC_PARAMETERS)
 def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **storage_options: Any) -> FsspecStore:
     """Build a zarr ``FsspecStore`` for ``url`` through fsspec (the ``fsspec`` extra).
 
@@ -66,10 +72,7 @@ def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **stor
         ) from exc
     from zarr.storage import FsspecStore
 
-    if isinstance(url, os.PathLike):
-        url = os.fspath(url)
-    if not isinstance(url, str):
-        raise TypeError(f"url must be a str or os.PathLike, got {type(url).__name__}")
+    url = os.fspath(url)
     protocol, _ = fsspec.core.split_protocol(url)
     if not read_only and protocol in (None, "file", "local"):
         storage_options.setdefault("auto_mkdir", True)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from zarr.abc.store import Store
 
 from .._zarr_compat import unwrap_store
+from ..validation import Anything, Flag, Instance, Table, validate_params
 from .obstore_stores import _local_dir, _split_scheme
 from .owned import _remember
 
@@ -113,6 +114,17 @@ def _version(branch: str | None, tag: str | None, snapshot: str | None) -> tuple
     return kind, name
 
 
+# What ``icechunk_store`` accepts (``validation``); at most one of branch, tag and snapshot, checked in the body
+ICECHUNK_PARAMETERS: Table = {
+    "repo": [Anything("a Repository, a Storage, or a local path / URL to open")],
+    "branch": [Instance(str, "a branch name (str)"), None],
+    "tag": [Instance(str, "a tag name (str)"), None],
+    "snapshot": [Instance(str, "a snapshot id (str)"), None],
+    "read_only": [Flag()],
+}
+
+
+@validate_params(ICECHUNK_PARAMETERS)
 def icechunk_store(
     repo: Repository | Storage | str | os.PathLike[str],
     *,

@@ -24,6 +24,7 @@ from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
 from ..config import parse_flag
+from ..validation import Anything, Flag, Instance, Table, validate_params
 from .client_choice import resolve_client
 from .obstore_runtime import ForkSafeObjectStore, obstore_usable
 from .options import (
@@ -109,6 +110,22 @@ def _local_store(url: str, scheme: str | None, read_only: bool) -> LocalStore:
     return LocalStore(directory, mkdir=not read_only)
 
 
+# What ``obstore_store`` accepts (``validation``); which options a kind of URL can use is checked against its scheme
+OBSTORE_PARAMETERS: Table = {
+    "url": [Instance((str, os.PathLike), "a str or os.PathLike")],
+    "read_only": [Flag()],
+    "anonymous": [Flag()],
+    "requester_pays": [Flag(), Instance(str, "a GCS billing project (str)")],
+    "endpoint": [Instance(str, "a URL (str)"), None],
+    "allow_http": [Flag(), None],
+    "region": [Instance(str, "a region name (str)"), None],
+    "retry": [Anything("retry_config: obstore RetryConfig keys"), None],
+    "client_options": [Anything("obstore ClientConfig keys, which named options may not repeat"), None],
+    "client": [Anything("resolve_client: one of CLIENTS, or None for INSITUBATCH_CLIENT")],
+}
+
+
+@validate_params(OBSTORE_PARAMETERS)
 def obstore_store(
     url: str | os.PathLike[str],
     *,
@@ -199,10 +216,7 @@ def obstore_store(
     FileNotFoundError
         ``read_only=True`` on a local directory that does not exist.
     """
-    if isinstance(url, os.PathLike):
-        url = os.fspath(url)
-    if not isinstance(url, str):
-        raise TypeError(f"url must be a str or os.PathLike, got {type(url).__name__}")
+    url = os.fspath(url)
     if not url:
         raise ValueError("url='' is empty; give a URL or a filesystem path")
     scheme, rest = _split_scheme(url)
@@ -379,6 +393,11 @@ def _build(url: str, factory: Any, parse_url: str, **kwargs: Any) -> Any:
         raise ValueError(f"obstore cannot build a store for url={url!r}: {exc}") from exc
 
 
+# What ``as_store`` accepts: its own check is the rule (and names the dataset's ``store`` argument)
+AS_STORE_PARAMETERS: Table = {"obj": [Anything("as_store: a zarr Store, a URL string or a filesystem path")]}
+
+
+@validate_params(AS_STORE_PARAMETERS)
 def as_store(obj: Store | str | os.PathLike[str]) -> Store:
     """The zarr store for ``obj``: a ``Store`` as given, a URL or path opened read-only.
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from zarr.abc.store import Store
 
+from ..validation import Anything, Table, validate_params
+
 __all__ = ["close_held", "close_store", "on_close"]
 
 # Stores insitubatch built, by id. zarr's stores define __eq__ without
@@ -77,6 +79,11 @@ def _take_ownership_back(store: Store) -> bool:
         return True
 
 
+# What ``close_store`` accepts (``validation``)
+CLOSE_PARAMETERS: Table = {"store": [Anything("any store: only one insitubatch opened is closed")]}
+
+
+@validate_params(CLOSE_PARAMETERS)
 def close_store(store: Store) -> None:
     """Close ``store`` if insitubatch opened it, and the engine's connections to it; leave a caller's store open.
 

@@ -17,6 +17,7 @@ import sysconfig
 from typing import IO, Any
 
 from .. import config
+from ..validation import Anything, Table, validate_params
 
 __all__ = ["debug_info", "print_debug_info"]
 
@@ -77,6 +78,11 @@ def debug_info() -> dict[str, Any]:
     }
 
 
+# What ``print_debug_info`` accepts (``validation``)
+DEBUG_PARAMETERS: Table = {"file": [Anything("a text stream with write(), or None for stdout")]}
+
+
+@validate_params(DEBUG_PARAMETERS)
 def print_debug_info(file: IO[str] | None = None) -> None:
     """Print versions, built kernels and flags, CPU count and free-threading state, for a bug report."""
     info = debug_info()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..io.geometry import ArrayGeometry
+from ..validation import Anything, IsCallable, Table, validate_params
 
 __all__ = [
     "ChunkRead",
@@ -75,6 +76,14 @@ class Scoped:
         return getattr(self.transform, name)
 
 
+# What ``applies`` accepts (``validation``)
+APPLIES_PARAMETERS: Table = {
+    "paths": [Anything("array paths: one str or a non-empty sequence, matched when the dataset is built")],
+    "transform": [IsCallable()],
+}
+
+
+@validate_params(APPLIES_PARAMETERS)
 def applies(paths: Sequence[str] | str, transform: ChunkTransform) -> Scoped:
     """Run ``transform`` only on chunks of the named zarr array paths (not labels).
 
@@ -85,8 +94,6 @@ def applies(paths: Sequence[str] | str, transform: ChunkTransform) -> Scoped:
     paths = tuple(str(p) for p in paths)
     if not paths:
         raise ValueError("applies() needs at least one array path")
-    if not callable(transform):
-        raise TypeError(f"transform must be callable, got {type(transform).__name__}")
     validate = getattr(transform, "validate_scope", None)
     if validate is not None:  # e.g. a StandardScaler checks it holds statistics for every named path
         validate(paths)

@@ -21,7 +21,6 @@ import queue
 import threading
 from collections.abc import Callable
 
-from .._validate import positive_int
 from ..errors import WriteBehindError
 
 __all__ = ["WriteBehind"]
@@ -45,7 +44,7 @@ class WriteBehind:
     """
 
     def __init__(self, depth: int, name: str) -> None:
-        self.depth = positive_int("write_behind", depth)
+        self.depth = depth  # >= 1: SlotWriter's door checked write_behind
         self._jobs: queue.SimpleQueue[_Write | queue.SimpleQueue[None] | object] = queue.SimpleQueue()
         self._free: queue.SimpleQueue[None] = queue.SimpleQueue()  # one token per free place
         for _ in range(self.depth):

@@ -13,10 +13,11 @@ import numpy as np
 import zarr
 from zarr.abc.store import Store
 
-from .._validate import positive_int
 from ..errors import WriteBehindError, WriteIntentRangeError
+from ..validation import Anything, Flag, Instance, Interval, IsCallable, Table, validate_params
 from .behind import WriteBehind
 from .claims import DEFAULT_HEARTBEAT_S, DEFAULT_STALE_AFTER_S, CoverageRecord, SlotClaim
+from .fingerprint import LayoutFingerprint
 from .layout import WriteLayout, read_layout
 from .slots import ENV_PLAN, ENV_STORE, SlotPlan
 from .tasks import assigned_ranges
@@ -30,6 +31,22 @@ def _open_writable(url: str) -> Store:
     from ..stores.obstore_stores import obstore_store
 
     return obstore_store(url, read_only=False)
+
+
+# What ``SlotWriter`` accepts (``validation``); the range against the layout and the claim's timings when it opens
+PARAMETERS: Table = {
+    "store": [Anything("the store of the prepared layout, opened when the writer opens")],
+    "start": [Anything("the layout: a slot range inside its length")],
+    "stop": [Anything("the layout: a slot range inside its length")],
+    "group": [Instance(str, "a str (a path inside the store, '' for its root)")],
+    "worker_id": [Instance(str, "a str"), None],
+    "heartbeat_s": [Anything("SlotClaim: seconds > 0")],
+    "stale_after_s": [Anything("SlotClaim: seconds longer than heartbeat_s")],
+    "force": [Flag()],
+    "take_over_stale": [Flag()],
+    "clock": [IsCallable()],
+    "write_behind": [Interval(0)],  # 0: write synchronously
+}
 
 
 class SlotWriter:
@@ -91,6 +108,7 @@ class SlotWriter:
         the store cannot create atomically.
     """
 
+    @validate_params(PARAMETERS)
     def __init__(
         self,
         store: Store,
@@ -119,9 +137,10 @@ class SlotWriter:
             "clock": clock,
         }
         self._force = force
-        self.write_behind = positive_int("write_behind", write_behind, minimum=0)
+        self.write_behind = write_behind
         self._behind: WriteBehind | None = None  # the background writes' thread, from open() to close()
         self._layout: WriteLayout | None = None
+        self._fingerprint: LayoutFingerprint | None = None  # what the range was checked against
         self._claim: SlotClaim | None = None
         self._arrays: dict[str, zarr.Array] = {}
         self.coverage: CoverageRecord | None = None
@@ -181,9 +200,11 @@ class SlotWriter:
         """Validate the range and take the claim (done by ``with``)."""
         if self._claim is not None:
             return self
+        fingerprint = LayoutFingerprint.read(self.store, self.group, (self.start, self.stop))
         layout = read_layout(self.store, self.group)
         layout.check_range(self.start, self.stop)
-        self._layout = layout
+        fingerprint.check_all("while the writer opened")  # the layout read above is the one fingerprinted
+        self._layout, self._fingerprint = layout, fingerprint
         self._claim = SlotClaim.acquire(
             self.store,
             self.start,
@@ -212,11 +233,13 @@ class SlotWriter:
 
         With write-behind it first waits for every queued write to land; if
         one failed it raises ``WriteBehindError``, releases the claim and
-        records nothing.
+        records nothing. A layout changed since the writer opened raises
+        ``LayoutChangedError`` the same way.
         """
         claim = self._require_claim()
         try:
             self.flush()
+            self._require_fingerprint().check_all("before recording the slot complete")
         except BaseException:
             self._stop_behind(raise_error=False)
             claim.release()
@@ -274,6 +297,11 @@ class SlotWriter:
         if self._claim is None:
             raise RuntimeError("the SlotWriter is not open: use `with SlotWriter(...) as w:` or w.open()")
         return self._claim
+
+    def _require_fingerprint(self) -> LayoutFingerprint:
+        self._require_claim()
+        assert self._fingerprint is not None  # open() sets it before taking the claim
+        return self._fingerprint
 
     @property
     def slot_coord(self) -> np.ndarray | None:
@@ -404,6 +432,8 @@ class SlotWriter:
             indices; the layout stores no index coordinate. Nothing is written.
         WriteClaimError
             The claim was lost (cleared as stale or taken over).
+        LayoutChangedError
+            The array's metadata changed since the writer opened (re-created, resized, deleted).
         WriteBehindError
             An earlier background write failed (``write_behind``): nothing more is written.
         ValueError
@@ -427,6 +457,7 @@ class SlotWriter:
     def _land(self, array: str, lo: int, hi: int, values: np.ndarray) -> None:
         """Write checked ``values`` into ``array`` at ``[lo, hi)`` (the caller's thread, or the write-behind one)."""
         self._require_claim().check()  # a claim lost while a write waited in the queue: nothing more lands
+        self._require_fingerprint().check(array, f"before writing {array!r} at [{lo}, {hi})")
         spec = self.layout.array(array)
         target = self._arrays.get(array)
         if target is None:

@@ -65,7 +65,7 @@ def consume(driver: PassDriver, plan) -> dict[int, np.ndarray]:
 def test_a_driver_reads_every_chunk_once_and_the_tiles_are_zarrs(engine) -> None:
     plan = engine.planner.plan("train", 0)
     pool = engine.context.pool
-    owner = pool.open_owner(plan.working_set_bytes, plan.read_ahead_bound)
+    owner = pool.open_owner(plan.working_set_bytes, plan.read_ahead_bound, reads=len(plan.reads))
     driver = driver_for(engine, plan, owner)
     driver.start()
     try:
@@ -85,8 +85,8 @@ def test_stopping_one_driver_cancels_its_fetches_and_leaves_anothers_running(eng
     planner, pool = engine.planner, engine.context.pool
     plan_a = planner.make("__a__", 0, (), (0, 24), 4)
     plan_b = planner.make("__b__", 0, (), (24, 48), 4)
-    owner_a = pool.open_owner(plan_a.working_set_bytes, plan_a.read_ahead_bound)
-    owner_b = pool.open_owner(plan_b.working_set_bytes, plan_b.read_ahead_bound)
+    owner_a = pool.open_owner(plan_a.working_set_bytes, plan_a.read_ahead_bound, reads=len(plan_a.reads))
+    owner_b = pool.open_owner(plan_b.working_set_bytes, plan_b.read_ahead_bound, reads=len(plan_b.reads))
     engine.store.hold()  # every GET parks until release()
     a, b = driver_for(engine, plan_a, owner_a), driver_for(engine, plan_b, owner_b)
     a.start()
@@ -96,7 +96,7 @@ def test_stopping_one_driver_cancels_its_fetches_and_leaves_anothers_running(eng
         while engine.store.inflight < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         a.stop()
-        assert all(t.done() for t in a._tasks)
+        assert a.tasks.running() == []
         engine.store.release()
         consume(b, plan_b)
     finally:
@@ -104,7 +104,7 @@ def test_stopping_one_driver_cancels_its_fetches_and_leaves_anothers_running(eng
         a.stop()
         b.stop()
     assert not any(s is not None and s.state == READY for s in a.entries)
-    assert b.error is None and all(t.done() for t in b._tasks)
+    assert b.error is None and b.tasks.running() == []
     abandoned = pool.close_owner(owner_a)
     assert all(s.state != READY for s in abandoned)
     pool.close_owner(owner_b)

@@ -12,6 +12,21 @@ TILE = np.zeros(4, dtype=np.float32)
 ENTRY_BYTES = 100
 
 
+class Listener:
+    """An owner's listener that records what the pool told it."""
+
+    def __init__(self, adopted=None) -> None:
+        self.freed = 0
+        self._adopted = adopted
+
+    def room_freed(self) -> None:
+        self.freed += 1
+
+    def adopted(self, entry) -> None:
+        if self._adopted is not None:
+            self._adopted(entry)
+
+
 def admit_ready(pool: ChunkPool, owner, chunk: int, nbytes: int = ENTRY_BYTES):
     """Admit a one-tile entry of array ``a`` chunk ``chunk`` and deliver its tile."""
     entry = pool.admit(("a", chunk), nbytes, np.zeros((1, 1), dtype=np.int64), owner)
@@ -67,8 +82,6 @@ def test_an_explicit_budget_refuses_a_working_set_it_cannot_hold() -> None:
     pool.open_owner(600, 4)
     with pytest.raises(ValueError, match=r"cache_budget_bytes=1000 .* 600 bytes next to 1 .* at least 1200"):
         pool.open_owner(600, 4)
-    with pytest.raises(ValueError, match="cache_budget_bytes=0"):
-        ChunkPool(0)
 
 
 def test_the_automatic_budget_is_the_sum_of_open_working_sets() -> None:
@@ -100,7 +113,7 @@ def test_a_closing_fetcher_hands_an_in_flight_entry_to_a_pass_still_waiting() ->
     entry = pool.admit(("a", 0), ENTRY_BYTES, np.zeros((1, 1), dtype=np.int64), fetcher)
     assert pool.pin_existing(("a", 0), waiter) is entry
     refetched = []
-    waiter.refetch = refetched.append
+    waiter.listen(Listener(adopted=refetched.append))
     assert pool.close_owner(fetcher) == []  # nothing to cancel: the waiter adopted it
     assert refetched == [entry] and entry.fetcher == waiter.id and entry.state == PENDING
 
@@ -140,7 +153,7 @@ def test_awaited_bytes_follow_every_landing_failure_and_hand_over() -> None:
     origins = np.zeros((2, 1), dtype=np.int64)
     pool = ChunkPool(None)
     fetcher, waiter = pool.open_owner(4 * ENTRY_BYTES, 8), pool.open_owner(4 * ENTRY_BYTES, 8)
-    waiter.refetch = lambda entry: None
+    waiter.listen(Listener())
     a, b, c = (pool.admit(("a", k), ENTRY_BYTES, origins, fetcher) for k in range(3))
     assert pool.awaited_bytes == 3 * ENTRY_BYTES == _awaited_by_hand(pool)
     pool.deliver(a, 0, tile)
@@ -161,14 +174,28 @@ def test_awaited_bytes_follow_every_landing_failure_and_hand_over() -> None:
 
 def test_a_closed_owner_claims_nothing_and_a_finished_entry_takes_no_late_tile() -> None:
     pool = ChunkPool(None)
-    owner = pool.open_owner(4 * ENTRY_BYTES, 8)
-    published: list = [None]
+    owner = pool.open_owner(4 * ENTRY_BYTES, 8, reads=1)
     pool.close_owner(owner)  # its driver may still run a step before it is cancelled
-    assert pool.claim(("a", 0), ENTRY_BYTES, np.zeros((1, 1), np.int64), owner, True, published, 0) == (None, False)
-    assert len(pool) == 0 and published == [None]  # nothing pinned for, or fetched by, a closed pass
+    assert pool.claim(("a", 0), ENTRY_BYTES, np.zeros((1, 1), np.int64), owner, True, 0) == (None, False)
+    assert len(pool) == 0 and owner.entries == [None]  # nothing pinned for, or fetched by, a closed pass
 
     live = pool.open_owner(4 * ENTRY_BYTES, 8)
     entry = pool.admit(("a", 1), ENTRY_BYTES, np.zeros((2, 1), np.int64), live)
     assert pool.replace_tiles(entry, [TILE], np.zeros((1, 1), np.int64))  # finished as a whole
     assert not pool.stage(entry, 1, TILE)  # a late tile of an earlier fetcher changes nothing
     assert entry.state == READY and entry.tiles == [TILE] and entry.remaining == 0
+
+
+def test_an_unpin_tells_the_owners_listener_and_a_claim_sets_the_owners_entry() -> None:
+    pool = ChunkPool(None)
+    owner = pool.open_owner(2 * ENTRY_BYTES, 4, reads=2)
+    listener = Listener()
+    owner.listen(listener)
+    entry, admitted = pool.claim(("a", 0), ENTRY_BYTES, np.zeros((1, 1), np.int64), owner, True, 1)
+    assert admitted and owner.entries == [None, entry]
+    pool.unpin(entry, owner)
+    assert listener.freed == 1 and owner.pinned_reads == 0
+    pool.unpin(entry, owner)  # nothing pinned: nothing freed, nobody told
+    assert listener.freed == 1
+    pool.close_owner(owner)
+    assert owner.entries == [None, None]  # the closed pass holds no entry

@@ -57,7 +57,7 @@ def test_closing_a_pass_stops_its_producer_and_releases_its_pins(engine_factory)
     assert state.thread.is_alive()
     it.close()
     assert not state.thread.is_alive()
-    assert all(t.done() for t in state.driver._tasks)
+    assert state.driver.tasks.running() == []
     assert state.owner.closed
     assert all(not s.pinned for s in engine.context.pool._entries.values())
     assert list(it) == []  # a pass the caller closed simply ends

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 import zarr
-from conftest import HTTPFileServer
 from helpers import CountingStore, local_store
+from servers import HTTPFileServer
 
 from insitubatch import (
     InSituDataset,

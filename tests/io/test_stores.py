@@ -20,8 +20,7 @@ from insitubatch.stores.obstore_stores import as_store, obstore_store
 from insitubatch.stores.owned import close_store
 
 if TYPE_CHECKING:
-    from conftest import HTTPFileServer
-    from servers import S3Server
+    from servers import HTTPFileServer, S3Server
 
 
 def _data(shape: tuple[int, ...], dtype: str = "f4") -> np.ndarray:

@@ -127,7 +127,7 @@ def test_named_fractions_mapping() -> None:
         ({"sample_range": (-1, 5)}, "0 <= start < stop <= 100"),
         ({"sample_range": (5, 101)}, "0 <= start < stop <= 100"),
         ({"sample_range": (5, 5)}, "0 <= start < stop"),
-        ({"seed": -1}, "seed=-1 must be a non-negative int"),
+        ({"seed": -1}, "seed=-1 must be >= 0"),
     ],
 )
 def test_invalid_arguments_raise_naming_them(kwargs, match) -> None:

@@ -11,10 +11,13 @@ tile's own memory, transforms it and hands it to the pool. A network store's
 GET is awaited on the loop first; a local or memory store is read inside the
 job, with tiles grouped per job. A remote store's GET goes through the
 pass's ``Fetcher`` (hedged, stall-proof, retried). Finished jobs return to
-the loop in bursts.
+the loop in bursts. The driver is the admission loop only: what reads a
+tile is its tile source (``LocalTiles`` or ``RemoteTiles``, with
+``Revivals`` in front of it under a disk cache), what decodes it the pass's
+``TileJobs``, and what it has running its ``PassTasks``.
 Teardown cancels only the tasks this driver started, waits for the decode-pool
 jobs they left behind, and only then lets the pool hand this pass's unfinished
-fetches to a pass still waiting on them (``Owner.refetch``, re-admitted on the loop).
+fetches to a pass still waiting on them (its driver hears ``adopted`` and re-admits them on the loop).
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ import asyncio
 import collections
 import concurrent.futures
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
@@ -42,12 +44,15 @@ from ..reads.reader import ArrayReader, BadChunkRecord
 from ..reads.shard_index import SplitIndexes
 from ..reads.shard_runs import admitted_reads
 from ..reads.window import WindowUser
-from ..tiles.landings import _Landings, _release
+from ..tiles.finishing import ChunkFinisher
+from ..tiles.landings import Landings
 from ..tiles.local_groups import MAX_TILE_GROUP, LocalGroups, kernel_kind
-from ..tiles.remote_tiles import _RemoteTiles
-from ..tiles.revivals import _Revivals
-from ..tiles.tile_jobs import _TileJobs
-from ..tiles.wants import Want, Wants
+from ..tiles.local_tiles import LocalTiles
+from ..tiles.remote_tiles import RemoteTiles
+from ..tiles.revivals import Revivals
+from ..tiles.tasks import PassTasks
+from ..tiles.tile_jobs import TileJobs
+from ..tiles.wants import Wants
 
 __all__ = ["PassDriver"]
 
@@ -60,8 +65,14 @@ ADMIT_BURST = 4
 STOP_WAIT_S = 30.0
 
 
-class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
-    """Fetches one pass's reads into the pool; runs as one task on zarr's loop."""
+class PassDriver:
+    """Admits one pass's reads into the pool and hands their tiles to its tile source; one task on zarr's loop.
+
+    It holds the parts of the pass: ``tasks`` (what it runs), ``jobs`` (the
+    decode jobs, with their ``ChunkFinisher``), ``source`` (``LocalTiles`` or
+    ``RemoteTiles``, by how the store reads) and, with a disk cache,
+    ``revivals`` (which sends its misses to ``source``).
+    """
 
     def __init__(
         self,
@@ -82,78 +93,110 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         fetcher: Fetcher | None = None,
         after: concurrent.futures.Future | None = None,
     ) -> None:
-        self.store = store
         self.pool = pool
         self.owner = owner
         self.plan = plan
         self.readers = readers
-        self.semaphore = semaphore  # the read permits: one per tile in flight
-        self.fetcher = fetcher  # a remote store's reads, hedged and retried (None: its own get, or a sync read)
-        self.executor = executor
-        self.on_bad_chunk = on_bad_chunk
-        self.bad_chunks = bad_chunks
         self.first_block = first_block
         self.cache = cache
-        self.entries: list[Entry | None] = [None] * len(plan.reads)
         self.error: BaseException | None = None
         self.loop = zarr_loop()
-        self._tasks: set[asyncio.Task] = set()
-        # decode-pool jobs a cancelled task left running, and what to undo once each ends
-        self._orphans: list[tuple[concurrent.futures.Future, Callable[[], None]]] = []
+        self.after = after  # reads that end before this pass sends its own: the dataset's open reads
+        self.seen: SeenReads | None = None  # reads fetched before (any pass): an admission of one is a re-read
         self._stopping = False
         self._wake = asyncio.Event()
         self._main: concurrent.futures.Future | None = None
+        self._pinned_last: collections.Counter[int] = collections.Counter()  # reads claimed, by their last block
+        # an unpin wakes the loop once per burst (a block's release unpins many reads), not per read
+        self._wake_lock = threading.Lock()
+        self._wake_armed = False
+        # a remote pass admits its second block once its first has landed (``_first_block_waits``)
+        self.tasks = PassTasks(self.loop, owner.counters, gated=fetcher is not None and cache is None)
         # readers are keyed by source (a path and its selection); decoders and codec kinds by array path
-        self._decoders = {r.geometry.path: make_decoder(r.geometry, tile=True) for r in readers.values()}
+        decoders = {r.geometry.path: make_decoder(r.geometry, tile=True) for r in readers.values()}
         self._shards = {r.geometry.path: shard_stage(r.geometry) for r in readers.values() if r.geometry.sharded_reads}
-        self.shard_indexes = shard_indexes if shard_indexes is not None else SplitIndexes()  # the split's
-        self.after = after  # reads that end before this pass sends its own: the dataset's open reads
-        self._prototype = default_buffer_prototype()
-        self._get_sync = _sync_get(store)
-        self._group = group
+        shard_indexes = shard_indexes if shard_indexes is not None else SplitIndexes()  # the split's
+        get_sync = _sync_get(store)
         # zstd/blosc arrays with the sample axis first decode through the tilegroup kernel (any store)
-        self._kinds = {
+        kinds = {
             r.geometry.path: k
             for r in readers.values()
-            if r.geometry.sample_axis == 0 and (k := kernel_kind(self._decoders[r.geometry.path]))
+            if r.geometry.sample_axis == 0 and (k := kernel_kind(decoders[r.geometry.path]))
         }
         # on a local directory their tiles are also read by it, a group per call, unless a transform or the
         # disk cache must see each tile first
         # (inner chunks of shards are ranges of a file, not files: the general path reads them)
         grouped = {
-            r.geometry.path: self._kinds[r.geometry.path]
+            r.geometry.path: kinds[r.geometry.path]
             for r in readers.values()
-            if not r.pipeline and r.geometry.path in self._kinds and not r.geometry.sharded_reads
+            if not r.pipeline and r.geometry.path in kinds and not r.geometry.sharded_reads
         }
-        self._groups: LocalGroups | None = None
-        if isinstance(self._get_sync, _LocalFiles) and cache is None and grouped:
-            self._groups = LocalGroups(self._get_sync, self._decoders, grouped)
-        self._landings = _Landings(self.loop, executor)
-        self._queued: collections.deque = collections.deque()  # tiles waiting for a permit (sync stores)
+        groups: LocalGroups | None = None
+        if isinstance(get_sync, _LocalFiles) and cache is None and grouped:
+            groups = LocalGroups(get_sync, decoders, grouped)
+        prototype = default_buffer_prototype()
+        self.finisher = ChunkFinisher(pool, owner, cache)
+        self.jobs = TileJobs(
+            pool=pool,
+            owner=owner,
+            finisher=self.finisher,
+            on_bad_chunk=on_bad_chunk,
+            bad_chunks=bad_chunks,
+            decoders=decoders,
+            kinds=kinds,
+            shards=self._shards,
+            shard_indexes=shard_indexes,
+            get_sync=get_sync,
+            prototype=prototype,
+            groups=groups,
+        )
+        landings = Landings(self.loop, executor)
         # stored tiles waiting to be read: another selection's entry may join one; an inner chunk takes its index slot
-        self._wants = Wants(self.shard_indexes, self._shards)
-        self._pump: asyncio.Task | None = None
-        self._remote_fresh: list[Want] = []  # remote tiles wanted, their reads not started yet (_start_remote)
-        self._shard_wants: dict[str, list[Want]] = {}  # a shard's wanted inner chunks, till its block is admitted
-        self._pinned_last: collections.Counter[int] = collections.Counter()  # reads claimed, by their last block
-        self._jobs: set[concurrent.futures.Future] = set()  # decode-pool jobs of this pass not yet ended
-        self._jobs_lock = threading.Lock()
-        self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
-        self.seen: SeenReads | None = None  # reads fetched before (any pass): an admission of one is a re-read
-        self._claimed: set = set()  # disk-cache claims this pass took (released when it stops, if still held)
-        self._turn: asyncio.Future | None = None  # the latest disk-cache lookup's: its misses are fetched first
-        self._budget_warned = False
-        self._active = 0  # this pass's tiles being fetched or decoded, and revival jobs (loop thread)
-        self._gate: set[asyncio.Task] | None = set() if self._first_block_waits() else None
-        self._waiting = False
-        self._stall_from: float | None = None  # when the driver began waiting for room with nothing active
-        # an unpin wakes the loop once per burst (a block's release unpins many reads), not per read
-        self._wake_lock = threading.Lock()
-        self._wake_armed = False
-        owner.wake = self._wake_soon
-        owner.refetch = lambda entry: self.loop.call_soon_threadsafe(self._readmit, entry)
+        wants = Wants(shard_indexes, self._shards)
+        self.source: LocalTiles | RemoteTiles
+        self._remote: RemoteTiles | None = None  # the source, when it reads on the loop (shard indexes read ahead)
+        if get_sync is not None:
+            self.source = LocalTiles(
+                wants=wants, semaphore=semaphore, jobs=self.jobs, landings=landings, tasks=self.tasks, group=group
+            )
+        else:
+            self.source = self._remote = RemoteTiles(
+                store=store,
+                fetcher=fetcher,
+                wants=wants,
+                semaphore=semaphore,
+                pool=pool,
+                owner=owner,
+                jobs=self.jobs,
+                landings=landings,
+                tasks=self.tasks,
+                prototype=prototype,
+            )
+        self.revivals: Revivals | None = None
+        if cache is not None:
+            self.revivals = Revivals(
+                cache=cache,
+                source=self.source,
+                pool=pool,
+                owner=owner,
+                semaphore=semaphore,
+                executor=executor,
+                tasks=self.tasks,
+                finisher=self.finisher,
+            )
+        owner.listen(self)
 
-    def _wake_soon(self) -> None:
+    @property
+    def entries(self) -> list[Entry | None]:
+        """The entry of each of the pass's reads once claimed (``None`` before): the owner's, set by the pool."""
+        return self.owner.entries
+
+    # -- what the pool tells this pass's owner (any thread) ---------------------------
+    def adopted(self, entry: Entry) -> None:
+        """Any thread: fetch again, on the loop, an entry this pass adopted from a pass that closed mid-fetch."""
+        self.loop.call_soon_threadsafe(self._readmit, entry)
+
+    def room_freed(self) -> None:
         """Any thread: have the driver re-check for room; one loop wake-up covers every call until it runs."""
         with self._wake_lock:
             if self._wake_armed:
@@ -182,6 +225,7 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         pass left to run: nothing is scheduled and nothing waited for.
         """
         self._stopping = True
+        self.jobs.stop()
         if self._main is None or self.loop.is_closed() or not self.loop.is_running():
             return
         try:
@@ -195,52 +239,33 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         except concurrent.futures.TimeoutError:  # pragma: no cover - a wedged store
             pass
 
+    async def stop_on_loop(self) -> None:
+        """Loop: stop this pass's work (a finalizer's stop): cancel and wait as ``stop`` does, from the loop itself."""
+        self._stopping = True
+        self.jobs.stop()
+        await self._cancel_own()
+
     async def _cancel_own(self) -> None:
-        if self._main is not None:  # first the driver, so it admits and spawns nothing more
-            self._main.cancel()
-            await asyncio.gather(asyncio.wrap_future(self._main), return_exceptions=True)
-        while tasks := [t for t in self._tasks if not t.done()]:  # a cancelled task may not spawn, but be safe
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        with self._jobs_lock:
-            jobs = list(self._jobs)
-        if jobs:  # no read or decode of a stopped pass is still running once stop returns
-            await asyncio.gather(*(asyncio.wrap_future(j) for j in jobs), return_exceptions=True)
-        orphans, self._orphans = self._orphans, []
-        for job, cleanup in orphans:
-            await asyncio.gather(asyncio.wrap_future(job), return_exceptions=True)
-            cleanup()
-        self._release_claims()
-
-    def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
-        """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its entry for later hits."""
-        with self.pool.lock:  # from the loop (hits) and the decode threads (replaced tiles)
-            if entry is not None:
-                entry.bad_records.append(record)
-            if record not in self.bad_chunks:
-                self.bad_chunks.append(record)
-
-    def _orphan(self, job: concurrent.futures.Future, cleanup: Callable[[], None]) -> None:
-        """A cancelled task's decode-pool job still runs: ``stop`` waits for it, then runs ``cleanup``."""
-        self._orphans.append((job, cleanup))
+        await self.tasks.cancel_all(self._main)  # the driver first, so it admits and spawns nothing more
+        if self.revivals is not None:
+            self.revivals.release_claims()
 
     def _readmit(self, entry: Entry) -> None:
         """Loop: fetch again an entry adopted from a pass that closed while fetching it."""
         if self._stopping or entry.fetcher != self.owner.id or entry.state != PENDING:
             return  # closing too: the pool hands it on or abandons it when this owner closes
         reader = self.readers[entry.key[0]]
-        if self.cache is not None:
-            self._spawn(self._revive_or_fetch([(entry, reader, entry.key[1])]))
+        if self.revivals is not None:
+            self.revivals.want([(entry, reader, entry.key[1])], work=False)
         else:
-            self._fetch(entry, reader, entry.key[1])
+            self.source.want(entry, reader, entry.key[1])
 
     # -- the driver ----------------------------------------------------------------
     async def _run(self) -> None:
         try:
             if self.after is not None and not self.after.done():  # so the store sees them end before this pass
                 await asyncio.wait({asyncio.wrap_future(self.after)})
-            if self._gate is None:  # else once the first block has landed
+            if not self.tasks.gated:  # else once the first block has landed
                 self._prefetch_shard_indexes()
             await self._drive()
         except asyncio.CancelledError:
@@ -259,13 +284,14 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         block = -1
         since_yield = 0
         # a remote pass sends its first block's GETs first batch first
-        order = admitted_reads(plan, self.first_block, self._gate is not None)
+        tasks = self.tasks
+        order = admitted_reads(plan, self.first_block, tasks.gated)
         for at, i in enumerate(order):  # reads only batches before a resume point need are left out
             key = plan.reads[i]
             nbytes = int(plan.read_nbytes[i])
-            if self._gate is not None and block >= 0 and plan.read_first[i] != block:
+            if tasks.gated and block >= 0 and plan.read_first[i] != block:
                 self._fetch_all(fetches)  # a remote pass admits its second block once its first has landed
-                await self._first_block_lands()
+                await tasks.first_block_lands()
                 self._prefetch_shard_indexes()
             reader = self.readers[key[0]]
             if (reader.geometry.path, key[1]) != chunk:  # the last chunk's reads are all admitted
@@ -286,24 +312,24 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
                 while reads > 1 and not pool.can_take(owner, group_bytes, reads):
                     self._flush(revivals)
                     self._fetch_all(fetches, hold_shards=self._releases_before(block))
-                    await self._wait()
+                    await tasks.wait(self._wake)
             # tiles decoded straight into the entry (no transform, no disk cache) are the engine's to reuse
             own = not reader.pipeline and self.cache is None
             while True:  # a hit or join pins what is there; a miss is admitted; else wait for room
-                entry, admitted = pool.claim(key, nbytes, reader.origins, owner, own, self.entries, i)
+                entry, admitted = pool.claim(key, nbytes, reader.origins, owner, own, i)
                 if entry is not None:
                     self._pinned_last[int(plan.read_last[i])] += 1
                     break
                 self._flush(revivals)
                 self._fetch_all(fetches, hold_shards=self._releases_before(block))
-                await self._wait()
+                await tasks.wait(self._wake)
             if not admitted and entry.bad:  # a hit on a replaced tile is listed for this epoch too
                 for record in list(entry.bad_records):
-                    self._record_bad(None, record)
+                    self.jobs.record_bad(None, record)
             if admitted:
                 if self.seen is not None:
                     owner.counters.trace.re_reads += self.seen.mark(*key)
-                if self.cache is not None:
+                if self.revivals is not None:
                     revivals.append((entry, reader, key[1]))
                 else:
                     fetches.append((entry, reader, key[1]))
@@ -328,10 +354,10 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
     ) -> None:
         """Want the tiles of ``fetches``; ``start=False`` leaves remote ones to the next ``_start_remote``."""
         for entry, reader, chunk_index in fetches:
-            self._fetch(entry, reader, chunk_index, start=False)
+            self.source.want(entry, reader, chunk_index, start=False)
         fetches.clear()
         if start:
-            self._start_remote(hold_shards)
+            self.source.start(hold_shards)
 
     def _releases_before(self, block: int) -> bool:
         """Whether the producer pins reads it lets go of before ``block`` (each wakes the driver): while it does, a
@@ -340,111 +366,22 @@ class PassDriver(_TileJobs, _Revivals, _RemoteTiles):
         return self.owner.pinned_reads > staying
 
     def _start_remote(self, hold_shards: bool = False) -> None:
-        """Start the remote reads wanted since the last call; a shard's, with ``hold_shards``, once its block's
-        admission is over (so the inner chunks one block wants of a shard share GETs however admission ran)."""
-        fresh, self._remote_fresh = self._remote_fresh, []
-        if fresh or (self._shard_wants and not hold_shards):
-            self._fetch_remote(fresh, hold_shards)
+        """Start the remote reads wanted since the last call (a shard's, with ``hold_shards``, once its block's
+        admission is over, so the inner chunks one block wants of a shard share GETs however admission ran)."""
+        self.source.start(hold_shards)
 
     def _flush(self, revivals: list[tuple[Entry, ArrayReader, int]]) -> None:
         if revivals:
-            self._spawn(self._revive_or_fetch(list(revivals)), work=True)
+            assert self.revivals is not None  # misses are listed for revival only with a disk cache
+            self.revivals.want(list(revivals))
             revivals.clear()
 
-    def _spawn(self, coro, work: bool = False) -> None:
-        task = self.loop.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        if work:  # a fetch or revival: this pass has work in flight until the task ends
-            if self._gate is not None:
-                self._gate.add(task)
-            self._work_started()
-            task.add_done_callback(self._work_ended)
+    def _prefetch_shard_indexes(self) -> None:
+        """A remote store: read the indexes of the shards this pass reads, in first-use order, as it starts.
 
-    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
-        """Read the tiles ``entry`` needs: each joins a read of the same stored tile still waiting, else starts one."""
-        fresh = self._wants.add(entry, reader, chunk_index, self.semaphore.window.ticket())
-        if self._get_sync is not None:
-            self._queued.extend(fresh)
-            if fresh and (self._pump is None or self._pump.done()):
-                self._pump = self.loop.create_task(self._pump_tiles())
-                self._tasks.add(self._pump)
-                self._pump.add_done_callback(self._tasks.discard)
-            return
-        self._remote_fresh.extend(fresh)
-        if start:
-            self._start_remote()
-
-    async def _pump_tiles(self) -> None:
-        """A store with a synchronous get: queued tiles go to the decode pool in groups of ``self._group``.
-
-        Each tile holds one ``max_inflight`` permit from here until its job
-        ended. Tiles queue up while the permits are all out; with permits
-        free, the pump waits up to ``self._group - 1`` loop turns for the
-        driver to admit more, so a group costs one submit and one wake-up
-        even when the decode pool keeps up.
+        A local store reads an index in a decode job, as fast as a tile; with
+        a disk cache, chunks it revives need no index, and the misses read
+        theirs on demand.
         """
-        queued, semaphore, size = self._queued, self.semaphore, self._group
-        while queued:
-            await semaphore.acquire()
-            held = 1
-            try:
-                for _ in range(size - 1):
-                    if len(queued) >= size:
-                        break
-                    await asyncio.sleep(0)  # one more admission turn of the driver: a fuller group
-                group = [queued.popleft()]
-                while queued and len(group) < size and not semaphore.locked():
-                    await semaphore.acquire()  # free: returns without suspending
-                    held += 1
-                    group.append(queued.popleft())
-                fut, job = self._landings.submit(self._group_job, group)
-            except BaseException:  # cancelled while gathering a group: its permits go back
-                _release(semaphore, held)
-                raise
-
-            # the permits go back when the job's outcome lands, whatever happens to the tasks
-            def give_back(_fut: asyncio.Future, n: int = held) -> None:
-                _release(semaphore, n)
-
-            fut.add_done_callback(give_back)
-            self._track(job)
-            self._work_started()  # this pass has work active until the group lands
-            fut.add_done_callback(self._work_ended)
-
-    def _track(self, job: concurrent.futures.Future) -> None:
-        """Remember a decode-pool job until it ends: ``stop`` waits for every one still running."""
-        with self._jobs_lock:
-            self._jobs.add(job)
-        job.add_done_callback(self._job_ended)
-
-    def _job_ended(self, job: concurrent.futures.Future) -> None:
-        with self._jobs_lock:  # called on the decode thread that ran it
-            self._jobs.discard(job)
-
-    async def _wait(self) -> None:
-        self._wake.clear()
-        self._waiting = True
-        if self._active == 0:
-            self._stall_from = time.perf_counter()
-        try:
-            await self._wake.wait()
-        finally:
-            self._waiting = False
-            self._end_stall()
-
-    def _end_stall(self) -> None:
-        if self._stall_from is not None:
-            self.owner.counters.trace.add("budget_wait_s", time.perf_counter() - self._stall_from)
-            self._stall_from = None
-
-    # a driver waiting for room while none of its work is active is held back by the budget alone
-    def _work_started(self) -> None:
-        if self._active == 0:
-            self._end_stall()
-        self._active += 1
-
-    def _work_ended(self, _done: asyncio.Future) -> None:
-        self._active -= 1
-        if self._active == 0 and self._waiting:
-            self._stall_from = time.perf_counter()
+        if self._remote is not None and self.cache is None:
+            self._remote.prefetch_shard_indexes(self.plan, self.readers, self._shards, self.first_block)

@@ -130,7 +130,10 @@ class _PassState:
         self.evictions_at_start = ctx.pool.totals.evictions
         # under "auto" on a remote store the pass may read further ahead than its working set, so the window fills
         self.owner = ctx.pool.open_owner(
-            self.plan.working_set_bytes, self.plan.read_ahead_bound, *ctx.read_ahead(self.plan)
+            self.plan.working_set_bytes,
+            self.plan.read_ahead_bound,
+            *ctx.read_ahead(self.plan),
+            reads=len(self.plan.reads),
         )
         ctx.track(self.owner.counters)
         permits, client = ctx.permits(), ctx.client()
@@ -350,17 +353,14 @@ class _PassState:
 
     async def _finish_on_loop(self) -> None:
         if self.driver is not None:
-            self.driver._stopping = True
-            await self.driver._cancel_own()
+            await self.driver.stop_on_loop()
         while self.thread is not None and self.thread.is_alive():  # it still reads the entries it gathers from
             await asyncio.sleep(POLL_S)
         self._hand_back()
 
     def _hand_back(self) -> None:
         """The pass no longer holds its entries: an evicted chunk's memory (or mapping) goes with the pool's."""
-        if self.driver is not None:
-            self.driver.entries = [None] * len(self.driver.entries)
-        if self.owner is not None:
+        if self.owner is not None:  # (its entries, the pass's hold on them, go too)
             self.ctx.pool.close_owner(self.owner)
         if self.started_at is not None:
             stats = self.stats()

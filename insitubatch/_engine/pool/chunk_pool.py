@@ -8,7 +8,7 @@ and counters; the pool keeps the cumulative totals.
 
 An entry in flight is fetched by one owner (``fetcher``) but may be pinned by
 several. When the fetcher closes first, the entry is handed to an owner that
-still pins it, which fetches it again (``Owner.refetch``): no iteration ever
+still pins it, whose listener fetches it again (``OwnerListener.adopted``): no iteration ever
 waits on a fetch nobody is doing.
 
 An evicted entry whose tiles the engine decoded itself (``Entry.recyclable``)
@@ -32,10 +32,10 @@ import numpy as np
 from ...errors import InSituError
 from ...plan.epoch import ReadKey
 from ..stats import PoolTotals
-from .entry import FAILED, PENDING, READY, Entry, EntryState, Owner
+from .entry import FAILED, PENDING, READY, Entry, EntryState, Owner, OwnerListener
 from .free_tiles import FreeTiles
 
-__all__ = ["FAILED", "PENDING", "READY", "ChunkPool", "Entry", "EntryState", "Owner"]
+__all__ = ["FAILED", "PENDING", "READY", "ChunkPool", "Entry", "EntryState", "Owner", "OwnerListener"]
 
 logger = logging.getLogger("insitubatch")
 
@@ -53,8 +53,7 @@ class ChunkPool:
     """
 
     def __init__(self, budget: int | None = None, on_evict: Callable[[Entry], None] | None = None) -> None:
-        if budget is not None and (not isinstance(budget, (int, np.integer)) or budget <= 0):
-            raise ValueError(f"cache_budget_bytes={budget!r} must be a positive int or None (auto: the working set)")
+        # ``budget`` is a positive int or None: the dataset's door checked ``cache_budget_bytes``
         self.explicit_budget = None if budget is None else int(budget)
         self.budget = self.explicit_budget or 0
         self.lock = threading.Lock()
@@ -70,9 +69,9 @@ class ChunkPool:
 
     # -- owners ------------------------------------------------------------
     def open_owner(
-        self, working_set_bytes: int, read_ahead_bound: int, extra_bytes: int = 0, extra_reads: int = 0
+        self, working_set_bytes: int, read_ahead_bound: int, extra_bytes: int = 0, extra_reads: int = 0, reads: int = 0
     ) -> Owner:
-        """Register an iteration; raise if an explicit budget cannot hold its working set.
+        """Register an iteration of ``reads`` reads; raise if an explicit budget cannot hold its working set.
 
         ``extra_bytes`` / ``extra_reads`` is read-ahead beyond the working set
         (``max_inflight="auto"`` on a remote store), granted in full under the
@@ -108,17 +107,22 @@ class ChunkPool:
                     f"{working_set_bytes} bytes{others}; raise cache_budget_bytes to at least {need} "
                     f"or lower block_chunks"
                 )
-            owner = Owner(id=next(self._ids), reservation=working_set_bytes, read_limit=max(read_ahead_bound, 1))
+            owner = Owner(
+                id=next(self._ids),
+                reservation=working_set_bytes,
+                read_limit=max(read_ahead_bound, 1),
+                entries=[None] * reads,
+            )
             owner.counters.trace.read_limit = owner.read_limit  # the read-ahead window the pass's stats judge by
             self._owners[owner.id] = owner
             return owner
 
     def close_owner(self, owner: Owner) -> list[Entry]:
-        """Drop every pin ``owner`` holds; return its in-flight entries nobody else needs (to cancel).
+        """Drop every pin ``owner`` holds, and its entries list; return its in-flight entries nobody else needs (to cancel).
 
         Call it once the owner's own fetches are stopped. An in-flight entry it
         was fetching that another owner still pins is reset and handed over:
-        the adopter becomes its fetcher and its ``refetch`` re-admits it.
+        the adopter becomes its fetcher and its listener re-admits it.
         """
         abandoned: list[Entry] = []
         adopted: list[tuple[Owner, Entry]] = []
@@ -126,6 +130,7 @@ class ChunkPool:
             if owner.closed:
                 return abandoned
             owner.closed = True
+            owner.entries = [None] * len(owner.entries)  # rebound: a consumer still gathering keeps its copy
             for entry in list(self._entries.values()):
                 if owner.id in entry.pins:
                     del entry.pins[owner.id]
@@ -148,8 +153,8 @@ class ChunkPool:
                 self.budget = max(sum(o.reservation for o in self._owners.values()), self._pinned_bytes())
             self.cond.notify_all()
         for adopter, entry in adopted:
-            if adopter.refetch is not None:
-                adopter.refetch(entry)
+            if adopter.listener is not None:
+                adopter.listener.adopted(entry)
             else:  # an owner that cannot fetch: its waiters get an error, never a hang
                 self.fail(
                     entry,
@@ -214,14 +219,14 @@ class ChunkPool:
             return self._admit(key, nbytes, origins, owner, recyclable)
 
     def claim(
-        self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool, into: list, index: int
+        self, key: ReadKey, nbytes: int, origins: np.ndarray, owner: Owner, recyclable: bool, index: int
     ) -> tuple[Entry | None, bool]:
-        """One read of a pass under one lock: ``can_take``, then ``pin_existing``, else ``admit``.
+        """Read ``index`` of ``owner``'s pass under one lock: ``can_take``, then ``pin_existing``, else ``admit``.
 
         Returns ``(entry, admitted)``, or ``(None, False)`` while ``owner``
-        must wait for room. The entry is stored at ``into[index]`` under the
-        same lock (a consumer waiting on ``cond`` reads it there), and a ready
-        one wakes the consumer.
+        must wait for room. The entry is stored at ``owner.entries[index]``
+        under the same lock (a consumer waiting on ``cond`` reads it there),
+        and a ready one wakes the consumer.
         """
         with self.lock:
             if owner.closed or not self._can_take(owner, nbytes):  # closed: its driver is being cancelled
@@ -230,7 +235,7 @@ class ChunkPool:
             admitted = entry is None
             if entry is None and (entry := self._admit(key, nbytes, origins, owner, recyclable)) is None:
                 return None, False
-            into[index] = entry
+            owner.entries[index] = entry
             if entry.state != PENDING:  # a pending entry wakes the consumer when it lands
                 self.cond.notify_all()
             return entry, admitted
@@ -419,8 +424,8 @@ class ChunkPool:
                 entry.pins[owner.id] = n - 1
             owner.pinned_bytes -= entry.nbytes
             owner.pinned_reads -= 1
-        if owner.wake is not None:
-            owner.wake()
+        if owner.listener is not None:
+            owner.listener.room_freed()
 
     def contains(self, key: ReadKey) -> bool:
         with self.lock:

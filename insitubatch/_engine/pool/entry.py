@@ -1,20 +1,22 @@
 """What the chunk pool holds and who holds it: ``Entry`` (one read's tiles) and ``Owner`` (one open iteration).
 
-``ChunkPool`` (``pool``) creates and guards both under its lock.
+``ChunkPool`` (``pool``) creates and guards both under its lock. What an
+owner's fetching side hears from the pool (room freed, an entry to fetch
+again) is the ``OwnerListener`` it registers: the pool tells, the listener
+decides what to do on its own thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
 from ...plan.epoch import ReadKey
 from ..stats import PassCounters
 
-__all__ = ["FAILED", "PENDING", "READY", "Entry", "EntryState", "Owner"]
+__all__ = ["FAILED", "PENDING", "READY", "Entry", "EntryState", "Owner", "OwnerListener"]
 
 # an entry's life: tiles arriving, every tile placed, or the fetch/decode failed (``Entry.error``)
 EntryState = Literal["pending", "ready", "failed"]
@@ -53,9 +55,24 @@ class Entry:
         return bool(self.bad_records)
 
 
+class OwnerListener(Protocol):
+    """What fetches an owner's reads (its pass's driver) hears from the pool; called off the pool's lock, any thread."""
+
+    def room_freed(self) -> None:
+        """The owner unpinned a read: its read-ahead may have room again."""
+
+    def adopted(self, entry: Entry) -> None:
+        """The owner now fetches ``entry`` (pending, from nothing): its fetcher closed before it landed."""
+
+
 @dataclass(eq=False)
 class Owner:
-    """One open iteration inside a pool: its reservation, pinned bytes and counters."""
+    """One open iteration inside a pool: its reservation, pinned bytes, counters and the entries of its reads.
+
+    ``entries[i]`` is the entry of the pass's read ``i`` once claimed (the
+    pool sets it under its lock; the consumer waiting on the pool's
+    condition reads it there).
+    """
 
     id: int
     reservation: int
@@ -63,7 +80,11 @@ class Owner:
     pinned_bytes: int = 0
     pinned_reads: int = 0
     counters: PassCounters = field(default_factory=PassCounters)
-    wake: Callable[[], object] | None = None
-    # re-admit an entry this owner adopted from an owner that closed mid-fetch (called off the lock)
-    refetch: Callable[[Entry], object] | None = None
+    entries: list[Entry | None] = field(default_factory=list)
+    # who fetches this owner's reads (None: an owner that cannot fetch; an entry handed to it fails)
+    listener: OwnerListener | None = None
     closed: bool = False
+
+    def listen(self, listener: OwnerListener) -> None:
+        """Have ``listener`` hear when this owner's room frees and which entries it must fetch again."""
+        self.listener = listener

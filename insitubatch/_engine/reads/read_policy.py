@@ -42,7 +42,7 @@ from ...stores.wire_settings import duration_s
 
 __all__ = ["Outcome", "ReadPolicy", "classify", "policy_for", "protocol_fault"]
 
-# obstore's own backoff defaults (written once in io.store_options), in seconds for the loop.
+# obstore's own backoff defaults (written once in stores.options), in seconds for the loop.
 DEFAULT_INIT_BACKOFF_S = OBSTORE_INIT_BACKOFF.total_seconds()
 DEFAULT_MAX_BACKOFF_S = OBSTORE_MAX_BACKOFF.total_seconds()
 DEFAULT_BACKOFF_BASE = OBSTORE_BACKOFF_BASE

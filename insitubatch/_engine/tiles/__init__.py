@@ -1,1 +1,1 @@
-"""Fetched bytes to resident tiles: decode jobs, assembly, the disk cache's revivals and writes, the kernels."""
+"""Fetched bytes to resident tiles: the tile sources, decode jobs, assembly, the disk cache's revivals, the kernels."""

@@ -1,7 +1,7 @@
 """How decode-pool jobs land back on the loop: completions in bursts, counters in one go.
 
-``_Landings`` hands finished tile jobs to zarr's loop with one wake-up per
-burst; ``_Tally`` is what one job adds to a pass's counters.
+``Landings`` hands finished tile jobs to zarr's loop with one wake-up per
+burst; ``Tally`` is what one job adds to a pass's counters.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from typing import Any
 
 from ..reads.window import WindowUser
 
+__all__ = ["Landings", "Tally", "release_permits"]
 
-class _Landings:
+
+class Landings:
     """Tile jobs run on the decode pool; their completions go back to the loop in bursts.
 
     ``asyncio.wrap_future`` wakes the loop once per job (a self-pipe write
@@ -74,7 +76,7 @@ class _Landings:
 
 
 @dataclass
-class _Tally:
+class Tally:
     """What one decode job adds to a pass's counters, added under the pool lock in one go."""
 
     gets: int = 0
@@ -91,6 +93,6 @@ class _Tally:
             counters.decoded_tiles += self.decoded_tiles
 
 
-def _release(semaphore: WindowUser, n: int) -> None:
+def release_permits(semaphore: WindowUser, n: int) -> None:
     for _ in range(n):
         semaphore.release()

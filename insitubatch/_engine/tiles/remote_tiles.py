@@ -1,120 +1,112 @@
-"""The loop side of a pass's remote reads: one GET per tile (a byte range of a shard), then a decode job.
+"""``RemoteTiles``: the tile source of a remote store: one GET per tile (a byte range of a shard), then a decode job.
 
-A mixin of ``PassDriver``: what it uses lives on the driver and is declared
-here for the type checker. A tile takes one of the pass's read permits,
-goes out through the pass's ``Fetcher`` (hedged, stall-proof, retried) or,
-without one, the store itself, and holds the permit until its decode job
-has landed. On a sharded array a tile is an inner chunk: its shard's index
-first (held by the split's index cache, and read for the whole pass as it
-starts where the pass's indexes fit that cache, so no tile idles a permit
-waiting for one), then its byte range.
+A tile takes one of the pass's read permits, goes out through the pass's
+``Fetcher`` (hedged, stall-proof, retried) or, without one, the store
+itself, and holds the permit until its decode job has landed. On a sharded
+array a tile is an inner chunk: its shard's index first (held by the
+split's index cache, and read for the whole pass as it starts where the
+pass's indexes fit that cache, so no tile idles a permit waiting for one),
+then its byte range.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, RangeByteRequest, Store
 
-from ...cache import DiskCache
-from ...errors import BadChunkError, StoreReadError
+from ...errors import BadChunkError
 from ...io.chain import _ShardStage
-from ...io.decode import ChunkDecoder
 from ...io.direct import ChunkData, _DecodeFailure
 from ...io.geometry import ArrayGeometry
 from ...plan.epoch import EpochPlan
-from ..pool.chunk_pool import ChunkPool, Owner
+from ..pool.chunk_pool import ChunkPool, Entry, Owner
 from ..reads.fetch import Fetcher
+from ..reads.reader import ArrayReader
 from ..reads.shard_index import (
     IndexSlot,
     ShardIndex,
-    SplitIndexes,
     check_span,
     held_index_bytes,
     plan_shards,
     prefetch,
 )
 from ..reads.shard_runs import coalesce, run_cap
-from .landings import _Landings, _release
-from .tile_jobs import _GET_IN_JOB
-from .wants import Want
+from ..reads.window import WindowUser
+from .landings import Landings, release_permits
+from .tasks import PassTasks
+from .tile_jobs import TileJobs
+from .wants import Want, Wants
 
-__all__ = ["INDEX_PREFETCH"]
+__all__ = ["INDEX_PREFETCH", "RemoteTiles"]
 
 # shard indexes a remote pass reads at once when it starts, ahead of the tiles that need them
 INDEX_PREFETCH = 16
 
 
-class _RemoteTiles:
-    """Remote-read methods of ``PassDriver``."""
+class RemoteTiles:
+    """Tiles of a store read on the loop: each GET awaited under a permit, then one hop to a decode job."""
 
-    store: Store
-    fetcher: Fetcher | None
-    semaphore: Any  # the read permits (``window.WindowUser``, an ``asyncio.Semaphore`` alike)
-    pool: ChunkPool
-    owner: Owner
-    plan: EpochPlan
-    readers: Any
-    cache: DiskCache | None
-    first_block: int
-    shard_indexes: SplitIndexes
-    _shards: dict[str, _ShardStage]
-    _decoders: dict[str, ChunkDecoder]
-    _prototype: BufferPrototype
-    _get_sync: Callable[..., ChunkData | None] | None
-    _landings: _Landings
-    _gate: set[asyncio.Task] | None  # while the first block's reads land: the reads started since
-    _shard_wants: dict[str, list[Want]]  # a shard's wanted inner chunks, gathered until its block is admitted
+    def __init__(
+        self,
+        *,
+        store: Store,
+        fetcher: Fetcher | None,
+        wants: Wants,
+        semaphore: WindowUser,
+        pool: ChunkPool,
+        owner: Owner,
+        jobs: TileJobs,
+        landings: Landings,
+        tasks: PassTasks,
+        prototype: BufferPrototype,
+    ) -> None:
+        self.store = store
+        self.fetcher = fetcher  # hedged and retried, and it counts its GETs (None: the store's own get)
+        self.wants = wants
+        self.semaphore = semaphore  # the read permits: one per tile in flight
+        self.pool = pool
+        self.owner = owner
+        self.jobs = jobs
+        self.landings = landings
+        self.tasks = tasks
+        self.prototype = prototype
+        self._fresh: list[Want] = []  # tiles wanted, their reads not started yet (``start``)
+        self._shard_wants: dict[str, list[Want]] = {}  # a shard's wanted inner chunks, till its block is admitted
 
-    def _spawn(self, coro, work: bool = False) -> None:
-        raise NotImplementedError  # PassDriver's
+    def want(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
+        """Loop: read the tiles ``entry`` needs: each joins a read of the same stored tile still waiting, else starts one.
 
-    def _track(self, job: concurrent.futures.Future) -> None:
-        raise NotImplementedError  # PassDriver's
+        ``start=False`` leaves new reads to the next ``start``.
+        """
+        self._fresh.extend(self.wants.add(entry, reader, chunk_index, self.semaphore.window.ticket()))
+        if start:
+            self.start()
 
-    def _tile_job(self, want: Want, coord, key: str, buf) -> None:
-        raise NotImplementedError  # _TileJobs'
+    def start(self, hold_shards: bool = False) -> None:
+        """Loop: start the reads wanted since the last call; a shard's, with ``hold_shards``, once its block's
+        admission is over (so the inner chunks one block wants of a shard share GETs however admission ran)."""
+        fresh, self._fresh = self._fresh, []
+        if fresh or (self._shard_wants and not hold_shards):
+            self._fetch_remote(fresh, hold_shards)
 
-    @staticmethod
-    def _read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
-        raise NotImplementedError  # _TileJobs'
-
-    def _prefetch_shard_indexes(self) -> None:
-        """A remote store: read the indexes of the shards this pass reads, in first-use order, as it starts."""
-        sharded = {source: r for source, r in self.readers.items() if r.geometry.sharded_reads}
-        # a local store reads an index in a decode job, as fast as a tile; with a disk cache, chunks it
-        # revives need no index, and the misses read theirs on demand
-        if not sharded or self._get_sync is not None or self.cache is not None:
+    def prefetch_shard_indexes(
+        self, plan: EpochPlan, readers: Mapping[str, ArrayReader], shards: Mapping[str, _ShardStage], first_block: int
+    ) -> None:
+        """Read the indexes of the shards this pass reads, in first-use order, as it starts."""
+        sharded = {source: r for source, r in readers.items() if r.geometry.sharded_reads}
+        if not sharded:
             return
-        wanted = plan_shards(self.plan, sharded, self._shards, self.first_block)
-        indexes = self.shard_indexes
+        wanted = plan_shards(plan, sharded, dict(shards), first_block)
+        indexes = self.jobs.shard_indexes
         if sum(held_index_bytes(stage) for _, stage in wanted) > indexes.budget_bytes:
             return  # read ahead, they would push out the ones the next blocks need: each block reads its own
         slots = [indexes.touch(key, stage) for key, stage in wanted]
-        self._spawn(prefetch(indexes, slots, self._get_index, self.semaphore, INDEX_PREFETCH))
-
-    def _first_block_waits(self) -> bool:
-        """Whether the pass admits its second block only once its first block's reads have landed.
-
-        A remote pass that admitted on would fill the window with later
-        blocks' reads while the first batch still waits, and on a link where
-        the client's work per GET binds, their GETs and decodes would
-        delay the first block's (a sharded array's inner chunks wait on their
-        indexes too). The first block alone lands in the fewest round trips.
-        """
-        return self.fetcher is not None and self.cache is None
-
-    async def _first_block_lands(self) -> None:
-        """Loop: wait until the reads the first block started, and the reads those started, have ended."""
-        while self._gate:
-            started, self._gate = self._gate, set()
-            await asyncio.wait(started)
-        self._gate = None
+        self.tasks.spawn(prefetch(indexes, slots, self._get_index, self.semaphore, INDEX_PREFETCH))
 
     async def _get_range(
         self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None, learn: bool = True
@@ -124,7 +116,7 @@ class _RemoteTiles:
         try:
             if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
                 return await self.fetcher.get(key, byte_range, size_hint, learn)
-            return await self.store.get(key, prototype=self._prototype, byte_range=byte_range)
+            return await self.store.get(key, prototype=self.prototype, byte_range=byte_range)
         finally:
             trace.get_ended()
 
@@ -141,32 +133,28 @@ class _RemoteTiles:
         g = reader.geometry
         coord = reader.tile_coord(want.chunk_index, k)
         key = g.tile_key(coord)[0]
-        buf: Buffer | object | None  # _GET_IN_JOB: the tile job reads the key itself
         async with self.semaphore:
-            if self._get_sync is None:
-                trace = self.owner.counters.trace
-                t0 = time.perf_counter()
-                try:
-                    buf = await self._get_tile(g, key)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    error = self._read_error(g, coord, key, exc)
-                    for consumer, _, _ in want.seal():
-                        self.pool.fail(consumer, error)
-                    return
-                finally:
-                    trace.add("fetch_s", time.perf_counter() - t0)
-                if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
-                    counters = self.owner.counters
-                    counters.gets += 1
-                    if buf is not None and not isinstance(buf, BadChunkError):
-                        counters.get_bytes += len(buf)
-            else:
-                buf = _GET_IN_JOB
-            # one hop: the decode thread (reading the key too on a sync store) decodes, places and delivers
-            landed, job = self._landings.submit(self._tile_job, want, coord, key, buf)
-            self._track(job)
+            trace = self.owner.counters.trace
+            t0 = time.perf_counter()
+            try:
+                buf = await self._get_tile(g, key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = self.jobs.read_error(g, coord, key, exc)
+                for consumer, _, _ in want.seal():
+                    self.pool.fail(consumer, error)
+                return
+            finally:
+                trace.add("fetch_s", time.perf_counter() - t0)
+            if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
+                counters = self.owner.counters
+                counters.gets += 1
+                if buf is not None and not isinstance(buf, BadChunkError):
+                    counters.get_bytes += len(buf)
+            # one hop: the decode thread decodes, places and delivers
+            landed, job = self.landings.submit(self.jobs.tile_job, want, coord, key, buf)
+            self.tasks.track(job)
             try:
                 await landed
             except Exception as exc:
@@ -188,11 +176,11 @@ class _RemoteTiles:
             if g.sharded_reads:
                 shards.setdefault(g.tile_key(reader.tile_coord(want.chunk_index, k))[0], []).append(want)
             else:
-                self._spawn(self._fetch_tile(want), work=True)
+                self.tasks.spawn(self._fetch_tile(want), work=True)
         if not hold_shards and shards:
             self._shard_wants = {}
             for key, group in shards.items():
-                self._spawn(self._fetch_shard(key, group), work=True)
+                self.tasks.spawn(self._fetch_shard(key, group), work=True)
 
     async def _fetch_shard(self, key: str, wants: list[Want]) -> None:
         """Loop: tiles of one shard, after its index: each run of adjacent inner chunks is one ranged GET.
@@ -204,7 +192,7 @@ class _RemoteTiles:
         """
         _, reader, k = wants[0].consumers[0]
         g = reader.geometry
-        decoder = self._decoders[g.path]
+        decoder = self.jobs.decoders[g.path]
         # a shard's reads wait in the order its tiles were admitted, so a later block's reads cannot take the
         # permits an earlier block's inner chunks wait for while their index comes
         ticket = min((w.ticket for w in wants if w.ticket is not None), default=None)
@@ -216,14 +204,14 @@ class _RemoteTiles:
         indexes: dict[IndexSlot, ShardIndex | _DecodeFailure | None] = {}
         for slot in dict.fromkeys(slots):
             try:  # (an index read is a read in flight like any other: the one that fetches it takes a permit)
-                indexes[slot] = await self.shard_indexes.read(slot, self._get_index, self.semaphore, ticket)
+                indexes[slot] = await self.jobs.shard_indexes.read(slot, self._get_index, self.semaphore, ticket)
             except asyncio.CancelledError:
                 raise
             except _DecodeFailure as exc:
                 indexes[slot] = exc
             except Exception as exc:  # the store failed: every tile of the shard read now raises it
                 coord = reader.tile_coord(wants[0].chunk_index, k)
-                self._fail_wants(wants, self._read_error(g, coord, key, exc))
+                self._fail_wants(wants, self.jobs.read_error(g, coord, key, exc))
                 return
         spans: list[tuple[int, int, Want, Any]] = []
         for want, held in zip(wants, slots):
@@ -237,14 +225,14 @@ class _RemoteTiles:
                 assert place is not None  # sharded reads place every tile in its shard
                 span = None if index is None else index.span(place)
             except _DecodeFailure as exc:
-                self._spawn(self._land(want, coord, key, decoder._bad(coord, str(exc))), work=True)
+                self.tasks.spawn(self._land(want, coord, key, decoder._bad(coord, str(exc))), work=True)
                 continue
             if span is None:  # the shard, or this inner chunk of it, was never written: the fill value
-                self._spawn(self._land(want, coord, key, None), work=True)
+                self.tasks.spawn(self._land(want, coord, key, None), work=True)
             else:
                 spans.append((*span, want, coord))
         for run in coalesce(spans, run_cap(self.semaphore.cap)):
-            self._spawn(self._fetch_run(key, run), work=True)
+            self.tasks.spawn(self._fetch_run(key, run), work=True)
 
     async def _fetch_run(self, key: str, run: list[tuple[int, int, Want, Any]]) -> None:
         """Loop: one ranged GET for a run of adjacent inner chunks, then a decode job per tile.
@@ -265,7 +253,7 @@ class _RemoteTiles:
             except Exception as exc:
                 _, _, want, coord = run[0]
                 self._fail_wants(
-                    [w for _, _, w, _ in run], self._read_error(want.consumers[0][1].geometry, coord, key, exc)
+                    [w for _, _, w, _ in run], self.jobs.read_error(want.consumers[0][1].geometry, coord, key, exc)
                 )
                 return
             finally:
@@ -275,14 +263,14 @@ class _RemoteTiles:
                 self.owner.counters.get_bytes += 0 if buf is None else len(buf)
             landings = []
             for a, b, want, coord in run:
-                decoder = self._decoders[want.consumers[0][1].geometry.path]
+                decoder = self.jobs.decoders[want.consumers[0][1].geometry.path]
                 part = None if buf is None or len(buf) < b - start else buf[a - start : b - start]
                 try:
                     data: Any = check_span(decoder, coord, (a, b), part)
                 except BadChunkError as exc:
                     data = exc
-                landed, job = self._landings.submit(self._tile_job, want, coord, key, data)
-                self._track(job)
+                landed, job = self.landings.submit(self.jobs.tile_job, want, coord, key, data)
+                self.tasks.track(job)
                 landings.append((want, landed))
             for want, landed in landings:
                 try:
@@ -290,13 +278,13 @@ class _RemoteTiles:
                 except Exception as exc:
                     self._fail_wants([want], exc)
         finally:
-            _release(semaphore, held)
+            release_permits(semaphore, held)
 
     async def _land(self, want: Want, coord: Any, key: str, buf: Any) -> None:
         """Loop: a tile decided without a GET (never written, or bad) through a decode job, under a permit."""
         async with self.semaphore.turn(want.ticket):
-            landed, job = self._landings.submit(self._tile_job, want, coord, key, buf)
-            self._track(job)
+            landed, job = self.landings.submit(self.jobs.tile_job, want, coord, key, buf)
+            self.tasks.track(job)
             try:
                 await landed
             except Exception as exc:

@@ -1,8 +1,7 @@
-"""The disk-cache side of a pass: look its chunks up on disk, revive them, claim the misses, fetch the rest.
+"""``Revivals``: the disk-cache tile source: look a pass's chunks up on disk, revive them, claim the misses, fetch the rest.
 
-A mixin of ``PassDriver``, on the loop like the driver itself (the lookups
-run on the decode pool); the state it uses lives on the driver and is
-declared here for the type checker.
+It runs on the loop like the driver (the lookups run on the decode pool)
+and hands the misses to the tile source of the pass's store.
 
 A miss is claimed for this process before it is fetched (``DiskCache.find``);
 one that another writer of the ``cache_dir`` is making is looked up again a
@@ -14,12 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable
+from typing import Protocol
 
 from ...cache import DiskCache
 from ..pool.chunk_pool import PENDING, ChunkPool, Entry, Owner
 from ..reads.reader import ArrayReader
 from ..reads.window import WindowUser
+from .finishing import ChunkFinisher
+from .tasks import PassTasks
+
+__all__ = ["BUSY_POLL_MAX_S", "BUSY_POLL_S", "BUSY_WAIT_S", "Revivals", "TileSource"]
 
 # a chunk another writer of the cache_dir is making is looked up again after this, doubling up to
 # BUSY_POLL_MAX_S; past BUSY_WAIT_S (a writer stuck or stopped) it is fetched here and kept in memory
@@ -46,32 +49,43 @@ def _lookup_all(cache: DiskCache, requests: list, claim: bool) -> list:
     return out
 
 
-class _Revivals:
-    """Disk-cache methods of ``PassDriver``."""
+class TileSource(Protocol):
+    """What reads a store's tiles for a pass (``LocalTiles``, ``RemoteTiles``): the misses go there."""
 
-    cache: DiskCache | None
-    pool: ChunkPool
-    owner: Owner
-    semaphore: WindowUser  # the read permits
-    executor: concurrent.futures.Executor
-    loop: asyncio.AbstractEventLoop
-    _claimed: set  # (path, chunk) claims this pass took (released when it stops, if still held)
-    _turn: asyncio.Future | None  # the latest lookup's: its misses are fetched first
+    def want(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None: ...
 
-    def _fetch(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
-        raise NotImplementedError  # PassDriver's
+    def start(self, hold_shards: bool = False) -> None: ...
 
-    def _start_remote(self) -> None:
-        raise NotImplementedError  # PassDriver's
 
-    def _spawn(self, coro, work: bool = False) -> None:
-        raise NotImplementedError  # PassDriver's
+class Revivals:
+    """Chunks of a pass with a disk cache: revived from disk when there, claimed and fetched by ``source`` when not."""
 
-    def _orphan(self, job: concurrent.futures.Future, cleanup: Callable[[], None]) -> None:
-        raise NotImplementedError  # PassDriver's
+    def __init__(
+        self,
+        *,
+        cache: DiskCache,
+        source: TileSource,
+        pool: ChunkPool,
+        owner: Owner,
+        semaphore: WindowUser,
+        executor: concurrent.futures.Executor,
+        tasks: PassTasks,
+        finisher: ChunkFinisher,
+    ) -> None:
+        self.cache = cache
+        self.source = source
+        self.pool = pool
+        self.owner = owner
+        self.semaphore = semaphore  # the read permits: a lookup job holds one
+        self.executor = executor
+        self.tasks = tasks
+        self.finisher = finisher  # forgets a chunk mapped for an entry abandoned meanwhile
+        self._claimed: set = set()  # (path, chunk) claims this pass took (released when it stops, if still held)
+        self._turn: asyncio.Future | None = None  # the latest lookup's: its misses are fetched first
 
-    def _forget(self, reader: ArrayReader, chunk_index: int) -> None:
-        raise NotImplementedError  # _TileJobs'
+    def want(self, items: list[tuple[Entry, ArrayReader, int]], work: bool = True) -> None:
+        """Loop: look ``items`` up on disk in one job, as a task of the pass (``work``: counted active)."""
+        self.tasks.spawn(self._revive_or_fetch(items), work=work)
 
     async def _revive_or_fetch(self, items: list[tuple[Entry, ArrayReader, int]], waited: float = 0.0) -> None:
         """Serve chunks from the disk cache (no fetch, no decode, no transform), fetch the rest.
@@ -84,17 +98,16 @@ class _Revivals:
         (``waited`` seconds so far), so it is revived rather than fetched twice.
         """
         cache = self.cache
-        assert cache is not None  # revival is scheduled only with a disk cache
         requests = [(r.source, c, r.entry_tile_shapes(c), r.output.dtype) for _, r, c in items]
         # lookups run side by side, but their misses are fetched in the order they were admitted (first
         # blocks first): a later block's lookup that finishes sooner waits for the earlier one's turn
-        turn, self._turn = self._turn, self.loop.create_future()
+        turn, self._turn = self._turn, self.tasks.loop.create_future()
         mine = self._turn
         try:
 
             def forget_all() -> None:  # mappings and claims of lookups nobody will use
                 for _, r, c in items:
-                    self._forget(r, c)
+                    self.finisher.forget(r, c)
                     cache.release(r.source, c)
 
             async with self.semaphore:
@@ -102,7 +115,7 @@ class _Revivals:
                 try:
                     results = await asyncio.wrap_future(job)
                 except asyncio.CancelledError:
-                    self._orphan(job, forget_all)  # the lookups still finish in their thread
+                    self.tasks.orphan(job, forget_all)  # the lookups still finish in their thread
                     raise
             if turn is not None:
                 try:
@@ -118,7 +131,6 @@ class _Revivals:
     def _dispatch(self, items: list[tuple[Entry, ArrayReader, int]], results: list, waited: float) -> None:
         """Loop: hand each looked-up chunk its revived tiles, its error, another look later, or a fetch."""
         cache = self.cache
-        assert cache is not None
         busy = []
         for item, result in zip(items, results):
             entry, reader, chunk_index = item
@@ -130,7 +142,7 @@ class _Revivals:
                 counters.revived_from_others += result.from_other  # before the data lands, as the hit is
                 if not self.pool.replace_tiles(entry, result.tiles, reader.ready_origins(), revived_for=self.owner):
                     counters.revived_from_others -= result.from_other
-                    self._forget(reader, chunk_index)  # abandoned while we looked it up
+                    self.finisher.forget(reader, chunk_index)  # abandoned while we looked it up
             elif result.busy:
                 busy.append(item)
             elif cache.readonly:
@@ -138,10 +150,10 @@ class _Revivals:
             else:
                 if result.claimed:
                     self._claimed.add((path, chunk_index))
-                self._fetch(entry, reader, chunk_index, start=False)
-        self._start_remote()  # the misses' reads together: a shard's adjacent inner chunks share a GET
+                self.source.want(entry, reader, chunk_index, start=False)
+        self.source.start()  # the misses' reads together: a shard's adjacent inner chunks share a GET
         if busy:
-            self._spawn(self._after_others(busy, waited), work=True)
+            self.tasks.spawn(self._after_others(busy, waited), work=True)
 
     async def _after_others(self, items: list[tuple[Entry, ArrayReader, int]], waited: float) -> None:
         """Look again for chunks another writer was making, once it has had a moment to finish them."""
@@ -151,9 +163,8 @@ class _Revivals:
         if live:
             await self._revive_or_fetch(live, waited + delay)
 
-    def _release_claims(self) -> None:
+    def release_claims(self) -> None:
         """Loop, once the pass stopped: claims of chunks it will not write go back, so others may make them."""
-        if self.cache is not None:
-            for path, chunk_index in self._claimed:
-                self.cache.release(path, chunk_index)
+        for path, chunk_index in self._claimed:
+            self.cache.release(path, chunk_index)
         self._claimed.clear()

@@ -1,8 +1,9 @@
-"""The decode-thread side of a pass: read, decode, transform, assemble and persist one tile.
+"""``TileJobs``: the decode-thread side of a pass: read, decode, transform, assemble and persist one tile.
 
-A mixin of ``PassDriver``: the loop side (admission, permits, teardown)
-stays in ``passes.driver``; everything here runs on the decode pool. The state
-it uses lives on the driver and is declared here for the type checker.
+The loop side (admission, permits, teardown) is the driver's and the tile
+sources'; everything here runs on the decode pool. A job lands what it
+decoded in the pool (which owns residency) and lists a tile it replaced
+under ``on_bad_chunk="nan"`` in the epoch's bad-chunk records.
 """
 
 from __future__ import annotations
@@ -11,65 +12,91 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import numpy as np
 from zarr.abc.buffer import BufferPrototype
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
-from ...cache import DiskCache
 from ...errors import BadChunkError, StoreReadError
 from ...io.chain import _ShardStage
 from ...io.decode import ChunkDecoder
 from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ...io.geometry import ArrayGeometry
-from ...transforms import ChunkRead, DecodedChunk, run_pipeline
 from ..pool.chunk_pool import FAILED, ChunkPool, Entry, Owner
 from ..reads.reader import ArrayReader, BadChunkRecord, _fill_value
 from ..reads.shard_index import IndexSlot, SplitIndexes, check_span
-from .finishing import _BAD_TILE, _BadTile, _Finishing
+from .finishing import BAD_TILE, BadTile, ChunkFinisher
 from .kernels import fill_region, select_block
-from .landings import _Tally
+from .landings import Tally
 from .local_groups import PLACED, LocalGroups, decode_buffer
 from .wants import Consumer, Want
 
+__all__ = ["GET_IN_JOB", "TileJobs"]
+
 # a tile job's ``buf`` when the job reads the key itself (a store with a synchronous get)
-_GET_IN_JOB = object()
+GET_IN_JOB = object()
 
 
-class _TileJobs(_Finishing):
-    """Decode-thread methods of ``PassDriver``."""
+class TileJobs:
+    """A pass's decode jobs: each reads (on a sync store), decodes and places tiles, and lands them in the pool."""
 
-    pool: ChunkPool
-    owner: Owner
-    cache: DiskCache | None
-    on_bad_chunk: str
-    _stopping: bool
-    _decoders: dict[str, ChunkDecoder]
-    _prototype: BufferPrototype
-    _get_sync: Callable[..., ChunkData | None] | None
-    _groups: LocalGroups | None
-    _kinds: dict[str, int]  # per array path: the tilegroup kernel's codec kind (sample-first zstd/blosc arrays)
-    _shards: dict[str, _ShardStage]  # per array path read by inner chunk: its sharding stage (index and inner chains)
-    shard_indexes: SplitIndexes
-    _scratches: threading.local
+    def __init__(
+        self,
+        *,
+        pool: ChunkPool,
+        owner: Owner,
+        finisher: ChunkFinisher,
+        on_bad_chunk: str,
+        bad_chunks: list[BadChunkRecord],
+        decoders: Mapping[str, ChunkDecoder],
+        kinds: Mapping[str, int],
+        shards: Mapping[str, _ShardStage],
+        shard_indexes: SplitIndexes,
+        get_sync: Callable[..., ChunkData | None] | None,
+        prototype: BufferPrototype,
+        groups: LocalGroups | None,
+    ) -> None:
+        self.pool = pool
+        self.owner = owner
+        self.finisher = finisher
+        self.on_bad_chunk = on_bad_chunk
+        self.bad_chunks = bad_chunks  # the epoch's records of replaced tiles, shared by its passes
+        self.decoders = decoders
+        self.kinds = kinds  # per array path: the tilegroup kernel's codec kind (sample-first zstd/blosc arrays)
+        self.shards = shards  # per array path read by inner chunk: its sharding stage (index and inner chains)
+        self.shard_indexes = shard_indexes
+        self.get_sync = get_sync
+        self.prototype = prototype
+        self.groups = groups
+        self.stopping = False  # the pass is stopping: a group job places nothing more
+        self._scratches = threading.local()  # per decode thread: a whole stored chunk per shape (edge tiles)
 
-    def _record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
-        raise NotImplementedError  # PassDriver's
+    def stop(self) -> None:
+        """Any thread: jobs that start from now on place nothing (their permits and entries go back as usual)."""
+        self.stopping = True
+
+    def record_bad(self, entry: Entry | None, record: BadChunkRecord) -> None:
+        """List a tile replaced under ``on_bad_chunk="nan"`` once per epoch, and on its entry for later hits."""
+        with self.pool.lock:  # from the loop (hits) and the decode threads (replaced tiles)
+            if entry is not None:
+                entry.bad_records.append(record)
+            if record not in self.bad_chunks:
+                self.bad_chunks.append(record)
 
     @staticmethod
-    def _read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
+    def read_error(g: ArrayGeometry, coord, key: str, exc: BaseException) -> StoreReadError:
         place = g.tile_key(coord)[1]
         where = f"key {key!r}" + (f", inner chunk {place}" if place is not None else "")
         return StoreReadError(f"reading array {g.path!r} chunk {coord} ({where}) failed: {type(exc).__name__}: {exc}")
 
-    def _tile_job(self, want: Want, coord, key: str, buf) -> None:
+    def tile_job(self, want: Want, coord, key: str, buf) -> None:
         """Decode thread: one stored tile from its bytes (or its key, on a sync store) into every entry that wants it."""
         consumers = want.seal()
         if not consumers:
             return
-        tally = _Tally()
+        tally = Tally()
         try:
             landed = self._tile(consumers, want.chunk_index, coord, key, buf, tally, want.index_slot)
         except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
@@ -81,7 +108,7 @@ class _TileJobs(_Finishing):
         if landed:
             self.pool.deliver_many(landed)
 
-    def _group_job(self, group: list[Want]) -> None:
+    def group_job(self, group: list[Want]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
 
         Tiles the group kernel can take are read and decoded in one call
@@ -89,7 +116,7 @@ class _TileJobs(_Finishing):
         tile's failure fails the entries that want it only.
         """
         live = [(want, consumers) for want in group if (consumers := want.seal())]
-        if self._stopping:
+        if self.stopping:
             return
         try:
             self._place_group(live)
@@ -99,32 +126,32 @@ class _TileJobs(_Finishing):
                     self.pool.fail(entry, exc)
 
     def _place_group(self, live: list[tuple[Want, list[Consumer]]]) -> None:
-        tally = _Tally()
+        tally = Tally()
         landed: list[tuple[Entry, int, np.ndarray]] = []
-        rest = live if self._groups is None else self._kernel_tiles(live, tally, landed)
+        rest = live if self.groups is None else self._kernel_tiles(live, tally, landed)
         for want, consumers in rest:
             consumers = [c for c in consumers if c[0].state != FAILED]
-            if self._stopping or not consumers:
+            if self.stopping or not consumers:
                 continue  # the pass is stopping, or other tiles of the chunks already failed them
             _, reader, k = consumers[0]
             coord = reader.tile_coord(want.chunk_index, k)
             key = reader.geometry.tile_key(coord)[0]
             try:
-                landed.extend(self._tile(consumers, want.chunk_index, coord, key, _GET_IN_JOB, tally, want.index_slot))
+                landed.extend(self._tile(consumers, want.chunk_index, coord, key, GET_IN_JOB, tally, want.index_slot))
             except Exception as exc:  # a store or bad-chunk failure (or a bug): the wanting entries' waiters raise it
                 for entry, _, _ in consumers:
                     self.pool.fail(entry, exc)
         tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
 
-    def _kernel_tiles(self, group: list[tuple[Want, list[Consumer]]], tally: _Tally, landed: list) -> list:
+    def _kernel_tiles(self, group: list[tuple[Want, list[Consumer]]], tally: Tally, landed: list) -> list:
         """Place the group's tiles the kernel takes; returns the others (and those it handed back).
 
         The kernel decodes straight into one entry's memory, so it takes a
         tile wanted by one view without a selection; a tile cut into pieces,
         or wanted by several selections, goes the general path.
         """
-        groups = self._groups
+        groups = self.groups
         assert groups is not None  # called only for a local directory
         # one kernel call per codec and rank: a call's tiles share both
         by_kind: dict[tuple[int, int], tuple[list, list[bytes], list[np.ndarray], list[tuple[int, ...]]]] = {}
@@ -138,7 +165,7 @@ class _TileJobs(_Finishing):
             if path is None:
                 rest.append(item)
                 continue
-            decoder = self._decoders[g.path]
+            decoder = self.decoders[g.path]
             items, paths, dests, stored = by_kind.setdefault((kind, len(decoder.shape)), ([], [], [], []))
             items.append(item)
             paths.append(os.fsencode(path))
@@ -167,10 +194,10 @@ class _TileJobs(_Finishing):
         coord,
         key: str,
         buf,
-        tally: _Tally,
+        tally: Tally,
         slot: IndexSlot | None = None,
     ) -> list[tuple[Entry, int, np.ndarray]]:
-        """Decode thread: read (``buf`` is ``_GET_IN_JOB``; an inner chunk after ``slot``'s index) and decode one
+        """Decode thread: read (``buf`` is ``GET_IN_JOB``; an inner chunk after ``slot``'s index) and decode one
         stored tile, then cut it for each consumer.
 
         Every consumer is ``(entry, reader, k)``: read tile ``k`` of
@@ -190,9 +217,9 @@ class _TileJobs(_Finishing):
         g = first.geometry
         whole = next((c for c in consumers if c[1].layout.identity), None)
         decoder_reader, k = (whole[1], whole[2]) if whole is not None else (first, k0)
-        tiles: dict[int, list[tuple[int, np.ndarray | _BadTile]]] = {}
+        tiles: dict[int, list[tuple[int, np.ndarray | BadTile]]] = {}
         try:
-            if buf is _GET_IN_JOB:
+            if buf is GET_IN_JOB:
                 buf = self._timed_read(g, coord, key, tally, slot)
             elif isinstance(buf, BadChunkError):  # the loop's read found the bytes bad (a shard index, a short range)
                 raise buf
@@ -209,7 +236,7 @@ class _TileJobs(_Finishing):
             for i, (entry, reader, ck) in enumerate(consumers):
                 tiles[i] = self._bad_tile(reader, chunk_index, ck)
                 # never persisted: a later run retries the read
-                self._record_bad(entry, BadChunkRecord(g.path, chunk_index, reader.tile_inner_coord(ck)))
+                self.record_bad(entry, BadChunkRecord(g.path, chunk_index, reader.tile_inner_coord(ck)))
             self.owner.counters.trace.add("bad_tiles", 1)
         tally.decoded_tiles += 1
         landed: list[tuple[Entry, int, np.ndarray]] = []
@@ -217,18 +244,18 @@ class _TileJobs(_Finishing):
             pieces = tiles[i]
             if reader.pipeline and reader.layout.n_pieces == 1:
                 ((p, piece),) = pieces
-                if not isinstance(piece, _BadTile):
-                    pieces = [(p, self._transform(reader, chunk_index, piece))]
-            # a transformed chunk lands whole, at its output's origin (``_finalize``): its rank may differ
-            if reader.pipeline or self.cache is not None:
+                if not isinstance(piece, BadTile):
+                    pieces = [(p, self.finisher.transform(reader, chunk_index, piece))]
+            # a transformed chunk lands whole, at its output's origin (``ChunkFinisher``): its rank may differ
+            if reader.pipeline or self.finisher.cache is not None:
                 for p, piece in pieces:
-                    self._stage(entry, reader, chunk_index, p, piece)
+                    self.finisher.stage(entry, reader, chunk_index, p, piece)
                 continue
             # only a chunk that assembles marks a piece, and it was staged
             landed.extend((entry, p, cast(np.ndarray, piece)) for p, piece in pieces)
         return landed
 
-    def _timed_read(self, g: ArrayGeometry, coord, key: str, tally: _Tally, slot: IndexSlot | None) -> ChunkData | None:
+    def _timed_read(self, g: ArrayGeometry, coord, key: str, tally: Tally, slot: IndexSlot | None) -> ChunkData | None:
         """Decode thread: ``_read_tile_sync``, timed; a store failure becomes ``StoreReadError``, bad bytes stay bad."""
         t0 = time.perf_counter()
         try:
@@ -236,31 +263,31 @@ class _TileJobs(_Finishing):
         except BadChunkError:
             raise
         except Exception as exc:
-            raise self._read_error(g, coord, key, exc) from exc
+            raise self.read_error(g, coord, key, exc) from exc
         finally:
             self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
 
     def _read_tile_sync(
-        self, g: ArrayGeometry, coord, key: str, tally: _Tally, slot: IndexSlot | None
+        self, g: ArrayGeometry, coord, key: str, tally: Tally, slot: IndexSlot | None
     ) -> ChunkData | None:
         """Decode thread: a tile's bytes from a store that reads on this thread (None: missing, the fill value).
 
         An inner chunk of a shard is read by byte range, after the shard's
         index (``slot``: held by the split's index cache since the tile was admitted).
         """
-        get = self._get_sync
-        assert get is not None  # _GET_IN_JOB is sent only for a store that reads synchronously
+        get = self.get_sync
+        assert get is not None  # GET_IN_JOB is sent only for a store that reads synchronously
         if not g.sharded_reads:
-            buf = get(key, prototype=self._prototype)
+            buf = get(key, prototype=self.prototype)
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
             return buf
         stored, place = g.tile_key(coord)
         assert place is not None and slot is not None  # sharded reads place every tile in its shard, admitted
-        decoder = self._decoders[g.path]
+        decoder = self.decoders[g.path]
 
         def get_index(key: str, byte_range: ByteRequest) -> ChunkData | None:  # a GET, counted like a tile's
-            buf = get(key, prototype=self._prototype, byte_range=byte_range)
+            buf = get(key, prototype=self.prototype, byte_range=byte_range)
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
             return buf
@@ -272,20 +299,20 @@ class _TileJobs(_Finishing):
             raise decoder._bad(coord, str(exc)) from exc.__cause__
         if span is None:
             return None  # the shard, or this inner chunk of it, was never written
-        buf = get(stored, prototype=self._prototype, byte_range=RangeByteRequest(*span))
+        buf = get(stored, prototype=self.prototype, byte_range=RangeByteRequest(*span))
         tally.gets += 1
         tally.get_bytes += 0 if buf is None else len(buf)
         return check_span(decoder, coord, span, buf)
 
     def _cut(
         self, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray
-    ) -> list[tuple[int, np.ndarray | _BadTile]]:
+    ) -> list[tuple[int, np.ndarray | BadTile]]:
         """Decode thread: a decoded read tile as its pieces (itself, without a selection), each in pool memory."""
         layout = reader.layout
         if layout.identity:
             return [(tile, data)]
         n = data.shape[0]
-        out: list[tuple[int, np.ndarray | _BadTile]] = []
+        out: list[tuple[int, np.ndarray | BadTile]] = []
         for p in layout.by_tile[tile]:
             piece = layout.pieces[p]
             dest = self.pool.take_tile((n, *piece.shape), data.dtype)
@@ -311,10 +338,10 @@ class _TileJobs(_Finishing):
         """
         g = reader.geometry
         t0 = time.perf_counter()
-        decoder = self._decoders[g.path]
+        decoder = self.decoders[g.path]
         shape = reader.tile_rows_shape(chunk_index, tile)
         take = self.pool.take_tile if reader.layout.identity else functools.partial(self._scratch, use="cut")
-        kind = self._kinds.get(g.path, 0) if buf is not None else 0
+        kind = self.kinds.get(g.path, 0) if buf is not None else 0
         data = self._kernel_tile(kind, buf, shape, decoder, take) if kind else None
         if data is None:
             data = self._general_tile(reader, chunk_index, tile, coord, buf, shape, decoder, take)
@@ -367,7 +394,7 @@ class _TileJobs(_Finishing):
 
         ``"edge"``: a whole edge chunk, decoded before its valid part is
         clipped out. ``"cut"``: a decoded tile cut into pieces at once. Freed
-        with the driver.
+        with the pass's ``TileJobs``.
         """
         arrays = getattr(self._scratches, use, None)
         if arrays is None:
@@ -378,24 +405,15 @@ class _TileJobs(_Finishing):
             whole = arrays[(shape, dtype)] = np.empty(shape, dtype=dtype)
         return whole
 
-    def _transform(self, reader: ArrayReader, chunk_index: int, data: np.ndarray) -> np.ndarray:
-        g = reader.geometry
-        chunk = DecodedChunk(ChunkRead(g.path, chunk_index), data, chunk_index * g.sample_chunk_size)
-        t0 = time.perf_counter()
-        try:
-            return run_pipeline(reader.pipeline, chunk, reader.stages)
-        finally:
-            self.owner.counters.trace.add("transform_s", time.perf_counter() - t0)
-
-    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> list[tuple[int, np.ndarray | _BadTile]]:
+    def _bad_tile(self, reader: ArrayReader, chunk_index: int, tile: int) -> list[tuple[int, np.ndarray | BadTile]]:
         """A bad tile's stand-in pieces: NaN for floats, else the fill value (then transformed like any piece).
 
         The pieces of a chunk that is assembled before its transforms are
-        only marked; ``_finalize`` fills their rectangles of the chunk in place.
+        only marked; the ``ChunkFinisher`` fills their rectangles of the chunk in place.
         """
         g = reader.geometry
         if reader.assembles:
-            return [(p, _BAD_TILE) for p in reader.layout.by_tile[tile]]
+            return [(p, BAD_TILE) for p in reader.layout.by_tile[tile]]
         shape = reader.tile_rows_shape(chunk_index, tile)
         data = np.empty(shape, dtype=g.dtype)
         fill_region(data, (0,) * data.ndim, shape, _fill_value(g))

@@ -29,6 +29,7 @@ from zarr.storage import MemoryStore
 
 from ..._zarr_compat import ArrayV3Metadata, sync
 from ...stores.obstore_stores import as_store
+from ...validation import Anything, Instance, Table, validate_params
 from ..times import decode_time_coordinate, encode_time_coordinate
 from .routed import Route, RoutedStore, close_with, member_keys
 
@@ -195,6 +196,14 @@ def _virtual_doc(first_docs: dict[str, bytes], shape: tuple[int, ...]) -> dict[s
     return out
 
 
+# What ``concat_stores`` accepts (``validation``); the stores' layouts are checked against one another
+CONCAT_PARAMETERS: Table = {
+    "stores": [Anything("concat_stores: a list of stores or URLs in order along dim, or {name: store}")],
+    "dim": [Instance(str, "a str (the dimension to concatenate along)")],
+}
+
+
+@validate_params(CONCAT_PARAMETERS)
 def concat_stores(stores: Sequence[Any] | Mapping[str, Any], *, dim: str = "time") -> ConcatStore:
     """Stores holding consecutive stretches of dimension ``dim`` (one per year) as one store.
 

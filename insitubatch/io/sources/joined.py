@@ -33,6 +33,7 @@ from zarr.abc.store import Store
 from ...errors import TimeAxisError
 from ...stores.obstore_stores import as_store
 from ...stores.owned import close_store
+from ...validation import INT_KNOB_MAX, Anything, Instance, Interval, Table, validate_params
 from ..geometry import ArrayGeometry
 from ..group import open_geometries, open_statics, scan_group
 from ..statics import StaticField
@@ -326,6 +327,17 @@ def _group_of(name: str, given: Any) -> str:
     return given[1].strip("/")
 
 
+# What ``join_stores`` accepts (``validation``); the members and their arrays are checked against the stores
+JOIN_PARAMETERS: Table = {
+    "stores": [Anything("join_stores: a non-empty {name: store, URL or (store, group)} mapping")],
+    "variables": [None, Instance(Mapping, "a {member: [array, ...]} mapping")],
+    "rename": [None, Instance(Mapping, 'a {"<member>/<array>": label} mapping')],
+    "dim": [Instance(str, "a str (the time dimension's name)")],
+    "sample_axis": [Interval(-INT_KNOB_MAX)],  # negative counts from the end, as open_geometries takes it
+}
+
+
+@validate_params(JOIN_PARAMETERS)
 def join_stores(
     stores: Mapping[str, Any],
     *,
