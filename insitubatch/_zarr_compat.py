@@ -209,6 +209,17 @@ def unwrap_store(store: Store) -> Store:
     return store
 
 
+def wrapper_stack(store: Store) -> list[Store]:
+    """``store`` and each store inside it, outermost first, through any stack of ``WrapperStore``."""
+    stack = [store]
+    while isinstance(stack[-1], WrapperStore):
+        inner = getattr(stack[-1], "_store", None)
+        if inner is None:
+            raise RuntimeError(_gone("WrapperStore._store (the wrapped store)"))
+        stack.append(inner)
+    return stack
+
+
 def memory_store_dict(store: MemoryStore) -> MutableMapping[str, Any]:
     """A ``MemoryStore``'s backing dict of key -> Buffer (zarr keeps it in ``_store_dict``)."""
     data = getattr(store, "_store_dict", None)

@@ -17,7 +17,7 @@ import pytest
 import zarr
 from helpers import assert_batch_matches, smooth_field, write_array
 from zarr.errors import ZarrUserWarning
-from zarr.storage import LoggingStore
+from zarr.storage import LoggingStore, WrapperStore
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.group import open_geometries
@@ -88,3 +88,26 @@ def test_a_logging_store_reads_through_its_get_with_the_plain_stores_gets(
     assert len(wrapped_gets) == len(plain_gets) > 0
     assert wrapped_gets == plain_gets
     assert any("get" in record.getMessage().lower() and "/c/" in record.getMessage() for record in caplog.records)
+
+
+class _Tagged(WrapperStore):
+    """A user's wrapper that adds a label and defines no read: every read passes on to the store inside."""
+
+    label = "era5"
+
+
+def test_a_wrapper_that_defines_no_read_keeps_the_engines_path(http_server: HTTPFileServer) -> None:
+    data = _write_group(zarr.storage.LocalStore(http_server.root / "g.zarr"))
+    url = f"{http_server.url}/g.zarr"
+    plain = obstore_store(url, read_only=True)
+    inner = obstore_store(url, read_only=True)
+    tagged = _Tagged(_Tagged(inner))  # a stack of them, too
+    try:
+        plain_client, plain_gets = _pass_gets(http_server, plain, data)
+        tagged_client, tagged_gets = _pass_gets(http_server, tagged, data)
+    finally:
+        close_store(plain)
+        close_store(tagged)
+        close_store(inner)
+    assert tagged_client == plain_client == {"client": "engine", "reason": "an http store"}
+    assert tagged_gets == plain_gets and len(plain_gets) > 0

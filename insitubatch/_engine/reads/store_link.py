@@ -42,10 +42,11 @@ from urllib.parse import urlsplit
 import obstore
 import obstore.store
 from zarr.abc.store import Store
-from zarr.storage import ObjectStore
+from zarr.storage import ObjectStore, WrapperStore
 
 from ..._wire.backends import _ObstoreBackend, _StoreBackend
 from ..._wire.engine_client import NativeBackend
+from ..._zarr_compat import wrapper_stack
 from ...plan.sizing import AUTO_INFLIGHT_CEILING
 from ...stores.client_choice import resolve_client
 from ...stores.obstore_runtime import ForkSafeObjectStore
@@ -202,7 +203,31 @@ def _retry_free(raw: Any) -> Any:
         return raw
 
 
+def _read_by(store: Store) -> Store:
+    """The store whose reads ``store`` passes on unchanged: inside every ``WrapperStore`` that defines no read.
+
+    A wrapper that reads itself (zarr's ``LoggingStore`` logs each read) is
+    read through its own ``get``, so it sees every read.
+    """
+    stack = wrapper_stack(store)
+    for wrapper, inner in zip(stack, stack[1:], strict=False):
+        own = (
+            vars(klass)
+            for klass in type(wrapper).__mro__
+            if issubclass(klass, WrapperStore) and klass is not WrapperStore
+        )
+        if any(name in defined for defined in own for name in _READS):
+            return wrapper
+        store = inner
+    return store
+
+
+# A wrapper defining any of these reads itself; one defining none passes every read on to the store it wraps.
+_READS = ("get", "get_partial_values")
+
+
 def _build(store: Store) -> StoreClient:
+    store = _read_by(store)
     raw = cast(ObjectStore, store).store if type(store) in (ObjectStore, ForkSafeObjectStore) else None
     if not isinstance(raw, _REMOTE):
         # any other store: its own get and retries; stalls and hedging still apply, with a link of its own
