@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 
 from ._engine.passes.batch import Batch
 from ._engine.passes.context import PassContext
-from ._engine.passes.producer import PassIterator, _PassState
+from ._engine.passes.producer import PassIterator, PassState
 from ._engine.stats import PassStats
 from .io.geometry import ArrayGeometry
 from .plan.cost import empty_split_note
@@ -59,7 +59,7 @@ class DatasetView:
         self.planner = planner
         self.dataset = dataset  # the InSituDataset that made this view (views read only context and planner)
         self.split = split
-        self._pass: weakref.ref[_PassState] | None = None
+        self._pass: weakref.ref[PassState] | None = None
         # (epoch, batch, history) where the next pass starts, set by load_state_dict
         self._resume_at: tuple[int, int, tuple[tuple[int, int], ...]] | None = None
         self._last_stats: PassStats | None = None
@@ -121,7 +121,7 @@ class DatasetView:
         why = self.planner.empty_reason(self.split, plan)
         if why is not None:  # never a silently empty loop, unless the split was asked to be empty
             logger.warning("insitubatch: %s", empty_split_note(self.split, why))
-        state = _PassState(ctx, self.split, plan, ctx.epoch, start_batch)
+        state = PassState(ctx, self.split, plan, ctx.epoch, start_batch)
         state.history = history
         ref = weakref.ref(state)
         state.on_stats = self._pass_ended(ref)
@@ -133,7 +133,7 @@ class DatasetView:
     def _plan_for_pass(self, history: History = ()) -> EpochPlan:
         return self.planner.plan(self.split, self.context.epoch, history)
 
-    def _pass_ended(self, ref: weakref.ref[_PassState]) -> Callable[[PassStats], None]:
+    def _pass_ended(self, ref: weakref.ref[PassState]) -> Callable[[PassStats], None]:
         """What a pass tells when it ends: its final stats, and where its consumer stopped."""
 
         def ended(stats: PassStats) -> None:
@@ -148,7 +148,7 @@ class DatasetView:
     def last_pass(self) -> PassStats | None:
         """Stats of this view's latest pass: live while it runs, final once it ended; ``None`` before any."""
         state = self._pass() if self._pass is not None else None
-        if state is not None and not state._closed:
+        if state is not None and not state.closed:
             return state.stats()
         return self._last_stats
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import _thread
 import ast
+import asyncio
 import contextlib
 import functools
 import gc
@@ -583,3 +584,11 @@ def test_a_hook_installed_over_ours_is_left_in_place() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"], done.stderr
+
+
+def test_running_loop_is_the_loop_on_it_and_none_off_it() -> None:
+    async def on_loop() -> bool:
+        return lifecycle.running_loop() is asyncio.get_running_loop()
+
+    assert lifecycle.running_loop() is None
+    assert asyncio.run(on_loop())

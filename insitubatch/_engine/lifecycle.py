@@ -52,6 +52,7 @@ __all__ = [
     "exiting",
     "live_loop",
     "may_wait",
+    "running_loop",
 ]
 
 logger = logging.getLogger("insitubatch")
@@ -79,6 +80,14 @@ def live_loop() -> asyncio.AbstractEventLoop | None:
     return running_io_loop()
 
 
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, else None (``asyncio.get_running_loop`` raises when none)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def exiting() -> bool:
     """True once interpreter shutdown has begun (our exit hook ran, or Python is finalizing)."""
     return _exiting or sys.is_finalizing()
@@ -93,7 +102,7 @@ def may_wait() -> bool:
     close waits for): there a finalizer only signals. A reference dropped by
     the caller's own code (``break``, ``del``, a function's return) may wait.
     """
-    if collecting() or exiting() or asyncio._get_running_loop() is not None:
+    if collecting() or exiting() or running_loop() is not None:
         return False
     return not threading.current_thread().name.startswith(DECODE_THREAD_PREFIX)
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ..plan.sizing import READ_AHEAD_SHARE
 
-__all__ = ["READ_AHEAD_SHARE", "PassCounters", "PassStats", "PassTrace", "PoolTotals", "Stage"]
+__all__ = ["READ_AHEAD_SHARE", "PassCounters", "PassStats", "PassTrace", "PoolTotals", "Stage", "stats_from_trace"]
 
 logger = logging.getLogger("insitubatch")
 
@@ -337,42 +337,42 @@ class PassStats:
             f"{self.stalls} stalls, {self.retries} retries"
         )
 
-    @classmethod
-    def _from_trace(cls, trace: PassTrace, counters: Any, **fields: Any) -> PassStats:
-        """Combine a pass's counters (``PassCounters``) and trace with ``split``, ``epoch``, ``wall_s``, ..."""
-        n = max(trace.depth_samples, 1)
-        tiles_per_read = counters.gets / counters.misses if counters.misses else 1.0
-        fields.setdefault("read_window", round(trace.read_limit * tiles_per_read))
-        return cls(
-            samples=counters.samples,
-            batches=counters.batches,
-            gets=counters.gets,
-            get_bytes=counters.get_bytes,
-            hits=counters.hits,
-            misses=counters.misses,
-            revived=counters.revived,
-            re_reads=trace.re_reads,
-            bad_tiles=trace.bad_tiles,
-            fetch_s=trace.fetch_s,
-            decode_s=trace.decode_s,
-            transform_s=trace.transform_s,
-            gather_s=trace.gather_s,
-            consumer_wait_s=trace.consumer_wait_s,
-            producer_wait_s=trace.producer_wait_s,
-            data_wait_s=trace.data_wait_s,
-            budget_wait_s=trace.budget_wait_s,
-            inflight_depth_mean=trace.inflight_depth_sum / n,
-            inflight_depth_max=trace.inflight_depth_max,
-            inflight_peak=trace.inflight_peak,
-            queue_depth_mean=trace.queue_depth_sum / n,
-            queue_depth_max=trace.queue_depth_max,
-            throttled=counters.throttled,
-            hedged=counters.hedged,
-            hedge_wins=counters.hedge_wins,
-            stalls=counters.stalls,
-            retries=counters.retries,
-            **fields,
-        )
+
+def stats_from_trace(trace: PassTrace, counters: Any, **fields: Any) -> PassStats:
+    """A pass's ``PassStats``: its counters (``PassCounters``) and trace with ``split``, ``epoch``, ``wall_s``, ..."""
+    n = max(trace.depth_samples, 1)
+    tiles_per_read = counters.gets / counters.misses if counters.misses else 1.0
+    fields.setdefault("read_window", round(trace.read_limit * tiles_per_read))
+    return PassStats(
+        samples=counters.samples,
+        batches=counters.batches,
+        gets=counters.gets,
+        get_bytes=counters.get_bytes,
+        hits=counters.hits,
+        misses=counters.misses,
+        revived=counters.revived,
+        re_reads=trace.re_reads,
+        bad_tiles=trace.bad_tiles,
+        fetch_s=trace.fetch_s,
+        decode_s=trace.decode_s,
+        transform_s=trace.transform_s,
+        gather_s=trace.gather_s,
+        consumer_wait_s=trace.consumer_wait_s,
+        producer_wait_s=trace.producer_wait_s,
+        data_wait_s=trace.data_wait_s,
+        budget_wait_s=trace.budget_wait_s,
+        inflight_depth_mean=trace.inflight_depth_sum / n,
+        inflight_depth_max=trace.inflight_depth_max,
+        inflight_peak=trace.inflight_peak,
+        queue_depth_mean=trace.queue_depth_sum / n,
+        queue_depth_max=trace.queue_depth_max,
+        throttled=counters.throttled,
+        hedged=counters.hedged,
+        hedge_wins=counters.hedge_wins,
+        stalls=counters.stalls,
+        retries=counters.retries,
+        **fields,
+    )
 
 
 def log_pass(stats: PassStats) -> None:

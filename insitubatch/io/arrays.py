@@ -16,13 +16,9 @@ from .. import config
 from .._zarr_compat import ArrayV3Metadata
 from .coords import CoordinateSource
 from .decode import partial_shards
-from .geometry import ArrayGeometry, _ceil_div, _normalize_axis
+from .geometry import ArrayGeometry, ceil_div, normalize_axis
 
-__all__ = [
-    "MAX_CHUNK_BYTES",
-    "MAX_CHUNKS_PER_READ",
-    "geometry_of",
-]
+__all__ = ["MAX_CHUNKS_PER_READ", "MAX_CHUNK_BYTES", "chunk_byte_limit", "dimension_names_of", "geometry_of"]
 
 # Largest decoded chunk the engine will allocate, in bytes: the ``max_chunk_bytes`` setting's default (why
 # 4 GiB: ``insitubatch.config``). Raise it per call with ``max_chunk_bytes=``, or process-wide with the setting.
@@ -35,7 +31,7 @@ _MAX_CHUNK_BYTES_VARIABLE = config.SETTINGS["max_chunk_bytes"].variable
 MAX_CHUNKS_PER_READ = 2**20
 
 
-def _dimension_names(arr: zarr.Array) -> tuple[str | None, ...] | None:
+def dimension_names_of(arr: zarr.Array) -> tuple[str | None, ...] | None:
     """v3 ``dimension_names``, else xarray's ``_ARRAY_DIMENSIONS`` attribute (v2, or v3 written that way)."""
     md = arr.metadata
     if isinstance(md, ArrayV3Metadata) and md.dimension_names is not None:
@@ -46,7 +42,7 @@ def _dimension_names(arr: zarr.Array) -> tuple[str | None, ...] | None:
     return None
 
 
-def _chunk_byte_limit(max_chunk_bytes: int | None) -> int:
+def chunk_byte_limit(max_chunk_bytes: int | None) -> int:
     """``max_chunk_bytes``, else the ``max_chunk_bytes`` setting (its variable, else ``MAX_CHUNK_BYTES``)."""
     if max_chunk_bytes is None:
         return int(config.get("max_chunk_bytes"))
@@ -67,7 +63,7 @@ def _check_size(g: ArrayGeometry, limit: int) -> None:
                 f"{what} decodes to {nbytes} bytes, over max_chunk_bytes={limit}; "
                 f"the metadata is likely corrupt ({override})"
             )
-    inner_per_shard = math.prod(_ceil_div(s, c) for s, c in zip(g.stored_chunks, g.chunks))
+    inner_per_shard = math.prod(ceil_div(s, c) for s, c in zip(g.stored_chunks, g.chunks))
     for what, count in (
         ("inner chunks per shard", inner_per_shard),
         ("tiles per sample-axis chunk", g.tiles_per_chunk),
@@ -97,9 +93,9 @@ def geometry_of(
         ``MAX_CHUNK_BYTES``, or the ``INSITUBATCH_MAX_CHUNK_BYTES`` environment
         variable), or a read spans more than ``MAX_CHUNKS_PER_READ`` chunks.
     """
-    limit = _chunk_byte_limit(max_chunk_bytes)
+    limit = chunk_byte_limit(max_chunk_bytes)
     ndim = arr.ndim
-    axis = _normalize_axis(sample_axis, ndim, arr.path)
+    axis = normalize_axis(sample_axis, ndim, arr.path)
     chunks = tuple(int(c) for c in arr.chunks)
     shards = getattr(arr, "shards", None)
     stored = tuple(int(c) for c in shards) if shards is not None else chunks
@@ -118,7 +114,7 @@ def geometry_of(
         sample_axis=axis,
         offset=0,
         zarr_format=arr.metadata.zarr_format,
-        dimension_names=_dimension_names(arr),
+        dimension_names=dimension_names_of(arr),
         metadata=arr.metadata,
         coords=coords if coords is not None else CoordinateSource(arr.store),
         # a shard's inner chunks are read alone (by byte range, after its index) when nothing else encodes the shard

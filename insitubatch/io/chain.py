@@ -1,7 +1,7 @@
 """A v3 array's codec chain run as plain calls, and the sharding codec's stage inside it.
 
-``_Chain`` decodes one chunk through a v3 codec list without an event loop
-(see ``io.decode`` for why); ``_ShardStage`` is the sharding codec's part:
+``Chain`` decodes one chunk through a v3 codec list without an event loop
+(see ``io.decode`` for why); ``ShardStage`` is the sharding codec's part:
 the shard index and the inner chunks. They reference each other (a shard's
 index and inner chunks are chains, a chain may end in a shard), so they live
 in one module.
@@ -24,18 +24,30 @@ from zarr.dtype import UInt64
 from .._zarr_compat import ArrayConfig, ArraySpec, bytes_codec_endian, codec_decoder, shard_index_at_start
 from .direct import _check_blosc_frame, _DecodeFailure, _Direct, _is_blosc
 
-__all__ = ["INDEX_HALF_EMPTY", "INDEX_OK", "INDEX_OUTSIDE", "partial_shards"]
+__all__ = [
+    "ABSENT",
+    "CONFIG",
+    "Chain",
+    "INDEX_HALF_EMPTY",
+    "INDEX_OK",
+    "INDEX_OUTSIDE",
+    "PROTOTYPE",
+    "ShardStage",
+    "fill_value_of",
+    "partial_shards",
+]
 
 # Shard-index entry of an inner chunk that was never written (zarr sharding spec).
-_ABSENT = 2**64 - 1
-# What ``_ShardStage.read_index`` says of each entry.
+ABSENT = 2**64 - 1
+# What ``ShardStage.read_index`` says of each entry.
 INDEX_OK, INDEX_HALF_EMPTY, INDEX_OUTSIDE = 0, 1, 2
 # Decode into host numpy memory whatever zarr's configured default buffer is.
-_PROTOTYPE = numpy_buffer_prototype()
-_CONFIG = ArrayConfig(order="C", write_empty_chunks=False)
+PROTOTYPE = numpy_buffer_prototype()
+CONFIG = ArrayConfig(order="C", write_empty_chunks=False)
 
 
-def _fill_value(spec: ArraySpec) -> Any:
+def fill_value_of(spec: ArraySpec) -> Any:
+    """What a chunk the store lacks reads as, for this spec."""
     # zarr v2 allows a null fill value; zarr then reads missing chunks as the dtype default.
     return spec.dtype.default_scalar() if spec.fill_value is None else spec.fill_value
 
@@ -64,7 +76,7 @@ def _run(
         raise _DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
 
 
-class _Chain:
+class Chain:
     """A v3 codec list, decoded last to first: bytes→bytes, array→bytes, array→array."""
 
     def __init__(self, codecs: Sequence[Any], spec: ArraySpec) -> None:
@@ -82,7 +94,7 @@ class _Chain:
         (ab,) = array_bytes
         self._array_bytes_codec = ab
         self._array_bytes_spec = spec
-        self._array_bytes = _ShardStage(ab, spec) if isinstance(ab, ShardingCodec) else _stage(ab)
+        self._array_bytes = ShardStage(ab, spec) if isinstance(ab, ShardingCodec) else _stage(ab)
         spec = ab.resolve_metadata(spec)
         self._bytes_bytes = []
         for bb in bytes_bytes:
@@ -92,6 +104,11 @@ class _Chain:
         raw = self._array_bytes_spec
         self._raw_nbytes = math.prod(raw.shape) * raw.dtype.to_native_dtype().itemsize
         self._direct = self._direct_stage()
+
+    @property
+    def direct(self) -> _Direct | None:
+        """The numcodecs stage that decodes a chunk straight into its output, where one alone suffices."""
+        return self._direct
 
     def _direct_stage(self) -> _Direct | None:
         """The compressor to decode straight into a caller's buffer, when the chain is just that."""
@@ -108,7 +125,7 @@ class _Chain:
         """Decode into ``out`` (this chain's shape, C-contiguous, writeable)."""
         if self._direct is not None and out.dtype == self.dtype and self._direct(raw, out):
             return
-        if isinstance(self._array_bytes, _ShardStage) and not self._array_array and not self._bytes_bytes:
+        if isinstance(self._array_bytes, ShardStage) and not self._array_array and not self._bytes_bytes:
             self._array_bytes.decode_into(raw, out)
             return
         out[...] = self(raw)
@@ -124,7 +141,7 @@ class _Chain:
         data = raw
         for codec, decode, spec in reversed(self._bytes_bytes):
             data = _run(codec, decode, data, spec)
-        if isinstance(self._array_bytes, _ShardStage):
+        if isinstance(self._array_bytes, ShardStage):
             data = self._array_bytes(data)
         else:
             if getattr(self._array_bytes_codec, "is_fixed_size", False) and data.nbytes != self._raw_nbytes:
@@ -137,32 +154,32 @@ class _Chain:
         return data
 
 
-class _ShardStage:
+class ShardStage:
     """The sharding codec's decode: index, then each present inner chunk into its place."""
 
     def __init__(self, codec: ShardingCodec, spec: ArraySpec) -> None:
         self.shape = tuple(spec.shape)
         self.dtype = spec.dtype.to_native_dtype()
-        self.fill = _fill_value(spec)
+        self.fill = fill_value_of(spec)
         self.inner_shape = tuple(codec.chunk_shape)
         self.grid = tuple(s // c for s, c in zip(self.shape, self.inner_shape))
         index_spec = ArraySpec(
             shape=(*self.grid, 2),
             dtype=UInt64(endianness="little"),
-            fill_value=_ABSENT,
-            config=_CONFIG,
-            prototype=_PROTOTYPE,
+            fill_value=ABSENT,
+            config=CONFIG,
+            prototype=PROTOTYPE,
         )
-        self._index = _Chain(codec.index_codecs, index_spec)
+        self._index = Chain(codec.index_codecs, index_spec)
         self.index_nbytes = self._index.encoded_nbytes()
         self.index_at_start = shard_index_at_start(codec)
         inner_spec = ArraySpec(
-            shape=self.inner_shape, dtype=spec.dtype, fill_value=spec.fill_value, config=_CONFIG, prototype=_PROTOTYPE
+            shape=self.inner_shape, dtype=spec.dtype, fill_value=spec.fill_value, config=CONFIG, prototype=PROTOTYPE
         )
-        self._inner = _Chain(codec.codecs, inner_spec)
+        self._inner = Chain(codec.codecs, inner_spec)
 
     @property
-    def inner_chain(self) -> _Chain:
+    def inner_chain(self) -> Chain:
         """The codec chain of one inner chunk."""
         return self._inner
 
@@ -183,11 +200,11 @@ class _ShardStage:
         except _DecodeFailure as exc:
             raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
         offsets, lengths = index[..., 0].copy(), index[..., 1].copy()
-        absent = offsets == _ABSENT
+        absent = offsets == ABSENT
         problems = np.full(offsets.shape, INDEX_OK, dtype=np.uint8)
-        problems[absent != (lengths == _ABSENT)] = INDEX_HALF_EMPTY
+        problems[absent != (lengths == ABSENT)] = INDEX_HALF_EMPTY
         lo = self.index_nbytes if self.index_at_start else 0
-        outside = ~absent & (lengths != _ABSENT) & ((offsets < lo) | (lengths > _ABSENT - offsets))
+        outside = ~absent & (lengths != ABSENT) & ((offsets < lo) | (lengths > ABSENT - offsets))
         problems[outside] = INDEX_OUTSIDE
         return offsets, lengths, problems
 
@@ -204,9 +221,9 @@ class _ShardStage:
         except _DecodeFailure as exc:
             raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
         offsets, lengths = index[..., 0], index[..., 1]
-        absent = offsets == _ABSENT
-        if not np.array_equal(absent, lengths == _ABSENT):
-            where = tuple(int(i) for i in np.argwhere(absent != (lengths == _ABSENT))[0])
+        absent = offsets == ABSENT
+        if not np.array_equal(absent, lengths == ABSENT):
+            where = tuple(int(i) for i in np.argwhere(absent != (lengths == ABSENT))[0])
             raise _DecodeFailure(f"shard index entry {where} is half empty")
         # Every present inner chunk must lie in the data region [lo, hi) of the shard.
         outside = ~absent & ((offsets < lo) | (offsets > hi) | (lengths > hi - np.minimum(offsets, hi)))

@@ -65,23 +65,23 @@ from .._zarr_compat import (
 )
 from ..errors import BadChunkError, StoreReadError
 from ..validation import Anything, Instance, Table, validate_params
-from .chain import _CONFIG, _PROTOTYPE, _Chain, _fill_value, _ShardStage, partial_shards
-from .decode_v2 import _V2Chain
+from .chain import CONFIG, PROTOTYPE, Chain, ShardStage, fill_value_of, partial_shards
+from .decode_v2 import V2Chain
 from .direct import ChunkData, _as_uint8, _DecodeFailure
 from .geometry import ArrayGeometry
 
 __all__ = ["ChunkDecoder", "clip_to_array", "make_decoder", "read_stored_chunk"]
 
 
-def shard_stage(geometry: ArrayGeometry) -> _ShardStage:
+def shard_stage(geometry: ArrayGeometry) -> ShardStage:
     """The sharding stage of a geometry whose tiles are inner chunks: its index and inner chains."""
     metadata = geometry.metadata
     codecs: tuple[Any, ...] = tuple(getattr(metadata, "codecs", ())) if metadata is not None else ()
     codec = codecs[0] if partial_shards(metadata) else None
     if metadata is None or not isinstance(codec, ShardingCodec):
         raise ValueError(f"array {geometry.path!r} is not sharded with the sharding codec alone")
-    spec = chunk_spec(metadata, tuple(geometry.stored_chunks), _CONFIG, _PROTOTYPE)
-    return _ShardStage(codec, spec)
+    spec = chunk_spec(metadata, tuple(geometry.stored_chunks), CONFIG, PROTOTYPE)
+    return ShardStage(codec, spec)
 
 
 class ChunkDecoder:
@@ -100,27 +100,27 @@ class ChunkDecoder:
         self.inner = tile and geometry.sharded_reads
         self.shape = tuple(geometry.tile_chunks if self.inner else geometry.stored_chunks)
         self.dtype = np.dtype(geometry.dtype)
-        spec = chunk_spec(metadata, self.shape, _CONFIG, _PROTOTYPE)
-        self.fill_value = _fill_value(spec)
-        self._chain: _V2Chain | _Chain
+        spec = chunk_spec(metadata, self.shape, CONFIG, PROTOTYPE)
+        self.fill_value = fill_value_of(spec)
+        self._chain: V2Chain | Chain
         if isinstance(metadata, ArrayV2Metadata):
-            self._chain = _V2Chain(metadata, spec)
+            self._chain = V2Chain(metadata, spec)
         elif self.inner:
             self._chain = shard_stage(geometry).inner_chain
         else:
-            self._chain = _Chain(metadata.codecs, spec)
+            self._chain = Chain(metadata.codecs, spec)
 
     @property
     def direct_codec(self) -> Any:
         """The numcodecs compressor that alone decodes a chunk straight into a tile of this dtype, else None."""
-        direct = self._chain._direct
+        direct = self._chain.direct
         return direct.codec if direct is not None and self._chain.dtype == self.dtype else None
 
     def encoded_nbytes(self) -> int | None:
         """Bytes each chunk (tile) this decodes takes in the store, where its codecs fix them (none compresses),
         else None: a compressed chunk's size is known only once it is read."""
         chain = self._chain
-        if not isinstance(chain, _Chain):
+        if not isinstance(chain, Chain):
             return None
         try:
             return int(chain.encoded_nbytes())
@@ -149,9 +149,9 @@ class ChunkDecoder:
             if decoded.shape != self.shape:
                 raise _DecodeFailure(f"decoded shape {decoded.shape}, expected {self.shape}")
         except _DecodeFailure as exc:
-            raise self._bad(coord, str(exc)) from exc.__cause__
+            raise self.bad_chunk(coord, str(exc)) from exc.__cause__
         except (TypeError, ValueError) as exc:  # bytes that no buffer view accepts
-            raise self._bad(coord, str(exc)) from exc
+            raise self.bad_chunk(coord, str(exc)) from exc
         # One conversion at most: to the array's dtype (byte order) and C order.
         return np.asarray(decoded, dtype=self.dtype, order="C")
 
@@ -173,11 +173,12 @@ class ChunkDecoder:
         try:
             self._chain.decode_into(_as_uint8(data), out)
         except _DecodeFailure as exc:
-            raise self._bad(coord, str(exc)) from exc.__cause__
+            raise self.bad_chunk(coord, str(exc)) from exc.__cause__
         except (TypeError, ValueError) as exc:  # bytes that no buffer view accepts, shapes that do not fit
-            raise self._bad(coord, str(exc)) from exc
+            raise self.bad_chunk(coord, str(exc)) from exc
 
-    def _bad(self, coord: Sequence[int], why: str) -> BadChunkError:
+    def bad_chunk(self, coord: Sequence[int], why: str) -> BadChunkError:
+        """The ``BadChunkError`` for the chunk (or inner chunk) at ``coord``, naming its key and ``why``."""
         coord = tuple(int(c) for c in coord)
         if self.inner:
             key, place = self.geometry.tile_key(coord)

@@ -14,8 +14,10 @@ from numcodecs.compat import ensure_ndarray_like
 from .._zarr_compat import ArraySpec, ArrayV2Metadata
 from .direct import _check_blosc_frame, _DecodeFailure, _Direct, _is_blosc
 
+__all__ = ["V2Chain"]
 
-class _V2Chain:
+
+class V2Chain:
     """A v2 array's numcodecs compressor, then its filters in reverse, then a dtype/order view."""
 
     def __init__(self, metadata: ArrayV2Metadata, spec: ArraySpec) -> None:
@@ -28,6 +30,11 @@ class _V2Chain:
         plain = not self._filters and (self.order == "C" or len(self.shape) <= 1)
         native = not self.dtype.hasobject and self.dtype.isnative
         self._direct = _Direct.of(self._compressor) if self._compressor and plain and native else None
+
+    @property
+    def direct(self) -> _Direct | None:
+        """The compressor stage that decodes a chunk straight into its output, where it alone suffices."""
+        return self._direct
 
     def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
         """Decode into ``out`` (the chunk's shape, C-contiguous, writeable)."""

@@ -25,12 +25,12 @@ from .labelled import Labelled
 from .selection import AxisSelection
 from .time_offsets import StepAxis, TimeRows, in_time, is_duration, mixed_offsets, parse_duration, sample_time_axis
 
-__all__ = ["ArrayGeometry", "sample_coords"]
+__all__ = ["ArrayGeometry", "ceil_div", "normalize_axis", "sample_coords"]
 
 logger = logging.getLogger("insitubatch")
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -104,7 +104,7 @@ class ArrayGeometry(Labelled):
     @functools.cached_property
     def n_chunks(self) -> int:
         """Number of stored chunks along the sample axis (the last may be partial)."""
-        return _ceil_div(self.n_samples, self.sample_chunk_size)
+        return ceil_div(self.n_samples, self.sample_chunk_size)
 
     def chunk_len(self, chunk_index: int) -> int:
         """Samples the sample-axis chunk ``chunk_index`` really holds (edge chunks are short)."""
@@ -153,7 +153,7 @@ class ArrayGeometry(Labelled):
     @functools.cached_property
     def tile_grid(self) -> tuple[int, ...]:
         """Tiles per field axis (the grid of tiles one sample-axis chunk spans)."""
-        return tuple(_ceil_div(s, c) for s, c in zip(self.field_shape, self.tile_shape))
+        return tuple(ceil_div(s, c) for s, c in zip(self.field_shape, self.tile_shape))
 
     @functools.cached_property
     def tiles_per_chunk(self) -> int:
@@ -403,10 +403,10 @@ class ArrayGeometry(Labelled):
     def with_sample_axis(self, sample_axis: int) -> ArrayGeometry:
         if self.time_rows is not None:  # its rows were looked up along the old sample axis's times
             raise ValueError(f"array {self.path!r}: choose the sample axis before giving offsets in time")
-        return dataclasses.replace(self, sample_axis=_normalize_axis(sample_axis, self.ndim, self.path))
+        return dataclasses.replace(self, sample_axis=normalize_axis(sample_axis, self.ndim, self.path))
 
 
-def _normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
+def normalize_axis(sample_axis: int, ndim: int, path: str) -> int:
     if not isinstance(sample_axis, (int, np.integer)):
         raise TypeError(f"sample_axis must be an int, got {type(sample_axis).__name__} ({sample_axis!r})")
     if ndim == 0:
@@ -432,10 +432,10 @@ def sample_coords(variables: Iterable[ArrayGeometry], n: int) -> dict[str, np.nd
             return {name: g.time_rows.axis.values}
         if name and g.n_samples == n:
             try:
-                found = g._coordinate(name)
+                found = g.coord_or_none(name)
             except CalendarError as exc:
                 logger.warning("insitubatch: batch coords carry sample indices: %s", exc)
                 break
             if found is not None:
-                return {name: found.values}
+                return {name: found}
     return {"sample": np.arange(n)}

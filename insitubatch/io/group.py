@@ -27,9 +27,9 @@ import zarr.errors
 from .._zarr_compat import sync
 from ..errors import ForkError, StoreReadError
 from ..validation import INT_KNOB_MAX, Anything, Instance, Interval, Table, validate_params
-from .arrays import _chunk_byte_limit, _dimension_names, geometry_of
+from .arrays import chunk_byte_limit, dimension_names_of, geometry_of
 from .coords import CoordinateSource
-from .geometry import ArrayGeometry, _normalize_axis
+from .geometry import ArrayGeometry, normalize_axis
 from .statics import StaticField, static_of
 
 __all__ = ["GroupContents", "open_geometries", "open_statics", "resolve_statics", "resolve_variables", "scan_group"]
@@ -175,7 +175,7 @@ def _named_coordinates(arrays: Mapping[str, zarr.Array], root: zarr.Group) -> se
 def _coordinate_reason(path: str, arr: zarr.Array, declared: set[str]) -> str | None:
     """Why ``arr`` is a coordinate (and no data), or None."""
     name = path.rsplit("/", 1)[-1]
-    dims = _dimension_names(arr)
+    dims = dimension_names_of(arr)
     if arr.ndim == 1 and dims is not None and dims[0] == name:
         return f"coordinate of dimension {name!r}"
     if arr.ndim == 0 and any(k in arr.attrs for k in _GRID_MAPPING_ATTRS):
@@ -195,7 +195,7 @@ def _sample_dim(candidates: Mapping[str, zarr.Array], sample_axis: int) -> str |
     """The dimension name most of the named data has at ``sample_axis`` (weighted by size), or None."""
     named: Counter[str] = Counter()
     for arr in candidates.values():
-        axis, dims = _axis(arr, sample_axis), _dimension_names(arr)
+        axis, dims = _axis(arr, sample_axis), dimension_names_of(arr)
         name = dims[axis] if axis is not None and dims is not None else None
         if name is not None:
             named[name] += arr.size
@@ -207,7 +207,7 @@ def _sample_axis_of(arr: zarr.Array, sample_axis: int, dim: str | None) -> int |
 
     An array without dimension names has it at ``sample_axis`` when it has that axis.
     """
-    dims = _dimension_names(arr)
+    dims = dimension_names_of(arr)
     if dims is not None and dim is not None:
         return dims.index(dim) if dim in dims else None
     return _axis(arr, sample_axis)
@@ -234,7 +234,7 @@ def scan_group(
     """
     from ..stores.obstore_stores import as_store
 
-    limit = _chunk_byte_limit(max_chunk_bytes)
+    limit = chunk_byte_limit(max_chunk_bytes)
     group = _check_group(group)
     zstore = as_store(store)
     root = _open_root(zstore, group)
@@ -252,7 +252,7 @@ def scan_group(
         raise TypeError(f"sample_axis must be an int, got {type(sample_axis).__name__} ({sample_axis!r})")
     if candidates and all(_axis(arr, sample_axis) is None for arr in candidates.values()):
         largest = max(candidates, key=lambda p: candidates[p].ndim)
-        _normalize_axis(sample_axis, candidates[largest].ndim, largest)  # raises, naming that array
+        normalize_axis(sample_axis, candidates[largest].ndim, largest)  # raises, naming that array
     dim = _sample_dim(candidates, sample_axis)
     source = CoordinateSource(zstore, opened=arrays)
     variables: dict[str, ArrayGeometry] = {}
@@ -334,7 +334,7 @@ def open_geometries(
         no consolidated metadata while ``variables`` is not given.
     """
 
-    limit = _chunk_byte_limit(max_chunk_bytes)
+    limit = chunk_byte_limit(max_chunk_bytes)
     group = group.strip("/")
     if variables is None:
         contents = scan_group(store, sample_axis=sample_axis, group=group, max_chunk_bytes=limit)

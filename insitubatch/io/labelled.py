@@ -79,13 +79,28 @@ class Labelled:
         KeyError
             The array has no such dimension, or the store no coordinate array for it.
         """
-        found = self._coordinate(dim)
-        if found is None:
+        values = self.coord_or_none(dim)
+        if values is None:
             raise KeyError(
                 f"array {self.path!r}: dimension {dim!r} has no coordinate array in the store "
                 f"(looked for a 1-D array {dim!r} of length {self.shape[self._dim_index(dim)]} next to it "
                 "and in its parent groups)"
             )
+        return values
+
+    def coord_or_none(self, dim: str) -> np.ndarray | None:
+        """Like :meth:`coord`, but None when the store has no coordinate array for ``dim``.
+
+        Raises
+        ------
+        KeyError
+            The array has no such dimension.
+        ValueError
+            The array has no dimension names.
+        """
+        found = self._coordinate(dim)
+        if found is None:
+            return None
         picked = self._chosen.get(self._dim_index(dim))
         if picked is None:
             return found.values

@@ -58,33 +58,34 @@ class StaticField(Labelled):
     def nbytes(self) -> int:
         return math.prod(self.value_shape) * self.dtype.itemsize
 
-    def _index(self) -> tuple[Any, ...]:
-        """zarr's orthogonal index of the selection: per axis an int, a list of positions or everything."""
-        chosen = self._chosen
-        out: list[Any] = []
-        for k in range(self.ndim):
-            picked = chosen.get(k)
-            if picked is None:
-                out.append(slice(None))
-            elif picked.drop:
-                out.append(picked.indices[0])
-            else:
-                out.append(picked.array)
-        return tuple(out)
-
 
 def static_of(arr: zarr.Array, coords: CoordinateSource | None = None) -> StaticField:
     """The ``StaticField`` of an open zarr array."""
-    from .arrays import _dimension_names
+    from .arrays import dimension_names_of
 
     return StaticField(
         path=arr.path,
         shape=tuple(int(s) for s in arr.shape),
         dtype=np.dtype(arr.dtype),
-        dimension_names=_dimension_names(arr),
+        dimension_names=dimension_names_of(arr),
         metadata=arr.metadata,
         coords=coords if coords is not None else CoordinateSource(arr.store),
     )
+
+
+def _orthogonal_index(static: StaticField) -> tuple[Any, ...]:
+    """zarr's orthogonal index of a static's selection: per axis an int, a list of positions or everything."""
+    chosen = {a.axis: a for a in static.selection}
+    out: list[Any] = []
+    for k in range(static.ndim):
+        picked = chosen.get(k)
+        if picked is None:
+            out.append(slice(None))
+        elif picked.drop:
+            out.append(picked.indices[0])
+        else:
+            out.append(picked.array)
+    return tuple(out)
 
 
 def read_static(store: Any, static: StaticField) -> np.ndarray:
@@ -100,7 +101,7 @@ def read_static(store: Any, static: StaticField) -> np.ndarray:
         if arr.ndim == 0:
             values = np.asarray(arr[()])
         elif static.selection:
-            values = np.asarray(arr.oindex[static._index()])
+            values = np.asarray(arr.oindex[_orthogonal_index(static)])
         else:
             values = np.asarray(arr[...])
     except Exception as exc:  # any backend's failure, named for the user

@@ -58,9 +58,9 @@ def sample_coordinate(geometries: Iterable[ArrayGeometry]) -> tuple[str, np.ndar
         if not dim:
             tried.append(f"{g.path!r} has no dimension names")
             continue
-        found = g._coordinate(dim)
+        found = g.coord_or_none(dim)
         if found is not None:
-            return dim, found.values
+            return dim, found
         tried.append(f"{g.path!r}: no 1-D array {dim!r} of length {g.n_samples} beside it or in a parent group")
     raise ValueError(
         "dates need the sample axis's coordinate, and none was found (" + "; ".join(tried) + "); "

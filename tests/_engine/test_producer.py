@@ -1,4 +1,4 @@
-"""A pass on its own (``_PassState`` over a ``PassContext``): zarr's rows in plan order; close stops everything it made."""
+"""A pass on its own (``PassState`` over a ``PassContext``): zarr's rows in plan order; close stops everything it made."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from insitubatch._engine.passes.producer import PassIterator, _PassState
+from insitubatch._engine.passes.producer import PassIterator, PassState
 from insitubatch.errors import DatasetClosedError
 
 WAIT_S = 30.0
@@ -16,7 +16,7 @@ WAIT_S = 30.0
 
 def start_pass(engine, split: str = "train", start_batch: int = 0) -> PassIterator:
     ctx = engine.context
-    state = _PassState(ctx, split, engine.planner.plan(split, ctx.epoch), ctx.epoch, start_batch)
+    state = PassState(ctx, split, engine.planner.plan(split, ctx.epoch), ctx.epoch, start_batch)
     ctx.passes.add(state)
     state.start()
     return PassIterator(state)

@@ -69,6 +69,19 @@ def test_coordinates_are_read_once_and_decoded(tmp_path) -> None:
         g.coord("level")
 
 
+def test_coord_or_none_is_coord_or_none_where_the_store_has_no_coordinate(tmp_path) -> None:
+    root = zarr.open_group(tmp_path / "o.zarr", mode="w")
+    root.create_array("x", shape=(3,), dtype="f8", dimension_names=("x",))[:] = [10.0, 20.0, 30.0]
+    root.create_array("v", shape=(4, 3, 2), chunks=(2, 3, 2), dtype="f4", dimension_names=("time", "x", "y"))
+    g = open_geometries(str(tmp_path / "o.zarr"))["v"]
+    assert g.coord_or_none("time") is None and g.coord_or_none("y") is None  # no coordinate arrays: no error
+    np.testing.assert_array_equal(g.coord_or_none("x"), zarr.open_array(tmp_path / "o.zarr", path="x")[:])
+    np.testing.assert_array_equal(g.isel(x=[2, 0]).coord_or_none("x"), [30.0, 10.0])  # the selection applies
+    assert g.isel(x=1).coord_or_none("x") == 20.0
+    with pytest.raises(KeyError, match="no dimension 'level'; its dimensions are"):
+        g.coord_or_none("level")
+
+
 def test_a_one_dimensional_variable_has_one_tile(tmp_path) -> None:
     path = _weather_group(tmp_path / "g.zarr")
     g = open_geometries(str(path))["series"]

@@ -35,7 +35,7 @@ from ...cache import DiskCache
 from ...io.decode import make_decoder, shard_stage
 from ...io.sync_get import _LocalFiles, _sync_get
 from ...plan.epoch import EpochPlan
-from ..lifecycle import EXIT_WAIT_S, exiting
+from ..lifecycle import EXIT_WAIT_S, exiting, running_loop
 from ..loop import zarr_loop
 from ..pool.chunk_pool import PENDING, ChunkPool, Entry, Owner
 from ..pool.seen_reads import SeenReads
@@ -232,7 +232,7 @@ class PassDriver:
             fut = asyncio.run_coroutine_threadsafe(self._cancel_own(), self.loop)
         except RuntimeError:  # the loop closed meanwhile
             return
-        if not wait or asyncio._get_running_loop() is self.loop:  # on the loop itself: it cannot wait on it
+        if not wait or running_loop() is self.loop:  # on the loop itself: it cannot wait on it
             return
         try:
             fut.result(min(timeout, EXIT_WAIT_S) if exiting() else timeout)

@@ -25,7 +25,7 @@ from ...plan.epoch import EpochPlan, ReadKey
 from ..lifecycle import EXIT_WAIT_S, exiting, live_loop, may_wait
 from ..pool.chunk_pool import FAILED, PENDING, Entry, Owner
 from ..reads.fetch import Fetcher
-from ..stats import PassCounters, PassStats, log_pass
+from ..stats import PassCounters, PassStats, log_pass, stats_from_trace
 from ..tiles.local_groups import tile_group
 from .batch import Batch
 from .context import PassContext
@@ -33,7 +33,7 @@ from .driver import PassDriver
 from .gather import gather_label, label_indices
 from .handoff import Handoff
 
-__all__ = ["PassIterator"]
+__all__ = ["PassIterator", "PassState"]
 
 # how often a blocked producer or consumer re-checks for a stop or a dead peer
 POLL_S = 0.05
@@ -58,7 +58,7 @@ def _held_entry(held: Mapping[ReadKey, Entry | None], source: str, chunk: int) -
     return entry
 
 
-class _PassState:
+class PassState:
     """Everything one pass owns: pool owner, driver, producer thread, queue."""
 
     def __init__(self, ctx: PassContext, split: str, plan: EpochPlan, epoch: int, start_batch: int) -> None:
@@ -106,7 +106,7 @@ class _PassState:
         started = self.started_at if self.started_at is not None else now
         ended = self.ended_at if self.ended_at is not None else now
         limit, history = ctx.concurrency(self.intervals_at_start)
-        return PassStats._from_trace(
+        return stats_from_trace(
             self.counters.trace,
             self.counters,
             split=self.split,
@@ -300,6 +300,11 @@ class _PassState:
         return coords
 
     # -- teardown ---------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Whether the pass has been closed (its teardown has begun)."""
+        return self._closed
+
     def _mark_closed(self) -> bool:
         """Say whether this call is the one that ends the pass (the first)."""
         with self._close_lock:
@@ -372,7 +377,7 @@ class _PassState:
 class PassIterator:
     """The consumer's end of a pass: pops finished batches; ``close()`` ends the pass early."""
 
-    def __init__(self, state: _PassState, starter: object = None) -> None:
+    def __init__(self, state: PassState, starter: object = None) -> None:
         self._state = state
         # the view that started the pass: its dataset stays open while the pass is iterated, even when the
         # caller keeps no reference to either (``for b in InSituDataset(...).train``)
@@ -402,7 +407,7 @@ class PassIterator:
         state = self._state
         t0 = time.perf_counter()
         while True:
-            if state._closed:
+            if state.closed:
                 self._ended()
             try:
                 item = state.queue.get(timeout=POLL_S)

@@ -28,7 +28,7 @@ from typing import Any
 from ...io.decode import shard_stage
 from ...plan.epoch import EpochPlan
 from ...plan.planner import EpochPlanner
-from ..lifecycle import exiting, live_loop
+from ..lifecycle import exiting, live_loop, running_loop
 from ..loop import zarr_loop
 from ..reads.fetch import Fetcher
 from ..reads.reader import ArrayReader
@@ -81,7 +81,7 @@ class Warmup:
         loop = live_loop()
         if future.done() or loop is None:  # no loop runs any more: nor does anything it was reading
             return
-        if asyncio._get_running_loop() is loop:  # closed from the loop itself: cannot wait on it
+        if running_loop() is loop:  # closed from the loop itself: cannot wait on it
             future.cancel()
             return
 

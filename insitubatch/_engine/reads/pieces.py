@@ -88,7 +88,7 @@ def _runs(positions: np.ndarray) -> list[np.ndarray]:
 def _axis_runs(g: ArrayGeometry, field_axis: int, physical: int) -> dict[int, list[tuple[int, np.ndarray] | int]]:
     """Per touched tile coordinate on one field axis: its runs ``(output start, local indices)``, or a dropped index."""
     size, length = g.tile_shape[field_axis], g.field_shape[field_axis]
-    picked = g._chosen.get(physical)
+    picked = next((a for a in g.selection if a.axis == physical), None)
     out: dict[int, list[tuple[int, np.ndarray] | int]] = {}
     if picked is None:
         for t in range(-(-length // size)):

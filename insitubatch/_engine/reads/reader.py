@@ -12,7 +12,7 @@ from ...io.geometry import ArrayGeometry
 from ...transforms import ChunkTransform, output_geometry, stage_outputs
 from .pieces import ReadLayout, plan_reads
 
-__all__ = ["ArrayReader", "BadChunkRecord"]
+__all__ = ["ArrayReader", "BadChunkRecord", "fill_value_of"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,8 @@ class ArrayReader:
         return self.single_origin if self.single else self.origins
 
 
-def _fill_value(geometry: ArrayGeometry):
+def fill_value_of(geometry: ArrayGeometry):
+    """What a tile the store lacks (or a bad one) holds: NaN for floats, else the array's fill value or 0."""
     if geometry.dtype.kind in "fc":
         return np.nan
     return geometry.fill_value if geometry.fill_value is not None else 0

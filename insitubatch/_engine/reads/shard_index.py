@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
-from ...io.chain import _ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, _ShardStage
+from ...io.chain import ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, ShardStage
 from ...io.decode import ChunkDecoder
 from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ...io.geometry import ArrayGeometry
@@ -72,7 +72,7 @@ class ShardIndex:
             raise _DecodeFailure(
                 f"shard index entry {place} (offset {offset}, length {length}) points outside the shard's data bytes"
             )
-        if offset == _ABSENT:
+        if offset == ABSENT:
             return None
         return offset, offset + length
 
@@ -82,14 +82,14 @@ class ShardIndex:
         return int(self.offsets.nbytes + self.lengths.nbytes + self.problems.nbytes)
 
 
-def index_request(stage: _ShardStage) -> ByteRequest:
+def index_request(stage: ShardStage) -> ByteRequest:
     """The byte range that holds a shard's index: its first or its last ``index_nbytes``."""
     if stage.index_at_start:
         return RangeByteRequest(0, stage.index_nbytes)
     return SuffixByteRequest(stage.index_nbytes)
 
 
-def _parse(stage: _ShardStage, data: ChunkData) -> ShardIndex:
+def _parse(stage: ShardStage, data: ChunkData) -> ShardIndex:
     """The index (copied out of ``data``, a read buffer its reader may reuse); raises ``_DecodeFailure``."""
     return ShardIndex(*stage.read_index(_as_uint8(data)))
 
@@ -105,7 +105,7 @@ HELD_ENTRY_BYTES = 17
 HELD_INDEX_OVERHEAD_BYTES = 1024
 
 
-def held_index_bytes(stage: _ShardStage) -> int:
+def held_index_bytes(stage: ShardStage) -> int:
     """Memory one held index of ``stage``'s shards takes: what the budget and the memory plan count for it."""
     return math.prod(stage.grid) * HELD_ENTRY_BYTES + HELD_INDEX_OVERHEAD_BYTES
 
@@ -119,7 +119,7 @@ class IndexSlot:
     """
 
     key: str
-    stage: _ShardStage
+    stage: ShardStage
     read: bool = False
     index: ShardIndex | None = None  # None once read: the shard does not exist
     broken: str | None = None  # why the index did not decode: every inner chunk of it is a bad chunk
@@ -166,7 +166,7 @@ class SplitIndexes:
         with self._lock:
             return {k: s.index for k, s in self._slots.items() if s.read}
 
-    def touch(self, key: str, stage: _ShardStage) -> IndexSlot:
+    def touch(self, key: str, stage: ShardStage) -> IndexSlot:
         """Any thread: the slot of shard ``key``, now the most recently used; a new one (to read) if none is held.
 
         Holding a new slot past the budget lets go of the least recently
@@ -343,7 +343,7 @@ def check_span(decoder: ChunkDecoder, coord: Any, span: tuple[int, int], buf: Ch
     """An inner chunk's bytes as read by range: exactly ``span``'s length, else a bad chunk naming where it points."""
     got = 0 if buf is None else len(buf)
     if buf is None or got != span[1] - span[0]:
-        raise decoder._bad(
+        raise decoder.bad_chunk(
             coord,
             f"the shard index points at bytes [{span[0]}, {span[1]}) and the store returned {got}: "
             "the entry points outside the shard",
@@ -364,10 +364,10 @@ def _shard_rows(g: ArrayGeometry, tiles: Sequence[int], chunks: Iterable[int]) -
 def plan_shards(
     plan: EpochPlan,
     readers: Mapping[str, ArrayReader],
-    stages: Mapping[str, _ShardStage],
+    stages: Mapping[str, ShardStage],
     first_block: int,
     last_block: int | None = None,
-) -> list[tuple[str, _ShardStage]]:
+) -> list[tuple[str, ShardStage]]:
     """The shards whose indexes the reads of blocks ``first_block`` to ``last_block`` need, each once, in first use.
 
     ``readers`` are the sharded sources (by source), ``stages`` their shard
@@ -381,7 +381,7 @@ def plan_shards(
     if last_block is not None:
         order = [i for i in order if plan.read_first[i] <= last_block]
     position = {i: at for at, i in enumerate(order)}
-    wanted: dict[str, tuple[int, int, str, _ShardStage]] = {}
+    wanted: dict[str, tuple[int, int, str, ShardStage]] = {}
     for source, r in readers.items():
         mine = [i for i in order if plan.reads[i][0] == source]
         rows = _shard_rows(r.geometry, r.layout.tiles, (plan.reads[i][1] for i in mine))

@@ -110,16 +110,17 @@ class ReadWindow:
     def _join(self, user: WindowUser) -> None:
         user.active = True
         self._users.add(user)
-        self._recap()
+        self.recap()
 
-    def _recap(self) -> None:
+    def recap(self) -> None:
         """Under "auto", the controller's cap is the ceiling or what the active users may hold together."""
         if self.controller is not None:
             caps = sum(u.cap for u in self._users if u.active)
             if caps:  # with no reader left the limit stays where it was, for the next one
                 self.controller.set_cap(min(self.ceiling, caps), time.monotonic())
 
-    def _give_back(self, user: WindowUser, n: int = 1) -> None:
+    def give_back(self, user: WindowUser, n: int = 1) -> None:
+        """Return ``n`` of ``user``'s permits and hand what is free to the waiters."""
         self.inflight -= n
         user.held -= n
         self._wake()
@@ -157,10 +158,28 @@ class ReadWindow:
             self._take(user)
             fut.set_result(None)
 
-    def _enqueue(self, user: WindowUser, ticket: int | None, n: int = 1) -> asyncio.Future:
+    def would_wait(self, user: WindowUser, n: int = 1) -> bool:
+        """Whether ``user`` taking ``n`` permits now would wait (a read waits already, or none is free)."""
+        return bool(self._waiters) or not self._can(user, n)
+
+    def try_take(self, user: WindowUser, n: int = 1) -> bool:
+        """Give ``user`` ``n`` permits if they are free now, without barging past a waiting read."""
+        if not self._waiters and self._can(user, n):
+            self._take(user, n)
+            return True
+        return False
+
+    def enqueue(self, user: WindowUser, ticket: int | None, n: int = 1) -> asyncio.Future:
+        """Queue ``user`` for ``n`` permits in ``ticket`` order; the future is done once they are its."""
         fut = asyncio.get_running_loop().create_future()
         entry = (self.ticket() if ticket is None else ticket, next(self._arrivals), fut, user, n)
         heapq.heappush(self._waiters, entry)
+        return fut
+
+    def enqueue_idle(self, user: WindowUser) -> asyncio.Future:
+        """Queue ``user`` for a permit no other read waits for; the future is done once it is its."""
+        fut = asyncio.get_running_loop().create_future()
+        self._idle.append((fut, user))
         return fut
 
 
@@ -175,22 +194,17 @@ class WindowUser:
 
     def locked(self) -> bool:
         """True when an ``acquire`` now would wait."""
-        w = self.window
-        return bool(w._waiters) or not w._can(self)
+        return self.window.would_wait(self)
 
     def try_acquire(self) -> bool:
         """Take a permit if one is free now (no waiting, no barging past waiters)."""
-        w = self.window
-        if not w._waiters and w._can(self):
-            w._take(self)
-            return True
-        return False
+        return self.window.try_take(self)
 
     async def acquire(self, ticket: int | None = None) -> bool:
         """Wait for a permit, served in ``ticket`` order (None: behind every read already waiting)."""
         if self.try_acquire():
             return True
-        await self._wait(self.window._enqueue(self, ticket))
+        await self._wait(self.window.enqueue(self, ticket))
         return True
 
     async def acquire_many(self, n: int, ticket: int | None = None) -> None:
@@ -201,19 +215,14 @@ class WindowUser:
         if n == 1:
             await self.acquire(ticket)
             return
-        w = self.window
-        if not w._waiters and w._can(self, n):
-            w._take(self, n)
-            return
-        await self._wait(w._enqueue(self, ticket, n), n)
+        if not self.window.try_take(self, n):
+            await self._wait(self.window.enqueue(self, ticket, n), n)
 
     async def acquire_idle(self) -> bool:
         """Wait for a permit no other read is waiting for (background work, such as reading ahead)."""
         if self.try_acquire():
             return True
-        fut = asyncio.get_running_loop().create_future()
-        self.window._idle.append((fut, self))
-        await self._wait(fut)
+        await self._wait(self.window.enqueue_idle(self))
         return True
 
     async def _wait(self, fut: asyncio.Future, n: int = 1) -> None:
@@ -221,17 +230,17 @@ class WindowUser:
             await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # handed its permits just as it was cancelled: give them back
-                self.window._give_back(self, n)
+                self.window.give_back(self, n)
             raise
 
     def release(self, n: int = 1) -> None:
-        self.window._give_back(self, n)
+        self.window.give_back(self, n)
 
     def leave(self) -> None:
         """This reader is done for now (a pass ended): its cap stops counting toward the shared cap."""
         if self.active:
             self.active = False
-            self.window._recap()
+            self.window.recap()
 
     def turn(self, ticket: int | None) -> _Turn:
         """``async with user.turn(ticket):`` holds a permit taken in ``ticket`` order."""

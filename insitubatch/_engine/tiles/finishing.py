@@ -19,7 +19,7 @@ import numpy as np
 from ...cache import DiskCache
 from ...transforms import ChunkRead, DecodedChunk, run_pipeline
 from ..pool.chunk_pool import ChunkPool, Entry, Owner
-from ..reads.reader import ArrayReader, _fill_value
+from ..reads.reader import ArrayReader, fill_value_of
 from .kernels import assemble_tiles, fill_region
 
 __all__ = ["BAD_TILE", "BadTile", "ChunkFinisher"]
@@ -85,7 +85,7 @@ class ChunkFinisher:
             assemble_tiles(full, [tiles[t] for t in good], reader.origins[good])
             for t in (t for t, part in enumerate(tiles) if part is BAD_TILE):
                 piece = reader.layout.pieces[t]
-                fill_region(full, (0, *piece.origin), (n, *piece.shape), _fill_value(g))
+                fill_region(full, (0, *piece.origin), (n, *piece.shape), fill_value_of(g))
             tiles = [self.transform(reader, chunk_index, full)]
         if self.cache is not None and not entry.bad:
             tiles = self._persist(reader, chunk_index, tiles)

@@ -20,7 +20,7 @@ from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, RangeByteRequest, Store
 
 from ...errors import BadChunkError
-from ...io.chain import _ShardStage
+from ...io.chain import ShardStage
 from ...io.direct import ChunkData, _DecodeFailure
 from ...io.geometry import ArrayGeometry
 from ...plan.epoch import EpochPlan
@@ -95,7 +95,7 @@ class RemoteTiles:
             self._fetch_remote(fresh, hold_shards)
 
     def prefetch_shard_indexes(
-        self, plan: EpochPlan, readers: Mapping[str, ArrayReader], shards: Mapping[str, _ShardStage], first_block: int
+        self, plan: EpochPlan, readers: Mapping[str, ArrayReader], shards: Mapping[str, ShardStage], first_block: int
     ) -> None:
         """Read the indexes of the shards this pass reads, in first-use order, as it starts."""
         sharded = {source: r for source, r in readers.items() if r.geometry.sharded_reads}
@@ -225,7 +225,7 @@ class RemoteTiles:
                 assert place is not None  # sharded reads place every tile in its shard
                 span = None if index is None else index.span(place)
             except _DecodeFailure as exc:
-                self.tasks.spawn(self._land(want, coord, key, decoder._bad(coord, str(exc))), work=True)
+                self.tasks.spawn(self._land(want, coord, key, decoder.bad_chunk(coord, str(exc))), work=True)
                 continue
             if span is None:  # the shard, or this inner chunk of it, was never written: the fill value
                 self.tasks.spawn(self._land(want, coord, key, None), work=True)

@@ -20,12 +20,12 @@ from zarr.abc.buffer import BufferPrototype
 from zarr.abc.store import ByteRequest, RangeByteRequest
 
 from ...errors import BadChunkError, StoreReadError
-from ...io.chain import _ShardStage
+from ...io.chain import ShardStage
 from ...io.decode import ChunkDecoder
 from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
 from ...io.geometry import ArrayGeometry
 from ..pool.chunk_pool import FAILED, ChunkPool, Entry, Owner
-from ..reads.reader import ArrayReader, BadChunkRecord, _fill_value
+from ..reads.reader import ArrayReader, BadChunkRecord, fill_value_of
 from ..reads.shard_index import IndexSlot, SplitIndexes, check_span
 from .finishing import BAD_TILE, BadTile, ChunkFinisher
 from .kernels import fill_region, select_block
@@ -52,7 +52,7 @@ class TileJobs:
         bad_chunks: list[BadChunkRecord],
         decoders: Mapping[str, ChunkDecoder],
         kinds: Mapping[str, int],
-        shards: Mapping[str, _ShardStage],
+        shards: Mapping[str, ShardStage],
         shard_indexes: SplitIndexes,
         get_sync: Callable[..., ChunkData | None] | None,
         prototype: BufferPrototype,
@@ -296,7 +296,7 @@ class TileJobs:
             index = self.shard_indexes.read_sync(slot, get_index)
             span = None if index is None else index.span(place)
         except _DecodeFailure as exc:
-            raise decoder._bad(coord, str(exc)) from exc.__cause__
+            raise decoder.bad_chunk(coord, str(exc)) from exc.__cause__
         if span is None:
             return None  # the shard, or this inner chunk of it, was never written
         buf = get(stored, prototype=self.prototype, byte_range=RangeByteRequest(*span))
@@ -416,5 +416,5 @@ class TileJobs:
             return [(p, BAD_TILE) for p in reader.layout.by_tile[tile]]
         shape = reader.tile_rows_shape(chunk_index, tile)
         data = np.empty(shape, dtype=g.dtype)
-        fill_region(data, (0,) * data.ndim, shape, _fill_value(g))
+        fill_region(data, (0,) * data.ndim, shape, fill_value_of(g))
         return self._cut(reader, chunk_index, tile, data)

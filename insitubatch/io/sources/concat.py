@@ -167,7 +167,8 @@ def _encoded_coordinate(arrays: Sequence[zarr.Array], path: str, names: Sequence
 
 def _materialized(first: zarr.Array, path: str, values: np.ndarray, attrs: dict) -> dict[str, bytes]:
     """The keys of a one-chunk array holding ``values`` (written by zarr in memory), under ``path``."""
-    mem = MemoryStore()
+    written: dict[str, Any] = {}  # the store's own mapping (zarr's documented ``store_dict``), read back below
+    mem = MemoryStore(written)
     kwargs: dict[str, Any] = {"dimension_names": _dims(first)} if first.metadata.zarr_format == 3 else {}
     arr = zarr.create_array(
         store=mem,
@@ -183,7 +184,7 @@ def _materialized(first: zarr.Array, path: str, values: np.ndarray, attrs: dict)
         **kwargs,
     )
     arr[...] = values
-    return {k: bytes(v.to_bytes()) for k, v in mem._store_dict.items() if k.startswith(path + "/")}
+    return {k: bytes(v.to_bytes()) for k, v in written.items() if k.startswith(path + "/")}
 
 
 def _virtual_doc(first_docs: dict[str, bytes], shape: tuple[int, ...]) -> dict[str, bytes]:

@@ -1,6 +1,6 @@
 """The emulator's HTTP surface: a loopback server with one tracked thread per connection, and its handler.
 
-Every request is handed to the owning emulator's ``_handle``; the settings
+Every request is handed to the owning emulator's ``handle``; the settings
 here (address, link defaults, control prefix) are shared with
 :class:`EmulatorProcess`, which drives a child's server over the same HTTP.
 """
@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 from typing import Any, Protocol
+
+__all__ = ["ClientGone", "Handler", "Server"]
 
 LOOPBACK = "127.0.0.1"
 # A same-region object-store GET's time to first byte is a few tens of ms.
@@ -29,14 +31,14 @@ CONTROL_PREFIX = "_emulator/"
 class _Backend(Protocol):
     """What the server serves for: the ``Emulator`` that answers each request."""
 
-    def _handle(self, h: _Handler, method: str) -> None: ...
+    def handle(self, h: Handler, method: str) -> None: ...
 
 
-class _ClientGone(Exception):
+class ClientGone(Exception):
     """The client closed its end while we wrote."""
 
 
-class _Server(http.server.ThreadingHTTPServer):
+class Server(http.server.ThreadingHTTPServer):
     """One thread per connection, each tracked so close() can end it."""
 
     daemon_threads = True
@@ -47,7 +49,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.emulator = emulator
         self._live: dict[threading.Thread, socket.socket] = {}
         self._live_lock = threading.Lock()
-        super().__init__((LOOPBACK, port), _Handler)
+        super().__init__((LOOPBACK, port), Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         thread = threading.Thread(
@@ -84,21 +86,21 @@ class _Server(http.server.ThreadingHTTPServer):
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # headers and body go out in separate writes; with Nagle on, the body
     # waits for the client's delayed ACK (~40 ms on Linux) on every request
     disable_nagle_algorithm = True
-    server: _Server
+    server: Server
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
         pass
 
     def do_GET(self) -> None:
-        self.server.emulator._handle(self, "GET")
+        self.server.emulator.handle(self, "GET")
 
     def do_HEAD(self) -> None:
-        self.server.emulator._handle(self, "HEAD")
+        self.server.emulator.handle(self, "HEAD")
 
     def do_POST(self) -> None:
-        self.server.emulator._handle(self, "POST")
+        self.server.emulator.handle(self, "POST")

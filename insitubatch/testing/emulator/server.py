@@ -83,12 +83,12 @@ from .handler import (
     DEFAULT_LATENCY_S,
     LOOPBACK,
     STOP_JOIN_S,
-    _ClientGone,
-    _Handler,
-    _Server,
+    ClientGone,
+    Handler,
+    Server,
 )
 from .link import SLOWDOWN_BODY, LinkModel, wait_or_gone
-from .stats import DEFAULT_RETRY_AFTER_S, DEFAULT_STALL_S, EmulatorStats, Fault, _Counters
+from .stats import DEFAULT_RETRY_AFTER_S, DEFAULT_STALL_S, Counters, EmulatorStats, Fault
 
 __all__ = ["FAULT_KINDS", "Emulator"]
 
@@ -143,10 +143,10 @@ class Emulator:
         self.configure(latency_s=latency_s, jitter_s=jitter_s, bandwidth_bytes_per_s=bandwidth_bytes_per_s, **link)
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
-        self._counters = _Counters()
+        self._counters = Counters()
         self._faults: list[Fault] = []
         self._closing = threading.Event()
-        self._server = _Server(self, port)
+        self._server = Server(self, port)
         self.port = int(self._server.server_address[1])
         self.url = f"http://{LOOPBACK}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="emulator", daemon=True)
@@ -211,7 +211,7 @@ class Emulator:
     def _pick_fault(self, key: str) -> Fault | None:
         with self._counters.lock:
             for fault in self._faults:
-                if fault._matches(key) and (fault.probability >= 1.0 or self._draw() < fault.probability):
+                if fault.matches(key) and (fault.probability >= 1.0 or self._draw() < fault.probability):
                     fault.fired += 1
                     return fault
         return None
@@ -239,7 +239,8 @@ class Emulator:
         self.close()
 
     # -- request handling (connection threads) ----------------------------------------
-    def _handle(self, h: _Handler, method: str) -> None:
+    def handle(self, h: Handler, method: str) -> None:
+        """Answer one request (called by the connection thread's handler)."""
         key = unquote(h.path.split("?", 1)[0]).lstrip("/")
         try:
             if key.startswith(CONTROL_PREFIX):
@@ -263,10 +264,10 @@ class Emulator:
                 self._status(h, STATUS_FAULTS.get(fault.kind, 503), key, extra)
                 return
             self._serve_file(h, key, method, fault)
-        except _ClientGone:
+        except ClientGone:
             h.close_connection = True
 
-    def _wait_first_byte(self, h: _Handler, key: str, method: str) -> bool:
+    def _wait_first_byte(self, h: Handler, key: str, method: str) -> bool:
         """Hold the response back as the link says; False when the client (or the emulator) went first."""
         if method == "GET" and self.link.held(key):
             self._counters.hold(key)
@@ -284,7 +285,7 @@ class Emulator:
         return False
 
     def _status(
-        self, h: _Handler, status: int, key: str, extra: dict[str, str] | None = None, body: bytes | None = None
+        self, h: Handler, status: int, key: str, extra: dict[str, str] | None = None, body: bytes | None = None
     ) -> None:
         if body is None:
             body = f"{status} {http.HTTPStatus(status).phrase}: {key}\n".encode()
@@ -293,7 +294,7 @@ class Emulator:
         if h.command != "HEAD":
             self._write(h, key, body, None)
 
-    def _serve_file(self, h: _Handler, key: str, method: str, fault: Fault | None) -> None:
+    def _serve_file(self, h: Handler, key: str, method: str, fault: Fault | None) -> None:
         target = (self.root / key).resolve()
         if self.root not in target.parents or not target.is_file():
             self._counters.missing()
@@ -348,16 +349,16 @@ class Emulator:
             self._closing.wait(fault.stall_s)
         # "truncate": return with close_connection set; the server closes cleanly
 
-    def _send_headers(self, h: _Handler, status: int, headers: Mapping[str, str]) -> None:
+    def _send_headers(self, h: Handler, status: int, headers: Mapping[str, str]) -> None:
         try:
             h.send_response(status)
             for name, value in headers.items():
                 h.send_header(name, value)
             h.end_headers()
         except (BrokenPipeError, ConnectionResetError) as exc:
-            raise _ClientGone from exc
+            raise ClientGone from exc
 
-    def _write(self, h: _Handler, key: str, body: bytes, bandwidth: float | None) -> None:
+    def _write(self, h: Handler, key: str, body: bytes, bandwidth: float | None) -> None:
         # bytes are counted as they go out, before the write returns: a client may have read them (and its
         # test read the counters) before this thread runs again; a write that fails takes its count back
         view = memoryview(body)
@@ -376,12 +377,12 @@ class Emulator:
                 sent += len(piece)
                 delay = t0 + sent / bandwidth - time.monotonic()
                 if delay > 0 and self._closing.wait(delay):
-                    raise _ClientGone
+                    raise ClientGone
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
             self._counters.sent(key, -len(piece))
-            raise _ClientGone from exc
+            raise ClientGone from exc
 
-    def _control(self, h: _Handler, method: str, action: str) -> None:
+    def _control(self, h: Handler, method: str, action: str) -> None:
         if method == "GET" and action == "stats":
             self._reply_json(h, self.stats().to_dict())
         elif method == "POST" and action == "reset":
@@ -399,7 +400,7 @@ class Emulator:
         else:
             self._reply_json(h, {"error": f"unknown control request {method} {action!r}"}, status=404)
 
-    def _reply_json(self, h: _Handler, payload: Any, status: int = 200) -> None:
+    def _reply_json(self, h: Handler, payload: Any, status: int = 200) -> None:
         body = json.dumps(payload).encode()
         self._send_headers(h, status, {"Content-Type": "application/json", "Content-Length": str(len(body))})
         h.wfile.write(body)

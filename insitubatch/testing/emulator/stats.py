@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["EmulatorStats", "Fault", "KeyStats"]
+__all__ = ["Counters", "EmulatorStats", "Fault", "KeyStats"]
 
 # Default stall: longer than any sensible client timeout in a test.
 DEFAULT_STALL_S = 30.0
@@ -37,7 +37,8 @@ class Fault:
     stall_s: float = DEFAULT_STALL_S
     fired: int = 0
 
-    def _matches(self, key: str) -> bool:
+    def matches(self, key: str) -> bool:
+        """Whether this fault applies to ``key`` now: its pattern matches and it is not used up."""
         return (self.times is None or self.fired < self.times) and fnmatch.fnmatchcase(key, self.key)
 
 
@@ -92,7 +93,7 @@ class EmulatorStats:
         return cls(**{k: v for k, v in d.items() if k != "keys"}, keys=keys)
 
 
-class _Counters:
+class Counters:
     """Mutable counters behind a lock; :meth:`snapshot` freezes them."""
 
     def __init__(self) -> None:
