@@ -33,16 +33,16 @@ __all__ = ["Bench", "one_line"]
 
 # What a child imports before its clock starts, per loader (a training script's imports).
 _PRELOAD = {
-    "dataloader": ["torch", "zarr", "insitubatch.io.stores"],
-    "fork_probe": ["torch", "zarr", "insitubatch.io.stores"],
-    "xbatcher": ["torch", "xarray", "xbatcher", "insitubatch.io.stores"],
-    "zarr": ["zarr", "insitubatch.io.stores"],
+    "dataloader": ["torch", "zarr", "insitubatch.stores.obstore_stores"],
+    "fork_probe": ["torch", "zarr", "insitubatch.stores.obstore_stores"],
+    "xbatcher": ["torch", "xarray", "xbatcher", "insitubatch.stores.obstore_stores"],
+    "zarr": ["zarr", "insitubatch.stores.obstore_stores"],
     "insitu": ["insitubatch.dataset"],
     "insitu_warm": ["insitubatch.dataset"],
     "insitu_persist": ["insitubatch.dataset"],
     "insitu_steady": ["insitubatch.dataset"],
     "decode_ceiling": ["insitubatch.io.decode"],
-    "get_ceiling": ["obstore", "insitubatch.io.stores"],
+    "get_ceiling": ["obstore", "insitubatch.stores.obstore_stores"],
 }
 
 

@@ -143,7 +143,7 @@ def run_insitu_warm(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def run_insitu_steady(cfg: dict[str, Any]) -> dict[str, Any]:
     """Passes of one dataset back to back; the rate and CPU per sample of a window after a warm-up."""
-    from insitubatch.io.stores import obstore_store
+    from insitubatch.stores.obstore_stores import obstore_store
 
     store = obstore_store(cfg["url"], read_only=True, **cfg.get("store_options", {}))
     geoms = geometries(store, cfg["variables"])

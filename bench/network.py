@@ -209,9 +209,9 @@ def stall(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callab
     from insitubatch.dataset import InSituDataset
     from insitubatch.errors import StoreReadError
     from insitubatch.io.group import open_geometries
-    from insitubatch.io.owned import close_store
-    from insitubatch.io.stores import obstore_store
     from insitubatch.plan.splits import split_by_chunk
+    from insitubatch.stores.obstore_stores import obstore_store
+    from insitubatch.stores.owned import close_store
 
     result: dict[str, Any] = {"link": {"latency_s": STALL_LATENCY_S}}
     with EmulatorProcess(data, latency_s=STALL_LATENCY_S, jitter_s=DEFAULT_JITTER_S) as emu:

@@ -40,7 +40,7 @@ def data_key_predicate(dataset: str, variables: Sequence[str]) -> Callable[[str]
 
 def open_store(url: str) -> Any:
     """A read-only obstore-backed zarr store at ``url`` (a local path or an emulator URL)."""
-    from insitubatch.io.stores import obstore_store
+    from insitubatch.stores.obstore_stores import obstore_store
 
     return obstore_store(url, read_only=True)
 

@@ -154,8 +154,8 @@ def _extract_baseline(out: Path) -> str | None:
 
 
 def _gets(client: str, url: str, keys: list[str], repeats: int, baseline: str | None) -> dict[str, Any]:
-    from insitubatch.io.owned import close_store
-    from insitubatch.io.stores import obstore_store
+    from insitubatch.stores.obstore_stores import obstore_store
+    from insitubatch.stores.owned import close_store
 
     store = obstore_store(url, read_only=True)
     backend = _use(client, store, baseline)
@@ -180,9 +180,9 @@ def _gets(client: str, url: str, keys: list[str], repeats: int, baseline: str | 
 def _passes(client: str, url: str, variables: list[str], window_s: float, baseline: str | None) -> dict[str, Any]:
     from insitubatch.dataset import InSituDataset
     from insitubatch.io.group import open_geometries
-    from insitubatch.io.owned import close_store
-    from insitubatch.io.stores import obstore_store
     from insitubatch.plan.splits import split_by_chunk
+    from insitubatch.stores.obstore_stores import obstore_store
+    from insitubatch.stores.owned import close_store
 
     store = obstore_store(url, read_only=True)
     geoms = open_geometries(store, variables=variables)

@@ -30,7 +30,7 @@ On a cluster the same ``work`` function runs under ``dask.distributed``
 Kubernetes indexed Job / torchrun rank: ``insitubatch slots URL --group G``
 prints the plan and each task's environment, and a task opens its writer with
 ``SlotWriter.from_env()``. For object storage pass a store from
-``insitubatch.io.stores.obstore_store("s3://bucket/run.zarr")`` instead of a path.
+``insitubatch.obstore_store("s3://bucket/run.zarr")`` instead of a path.
 """
 
 from __future__ import annotations

@@ -35,15 +35,15 @@ from .io.decode import read_stored_chunk
 from .io.fill_scan import FillSteps, scan_fill_steps
 from .io.geometry import ArrayGeometry
 from .io.group import open_geometries, open_statics
-from .io.owned import close_store
 from .io.sources.concat import concat_stores
 from .io.sources.joined import join_stores
 from .io.statics import StaticField
-from .io.store_adapters import fsspec_store, icechunk_store
-from .io.stores import as_store, obstore_store
 from .plan.dates import split_by_time
 from .plan.epoch import shuffle_quality
 from .plan.splits import DateRun, SplitDates, SplitManifest, split_by_chunk
+from .stores.fsspec_stores import fsspec_store, icechunk_store
+from .stores.obstore_stores import as_store, obstore_store
+from .stores.owned import close_store
 from .tools.debug import print_debug_info
 from .transforms import DecodedChunk, applies
 from .views import DatasetView

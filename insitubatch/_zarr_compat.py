@@ -53,6 +53,7 @@ __all__ = [
     "memory_store_dict",
     "numcodec_behind",
     "running_io_loop",
+    "scratch_store",
     "shard_index_at_start",
     "sync",
     "unwrap_store",
@@ -207,6 +208,27 @@ def unwrap_store(store: Store) -> Store:
             raise RuntimeError(_gone("WrapperStore._store (the wrapped store)"))
         store = inner
     return store
+
+
+def wrapper_stack(store: Store) -> list[Store]:
+    """``store`` and each store inside it, outermost first, through any stack of ``WrapperStore``."""
+    stack = [store]
+    while isinstance(stack[-1], WrapperStore):
+        inner = getattr(stack[-1], "_store", None)
+        if inner is None:
+            raise RuntimeError(_gone("WrapperStore._store (the wrapped store)"))
+        stack.append(inner)
+    return stack
+
+
+def scratch_store(contents: MutableMapping[str, Any] | None = None) -> tuple[MemoryStore, MutableMapping[str, Any]]:
+    """A zarr ``MemoryStore`` over ``contents`` (key -> Buffer) and that mapping: room to run zarr's codecs in.
+
+    zarr keeps the mapping it is given (its documented ``store_dict``), so what
+    zarr writes is read back from the mapping without reaching into the store.
+    """
+    data: MutableMapping[str, Any] = {} if contents is None else contents
+    return MemoryStore(data), data
 
 
 def memory_store_dict(store: MemoryStore) -> MutableMapping[str, Any]:

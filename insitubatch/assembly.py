@@ -30,12 +30,12 @@ from .io.geometry import ArrayGeometry
 from .io.group import resolve_statics, resolve_variables
 from .io.sources.joined import JoinedStore
 from .io.statics import StaticField
-from .io.stores import as_store
 from .plan.anchors import with_declared_times
 from .plan.distributed import LastBatch, Remainder, last_batch_policy, resolve_last_batch, resolve_world
 from .plan.planner import EpochPlanner
 from .plan.read_groups import ReadGroup, read_group
 from .plan.splits import SplitManifest
+from .stores.obstore_stores import as_store
 from .transforms import ChunkTransform, check_scopes
 
 __all__ = ["DatasetParts"]

@@ -27,7 +27,6 @@ from ._engine.reads.store_link import route_report
 from .assembly import DatasetParts
 from .cache import CACHE_PARAMETERS, CacheOptions, OnCorrupt
 from .io.geometry import ArrayGeometry, sample_coords
-from .io.owned import close_store
 from .io.statics import StaticField, read_statics
 from .plan.cost import KNOBS, describe_loader, format_summary
 from .plan.dates import inference_range
@@ -35,6 +34,7 @@ from .plan.distributed import LAST_BATCH_POLICIES, LastBatch, Remainder
 from .plan.epoch import EpochPlan
 from .plan.splits import SplitManifest
 from .plan.store_shares import store_shares
+from .stores.owned import close_store
 from .transforms import ChunkTransform
 from .validation import Anything, Callables, Flag, Instance, Interval, Options, Table, validate_params
 from .views import DatasetView, InferView

@@ -18,9 +18,9 @@ from insitubatch._engine.pool.buffers import BufferPool
 from insitubatch._engine.reads.read_policy import ReadPolicy
 from insitubatch._wire.pool import HttpPool
 from insitubatch.errors import SettingError
-from insitubatch.io import store_options
-from insitubatch.io.client_choice import resolve_client
-from insitubatch.io.wire_settings import EngineSettings
+from insitubatch.stores import options as store_options
+from insitubatch.stores.client_choice import resolve_client
+from insitubatch.stores.wire_settings import EngineSettings
 from insitubatch.tools import cli
 from insitubatch.tools.debug import debug_info
 from insitubatch.write import slots

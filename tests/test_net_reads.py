@@ -22,10 +22,10 @@ from zarr.errors import ZarrUserWarning
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
 from insitubatch.io.group import open_geometries
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import DEFAULT_RETRY_TIMEOUT, obstore_store
 from insitubatch.plan.sizing import auto_inflight_cap
 from insitubatch.plan.splits import split_by_chunk
+from insitubatch.stores.obstore_stores import DEFAULT_RETRY_TIMEOUT, obstore_store
+from insitubatch.stores.owned import close_store
 
 GROUP = "n.zarr"
 SHAPE = (64, 6, 8)

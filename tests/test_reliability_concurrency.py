@@ -21,9 +21,9 @@ from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.group import open_geometries
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
 from insitubatch.plan.splits import split_by_chunk
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
 
 N = 72
 JOIN_S = 60.0

@@ -29,9 +29,9 @@ from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
 from insitubatch.io.geometry import ArrayGeometry
 from insitubatch.io.group import open_geometries
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import DEFAULT_CLIENT_OPTIONS, DEFAULT_RETRY, obstore_store
 from insitubatch.plan.splits import SplitManifest, split_by_chunk
+from insitubatch.stores.obstore_stores import DEFAULT_CLIENT_OPTIONS, DEFAULT_RETRY, obstore_store
+from insitubatch.stores.owned import close_store
 
 GROUP = "x.zarr"
 SHAPE = (48, 6, 8)

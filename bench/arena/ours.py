@@ -26,7 +26,7 @@ EMULATOR_REGION = "us-east-1"
 
 def open_our_store(location: dict[str, Any]) -> Any:
     """Our read-only store for an arena location: local files, the emulator over HTTP, or its S3 view."""
-    from insitubatch.io.stores import obstore_store
+    from insitubatch.stores.obstore_stores import obstore_store
 
     kind = location["kind"]
     if kind == "file":
@@ -48,8 +48,8 @@ def run_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     """Time our loader at its default knobs over ``cfg['location']``; the row with the memory bound."""
     from insitubatch.dataset import InSituDataset
     from insitubatch.io.group import open_geometries
-    from insitubatch.io.owned import close_store
     from insitubatch.plan.splits import split_by_chunk
+    from insitubatch.stores.owned import close_store
 
     variables = list(cfg["variables"])
     store = open_our_store(cfg["location"])

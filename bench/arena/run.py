@@ -150,8 +150,8 @@ def our_plan(path: Path, profile: ArenaProfile, out: Path) -> dict[str, Any]:
     """Our train order per epoch (for TensorStore, saved as ``.npy``) and our pool's budget on local files."""
     from insitubatch.dataset import InSituDataset
     from insitubatch.io.group import open_geometries
-    from insitubatch.io.stores import obstore_store
     from insitubatch.plan.splits import split_by_chunk
+    from insitubatch.stores.obstore_stores import obstore_store
 
     variables = list(profile.spec.variables)
     store = obstore_store(str(path), read_only=True)

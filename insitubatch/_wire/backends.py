@@ -12,10 +12,11 @@ import asyncio
 from typing import Any, cast
 
 import obstore
-from zarr.abc.store import OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
 
-from ..io.obstore_runtime import refuse_dead_obstore
+from ..stores.byte_ranges import byte_span
+from ..stores.obstore_runtime import refuse_dead_obstore
 
 __all__ = ["WHOLE_OBJECT_END"]
 
@@ -40,15 +41,11 @@ class _ObstoreBackend:
         refuse_dead_obstore(raw, key)
         if byte_range is None:
             return cast(asyncio.Future, obstore.get_range_async(raw, key, start=0, end=WHOLE_OBJECT_END))
-        if isinstance(byte_range, RangeByteRequest):
-            return cast(asyncio.Future, obstore.get_range_async(raw, key, start=byte_range.start, end=byte_range.end))
-        if isinstance(byte_range, OffsetByteRequest):
-            return cast(
-                asyncio.Future, obstore.get_range_async(raw, key, start=byte_range.offset, end=WHOLE_OBJECT_END)
-            )
-        if isinstance(byte_range, SuffixByteRequest):
-            return asyncio.ensure_future(self._suffix(key, byte_range.suffix))
-        raise TypeError(f"byte_range={byte_range!r} is not a zarr ByteRequest")
+        start, stop, from_end = byte_span(byte_range)
+        if from_end:
+            return asyncio.ensure_future(self._suffix(key, start))
+        end = WHOLE_OBJECT_END if stop is None else stop
+        return cast(asyncio.Future, obstore.get_range_async(raw, key, start=start, end=end))
 
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""

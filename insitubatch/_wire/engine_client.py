@@ -1,7 +1,7 @@
 """The engine's own GETs for plain HTTP(S) stores and S3 buckets with static keys or none.
 
 :func:`native_backend` returns a backend that sends a store's GETs on the
-event loop (``_wire.pool``) when ``io.wire_settings`` finds everything a
+event loop (``_wire.pool``) when ``stores.wire_settings`` finds everything a
 request depends on is what this client applies, else ``None`` (obstore's
 client keeps the store). Every request carries the store URL's query (a
 token), a ``User-Agent`` naming insitubatch, and, for S3, a SigV4
@@ -20,10 +20,9 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import quote
 
-from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
-
-from ..io.obstore_runtime import read_without_obstore
-from ..io.wire_settings import EngineSettings, engine_settings
+from ..stores.byte_ranges import byte_span
+from ..stores.obstore_runtime import read_without_obstore
+from ..stores.wire_settings import EngineSettings, engine_settings
 from .backends import WHOLE_OBJECT_END, _ObstoreBackend
 from .connection import Ask
 from .pool import EXIT_WAIT_S, HttpPool
@@ -90,14 +89,12 @@ class NativeBackend(_ObstoreBackend):
         """A future for ``key``'s bytes (a ``bytearray``), the whole object or ``byte_range`` of it."""
         if byte_range is None:
             return self._get(key, byte_range, f"0-{WHOLE_OBJECT_END - 1}", (0, WHOLE_OBJECT_END))
-        if isinstance(byte_range, RangeByteRequest):
-            start, end = byte_range.start, byte_range.end
-            return self._get(key, byte_range, f"{start}-{end - 1}", (start, end))
-        if isinstance(byte_range, OffsetByteRequest):
-            return self._get(key, byte_range, f"{byte_range.offset}-", (byte_range.offset, WHOLE_OBJECT_END))
-        if isinstance(byte_range, SuffixByteRequest):
-            return self._get(key, byte_range, f"-{byte_range.suffix}", (-byte_range.suffix, 0))
-        raise TypeError(f"byte_range={byte_range!r} is not a zarr ByteRequest")
+        start, stop, from_end = byte_span(byte_range)
+        if from_end:
+            return self._get(key, byte_range, f"-{start}", (-start, 0))
+        if stop is None:
+            return self._get(key, byte_range, f"{start}-", (start, WHOLE_OBJECT_END))
+        return self._get(key, byte_range, f"{start}-{stop - 1}", (start, stop))
 
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
@@ -195,5 +192,5 @@ def native_backend(raw: Any, twin: Any) -> NativeBackend | None:
 
 
 # In a process forked after obstore's runtime started, the stores this client can read are read through it
-# (metadata too), with no retry-free twin to hand over to: a hand-over there refuses (``io.obstore_runtime``).
+# (metadata too), with no retry-free twin to hand over to: a hand-over there refuses (``stores.obstore_runtime``).
 read_without_obstore(lambda raw: native_backend(raw, raw))

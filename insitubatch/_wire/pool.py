@@ -30,7 +30,7 @@ import socket
 import ssl
 
 from .._weak import WeakMembers
-from ..io.store_options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
+from ..stores.options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
 from .connection import Ask, Connection
 from .faults import TlsRefusedError
 from .tls import ResumingContext

@@ -48,8 +48,8 @@ from typing import Any
 
 from zarr.abc.store import Store
 
-from ..io.icechunk_stores import snapshot_of
 from ..io.sources.routed import RoutedStore
+from ..stores.icechunk_stores import snapshot_of
 from ..transforms import ChunkTransform, Scoped, pipeline_for
 
 __all__ = [

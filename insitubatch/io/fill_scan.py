@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import zarr
 
+from ..stores.obstore_stores import as_store
 from ..validation import Anything, Instance, Table, validate_params
 from .geometry import ArrayGeometry
-from .stores import as_store
 from .time_offsets import StepAxis, exact_text
 
 __all__ = ["FillSteps", "scan_fill_steps"]

@@ -232,7 +232,7 @@ def scan_group(
     StoreReadError
         The store failed, or cannot list and has no consolidated metadata.
     """
-    from .stores import as_store
+    from ..stores.obstore_stores import as_store
 
     limit = chunk_byte_limit(max_chunk_bytes)
     group = _check_group(group)
@@ -278,7 +278,7 @@ def _open_named(
     store: Any, variables: Sequence[str] | Mapping[str, Any], group: str, what: str
 ) -> list[tuple[str, zarr.Array, CoordinateSource]]:
     """The arrays ``variables`` names (relative to ``group``), opened together without listing the store."""
-    from .stores import as_store
+    from ..stores.obstore_stores import as_store
 
     if isinstance(variables, str):
         raise TypeError("variables must be a list of array paths, not a single string")

@@ -17,18 +17,12 @@ import numpy as np
 import obstore
 import obstore.store
 from zarr.abc.buffer import Buffer, BufferPrototype
-from zarr.abc.store import (
-    ByteRequest,
-    OffsetByteRequest,
-    RangeByteRequest,
-    Store,
-    SuffixByteRequest,
-    SupportsGetSync,
-)
+from zarr.abc.store import ByteRequest, Store, SupportsGetSync
 from zarr.storage import ObjectStore
 
+from ..stores.byte_ranges import byte_span
+from ..stores.obstore_runtime import ForkSafeObjectStore, refuse_dead_obstore
 from .direct import ChunkData
-from .obstore_runtime import ForkSafeObjectStore, refuse_dead_obstore
 from .sources.routed import RoutedStore
 
 
@@ -68,13 +62,10 @@ def _obstore_range(byte_range: ByteRequest | None) -> dict | None:
     """obstore's ``GetOptions`` for one of zarr's byte requests (None: the whole object)."""
     if byte_range is None:
         return None
-    if isinstance(byte_range, RangeByteRequest):
-        return {"range": (byte_range.start, byte_range.end)}
-    if isinstance(byte_range, SuffixByteRequest):
-        return {"range": {"suffix": byte_range.suffix}}
-    if isinstance(byte_range, OffsetByteRequest):
-        return {"range": {"offset": byte_range.offset}}
-    raise TypeError(f"unknown byte request {byte_range!r}")
+    start, stop, from_end = byte_span(byte_range)
+    if from_end:
+        return {"range": {"suffix": start}}
+    return {"range": {"offset": start} if stop is None else (start, stop)}
 
 
 def _obstore_get_sync(
@@ -156,15 +147,7 @@ class _LocalFiles:
 
     def _read_range(self, fd: int, byte_range: ByteRequest) -> ChunkData:
         """A byte range of the open file, into this thread's buffer (a range past the end comes back short)."""
-        size = os.fstat(fd).st_size
-        if isinstance(byte_range, RangeByteRequest):
-            start, stop = byte_range.start, min(byte_range.end, size)
-        elif isinstance(byte_range, SuffixByteRequest):
-            start, stop = max(0, size - byte_range.suffix), size
-        elif isinstance(byte_range, OffsetByteRequest):
-            start, stop = byte_range.offset, size
-        else:
-            raise TypeError(f"unknown byte request {byte_range!r}")
+        start, stop = byte_span(byte_range).within(os.fstat(fd).st_size)
         n = max(0, stop - start)
         buf = self._buffer(n)
         got = 0

@@ -223,7 +223,7 @@ def measure_loader(
     finally:
         while built:
             built.pop().close()
-    from ..io.owned import close_store
+    from ..stores.owned import close_store
 
     store = served.store()
     try:

@@ -35,7 +35,7 @@ class ServedZarr:
 
     def store(self, **options: Any) -> Any:
         """A read-only zarr store over :attr:`url` (``obstore_store``; ``options`` go to it)."""
-        from ..io.stores import obstore_store
+        from ..stores.obstore_stores import obstore_store
 
         return obstore_store(self.url, read_only=True, **options)
 

@@ -34,7 +34,7 @@ import numpy as np
 from ..io.decode import read_stored_chunk
 from ..io.geometry import ArrayGeometry
 from ..io.group import open_geometries
-from ..io.stores import obstore_store
+from ..stores.obstore_stores import obstore_store
 from ..transforms import ChunkRead, DecodedChunk, Scoped
 from .gil_probe import PROBE_THREADS, gil_probe
 from .store_args import URL_HELP, add_store_options, one_line, store_options

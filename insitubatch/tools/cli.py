@@ -38,7 +38,7 @@ def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _open_store(args: argparse.Namespace, *, read_only: bool) -> Store:
-    from ..io.stores import obstore_store
+    from ..stores.obstore_stores import obstore_store
 
     return obstore_store(args.url, read_only=read_only, **store_options(args))
 

@@ -29,9 +29,9 @@ from zarr.errors import ZarrUserWarning
 
 from ..dataset import InSituDataset
 from ..io.group import open_geometries
-from ..io.stores import obstore_store
 from ..plan.splits import split_by_chunk
 from ..progress import progress
+from ..stores.obstore_stores import obstore_store
 
 __all__ = ["DEMO_SHAPE", "main", "write_demo_dataset"]
 

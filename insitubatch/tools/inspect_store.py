@@ -38,14 +38,14 @@ from .._zarr_compat import sync
 from ..io.decode import shard_stage
 from ..io.geometry import ArrayGeometry
 from ..io.group import open_geometries, scan_group
-from ..io.owned import close_store
 from ..io.statics import StaticField
-from ..io.stores import as_store, obstore_store
 from ..io.sync_get import _sync_get
 from ..plan.cost import describe_loader, format_summary, read_ceiling
 from ..plan.epoch import EpochPlan, plan_epoch
 from ..plan.sizing import READ_AHEAD_SHARE, auto_inflight_cap
 from ..plan.splits import DEFAULT_FRACTIONS, SplitManifest, split_by_chunk
+from ..stores.obstore_stores import as_store, obstore_store
+from ..stores.owned import close_store
 from .selection_args import parse_selection, select
 from .store_args import URL_HELP, add_store_options, store_options
 

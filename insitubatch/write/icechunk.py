@@ -30,7 +30,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WriteConflictError
-from ..io.icechunk_stores import _import_icechunk, _repository
+from ..stores.icechunk_stores import _import_icechunk, _repository
 from .icechunk_changes import ForkChanges, MergeLedger, rebase_conflicts
 from .icechunk_handoff import clear_handoff, handoff_store, read_transaction, saved_forks, write_transaction
 from .records import RECORDS_DIR

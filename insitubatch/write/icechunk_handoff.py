@@ -31,7 +31,7 @@ from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
 
 from .._zarr_compat import sync
-from ..io.icechunk_stores import _import_icechunk
+from ..stores.icechunk_stores import _import_icechunk
 from .claims import range_name
 from .icechunk_changes import ForkChanges
 
@@ -53,7 +53,7 @@ def handoff_store(handoff: Store | str | os.PathLike[str]) -> Store:
     if isinstance(handoff, Store):
         return handoff
     if isinstance(handoff, (str, os.PathLike)):
-        from ..io.stores import obstore_store
+        from ..stores.obstore_stores import obstore_store
 
         return obstore_store(handoff, read_only=False)
     raise TypeError(f"handoff must be a zarr Store, a path or a URL, got {type(handoff).__name__}")

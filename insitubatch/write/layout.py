@@ -25,7 +25,7 @@ from zarr.abc.store import Store
 from zarr.storage import MemoryStore
 
 from ..errors import LayoutMismatchError, SlotAlignmentError
-from ..io.icechunk_stores import icechunk_session
+from ..stores.icechunk_stores import icechunk_session
 from .claims import CLAIMS, COVERAGE
 from .coords import IndexCoordinate, read_index_coordinate
 from .records import RecordStore

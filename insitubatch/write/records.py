@@ -39,7 +39,7 @@ from zarr.storage import LocalStore, MemoryStore, ObjectStore
 
 from .._zarr_compat import memory_store_dict, unwrap_store
 from ..errors import WriteClaimError
-from ..io.icechunk_stores import icechunk_session
+from ..stores.icechunk_stores import icechunk_session
 from .icechunk_records import IcechunkRecords
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from zarr.abc.store import Store
 from zarr.storage import MemoryStore
 
 from ..errors import SlotRunError, WriteConflictError
-from ..io.icechunk_stores import icechunk_session
 from ..progress import progress
+from ..stores.icechunk_stores import icechunk_session
 from .icechunk import IcechunkTransaction
 from .slots import SlotPlan
 from .writer import SlotWriter
@@ -75,7 +75,7 @@ class RunReport:
 
 def _resolve(store: Store | str) -> Store:
     if isinstance(store, str):
-        from ..io.stores import obstore_store
+        from ..stores.obstore_stores import obstore_store
 
         return obstore_store(store, read_only=False)
     return store

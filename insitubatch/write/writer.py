@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 
 def _open_writable(url: str) -> Store:
-    from ..io.stores import obstore_store
+    from ..stores.obstore_stores import obstore_store
 
     return obstore_store(url, read_only=False)
 
@@ -160,7 +160,7 @@ class SlotWriter:
         ----------
         store
             The store, or its URL; defaults to ``INSITUBATCH_STORE``, then the
-            plan's ``store_url``. URLs open with ``insitubatch.io.stores.obstore_store``.
+            plan's ``store_url``. URLs open with ``insitubatch.obstore_store``.
         env
             Environment to read; defaults to ``os.environ``.
         plan

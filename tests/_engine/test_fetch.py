@@ -15,8 +15,8 @@ from insitubatch._engine.reads.fetch import Fetcher
 from insitubatch._engine.reads.store_link import HEDGE_BURST, HEDGE_FLOOR_S, HEDGE_SHARE, STALL_FLOOR_S, client_for
 from insitubatch._engine.reads.window import ReadWindow
 from insitubatch._engine.stats import PassCounters
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
 from insitubatch.testing.emulator import Emulator
 
 N_KEYS = 480  # distinct keys, so that two requests for one key in a run are a read and its duplicate

@@ -13,9 +13,9 @@ from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.group import open_geometries
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
 from insitubatch.plan.splits import SplitManifest, split_by_chunk
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
 
 GROUP = "w.zarr"
 SHAPE = (48, 6, 8)

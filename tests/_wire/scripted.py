@@ -38,8 +38,8 @@ from insitubatch._engine.reads.fetch import Fetcher
 from insitubatch._engine.reads.store_link import client_for
 from insitubatch._engine.reads.window import ReadWindow
 from insitubatch._engine.stats import PassCounters
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
 
 # The clients every differential case runs through; a third is one more name here.
 WIRE_CLIENTS = ("engine", "obstore")

@@ -25,8 +25,8 @@ from insitubatch._wire.engine_client import NativeBackend
 from insitubatch._wire.faults import HttpStatusError
 from insitubatch._wire.pool import HttpPool
 from insitubatch._wire.sigv4 import SigV4
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
 from insitubatch.testing.emulator import Emulator
 
 BUCKET = "bkt"

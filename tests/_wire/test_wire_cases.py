@@ -22,7 +22,7 @@ from scripted import WIRE_CLIENTS, Request, SignedS3, answer, ranged, read_head,
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch._engine.reads.read_policy import Outcome, classify
-from insitubatch.io.wire_settings import EngineSettings, engine_settings
+from insitubatch.stores.wire_settings import EngineSettings, engine_settings
 
 BODY = bytes(range(256)) * 64  # 16 KiB
 KEY = "d/k.0"

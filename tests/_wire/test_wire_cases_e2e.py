@@ -25,9 +25,9 @@ from zarr.errors import ZarrUserWarning
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
 from insitubatch.io.group import open_geometries
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
 from insitubatch.plan.splits import split_by_chunk
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
 
 # Retry bounds that would keep a transient fault going for a minute: a permanent one must not use them.
 PATIENT = {"max_retries": 10, "retry_timeout": datetime.timedelta(seconds=60)}

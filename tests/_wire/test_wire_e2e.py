@@ -21,9 +21,9 @@ from scripted import WIRE_CLIENTS, FileServer, Request, SignedS3, answer
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
 from insitubatch.io.group import open_geometries
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
 from insitubatch.plan.splits import split_by_chunk
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
 
 
 @pytest.fixture(autouse=True)

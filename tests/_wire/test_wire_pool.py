@@ -28,9 +28,9 @@ from insitubatch._engine.reads.window import ReadWindow
 from insitubatch._engine.stats import PassCounters
 from insitubatch._wire.engine_client import NativeBackend
 from insitubatch.dataset import InSituDataset
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
-from insitubatch.io.wire_settings import OBSTORE_POOL_IDLE_TIMEOUT_S, engine_settings
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
+from insitubatch.stores.wire_settings import OBSTORE_POOL_IDLE_TIMEOUT_S, engine_settings
 
 BODY = bytes(range(256)) * 16
 

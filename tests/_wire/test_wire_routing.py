@@ -13,8 +13,8 @@ from zarr.storage import ObjectStore
 from insitubatch._engine.reads.store_link import client_for
 from insitubatch._wire.backends import _ObstoreBackend, _StoreBackend
 from insitubatch._wire.engine_client import NativeBackend
-from insitubatch.io.owned import close_store
-from insitubatch.io.stores import obstore_store
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
 from insitubatch.tools.inspect_store import inspect_store
 
 URL = "http://127.0.0.1:9/ds.zarr"

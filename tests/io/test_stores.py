@@ -15,9 +15,9 @@ import zarr.storage
 from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemoryStore, S3Store
 from servers import S3_KEY_ID, S3_REGION, S3_SECRET
 
-from insitubatch.io.owned import close_store
-from insitubatch.io.store_adapters import fsspec_store, icechunk_store
-from insitubatch.io.stores import as_store, obstore_store
+from insitubatch.stores.fsspec_stores import fsspec_store, icechunk_store
+from insitubatch.stores.obstore_stores import as_store, obstore_store
+from insitubatch.stores.owned import close_store
 
 if TYPE_CHECKING:
     from servers import HTTPFileServer, S3Server

@@ -16,7 +16,7 @@ import pytest
 import zarr
 
 from insitubatch.io.group import open_geometries
-from insitubatch.io.stores import obstore_store
+from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.testing.data import DatasetSpec, write_era5_like
 from insitubatch.testing.emulator import FAULT_KINDS, Emulator, EmulatorProcess
 

@@ -11,7 +11,7 @@ import pytest
 import zarr
 from helpers import smooth_field, write_array
 
-from insitubatch.io.stores import obstore_store
+from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.tools.check_transform import load_transform, main
 from insitubatch.transforms import kelvin_to_celsius
 

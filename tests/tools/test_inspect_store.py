@@ -13,10 +13,10 @@ import zarr
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.group import open_geometries, open_statics
-from insitubatch.io.stores import obstore_store
 from insitubatch.plan.cost import format_summary
 from insitubatch.plan.epoch import plan_epoch
 from insitubatch.plan.splits import split_by_chunk
+from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.testing.data import DatasetSpec, write_era5_like
 from insitubatch.testing.emulator import Emulator
 from insitubatch.tools.inspect_store import add_inspect_parser, inspect_store, run_inspect

@@ -18,7 +18,7 @@ import zarr
 
 from insitubatch import InSituDataset, applies, as_torch, open_geometries, split_by_chunk, to_jax
 from insitubatch.errors import StaleCacheError
-from insitubatch.io.stores import obstore_store
+from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.tools.check_transform import main as check_transform
 
 N, LAT, LON = 22, 6, 8  # 22 samples in chunks of 4: the last chunk holds 2

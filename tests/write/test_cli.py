@@ -13,7 +13,7 @@ from zarr.storage import LocalStore
 from insitubatch.tools.cli import build_parser, main
 from insitubatch.write import SlotPlan, SlotWriter, create_layout
 
-pytest.importorskip("insitubatch.io.stores")  # the CLI opens URLs with obstore_store
+pytest.importorskip("insitubatch.stores.obstore_stores")  # the CLI opens URLs with obstore_store
 
 # A stale claim for the --clear-stale tests: its heartbeat never fires during a test, and
 # its claimant's clock ran this far behind, past the staleness threshold.

@@ -311,7 +311,7 @@ def test_from_env(store, tmp_path: Path) -> None:
 
 
 def test_from_env_opens_a_store_url(tmp_path: Path) -> None:
-    pytest.importorskip("insitubatch.io.stores")
+    pytest.importorskip("insitubatch.stores.obstore_stores")
     path = tmp_path / "o.zarr"
     create_layout(LocalStore(path), layout_spec(), group=GROUP)
     env = {

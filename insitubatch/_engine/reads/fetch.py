@@ -52,7 +52,7 @@ from zarr.abc.store import RangeByteRequest
 from zarr.buffer import default_buffer_prototype
 
 from ..._wire.backends import _ObstoreBackend
-from ...io.obstore_runtime import refuse_dead_obstore
+from ...stores.obstore_runtime import refuse_dead_obstore
 from ..stats import PassCounters
 from .read_policy import Outcome, classify, http_status, protocol_fault
 from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient

@@ -6,7 +6,7 @@ each throttling answer and each stalled attempt. :func:`policy_for` takes
 that loop's bounds from the store's ``retry_config`` (``max_retries``,
 ``backoff``, ``retry_timeout``) and ``client_options`` (``read_timeout``,
 the longest the stall timer may grow), falling back to the defaults of
-``insitubatch.io.stores`` for what the store leaves unset.
+``insitubatch.stores.obstore_stores`` for what the store leaves unset.
 :func:`classify` sorts a failed attempt into what the loop does next.
 """
 
@@ -30,7 +30,7 @@ from ..._wire.faults import (
     UnsupportedBodyError,
 )
 from ...errors import ForkError
-from ...io.store_options import (
+from ...stores.options import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_READ_TIMEOUT,
     DEFAULT_RETRY_TIMEOUT,
@@ -38,11 +38,11 @@ from ...io.store_options import (
     OBSTORE_INIT_BACKOFF,
     OBSTORE_MAX_BACKOFF,
 )
-from ...io.wire_settings import duration_s
+from ...stores.wire_settings import duration_s
 
 __all__ = ["Outcome", "ReadPolicy", "classify", "policy_for", "protocol_fault"]
 
-# obstore's own backoff defaults (written once in io.store_options), in seconds for the loop.
+# obstore's own backoff defaults (written once in stores.options), in seconds for the loop.
 DEFAULT_INIT_BACKOFF_S = OBSTORE_INIT_BACKOFF.total_seconds()
 DEFAULT_MAX_BACKOFF_S = OBSTORE_MAX_BACKOFF.total_seconds()
 DEFAULT_BACKOFF_BASE = OBSTORE_BACKOFF_BASE

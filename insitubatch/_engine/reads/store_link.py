@@ -15,10 +15,10 @@ store built from its own config with obstore's retries turned off, so
 that every throttling answer and every stalled attempt comes back to the
 engine's retry loop (``fetch``); a whole key is one ranged GET (``bytes=0-``
 far past any object), which obstore answers in one future instead of a
-header future and a body future. Where ``io.wire_settings`` finds the
+header future and a body future. Where ``stores.wire_settings`` finds the
 engine's own client can read the store (plain HTTP(S), and S3 with static
 keys or none, and a region) and the store's ``client`` setting
-(``io.client_choice``: ``"auto"``, ``"engine"`` or ``"obstore"``) allows it,
+(``ForkSafeObjectStore.client_setting``: ``"auto"``, ``"engine"`` or ``"obstore"``) allows it,
 the engine sends the GETs itself instead, on the loop (``_wire``), with the
 twin kept for bodies too large to take whole and for what it hands over.
 Any other store is read through its own ``get``, which has already retried
@@ -42,15 +42,16 @@ from urllib.parse import urlsplit
 import obstore
 import obstore.store
 from zarr.abc.store import Store
-from zarr.storage import ObjectStore
+from zarr.storage import ObjectStore, WrapperStore
 
 from ..._wire.backends import _ObstoreBackend, _StoreBackend
 from ..._wire.engine_client import NativeBackend
-from ...io.client_choice import client_choice
-from ...io.obstore_runtime import ForkSafeObjectStore
-from ...io.owned import on_close
-from ...io.wire_settings import engine_settings
+from ..._zarr_compat import wrapper_stack
 from ...plan.sizing import AUTO_INFLIGHT_CEILING
+from ...stores.client_choice import resolve_client
+from ...stores.obstore_runtime import ForkSafeObjectStore
+from ...stores.owned import on_close
+from ...stores.wire_settings import engine_settings
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
 from .read_policy import ReadPolicy, policy_for
@@ -202,14 +203,38 @@ def _retry_free(raw: Any) -> Any:
         return raw
 
 
+def _read_by(store: Store) -> Store:
+    """The store whose reads ``store`` passes on unchanged: inside every ``WrapperStore`` that defines no read.
+
+    A wrapper that reads itself (zarr's ``LoggingStore`` logs each read) is
+    read through its own ``get``, so it sees every read.
+    """
+    stack = wrapper_stack(store)
+    for wrapper, inner in zip(stack, stack[1:], strict=False):
+        own = (
+            vars(klass)
+            for klass in type(wrapper).__mro__
+            if issubclass(klass, WrapperStore) and klass is not WrapperStore
+        )
+        if any(name in defined for defined in own for name in _READS):
+            return wrapper
+        store = inner
+    return store
+
+
+# A wrapper defining any of these reads itself; one defining none passes every read on to the store it wraps.
+_READS = ("get", "get_partial_values")
+
+
 def _build(store: Store) -> StoreClient:
+    store = _read_by(store)
     raw = cast(ObjectStore, store).store if type(store) in (ObjectStore, ForkSafeObjectStore) else None
     if not isinstance(raw, _REMOTE):
         # any other store: its own get and retries; stalls and hedging still apply, with a link of its own
         route = Route("store", f"a {type(store).__name__}: read through its own get, which retries by its own rules")
         own = StoreLink(f"store:{type(store).__name__}:{id(store)}")
         return StoreClient(_StoreBackend(store), ReadPolicy(), own, route)
-    choice, source = client_choice(store)
+    choice, source = store.client_setting if isinstance(store, ForkSafeObjectStore) else resolve_client(None)
     settings = engine_settings(raw) if choice != "obstore" else f"{source}"
     if choice == "engine" and isinstance(settings, str):
         raise ValueError(

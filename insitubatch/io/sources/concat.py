@@ -38,8 +38,8 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.chunk_grids import RegularChunkGrid
 
 from ..._zarr_compat import ArrayV3Metadata, sync
+from ...stores.obstore_stores import as_store
 from ...validation import Anything, Instance, Table, validate_params
-from ..stores import as_store
 from ..time_offsets import UNSTORED_ROWS
 from .concat_coords import concatenated_coordinate, materialized
 from .padded_chunk import PaddedChunk

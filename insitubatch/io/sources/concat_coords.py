@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.storage import MemoryStore
 
-from ..._zarr_compat import memory_store_dict
+from ..._zarr_compat import scratch_store
 from ..times import decode_time_coordinate, encode_time_coordinate
 
 __all__ = ["concatenated_coordinate", "materialized", "pad_to"]
@@ -83,7 +82,7 @@ def materialized(
     first: zarr.Array, dims: tuple[str | None, ...], path: str, values: np.ndarray, attrs: dict, fill: Any
 ) -> dict[str, bytes]:
     """The keys of a one-chunk array holding ``values`` (written by zarr in memory), under ``path``."""
-    mem = MemoryStore()
+    mem, written = scratch_store()
     kwargs: dict[str, Any] = {"dimension_names": dims} if first.metadata.zarr_format == 3 else {}
     arr = zarr.create_array(
         store=mem,
@@ -99,4 +98,4 @@ def materialized(
         **kwargs,
     )
     arr[...] = values
-    return {k: bytes(v.to_bytes()) for k, v in memory_store_dict(mem).items() if k.startswith(path + "/")}
+    return {k: bytes(v.to_bytes()) for k, v in written.items() if k.startswith(path + "/")}

@@ -31,12 +31,12 @@ import numpy as np
 from zarr.abc.store import Store
 
 from ...errors import TimeAxisError
+from ...stores.obstore_stores import as_store
+from ...stores.owned import close_store
 from ...validation import INT_KNOB_MAX, Anything, Instance, Interval, Table, validate_params
 from ..geometry import ArrayGeometry
 from ..group import open_geometries, open_statics, scan_group
-from ..owned import close_store
 from ..statics import StaticField
-from ..stores import as_store
 from ..time_offsets import NAMED_TIMES, StepAxis, TimeRows, format_duration
 from .routed import Route, RoutedStore, close_with, member_keys
 

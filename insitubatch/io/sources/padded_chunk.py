@@ -11,25 +11,25 @@ virtual chunk, fetched once; zarr's own codec pipeline does both conversions.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from zarr.api.asynchronous import open_array
 from zarr.core.buffer import default_buffer_prototype
-from zarr.storage import MemoryStore
 
-from ..._zarr_compat import memory_store_dict, sync
+from ..._zarr_compat import scratch_store, sync
 
 __all__ = ["PaddedChunk"]
 
 
-def _one_chunk_store(metadata: Any, chunk_shape: tuple[int, ...]) -> tuple[MemoryStore, str]:
-    """A memory store holding ``metadata``'s documents for an array of exactly one chunk, and that chunk's key."""
+def _one_chunk_store(metadata: Any, chunk_shape: tuple[int, ...]) -> tuple[Any, MutableMapping[str, Any], str]:
+    """A memory store holding ``metadata``'s documents for an array of exactly one chunk, its mapping, and
+    that chunk's key."""
     meta = metadata.update_shape(chunk_shape)
-    prototype = default_buffer_prototype()
-    store = MemoryStore(dict(meta.to_buffer_dict(prototype)))
-    return store, meta.encode_chunk_key((0,) * len(chunk_shape))
+    store, contents = scratch_store(dict(meta.to_buffer_dict(default_buffer_prototype())))
+    return store, contents, meta.encode_chunk_key((0,) * len(chunk_shape))
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,16 +47,16 @@ class PaddedChunk:
 
     async def convert(self, raw: bytes) -> bytes | None:
         """The target chunk holding stored chunk ``raw``; ``None`` when it is all fill value (zarr stores none)."""
-        store, key = _one_chunk_store(self.source, self.source_chunk)
-        memory_store_dict(store)[key] = default_buffer_prototype().buffer.from_bytes(raw)
+        store, contents, key = _one_chunk_store(self.source, self.source_chunk)
+        contents[key] = default_buffer_prototype().buffer.from_bytes(raw)
         block = np.asarray(await (await open_array(store=store, mode="r")).getitem(...))
-        out, out_key = _one_chunk_store(self.target, self.target_chunk)
+        out, out_contents, out_key = _one_chunk_store(self.target, self.target_chunk)
         pad = [(0, 0)] * block.ndim
         pad[self.axis] = (0, self.target_chunk[self.axis] - self.source_chunk[self.axis])
         fill = self.target.fill_value
         padded = np.pad(block, pad, constant_values=fill if fill is not None else 0)
         await (await open_array(store=out, mode="r+")).setitem(..., padded)
-        encoded = memory_store_dict(out).get(out_key)
+        encoded = out_contents.get(out_key)
         return None if encoded is None else bytes(encoded.to_bytes())
 
     def __call__(self, raw: bytes) -> bytes | None:

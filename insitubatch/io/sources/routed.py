@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from zarr.abc.buffer import Buffer, BufferPrototype
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store, SuffixByteRequest
+from zarr.abc.store import ByteRequest, Store
 
-from ..owned import close_store, on_close
+from ...stores.byte_ranges import byte_span
+from ...stores.owned import close_store, on_close
 
 __all__ = ["Route", "RoutedStore", "close_with", "member_keys", "slice_bytes"]
 
@@ -28,15 +29,7 @@ Route = tuple[str, Store, str] | bytes | None
 
 def slice_bytes(data: bytes, byte_range: ByteRequest | None) -> bytes:
     """``data`` cut to a zarr byte request (what a store returns for a ranged read)."""
-    if byte_range is None:
-        return data
-    if isinstance(byte_range, RangeByteRequest):
-        return data[byte_range.start : byte_range.end]
-    if isinstance(byte_range, OffsetByteRequest):
-        return data[byte_range.offset :]
-    if isinstance(byte_range, SuffixByteRequest):
-        return data[-byte_range.suffix :] if byte_range.suffix else b""
-    raise TypeError(f"unknown byte request {byte_range!r}")
+    return data if byte_range is None else byte_span(byte_range).cut(data)
 
 
 class RoutedStore(Store):

@@ -1,4 +1,4 @@
-"""Open zarr stores from URLs through obstore, the hot path (fsspec and icechunk: ``io.store_adapters``).
+"""Open zarr stores from URLs through obstore, the hot path (fsspec and icechunk: ``stores.fsspec_stores``).
 
 Every store built here is a plain ``zarr.abc.store.Store``, so anything else
 in insitubatch (and zarr itself) reads through it unchanged. Stores that this
@@ -25,10 +25,9 @@ from zarr.storage import ObjectStore
 
 from ..config import parse_flag
 from ..validation import Anything, Flag, Instance, Table, validate_params
-from .client_choice import remember_client, resolve_client
+from .client_choice import resolve_client
 from .obstore_runtime import ForkSafeObjectStore, obstore_usable
-from .owned import _remember
-from .store_options import (
+from .options import (
     DEFAULT_CLIENT_OPTIONS,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_RETRIES,
@@ -41,6 +40,7 @@ from .store_options import (
     _reject_options,
     _retry_config,
 )
+from .owned import _remember
 from .wire_settings import engine_settings
 
 __all__ = [
@@ -280,8 +280,7 @@ def obstore_store(
                 f"{chosen_by} for url={url!r}, but the engine's client cannot read this store: {why}; "
                 "pass client='auto' or client='obstore' to read it with obstore's client"
             )
-    store = ForkSafeObjectStore(raw, read_only=read_only)
-    remember_client(store, choice, chosen_by)
+    store = ForkSafeObjectStore(raw, read_only=read_only, client=(choice, chosen_by))
     _remember(store)
     return store
 
@@ -422,7 +421,7 @@ def as_store(obj: Store | str | os.PathLike[str]) -> Store:
     """
     if type(obj) is ObjectStore and not obstore_usable():
         # a caller's own obstore store in a process forked after obstore's runtime started: read its
-        # local files without obstore, or refuse any other backend at once (``io.obstore_runtime``)
+        # local files without obstore, or refuse any other backend at once (``stores.obstore_runtime``)
         return ForkSafeObjectStore(obj.store, read_only=obj.read_only)
     if isinstance(obj, Store):
         return obj

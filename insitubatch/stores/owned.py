@@ -17,7 +17,7 @@ from zarr.abc.store import Store
 
 from ..validation import Anything, Table, validate_params
 
-__all__ = ["close_store", "on_close"]
+__all__ = ["close_held", "close_store", "on_close"]
 
 # Stores insitubatch built, by id. zarr's stores define __eq__ without
 # __hash__, so a WeakSet cannot hold them; a dict of weak references can, and
@@ -58,10 +58,15 @@ def on_close(store: Store, closer: Callable[[], None]) -> None:
         held[1].append(closer)
 
 
-def _take_closers(store: Store) -> list[Callable[[], None]]:
+def close_held(store: Store) -> None:
+    """Close what insitubatch holds open for ``store`` (the engine's connections to it); the store stays open.
+
+    Each closer runs once: what registered it opens afresh when the store is read again.
+    """
     with _owned_lock:
         held = _closers.pop(id(store), None)
-    return [] if held is None or held[0]() is not store else held[1]
+    for closer in [] if held is None or held[0]() is not store else held[1]:
+        closer()
 
 
 def _take_ownership_back(store: Store) -> bool:
@@ -91,7 +96,6 @@ def close_store(store: Store) -> None:
         A store from :func:`obstore_store`, :func:`fsspec_store`,
         :func:`icechunk_store` or :func:`as_store`, or any other store.
     """
-    for closer in _take_closers(store):
-        closer()
+    close_held(store)
     if _take_ownership_back(store):
         store.close()

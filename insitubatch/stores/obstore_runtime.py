@@ -41,6 +41,8 @@ from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore, ObjectStore
 
 from ..errors import ForkError
+from .client_choice import resolve_client
+from .owned import close_held
 
 __all__ = ["FORK_WAY_OUT", "ForkSafeObjectStore", "obstore_usable", "read_without_obstore", "refuse_dead_obstore"]
 
@@ -128,7 +130,28 @@ class ForkSafeObjectStore(ObjectStore[Any]):
     files under it); a remote store the engine's own client can read is
     read through it (reads only); anything else raises :class:`ForkError`
     at its first request. Anywhere else every call is ``ObjectStore``'s own.
+
+    The store carries its ``client=`` setting (``stores.client_choice``):
+    ``client`` is ``(choice, what set it)``, e.g. ``("engine",
+    "client='engine'")``; ``None`` takes the process default when asked.
     """
+
+    def __init__(self, store: Any, *, read_only: bool = False, client: tuple[str, str] | None = None) -> None:
+        super().__init__(store, read_only=read_only)
+        self._client = client
+
+    @property
+    def client_setting(self) -> tuple[str, str]:
+        """``(choice, what set it)``: which HTTP client reads this store, as set when it was built, else the default."""
+        return self._client if self._client is not None else resolve_client(None)
+
+    def with_read_only(self, read_only: bool = False) -> ForkSafeObjectStore:
+        return type(self)(self.store, read_only=read_only, client=self._client)
+
+    def close(self) -> None:
+        """Close the engine's connections to this store, then the store (also on leaving a ``with`` block)."""
+        close_held(self)
+        super().close()
 
     def _instead(self) -> Any:
         """What serves requests in a process where obstore cannot answer (a store, or reads only); None where it can."""

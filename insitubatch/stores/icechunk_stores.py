@@ -20,8 +20,8 @@ from zarr.abc.store import Store
 
 from .._zarr_compat import unwrap_store
 from ..validation import Anything, Flag, Instance, Table, validate_params
+from .obstore_stores import _local_dir, _split_scheme
 from .owned import _remember
-from .stores import _local_dir, _split_scheme
 
 if TYPE_CHECKING:
     from icechunk import IcechunkStore, Repository, Storage

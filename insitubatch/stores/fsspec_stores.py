@@ -1,8 +1,8 @@
 """Store factories for the optional extras: fsspec (any fsspec protocol) and icechunk repositories.
 
-Split from ``insitubatch.io.stores``, which holds the obstore hot path; both
+Split from ``insitubatch.stores.obstore_stores``, which holds the obstore hot path; both
 remember what they build, so :func:`close_store` closes it. Icechunk's lives
-in ``io.icechunk_stores`` and is re-exported here.
+in ``stores.icechunk_stores`` and is re-exported here.
 
 A store :func:`fsspec_store` builds owns its filesystem (fsspec's instance
 cache is skipped), so :func:`close_store` can close what an asynchronous

@@ -23,11 +23,11 @@ from urllib.parse import quote, urlsplit
 import obstore.store
 
 from ..config import parse_flag
-from .store_options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
+from .options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
 
 __all__ = ["EngineSettings", "S3Keys", "duration_s", "engine_settings"]
 
-# obstore's own defaults where a store leaves these unset, in seconds (written once in io.store_options).
+# obstore's own defaults where a store leaves these unset, in seconds (written once in stores.options).
 OBSTORE_CONNECT_TIMEOUT_S = OBSTORE_CONNECT_TIMEOUT.total_seconds()
 OBSTORE_POOL_IDLE_TIMEOUT_S = OBSTORE_POOL_IDLE_TIMEOUT.total_seconds()
 

@@ -1,0 +1,177 @@
+"""Stores only obstore can read, through the public API: an S3 credential provider, and a forward proxy.
+
+Each reads a real zarr group (written by zarr-python) in one whole pass of
+``InSituDataset`` and compares every batch with zarr's own read; ``describe()``
+says obstore's client read it, and why.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import os
+import threading
+import urllib.parse
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+import zarr
+from helpers import assert_batch_matches, smooth_field, write_array
+from servers import LOOPBACK, S3_KEY_ID, S3_REGION, S3_SECRET
+from zarr.errors import ZarrUserWarning
+
+from insitubatch.dataset import InSituDataset
+from insitubatch.io.group import open_geometries
+from insitubatch.plan.splits import split_by_chunk
+from insitubatch.stores.obstore_stores import obstore_store
+from insitubatch.stores.owned import close_store
+
+if TYPE_CHECKING:
+    from conftest import HTTPFileServer
+    from servers import S3Server
+
+SHAPE = (24, 6, 8)
+
+
+@pytest.fixture(autouse=True)
+def _no_machine_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # no proxy, AWS or client variable of the machine changes what these stores do
+    for name in list(os.environ):
+        if name.startswith("AWS_") or name.lower().endswith("_proxy") or name == "INSITUBATCH_CLIENT":
+            monkeypatch.delenv(name)
+
+
+def _write_group(store: zarr.abc.store.Store) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    group = zarr.open_group(store, mode="w")
+    write_array(group, "v", smooth_field(rng, SHAPE), (4, 3, 8))
+    write_array(group, "s", smooth_field(rng, SHAPE), (2, 3, 8), shards=(4, 6, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZarrUserWarning)
+        zarr.consolidate_metadata(store)
+    return {name: zarr.open_group(store, mode="r")[name][...] for name in ("v", "s")}
+
+
+def _whole_pass(store: zarr.abc.store.Store, data: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Every batch of the train split equals zarr's read; returns ``describe()``."""
+    manifest = split_by_chunk(open_geometries(store)["v"], fractions=(0.75, 0.25))
+    with InSituDataset(store, manifest, batch_size=5, block_chunks=2) as ds:
+        batches = 0
+        for batch in ds.split("train"):
+            assert_batch_matches(batch, ds.variables, data)
+            batches += 1
+        assert batches == len(ds.split("train")) > 0
+        return ds.describe()
+
+
+def test_s3_signed_by_a_credential_provider_reads_equal_to_zarr(s3_server: S3Server, s3_bucket: str) -> None:
+    writer = obstore_store(f"s3://{s3_bucket}/g.zarr", **s3_server.client_options())
+    data = _write_group(writer)
+    close_store(writer)
+    calls = []
+
+    def provider() -> dict[str, Any]:
+        calls.append(1)
+        return {"access_key_id": S3_KEY_ID, "secret_access_key": S3_SECRET, "token": None, "expires_at": None}
+
+    store = obstore_store(
+        f"s3://{s3_bucket}/g.zarr",
+        read_only=True,
+        endpoint=s3_server.endpoint,
+        region=S3_REGION,
+        credential_provider=provider,
+    )
+    try:
+        info = _whole_pass(store, data)
+    finally:
+        close_store(store)
+    assert calls, "the credential provider signed nothing"
+    assert info["client"] == {
+        "client": "obstore",
+        "reason": "credential_provider is set: obstore's credential provider signs",
+    }
+
+
+class _ForwardProxy:
+    """A plain-HTTP forward proxy on loopback: each request for ``http://host/path`` is sent on and counted."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._forward()
+
+            def do_HEAD(self) -> None:
+                self._forward()
+
+            def _forward(self) -> None:
+                target = urllib.parse.urlsplit(self.path)  # a proxy is asked for the absolute URL
+                with proxy._lock:
+                    proxy.requests.append((self.command, self.path))
+                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-connection", "host")}
+                try:
+                    upstream.request(self.command, target.path or "/", headers=headers)
+                    answer = upstream.getresponse()
+                    body = answer.read()
+                finally:
+                    upstream.close()
+                self.send_response(answer.status, answer.reason)
+                for name, value in answer.getheaders():
+                    if name.lower() not in ("connection", "transfer-encoding", "keep-alive", "server", "date"):
+                        self.send_header(name, value)
+                if answer.getheader("Content-Length") is None:
+                    self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://{LOOPBACK}:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def forward_proxy() -> Iterator[_ForwardProxy]:
+    proxy = _ForwardProxy()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy"])
+def test_a_store_behind_a_proxy_reads_equal_to_zarr_every_request_through_it(
+    http_server: HTTPFileServer,
+    forward_proxy: _ForwardProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    variable: str,
+) -> None:
+    data = _write_group(zarr.storage.LocalStore(http_server.root / "g.zarr"))
+    monkeypatch.setenv(variable, forward_proxy.url)
+    store = obstore_store(f"{http_server.url}/g.zarr", read_only=True)
+    try:
+        info = _whole_pass(store, data)
+    finally:
+        close_store(store)
+    assert info["client"] == {"client": "obstore", "reason": f"{variable} is set in the environment (a proxy)"}
+    served = [(method, path) for method, path, _ in http_server.requests]
+    assert len(served) > 0
+    # every request the file server answered came through the proxy: the engine's client did not go around it
+    assert sorted(urllib.parse.urlsplit(url).path for _, url in forward_proxy.requests) == sorted(p for _, p in served)
