@@ -54,7 +54,9 @@ class ArrayGeometry(Labelled):
     chunks: tuple[int, ...]
     stored_chunks: tuple[int, ...]
     dtype: np.dtype
-    fill_value: Any
+    # not compared: a NaN fill is unequal to itself, and Python 3.13's dataclass __eq__ compares field by field
+    # (no identity shortcut), so a view would never equal itself; the array it reads decides the fill anyway
+    fill_value: Any = field(compare=False)
     sample_axis: int = 0
     offset: int = 0
     zarr_format: int = 3

@@ -20,6 +20,7 @@ from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, Store, SupportsGetSync
 from zarr.storage import ObjectStore
 
+from .._zarr_compat import wrapper_stack
 from ..stores.byte_ranges import byte_span
 from ..stores.obstore_runtime import ForkSafeObjectStore, refuse_dead_obstore
 from .direct import ChunkData
@@ -51,6 +52,8 @@ def _sync_get(store: Store) -> Callable[..., ChunkData | None] | None:
             return functools.partial(_obstore_get_sync, raw)
         return None
     if not isinstance(store, SupportsGetSync):
+        return None
+    if not isinstance(wrapper_stack(store)[-1], SupportsGetSync):  # a wrapper's get_sync calls the wrapped store's
         return None
     for klass in cls.__mro__:  # the class that defines get must define get_sync too
         if "get" in vars(klass):

@@ -35,7 +35,6 @@ import numpy as np
 import zarr
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, Store
-from zarr.core.chunk_grids import RegularChunkGrid
 
 from ..._zarr_compat import ArrayV3Metadata, sync
 from ...stores.obstore_stores import as_store
@@ -238,9 +237,7 @@ def _virtual_doc(first_docs: dict[str, bytes], shape: tuple[int, ...], marks: di
 
 def _chunk_along(arr: zarr.Array, axis: int) -> int:
     """What one stored key holds along ``axis`` (a shard on a sharded array)."""
-    meta = arr.metadata
-    grid = meta.chunk_grid if isinstance(meta, ArrayV3Metadata) else None
-    return int(grid.chunk_shape[axis] if isinstance(grid, RegularChunkGrid) else meta.chunks[axis])
+    return int((arr.shards or arr.chunks)[axis])
 
 
 def _longest_chunk(
