@@ -328,7 +328,9 @@ def test_offsets_in_time_and_declared_times_survive_a_reshaping_chunk_transform(
     ) as ds:
         now = sorted(t for batch in ds.train for t in batch.coords["time"])
         assert ds.describe()["splits"]["train"]["lost"]["off_frequency"] > 0
-    assert now == [t for t in times if (t - times[0]) % (12 * HOUR) == np.timedelta64(0, "h") and not day <= t < day + 24 * HOUR]
+    assert now == [
+        t for t in times if (t - times[0]) % (12 * HOUR) == np.timedelta64(0, "h") and not day <= t < day + 24 * HOUR
+    ]
 
 
 def test_the_sample_axis_is_chosen_before_offsets_in_time(gapped) -> None:
