@@ -282,11 +282,14 @@ def test_a_dataloader_with_workers_over_any_view_gets_the_one_clear_message(
     tmp_path: Path, kind: str, context: str
 ) -> None:
     # fork: the workers index (bare) or iterate (torch) the view; spawn: it is pickled to start them
+    pytest.importorskip("torch")
     expected = "RuntimeError True" if context == "fork" else "TypeError True"
     assert _view_script(tmp_path, f"{kind}-{context}") == [expected]
 
 
 def test_pickling_any_view_gets_the_one_clear_message(tmp_path: Path) -> None:
+    for framework in ("torch", "jax"):  # the script pickles a TorchView and a JaxView beside the bare views
+        pytest.importorskip(framework)
     assert _view_script(tmp_path, "pickle") == ["TypeError True"] * 4
 
 
