@@ -68,7 +68,7 @@ def pad_to(values: np.ndarray, span: int, fill: Any) -> np.ndarray:
     if span <= len(values):
         return values
     if values.dtype.kind == "M":
-        blank: Any = np.datetime64("NaT", np.datetime_data(values.dtype)[0])
+        blank: Any = np.array("NaT", dtype=values.dtype)[()]
     elif values.dtype.kind == "f":
         blank = np.nan
     elif values.dtype.kind == "O":
