@@ -1,10 +1,13 @@
-"""Runs one measurement in a fresh child process (or in this one) against an emulator, and collects its row.
+"""Runs one measurement in a fresh child process (or in this one), against an emulator or local files, and collects its row.
 
-:class:`Bench` is what the report's loader scenarios (``bench.loader_scenarios``)
-and the network scenarios (``bench.network``) both measure through: it hands
-a JSON config to ``bench.baselines`` in a new interpreter, kills it on a
-timeout, and adds the emulator's counters (data GETs, metadata GETs, bytes
-on the wire) to the row the child prints.
+:class:`Children` is the one child runner of the bench: it hands a JSON
+config to :func:`bench.child.main` in a new interpreter (this environment's,
+or the arena reference's own, isolated), kills it and its workers on a
+timeout, reads the row it prints, and adds the emulator's counters (data
+GETs, metadata GETs, bytes on the wire). The arena (``bench.arena.run``)
+runs its loaders and ceilings through it; :class:`Bench` is what the
+report's loader scenarios (``bench.loader_scenarios``) and the network
+scenarios (``bench.network``) measure through, on top of it.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from insitubatch.progress import progress
 from insitubatch.testing.data import DatasetSpec
 from insitubatch.testing.emulator import EmulatorProcess
 
-from .baselines import RESULT_PREFIX, run_config
+from .child import RESULT_PREFIX, measure
 from .profiles import Profile
 from .rows import MB, REPO_ROOT, SPLIT_FRACTIONS, rate
 from .split_tiles import data_key_predicate
 
-__all__ = ["Bench", "one_line"]
+__all__ = ["Bench", "Children", "one_line"]
 
 # What a child imports before its clock starts, per loader (a training script's imports).
 _PRELOAD = {
@@ -44,6 +47,95 @@ _PRELOAD = {
     "decode_ceiling": ["insitubatch.io.decode"],
     "get_ceiling": ["obstore", "insitubatch.stores.obstore_stores"],
 }
+# What a row's "config" leaves out: where the data was and how the child was run, not what was measured.
+_NOT_SHOWN = (
+    "url",
+    "local_path",
+    "location",
+    "variables",
+    "preload",
+    "peak_rss",
+    "emulator_reset_url",
+    "rss_exclude_pids",
+)
+
+
+class Children:
+    """Runs each measurement's config in a fresh child (or in this process) and turns what it prints into a row."""
+
+    def __init__(self, log_path: Path, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.work = log_path.parent
+        self.stderr = log_path.open("w")  # every child's stderr, one header per run
+
+    def close(self) -> None:
+        self.stderr.close()
+
+    def run(
+        self,
+        config: dict[str, Any],
+        *,
+        title: str,
+        python: str | None = None,
+        emu: EmulatorProcess | None = None,
+        spec: DatasetSpec | None = None,
+        in_process: bool = False,
+    ) -> dict[str, Any]:
+        """Run ``config``'s measurement; its row with ``wall_s`` and, given ``emu``, the emulator's counters.
+
+        ``python`` given: the child runs on that interpreter, isolated (``-I``:
+        no ``PYTHONPATH``, no working directory on the path) with this
+        repository appended to ``sys.path``, so that interpreter's own
+        ``insitubatch`` is the one imported (the arena's reference).
+        ``in_process``: no child, :func:`bench.child.measure` here. The
+        counters count the GETs of ``spec``'s variables apart from its
+        metadata. Never raises: a failed or hung child is a row with ``error``.
+        """
+        if emu is not None:
+            emu.reset_stats()
+        t0 = time.perf_counter()
+        row = measure(config) if in_process else self._spawn(config, title, python)
+        row.setdefault("loader", config["loader"])
+        row["wall_s"] = time.perf_counter() - t0
+        if emu is not None and spec is not None:
+            stats = emu.stats()
+            is_data = data_key_predicate(spec.name, spec.variables)
+            row.update(
+                gets=stats.gets_where(is_data),
+                metadata_gets=stats.gets - stats.gets_where(is_data),
+                wire_mb=stats.bytes_where(is_data) / MB,
+            )
+        return row
+
+    def _spawn(self, config: dict[str, Any], title: str, python: str | None) -> dict[str, Any]:
+        if python is None:  # this environment, this repository first
+            env = dict(
+                os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+            )
+            cmd = [sys.executable, "-c", "from bench.child import main; main()", json.dumps(config)]
+            cwd = REPO_ROOT
+        else:  # -I: no PYTHONPATH, no cwd on the path; the repository appended, so that interpreter's package wins
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+            boot = f"import sys; sys.path.append({str(REPO_ROOT)!r}); from bench.child import main; main()"
+            cmd = [python, "-I", "-c", boot, json.dumps(config)]
+            cwd = self.work
+        self.stderr.write(f"\n=== {title}\n")
+        self.stderr.flush()
+        # its own session, so a timeout can end the child and its workers together
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True
+        )
+        try:
+            stdout, _ = proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return {"error": f"timed out after {self.timeout_s:.0f} s"}
+        for line in reversed(stdout.splitlines()):
+            if line.startswith(RESULT_PREFIX):
+                row: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
+                return row
+        return {"error": f"child exited {proc.returncode} without a result (see children.log)"}
 
 
 class Bench:
@@ -66,12 +158,12 @@ class Bench:
         self.specs = specs
         self.insitu_knobs = insitu_knobs
         self.log = log
-        self.child_log = (out / "children.log").open("w")
+        self.children = Children(out / "children.log", profile.child_timeout_s)
         self.bar = progress(desc="bench", unit="run")  # measurements finished (silent off a terminal)
 
     def close(self) -> None:
         self.bar.close()
-        self.child_log.close()
+        self.children.close()
 
     # -- one child ---------------------------------------------------------------------------
     def run(self, spc: int, name: str, loader: str, *, repeats: int = 1, **cfg: Any) -> dict[str, Any]:
@@ -90,40 +182,32 @@ class Bench:
     def _run_once(self, spc: int, name: str, loader: str, **cfg: Any) -> dict[str, Any]:
         """Run one measurement in a child; add the emulator's counters; never raise."""
         spec = self.specs[spc]
+        url, local = self.emu.url_for(spec.name), str(self.data_dir / spec.name)
         config = {
             "name": name,
             "loader": loader,
-            "url": self.emu.url_for(spec.name),
-            "local_path": str(self.data_dir / spec.name),
+            "url": url,
+            "local_path": local,
+            "location": {"kind": "http", "url": url, "path": local},
             "variables": list(spec.variables),
             "fractions": list(SPLIT_FRACTIONS),
             "batch_size": self.profile.batch_size,
             "window_s": self.profile.window_s,
             "seed": 0,
             "preload": _PRELOAD[loader],
+            "peak_rss": "tree",  # the worker baselines' workers count
             "emulator_reset_url": f"{self.emu.url}/_emulator/reset",
             "rss_exclude_pids": [self.emu.pid],
             **cfg,
         }
-        timeout = self.profile.child_timeout_s
-        self.emu.reset_stats()
-        t0 = time.perf_counter()
-        row = self._spawn(config, timeout)
-        stats = self.emu.stats()
-        is_data = data_key_predicate(spec.name, spec.variables)
+        # the fork probe is about child processes: always in one of its own
+        in_process = not self.profile.isolate and loader != "fork_probe"
+        row = self.children.run(config, title=f"{name} ({url})", emu=self.emu, spec=spec, in_process=in_process)
         row.update(
             spc=spc,
             name=name,
             loader=loader,
-            wall_s=time.perf_counter() - t0,
-            gets=stats.gets_where(is_data),
-            metadata_gets=stats.gets - stats.gets_where(is_data),
-            wire_mb=stats.bytes_where(is_data) / MB,
-            config={
-                k: v
-                for k, v in config.items()
-                if k not in ("url", "local_path", "variables", "preload", "emulator_reset_url", "rss_exclude_pids")
-            },
+            config={k: v for k, v in config.items() if k not in _NOT_SHOWN},
         )
         if row.get("min_gets"):
             row["gets_ratio"] = row["gets"] / row["min_gets"]
@@ -132,47 +216,9 @@ class Bench:
         self.log(one_line(row))
         return row
 
-    def _spawn(self, config: dict[str, Any], timeout: float) -> dict[str, Any]:
-        if not self.profile.isolate and config["loader"] != "fork_probe":
-            return _in_process(config)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-        cmd = [sys.executable, "-c", "from bench.baselines import main; main()", json.dumps(config)]
-        self.child_log.write(f"\n=== {config['name']} ({config['url']})\n")
-        self.child_log.flush()
-        # its own session, so a timeout can end the child and its workers together
-        proc = subprocess.Popen(
-            cmd,
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=self.child_log,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            stdout, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return {"error": f"timed out after {timeout:.0f}s"}
-        for line in reversed(stdout.splitlines()):
-            if line.startswith(RESULT_PREFIX):
-                return json.loads(line[len(RESULT_PREFIX) :])
-        return {"error": f"child exited {proc.returncode} without a result (see children.log)"}
-
     def insitu(self, spc: int, name: str, *, repeats: int = 1, **extra: Any) -> dict[str, Any]:
         """One insitubatch cold pass (the whole split, no window) with this run's knobs and ``extra``."""
         return self.run(spc, name, "insitu", repeats=repeats, **{**self.insitu_knobs, "window_s": math.inf, **extra})
-
-
-def _in_process(config: dict[str, Any]) -> dict[str, Any]:
-    """Run one measurement in this process (``Profile.isolate`` False)."""
-    try:
-        for module in config["preload"]:
-            __import__(module)
-        return run_config(config)
-    except Exception as exc:  # a failed loader is a row, not the end of the report
-        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def one_line(row: dict[str, Any]) -> str:

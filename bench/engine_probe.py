@@ -5,7 +5,7 @@ writes the ERA5-like dataset of the report (``insitubatch.testing.data``), then 
 process measures, each run a fresh ``InSituDataset`` cold pass over the local
 directory (no network, so the engine's own cost is what shows):
 
-* the **decode ceiling** (``bench.baselines``: the split's stored chunks
+* the **decode ceiling** (``bench.ceilings``: the split's stored chunks
   decoded from memory on every core, best round);
 * **insitubatch local cold** at each ``decode_threads`` value, with the
   process's voluntary + involuntary context switches (``getrusage``) divided
@@ -31,7 +31,7 @@ from typing import Any
 from insitubatch.testing.data import wb2_64x32, write_era5_like
 from insitubatch.testing.emulator import DEFAULT_JITTER_S, EmulatorProcess
 
-from .baselines import run_config
+from . import child
 from .provenance import stamp_line
 from .rows import DEFAULT_BANDWIDTH_MB_S, MB, SPLIT_FRACTIONS
 
@@ -51,7 +51,7 @@ def _usage() -> tuple[int, float]:
 
 def _run(cfg: dict[str, Any]) -> dict[str, Any]:
     switches, cpu = _usage()
-    row = run_config(cfg)
+    row = child.measure({**cfg, "peak_rss": "tree"})
     after = _usage()
     row["switches"] = after[0] - switches
     row["cpu_s_per_sample"] = (after[1] - cpu) / max(row["samples"], 1)
@@ -65,6 +65,7 @@ def measure(
     common = {
         "local_path": str(path),
         "url": str(path),
+        "location": {"kind": "file", "path": str(path)},
         "variables": variables,
         "fractions": list(SPLIT_FRACTIONS),
         "batch_size": batch_size,
@@ -100,6 +101,7 @@ def measure_remote(
         common = {
             "local_path": str(path),
             "url": emu.url_for(path.name),
+            "location": {"kind": "http", "url": emu.url_for(path.name), "path": str(path)},
             "variables": variables,
             "fractions": list(SPLIT_FRACTIONS),
             "batch_size": batch_size,

@@ -1,6 +1,6 @@
 """insitubatch as the report measures it: cold, warm from its pool, warm from its persisted cache, steady passes.
 
-Each ``run_*`` takes a measurement's JSON config (``bench.baselines``) and
+Each ``run_*`` takes a measurement's JSON config (``bench.child``) and
 returns its row, with the engine's own counters (GETs, hits, hedged
 duplicates, the reads-in-flight limit it ran at) and the memory it may hold
 by design (the RSS bar's terms).

@@ -3,12 +3,20 @@
 :func:`measure` times a loader's batch iterator; :class:`PeakRSS` samples the
 memory of this process and its workers meanwhile; :func:`result_row` turns
 a :class:`Measurement` into the row the report compares (the rates, the
-GETs the samples needed, the samples' bytes).
+GETs the samples needed, the samples' bytes). :func:`cpu_s`,
+:func:`rss_bytes` and :func:`loadavg` are the process probes every child
+(the report's and the arena's) reads its CPU, memory and the machine's load
+with.
+
+Standard library and numpy only at import (the split's helpers import
+insitubatch when called): the arena's reference child imports this module
+from its own virtual environment.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,10 +28,12 @@ import numpy as np
 from .rows import MB
 from .split_tiles import min_gets, sample_nbytes
 
-__all__ = ["Measurement", "PeakRSS", "cpu_s", "measure", "result_row"]
+__all__ = ["Measurement", "PeakRSS", "cpu_s", "loadavg", "measure", "result_row", "rss_bytes"]
 
 # The process tree is sampled this often for peak RSS.
 RSS_SAMPLE_S = 0.02
+# /proc/self/status reports memory in kB (kibibytes)
+_KIB = 1024
 
 
 def _proc_children(pid: int) -> list[int]:
@@ -171,11 +181,34 @@ def measure(
 
 
 def cpu_s() -> float:
-    """This process's CPU seconds so far, every thread's, user and system."""
-    import resource
-
+    """This process's CPU seconds so far: every thread's, user and system."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def rss_bytes(field_name: str = "VmRSS") -> int:
+    """``VmRSS`` (resident now) or ``VmHWM`` (the peak) of this process, in bytes; 0 off Linux.
+
+    ``VmHWM`` is this process's own high-water mark, which starts afresh at
+    ``exec``: nothing of the parent that started a child counts.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1]) * _KIB
+    except OSError:
+        pass
+    return 0
+
+
+def loadavg() -> list[float]:
+    """The machine's 1, 5 and 15 minute load averages (empty off Linux): how busy the box was."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except (OSError, ValueError):
+        return []
 
 
 def result_row(cfg: dict[str, Any], m: Measurement, geoms: dict[str, Any]) -> dict[str, Any]:

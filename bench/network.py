@@ -4,7 +4,7 @@
 ``python -m bench.run``, as one section of the report) writes the
 ERA5-like data and a sharded copy of it, serves them from an
 :class:`~insitubatch.testing.emulator.EmulatorProcess` set up per scenario,
-and measures, each run in a fresh child process (``bench.baselines``;
+and measures, each run in a fresh child process (``bench.child``;
 ``insitu_steady`` runs passes back to back and times a window after a
 warm-up, so the self-tuning window has settled), with ratios taken within
 the one run:

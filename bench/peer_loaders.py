@@ -1,6 +1,6 @@
 """The peers insitubatch is measured against: DataLoader over per-sample zarr reads, the fork probe, xbatcher, plain zarr.
 
-Each ``run_*`` takes a measurement's JSON config (``bench.baselines``) and
+Each ``run_*`` takes a measurement's JSON config (``bench.child``) and
 returns its row. The worker baselines read one sample per ``__getitem__``
 as a hand-written map-style dataset does; their rate is taken from the
 first batch on, in their favour.

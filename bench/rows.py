@@ -1,6 +1,6 @@
 """What every part of the bench shares: the split it reads, its units, and the arithmetic on result rows.
 
-A row is the JSON dict one measurement returns (``bench.baselines``); the
+A row is the JSON dict one measurement returns (``bench.child``); the
 report (``bench.run``) and the network scenarios (``bench.network``) both
 compare rows by :func:`rate` and take :func:`ratio` of rates, and write
 their results through :func:`clean`. This module imports nothing from the

@@ -2,7 +2,7 @@
 
 ``python -m bench.run [--quick] [--out DIR]`` writes ERA5-like datasets (one
 per samples-per-chunk value), serves them from :class:`insitubatch.testing.emulator.EmulatorProcess`,
-and measures, one fresh child process per run (``bench.baselines``), every
+and measures, one fresh child process per run (``bench.child``), every
 loader on the same data in the same run:
 
 * the **loader table** at the main samples-per-chunk value and at one
@@ -34,8 +34,8 @@ batch, warm against cold, GETs, peak RSS) are evaluated and printed as
 measured, pass or miss.
 
 Where each part lives: the runs a report makes are ``bench.loader_scenarios``
-(through ``bench.children``, which runs each one in a child process with
-``bench.baselines``) and ``bench.network``; ``bench.targets`` computes the
+(through ``bench.children``, the one child runner the arena shares, which
+runs each one in a child process with ``bench.child``) and ``bench.network``; ``bench.targets`` computes the
 ratios and bars, ``bench.report_markdown`` and ``bench.plots`` write them.
 The profiles are ``bench.profiles``; what all of them share is ``bench.rows``.
 """

@@ -18,6 +18,7 @@ __all__ = [
     "data_key_predicate",
     "geometries",
     "min_gets",
+    "open_location",
     "open_store",
     "sample_nbytes",
     "tile_keys",
@@ -26,6 +27,8 @@ __all__ = [
 
 # Metadata keys that are not chunk data (zarr v2 and v3).
 _METADATA_NAMES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+# The S3 view of the emulator answers any region; obstore wants one named.
+EMULATOR_REGION = "us-east-1"
 
 
 def data_key_predicate(dataset: str, variables: Sequence[str]) -> Callable[[str], bool]:
@@ -43,6 +46,30 @@ def open_store(url: str) -> Any:
     from insitubatch.stores.obstore_stores import obstore_store
 
     return obstore_store(url, read_only=True)
+
+
+def open_location(location: dict[str, Any]) -> Any:
+    """Our read-only store for a measurement's location: local files, the emulator over HTTP, or its S3 view.
+
+    ``location`` is ``{"kind": "file" | "http" | "s3", "path": <the local copy>, ...}`` with ``url`` for
+    ``http``, ``bucket`` and ``endpoint`` for ``s3``; ``path`` is what the decode ceiling reads from disk.
+    """
+    from insitubatch.stores.obstore_stores import obstore_store
+
+    kind = location["kind"]
+    if kind == "file":
+        return obstore_store(location["path"], read_only=True)
+    if kind == "http":
+        return obstore_store(location["url"], read_only=True)
+    if kind == "s3":
+        return obstore_store(
+            f"s3://{location['bucket']}",
+            read_only=True,
+            endpoint=location["endpoint"],
+            anonymous=True,
+            region=EMULATOR_REGION,
+        )
+    raise ValueError(f"location kind={kind!r} must be 'file', 'http' or 's3'")
 
 
 def geometries(store: Any, variables: Sequence[str]) -> dict[str, Any]:

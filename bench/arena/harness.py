@@ -2,10 +2,9 @@
 
 Every arena loader (ours, the reference, TensorStore) is timed by
 :func:`steady` with the same rules, and its memory and CPU read the same
-way: CPU seconds from ``getrusage`` of this process (every thread, user and
-system), RSS and peak RSS from ``/proc/self/status`` (``VmRSS``,
-``VmHWM``: this process's own high-water mark, which starts afresh at
-``exec``, so nothing of the parent that started it counts).
+way, with the bench's process probes (:func:`bench.measure.cpu_s`, every
+thread's CPU seconds; :func:`bench.measure.rss_bytes`, ``VmRSS`` and
+``VmHWM`` from ``/proc/self/status``).
 
 Standard library and numpy only: the reference's child imports this from
 its own virtual environment.
@@ -14,7 +13,6 @@ its own virtual environment.
 from __future__ import annotations
 
 import hashlib
-import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -22,44 +20,25 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MB", "Window", "cpu_s", "loadavg", "rss_bytes", "steady", "train_digest"]
+from ..measure import cpu_s
 
-MB = 1e6
-# /proc/self/status reports memory in kB (kibibytes)
-_KIB = 1024
-
-
-def cpu_s() -> float:
-    """This process's CPU seconds so far: every thread's, user and system."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def rss_bytes(field_name: str = "VmRSS") -> int:
-    """``VmRSS`` (resident now) or ``VmHWM`` (the peak) of this process, in bytes; 0 off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field_name + ":"):
-                    return int(line.split()[1]) * _KIB
-    except OSError:
-        pass
-    return 0
-
-
-def loadavg() -> list[float]:
-    """The machine's 1, 5 and 15 minute load averages (empty off Linux): how busy the box was."""
-    try:
-        with open("/proc/loadavg") as f:
-            return [float(x) for x in f.read().split()[:3]]
-    except (OSError, ValueError):
-        return []
+__all__ = ["Window", "steady", "timing", "train_digest"]
 
 
 def train_digest(indices: Any) -> str:
     """A short digest of a split's sample indices, sorted: two loaders with one digest read the same samples."""
     data = np.sort(np.asarray(indices, dtype="<i8")).tobytes()
     return hashlib.sha1(data).hexdigest()[:12]
+
+
+def timing(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A child config's timing fields (``ArenaProfile.child_config``) as :func:`steady`'s keywords."""
+    return {
+        "warmup_passes": int(cfg["warmup_passes"]),
+        "warmup_s": float(cfg["warmup_s"]),
+        "warmup_max_s": float(cfg["warmup_max_s"]),
+        "window_s": float(cfg["window_s"]),
+    }
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Our loader in the arena: ``InSituDataset(store, manifest, variables, batch_size=32)``, nothing else set.
 
-Run in a child process of our virtual environment (:mod:`bench.arena.child`).
+Run in a child process of our virtual environment (:mod:`bench.child`).
 Besides the steady window (:func:`bench.arena.harness.steady`) its row has
 what ``describe()`` promises about memory (``total_bytes``, the bound on
 what the loader holds) next to what the process held: its RSS before the
@@ -16,32 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from .harness import MB, rss_bytes, steady, train_digest
+from ..measure import rss_bytes
+from ..rows import MB
+from ..split_tiles import open_location
+from .harness import steady, timing, train_digest
 
-__all__ = ["open_our_store", "run_ours"]
-
-# The S3 view of the emulator answers any region; obstore wants one named.
-EMULATOR_REGION = "us-east-1"
-
-
-def open_our_store(location: dict[str, Any]) -> Any:
-    """Our read-only store for an arena location: local files, the emulator over HTTP, or its S3 view."""
-    from insitubatch.stores.obstore_stores import obstore_store
-
-    kind = location["kind"]
-    if kind == "file":
-        return obstore_store(location["path"], read_only=True)
-    if kind == "http":
-        return obstore_store(location["url"], read_only=True)
-    if kind == "s3":
-        return obstore_store(
-            f"s3://{location['bucket']}",
-            read_only=True,
-            endpoint=location["endpoint"],
-            anonymous=True,
-            region=EMULATOR_REGION,
-        )
-    raise ValueError(f"location kind={kind!r} must be 'file', 'http' or 's3'")
+__all__ = ["run_ours"]
 
 
 def run_ours(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +32,7 @@ def run_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     from insitubatch.stores.owned import close_store
 
     variables = list(cfg["variables"])
-    store = open_our_store(cfg["location"])
+    store = open_location(cfg["location"])
     geoms = open_geometries(store, variables=variables)
     manifest = split_by_chunk(next(iter(geoms.values())), fractions=tuple(cfg["fractions"]))
     train = manifest.sample_indices("train")
@@ -78,11 +58,8 @@ def run_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     window = steady(
         open_pass,
         len,
-        warmup_passes=int(cfg["warmup_passes"]),
-        warmup_s=float(cfg["warmup_s"]),
-        warmup_max_s=float(cfg["warmup_max_s"]),
-        window_s=float(cfg["window_s"]),
         close_pass=close_pass,
+        **timing(cfg),
     )
     ds.close()
     close_store(store)

@@ -15,7 +15,9 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from .harness import MB, rss_bytes, steady, train_digest
+from ..measure import rss_bytes
+from ..rows import MB
+from .harness import steady, timing, train_digest
 
 __all__ = ["REFERENCE_VERSION", "run_reference"]
 
@@ -77,11 +79,8 @@ def run_reference(cfg: dict[str, Any]) -> dict[str, Any]:
     window = steady(
         open_pass,
         len,
-        warmup_passes=int(cfg["warmup_passes"]),
-        warmup_s=float(cfg["warmup_s"]),
-        warmup_max_s=float(cfg["warmup_max_s"]),
-        window_s=float(cfg["window_s"]),
         close_pass=close_pass,
+        **timing(cfg),
     )
     ds.close()
     return {

@@ -8,10 +8,12 @@ for each scenario (:data:`bench.arena.scenarios.SCENARIOS`: local files,
 HTTP at 0 and 30 ms, a heavy-tailed 100 MB/s link, stragglers, the S3
 protocol) serves it from an :class:`~insitubatch.testing.emulator.EmulatorProcess`
 (its own process: the server's CPU is never the loader's) and times each
-loader in a fresh child process (:mod:`bench.arena.child`) at its default
+loader in a fresh child process (the bench's one child runner,
+:class:`bench.children.Children` and :mod:`bench.child`) at its default
 knobs, in steady state. Ours also gets the raw-GET ceiling at the
 reads-in-flight its passes reached, and one decode ceiling (numcodecs, no
-I/O, as many threads as our decode pool). It prints the table and writes
+I/O, as many threads as our decode pool): the report's ceilings
+(:mod:`bench.ceilings`). It prints the table and writes
 ``arena.json`` and ``arena.md`` to ``--out`` (default ``bench/out/``), with
 the ratios and the bars of issue 38 (:mod:`bench.arena.report`).
 """
@@ -23,8 +25,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,10 +37,9 @@ import numpy as np
 from insitubatch.testing.data import write_era5_like
 from insitubatch.testing.emulator import EmulatorProcess
 
+from ..children import Children
+from ..measure import loadavg
 from ..rows import MB, REPO_ROOT, SPLIT_FRACTIONS, clean
-from ..split_tiles import data_key_predicate
-from .child import RESULT_PREFIX
-from .harness import loadavg
 from .peers import reference_python, tensorstore_available
 from .report import bars, markdown, ratios
 from .scenarios import FULL, LOADERS, QUICK, SCENARIOS, ArenaProfile, Scenario
@@ -56,64 +55,6 @@ DEFAULT_REFERENCE_VENV = (
 )
 # The concurrency the raw-GET ceiling replays at when our pass reported none (a pass that never reached the store).
 FALLBACK_CONCURRENCY = 32
-
-
-class _Children:
-    """Starts one child per measurement, with its interpreter, and turns what it prints into a row."""
-
-    def __init__(self, profile: ArenaProfile, work: Path, log: Callable[[str], None]) -> None:
-        self.profile = profile
-        self.work = work
-        self.log = log
-        self.stderr = (work / "children.log").open("a")
-
-    def close(self) -> None:
-        self.stderr.close()
-
-    def run(self, cfg: dict[str, Any], python: str | None = None, emu: EmulatorProcess | None = None) -> dict[str, Any]:
-        """Run ``cfg`` in a child (``python`` given: the reference's, isolated); add the emulator's counters."""
-        if emu is not None:
-            emu.reset_stats()
-        if python is None:  # ours, TensorStore and the ceilings: this environment, this repository first
-            env = dict(
-                os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-            )
-            cmd = [sys.executable, "-c", "from bench.arena.child import main; main()", json.dumps(cfg)]
-            cwd = REPO_ROOT
-        else:  # -I: no PYTHONPATH, no cwd on the path; the repository appended, so the reference's package wins
-            env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-            boot = f"import sys; sys.path.append({str(REPO_ROOT)!r}); from bench.arena.child import main; main()"
-            cmd = [python, "-I", "-c", boot, json.dumps(cfg)]
-            cwd = self.work
-        self.stderr.write(f"\n=== {cfg['scenario']} {cfg['loader']}\n")
-        self.stderr.flush()
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=self.stderr, text=True, start_new_session=True
-        )
-        try:
-            stdout, _ = proc.communicate(timeout=self.profile.child_timeout_s)
-            row = _result(stdout, proc.returncode)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the child and anything it started
-            proc.communicate()
-            row = {"error": f"timed out after {self.profile.child_timeout_s:.0f} s"}
-        row.setdefault("loader", cfg["loader"])
-        row["wall_s"] = time.perf_counter() - t0
-        if emu is not None:
-            stats = emu.stats()
-            is_data = data_key_predicate(self.profile.spec.name, self.profile.spec.variables)
-            row.update(gets=stats.gets_where(is_data), wire_mb=stats.bytes_where(is_data) / MB)
-        self.log(_one_line(cfg["scenario"], row))
-        return row
-
-
-def _result(stdout: str, returncode: int | None) -> dict[str, Any]:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            row: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
-            return row
-    return {"error": f"child exited {returncode} without a result (see children.log)"}
 
 
 def _one_line(scenario: str, row: dict[str, Any]) -> str:
@@ -223,7 +164,13 @@ def run_arena(
     log(f"arena: data {spec.name} ready in {time.perf_counter() - t0:.0f} s; load average {load_start}")
     peers = _peers(loaders, work, ref_venv, ref_python, log)
     plan = our_plan(data / spec.name, profile, work)
-    children = _Children(profile, work, log)
+    children = Children(work / "children.log", profile.child_timeout_s)
+
+    def run(cfg: dict[str, Any], python: str | None = None, emu: EmulatorProcess | None = None) -> dict[str, Any]:
+        row = children.run(cfg, title=f"{cfg['scenario']} {cfg['loader']}", python=python, emu=emu, spec=spec)
+        log(_one_line(cfg["scenario"], row))
+        return row
+
     base = {"variables": list(spec.variables), "fractions": list(SPLIT_FRACTIONS), "repo_root": str(REPO_ROOT)}
     base.update(profile.child_config())
     results: dict[str, Any] = {"scenarios": {}}
@@ -246,18 +193,18 @@ def run_arena(
                             orders_path=plan["orders_path"],
                             cache_bytes=int(budget * MB) if budget else plan["budget_bytes"],
                         )
-                    rows[loader] = children.run(cfg, peer.get("python"), emu)
+                    rows[loader] = run(cfg, peer.get("python"), emu)
                     if loader == "ours" and scenario.remote and not rows["ours"].get("error"):
                         reached = rows["ours"].get("inflight_peak") or FALLBACK_CONCURRENCY
                         ceiling = {**base, **where, "loader": "get_ceiling", "concurrency": int(reached)}
-                        rows["get_ceiling"] = children.run(ceiling, None, emu)
+                        rows["get_ceiling"] = run(ceiling, None, emu)
             results["scenarios"][name] = {"what": scenario.what, "link": scenario.link, "rows": rows}
         if "ours" in loaders:
             local = results["scenarios"].get("local", {}).get("rows", {}).get("ours") or {}
             threads = local.get("decode_threads") or os.cpu_count() or 1
             cfg = {**base, "scenario": "decode", "loader": "decode_ceiling", "threads": int(threads)}
-            cfg["location"] = {"kind": "file", "path": str(data / spec.name)}
-            results["decode_ceiling"] = children.run(cfg)
+            cfg.update(decoder="numcodecs", location={"kind": "file", "path": str(data / spec.name)})
+            results["decode_ceiling"] = run(cfg)
     finally:
         children.close()
     results["ratios"] = ratios(results)

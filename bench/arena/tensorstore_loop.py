@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from .harness import MB, rss_bytes, steady, train_digest
+from ..measure import rss_bytes
+from ..rows import MB
+from .harness import steady, timing, train_digest
 
 __all__ = ["BATCHES_AHEAD", "kvstore", "run_tensorstore"]
 
@@ -99,11 +101,8 @@ def run_tensorstore(cfg: dict[str, Any]) -> dict[str, Any]:
     window = steady(
         open_pass,
         lambda batch: len(batch[0]),
-        warmup_passes=int(cfg["warmup_passes"]),
-        warmup_s=float(cfg["warmup_s"]),
-        warmup_max_s=float(cfg["warmup_max_s"]),
-        window_s=float(cfg["window_s"]),
         close_pass=close_pass,
+        **timing(cfg),
     )
     return {
         **window.row(),
