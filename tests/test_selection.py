@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 import zarr
-from era5 import LEVELS, write_era5
 from helpers import CountingStore, local_store
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
+from insitubatch.testing.data import ERA5_LEVELS, write_era5_levels
 
 xr = pytest.importorskip("xarray")
 
@@ -53,9 +53,9 @@ def _expected(xds, var, steps, indices):
 def stores(tmp_path_factory):
     root = tmp_path_factory.mktemp("era5")
     return {
-        "v3": write_era5(root / "v3.zarr"),
-        "v2": write_era5(root / "v2.zarr", zarr_format=2, chunks=(4, 2, 9, 8)),
-        "v3-sharded": write_era5(root / "s.zarr", chunks=(4, 1, 9, 16), shards=(8, 1, 9, 32)),
+        "v3": write_era5_levels(root / "v3.zarr"),
+        "v2": write_era5_levels(root / "v2.zarr", zarr_format=2, chunks=(4, 2, 9, 8)),
+        "v3-sharded": write_era5_levels(root / "s.zarr", chunks=(4, 1, 9, 16), shards=(8, 1, 9, 32)),
     }
 
 
@@ -103,7 +103,7 @@ def _tile_keys(path, view, chunks_read):
 @pytest.mark.parametrize(
     ("steps", "fraction"),
     [
-        ([("isel", {"level": [2, 4]})], 2 / len(LEVELS)),
+        ([("isel", {"level": [2, 4]})], 2 / len(ERA5_LEVELS)),
         ([("isel", {"latitude": slice(0, 9), "longitude": slice(0, 16)})], 1 / 4),
     ],
 )

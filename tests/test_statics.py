@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from era5 import write_era5
 from helpers import CountingStore, local_store
 
 from insitubatch import InSituDataset, StaticField, open_geometries, open_statics, split_by_chunk
+from insitubatch.testing.data import write_era5_levels
 
 xr = pytest.importorskip("xarray")
 
 
 @pytest.fixture(scope="module")
 def era5(tmp_path_factory):
-    return write_era5(tmp_path_factory.mktemp("statics") / "era5.zarr")
+    return write_era5_levels(tmp_path_factory.mktemp("statics") / "era5.zarr")
 
 
 def test_variables_none_takes_the_sample_axis_and_says_what_it_left_out(era5) -> None:

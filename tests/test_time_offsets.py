@@ -15,11 +15,12 @@ import warnings
 import numpy as np
 import pytest
 import zarr
-from dated_stores import LAT, LON, field, open_xr, six_hourly, write_dated
+from dated_stores import open_xr
 from zarr.storage import LocalStore
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk, split_by_time
 from insitubatch.errors import IrregularTimeWarning, TimeAxisError
+from insitubatch.testing.data import DATED_LAT, DATED_LON, dated_field, six_hourly, write_dated
 
 HOUR = np.timedelta64(1, "h")
 STEPS = 80
@@ -39,12 +40,12 @@ def _write_native(path, times: np.ndarray, chunk: int):
     t[:] = times
     a = root.create_array(
         "t2m",
-        shape=(len(times), LAT, LON),
-        chunks=(chunk, LAT, LON),
+        shape=(len(times), DATED_LAT, DATED_LON),
+        chunks=(chunk, DATED_LAT, DATED_LON),
         dtype="f4",
         dimension_names=("time", "lat", "lon"),
     )
-    a[:] = field(len(times))
+    a[:] = dated_field(len(times))
     return path
 
 

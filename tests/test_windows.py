@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from era5 import write_era5
 from helpers import CountingStore, local_store
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
+from insitubatch.testing.data import write_era5_levels
 
 xr = pytest.importorskip("xarray")
 
@@ -15,7 +15,7 @@ xr = pytest.importorskip("xarray")
 @pytest.fixture(scope="module")
 def era5(tmp_path_factory):
     # 8 steps per stored chunk along time, two tiles per field
-    return write_era5(tmp_path_factory.mktemp("windows") / "era5.zarr", chunks=(8, 1, 17, 16), n_time=40)
+    return write_era5_levels(tmp_path_factory.mktemp("windows") / "era5.zarr", chunks=(8, 1, 17, 16), n_time=40)
 
 
 def test_windows_equal_xarray_with_shifts_and_selections(era5) -> None:

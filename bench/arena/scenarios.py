@@ -1,10 +1,10 @@
 """What the arena measures: its dataset, its links (scenarios), and how long each loader is timed (profiles).
 
-The data is ERA5-shaped (issue 38): four float32 variables on the 0.25°-grid
-stand-in of 181 × 360, chunks of 8 steps × 91 × 180 (four stored tiles per
-chunk and variable), blosc-zstd, and 4,096 steps, so the 0.8/0.1/0.1 split
-by chunk gives 3,280 training samples. ``insitubatch.testing.data``
-expresses it as is.
+The data is ERA5-shaped (issue 38): the generator's realistic preset
+(:func:`insitubatch.testing.data.era5_181x360`), four float32 variables on
+the 0.25°-grid stand-in of 181 × 360, chunks of 8 steps × 91 × 180 (four
+stored tiles per chunk and variable), blosc-zstd, and 4,096 steps, so the
+0.8/0.1/0.1 split by chunk gives 3,280 training samples.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from insitubatch.testing.data import WB2_VARIABLES, DatasetSpec
+from insitubatch.testing.data import ERA5_GRID, DatasetSpec, era5_181x360
 from insitubatch.testing.emulator import DEFAULT_JITTER_S
 
 from ..network import STRAGGLER_S, STRAGGLER_SHARE, TAIL_LINK
@@ -21,11 +21,7 @@ from ..rows import DEFAULT_BANDWIDTH_MB_S, MB
 __all__ = ["FULL", "LOADERS", "QUICK", "SCENARIOS", "ArenaProfile", "Scenario"]
 
 LOADERS = ("ours", "reference", "tensorstore")
-# The realistic layout: a 181 x 360 grid cut into 2 x 2 tiles of 91 x 180, 8 steps per chunk.
-ERA5_GRID = (181, 360)
-QUICK_GRID = (91, 180)  # a quarter of it, for the smoke run
-SAMPLES_PER_CHUNK = 8
-TILES = (2, 2)
+QUICK_GRID = (91, 180)  # a quarter of the realistic grid, for the smoke run
 # 4,096 steps = 512 chunks; split 0.8/0.1/0.1 by chunk, the train split is 410 chunks = 3,280 samples
 FULL_STEPS = 4096
 QUICK_STEPS = 256
@@ -96,21 +92,9 @@ class ArenaProfile:
         }
 
 
-def _spec(n_time: int, grid: tuple[int, int]) -> DatasetSpec:
-    return DatasetSpec(
-        n_time=n_time,
-        n_lat=grid[0],
-        n_lon=grid[1],
-        variables=WB2_VARIABLES,
-        samples_per_chunk=SAMPLES_PER_CHUNK,
-        inner_tiles=TILES,
-        codec="blosc-zstd",
-    )
-
-
 FULL = ArenaProfile(
     "full",
-    _spec(FULL_STEPS, ERA5_GRID),
+    era5_181x360(FULL_STEPS, ERA5_GRID),
     batch_size=32,
     warmup_passes=1,
     warmup_s=0.0,
@@ -121,7 +105,7 @@ FULL = ArenaProfile(
 )
 QUICK = ArenaProfile(
     "quick",
-    _spec(QUICK_STEPS, QUICK_GRID),
+    era5_181x360(QUICK_STEPS, QUICK_GRID),
     batch_size=32,
     warmup_passes=0,
     warmup_s=0.5,

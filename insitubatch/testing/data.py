@@ -1,18 +1,37 @@
-"""ERA5-like zarr v3 groups for the benchmark: smooth weather fields plus noise, zstd.
+"""The one generator of test, example and benchmark data: ERA5-like zarr groups, by named presets.
 
-:func:`write_era5_like` writes several float32 variables over
-``time × lat × lon`` with a chosen number of samples (time steps) per chunk,
-an optional inner spatial tiling (each time chunk split into a grid of
-stored chunks) and optional sharding along time. The fields are a seasonal
-and diurnal cycle over a latitude profile, travelling planetary waves and
-Gaussian noise, so zstd compresses them about as well as real reanalysis
-(far from zeros, far from random bytes). Generation is vectorised over
-blocks of time steps, and the group's metadata is consolidated, so an HTTP
-store (which cannot list) opens it.
+:func:`write_era5_like` writes what a :class:`DatasetSpec` describes: several
+float32 variables over ``time × lat × lon`` with a chosen number of samples
+(time steps) per chunk, an optional inner spatial tiling (each time chunk
+split into a grid of stored chunks) and optional sharding along time. The
+fields are a seasonal and diurnal cycle over a latitude profile, travelling
+planetary waves and Gaussian noise, so zstd compresses them about as well as
+real reanalysis (far from zeros, far from random bytes). Generation is
+vectorised over blocks of time steps, and the group's metadata is
+consolidated, so an HTTP store (which cannot list) opens it.
 
-:func:`wb2_64x32` is the preset the size of WeatherBench2's 64×32
-equiangular ERA5 (6-hourly, 32 latitudes × 64 longitudes), with its
-variable names, so the examples read either dataset with the same code.
+The presets name the datasets the project reads:
+
+:func:`demo`
+    The quick-start demo's (``./dev demo``, the examples, the docs): a year
+    of 6-hourly steps on a 32 × 64 grid, variables ``t2m``, ``u10``, ``v10``.
+:func:`wb2_64x32`
+    WeatherBench2's 64 × 32 equiangular ERA5 (6-hourly, 32 latitudes × 64
+    longitudes), with its variable names, so the examples read either
+    dataset with the same code; the end-to-end report's data.
+:func:`era5_181x360`
+    ERA5's 0.25° grid stand-in of 181 × 360 in 2 × 2 stored tiles,
+    blosc-zstd: the arena's realistic fields.
+:func:`era5_levels_dataset` / :func:`write_era5_levels`
+    A small ERA5-shaped ``xarray.Dataset`` with pressure levels, descending
+    latitude, 0..360 longitude, static masks and a series, written by
+    xarray: the oracle's side of coordinate and selection tests.
+:func:`six_hourly` / :func:`dated_field` / :func:`write_dated`
+    A dated ``t2m(time, lat, lon)`` written by xarray with a CF-encoded (or
+    native) time coordinate: the oracle's side of date tests.
+
+The last two are written by ``xarray.Dataset.to_zarr`` (imported when
+called), so that the store is what a user's xarray archive looks like.
 """
 
 from __future__ import annotations
@@ -34,7 +53,25 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
 from zarr.errors import ZarrUserWarning
 
-__all__ = ["WB2_VARIABLES", "DatasetSpec", "wb2_64x32", "write_era5_like"]
+__all__ = [
+    "DATED_LAT",
+    "DATED_LON",
+    "DEMO_CHUNKS",
+    "DEMO_SHAPE",
+    "DEMO_VARIABLES",
+    "ERA5_LEVELS",
+    "WB2_VARIABLES",
+    "DatasetSpec",
+    "dated_field",
+    "demo",
+    "era5_181x360",
+    "era5_levels_dataset",
+    "six_hourly",
+    "wb2_64x32",
+    "write_dated",
+    "write_era5_levels",
+    "write_era5_like",
+]
 
 # WeatherBench2 ERA5 names, mean and amplitude of the synthetic field (units as ERA5).
 _VARIABLE_PHYSICS: dict[str, tuple[float, float]] = {
@@ -44,6 +81,10 @@ _VARIABLE_PHYSICS: dict[str, tuple[float, float]] = {
     "mean_sea_level_pressure": (101_300.0, 1_500.0),
     "total_column_water_vapour": (25.0, 20.0),
     "geopotential_500": (54_000.0, 2_500.0),
+    # ERA5's short names, as the demo calls its variables
+    "t2m": (278.0, 25.0),
+    "u10": (0.0, 8.0),
+    "v10": (0.0, 6.0),
 }
 WB2_VARIABLES: tuple[str, ...] = (
     "2m_temperature",
@@ -53,6 +94,22 @@ WB2_VARIABLES: tuple[str, ...] = (
 )
 # WeatherBench2's coarse grid: 64 longitudes x 32 latitudes, 6-hourly steps.
 WB2_LAT, WB2_LON = 32, 64
+# The one demo dataset (the demo, the examples and the docs all read this shape):
+# a year of 6-hourly steps on a coarse 32 x 64 grid, ~36 MB decoded over three variables,
+# 16 steps per stored chunk, each chunk cut into two 32 x 32 tiles.
+DEMO_SHAPE = (1460, WB2_LAT, WB2_LON)
+DEMO_CHUNKS = (16, 32, 32)
+DEMO_VARIABLES = ("t2m", "u10", "v10")
+# The benchmark arena's realistic layout: ERA5's 0.25-degree grid stand-in of 181 x 360,
+# cut into 2 x 2 tiles of 91 x 180, 8 steps per chunk.
+ERA5_GRID = (181, 360)
+ERA5_TILES = (2, 2)
+ERA5_SAMPLES_PER_CHUNK = 8
+# The xarray-written oracle stores: ERA5's pressure levels (hPa), and the small grid of the dated field
+# (the date tests are about the time axis, not the field).
+ERA5_LEVELS = np.array([50, 100, 250, 500, 700, 850, 1000])
+DATED_LAT, DATED_LON = 3, 4
+DATED_STEP = np.timedelta64(6, "h")
 STEPS_PER_DAY = 4
 STEPS_PER_YEAR = 1460
 # Noise as a fraction of each variable's amplitude: enough that zstd cannot
@@ -169,6 +226,45 @@ class DatasetSpec:
 def wb2_64x32(n_time: int = STEPS_PER_YEAR, **overrides: Any) -> DatasetSpec:
     """The WeatherBench2 64×32 preset: ``n_time`` 6-hourly steps of 32×64, WB2 variable names."""
     return replace(DatasetSpec(n_time=n_time, n_lat=WB2_LAT, n_lon=WB2_LON, variables=WB2_VARIABLES), **overrides)
+
+
+def demo(
+    shape: tuple[int, int, int] = DEMO_SHAPE, chunks: tuple[int, int, int] = DEMO_CHUNKS, seed: int = 0
+) -> DatasetSpec:
+    """The demo preset: ``shape`` (time, lat, lon) of ``t2m``, ``u10``, ``v10``, stored in ``chunks``.
+
+    ``chunks`` must tile the grid as an inner tiling does: each spatial
+    extent is the grid's cut into equal parts (the last one clipped).
+    Raises ``ValueError`` naming ``chunks`` otherwise.
+    """
+    n, ny, nx = shape
+    tiles = (math.ceil(ny / chunks[1]), math.ceil(nx / chunks[2]))
+    spec = DatasetSpec(
+        n_time=n,
+        n_lat=ny,
+        n_lon=nx,
+        variables=DEMO_VARIABLES,
+        samples_per_chunk=chunks[0],
+        inner_tiles=tiles,
+        seed=seed,
+    )
+    if spec.chunks != tuple(chunks):
+        raise ValueError(f"chunks={tuple(chunks)} do not tile the grid {shape[1:]} evenly; {spec.chunks} would")
+    return spec
+
+
+def era5_181x360(n_time: int, grid: tuple[int, int] = ERA5_GRID, **overrides: Any) -> DatasetSpec:
+    """The realistic preset: ``n_time`` steps of the ERA5-grid stand-in, 2 × 2 stored tiles, blosc-zstd, WB2 names."""
+    spec = DatasetSpec(
+        n_time=n_time,
+        n_lat=grid[0],
+        n_lon=grid[1],
+        variables=WB2_VARIABLES,
+        samples_per_chunk=ERA5_SAMPLES_PER_CHUNK,
+        inner_tiles=ERA5_TILES,
+        codec="blosc-zstd",
+    )
+    return replace(spec, **overrides)
 
 
 def _field(name: str, t: np.ndarray, lat: np.ndarray, lon: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -293,3 +389,94 @@ def _written_spec(path: Path) -> dict | None:
     if isinstance(found, dict):
         found = {k: tuple(v) if isinstance(v, list) else v for k, v in found.items()}
     return found
+
+
+def era5_levels_dataset(n_time: int = 24, n_lat: int = 17, n_lon: int = 32, seed: int = 0) -> Any:
+    """An ERA5-shaped ``xarray.Dataset``: time x level x latitude x longitude, descending latitude, 0..360 longitude.
+
+    ``t`` (float32) and ``z`` (float64) on levels, ``t2m`` at the surface,
+    ``lsm`` and ``orog`` static, ``gmean`` a series; 6-hourly
+    ``datetime64[ns]`` times from 2000-01-01. Standard-normal values (the
+    coordinate and selection tests compare positions, not physics).
+    """
+    import xarray as xr
+
+    rng = np.random.default_rng(seed)
+    time = six_hourly("2000-01-01T00", n_time)
+    lat = np.linspace(90, -90, n_lat)
+    lon = np.arange(n_lon) * (360.0 / n_lon)
+    shape = (n_time, len(ERA5_LEVELS), n_lat, n_lon)
+    return xr.Dataset(
+        {
+            "t": (("time", "level", "latitude", "longitude"), rng.standard_normal(shape).astype("f4")),
+            "z": (("time", "level", "latitude", "longitude"), rng.standard_normal(shape).astype("f8")),
+            "t2m": (("time", "latitude", "longitude"), rng.standard_normal(shape[:1] + shape[2:]).astype("f4")),
+            "lsm": (("latitude", "longitude"), (rng.random((n_lat, n_lon)) > 0.6).astype("f4")),
+            "orog": (("latitude", "longitude"), rng.random((n_lat, n_lon)).astype("f4") * 3000),
+            "gmean": (("time",), rng.standard_normal(n_time).astype("f4")),
+        },
+        coords={"time": time, "level": ERA5_LEVELS, "latitude": lat, "longitude": lon},
+    )
+
+
+def write_era5_levels(
+    path: str | Path,
+    *,
+    zarr_format: int = 3,
+    chunks: tuple[int, int, int, int] = (4, 1, 9, 16),
+    shards: tuple[int, int, int, int] | None = None,
+    consolidated: bool = False,
+    **dims: int,
+) -> Path:
+    """Write ``era5_levels_dataset(**dims)`` with xarray: CF-encoded int64 hours, the given chunks (and v3 shards)."""
+    ds = era5_levels_dataset(**dims)
+    four = {"chunks": chunks} if shards is None else {"chunks": chunks, "shards": shards}
+    three = {"chunks": (chunks[0], *chunks[2:])}
+    encoding = {
+        "t": four,
+        "z": four,
+        "t2m": three,
+        "gmean": {"chunks": (chunks[0],)},
+        "time": {"units": "hours since 2000-01-01", "dtype": "int64"},
+    }
+    ds.to_zarr(path, mode="w", zarr_format=zarr_format, encoding=encoding, consolidated=consolidated)
+    return Path(path)
+
+
+def six_hourly(start: str, steps: int) -> np.ndarray:
+    """``steps`` 6-hourly ``datetime64[ns]`` dates from ``start``."""
+    return np.datetime64(start, "ns") + np.arange(steps) * DATED_STEP
+
+
+def dated_field(steps: int, seed: int = 0) -> np.ndarray:
+    """``(steps, DATED_LAT, DATED_LON)`` float32 values that differ per step (step ``i`` lies in ``[i, i + 1)``)."""
+    rng = np.random.default_rng(seed)
+    values = np.arange(steps, dtype="f4")[:, None, None] + rng.random((steps, DATED_LAT, DATED_LON), dtype="f4")
+    return values.astype("f4")
+
+
+def write_dated(
+    path: str | Path,
+    times: Any,
+    *,
+    chunk: int = 7,
+    zarr_format: int = 3,
+    encoding: dict[str, Any] | None = None,
+) -> Path:
+    """An xarray-written store of ``t2m(time, lat, lon)`` over ``times``, chunked ``chunk`` steps along ``time``.
+
+    ``encoding`` is the time coordinate's (CF units and dtype); without one
+    xarray chooses, as it does for a user's archive.
+    """
+    import xarray as xr
+
+    n = len(times)
+    ds = xr.Dataset(
+        {"t2m": (("time", "lat", "lon"), dated_field(n))},
+        coords={"time": times, "lat": np.linspace(60.0, -60.0, DATED_LAT), "lon": np.arange(DATED_LON) * 90.0},
+    )
+    enc = {"t2m": {"chunks": (chunk, DATED_LAT, DATED_LON)}}
+    if encoding is not None:
+        enc["time"] = encoding
+    ds.to_zarr(path, mode="w", zarr_format=zarr_format, consolidated=False, encoding=enc)
+    return Path(path)

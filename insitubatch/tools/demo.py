@@ -23,7 +23,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import zarr
 from zarr.errors import ZarrUserWarning
 
@@ -32,17 +31,11 @@ from ..io.group import open_geometries
 from ..plan.splits import split_by_chunk
 from ..progress import progress
 from ..stores.obstore_stores import obstore_store
+from ..testing.data import DEMO_CHUNKS, DEMO_SHAPE, demo, write_era5_like
 
 __all__ = ["DEMO_SHAPE", "main", "write_demo_dataset"]
 
 DEFAULT_PATH = "demo_data/era5_demo.zarr"
-# The one demo dataset (the demo, the examples and the docs all read this shape):
-# a year of 6-hourly steps on a coarse 32 x 64 grid, ~36 MB decoded over three variables.
-DEMO_SHAPE = (1460, 32, 64)
-# 16 steps per stored chunk, each chunk cut into two 32 x 32 tiles.
-DEMO_CHUNKS = (16, 32, 32)
-DEMO_VARIABLES = ("t2m", "u10", "v10")
-STEPS_PER_YEAR = 1460
 SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 # The demo's knobs: small batches and blocks suit its small chunks.
 DEMO_BATCH_SIZE = 64
@@ -52,9 +45,6 @@ DEMO_MAX_INFLIGHT = 16
 BUDGET_CHOICES = ("split", "auto")
 SPLIT_BUDGET_FACTOR = 2
 MB = 1e6
-# The time coordinate: 6-hourly steps from ERA5's first date, CF-encoded (decoded to dates when read).
-DEMO_TIME_UNITS = "hours since 1979-01-01 00:00:00"
-DEMO_STEP_HOURS = 6
 
 
 def _consolidated(path: Path) -> bool:
@@ -72,43 +62,19 @@ def _consolidate(path: Path) -> None:
 def write_demo_dataset(
     path: str | Path, *, shape: tuple[int, int, int] = DEMO_SHAPE, chunks=DEMO_CHUNKS, seed: int = 0
 ) -> Path:
-    """Write the demo group (v3, zstd, inner-tiled, consolidated) with coordinates; reuse it if it exists.
+    """Write the demo group (the :func:`~insitubatch.testing.data.demo` preset) unless one is already there.
 
-    An existing group written before its metadata was consolidated is
-    consolidated in place.
+    A group already at ``path`` is kept as it is (never replaced: the path
+    may be the user's), and one written before its metadata was consolidated
+    is consolidated in place.
     """
     path = Path(path)
+    spec = demo(shape, chunks, seed)  # checks the chunks before anything is written
     if (path / "zarr.json").exists():
         if not _consolidated(path):
             _consolidate(path)
         return path
-    rng = np.random.default_rng(seed)
-    root = zarr.open_group(path, mode="w")
-    n, ny, nx = shape
-    t = np.arange(n, dtype="i8")
-    time_axis = root.create_array(
-        "time",
-        shape=(n,),
-        chunks=(n,),
-        dtype="i8",
-        dimension_names=("time",),
-        attributes={"units": DEMO_TIME_UNITS, "calendar": "proleptic_gregorian"},  # as xarray writes ERA5's
-    )
-    time_axis[:] = t * DEMO_STEP_HOURS
-    lat = np.linspace(-87.2, 87.2, ny).astype("f4")
-    lon = np.linspace(0, 354.4, nx).astype("f4")
-    root.create_array("lat", shape=(ny,), chunks=(ny,), dtype="f4", dimension_names=("lat",))[:] = lat
-    root.create_array("lon", shape=(nx,), chunks=(nx,), dtype="f4", dimension_names=("lon",))[:] = lon
-    phase = 2 * np.pi * t[:, None, None] / STEPS_PER_YEAR  # one seasonal cycle per year of 6-hourly steps
-    base = np.cos(np.deg2rad(lat))[None, :, None] * np.sin(np.deg2rad(lon) * 3)[None, None, :]
-    for k, name in enumerate(DEMO_VARIABLES):
-        arr = root.create_array(name, shape=shape, chunks=chunks, dtype="f4", dimension_names=("time", "lat", "lon"))
-        for start in range(0, n, chunks[0] * 16):
-            stop = min(n, start + chunks[0] * 16)
-            field = 280 + 10 * base + 5 * np.sin(phase[start:stop] + k) + rng.standard_normal((stop - start, ny, nx))
-            arr[start:stop] = field.astype("f4")
-    _consolidate(path)
-    return path
+    return write_era5_like(path, spec)
 
 
 def _report(name: str, it: Any, seconds: float, sample_nbytes: int) -> None:

@@ -7,11 +7,11 @@ import warnings
 import numpy as np
 import pytest
 import xarray as xr
-from era5 import era5_dataset, write_era5
 from helpers import CountingStore, local_store
 from zarr.errors import ZarrUserWarning
 
 from insitubatch.io.group import open_geometries
+from insitubatch.testing.data import era5_levels_dataset, write_era5_levels
 
 METADATA = {2: "time/.zarray", 3: "time/zarr.json"}
 
@@ -19,7 +19,7 @@ METADATA = {2: "time/.zarray", 3: "time/zarr.json"}
 def _write(path, zarr_format: int, consolidated: bool):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ZarrUserWarning)  # v3 consolidated metadata is not in the spec yet
-        return write_era5(path, zarr_format=zarr_format, consolidated=consolidated)
+        return write_era5_levels(path, zarr_format=zarr_format, consolidated=consolidated)
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])
@@ -51,7 +51,7 @@ def test_the_listed_arrays_give_the_coordinate_without_its_metadata_read(tmp_pat
 def test_stale_consolidated_metadata_is_not_trusted_for_a_grown_coordinate(tmp_path, zarr_format) -> None:
     """Steps appended after consolidating: the coordinate is opened afresh, as the variable was."""
     path = _write(tmp_path / "e.zarr", zarr_format, consolidated=True)
-    more = era5_dataset(n_time=32).isel(time=slice(24, 32))
+    more = era5_levels_dataset(n_time=32).isel(time=slice(24, 32))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ZarrUserWarning)
         more[["t", "z", "t2m", "gmean"]].to_zarr(path, append_dim="time", consolidated=False)

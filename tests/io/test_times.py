@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from dated_stores import open_xr, six_hourly, write_dated
+from dated_stores import open_xr
 from zarr.storage import LocalStore
 
 from insitubatch import open_geometries
 from insitubatch.errors import CalendarError
 from insitubatch.io.dates import TimeAxis
 from insitubatch.io.times import decode_time_coordinate, encode_time_coordinate
+from insitubatch.testing.data import six_hourly, write_dated
 
 STEPS = 40
 ENCODINGS = {

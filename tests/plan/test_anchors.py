@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
-from dated_stores import LAT, LON, open_xr, six_hourly, write_dated
+from dated_stores import open_xr
 from helpers import CountingStore, local_store
 from zarr.storage import LocalStore
 
 from insitubatch import InSituDataset, SplitManifest, open_geometries, scan_fill_steps, split_by_chunk, split_by_time
 from insitubatch.errors import TimeAxisError
+from insitubatch.testing.data import DATED_LAT, DATED_LON, six_hourly, write_dated
 
 HOUR = np.timedelta64(1, "h")
 STEPS = 64
@@ -198,7 +199,9 @@ def test_the_fill_scan_reports_steps_that_are_all_fill_value_and_drops_nothing(t
     assert drawn == set(times) - {times[i] for i in found.indices}
     nan = tmp_path / "nan.zarr"
     root = zarr.open_group(nan, mode="w", zarr_format=3)
-    a = root.create_array("v", shape=(6, LAT, LON), chunks=(2, LAT, LON), dtype="f4", fill_value=float("nan"))
+    a = root.create_array(
+        "v", shape=(6, DATED_LAT, DATED_LON), chunks=(2, DATED_LAT, DATED_LON), dtype="f4", fill_value=float("nan")
+    )
     a[:] = 1.0
     a[3] = np.nan
     assert scan_fill_steps(LocalStore(nan), open_geometries(LocalStore(nan))["v"]).indices == (3,)

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from dated_stores import open_xr, six_hourly, write_dated
+from dated_stores import open_xr
 from zarr.storage import LocalStore
 
 from insitubatch import InSituDataset, SplitManifest, open_geometries, split_by_chunk, split_by_time
 from insitubatch.plan.dates import coordinate_range
+from insitubatch.testing.data import six_hourly, write_dated
 
 CHUNK = 7  # 42 hours: chunks straddle every day boundary somewhere
 STEPS = 124  # 2015-12-20 .. 2016-01-19T18

@@ -203,7 +203,7 @@ def test_a_split_emptied_through_its_windows_says_so(store_path) -> None:
 
 # -- date splits -------------------------------------------------------------------------------
 def test_date_splits_leave_quarantined_chunks_out_and_count_what_remains(tmp_path) -> None:
-    from dated_stores import six_hourly, write_dated
+    from insitubatch.testing.data import six_hourly, write_dated
 
     path = write_dated(tmp_path / "era5.zarr", six_hourly("2016-01-01", 40), chunk=4)  # a day per chunk
     g = open_geometries(local_store(path))["t2m"]
