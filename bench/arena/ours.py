@@ -55,12 +55,7 @@ def run_ours(cfg: dict[str, Any]) -> dict[str, Any]:
             "gets": s.gets,
         }
 
-    window = steady(
-        open_pass,
-        len,
-        close_pass=close_pass,
-        **timing(cfg),
-    )
+    window = steady(open_pass, len, close_pass=close_pass, **timing(cfg))
     ds.close()
     close_store(store)
     peak = rss_bytes("VmHWM")

@@ -76,12 +76,7 @@ def run_reference(cfg: dict[str, Any]) -> dict[str, Any]:
     def close_pass(it: Any) -> None:
         it.close()  # a generator: closing it mid-pass runs its teardown
 
-    window = steady(
-        open_pass,
-        len,
-        close_pass=close_pass,
-        **timing(cfg),
-    )
+    window = steady(open_pass, len, close_pass=close_pass, **timing(cfg))
     ds.close()
     return {
         **window.row(),

@@ -98,12 +98,7 @@ def run_tensorstore(cfg: dict[str, Any]) -> dict[str, Any]:
     def close_pass(it: Any) -> None:
         it.close()
 
-    window = steady(
-        open_pass,
-        lambda batch: len(batch[0]),
-        close_pass=close_pass,
-        **timing(cfg),
-    )
+    window = steady(open_pass, lambda batch: len(batch[0]), close_pass=close_pass, **timing(cfg))
     return {
         **window.row(),
         "train_samples": int(orders.shape[1]),
