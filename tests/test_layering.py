@@ -228,7 +228,6 @@ REACHES_PAST_THE_STORE_LAYER: set[str] = {
     "_engine/reads/fetch.py",
     "_engine/reads/read_policy.py",
     "io/group.py",
-    "testing/ceiling.py",
     "tools/cli.py",
     "write/records.py",
 }
