@@ -436,7 +436,7 @@ PENDING_PRIVATE: set[str] = {
     "io/direct.py",  # _DecodeFailure, _Direct, _as_uint8, _check_blosc_frame, _is_blosc, used by the decoders
     "stores/fsspec_stores.py",  # fsspec's ``fs._s3`` (s3fs's client, which only that attribute reaches)
     "_engine/reads/fetch.py",  # reads a StoreRead's _finish/_raced and a fetcher's _prototype
-    "_wire/backends.py",  # the old names _ObstoreBackend, _StoreBackend, kept as aliases until the branches merge
+    "_wire/backends.py",  # the old name _ObstoreBackend, kept as an alias until the hot-path branch merges
     "_wire/engine_client.py",  # NativeBackend builds on _ObstoreBackend
 }
 

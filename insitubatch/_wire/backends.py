@@ -64,6 +64,10 @@ class ObstoreBackend:
             return await obstore.get_range_async(self.raw, key, start=max(0, size - suffix), end=size)
 
 
+# The name ObstoreBackend had before it was public, kept until the branch that still imports it is merged.
+_ObstoreBackend = ObstoreBackend
+
+
 class StoreBackend:
     """Requests through a zarr store's own ``get`` (which retries by its own rules), each a task."""
 
@@ -78,8 +82,3 @@ class StoreBackend:
 
     def whole(self, key: str) -> asyncio.Future:
         return self.request(key)
-
-
-# The names these had before they were public, kept until the branches that still import them are merged.
-_ObstoreBackend = ObstoreBackend
-_StoreBackend = StoreBackend
