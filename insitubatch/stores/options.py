@@ -35,7 +35,7 @@ _RETRY_KEYS = frozenset({"backoff", "max_retries", "retry_timeout"})
 
 # obstore's own defaults (object_store's ClientOptions, RetryConfig and BackoffConfig), written here once:
 # insitubatch's network policy below starts from them, and the engine's own client and retry loop
-# (stores.wire_settings, _engine.reads.read_policy) fall back to them where a store leaves a key unset.
+# (stores.wire_settings, stores.read_policy) fall back to them where a store leaves a key unset.
 OBSTORE_CONNECT_TIMEOUT = timedelta(seconds=5)
 OBSTORE_POOL_IDLE_TIMEOUT = timedelta(seconds=90)  # how long an idle connection lives (reqwest/hyper's pool)
 OBSTORE_MAX_RETRIES = 10

@@ -16,7 +16,6 @@ from scripted import Scripted, read_head
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from insitubatch._engine.reads.fetch import Fetcher
-from insitubatch._engine.reads.read_policy import Outcome, classify
 from insitubatch._engine.reads.store_link import client_for
 from insitubatch._engine.reads.window import ReadWindow
 from insitubatch._engine.stats import PassCounters
@@ -28,6 +27,7 @@ from insitubatch._wire.pool import HttpPool
 from insitubatch._wire.sigv4 import SigV4
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
+from insitubatch.stores.read_policy import Outcome, classify
 from insitubatch.testing.emulator import Emulator
 
 BUCKET = "bkt"

@@ -22,10 +22,10 @@ from typing import Any
 from zarr.abc.store import Store
 
 from ...plan.sizing import AUTO_INFLIGHT_CEILING
+from ...stores.read_policy import ReadPolicy
 from ...stores.reading import LOCAL_ROUTE, Route, reading_store
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
-from .read_policy import ReadPolicy
 from .window import ReadWindow
 
 __all__ = ["Route", "StoreClient", "StoreLink", "client_for", "link_named", "route_report"]
