@@ -30,7 +30,8 @@ LAYERS: dict[str, int] = {
     "_progress": 0,
     "_ext": 0,
     # the store layer: the factories, what a store carries (its client, retry and timeout settings, its reader,
-    # what closes with it) and obstore's fork safety; stands on the settings alone, so io and the engine stand on it
+    # what closes with it) and obstore's fork safety; stands on the settings and the backends on its own floor
+    # (``_wire``), so io and the engine stand on it
     "stores": 1,
     # the backends a store's reader sends its GETs through (obstore's, the engine's own HTTP/S3 client, a store's
     # own get): on the store layer's floor, because a store builds its reader from them and they read the
