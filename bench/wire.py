@@ -94,14 +94,13 @@ def _use(client: str, store: Any, baseline: str | None = None) -> Any:
 
     ``baseline``: the folder holding the old client's package (``engine-040369f``).
     """
-    from insitubatch._engine.reads.store_link import client_for
-    from insitubatch._wire.backends import _ObstoreBackend
+    from insitubatch._wire.backends import ObstoreBackend
 
-    link = client_for(store)
-    default = link.backend
+    reader = store.reader()  # the reader the store carries: the engine's client_for takes its backend
+    default = reader.backend
     twin = default.raw  # every obstore-backed backend keeps the retry-free twin
     if client == "engine":
-        if type(default) is _ObstoreBackend:
+        if type(default) is ObstoreBackend:
             raise RuntimeError(f"the engine's client does not take {store!r}: it fell back to obstore")
         return default
     if client == BASELINE:
@@ -116,11 +115,11 @@ def _use(client: str, store: Any, baseline: str | None = None) -> Any:
         close_old = backend.close
         backend.close = lambda wait_s=0.0: close_old()  # today's store closer passes wait_s; the old close() had none
     else:
-        backend = _ObstoreBackend(twin, own_retries=False)
+        backend = ObstoreBackend(twin, own_retries=False)
     close = getattr(default, "close", None)
     if close is not None:
         close()
-    link.backend = backend
+    reader.backend = backend
     return backend
 
 

@@ -36,6 +36,7 @@ from .plan.planner import EpochPlanner
 from .plan.read_groups import ReadGroup, read_group
 from .plan.splits import SplitManifest
 from .stores.obstore_stores import as_store
+from .stores.reading import reading_store
 from .transforms import ChunkTransform, check_scopes
 
 __all__ = ["DatasetParts"]
@@ -129,7 +130,9 @@ class DatasetParts:
         executor = decode_pool(decode_threads)
         threads = decode_threads if decode_threads is not None else (os.cpu_count() or 1)
         context = PassContext(
-            store=store,
+            # the engine reads through the store's own reader; a store insitubatch did not build is adapted here,
+            # once, and the dataset closes the adapter (the engine's connections), never the store it adapts
+            store=reading_store(store),
             readers=readers,
             outputs=outputs,
             offsets={lb: g.offset for lb, g in variables.items()},

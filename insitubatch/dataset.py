@@ -447,6 +447,8 @@ class InSituDataset:
             self.cache.close()
         if self._opened_store:
             close_store(self.store)
+        if self.context.store is not self.store:  # the door's adapter: the engine's connections, not the store
+            self.context.store.close()
         closed(self)  # the last open dataset's close gives the process's hooks back (``lifecycle``)
 
     def __enter__(self) -> InSituDataset:
@@ -462,4 +464,6 @@ class InSituDataset:
             later = [] if self.cache is None else [self.cache.close]
             if self._opened_store:
                 later.append(functools.partial(close_store, self.store))
+            if context.store is not self.store:
+                later.append(context.store.close)
             dropped(self.close, context.release, later)

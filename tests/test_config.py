@@ -15,11 +15,11 @@ from obstore.store import HTTPStore
 
 from insitubatch import config, open_geometries
 from insitubatch._engine.pool.buffers import BufferPool
-from insitubatch._engine.reads.read_policy import ReadPolicy
 from insitubatch._wire.pool import HttpPool
 from insitubatch.errors import SettingError
 from insitubatch.stores import options as store_options
 from insitubatch.stores.client_choice import resolve_client
+from insitubatch.stores.read_policy import ReadPolicy
 from insitubatch.stores.wire_settings import EngineSettings
 from insitubatch.tools import cli
 from insitubatch.tools.debug import debug_info

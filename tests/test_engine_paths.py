@@ -16,7 +16,7 @@ from zarr.storage import LocalStore, MemoryStore, ObjectStore
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._zarr_compat import sync
 from insitubatch.errors import BadChunkError
-from insitubatch.io.sync_get import _sync_get
+from insitubatch.io.sync_get import sync_get
 from insitubatch.transforms import DecodedChunk, applies
 
 SHAPE = (30, 6, 10)
@@ -49,14 +49,14 @@ def _stores(path: Path) -> dict[str, object]:
 def test_sync_reads_only_where_the_store_offers_them(tiled, tmp_path: Path) -> None:
     path, _ = tiled
     stores = _stores(path)
-    assert _sync_get(stores["zarr-local"]) is not None
-    assert _sync_get(stores["zarr-memory"]) is not None
-    assert _sync_get(stores["obstore-local"]) is not None
-    assert _sync_get(ObjectStore(obstore.store.MemoryStore())) is not None
+    assert sync_get(stores["zarr-local"]) is not None
+    assert sync_get(stores["zarr-memory"]) is not None
+    assert sync_get(stores["obstore-local"]) is not None
+    assert sync_get(ObjectStore(obstore.store.MemoryStore())) is not None
     # a wrapper that overrides get (counting, failing, delaying) must see every read
-    assert _sync_get(stores["wrapped"]) is None
+    assert sync_get(stores["wrapped"]) is None
     # a network store keeps the async path: a blocking read would hold a decode thread
-    assert _sync_get(ObjectStore(obstore.store.HTTPStore.from_url("http://127.0.0.1:9"))) is None
+    assert sync_get(ObjectStore(obstore.store.HTTPStore.from_url("http://127.0.0.1:9"))) is None
 
 
 @pytest.mark.parametrize("key", ["v/c/0/0/0", "v/zarr.json", "v/c/9/9/9", "v", "v/c/../c/0/0/0", "odd name%/x"])
@@ -68,9 +68,9 @@ def test_local_files_read_what_obstore_reads(tiled, key: str) -> None:
         want = sync(store.get(key, prototype=proto))
     except Exception as exc:  # obstore refuses some paths outright: the sync read must refuse them too
         with pytest.raises(type(exc)):
-            _sync_get(store)(key, prototype=proto)
+            sync_get(store)(key, prototype=proto)
         return
-    got = _sync_get(store)(key, prototype=proto)
+    got = sync_get(store)(key, prototype=proto)
     assert (got is None) == (want is None)
     if want is not None:
         assert _bytes(got) == want.to_bytes()
@@ -85,7 +85,7 @@ def test_local_files_reuse_one_buffer_per_thread_and_read_every_size(tmp_path: P
     payloads = [np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes]
     for n, payload in zip(sizes, payloads):
         (tmp_path / f"k{n}").write_bytes(payload)
-    read = _sync_get(obstore_store(str(tmp_path), read_only=True))
+    read = sync_get(obstore_store(str(tmp_path), read_only=True))
     proto = default_buffer_prototype()
     views = []
     for n, payload in zip(sizes, payloads):
@@ -99,16 +99,16 @@ def test_local_files_reuse_one_buffer_per_thread_and_read_every_size(tmp_path: P
 def test_local_files_read_a_file_that_grew_since_its_size_was_taken(tmp_path: Path, monkeypatch) -> None:
     payload = bytes(range(256)) * 40
     (tmp_path / "grown").write_bytes(payload)
-    import insitubatch.io.sync_get as sync_get
+    import insitubatch.stores.local_files as local_files
 
-    real_fstat = sync_get.os.fstat
+    real_fstat = local_files.os.fstat
 
     class _Stat:
         def __init__(self, st):
             self.st_size = st.st_size // 2  # as if the writer appended after fstat
 
-    monkeypatch.setattr(sync_get.os, "fstat", lambda fd: _Stat(real_fstat(fd)))
-    got = _sync_get(obstore_store(str(tmp_path), read_only=True))("grown", prototype=default_buffer_prototype())
+    monkeypatch.setattr(local_files.os, "fstat", lambda fd: _Stat(real_fstat(fd)))
+    got = sync_get(obstore_store(str(tmp_path), read_only=True))("grown", prototype=default_buffer_prototype())
     assert _bytes(got) == payload  # never truncated to the stale size
 
 

@@ -14,7 +14,7 @@ from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
 from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
 from insitubatch._engine.passes import warm
 from insitubatch._engine.reads.shard_index import plan_shards
-from insitubatch._wire.backends import _ObstoreBackend
+from insitubatch._wire.backends import ObstoreBackend
 from insitubatch._wire.engine_client import NativeBackend
 from insitubatch.io.decode import shard_stage
 from insitubatch.plan.planner import EpochPlanner
@@ -82,7 +82,7 @@ def test_the_index_gets_are_sent_before_the_whole_pass_is_planned(tmp_path, monk
     _write(tmp_path / "a.zarr")
     sent: list[str] = []
     at_planning: list[int] = []
-    obstore_request, native_request, plan = _ObstoreBackend.request, NativeBackend.request, EpochPlanner.plan
+    obstore_request, native_request, plan = ObstoreBackend.request, NativeBackend.request, EpochPlanner.plan
 
     def counting(request):
         def counted(self, key, byte_range=None):
@@ -95,7 +95,7 @@ def test_the_index_gets_are_sent_before_the_whole_pass_is_planned(tmp_path, monk
         at_planning.append(len(sent))
         return plan(self, split, epoch, history)
 
-    monkeypatch.setattr(_ObstoreBackend, "request", counting(obstore_request))
+    monkeypatch.setattr(ObstoreBackend, "request", counting(obstore_request))
     monkeypatch.setattr(NativeBackend, "request", counting(native_request))
     monkeypatch.setattr(EpochPlanner, "plan", planned)
     with Emulator(tmp_path, latency_s=0.5, jitter_s=0.0) as emu:

@@ -18,13 +18,13 @@ from zarr.buffer import default_buffer_prototype
 from ..stores.byte_ranges import byte_span
 from ..stores.obstore_runtime import refuse_dead_obstore
 
-__all__ = ["WHOLE_OBJECT_END"]
+__all__ = ["WHOLE_OBJECT_END", "ObstoreBackend", "StoreBackend"]
 
 # The end of a whole-key range GET: past any object, so the server sends all of it (RFC 9110 clamps it).
 WHOLE_OBJECT_END = 1 << 50
 
 
-class _ObstoreBackend:
+class ObstoreBackend:
     """Requests straight to an obstore store (the retry-free twin): each is one asyncio future."""
 
     # a read over fetch.STREAM_OVER_BYTES streams its body through obstore (per-piece stall timers)
@@ -64,7 +64,11 @@ class _ObstoreBackend:
             return await obstore.get_range_async(self.raw, key, start=max(0, size - suffix), end=size)
 
 
-class _StoreBackend:
+# The name ObstoreBackend had before it was public, kept until the branch that still imports it is merged.
+_ObstoreBackend = ObstoreBackend
+
+
+class StoreBackend:
     """Requests through a zarr store's own ``get`` (which retries by its own rules), each a task."""
 
     own_retries = True

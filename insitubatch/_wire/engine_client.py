@@ -21,7 +21,6 @@ from typing import Any
 from urllib.parse import quote
 
 from ..stores.byte_ranges import byte_span
-from ..stores.obstore_runtime import read_without_obstore
 from ..stores.wire_settings import EngineSettings, engine_settings
 from .backends import WHOLE_OBJECT_END, _ObstoreBackend
 from .connection import Ask
@@ -189,8 +188,3 @@ def native_backend(raw: Any, twin: Any) -> NativeBackend | None:
     """The loop's own client for obstore store ``raw`` (``twin``: its retry-free copy), or None to keep obstore's."""
     settings = engine_settings(raw)
     return None if isinstance(settings, str) else NativeBackend(twin, settings)
-
-
-# In a process forked after obstore's runtime started, the stores this client can read are read through it
-# (metadata too), with no retry-free twin to hand over to: a hand-over there refuses (``stores.obstore_runtime``).
-read_without_obstore(lambda raw: native_backend(raw, raw))

@@ -2,7 +2,7 @@
 
 Every fault names the request by its path only: a URL's query may carry a
 token (a presigned or SAS URL), which never goes into a message.
-``_engine.reads.read_policy.classify`` retries :class:`RangeMismatchError`
+``stores.read_policy.classify`` retries :class:`RangeMismatchError`
 and :class:`FramingError` (a server or proxy having a bad moment), unless the
 same fault comes twice running, and fails at once on the rest.
 """

@@ -1,169 +1,28 @@
-"""Synchronous whole-key reads for stores that read on the calling thread (local directories, memory).
+"""Which stores the engine's decode threads read themselves, on the calling thread: the store says so.
 
-The engine's decode threads read such a store's tiles themselves; this
-module says which stores qualify and builds the read (``_sync_get``).
+A local directory or memory store has no latency to overlap, so the
+decode thread reads its own tile: no hop to zarr's loop, the store's
+runtime or a ``to_thread`` worker and back. Every store insitubatch builds
+answers ``local_reader()`` (a store of several: when every member does);
+any other store is asked through its adapter (``stores.reading``). Network
+stores keep the async path (a blocking read would hold a decode thread for
+a round trip), and so does a wrapping store whose reads must go through its
+``get``. What a local directory returns is a view of the calling thread's
+reused buffer (``stores.local_files.LocalFiles``).
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import re
-import threading
 from collections.abc import Callable
-from typing import cast
+from typing import Any
 
-import numpy as np
-import obstore
-import obstore.store
-from zarr.abc.buffer import Buffer, BufferPrototype
-from zarr.abc.store import ByteRequest, Store, SupportsGetSync
-from zarr.storage import ObjectStore
+from zarr.abc.store import Store
 
-from .._zarr_compat import wrapper_stack
-from ..stores.byte_ranges import byte_span
-from ..stores.obstore_runtime import ForkSafeObjectStore, refuse_dead_obstore
-from .direct import ChunkData
-from .sources.routed import RoutedStore
+from ..stores.reading import reading_store
+
+__all__ = ["sync_get"]
 
 
-def _sync_get(store: Store) -> Callable[..., ChunkData | None] | None:
-    """A synchronous ``get(key, prototype=...)`` for stores that read on the calling thread, else None.
-
-    A local directory or memory store has no latency to overlap, so the
-    decode thread reads its own tile: no hop to zarr's loop, the store's
-    runtime or a ``to_thread`` worker and back. zarr's stores say so with
-    ``get_sync``; obstore's local and memory backends behind zarr's
-    ``ObjectStore`` are read the same way (see ``_LocalFiles``). Network
-    stores keep the async path (a blocking read would hold a decode thread
-    for a round trip), and so does any subclass that overrides ``get``
-    without a matching ``get_sync`` (a wrapping or fault-injecting store):
-    its reads must go through its ``get``. What a local directory returns
-    is a view of the calling thread's reused buffer (see ``_LocalFiles``).
-    """
-    cls = type(store)
-    if isinstance(store, RoutedStore):  # a store of several: synchronous when every member is
-        return store.sync_reader(_sync_get)
-    if cls is ObjectStore or cls is ForkSafeObjectStore:
-        raw = cast(ObjectStore, store).store
-        if isinstance(raw, obstore.store.LocalStore) and raw.prefix is not None:
-            return _LocalFiles(raw)
-        if isinstance(raw, (obstore.store.LocalStore, obstore.store.MemoryStore)):
-            return functools.partial(_obstore_get_sync, raw)
-        return None
-    if not isinstance(store, SupportsGetSync):
-        return None
-    if not isinstance(wrapper_stack(store)[-1], SupportsGetSync):  # a wrapper's get_sync calls the wrapped store's
-        return None
-    for klass in cls.__mro__:  # the class that defines get must define get_sync too
-        if "get" in vars(klass):
-            return store.get_sync if "get_sync" in vars(klass) else None
-    return None
-
-
-def _obstore_range(byte_range: ByteRequest | None) -> dict | None:
-    """obstore's ``GetOptions`` for one of zarr's byte requests (None: the whole object)."""
-    if byte_range is None:
-        return None
-    start, stop, from_end = byte_span(byte_range)
-    if from_end:
-        return {"range": {"suffix": start}}
-    return {"range": {"offset": start} if stop is None else (start, stop)}
-
-
-def _obstore_get_sync(
-    raw, key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None
-) -> Buffer | None:
-    """What zarr's ``ObjectStore.get`` returns for a key (or a byte range of it), read with obstore's blocking call."""
-    refuse_dead_obstore(raw, key)
-    try:
-        result = obstore.get(raw, key, options=_obstore_range(byte_range))  # type: ignore[arg-type]
-        return prototype.buffer.from_bytes(memoryview(result.bytes()))  # zero-copy view
-    except _MISSING:
-        return None
-
-
-# zarr's ObjectStore reads these as a missing key (None), not an error
-_MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
-# keys whose object path under a local store is the key itself (object_store encodes other characters)
-_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
-
-
-class _LocalFiles:
-    """Reads an obstore ``LocalStore``'s keys as the files under its ``prefix``.
-
-    obstore's local backend costs ~290 µs per small key through its runtime
-    (blocking or async) against ~40 µs for reading the file (bench: ERA5-like
-    40 kB chunks), which alone held the local store at a fraction of the
-    decode ceiling. The file is the one obstore would open: a key made of
-    plain path segments maps to ``prefix/key``; any other key (encoded
-    characters, ``.``/``..`` segments) goes through obstore itself.
-
-    A file is read into a buffer of the calling thread, reused by its next
-    read: no allocation, no page faults and no copy per key. The returned
-    view is valid until that thread's next call; a decode thread decodes it
-    before it reads again. The buffers go with this object.
-    """
-
-    def __init__(self, raw: obstore.store.LocalStore) -> None:
-        self.raw = raw
-        self.root = str(raw.prefix)
-        self._buffers = threading.local()
-
-    def path_of(self, key: str) -> str | None:
-        """The file a key reads, or None for a key only obstore itself resolves."""
-        if not _PLAIN_KEY.fullmatch(key) or any(part in (".", "..") for part in key.split("/")):
-            return None
-        return os.path.join(self.root, key)
-
-    def __call__(
-        self, key: str, *, prototype: BufferPrototype, byte_range: ByteRequest | None = None
-    ) -> ChunkData | None:
-        path = self.path_of(key)
-        if path is None:
-            return _obstore_get_sync(self.raw, key, prototype=prototype, byte_range=byte_range)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except _MISSING:
-            return None
-        try:
-            if byte_range is not None:
-                return self._read_range(fd, byte_range)
-            size = os.fstat(fd).st_size
-            buf = self._buffer(size + 1)  # one byte spare: a read that fills it means the file grew
-            view = buf.data
-            n = os.readv(fd, [view])
-            while 0 < n < size:  # a short read (a file system may return less than asked)
-                got = os.readv(fd, [view[n:]])
-                if got == 0:
-                    break
-                n += got
-            if n > size:  # written to since fstat: read it whole the plain way
-                os.lseek(fd, 0, os.SEEK_SET)
-                with os.fdopen(os.dup(fd), "rb") as f:
-                    return prototype.buffer.from_bytes(f.read())
-            return buf[:n]
-        except _MISSING:  # a directory opens, then refuses the read
-            return None
-        finally:
-            os.close(fd)
-
-    def _read_range(self, fd: int, byte_range: ByteRequest) -> ChunkData:
-        """A byte range of the open file, into this thread's buffer (a range past the end comes back short)."""
-        start, stop = byte_span(byte_range).within(os.fstat(fd).st_size)
-        n = max(0, stop - start)
-        buf = self._buffer(n)
-        got = 0
-        while got < n:
-            part = os.preadv(fd, [buf.data[got:n]], start + got)
-            if part == 0:
-                break
-            got += part
-        return buf[:got]
-
-    def _buffer(self, nbytes: int) -> np.ndarray:
-        """This thread's read buffer, grown (never shrunk) to ``nbytes``."""
-        buf = getattr(self._buffers, "buf", None)
-        if buf is None or len(buf) < nbytes:
-            buf = self._buffers.buf = np.empty(max(nbytes, 2 * (0 if buf is None else len(buf))), dtype=np.uint8)
-        return buf
+def sync_get(store: Store) -> Callable[..., Any] | None:
+    """A synchronous ``get(key, prototype=..., byte_range=...)`` for a store that reads on the calling thread, else None."""
+    return reading_store(store).local_reader()

@@ -13,19 +13,40 @@ filesystems, with its connections) without closing another store's.
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
+
+from zarr.storage import FsspecStore
 
 from .._zarr_compat import sync
 from ..validation import Flag, Instance, Table, validate_params
 from .icechunk_stores import icechunk_store
-from .owned import _remember, on_close
+from .reading import StoreReader, own_get_reader
 
-if TYPE_CHECKING:
-    from zarr.storage import FsspecStore
+__all__ = ["InSituFsspecStore", "fsspec_store", "icechunk_store"]
 
-__all__ = ["fsspec_store", "icechunk_store"]
+
+class InSituFsspecStore(FsspecStore):
+    """The store ``fsspec_store`` builds: zarr's ``FsspecStore`` that carries its reader and closes its filesystem.
+
+    The engine reads it through its own ``get`` (fsspec retries by its own
+    rules); :meth:`close` (or leaving ``with store:``) closes the session its
+    filesystem opened and the store.
+    """
+
+    def reader(self) -> StoreReader:
+        """The engine's reader of this store: its own ``get`` (nothing of the engine's to close)."""
+        return own_get_reader(self, "an fsspec store: read through its own get, which retries by fsspec's rules")
+
+    def local_reader(self) -> Callable[..., Any] | None:
+        """None: an fsspec store is read on zarr's loop, never on the calling thread."""
+        return None
+
+    def close(self) -> None:
+        """Close the session this store's filesystem opened, then the store."""
+        close_filesystem(self.fs)
+        super().close()
 
 
 # What ``fsspec_store`` accepts (``validation``); ``storage_options`` are fsspec's to check
@@ -33,7 +54,7 @@ FSSPEC_PARAMETERS: Table = {"url": [Instance((str, os.PathLike), "a str or os.Pa
 
 
 @validate_params(FSSPEC_PARAMETERS)
-def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **storage_options: Any) -> FsspecStore:
+def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **storage_options: Any) -> InSituFsspecStore:
     """Build a zarr ``FsspecStore`` for ``url`` through fsspec (the ``fsspec`` extra).
 
     For protocols obstore has no backend for; obstore is faster where both work.
@@ -53,9 +74,9 @@ def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **stor
 
     Returns
     -------
-    zarr.storage.FsspecStore
-        Remembered as opened by insitubatch, so :func:`close_store` closes it
-        and its filesystem's session (no socket of it stays open).
+    InSituFsspecStore
+        A zarr ``FsspecStore`` whose ``close()`` (and :func:`close_store`)
+        also closes its filesystem's session (no socket of it stays open).
 
     Raises
     ------
@@ -70,21 +91,19 @@ def fsspec_store(url: str | os.PathLike[str], *, read_only: bool = False, **stor
         raise ImportError(
             "fsspec_store needs fsspec, an optional dependency: pip install 'insitubatch[fsspec]'"
         ) from exc
-    from zarr.storage import FsspecStore
-
     url = os.fspath(url)
     protocol, _ = fsspec.core.split_protocol(url)
     if not read_only and protocol in (None, "file", "local"):
         storage_options.setdefault("auto_mkdir", True)
     # fsspec hands out one cached filesystem per set of options: closing a shared one would close others' stores
     storage_options.setdefault("skip_instance_cache", True)
-    store = FsspecStore.from_url(url, storage_options=storage_options, read_only=read_only)
-    _remember(store)
-    on_close(store, functools.partial(_close_filesystem, store.fs))
-    return store
+    plain = FsspecStore.from_url(url, storage_options=storage_options, read_only=read_only)
+    return InSituFsspecStore(
+        plain.fs, read_only=read_only, path=plain.path, allowed_exceptions=plain.allowed_exceptions
+    )
 
 
-def _close_filesystem(fs: Any) -> None:
+def close_filesystem(fs: Any) -> None:
     """Close the aiohttp session (or s3fs's aiobotocore client) an asynchronous fsspec filesystem opened.
 
     zarr makes asynchronous filesystems (``asynchronous=True``), whose

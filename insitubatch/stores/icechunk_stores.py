@@ -20,13 +20,12 @@ from zarr.abc.store import Store
 
 from .._zarr_compat import unwrap_store
 from ..validation import Anything, Flag, Instance, Table, validate_params
-from .obstore_stores import _local_dir, _split_scheme
-from .owned import _remember
+from .obstore_stores import local_dir, split_scheme
 
 if TYPE_CHECKING:
     from icechunk import IcechunkStore, Repository, Storage
 
-__all__ = ["icechunk_session", "icechunk_store", "snapshot_of"]
+__all__ = ["icechunk_session", "icechunk_store", "import_icechunk", "open_repository", "snapshot_of"]
 
 # Whether _collect_at_exit is registered (once per process).
 _exit_hook = False
@@ -35,7 +34,7 @@ _exit_hook_lock = threading.Lock()
 SNAPSHOT_ID = re.compile(r"^[0-9A-HJKMNP-TV-Z]{20}$")
 
 
-def _import_icechunk() -> Any:
+def import_icechunk() -> Any:
     """icechunk, with the process set to free its objects before interpreter shutdown (:func:`_collect_at_exit`)."""
     global _exit_hook
     try:
@@ -64,7 +63,7 @@ def _collect_at_exit() -> None:
     gc.collect()
 
 
-def _repository(icechunk: Any, repo: Any, *, create: bool) -> tuple[Repository, str]:
+def open_repository(icechunk: Any, repo: Any, *, create: bool) -> tuple[Repository, str]:
     """The repository ``repo`` names (and how to name it in messages); created when ``create`` and absent."""
     if isinstance(repo, icechunk.Repository):
         return repo, _one_line(repo.storage)
@@ -72,13 +71,13 @@ def _repository(icechunk: Any, repo: Any, *, create: bool) -> tuple[Repository, 
         storage, where = repo, _one_line(repo)
     elif isinstance(repo, (str, os.PathLike)):
         text = os.fspath(repo)
-        scheme, _ = _split_scheme(text)
+        scheme, _ = split_scheme(text)
         if scheme not in (None, "file"):
             raise ValueError(
                 f"repo={text!r}: icechunk_store takes a local path or file:// URL; for object storage build "
                 "an icechunk.Storage (e.g. icechunk.s3_storage(...)) or an icechunk.Repository and pass it"
             )
-        directory = _local_dir(text, scheme)
+        directory = local_dir(text, scheme)
         if not create and not directory.is_dir():
             # checked before icechunk sees the path: its local storage creates the directory
             raise FileNotFoundError(f"no icechunk repository at {directory} (read_only=True creates nothing)")
@@ -153,8 +152,8 @@ def icechunk_store(
     Returns
     -------
     icechunk.IcechunkStore
-        Remembered as opened by insitubatch, so :func:`close_store` closes it.
-        ``store.session.snapshot_id`` is the snapshot it reads.
+        icechunk's own store (read through its own ``get``: the dataset
+        adapts it at its door). ``store.session.snapshot_id`` is the snapshot it reads.
 
     Raises
     ------
@@ -171,11 +170,11 @@ def icechunk_store(
     TypeError
         ``repo`` is none of the accepted types.
     """
-    icechunk = _import_icechunk()
+    icechunk = import_icechunk()
     kind, name = _version(branch, tag, snapshot)
     if not read_only and kind != "branch":
         raise ValueError(f"read_only=False with {kind}={name!r}: only a branch takes commits; pass branch=")
-    repository, where = _repository(icechunk, repo, create=not read_only)
+    repository, where = open_repository(icechunk, repo, create=not read_only)
     if kind == "branch" and name not in repository.list_branches():
         known = sorted(repository.list_branches())
         raise ValueError(f"branch={name!r} is not a branch of the icechunk repository at {where}; it has {known}")
@@ -194,7 +193,6 @@ def icechunk_store(
     else:
         session = repository.readonly_session(branch=name)
     store = session.store
-    _remember(store)
     return store
 
 

@@ -1,9 +1,9 @@
 """Open zarr stores from URLs through obstore, the hot path (fsspec and icechunk: ``stores.fsspec_stores``).
 
-Every store built here is a plain ``zarr.abc.store.Store``, so anything else
-in insitubatch (and zarr itself) reads through it unchanged. Stores that this
-module builds are remembered, so :func:`close_store` can close what
-insitubatch opened and leave a caller's own store alone.
+Every store built here is a zarr ``ObjectStore`` (``ForkSafeObjectStore``),
+so zarr itself reads through it unchanged, and it carries how the engine
+reads it: its client setting, a retry-free twin of its obstore store built
+from the same arguments, and the reader the engine asks for (``stores.reading``).
 
 No function here sends a request: construction only parses options, and the
 first byte moves when zarr (or the loader) reads.
@@ -11,8 +11,9 @@ first byte moves when zarr (or the loader) reads.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -26,7 +27,8 @@ from zarr.storage import ObjectStore
 from ..config import parse_flag
 from ..validation import Anything, Flag, Instance, Table, validate_params
 from .client_choice import resolve_client
-from .obstore_runtime import ForkSafeObjectStore, obstore_usable
+from .object_store import ForkSafeObjectStore
+from .obstore_runtime import obstore_usable
 from .options import (
     DEFAULT_CLIENT_OPTIONS,
     DEFAULT_CONNECT_TIMEOUT,
@@ -35,12 +37,12 @@ from .options import (
     DEFAULT_RETRY,
     DEFAULT_RETRY_TIMEOUT,
     DEFAULT_TIMEOUT,
-    _client_options,
-    _merge_config,
-    _reject_options,
-    _retry_config,
+    NO_RETRIES,
+    merge_config,
+    merged_client_options,
+    reject_options,
+    retry_config_with,
 )
-from .owned import _remember
 from .wire_settings import engine_settings
 
 __all__ = [
@@ -70,7 +72,7 @@ _VALID_SCHEMES = _LOCAL_SCHEMES + _MEMORY_SCHEMES + _S3_SCHEMES + _GCS_SCHEMES +
 _GCS_USER_PROJECT_HEADER = "x-goog-user-project"
 
 
-def _split_scheme(url: str) -> tuple[str | None, str]:
+def split_scheme(url: str) -> tuple[str | None, str]:
     """``("s3", "bucket/key")`` for a URL, ``(None, url)`` for a plain path."""
     scheme, sep, rest = url.partition("://")
     if not sep:
@@ -86,7 +88,7 @@ def _unknown_scheme(url: str, scheme: str) -> ValueError:
     )
 
 
-def _local_dir(url: str, scheme: str | None) -> Path:
+def local_dir(url: str, scheme: str | None) -> Path:
     """The filesystem directory a plain path or ``file://`` URL names."""
     if scheme is None:
         return Path(url).expanduser().absolute()
@@ -102,7 +104,7 @@ def _local_dir(url: str, scheme: str | None) -> Path:
 
 
 def _local_store(url: str, scheme: str | None, read_only: bool) -> LocalStore:
-    directory = _local_dir(url, scheme)
+    directory = local_dir(url, scheme)
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"url={url!r}: {directory} exists and is not a directory")
     if read_only and not directory.is_dir():
@@ -139,8 +141,8 @@ def obstore_store(
     client_options: dict[str, Any] | None = None,
     client: str | None = None,
     **options: Any,
-) -> ObjectStore[Any]:
-    """Build a zarr ``ObjectStore`` over the obstore backend that ``url`` names.
+) -> ForkSafeObjectStore:
+    """Build a zarr ``ObjectStore`` over the obstore backend that ``url`` names, carrying how the engine reads it.
 
     The path after the bucket (or container, or host) becomes the obstore
     store's prefix, so zarr keys are relative to it. No request is sent here.
@@ -200,8 +202,10 @@ def obstore_store(
 
     Returns
     -------
-    zarr.storage.ObjectStore
-        Remembered as opened by insitubatch, so :func:`close_store` closes it.
+    ForkSafeObjectStore
+        A zarr ``ObjectStore`` that carries its client setting, read policy
+        and reader (``route``, ``policy``, ``reader()``); its ``close()`` (or
+        leaving ``with store:``) closes the engine's connections and the store.
 
     Raises
     ------
@@ -219,7 +223,7 @@ def obstore_store(
     url = os.fspath(url)
     if not url:
         raise ValueError("url='' is empty; give a URL or a filesystem path")
-    scheme, rest = _split_scheme(url)
+    scheme, rest = split_scheme(url)
     choice, chosen_by = resolve_client(client)
     named = {
         "anonymous": anonymous,
@@ -234,11 +238,12 @@ def obstore_store(
     given = {name: value for name, value in named.items() if value is not None and value is not False}
     given.update(options)
 
+    twin_of: Callable[[], Any] | None = None  # how to build the retry-free twin of a remote store
     if scheme is None or scheme in _LOCAL_SCHEMES:
-        _reject_options(url, "a local", given, _UNSIGNED_ONLY)
+        reject_options(url, "a local", given, _UNSIGNED_ONLY)
         raw: Any = _local_store(url, scheme, read_only)
     elif scheme in _MEMORY_SCHEMES:
-        _reject_options(url, "a memory://", given, _UNSIGNED_ONLY)
+        reject_options(url, "a memory://", given, _UNSIGNED_ONLY)
         if rest:
             raise ValueError(
                 f"url={url!r}: memory:// takes no path, because every call returns a new empty "
@@ -246,18 +251,16 @@ def obstore_store(
             )
         raw = MemoryStore()
     elif scheme in _HTTP_SCHEMES:
-        _reject_options(url, "an http(s)://", given, ("anonymous", "allow_http", "retry", "client_options"))
+        reject_options(url, "an http(s)://", given, ("anonymous", "allow_http", "retry", "client_options"))
         if allow_http is False and scheme == "http":
             raise ValueError(f"allow_http=False contradicts the plain-HTTP url={url!r}")
-        raw = _build(
-            url,
-            HTTPStore.from_url,
-            url,
-            client_options=_client_options(url, client_options, allow_http, scheme == "http"),
-            retry_config=_retry_config(retry),
+        http_options = merged_client_options(url, client_options, allow_http, scheme == "http")
+        raw = _build(url, HTTPStore.from_url, url, client_options=http_options, retry_config=retry_config_with(retry))
+        twin_of = functools.partial(
+            _build, url, HTTPStore.from_url, url, client_options=http_options, retry_config=dict(NO_RETRIES)
         )
     elif scheme in _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES:
-        raw = _cloud_store(
+        raw, twin_of = _cloud_store(
             url,
             scheme,
             rest,
@@ -280,9 +283,9 @@ def obstore_store(
                 f"{chosen_by} for url={url!r}, but the engine's client cannot read this store: {why}; "
                 "pass client='auto' or client='obstore' to read it with obstore's client"
             )
-    store = ForkSafeObjectStore(raw, read_only=read_only, client=(choice, chosen_by))
-    _remember(store)
-    return store
+    # the engine's retry loop reads through a twin with obstore's retries off, built from the same arguments
+    twin = None if twin_of is None else twin_of()
+    return ForkSafeObjectStore(raw, read_only=read_only, client=(choice, chosen_by), twin=twin)
 
 
 def _cloud_store(
@@ -298,8 +301,8 @@ def _cloud_store(
     retry: Mapping[str, Any] | None,
     client_options: Mapping[str, Any] | None,
     options: Mapping[str, Any],
-) -> S3Store | GCSStore | AzureStore:
-    """S3, GCS or Azure store for ``url``, its options mapped to obstore's keys."""
+) -> tuple[S3Store | GCSStore | AzureStore, Callable[[], Any]]:
+    """S3, GCS or Azure store for ``url``, its options mapped to obstore's keys, and how to build its retry-free twin."""
     # obstore's URL parser knows gs:// but not its gcs:// alias
     parse_url = f"gs://{rest}" if scheme == "gcs" else url
     bucket = rest.split("/", 1)[0]
@@ -321,7 +324,7 @@ def _cloud_store(
         if s3_endpoint or endpoint
         else scheme in _S3_SCHEMES and _s3_env_allows_http()
     )
-    http_options = _client_options(url, client_options, allow_http, plain_http_endpoint)
+    http_options = merged_client_options(url, client_options, allow_http, plain_http_endpoint)
 
     config: dict[str, Any] = {}
     if anonymous:
@@ -366,15 +369,9 @@ def _cloud_store(
             config["endpoint"] = endpoint
         factory = AzureStore.from_url
 
-    config = _merge_config(url, config, options)
-    return _build(
-        url,
-        factory,
-        parse_url,
-        client_options=http_options or None,
-        retry_config=_retry_config(retry),
-        **config,
-    )
+    config = merge_config(url, config, options)
+    built = functools.partial(_build, url, factory, parse_url, client_options=http_options or None, **config)
+    return built(retry_config=retry_config_with(retry)), functools.partial(built, retry_config=dict(NO_RETRIES))
 
 
 def _s3_env_allows_http() -> bool:
@@ -404,9 +401,9 @@ def as_store(obj: Store | str | os.PathLike[str]) -> Store:
     Parameters
     ----------
     obj
-        Any ``zarr.abc.store.Store`` (returned unchanged, and never closed by
-        :func:`close_store`; in a process forked after obstore's runtime
-        started, zarr's plain ``ObjectStore`` comes back as a
+        Any ``zarr.abc.store.Store`` (returned unchanged; the dataset adapts a
+        store insitubatch did not build once, at its door, and never closes
+        it; in a process forked after obstore's runtime started, zarr's plain ``ObjectStore`` comes back as a
         ``ForkSafeObjectStore`` over the same obstore store), or a URL / path string or ``os.PathLike``, opened
         with ``obstore_store(obj, read_only=True)``.
 

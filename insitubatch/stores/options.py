@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_RETRY",
     "DEFAULT_RETRY_TIMEOUT",
     "DEFAULT_TIMEOUT",
+    "NO_RETRIES",
     "OBSTORE_BACKOFF_BASE",
     "OBSTORE_CONNECT_TIMEOUT",
     "OBSTORE_INIT_BACKOFF",
@@ -34,7 +35,7 @@ _RETRY_KEYS = frozenset({"backoff", "max_retries", "retry_timeout"})
 
 # obstore's own defaults (object_store's ClientOptions, RetryConfig and BackoffConfig), written here once:
 # insitubatch's network policy below starts from them, and the engine's own client and retry loop
-# (stores.wire_settings, _engine.reads.read_policy) fall back to them where a store leaves a key unset.
+# (stores.wire_settings, stores.read_policy) fall back to them where a store leaves a key unset.
 OBSTORE_CONNECT_TIMEOUT = timedelta(seconds=5)
 OBSTORE_POOL_IDLE_TIMEOUT = timedelta(seconds=90)  # how long an idle connection lives (reqwest/hyper's pool)
 OBSTORE_MAX_RETRIES = 10
@@ -71,9 +72,11 @@ DEFAULT_CLIENT_OPTIONS: Mapping[str, Any] = {
     "connect_timeout": DEFAULT_CONNECT_TIMEOUT,
 }
 DEFAULT_RETRY: Mapping[str, Any] = {"max_retries": DEFAULT_MAX_RETRIES, "retry_timeout": DEFAULT_RETRY_TIMEOUT}
+# The retry config of a store's retry-free twin, which the engine's own retry loop reads through (stores.reading).
+NO_RETRIES: Mapping[str, Any] = {"max_retries": 0, "retry_timeout": timedelta(0)}
 
 
-def _reject_options(url: str, kind: str, given: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+def reject_options(url: str, kind: str, given: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
     """Raise ``ValueError`` for any given option that this kind of URL cannot use."""
     refused = [name for name in given if name not in allowed]
     if refused:
@@ -82,7 +85,7 @@ def _reject_options(url: str, kind: str, given: Mapping[str, Any], allowed: tupl
         raise ValueError(f"{shown} cannot be used with {kind} url={url!r}; options that apply there: {accepts}")
 
 
-def _client_options(
+def merged_client_options(
     url: str, client_options: Mapping[str, Any] | None, allow_http: bool | None, default_allow_http: bool
 ) -> dict[str, Any]:
     """Merge ``allow_http`` into the HTTP client options, refusing a contradiction."""
@@ -101,7 +104,7 @@ def _client_options(
     return options
 
 
-def _retry_config(retry: Mapping[str, Any] | None) -> dict[str, Any]:
+def retry_config_with(retry: Mapping[str, Any] | None) -> dict[str, Any]:
     """``DEFAULT_RETRY`` with the caller's ``retry`` keys on top."""
     if retry is None:
         return dict(DEFAULT_RETRY)
@@ -113,7 +116,7 @@ def _retry_config(retry: Mapping[str, Any] | None) -> dict[str, Any]:
     return {**DEFAULT_RETRY, **retry}
 
 
-def _merge_config(url: str, config: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
+def merge_config(url: str, config: dict[str, Any], options: Mapping[str, Any]) -> dict[str, Any]:
     """Add the free-form ``**options`` to the config the named options built."""
     for key, value in options.items():
         if key in config:

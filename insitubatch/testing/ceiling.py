@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._wire.engine_client import native_backend
+from .._zarr_compat import sync
+from ..stores.reading import reading_store
 
 __all__ = ["GetCeiling", "raw_get_ceiling"]
 
@@ -46,15 +47,6 @@ class GetCeiling:
         return {**asdict(self), "gets_per_s": self.gets_per_s}
 
 
-def _raw(store: Any) -> Any:
-    """The obstore store under a zarr ``ObjectStore`` (or an obstore store given as is), else None."""
-    inner = getattr(store, "store", None)
-    module = type(inner).__module__ if inner is not None else type(store).__module__
-    if inner is not None and module.startswith("obstore"):
-        return inner
-    return store if module.startswith("obstore") else None
-
-
 async def _replay(
     fetch: Callable[[str], Awaitable[int]], keys: Sequence[str], concurrency: int, deadline: float | None
 ) -> tuple[int, int]:
@@ -78,10 +70,10 @@ async def _replay(
 def raw_get_ceiling(store: Any, keys: Sequence[str], concurrency: int, *, window_s: float | None = None) -> GetCeiling:
     """GET every key in ``keys`` (repeats included), ``concurrency`` at a time; return what it took.
 
-    ``store`` is a zarr ``ObjectStore`` (in a private event loop, the
-    client the engine reads it with: its own HTTP client where
-    ``_wire.engine_client`` takes the store, obstore's otherwise) or any
-    zarr ``Store`` (its ``get``, on zarr's loop); keys are relative to it. With ``window_s`` the replay
+    ``store`` is any zarr ``Store``, read through the reader the engine
+    reads it with (``stores.reading``: the engine's own HTTP client where it
+    takes the store, obstore's otherwise, or the store's own ``get``), on
+    zarr's loop; keys are relative to it. With ``window_s`` the replay
     stops starting GETs after that many seconds (a time-boxed sweep), and
     ``gets`` counts those that ran.
 
@@ -96,32 +88,16 @@ def raw_get_ceiling(store: Any, keys: Sequence[str], concurrency: int, *, window
         raise ValueError("keys is empty: there is nothing to replay")
     t0 = time.perf_counter()
     deadline = None if window_s is None else t0 + window_s
-    raw = _raw(store)
-    native = None if raw is None else native_backend(raw, raw)
-    if native is not None:  # the engine sends these GETs itself: the ceiling is its client's
+    reading = reading_store(store)  # (a store insitubatch did not build: adapted here, and closed below)
+    backend = reading.reader().backend  # what the engine reads the store with, on the loop the engine uses
 
-        async def get_native(key: str) -> int:
-            return len(await native.request(key))
+    async def get(key: str) -> int:
+        data = await backend.request(key)
+        return 0 if data is None else len(data)
 
-        done, nbytes = asyncio.run(_replay(get_native, keys, concurrency, deadline))
-    elif raw is not None:
-        import obstore
-
-        async def get_raw(key: str) -> int:
-            result = await obstore.get_async(raw, key)
-            return len(await result.bytes_async())
-
-        done, nbytes = asyncio.run(_replay(get_raw, keys, concurrency, deadline))
-    else:
-        from zarr.core.buffer import default_buffer_prototype
-
-        from .._zarr_compat import sync
-
-        prototype = default_buffer_prototype()
-
-        async def get_zarr(key: str) -> int:
-            buf = await store.get(key, prototype)
-            return 0 if buf is None else len(buf)
-
-        done, nbytes = sync(_replay(get_zarr, keys, concurrency, deadline))
+    try:
+        done, nbytes = sync(_replay(get, keys, concurrency, deadline))
+    finally:
+        if reading is not store:
+            reading.close()
     return GetCeiling(done, nbytes, time.perf_counter() - t0, concurrency)

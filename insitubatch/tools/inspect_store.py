@@ -33,19 +33,19 @@ from .._engine.passes.context import read_sources
 from .._engine.reads.concurrency import AUTO_START
 from .._engine.reads.shard_index import SHARD_INDEX_BUDGET_BYTES, held_index_bytes, plan_shards
 from .._engine.reads.shard_runs import pass_reads
-from .._engine.reads.store_link import client_for, route_report
 from .._zarr_compat import sync
 from ..io.decode import shard_stage
 from ..io.geometry import ArrayGeometry
 from ..io.group import open_geometries, scan_group
 from ..io.statics import StaticField
-from ..io.sync_get import _sync_get
+from ..io.sync_get import sync_get
 from ..plan.cost import describe_loader, format_summary, read_ceiling
 from ..plan.epoch import EpochPlan, plan_epoch
 from ..plan.sizing import READ_AHEAD_SHARE, auto_inflight_cap
 from ..plan.splits import DEFAULT_FRACTIONS, SplitManifest, split_by_chunk
 from ..stores.obstore_stores import as_store, obstore_store
 from ..stores.owned import close_store
+from ..stores.reading import LOCAL_ROUTE, reading_store
 from .selection_args import parse_selection, select
 from .store_args import URL_HELP, add_store_options, store_options
 
@@ -240,10 +240,19 @@ def _describe(
         ceiling=ceiling,
         statics=statics,
         left_out=left_out,
-        remote=_sync_get(store) is None,
-        client=route_report(None if _sync_get(store) is not None else client_for(store)),
+        remote=sync_get(store) is None,
+        client=_route(store),
     )
     return format_summary(info)
+
+
+def _route(store: Store) -> dict[str, str]:
+    """``{"client": ..., "reason": ...}``: which client reads ``store`` and why, as the store itself says."""
+    reading = reading_store(store)
+    route = LOCAL_ROUTE if reading.local_reader() is not None else reading.reader().route
+    if reading is not store:  # an adapter made here: its reader's connections (none were opened) close with it
+        reading.close()
+    return {"client": route.client, "reason": route.reason}
 
 
 def _reads(
@@ -263,7 +272,7 @@ def _reads(
     open's GETs, and that split's pass does not read them again.
     """
     readers, _ = read_sources(geoms, ())
-    remote = _sync_get(store) is None
+    remote = sync_get(store) is None
     tile_bytes = max(g.tile_nbytes for g in geoms.values())
     if knobs["max_inflight"] != "auto":
         cap = int(knobs["max_inflight"])

@@ -30,7 +30,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WriteConflictError
-from ..stores.icechunk_stores import _import_icechunk, _repository
+from ..stores.icechunk_stores import import_icechunk, open_repository
 from .icechunk_changes import ForkChanges, MergeLedger, rebase_conflicts
 from .icechunk_handoff import clear_handoff, handoff_store, read_transaction, saved_forks, write_transaction
 from .records import RECORDS_DIR
@@ -65,8 +65,8 @@ class IcechunkTransaction:
     """
 
     def __init__(self, repo: Repository | Storage | str | os.PathLike[str], branch: str = "main") -> None:
-        icechunk = _import_icechunk()
-        self.repo, self._where = _repository(icechunk, repo, create=False)
+        icechunk = import_icechunk()
+        self.repo, self._where = open_repository(icechunk, repo, create=False)
         if not isinstance(branch, str) or branch not in self.repo.list_branches():
             known = sorted(self.repo.list_branches())
             raise ValueError(
@@ -152,7 +152,7 @@ class IcechunkTransaction:
                 + ". Nothing of it was merged (two workers wrote one slot, or work wrote outside its slot writer)",
                 clashes,
             )
-        icechunk = _import_icechunk()
+        icechunk = import_icechunk()
         try:
             self.session.merge(session)
         except icechunk.IcechunkError as exc:  # what icechunk itself refuses (2.x: two forks made one group)
@@ -183,7 +183,7 @@ class IcechunkTransaction:
         self._check_open("commit")
         if not self.session.has_uncommitted_changes:
             raise ValueError(f"nothing to commit on branch {self.branch!r}: no fork was merged into the transaction")
-        icechunk = _import_icechunk()
+        icechunk = import_icechunk()
         try:
             snapshot = self.session.commit(message, metadata=metadata, rebase_with=icechunk.ConflictDetector())
         except icechunk.RebaseFailedError as exc:

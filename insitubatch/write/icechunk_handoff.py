@@ -31,7 +31,7 @@ from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
 
 from .._zarr_compat import sync
-from ..stores.icechunk_stores import _import_icechunk
+from ..stores.icechunk_stores import import_icechunk
 from .claims import range_name
 from .icechunk_changes import ForkChanges
 
@@ -133,7 +133,7 @@ def icechunk_fork(handoff: Store | str | os.PathLike[str]) -> Iterator[IcechunkS
     FileNotFoundError
         No transaction was handed off at ``handoff``.
     """
-    _import_icechunk()  # (and its exit hook: a task that exits cleanly must not abort at shutdown)
+    import_icechunk()  # (and its exit hook: a task that exits cleanly must not abort at shutdown)
     store = handoff_store(handoff)
     _transaction(store)
     raw = _get(store, BASE_KEY)

@@ -425,23 +425,5 @@ def start_signed_s3() -> SignedS3:
     return SignedS3(endpoint, key["AccessKeyId"], key["SecretAccessKey"], process)
 
 
-def sockets_to(port: int) -> int:
-    """This process's established TCP connections to loopback ``port`` (from /proc, not the client's books)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # closed meanwhile (the listing's own descriptor, too)
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    count = 0
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if fields[9] in inodes and int(fields[2].split(":")[1], 16) == port and fields[3] == "01":
-            count += 1
-    return count
-
-
 def host_of(url: str) -> str:
     return urlsplit(url).netloc

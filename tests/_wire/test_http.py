@@ -11,15 +11,15 @@ from pathlib import Path
 
 import obstore.store
 import pytest
-from scripted import Scripted, read_head, sockets_to
+from helpers import sockets_to
+from scripted import Scripted, read_head
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from insitubatch._engine.reads.fetch import Fetcher
-from insitubatch._engine.reads.read_policy import Outcome, classify
 from insitubatch._engine.reads.store_link import client_for
 from insitubatch._engine.reads.window import ReadWindow
 from insitubatch._engine.stats import PassCounters
-from insitubatch._wire.backends import _ObstoreBackend
+from insitubatch._wire.backends import ObstoreBackend
 from insitubatch._wire.connection import Ask
 from insitubatch._wire.engine_client import NativeBackend
 from insitubatch._wire.faults import HttpStatusError
@@ -27,6 +27,7 @@ from insitubatch._wire.pool import HttpPool
 from insitubatch._wire.sigv4 import SigV4
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
+from insitubatch.stores.read_policy import Outcome, classify
 from insitubatch.testing.emulator import Emulator
 
 BUCKET = "bkt"
@@ -221,7 +222,7 @@ def test_large_reads_still_stream_through_obstore(root: Path) -> None:
     with Emulator(root, latency_s=0.0, jitter_s=0.0) as emu:
         store = obstore_store(emu.url_for(BUCKET), read_only=True)
         backend = client_for(store).backend
-        assert isinstance(backend, NativeBackend) and isinstance(backend, _ObstoreBackend)
+        assert isinstance(backend, NativeBackend) and isinstance(backend, ObstoreBackend)
         assert isinstance(backend.raw, obstore.store.HTTPStore)  # what fetch's large reads stream from
         close_store(store)
 

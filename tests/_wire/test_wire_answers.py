@@ -16,8 +16,8 @@ import pytest
 from scripted import WIRE_CLIENTS, Request, answer, ranged, read_head, read_through
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
-from insitubatch._engine.reads.read_policy import Outcome, classify
 from insitubatch._wire.engine_client import USER_AGENT
+from insitubatch.stores.read_policy import Outcome, classify
 
 BODY = bytes(range(256)) * 64  # 16 KiB
 KEY = "d/k.0"

@@ -21,7 +21,7 @@ from certificates import Certificates, make_certificates
 from scripted import WIRE_CLIENTS, Request, SignedS3, answer, ranged, read_head, read_many, read_through
 from zarr.abc.store import RangeByteRequest
 
-from insitubatch._engine.reads.read_policy import Outcome, classify
+from insitubatch.stores.read_policy import Outcome, classify
 from insitubatch.stores.wire_settings import EngineSettings, engine_settings
 
 BODY = bytes(range(256)) * 64  # 16 KiB

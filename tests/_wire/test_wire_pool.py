@@ -18,8 +18,8 @@ from pathlib import Path
 import obstore.store
 import pytest
 from datasets import BATCH_SIZE, GROUP, manifest_of, write_group
-from helpers import assert_batch_matches
-from scripted import WIRE_CLIENTS, FileServer, ranged, read_head, read_through, sockets_to
+from helpers import assert_batch_matches, sockets_to
+from scripted import WIRE_CLIENTS, FileServer, ranged, read_head, read_through
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch._engine.reads.fetch import Fetcher

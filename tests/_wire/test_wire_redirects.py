@@ -6,9 +6,9 @@ import pytest
 from scripted import WIRE_CLIENTS, Request, answer, ranged, read_through
 from zarr.abc.store import RangeByteRequest
 
-from insitubatch._engine.reads.read_policy import Outcome, classify
 from insitubatch._wire.faults import RedirectError
 from insitubatch._wire.redirects import MAX_REDIRECTS, next_hop, region_of
+from insitubatch.stores.read_policy import Outcome, classify
 
 BODY = bytes(range(256)) * 16
 KEY = "d/c/0.0"

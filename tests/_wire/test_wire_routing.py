@@ -11,7 +11,7 @@ from scripted import WIRE_CLIENTS, FileServer
 from zarr.storage import ObjectStore
 
 from insitubatch._engine.reads.store_link import client_for
-from insitubatch._wire.backends import _ObstoreBackend, _StoreBackend
+from insitubatch._wire.backends import ObstoreBackend, StoreBackend
 from insitubatch._wire.engine_client import NativeBackend
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
@@ -52,7 +52,7 @@ def test_auto_reads_with_the_engine_where_it_can_and_names_why() -> None:
 def test_obstore_can_be_chosen_for_any_remote_store() -> None:
     store = obstore_store(URL, client="obstore")
     client = client_for(store)
-    assert type(client.backend) is _ObstoreBackend and client.backend.own_retries is False
+    assert type(client.backend) is ObstoreBackend and client.backend.own_retries is False
     assert (client.route.client, client.route.reason) == ("obstore", "client='obstore'")
     close_store(store)
 
@@ -100,7 +100,7 @@ def test_a_store_that_is_not_obstores_is_read_through_its_own_get(tmp_path: Path
 
     store = Wrapped(obstore.store.HTTPStore.from_url(URL, client_options={"allow_http": True}))
     client = client_for(store)
-    assert isinstance(client.backend, _StoreBackend)
+    assert isinstance(client.backend, StoreBackend)
     assert client.route.client == "store" and "its own get" in client.route.reason
 
 

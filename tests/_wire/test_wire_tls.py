@@ -13,8 +13,8 @@ from certificates import Certificates, make_certificates
 from scripted import WIRE_CLIENTS, Request, answer, ranged, read_through
 from zarr.abc.store import RangeByteRequest
 
-from insitubatch._engine.reads.read_policy import Outcome, classify
 from insitubatch._wire.faults import TlsRefusedError
+from insitubatch.stores.read_policy import Outcome, classify
 
 BODY = bytes(range(256)) * 8
 KEY = "d/c/0"

@@ -10,7 +10,7 @@ from zarr.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
 from insitubatch._zarr_compat import sync
-from insitubatch.io.sync_get import _sync_get
+from insitubatch.io.sync_get import sync_get
 from insitubatch.stores.byte_ranges import ByteSpan, byte_span
 from insitubatch.stores.obstore_stores import obstore_store
 
@@ -53,7 +53,7 @@ def test_every_request_cuts_what_zarr_reads(directory: Path, byte_range: ByteReq
 
 @pytest.mark.parametrize("byte_range", REQUESTS, ids=repr)
 def test_local_files_read_through_the_span_equal_zarr(directory: Path, byte_range: ByteRequest | None) -> None:
-    read = _sync_get(obstore_store(directory, read_only=True))
+    read = sync_get(obstore_store(directory, read_only=True))
     assert read is not None
     got = read("c/0", prototype=PROTOTYPE, byte_range=byte_range)
     assert bytes(got) == _zarr_reads(directory, byte_range)
@@ -63,7 +63,7 @@ def test_local_files_read_through_the_span_equal_zarr(directory: Path, byte_rang
 def test_obstore_reads_through_the_span_equal_zarr(directory: Path, byte_range: ByteRequest | None) -> None:
     # a key obstore itself resolves (not a plain path segment) takes obstore's blocking get with the span's options
     (directory / "c" / "odd key").write_bytes(DATA)
-    read = _sync_get(obstore_store(directory, read_only=True))
+    read = sync_get(obstore_store(directory, read_only=True))
     assert read is not None
     got = read("c/odd key", prototype=PROTOTYPE, byte_range=byte_range)
     assert got is not None and got.to_bytes() == _zarr_reads(directory, byte_range)

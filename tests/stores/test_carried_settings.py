@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from insitubatch._engine.reads.store_link import client_for
-from insitubatch.stores.obstore_runtime import ForkSafeObjectStore
+from insitubatch.stores.object_store import ForkSafeObjectStore
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
 
@@ -49,16 +49,19 @@ def test_a_store_built_without_a_choice_takes_the_default_when_it_is_read(monkey
     built_elsewhere = ForkSafeObjectStore(obstore_store(URL).store)
     monkeypatch.setenv("INSITUBATCH_CLIENT", "obstore")
     assert built_elsewhere.client_setting == ("obstore", "INSITUBATCH_CLIENT=obstore")
-    assert _route(built_elsewhere) == ("obstore", "INSITUBATCH_CLIENT=obstore")
+    client, reason = _route(built_elsewhere)
+    # built with no retry-free twin, it keeps obstore's own retries, and its route says so
+    assert client == "obstore" and reason.startswith("INSITUBATCH_CLIENT=obstore; ") and "own retries" in reason
 
 
-def test_closing_the_store_closes_the_engines_client_of_it() -> None:
+def test_closing_the_store_closes_its_reader_and_a_later_read_builds_a_fresh_one() -> None:
     with obstore_store(URL) as store:
-        client = client_for(store)
-        assert client_for(store) is client  # one client per store while it is open
-    # leaving the block closed the client (its connections) too: a later read builds a fresh one
-    fresh = client_for(store)
-    assert fresh is not client
+        reader = store.reader()
+        assert store.reader() is reader  # one reader per store while it is open, held by the store
+        assert client_for(store).backend is reader.backend  # the engine reads with the store's own reader
+    # leaving the block closed the reader (its connections) too: a later read builds a fresh one
+    fresh = store.reader()
+    assert fresh is not reader
     store.close()
-    assert client_for(store) is not fresh
+    assert store.reader() is not fresh
     close_store(store)

@@ -23,7 +23,7 @@ from ..._weak import WeakMembers
 from ...cache import DiskCache
 from ...errors import DatasetClosedError
 from ...io.geometry import ArrayGeometry
-from ...io.sync_get import _sync_get
+from ...io.sync_get import sync_get
 from ...plan.epoch import EpochPlan
 from ...plan.sizing import auto_inflight_cap, auto_read_ahead
 from ...transforms import ChunkTransform, pipeline_for
@@ -110,7 +110,7 @@ class PassContext:
 
     def client(self) -> StoreClient | None:
         """The engine's client for a remote store (``None`` for one read synchronously: local, memory)."""
-        if self._client is None and _sync_get(self.store) is None:
+        if self._client is None and sync_get(self.store) is None:
             self._client = client_for(self.store)
         return self._client
 

@@ -33,8 +33,9 @@ from zarr.buffer import default_buffer_prototype
 
 from ...cache import DiskCache
 from ...io.decode import make_decoder, shard_stage
-from ...io.sync_get import _LocalFiles, _sync_get
+from ...io.sync_get import sync_get
 from ...plan.epoch import EpochPlan
+from ...stores.local_files import LocalFiles
 from ..lifecycle import EXIT_WAIT_S, exiting, running_loop
 from ..loop import zarr_loop
 from ..pool.chunk_pool import PENDING, ChunkPool, Entry, Owner
@@ -116,7 +117,7 @@ class PassDriver:
         decoders = {r.geometry.path: make_decoder(r.geometry, tile=True) for r in readers.values()}
         self._shards = {r.geometry.path: shard_stage(r.geometry) for r in readers.values() if r.geometry.sharded_reads}
         shard_indexes = shard_indexes if shard_indexes is not None else SplitIndexes()  # the split's
-        get_sync = _sync_get(store)
+        get_sync = sync_get(store)
         # zstd/blosc arrays with the sample axis first decode through the tilegroup kernel (any store)
         kinds = {
             r.geometry.path: k
@@ -132,7 +133,7 @@ class PassDriver:
             if not r.pipeline and r.geometry.path in kinds and not r.geometry.sharded_reads
         }
         groups: LocalGroups | None = None
-        if isinstance(get_sync, _LocalFiles) and cache is None and grouped:
+        if isinstance(get_sync, LocalFiles) and cache is None and grouped:
             groups = LocalGroups(get_sync, decoders, grouped)
         prototype = default_buffer_prototype()
         self.finisher = ChunkFinisher(pool, owner, cache)

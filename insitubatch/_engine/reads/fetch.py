@@ -53,8 +53,8 @@ from zarr.buffer import default_buffer_prototype
 
 from ..._wire.backends import _ObstoreBackend
 from ...stores.obstore_runtime import refuse_dead_obstore
+from ...stores.read_policy import Outcome, classify, http_status, protocol_fault
 from ..stats import PassCounters
-from .read_policy import Outcome, classify, http_status, protocol_fault
 from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient
 from .window import WindowUser
 

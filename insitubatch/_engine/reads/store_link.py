@@ -1,31 +1,15 @@
-"""A remote store as the engine reads it: a retry-free client per store, and what all readers of it share.
+"""A remote store as the engine reads it: the store's own reader, and what all readers of one endpoint share.
 
-:func:`client_for` returns a :class:`StoreClient` for a zarr store that is
-not read synchronously (``io.sync_get``): its backend, the
-:class:`~.read_policy.ReadPolicy` its settings give, and its
-:class:`StoreLink`. A link is shared by every store on one endpoint (an
-HTTP host, an S3/GCS bucket, an Azure container) in this process, so ranks
-and concurrent passes reading one bucket share one
+:func:`client_for` returns a :class:`StoreClient` for a store that is not
+read synchronously (``io.sync_get``): the backend, the read policy and the
+route its reader carries (``stores.reading``: the store decides which
+client reads it, with which retries, and why), and its :class:`StoreLink`.
+A link is shared by every store on one endpoint (an HTTP host, an
+S3/GCS bucket, an Azure container; the store names it) in this process, so
+ranks and concurrent passes reading one bucket share one
 :class:`~.concurrency.ConcurrencyController` and window, one latency
-distribution and one hedge budget.
-
-Backends. Behind zarr's ``ObjectStore`` over obstore's HTTP, S3, GCS or
-Azure store, the engine calls obstore directly, through a twin of the
-store built from its own config with obstore's retries turned off, so
-that every throttling answer and every stalled attempt comes back to the
-engine's retry loop (``fetch``); a whole key is one ranged GET (``bytes=0-``
-far past any object), which obstore answers in one future instead of a
-header future and a body future. Where ``stores.wire_settings`` finds the
-engine's own client can read the store (plain HTTP(S), and S3 with static
-keys or none, and a region) and the store's ``client`` setting
-(``ForkSafeObjectStore.client_setting``: ``"auto"``, ``"engine"`` or ``"obstore"``) allows it,
-the engine sends the GETs itself instead, on the loop (``_wire``), with the
-twin kept for bodies too large to take whole and for what it hands over.
-Any other store is read through its own ``get``, which has already retried
-by its own rules. The backends are in ``_wire.backends``; a client's
-:class:`Route` says which one reads the store and why, for ``describe()``
-and ``insitubatch inspect``. ``close_store`` closes a store's client (its
-connections), and a later read builds a fresh one.
+distribution and one hedge budget; a store read through its own ``get``
+names no endpoint and gets a link of its own.
 """
 
 from __future__ import annotations
@@ -33,31 +17,18 @@ from __future__ import annotations
 import math
 import os
 import threading
-import weakref
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, cast
-from urllib.parse import urlsplit
+from typing import Any
 
-import obstore
-import obstore.store
 from zarr.abc.store import Store
-from zarr.storage import ObjectStore, WrapperStore
 
-from ..._wire.backends import _ObstoreBackend, _StoreBackend
-from ..._wire.engine_client import NativeBackend
-from ..._zarr_compat import wrapper_stack
 from ...plan.sizing import AUTO_INFLIGHT_CEILING
-from ...stores.client_choice import resolve_client
-from ...stores.obstore_runtime import ForkSafeObjectStore
-from ...stores.owned import on_close
-from ...stores.wire_settings import engine_settings
+from ...stores.read_policy import ReadPolicy
+from ...stores.reading import LOCAL_ROUTE, Route, reading_store
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
 from .latency import LatencyWindow
-from .read_policy import ReadPolicy, policy_for
 from .window import ReadWindow
 
-__all__ = ["Route", "StoreClient", "StoreLink", "client_for", "route_report"]
+__all__ = ["Route", "StoreClient", "StoreLink", "client_for", "link_named", "route_report"]
 
 # Hedging: a GET outstanding HEDGE_FACTOR x the recent p90 time (at least HEDGE_FLOOR_S, which keeps a
 # busy event loop's hiccups from looking like a slow store) gets one duplicate. Duplicates are paid from a
@@ -78,8 +49,6 @@ MIN_SAMPLES = 32
 STALL_FACTOR = 10.0
 STALL_FLOOR_S = 2.0
 STALL_GROWTH = 1.5
-# close_store, from the caller's thread, waits at most this long for the engine's sockets to be closed on the loop.
-CLOSE_WAIT_S = 1.0
 
 
 class StoreLink:
@@ -124,16 +93,8 @@ class StoreLink:
         self._quiet_until = now + HEDGE_QUIET_S
 
 
-@dataclass(frozen=True)
-class Route:
-    """Which client reads a store (``"engine"``, ``"obstore"``, ``"store"``: its own ``get``) and why, in a few words."""
-
-    client: str
-    reason: str
-
-
-# How describe() names a store read from local files, with no client at all.
-LOCAL_ROUTE = Route("local", "read from files directly, no HTTP client")
+# The route of a client built without one: the store read through its own get.
+OWN_GET = Route("store", "its own get")
 
 
 class StoreClient:
@@ -141,10 +102,10 @@ class StoreClient:
 
     def __init__(
         self,
-        backend: _ObstoreBackend | _StoreBackend,
+        backend: Any,
         policy: ReadPolicy,
         link: StoreLink,
-        route: Route = Route("store", "its own get"),
+        route: Route = OWN_GET,
     ) -> None:
         self.backend = backend
         self.policy = policy
@@ -168,96 +129,27 @@ def route_report(client: StoreClient | None) -> dict[str, str]:
 
 
 _links: dict[str, StoreLink] = {}
-_clients: dict[int, tuple[weakref.ref[Store], StoreClient]] = {}
 _lock = threading.Lock()
-_REMOTE = (obstore.store.HTTPStore, obstore.store.S3Store, obstore.store.GCSStore, obstore.store.AzureStore)
 
 
-def _endpoint(raw: Any) -> str:
-    """The name readers of one endpoint share a link under."""
-    if isinstance(raw, obstore.store.HTTPStore):
-        parts = urlsplit(raw.url)
-        return f"http:{parts.scheme}://{parts.netloc}"
-    config = dict(raw.config or {})
-    if isinstance(raw, obstore.store.S3Store):
-        return f"s3:{config.get('endpoint', '')}/{config.get('bucket', '')}"
-    if isinstance(raw, obstore.store.GCSStore):
-        return f"gcs:{config.get('base_url', '')}/{config.get('bucket', '')}"
-    return f"azure:{config.get('account_name', '')}/{config.get('container_name', '')}"
-
-
-def _retry_free(raw: Any) -> Any:
-    """``raw`` rebuilt from its own config with obstore's retries off, or ``raw`` itself if that fails."""
-    no_retries: Any = {"max_retries": 0, "retry_timeout": timedelta(0)}
-    try:
-        if isinstance(raw, obstore.store.HTTPStore):
-            return obstore.store.HTTPStore.from_url(raw.url, client_options=raw.client_options, retry_config=no_retries)
-        return type(raw)(
-            prefix=raw.prefix,
-            config=raw.config,
-            client_options=raw.client_options,
-            retry_config=no_retries,
-            credential_provider=raw.credential_provider,
-        )
-    except Exception:  # a store we cannot rebuild keeps obstore's retries: it still hedges and stalls
-        return raw
-
-
-def _read_by(store: Store) -> Store:
-    """The store whose reads ``store`` passes on unchanged: inside every ``WrapperStore`` that defines no read.
-
-    A wrapper that reads itself (zarr's ``LoggingStore`` logs each read) is
-    read through its own ``get``, so it sees every read.
-    """
-    stack = wrapper_stack(store)
-    for wrapper, inner in zip(stack, stack[1:], strict=False):
-        own = (
-            vars(klass)
-            for klass in type(wrapper).__mro__
-            if issubclass(klass, WrapperStore) and klass is not WrapperStore
-        )
-        if any(name in defined for defined in own for name in _READS):
-            return wrapper
-        store = inner
-    return store
-
-
-# A wrapper defining any of these reads itself; one defining none passes every read on to the store it wraps.
-_READS = ("get", "get_partial_values")
-
-
-def _build(store: Store) -> StoreClient:
-    store = _read_by(store)
-    raw = cast(ObjectStore, store).store if type(store) in (ObjectStore, ForkSafeObjectStore) else None
-    if not isinstance(raw, _REMOTE):
-        # any other store: its own get and retries; stalls and hedging still apply, with a link of its own
-        route = Route("store", f"a {type(store).__name__}: read through its own get, which retries by its own rules")
-        own = StoreLink(f"store:{type(store).__name__}:{id(store)}")
-        return StoreClient(_StoreBackend(store), ReadPolicy(), own, route)
-    choice, source = store.client_setting if isinstance(store, ForkSafeObjectStore) else resolve_client(None)
-    settings = engine_settings(raw) if choice != "obstore" else f"{source}"
-    if choice == "engine" and isinstance(settings, str):
-        raise ValueError(
-            f"{source}, but the engine's client cannot read {raw!r}: {settings}; "
-            "use client='auto' (or 'obstore') to read it with obstore's client"
-        )
-    twin = _retry_free(raw)
-    policy = policy_for(raw.retry_config, raw.client_options)
-    name = _endpoint(raw)
+def link_named(endpoint: str | None) -> StoreLink:
+    """The link every reader of ``endpoint`` shares in this process (``None``: a link of its own)."""
+    if endpoint is None:
+        return StoreLink("store")
     with _lock:
-        link = _links.get(name)
+        link = _links.get(endpoint)
         if link is None:
-            link = _links[name] = StoreLink(name)
-    if twin is raw:  # (obstore's own retries stay on: the engine would retry each of its retries)
-        reason = "its config could not be rebuilt without retries: obstore's client, with obstore's retries"
-        return StoreClient(_ObstoreBackend(raw, own_retries=True), policy, link, Route("obstore", reason))
-    if isinstance(settings, str):
-        return StoreClient(_ObstoreBackend(twin), policy, link, Route("obstore", settings))
-    return StoreClient(NativeBackend(twin, settings), policy, link, Route("engine", settings.reason))
+            link = _links[endpoint] = StoreLink(endpoint)
+        return link
 
 
 def client_for(store: Store) -> StoreClient:
-    """The engine's client for ``store`` (one per store object, built on first use, dropped by ``close_store``).
+    """The engine's client for ``store``: the reader the store carries, on its endpoint's shared link.
+
+    A store that carries no reader (one insitubatch did not build) is
+    adapted here (``stores.reading.reading_store``), and the client's
+    ``close()`` closes what its reader opened; the dataset adapts such a
+    store once, at its door, and closes the adapter.
 
     Raises
     ------
@@ -265,49 +157,17 @@ def client_for(store: Store) -> StoreClient:
         The store's ``client`` setting (or ``INSITUBATCH_CLIENT``) is
         ``"engine"`` and the engine's client cannot read it; the message names why.
     """
-    key = id(store)
-    with _lock:
-        held = _clients.get(key)
-        if held is not None and held[0]() is store:
-            return held[1]
-    client = _build(store)
-
-    # the registry and its lock ride along as defaults: at interpreter exit the module's globals may be gone
-    def forget(ref: weakref.ref[Store], key: int = key, clients: dict = _clients, lock: Any = _lock) -> None:
-        with lock:
-            held = clients.get(key)
-            if held is not None and held[0] is ref:
-                del clients[key]
-        if held is not None and held[0] is ref:
-            held[1].close()
-
-    with _lock:
-        held = _clients.get(key)
-        if held is not None and held[0]() is store:
-            return held[1]
-        ref = weakref.ref(store, forget)
-        _clients[key] = (ref, client)
-    on_close(store, lambda: _closed(key, ref, client))
-    return client
+    reader = reading_store(store).reader()
+    return StoreClient(reader.backend, reader.policy, link_named(reader.endpoint), reader.route)
 
 
-def _forget_clients_in_child() -> None:
-    # a forked child builds its own clients: its parent's hold connections (shared sockets) on the parent's
-    # loop, and their lock may have been held by a thread the fork left behind
+def _forget_links_in_child() -> None:
+    # a forked child builds its own links: its parent's windows count the parent's reads, and their lock may
+    # have been held by a thread the fork left behind
     global _lock
-    _clients.clear()
     _links.clear()
     _lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_clients_in_child)
-
-
-def _closed(key: int, ref: weakref.ref[Store], client: StoreClient) -> None:
-    """``close_store`` ran: the client's connections close, and the next read builds a fresh client."""
-    with _lock:
-        held = _clients.get(key)
-        if held is not None and held[0] is ref and held[1] is client:
-            del _clients[key]
-    client.close(wait_s=CLOSE_WAIT_S)
+    os.register_at_fork(after_in_child=_forget_links_in_child)

@@ -26,7 +26,7 @@ import numpy as np
 import insitubatch._ext.tilegroup as _tilegroup
 
 from ...io.decode import ChunkDecoder
-from ...io.sync_get import _LocalFiles
+from ...stores.local_files import LocalFiles
 
 __all__ = ["MAX_TILE_GROUP", "PLACED", "LocalGroups", "decode_buffer", "kernel_kind", "tile_group"]
 
@@ -73,7 +73,7 @@ def kernel_kind(decoder: ChunkDecoder) -> int:
 class LocalGroups:
     """The kernel's side of one pass over a local directory: which arrays qualify, and each thread's buffer."""
 
-    def __init__(self, files: _LocalFiles, decoders: Mapping[str, ChunkDecoder], kinds: Mapping[str, int]) -> None:
+    def __init__(self, files: LocalFiles, decoders: Mapping[str, ChunkDecoder], kinds: Mapping[str, int]) -> None:
         """``kinds``: the arrays whose tiles the kernel reads, by path, with their ``kernel_kind``."""
         self.files = files
         self.kinds = dict(kinds)

@@ -11,7 +11,6 @@ client, credentials and retries: its own ``get`` reads its bytes.
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
@@ -19,7 +18,7 @@ from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, Store
 
 from ...stores.byte_ranges import byte_span
-from ...stores.owned import close_store, on_close
+from ...stores.reading import StoreReader, own_get_reader, reading_store
 
 __all__ = ["Route", "RoutedStore", "close_with", "member_keys", "slice_bytes"]
 
@@ -44,6 +43,7 @@ class RoutedStore(Store):
     def __init__(self, members: Mapping[str, Store]) -> None:
         super().__init__(read_only=True)
         self.members: dict[str, Store] = dict(members)
+        self.opened: list[Store] = []  # the members it opened itself (from a URL or path): its close() closes them
 
     # -- what subclasses define ------------------------------------------------
     def route(self, key: str) -> Route:
@@ -143,13 +143,24 @@ class RoutedStore(Store):
 
         return get
 
+    def reader(self) -> StoreReader:
+        """The engine's reader of this store: its own ``get``, each member read by its own client (nothing to close)."""
+        return own_get_reader(self, f"a {type(self).__name__}: each member read through its own get")
+
+    def local_reader(self) -> Callable[..., Any] | None:
+        """A synchronous ``get`` when every member reads on the calling thread, else None (:meth:`sync_reader`)."""
+        return self.sync_reader(lambda member: reading_store(member).local_reader())
+
     def __eq__(self, other: object) -> bool:
         return other is self
 
     __hash__ = object.__hash__
 
     def close(self) -> None:
-        """Close this store; each member stays open (its owner closes it)."""
+        """Close this store and the members it opened; a member the caller gave stays open (its owner closes it)."""
+        opened, self.opened = self.opened, []
+        for member in opened:
+            member.close()
         super().close()
 
     def __repr__(self) -> str:
@@ -157,10 +168,8 @@ class RoutedStore(Store):
 
 
 def close_with(routed: RoutedStore, given: Mapping[str, object]) -> None:
-    """Have ``close_store(routed)`` close each member it opened from a URL or path (``given`` is what the caller gave)."""
-    for name, member in routed.members.items():
-        if not isinstance(given[name], Store):
-            on_close(routed, functools.partial(close_store, member))
+    """Have ``routed.close()`` close each member it opened from a URL or path (``given`` is what the caller gave)."""
+    routed.opened.extend(member for name, member in routed.members.items() if not isinstance(given[name], Store))
 
 
 async def member_keys(store: Store, prefix: str) -> list[str]:

@@ -1,13 +1,16 @@
-"""How long a read may take and how often it is tried again: the store's own settings, read once.
+"""How long a read may take, how often it is tried again, and what a failed attempt means.
 
 The engine reads a remote obstore store through a twin with obstore's
-retries off (``store_link``) and retries in its own loop, so that it sees
-each throttling answer and each stalled attempt. :func:`policy_for` takes
-that loop's bounds from the store's ``retry_config`` (``max_retries``,
+retries off (``stores.reading``) and retries in its own loop, so that it
+sees each throttling answer and each stalled attempt. :func:`policy_for`
+takes that loop's bounds from the store's ``retry_config`` (``max_retries``,
 ``backoff``, ``retry_timeout``) and ``client_options`` (``read_timeout``,
 the longest the stall timer may grow), falling back to the defaults of
-``insitubatch.stores.obstore_stores`` for what the store leaves unset.
-:func:`classify` sorts a failed attempt into what the loop does next.
+``stores.options`` for what the store leaves unset. The store carries the
+:class:`ReadPolicy` in its reader; the engine's loop (``_engine.reads.fetch``)
+applies it, and :func:`classify` sorts a failed attempt (an error of one of
+the store's backends: obstore's, the engine's own client's, a store's own
+``get``) into what the loop does next.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import obstore.exceptions
 
-from ..._wire.faults import (
+from .._wire.faults import (
     FramingError,
     NoSuchBucketError,
     RangeIgnoredError,
@@ -29,8 +32,8 @@ from ..._wire.faults import (
     TlsRefusedError,
     UnsupportedBodyError,
 )
-from ...errors import ForkError
-from ...stores.options import (
+from ..errors import ForkError
+from .options import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_READ_TIMEOUT,
     DEFAULT_RETRY_TIMEOUT,
@@ -38,26 +41,14 @@ from ...stores.options import (
     OBSTORE_INIT_BACKOFF,
     OBSTORE_MAX_BACKOFF,
 )
-from ...stores.wire_settings import duration_s
+from .wire_settings import duration_s
 
-__all__ = ["Outcome", "ReadPolicy", "classify", "policy_for", "protocol_fault"]
+__all__ = ["Outcome", "ReadPolicy", "classify", "http_status", "policy_for", "protocol_fault"]
 
 # obstore's own backoff defaults (written once in stores.options), in seconds for the loop.
 DEFAULT_INIT_BACKOFF_S = OBSTORE_INIT_BACKOFF.total_seconds()
 DEFAULT_MAX_BACKOFF_S = OBSTORE_MAX_BACKOFF.total_seconds()
 DEFAULT_BACKOFF_BASE = OBSTORE_BACKOFF_BASE
-
-# An answer meaning "slow down": S3 SlowDown (503), GCS and Azure 429 / 503; and their words, for a
-# store whose errors carry no status
-_THROTTLE_STATUS = (429, 503)
-_THROTTLE = re.compile(r"\b(429|503)\b|SlowDown|Slow Down|TooManyRequests|RequestLimitExceeded|Throttl", re.IGNORECASE)
-_STATUS = re.compile(r"status code: (\d{3})")
-# S3's answer for a bucket that is not at the endpoint: a 404 through either client, never a missing key.
-_NO_SUCH_BUCKET = "<Code>NoSuchBucket</Code>"
-# obstore's words for an answer it cannot frame or use (a header it needs and did not get: a chunked 206; another range).
-_PROTOCOL_WORDS = re.compile(r"Header|Content-Length|Content-Range|Range request|UnexpectedRange", re.IGNORECASE)
-# A client error that trying again will not fix (408 Request Timeout and 429 are worth another try).
-_RETRYABLE_4XX = (408, 429)
 
 
 @dataclass(frozen=True)
@@ -97,6 +88,19 @@ def policy_for(retry_config: Mapping[str, Any] | None, client_options: Mapping[s
         backoff_base=float(backoff.get("base", default.backoff_base)),
         read_timeout_s=duration_s((client_options or {}).get("read_timeout"), default.read_timeout_s),
     )
+
+
+# An answer meaning "slow down": S3 SlowDown (503), GCS and Azure 429 / 503; and their words, for a
+# store whose errors carry no status
+_THROTTLE_STATUS = (429, 503)
+_THROTTLE = re.compile(r"\b(429|503)\b|SlowDown|Slow Down|TooManyRequests|RequestLimitExceeded|Throttl", re.IGNORECASE)
+_STATUS = re.compile(r"status code: (\d{3})")
+# S3's answer for a bucket that is not at the endpoint: a 404 through either client, never a missing key.
+_NO_SUCH_BUCKET = "<Code>NoSuchBucket</Code>"
+# obstore's words for an answer it cannot frame or use (a header it needs and did not get: a chunked 206; another range).
+_PROTOCOL_WORDS = re.compile(r"Header|Content-Length|Content-Range|Range request|UnexpectedRange", re.IGNORECASE)
+# A client error that trying again will not fix (408 Request Timeout and 429 are worth another try).
+_RETRYABLE_4XX = (408, 429)
 
 
 class Outcome(enum.Enum):
