@@ -1,9 +1,9 @@
 """The report's loader scenarios: every loader at one samples-per-chunk value, the memory pass, the fork probe, the sweeps.
 
 Each function takes the :class:`~bench.children.Bench` of a report run
-(one emulator serving one dataset per samples-per-chunk value) and returns
-its rows; ``bench.run`` calls them in order and ``bench.targets`` judges
-the rows.
+(one emulator serving the report's link, :mod:`bench.scenarios`, and one
+dataset per samples-per-chunk value) and returns its rows; :func:`sections`
+runs them in order for ``bench.run`` and ``bench.targets`` judges the rows.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from insitubatch.testing.data import DatasetSpec
 from .children import Bench
 from .insitu_loaders import supports_persist
 from .profiles import Profile
-from .rows import SPLIT_FRACTIONS
+from .rows import SPLIT_FRACTIONS, best
 
 __all__ = [
     "WORKER_LOADERS",
@@ -26,6 +26,7 @@ __all__ = [
     "fork_probes",
     "inflight_sweep",
     "memory_pass",
+    "sections",
     "spc_sweep",
     "table",
     "workers_name",
@@ -71,27 +72,11 @@ def table(
     repeats: int = 1,
 ) -> list[dict[str, Any]]:
     """Every loader at ``spc`` samples per chunk; insitubatch and the ceilings ``repeats`` times (median)."""
-    rows = []
-    for workers, method in dataloader_grid:
-        rows.append(
-            bench.run(
-                spc,
-                workers_name("dataloader", workers, method),
-                "dataloader",
-                num_workers=workers,
-                start_method=method,
-            )
-        )
-    for workers, method in xbatcher_grid:
-        rows.append(
-            bench.run(
-                spc,
-                workers_name("xbatcher", workers, method),
-                "xbatcher",
-                num_workers=workers,
-                start_method=method,
-            )
-        )
+    rows = [
+        bench.run(spc, workers_name(kind, workers, method), kind, num_workers=workers, start_method=method)
+        for kind, grid in zip(WORKER_LOADERS, (dataloader_grid, xbatcher_grid))
+        for workers, method in grid
+    ]
     if dask:
         rows.append(bench.run(spc, "xbatcher-dask-0", "xbatcher", num_workers=0, xarray_chunks={}))
     rows.append(bench.run(spc, "zarr-contiguous", "zarr"))
@@ -111,6 +96,46 @@ def table(
         )
     )
     return rows
+
+
+def sections(bench: Bench, xbatcher_grid: Sequence[tuple[int, str | None]], *, dask: bool) -> dict[str, Any]:
+    """Every section of the report on ``bench``'s link, in order: the two tables, memory, the fork probe, the sweeps.
+
+    The main table runs the profile's whole loader grid (``xbatcher_grid``
+    empty when xbatcher is missing); the table at one sample per chunk, and
+    the samples-per-chunk sweep, the best DataLoader and xbatcher
+    configurations of the main table.
+    """
+    profile, log = bench.profile, bench.log
+    log(f"table at {profile.main_spc} samples per chunk")
+    main_rows = table(
+        bench, profile.main_spc, profile.dataloader_grid, xbatcher_grid, dask=dask, repeats=profile.repeats
+    )
+    tables = {profile.main_spc: main_rows}
+    fastest = [best(main_rows, (k,)) for k in WORKER_LOADERS]
+    grid = {
+        k: [(b["config"].get("num_workers", 0), b["config"].get("start_method"))] if b else []
+        for k, b in zip(WORKER_LOADERS, fastest)
+    }
+    if profile.main_spc != 1:
+        log("table at 1 sample per chunk (best DataLoader and xbatcher configurations of the main table)")
+        tables[1] = table(
+            bench, 1, grid["dataloader"], grid["xbatcher"], dask=False, warm_and_local=profile.warm_and_local_at_1
+        )
+    log("memory: a cold pass over a split many times the pool budget")
+    memory = memory_pass(bench, profile.main_spc, bench.specs[profile.main_spc])
+    log("fork probe")
+    fork = fork_probes(bench, profile.main_spc)
+    log("samples-per-chunk sweep")
+    by_spc = spc_sweep(bench, profile, tables, grid)
+    log("max_inflight sweep")
+    by_inflight = inflight_sweep(bench, profile)
+    return {
+        "tables": tables,
+        "memory": memory,
+        "fork": fork,
+        "sweeps": {"samples_per_chunk": by_spc, "max_inflight": by_inflight},
+    }
 
 
 def _warm_and_local(bench: Bench, spc: int, repeats: int) -> list[dict[str, Any]]:

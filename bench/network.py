@@ -2,8 +2,11 @@
 
 ``python -m bench.network [--quick] [--only NAME ...] [--out DIR]`` (and
 ``python -m bench.run``, as one section of the report) writes the
-ERA5-like data and a sharded copy of it, serves them from an
-:class:`~insitubatch.testing.emulator.EmulatorProcess` set up per scenario,
+ERA5-like data and a sharded copy of it, and for each scenario of its
+table (:data:`SCENARIOS`: a link of the bench's scenarios, :mod:`bench.scenarios`,
+under this list's name, and the measurement :data:`MEASURES` names for it)
+serves them from an :class:`~insitubatch.testing.emulator.EmulatorProcess`
+with that link (:func:`bench.scenarios.measure_each`, the arena's harness too)
 and measures, each run in a fresh child process (``bench.child``;
 ``insitu_steady`` runs passes back to back and times a window after a
 warm-up, so the self-tuning window has settled), with ratios taken within
@@ -40,7 +43,6 @@ the one run:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
@@ -52,28 +54,18 @@ from pathlib import Path
 from typing import Any
 
 from insitubatch.testing.data import DatasetSpec, wb2_64x32, write_era5_like
-from insitubatch.testing.emulator import DEFAULT_JITTER_S, EmulatorProcess
+from insitubatch.testing.emulator import EmulatorProcess
 
 from .children import Bench
-from .network_report import SCENARIOS, markdown
+from .network_report import markdown
 from .profiles import FULL, QUICK
 from .rows import SPLIT_FRACTIONS, clean, rate, ratio
+from .scenarios import HTTP0, HTTP30, STRAGGLERS, TAIL, THROTTLE, Scenario, measure_each
 
-__all__ = ["NET_FULL", "NET_QUICK", "NetProfile", "markdown", "run_scenarios"]
+__all__ = ["NET_FULL", "NET_QUICK", "SCENARIOS", "NetProfile", "markdown", "run_scenarios"]
 
-# The links, as the issue measured them: a 40 ms floor with an exponential tail of 20 ms mean (its p99
-# about 140 ms); 1% of the answers 2 s late; throttling bursts of 2 s every 6 s on 5% of the GETs.
-TAIL_LATENCY_S = 0.040
-TAIL_MEAN_S = 0.020
-STRAGGLER_SHARE = 0.01
-STRAGGLER_S = 2.0
-THROTTLE_SHARE = 0.05
-THROTTLE_PERIOD_S = 6.0
-THROTTLE_BURST_S = 2.0
-STALL_LATENCY_S = 0.030
 SHARD_SAMPLES = 64
 PINNED = 32  # the fixed value the engine (and the pure-Python reference design) used before "auto"
-TAIL_LINK = {"latency_s": TAIL_LATENCY_S, "jitter_s": DEFAULT_JITTER_S, "tail_s": TAIL_MEAN_S}
 
 
 @dataclass(frozen=True)
@@ -96,15 +88,28 @@ NET_QUICK = NetProfile("quick", n_time=384, warmup_s=0.5, window_s=1.0, sweep=(3
 
 
 class _Runs:
-    """Children against one emulator process for one dataset (``bench.children.Bench``, one spec)."""
+    """A network scenario's children against its served link, for one dataset (``bench.children.Bench``, one spec)."""
 
-    def __init__(self, out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None], **link):
-        self.emu = EmulatorProcess(data, **link)
+    def __init__(
+        self,
+        scenario: Scenario,
+        emu: EmulatorProcess,
+        out: Path,
+        data: Path,
+        spec: DatasetSpec,
+        net: NetProfile,
+        log: Callable[[str], None],
+    ) -> None:
+        self.scenario = scenario
+        self.emu = emu
+        self.out = out
+        self.data = data
         self.spec = spec
         self.net = net
+        self.log = log
         profile = replace(FULL if net.name == "full" else QUICK, isolate=True)
         out.mkdir(parents=True, exist_ok=True)
-        self.bench = Bench(profile, out, self.emu, data, {spec.samples_per_chunk: spec}, {}, log)
+        self.bench = Bench(profile, out, emu, data, {spec.samples_per_chunk: spec}, {}, log)
 
     def steady(self, name: str, **cfg: Any) -> dict[str, Any]:
         net = self.net
@@ -115,9 +120,12 @@ class _Runs:
     def run(self, name: str, loader: str, **cfg: Any) -> dict[str, Any]:
         return self.bench.run(self.spec.samples_per_chunk, name, loader, **cfg)
 
+    def of(self, spec: DatasetSpec, label: str) -> _Runs:
+        """The same link's children for another dataset, their log under ``out/label``."""
+        return _Runs(self.scenario, self.emu, self.out / label, self.data, spec, self.net, self.log)
+
     def close(self) -> None:
         self.bench.close()
-        self.emu.close()
 
     def __enter__(self) -> _Runs:
         return self
@@ -131,19 +139,17 @@ def _chosen(row: dict[str, Any]) -> int | None:
     return last.get("inflight_median")
 
 
-def tail(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None]) -> dict[str, Any]:
-    link = dict(TAIL_LINK)
-    with _Runs(out / "tail", data, spec, net, log, **link) as runs:
-        auto = runs.steady("auto")
-        fixed = {mi: runs.steady(f"fixed-{mi}", max_inflight=mi) for mi in sorted(set(net.sweep) | {PINNED})}
-        chosen = _chosen(auto) or PINNED
-        window = net.window_s
-        ceilings = {
-            c: runs.run(f"get-ceiling-c{c}", "get_ceiling", concurrency=c, window_s=window) for c in {PINNED, chosen}
-        }
+def tail(runs: _Runs) -> dict[str, Any]:
+    """The default knobs against 32 and the best of a fixed sweep, and the raw-GET ceilings at both limits."""
+    auto = runs.steady("auto")
+    fixed = {mi: runs.steady(f"fixed-{mi}", max_inflight=mi) for mi in sorted(set(runs.net.sweep) | {PINNED})}
+    chosen = _chosen(auto) or PINNED
+    window = runs.net.window_s
+    ceilings = {
+        c: runs.run(f"get-ceiling-c{c}", "get_ceiling", concurrency=c, window_s=window) for c in {PINNED, chosen}
+    }
     best = max(fixed, key=lambda mi: rate(fixed[mi]))
     return {
-        "link": link,
         "rows": [auto, *fixed.values(), *ceilings.values()],
         "auto_limit_median": chosen,
         "best_fixed": best,
@@ -154,15 +160,13 @@ def tail(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callabl
     }
 
 
-def stragglers(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None]) -> dict[str, Any]:
-    link = {**TAIL_LINK, "tail_s": 0.0, "straggler_share": STRAGGLER_SHARE, "straggler_s": STRAGGLER_S}
-    with _Runs(out / "stragglers", data, spec, net, log, **link) as runs:
-        hedged = runs.steady("hedge-32", max_inflight=PINNED, hedge=True)
-        plain = runs.steady("no-hedge-32", max_inflight=PINNED, hedge=False)
-        auto = runs.steady("auto")
+def stragglers(runs: _Runs) -> dict[str, Any]:
+    """Hedging on against off at 32 in flight, and the default knobs."""
+    hedged = runs.steady("hedge-32", max_inflight=PINNED, hedge=True)
+    plain = runs.steady("no-hedge-32", max_inflight=PINNED, hedge=False)
+    auto = runs.steady("auto")
     last = hedged.get("last_pass") or {}
     return {
-        "link": link,
         "rows": [hedged, plain, auto],
         "hedged_over_not": ratio(rate(hedged), rate(plain)),
         "auto_over_no_hedge_32": ratio(rate(auto), rate(plain)),
@@ -170,30 +174,24 @@ def stragglers(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: C
     }
 
 
-def throttle(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None]) -> dict[str, Any]:
-    link = {
-        **TAIL_LINK,
-        "throttle_share": THROTTLE_SHARE,
-        "throttle_period_s": THROTTLE_PERIOD_S,
-        "throttle_burst_s": THROTTLE_BURST_S,
+def throttle(runs: _Runs) -> dict[str, Any]:
+    """The default knobs against 32 in flight under throttling bursts."""
+    auto = runs.steady("auto")
+    fixed = runs.steady(f"fixed-{PINNED}", max_inflight=PINNED)
+    return {"rows": [auto, fixed], "auto_over_fixed_32": ratio(rate(auto), rate(fixed))}
+
+
+def cpu(runs: _Runs) -> dict[str, Any]:
+    """CPU per sample over HTTP and S3 against local files, and the raw GETs' own CPU at the limit HTTP chose."""
+    s3 = {"endpoint": runs.emu.url, "anonymous": True, "region": "us-east-1"}
+    rows = {
+        "local": runs.steady("local", url=str(runs.data / runs.spec.name)),
+        "http": runs.steady("http"),
+        "s3": runs.steady("s3", url=f"s3://{runs.spec.name}", store_options=s3),
+        "http-fixed-32": runs.steady("http-fixed-32", max_inflight=PINNED),
     }
-    with _Runs(out / "throttle", data, spec, net, log, **link) as runs:
-        auto = runs.steady("auto")
-        fixed = runs.steady(f"fixed-{PINNED}", max_inflight=PINNED)
-    return {"link": link, "rows": [auto, fixed], "auto_over_fixed_32": ratio(rate(auto), rate(fixed))}
-
-
-def cpu(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None]) -> dict[str, Any]:
-    with _Runs(out / "cpu", data, spec, net, log, latency_s=0.0, jitter_s=0.0) as runs:
-        s3 = {"endpoint": runs.emu.url, "anonymous": True, "region": "us-east-1"}
-        rows = {
-            "local": runs.steady("local", url=str(data / spec.name)),
-            "http": runs.steady("http"),
-            "s3": runs.steady("s3", url=f"s3://{spec.name}", store_options=s3),
-            "http-fixed-32": runs.steady("http-fixed-32", max_inflight=PINNED),
-        }
-        chosen = _chosen(rows["http"]) or PINNED
-        floor = runs.run(f"get-floor-c{chosen}", "get_ceiling", concurrency=chosen, window_s=net.window_s)
+    chosen = _chosen(rows["http"]) or PINNED
+    floor = runs.run(f"get-floor-c{chosen}", "get_ceiling", concurrency=chosen, window_s=runs.net.window_s)
     local = rows["local"].get("cpu_us_per_sample", math.nan)
     get_floor = floor.get("cpu_us_per_sample", math.nan)
     return {
@@ -204,7 +202,7 @@ def cpu(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable
     }
 
 
-def stall(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None]) -> dict[str, Any]:
+def stall(runs: _Runs) -> dict[str, Any]:
     """In this process: what one silent GET adds to a sequential pass, and when a dead key raises."""
     from insitubatch.dataset import InSituDataset
     from insitubatch.errors import StoreReadError
@@ -213,55 +211,53 @@ def stall(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callab
     from insitubatch.stores.obstore_stores import obstore_store
     from insitubatch.stores.owned import close_store
 
-    result: dict[str, Any] = {"link": {"latency_s": STALL_LATENCY_S}}
-    with EmulatorProcess(data, latency_s=STALL_LATENCY_S, jitter_s=DEFAULT_JITTER_S) as emu:
-        store = obstore_store(emu.url_for(spec.name), read_only=True)
-        geoms = open_geometries(store, variables=list(spec.variables))
-        manifest = split_by_chunk(next(iter(geoms.values())), fractions=SPLIT_FRACTIONS)
-        g = next(iter(geoms.values()))
-        chunk = manifest.chunks("train")[len(manifest.chunks("train")) // 2]
-        key = f"{spec.name}/{g.chunk_key(g.physical_chunk_coord(chunk, 0))}"
+    emu, spec, log = runs.emu, runs.spec, runs.log
+    result: dict[str, Any] = {}
+    store = obstore_store(emu.url_for(spec.name), read_only=True)
+    geoms = open_geometries(store, variables=list(spec.variables))
+    manifest = split_by_chunk(next(iter(geoms.values())), fractions=SPLIT_FRACTIONS)
+    g = next(iter(geoms.values()))
+    chunk = manifest.chunks("train")[len(manifest.chunks("train")) // 2]
+    key = f"{spec.name}/{g.chunk_key(g.physical_chunk_coord(chunk, 0))}"
 
-        def timed_pass(**kw: Any) -> float:
-            with InSituDataset(store, manifest, geoms, shuffle=False, **kw) as ds:
-                t0 = time.perf_counter()
-                for _ in ds.train:
-                    pass
-                return time.perf_counter() - t0
-
-        for hedge in (False, True):
-            timed_pass(hedge=hedge)  # the link's latency is learnt
-            plain = timed_pass(hedge=hedge)
-            emu.configure(hold_key=key, hold_times=1)
-            held = timed_pass(hedge=hedge)
-            emu.configure(hold_key=None, hold_times=None)
-            result[f"silent_get_added_s_hedge_{hedge}"] = held - plain
-            log(f"stall: one silent GET (hedge={hedge}) added {held - plain:.2f} s to a {plain:.2f} s pass")
-        if net.dead_object:
-            emu.configure(hold_key=key, hold_times=None)  # every GET of it, for good
+    def timed_pass(**kw: Any) -> float:
+        with InSituDataset(store, manifest, geoms, shuffle=False, **kw) as ds:
             t0 = time.perf_counter()
-            try:
-                timed_pass()
-            except StoreReadError as exc:
-                result["dead_object_raised_s"] = time.perf_counter() - t0
-                result["dead_object_error"] = str(exc)[:300]
-            emu.configure(hold_key=None)
-            log(f"stall: a key that never answers raised after {result.get('dead_object_raised_s', math.nan):.1f} s")
-        close_store(store)
+            for _ in ds.train:
+                pass
+            return time.perf_counter() - t0
+
+    for hedge in (False, True):
+        timed_pass(hedge=hedge)  # the link's latency is learnt
+        plain = timed_pass(hedge=hedge)
+        emu.configure(hold_key=key, hold_times=1)
+        held = timed_pass(hedge=hedge)
+        emu.configure(hold_key=None, hold_times=None)
+        result[f"silent_get_added_s_hedge_{hedge}"] = held - plain
+        log(f"stall: one silent GET (hedge={hedge}) added {held - plain:.2f} s to a {plain:.2f} s pass")
+    if runs.net.dead_object:
+        emu.configure(hold_key=key, hold_times=None)  # every GET of it, for good
+        t0 = time.perf_counter()
+        try:
+            timed_pass()
+        except StoreReadError as exc:
+            result["dead_object_raised_s"] = time.perf_counter() - t0
+            result["dead_object_error"] = str(exc)[:300]
+        emu.configure(hold_key=None)
+        log(f"stall: a key that never answers raised after {result.get('dead_object_raised_s', math.nan):.1f} s")
+    close_store(store)
     return result
 
 
-def sharded(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Callable[[str], None]) -> dict[str, Any]:
-    shard_spec = replace(spec, shard_samples=SHARD_SAMPLES)
-    write_era5_like(data / shard_spec.name, shard_spec)
+def sharded(runs: _Runs) -> dict[str, Any]:
+    """Cold passes of the sharded copy against the unsharded data, alternated, on the same link."""
+    net = runs.net
+    shard_spec = replace(runs.spec, shard_samples=SHARD_SAMPLES)
+    write_era5_like(runs.data / shard_spec.name, shard_spec)
     rows: dict[str, list[dict[str, Any]]] = {"unsharded": [], "sharded": []}
-    with contextlib.ExitStack() as stack:
-        runs = {
-            label: stack.enter_context(_Runs(out / f"sharded-{label}", data, s, net, log, latency_s=STALL_LATENCY_S))
-            for label, s in (("unsharded", spec), ("sharded", shard_spec))
-        }
+    with runs.of(runs.spec, "unsharded") as plain, runs.of(shard_spec, "sharded") as shards:
         for r in range(net.cold_rounds):  # alternated, so a slow moment of the machine falls on both
-            for label, run in runs.items():
+            for label, run in (("unsharded", plain), ("sharded", shards)):
                 rows[label].append(run.run(f"{label}-{r + 1}", "insitu", window_s=math.inf))
 
     def median(label: str, k: str) -> float:
@@ -279,7 +275,20 @@ def sharded(out: Path, data: Path, spec: DatasetSpec, net: NetProfile, log: Call
     }
 
 
-_SCENARIO_FUNCS = {
+# The network scenarios, in the order they are measured and reported: each a link of the bench's
+# scenarios (``bench.scenarios``) under this list's name, and what is measured on it.
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        replace(TAIL, what="40 ms + exponential tail: the default knobs against 32 and a fixed sweep"),
+        replace(STRAGGLERS, what="40 ms, 1% of answers 2 s late: hedged against not"),
+        replace(THROTTLE, what="40 ms + tail, 503 SlowDown bursts: the default knobs against 32"),
+        replace(HTTP0, name="cpu", what="0 ms: CPU per sample over HTTP and S3 against local files"),
+        replace(HTTP30, name="stall", what="30 ms: one silent GET, and a key that never answers"),
+        replace(HTTP30, name="sharded", what="30 ms: the sharded copy against the unsharded data, cold"),
+    )
+}
+MEASURES: dict[str, Callable[[_Runs], dict[str, Any]]] = {
     "tail": tail,
     "stragglers": stragglers,
     "throttle": throttle,
@@ -290,7 +299,7 @@ _SCENARIO_FUNCS = {
 
 
 def run_scenarios(
-    out: Path, net: NetProfile, only: tuple[str, ...] = SCENARIOS, log: Callable[[str], None] = print
+    out: Path, net: NetProfile, only: tuple[str, ...] = tuple(SCENARIOS), log: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """Measure the scenarios named in ``only``; returns ``{scenario: result}`` (also ``out/network.json``)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -298,12 +307,17 @@ def run_scenarios(
     data.mkdir(exist_ok=True)
     spec = wb2_64x32(net.n_time, samples_per_chunk=8)
     write_era5_like(data / spec.name, spec)
-    results: dict[str, Any] = {"profile": net.name, "dataset": spec.name}
-    for name in only:
-        log(f"network scenario: {name}")
+
+    def measure(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
+        assert emu is not None  # every network scenario is remote
         t0 = time.perf_counter()
-        results[name] = _SCENARIO_FUNCS[name](out, data, spec, net, log)
-        results[name]["elapsed_s"] = time.perf_counter() - t0
+        with _Runs(scenario, emu, out / scenario.name, data, spec, net, log) as runs:
+            found = MEASURES[scenario.name](runs)
+        return {"link": scenario.link, **found, "elapsed_s": time.perf_counter() - t0}
+
+    results: dict[str, Any] = {"profile": net.name, "dataset": spec.name}
+    scenarios = [SCENARIOS[name] for name in only]
+    results.update(measure_each(scenarios, data, measure, label="network scenario", log=log))
     (out / "network.json").write_text(json.dumps(clean(results), indent=2))
     return results
 
@@ -311,7 +325,7 @@ def run_scenarios(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.network", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a small dataset and short windows")
-    parser.add_argument("--only", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--only", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "insitubatch-network")
     args = parser.parse_args(argv)
     results = run_scenarios(args.out.resolve(), NET_QUICK if args.quick else NET_FULL, tuple(args.only))

@@ -11,10 +11,7 @@ from typing import Any
 
 from .rows import rate
 
-__all__ = ["SCENARIOS", "markdown"]
-
-# The scenarios, in the order they are measured and reported.
-SCENARIOS = ("tail", "stragglers", "throttle", "cpu", "stall", "sharded")
+__all__ = ["markdown"]
 
 
 def _f(value: Any, digits: int = 2) -> str:
@@ -24,7 +21,9 @@ def _f(value: Any, digits: int = 2) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The network section of the report."""
     lines = ["## Network scenarios", ""]
-    rows = [r for name in SCENARIOS if name in results for r in results[name].get("rows", [])]
+    # each scenario's result is a dict, in the order they were measured (beside the run's profile and dataset)
+    scenarios = {name: found for name, found in results.items() if isinstance(found, dict)}
+    rows = [r for found in scenarios.values() for r in found.get("rows", [])]
     if rows:
         lines += [
             "| run | samples/s | CPU µs/sample | limit (min/median/max) | hedged (won) | throttled | stalls |",
@@ -41,8 +40,8 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {last.get('throttled', '—')} | {last.get('stalls', '—')} |"
             )
     lines += ["", "| ratio (one run) | value |", "|---|---:|"]
-    for name in SCENARIOS:
-        for key, value in (results.get(name) or {}).items():
+    for name, found in scenarios.items():
+        for key, value in found.items():
             if isinstance(value, (int, float)) and key != "elapsed_s" and not isinstance(value, bool):
                 lines.append(f"| {name}: {key} | {_f(float(value))} |")
     return "\n".join(lines) + "\n"

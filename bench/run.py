@@ -33,9 +33,13 @@ baselines; time to first batch is reported on its own. The design targets
 batch, warm against cold, GETs, peak RSS) are evaluated and printed as
 measured, pass or miss.
 
-Where each part lives: the runs a report makes are ``bench.loader_scenarios``
-(through ``bench.children``, the one child runner the arena shares, which
-runs each one in a child process with ``bench.child``) and ``bench.network``; ``bench.targets`` computes the
+Where each part lives: the report, the network scenarios and the arena are
+scenario lists over one harness (``bench.scenarios``: a :class:`~bench.scenarios.Scenario`
+is a link, :func:`~bench.scenarios.measure_each` serves each in turn): the
+report's own link (its flags) measured by ``bench.loader_scenarios``, the
+network scenarios' table in ``bench.network`` and the arena's in
+``bench.arena.scenarios``, every run through ``bench.children``, the one
+child runner, in a child process with ``bench.child``; ``bench.targets`` computes the
 ratios and bars, ``bench.report_markdown`` and ``bench.plots`` write them.
 The profiles are ``bench.profiles``; what all of them share is ``bench.rows``.
 """
@@ -62,13 +66,14 @@ from .arena.run import DEFAULT_REFERENCE_VENV, run_arena
 from .arena.scenarios import FULL as ARENA_FULL
 from .children import Bench
 from .insitu_loaders import supports_persist
-from .loader_scenarios import WORKER_LOADERS, fork_probes, inflight_sweep, memory_pass, spc_sweep, table
+from .loader_scenarios import sections
 from .network import NET_FULL, run_scenarios
 from .plots import plots
 from .profiles import FULL, QUICK, Profile
 from .provenance import provenance
 from .report_markdown import markdown
-from .rows import DEFAULT_BANDWIDTH_MB_S, MB, REPO_ROOT, SPLIT_FRACTIONS, best, clean
+from .rows import DEFAULT_BANDWIDTH_MB_S, MB, REPO_ROOT, SPLIT_FRACTIONS, clean
+from .scenarios import Scenario, measure_each
 from .targets import bars, memory_bar, ratios
 
 __all__ = ["main", "run"]
@@ -103,6 +108,14 @@ def _xbatcher_available() -> str | None:
     return f"xbatcher baseline skipped: {', '.join(missing)} not installed" if missing else None
 
 
+def _report_scenario(latency_s: float, jitter_s: float, bandwidth_mb_s: float | None) -> Scenario:
+    """The report's own scenario: HTTP at its flags' latency, jitter and per-connection rate (``None``: unpaced)."""
+    bandwidth = None if bandwidth_mb_s is None else bandwidth_mb_s * MB
+    link = {"latency_s": latency_s, "jitter_s": jitter_s, "bandwidth_bytes_per_s": bandwidth}
+    what = f"HTTP at {latency_s * 1e3:g} ms + up to {jitter_s * 1e3:g} ms jitter"
+    return Scenario("report", "http", link, what + (f", {bandwidth_mb_s:g} MB/s per connection" if bandwidth else ""))
+
+
 def run(
     profile: Profile,
     out: Path,
@@ -134,52 +147,25 @@ def run(
     xb_grid = () if xb_missing else profile.xbatcher_grid
     if xb_missing:
         notes.append(xb_missing)
-    results: dict[str, Any] = {
-        "tables": {},
-        "ratios": {},
-        "sweeps": {"samples_per_chunk": [], "max_inflight": []},
-        "findings": {"fork": [], "notes": notes},
-    }
-    bandwidth = None if bandwidth_mb_s is None else bandwidth_mb_s * MB
-    with EmulatorProcess(data_dir, latency_s=latency_s, jitter_s=jitter_s, bandwidth_bytes_per_s=bandwidth) as emu:
+    scenario = _report_scenario(latency_s, jitter_s, bandwidth_mb_s)
+    dask = profile.xbatcher_dask and not xb_missing
+
+    def every_section(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
+        assert emu is not None  # the report's link is remote
         bench = Bench(profile, out, emu, data_dir, specs, knobs, log)
         try:
-            log(f"table at {profile.main_spc} samples per chunk")
-            main_rows = table(
-                bench,
-                profile.main_spc,
-                profile.dataloader_grid,
-                xb_grid,
-                dask=profile.xbatcher_dask and not xb_missing,
-                repeats=profile.repeats,
-            )
-            results["tables"][profile.main_spc] = main_rows
-            # at one sample per chunk, the best DataLoader and xbatcher configurations of the main table
-            fastest = [best(main_rows, (k,)) for k in WORKER_LOADERS]
-            grid = {
-                k: [(b["config"].get("num_workers", 0), b["config"].get("start_method"))] if b else []
-                for k, b in zip(WORKER_LOADERS, fastest)
-            }
-            if profile.main_spc != 1:
-                log("table at 1 sample per chunk (best DataLoader and xbatcher configurations of the main table)")
-                results["tables"][1] = table(
-                    bench,
-                    1,
-                    grid["dataloader"],
-                    grid["xbatcher"],
-                    dask=False,
-                    warm_and_local=profile.warm_and_local_at_1,
-                )
-            log("memory: a cold pass over a split many times the pool budget")
-            results["memory"] = memory_pass(bench, profile.main_spc, specs[profile.main_spc])
-            log("fork probe")
-            results["findings"]["fork"] = fork_probes(bench, profile.main_spc)
-            log("samples-per-chunk sweep")
-            results["sweeps"]["samples_per_chunk"] = spc_sweep(bench, profile, results["tables"], grid)
-            log("max_inflight sweep")
-            results["sweeps"]["max_inflight"] = inflight_sweep(bench, profile)
+            return sections(bench, xb_grid, dask=dask)
         finally:
             bench.close()
+
+    found = measure_each([scenario], data_dir, every_section, label="report", log=log)[scenario.name]
+    results: dict[str, Any] = {
+        "tables": found["tables"],
+        "ratios": {},
+        "sweeps": found["sweeps"],
+        "findings": {"fork": found["fork"], "notes": notes},
+        "memory": found["memory"],
+    }
     for spc, rows in results["tables"].items():
         results["ratios"][spc] = ratios(rows)
     if network and profile.name == FULL.name:  # the quick smoke run leaves them out (minutes of windows)

@@ -1,9 +1,10 @@
 """Selections over an emulated object store: what two levels and one region cost, against the full read and xarray.
 
 ``python -m bench.selection [--latency-ms 30] [--steps 512] [--out DIR]``
-writes an ERA5-shaped store (time x 13 levels x latitude x longitude, one
-level per stored chunk, the globe in 4 x 4 tiles, descending latitude,
-0..360 longitude), serves it from ``EmulatorProcess`` and, in one run, reads
+writes an ERA5-shaped store (the generator's block-wise levels preset,
+:func:`insitubatch.testing.data.era5_13_levels`: time x 13 levels x latitude
+x longitude, one level per stored chunk, the globe in 4 x 4 tiles,
+descending latitude, 0..360 longitude), serves it from ``EmulatorProcess`` and, in one run, reads
 one training epoch of
 
 * the whole field, two of the 13 levels, and a 1/16 region (one tile of the
@@ -28,45 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 
 from insitubatch import InSituDataset, close_store, obstore_store, open_geometries, split_by_chunk
+from insitubatch.testing.data import era5_13_levels, write_levels
 from insitubatch.testing.emulator import EmulatorProcess
 
-LEVELS = np.array([50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000])
 TWO_LEVELS = [850, 500]
-REGION = {"latitude": slice(90, 46), "longitude": slice(0, 89)}  # the first tile of the 4 x 4 grid
-SHAPE = (128, 256)  # latitude x longitude; tiles of 32 x 64
-STEPS_PER_CHUNK = 8
+REGION = {"latitude": slice(90, 46), "longitude": slice(0, 89)}  # the first tile of the preset's 4 x 4 grid
 BATCH = 32
 DEFAULT_OUT = Path(__file__).resolve().parent / "out"
-
-
-def write_store(path: Path, steps: int) -> Path:
-    """The ERA5-shaped store, written with zarr directly (xarray-style dimension names and coordinates)."""
-    root = zarr.open_group(path, mode="w")
-    lat = np.linspace(90, -90, SHAPE[0])
-    lon = np.arange(SHAPE[1]) * (360.0 / SHAPE[1])
-    for name, values in (("level", LEVELS), ("latitude", lat), ("longitude", lon)):
-        root.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=(name,))[:] = values
-    time_axis = root.create_array("time", shape=(steps,), dtype="i8", dimension_names=("time",))
-    time_axis[:] = np.arange(steps) * 6
-    time_axis.attrs.update({"units": "hours since 2000-01-01", "calendar": "proleptic_gregorian"})
-    t = root.create_array(
-        "t",
-        shape=(steps, len(LEVELS), *SHAPE),
-        chunks=(STEPS_PER_CHUNK, 1, SHAPE[0] // 4, SHAPE[1] // 4),
-        dtype="f4",
-        dimension_names=("time", "level", "latitude", "longitude"),
-    )
-    rng = np.random.default_rng(0)
-    for start in range(0, steps, STEPS_PER_CHUNK):
-        block = rng.standard_normal((min(STEPS_PER_CHUNK, steps - start), len(LEVELS), *SHAPE), dtype="f4")
-        t[start : start + len(block)] = block
-    with warnings.catch_warnings():  # zarr: v3 consolidated metadata is not in the spec yet
-        warnings.simplefilter("ignore")
-        zarr.consolidate_metadata(str(path))  # xarray lists the group, which HTTP cannot do without it
-    return path
 
 
 def _insitu(url: str, emu: EmulatorProcess, selection: dict[str, Any] | None) -> dict[str, Any]:
@@ -114,7 +85,7 @@ def _xarray(url: str, selection: dict[str, Any], order: list[np.ndarray]) -> dic
 
 def run(steps: int, latency_ms: float, out: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        write_store(Path(tmp) / "era5.zarr", steps)
+        write_levels(Path(tmp) / "era5.zarr", era5_13_levels(steps))
         with EmulatorProcess(tmp, latency_s=latency_ms / 1e3) as emu:
             url = emu.url_for("era5.zarr")
             cases = {"whole field": None, "2 of 13 levels": {"level": TWO_LEVELS}, "1/16 region": REGION}

@@ -21,13 +21,12 @@ the ratios and the bars of issue 38 (:mod:`bench.arena.report`).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,10 @@ from insitubatch.testing.emulator import EmulatorProcess
 from ..children import Children
 from ..measure import loadavg
 from ..rows import MB, REPO_ROOT, SPLIT_FRACTIONS, clean
+from ..scenarios import Scenario, measure_each
 from .peers import reference_python, tensorstore_available
 from .report import bars, markdown, ratios
-from .scenarios import FULL, LOADERS, QUICK, SCENARIOS, ArenaProfile, Scenario
+from .scenarios import FULL, LOADERS, QUICK, SCENARIOS, ArenaProfile
 from .tensorstore_loop import BATCHES_AHEAD
 
 __all__ = ["main", "run_arena"]
@@ -66,25 +66,6 @@ def _one_line(scenario: str, row: dict[str, Any]) -> str:
         f"{head} {rate or float('nan'):>9.1f} samples/s  CPU {1e3 * (cpu or float('nan')):>6.2f} ms/sample  "
         f"peak RSS {row.get('peak_rss_mb', float('nan')):>6.0f} MB  ({row['wall_s']:.0f} s)"
     )
-
-
-@contextlib.contextmanager
-def _served(scenario: Scenario, data: Path) -> Iterator[EmulatorProcess | None]:
-    """The emulator with the scenario's link, or nothing for local files."""
-    if not scenario.remote:
-        yield None
-        return
-    with EmulatorProcess(data, **scenario.link) as emu:
-        yield emu
-
-
-def _location(scenario: Scenario, data: Path, name: str, emu: EmulatorProcess | None) -> dict[str, Any]:
-    local = str(data / name)
-    if emu is None:
-        return {"kind": "file", "path": local}
-    if scenario.kind == "s3":
-        return {"kind": "s3", "bucket": name, "endpoint": emu.url, "path": local}
-    return {"kind": "http", "url": emu.url_for(name), "path": local}
 
 
 def our_plan(path: Path, profile: ArenaProfile, out: Path) -> dict[str, Any]:
@@ -173,32 +154,34 @@ def run_arena(
 
     base = {"variables": list(spec.variables), "fractions": list(SPLIT_FRACTIONS), "repo_root": str(REPO_ROOT)}
     base.update(profile.child_config())
-    results: dict[str, Any] = {"scenarios": {}}
+
+    def every_loader(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
+        """Each loader on ``scenario``'s link (and ours' raw-GET ceiling where there is a link)."""
+        rows: dict[str, Any] = {}
+        where = {"scenario": scenario.name, "location": scenario.location(data, spec.name, emu)}
+        for loader in loaders:
+            peer = peers.get(loader, {})
+            if peer.get("skipped"):
+                rows[loader] = {"loader": loader, "skipped": peer["skipped"]}
+                continue
+            cfg = {**base, **where, "loader": loader}
+            if loader == "tensorstore":
+                budget = (rows.get("ours") or {}).get("budget_mb")
+                cfg.update(
+                    orders_path=plan["orders_path"],
+                    cache_bytes=int(budget * MB) if budget else plan["budget_bytes"],
+                )
+            rows[loader] = run(cfg, peer.get("python"), emu)
+            if loader == "ours" and scenario.remote and not rows["ours"].get("error"):
+                reached = rows["ours"].get("inflight_peak") or FALLBACK_CONCURRENCY
+                ceiling = {**base, **where, "loader": "get_ceiling", "concurrency": int(reached)}
+                rows["get_ceiling"] = run(ceiling, None, emu)
+        return {"what": scenario.what, "link": scenario.link, "rows": rows}
+
+    results: dict[str, Any] = {}
     try:
-        for name in only:
-            scenario = SCENARIOS[name]
-            log(f"arena: {name} ({scenario.what})")
-            rows: dict[str, Any] = {}
-            with _served(scenario, data) as emu:
-                where = {"scenario": name, "location": _location(scenario, data, spec.name, emu)}
-                for loader in loaders:
-                    peer = peers.get(loader, {})
-                    if peer.get("skipped"):
-                        rows[loader] = {"loader": loader, "skipped": peer["skipped"]}
-                        continue
-                    cfg = {**base, **where, "loader": loader}
-                    if loader == "tensorstore":
-                        budget = (rows.get("ours") or {}).get("budget_mb")
-                        cfg.update(
-                            orders_path=plan["orders_path"],
-                            cache_bytes=int(budget * MB) if budget else plan["budget_bytes"],
-                        )
-                    rows[loader] = run(cfg, peer.get("python"), emu)
-                    if loader == "ours" and scenario.remote and not rows["ours"].get("error"):
-                        reached = rows["ours"].get("inflight_peak") or FALLBACK_CONCURRENCY
-                        ceiling = {**base, **where, "loader": "get_ceiling", "concurrency": int(reached)}
-                        rows["get_ceiling"] = run(ceiling, None, emu)
-            results["scenarios"][name] = {"what": scenario.what, "link": scenario.link, "rows": rows}
+        scenarios = [SCENARIOS[name] for name in only]
+        results["scenarios"] = measure_each(scenarios, data, every_loader, label="arena", log=log)
         if "ours" in loaders:
             local = results["scenarios"].get("local", {}).get("rows", {}).get("ours") or {}
             threads = local.get("decode_threads") or os.cpu_count() or 1

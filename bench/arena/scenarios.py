@@ -1,4 +1,4 @@
-"""What the arena measures: its dataset, its links (scenarios), and how long each loader is timed (profiles).
+"""What the arena measures: its dataset, its list of the bench's scenarios, and how long each loader is timed (profiles).
 
 The data is ERA5-shaped (issue 38): the generator's realistic preset
 (:func:`insitubatch.testing.data.era5_181x360`), four float32 variables on
@@ -9,62 +9,23 @@ stored tiles per chunk and variable), blosc-zstd, and 4,096 steps, so the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from insitubatch.testing.data import ERA5_GRID, DatasetSpec, era5_181x360
-from insitubatch.testing.emulator import DEFAULT_JITTER_S
 
-from ..network import STRAGGLER_S, STRAGGLER_SHARE, TAIL_LINK
-from ..rows import DEFAULT_BANDWIDTH_MB_S, MB
+from ..scenarios import HTTP0, HTTP30, LOCAL, S3, STRAGGLERS, TAIL_PACED, Scenario
 
-__all__ = ["FULL", "LOADERS", "QUICK", "SCENARIOS", "ArenaProfile", "Scenario"]
+__all__ = ["FULL", "LOADERS", "QUICK", "SCENARIOS", "ArenaProfile"]
 
 LOADERS = ("ours", "reference", "tensorstore")
 QUICK_GRID = (91, 180)  # a quarter of the realistic grid, for the smoke run
 # 4,096 steps = 512 chunks; split 0.8/0.1/0.1 by chunk, the train split is 410 chunks = 3,280 samples
 FULL_STEPS = 4096
 QUICK_STEPS = 256
-HTTP30_LATENCY_S = 0.030
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """One link: how the data is reached (``file``, ``http`` or ``s3``) and the emulator's settings."""
-
-    name: str
-    kind: str
-    link: dict[str, Any] = field(default_factory=dict)
-    what: str = ""
-
-    @property
-    def remote(self) -> bool:
-        return self.kind != "file"
-
-
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        Scenario("local", "file", what="local files"),
-        Scenario("http0", "http", {"latency_s": 0.0, "jitter_s": 0.0}, "HTTP at 0 ms"),
-        Scenario(
-            "http30", "http", {"latency_s": HTTP30_LATENCY_S, "jitter_s": DEFAULT_JITTER_S}, "HTTP at 30 ms + jitter"
-        ),
-        Scenario(
-            "tail40",
-            "http",
-            {**TAIL_LINK, "bandwidth_bytes_per_s": DEFAULT_BANDWIDTH_MB_S * MB},
-            "40 ms + exponential tail (mean 20 ms) + 100 MB/s per connection",
-        ),
-        Scenario(
-            "stragglers",
-            "http",
-            {**TAIL_LINK, "tail_s": 0.0, "straggler_share": STRAGGLER_SHARE, "straggler_s": STRAGGLER_S},
-            "40 ms, 1% of answers 2 s late",
-        ),
-        Scenario("s3", "s3", {"latency_s": 0.0, "jitter_s": 0.0}, "the S3 protocol at 0 ms"),
-    )
-}
+# The arena's links, in the order it measures them: the bench's scenarios (``bench.scenarios``), every
+# loader on each.
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (LOCAL, HTTP0, HTTP30, TAIL_PACED, STRAGGLERS, S3)}
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,12 @@ The presets name the datasets the project reads:
 :func:`era5_181x360`
     ERA5's 0.25° grid stand-in of 181 × 360 in 2 × 2 stored tiles,
     blosc-zstd: the arena's realistic fields.
+:func:`era5_13_levels` / :func:`write_levels`
+    ERA5's 13 pressure levels, ``t(time, level, latitude, longitude)``,
+    descending latitude, 0..360 longitude, one level per stored chunk,
+    written block by block (one time chunk of every level at a time), so a
+    store of many times the memory is written in bounded memory: the
+    selection benchmark's store.
 :func:`era5_levels_dataset` / :func:`write_era5_levels`
     A small ERA5-shaped ``xarray.Dataset`` with pressure levels, descending
     latitude, 0..360 longitude, static masks and a series, written by
@@ -60,10 +66,13 @@ __all__ = [
     "DEMO_SHAPE",
     "DEMO_VARIABLES",
     "ERA5_LEVELS",
+    "ERA5_LEVELS_13",
     "WB2_VARIABLES",
     "DatasetSpec",
+    "LevelsSpec",
     "dated_field",
     "demo",
+    "era5_13_levels",
     "era5_181x360",
     "era5_levels_dataset",
     "six_hourly",
@@ -71,6 +80,7 @@ __all__ = [
     "write_dated",
     "write_era5_levels",
     "write_era5_like",
+    "write_levels",
 ]
 
 # WeatherBench2 ERA5 names, mean and amplitude of the synthetic field (units as ERA5).
@@ -109,6 +119,12 @@ ERA5_SAMPLES_PER_CHUNK = 8
 # (the date tests are about the time axis, not the field).
 ERA5_LEVELS = np.array([50, 100, 250, 500, 700, 850, 1000])
 DATED_LAT, DATED_LON = 3, 4
+# ERA5's (and WeatherBench2's) 13 pressure levels, hPa; the block-wise levels preset's grid, cut into
+# 4 x 4 tiles of 32 x 64, and its time steps per chunk.
+ERA5_LEVELS_13 = (50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000)
+LEVELS_GRID = (128, 256)
+LEVELS_TILES = (4, 4)
+LEVELS_SAMPLES_PER_CHUNK = 8
 DATED_STEP = np.timedelta64(6, "h")
 STEPS_PER_DAY = 4
 STEPS_PER_YEAR = 1460
@@ -265,6 +281,85 @@ def era5_181x360(n_time: int, grid: tuple[int, int] = ERA5_GRID, **overrides: An
         codec="blosc-zstd",
     )
     return replace(spec, **overrides)
+
+
+@dataclass(frozen=True)
+class LevelsSpec:
+    """What :func:`write_levels` writes: ``t(time, level, latitude, longitude)`` float32, one level per chunk.
+
+    Each stored chunk is ``samples_per_chunk`` steps of one level and one
+    tile of the ``tiles`` grid; values are standard normal, drawn block by
+    block (one time chunk of every level) from ``seed``.
+    """
+
+    n_time: int
+    levels: tuple[int, ...] = ERA5_LEVELS_13
+    n_lat: int = LEVELS_GRID[0]
+    n_lon: int = LEVELS_GRID[1]
+    samples_per_chunk: int = LEVELS_SAMPLES_PER_CHUNK
+    tiles: tuple[int, int] = LEVELS_TILES
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_time < 1 or self.n_lat < 1 or self.n_lon < 1 or not self.levels:
+            raise ValueError(f"shape ({self.n_time}, {len(self.levels)}, {self.n_lat}, {self.n_lon}) must be positive")
+        if not 1 <= self.samples_per_chunk <= self.n_time:
+            raise ValueError(f"samples_per_chunk={self.samples_per_chunk} must be in [1, n_time={self.n_time}]")
+        ty, tx = self.tiles
+        if not (1 <= ty <= self.n_lat and 1 <= tx <= self.n_lon):
+            raise ValueError(f"tiles={self.tiles} must be >= 1 and at most the grid ({self.n_lat}, {self.n_lon})")
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.n_time, len(self.levels), self.n_lat, self.n_lon)
+
+    @property
+    def chunks(self) -> tuple[int, int, int, int]:
+        """One stored chunk: ``samples_per_chunk`` steps of one level and one tile."""
+        ty, tx = self.tiles
+        return (self.samples_per_chunk, 1, math.ceil(self.n_lat / ty), math.ceil(self.n_lon / tx))
+
+
+def era5_13_levels(n_time: int, **overrides: Any) -> LevelsSpec:
+    """The block-wise levels preset: ``n_time`` 6-hourly steps of ERA5's 13 levels on 128 × 256, 4 × 4 tiles."""
+    return replace(LevelsSpec(n_time=n_time), **overrides)
+
+
+def write_levels(path: str | Path, spec: LevelsSpec) -> Path:
+    """Write ``spec``'s group at ``path`` with zarr, one block of ``samples_per_chunk`` steps at a time.
+
+    Returns the path. The group holds ``t`` with xarray-style dimension
+    names and the ``time`` (int64 hours, CF units), ``level``, ``latitude``
+    (descending, 90 to -90) and ``longitude`` (0 to 360) coordinates, and
+    consolidated metadata (xarray over HTTP, which cannot list, opens it).
+    Memory holds one block (all levels of one time chunk), whatever
+    ``n_time``; an existing group at ``path`` is replaced.
+    """
+    path = Path(path)
+    root = zarr.open_group(path, mode="w", zarr_format=3)
+    lat = np.linspace(90, -90, spec.n_lat)
+    lon = np.arange(spec.n_lon) * (360.0 / spec.n_lon)
+    for name, values in (("level", np.asarray(spec.levels)), ("latitude", lat), ("longitude", lon)):
+        root.create_array(name, shape=values.shape, dtype=values.dtype, dimension_names=(name,))[:] = values
+    time_axis = root.create_array("time", shape=(spec.n_time,), dtype="i8", dimension_names=("time",))
+    time_axis[:] = np.arange(spec.n_time) * HOURS_PER_STEP
+    time_axis.attrs.update({"units": "hours since 2000-01-01", "calendar": "proleptic_gregorian"})
+    t = root.create_array(
+        "t",
+        shape=spec.shape,
+        chunks=spec.chunks,
+        dtype="f4",
+        dimension_names=("time", "level", "latitude", "longitude"),
+    )
+    rng = np.random.default_rng(spec.seed)
+    block = spec.samples_per_chunk
+    for start in range(0, spec.n_time, block):
+        steps = min(block, spec.n_time - start)
+        t[start : start + steps] = rng.standard_normal((steps, *spec.shape[1:]), dtype="f4")
+    with warnings.catch_warnings():  # zarr: v3 consolidated metadata is not in the spec yet
+        warnings.simplefilter("ignore", ZarrUserWarning)
+        zarr.consolidate_metadata(path)
+    return path
 
 
 def _field(name: str, t: np.ndarray, lat: np.ndarray, lon: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -15,14 +16,17 @@ from insitubatch.testing.data import (
     DATED_LON,
     DEMO_VARIABLES,
     ERA5_LEVELS,
+    ERA5_LEVELS_13,
     dated_field,
     demo,
+    era5_13_levels,
     era5_181x360,
     era5_levels_dataset,
     six_hourly,
     write_dated,
     write_era5_levels,
     write_era5_like,
+    write_levels,
 )
 from insitubatch.tools.demo import write_demo_dataset
 
@@ -72,6 +76,41 @@ def test_the_levels_store_is_the_dataset_xarray_reads_back(tmp_path: Path) -> No
     xr.testing.assert_identical(found[list(expected.data_vars)].drop_encoding(), expected)
     np.testing.assert_array_equal(found["level"], ERA5_LEVELS)
     assert zarr.open_group(path, mode="r")["time"].dtype == np.int64  # CF-encoded hours, not native dates
+
+
+def test_the_block_wise_levels_preset_is_what_xarray_selects_from(tmp_path: Path) -> None:
+    spec = era5_13_levels(20, n_lat=16, n_lon=32)
+    assert spec.chunks == (8, 1, 4, 8) and spec.shape == (20, 13, 16, 32)
+    path = write_levels(tmp_path / "levels.zarr", spec)
+    assert json.loads((path / "zarr.json").read_text())["consolidated_metadata"] is not None
+    arr = zarr.open_group(path, mode="r")["t"]
+    assert arr.chunks == spec.chunks and arr.metadata.dimension_names == ("time", "level", "latitude", "longitude")
+    rng = np.random.default_rng(0)  # the values are drawn block by block: 8, 8, then the last 4 steps
+    expected = np.concatenate([rng.standard_normal((n, 13, 16, 32), dtype="f4") for n in (8, 8, 4)])
+    np.testing.assert_array_equal(arr[:], expected)
+    ds = xr.open_zarr(path, consolidated=True)
+    np.testing.assert_array_equal(ds["level"], ERA5_LEVELS_13)
+    assert ds["latitude"][0] == 90 and ds["latitude"][-1] == -90 and ds["longitude"][0] == 0
+    assert ds["time"].values[1] - ds["time"].values[0] == np.timedelta64(6, "h")
+    two = ds["t"].sel(level=[850, 500]).values
+    np.testing.assert_array_equal(two, expected[:, [ERA5_LEVELS_13.index(850), ERA5_LEVELS_13.index(500)]])
+
+
+def test_the_levels_writer_holds_one_block_not_the_store(tmp_path: Path) -> None:
+    spec = era5_13_levels(128, n_lat=64, n_lon=128, tiles=(1, 1))
+    whole = 4 * np.prod(spec.shape)  # 54.5 MB; one block of 8 steps is 3.4 MB
+    tracemalloc.start()
+    try:
+        write_levels(tmp_path / "levels.zarr", spec)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < whole / 4, f"peak {peak / 1e6:.1f} MB for a {whole / 1e6:.1f} MB store"
+
+
+def test_the_levels_preset_refuses_tiles_past_the_grid() -> None:
+    with pytest.raises(ValueError, match=r"tiles=\(4, 40\)"):
+        era5_13_levels(8, n_lon=32, tiles=(4, 40))
 
 
 def test_the_dated_store_holds_one_value_band_per_step(tmp_path: Path) -> None:
