@@ -30,8 +30,7 @@ from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
 
 if TYPE_CHECKING:
-    from conftest import HTTPFileServer
-    from servers import S3Server
+    from servers import HTTPFileServer, S3Server
 
 SHAPE = (24, 6, 8)
 

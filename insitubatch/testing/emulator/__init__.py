@@ -2,16 +2,23 @@
 
 from .handler import DEFAULT_JITTER_S, DEFAULT_LATENCY_S
 from .process import EmulatorProcess
+from .script import CLOSE, ConnectionRecord, Reply, Request, answer, ranged
 from .server import FAULT_KINDS, Emulator
 from .stats import EmulatorStats, Fault, KeyStats
 
 __all__ = [
+    "CLOSE",
     "DEFAULT_JITTER_S",
     "DEFAULT_LATENCY_S",
     "FAULT_KINDS",
+    "ConnectionRecord",
     "Emulator",
     "EmulatorProcess",
     "EmulatorStats",
     "Fault",
     "KeyStats",
+    "Reply",
+    "Request",
+    "answer",
+    "ranged",
 ]
