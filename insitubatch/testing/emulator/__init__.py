@@ -1,4 +1,7 @@
-"""A loopback object store on 127.0.0.1 with a real bucket's latency, bandwidth, throttling and faults."""
+"""A loopback object store on 127.0.0.1 with a real bucket's latency, bandwidth, throttling and faults.
+
+In-process it also runs a test's script (:mod:`.script`): any answer, byte for byte, request by request.
+"""
 
 from .handler import DEFAULT_JITTER_S, DEFAULT_LATENCY_S
 from .process import EmulatorProcess
