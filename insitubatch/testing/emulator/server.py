@@ -302,9 +302,10 @@ class Emulator:
                 self._control(h, method, key[len(CONTROL_PREFIX) :])
                 return
             self._counters.request(key, method)
-            request = self._arrived(h, method)
-            if self._script is not None:
-                reply = self._script(request)
+            nth, h.record.requests = h.record.requests, h.record.requests + 1
+            if self._script is not None or self._record:  # (a benchmark's server builds no record per request)
+                request = self._arrived(h, method, nth)
+                reply = None if self._script is None else self._script(request)
                 if reply is not None:
                     self._send_reply(h, key, reply)
                     return
@@ -337,12 +338,11 @@ class Emulator:
             with self._counters.lock:
                 self._connections.append(record)
 
-    def _arrived(self, h: Handler, method: str) -> Request:
-        """The request ``h`` holds, counted on its connection and kept (with ``record``) before it is answered."""
+    def _arrived(self, h: Handler, method: str, nth: int) -> Request:
+        """The request ``h`` holds, the ``nth`` on its connection; kept (with ``record``) before it is answered."""
         head = h.raw_requestline + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in h.headers.items()) + b"\r\n"
         headers = {k.lower(): v for k, v in h.headers.items()}
-        request = Request(method, h.path, headers, h.record.number, h.record.requests, head)
-        h.record.requests += 1
+        request = Request(method, h.path, headers, h.record.number, nth, head)
         if self._record:
             with self._counters.lock:
                 self._requests.append(request)
@@ -357,7 +357,6 @@ class Emulator:
                 self._write(h, key, part, None)
             elif self._closing.wait(float(part)):
                 raise ClientGone
-        h.record.answered_s = time.monotonic()
         if reply.after == "keep":
             return
         h.close_connection = True
@@ -458,6 +457,7 @@ class Emulator:
             h.end_headers()
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise ClientGone from exc
+        h.record.answered_s = time.monotonic()
 
     def _write(self, h: Handler, key: str, body: bytes, bandwidth: float | None) -> None:
         # bytes are counted as they go out, before the write returns: a client may have read them (and its
@@ -469,6 +469,7 @@ class Emulator:
                 self._counters.sent(key, len(view))
                 h.record.bytes_sent += len(view)
                 h.wfile.write(view)
+                h.record.answered_s = time.monotonic()
                 return
             t0 = time.monotonic()
             sent = 0
@@ -478,6 +479,7 @@ class Emulator:
                 h.record.bytes_sent += len(piece)
                 h.wfile.write(piece)
                 sent += len(piece)
+                h.record.answered_s = time.monotonic()
                 delay = t0 + sent / bandwidth - time.monotonic()
                 if delay > 0 and self._closing.wait(delay):
                     raise ClientGone
