@@ -28,6 +28,8 @@ DEFAULT_JITTER_S = 0.005
 LISTEN_BACKLOG = 512
 # How long close() waits for each connection thread after shutting its socket.
 STOP_JOIN_S = 5.0
+# close() shuts the open connections again after this long, for one whose socket changed meanwhile (TLS).
+CLOSE_ROUND_S = 0.1
 # How often serve_forever looks for shutdown() (its default, 0.5 s, is half a second per close in a test).
 SHUTDOWN_POLL_S = 0.05
 CONTROL_PREFIX = "_emulator/"
@@ -113,17 +115,26 @@ class Server(http.server.ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
     def close_connections(self) -> None:
-        """Shut every open connection's socket and wait for its thread."""
-        with self._live_lock:
-            live = list(self._live.items())
-        for _, (sock, _) in live:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        """Shut every open connection's socket and wait for its thread.
+
+        In rounds: a TLS connection swaps its socket for the wrapped one as
+        its handshake starts, so one shut a moment before (the bare socket,
+        already handed over) is shut again, as the wrapper, in the next round.
+        """
         deadline = time.monotonic() + STOP_JOIN_S
-        for thread, _ in live:
-            thread.join(max(0.0, deadline - time.monotonic()))
+        while True:
+            with self._live_lock:
+                live = list(self._live.items())
+            if not live or time.monotonic() >= deadline:
+                return
+            for _, (sock, _) in live:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            round_end = min(deadline, time.monotonic() + CLOSE_ROUND_S)
+            for thread, _ in live:
+                thread.join(max(0.0, round_end - time.monotonic()))
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
