@@ -14,6 +14,8 @@ from insitubatch.testing.emulator import CLOSE, Emulator, Reply, Request, answer
 BODY = bytes(range(256)) * 8
 # Every client wait here is bounded by this (a loaded 2-core machine), never waited out.
 CLIENT_TIMEOUT_S = 10.0
+# How long a held connection is watched for a byte that must not come.
+SILENCE_S = 0.3
 
 
 def _exchange(emu: Emulator, *heads: bytes) -> bytes:
@@ -83,9 +85,10 @@ def test_a_reset_and_a_hold_end_the_connection_as_a_dead_server_would() -> None:
     with Emulator(None, latency_s=0.0, jitter_s=0.0, script=script, record=True) as emu:
         with pytest.raises(ConnectionResetError):
             _exchange(emu, _get("/reset"))
-        with socket.create_connection(("127.0.0.1", emu.port), timeout=0.3) as conn:
+        with socket.create_connection(("127.0.0.1", emu.port), timeout=CLIENT_TIMEOUT_S) as conn:
             conn.sendall(_get("/hold"))
             assert conn.recv(65536) == answer(200, BODY)[:100]
+            conn.settimeout(SILENCE_S)
             with pytest.raises(TimeoutError):  # the rest never comes
                 conn.recv(65536)
         deadline = time.monotonic() + CLIENT_TIMEOUT_S
