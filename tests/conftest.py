@@ -31,12 +31,12 @@ def s3_bucket(s3_server: S3Server) -> str:
     return name
 
 
-# --- loopback HTTP file server (stores tests) --------------------------------
+# --- the emulator serving a directory (stores tests) -----------------------------
 
 
 @pytest.fixture
 def http_server(tmp_path: Path) -> HTTPFileServer:
-    """Serve a fresh directory (``.root``) at ``.url`` on 127.0.0.1 and a free port."""
+    """The emulator serving a fresh directory (``.root``) at ``.url``, no latency; ``.requests`` notes each request."""
     root = (tmp_path / "http-root").resolve()
     root.mkdir()
     with serve_files(root) as server:

@@ -1,29 +1,39 @@
-"""Real servers on loopback for tests: moto's standalone S3 server in a subprocess."""
+"""Real servers on loopback for tests: the emulator serving a directory, and moto's S3 server.
+
+Every HTTP server the tests run is :class:`insitubatch.testing.emulator.Emulator`
+(in-process, in a thread): :func:`serve_files` is it serving a directory
+with its requests noted; the wire tests give it a script
+(``tests/_wire/conftest.py``). S3 is moto's server in a child process,
+started by :func:`start_s3_server` alone, with or without its signature
+checks.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import email.utils
-import http.server
+import json
 import os
-import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from insitubatch.testing.emulator import Emulator, Request
 
 LOOPBACK = "127.0.0.1"
 # moto's server takes a few seconds to import on a 2-core machine
 S3_START_TIMEOUT_S = 60.0
-# moto accepts any credentials; these are what every client in the tests sends
+# moto accepts any credentials while it checks none; these are what every client in the tests sends
 S3_KEY_ID = "testing"
 S3_SECRET = "testing"
 S3_REGION = "us-east-1"
+# With signatures checked, moto lets this many requests through unchecked: the IAM user, its key and its policy.
+_UNCHECKED_SETUP_ACTIONS = 3
 
 
 def free_port() -> int:
@@ -35,19 +45,27 @@ def free_port() -> int:
 
 @dataclass
 class S3Server:
-    """A running moto S3 server; ``endpoint`` is ``http://127.0.0.1:<port>``."""
+    """A running moto S3 server; ``endpoint`` is ``http://127.0.0.1:<port>``.
+
+    ``access_key_id`` / ``secret_access_key`` are the keys its clients sign
+    with: the fixed test keys, or, on a server that checks signatures, an
+    IAM user's that may do anything.
+    """
 
     endpoint: str
     process: subprocess.Popen
+    access_key_id: str = S3_KEY_ID
+    secret_access_key: str = S3_SECRET
 
-    def client_options(self) -> dict[str, object]:
-        """Keyword options for ``insitubatch.obstore_store`` / obstore's ``S3Store``."""
+    def client_options(self, **extra: Any) -> dict[str, Any]:
+        """Keyword options for ``insitubatch.obstore_store`` / obstore's ``S3Store`` (``extra`` wins)."""
         return {
             "endpoint": self.endpoint,
             "allow_http": True,
-            "access_key_id": S3_KEY_ID,
-            "secret_access_key": S3_SECRET,
+            "access_key_id": self.access_key_id,
+            "secret_access_key": self.secret_access_key,
             "region": S3_REGION,
+            **extra,
         }
 
     def create_bucket(self, name: str) -> None:
@@ -71,10 +89,19 @@ class S3Server:
                 self.process.wait(timeout=10)
 
 
-def start_s3_server() -> S3Server:
-    """Start ``moto.server`` on a free loopback port and wait until it answers."""
+def start_s3_server(*, check_signatures: bool = False) -> S3Server:
+    """Start ``moto.server`` on a free loopback port and wait until it answers.
+
+    A child process, not moto's ``ThreadedMotoServer`` in this one: moto's
+    signature switch is process-wide, and a session runs a server of each
+    kind at once; its request handling also stays off the tests' GIL.
+    With ``check_signatures``, a request whose signature does not verify is
+    refused (403), and the server's keys are an IAM user's.
+    """
     port = free_port()
     env = dict(os.environ, AWS_ACCESS_KEY_ID=S3_KEY_ID, AWS_SECRET_ACCESS_KEY=S3_SECRET)
+    if check_signatures:
+        env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(_UNCHECKED_SETUP_ACTIONS)
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -95,105 +122,61 @@ def start_s3_server() -> S3Server:
                 proc.kill()
                 raise RuntimeError(f"moto server on {endpoint} did not answer within {S3_START_TIMEOUT_S}s") from exc
             time.sleep(0.1)
-    return S3Server(endpoint=endpoint, process=proc)
+    server = S3Server(endpoint=endpoint, process=proc)
+    if check_signatures:
+        try:
+            server.access_key_id, server.secret_access_key = _a_user_who_may_do_anything(endpoint)
+        except BaseException:
+            server.stop()
+            raise
+    return server
 
 
-# --- loopback HTTP file server (stores tests) --------------------------------
+def _a_user_who_may_do_anything(endpoint: str) -> tuple[str, str]:
+    """An IAM user on moto at ``endpoint`` with an allow-all policy; its key id and secret."""
+    import boto3
 
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+    iam = boto3.client(
+        "iam", endpoint_url=endpoint, region_name=S3_REGION, aws_access_key_id="s", aws_secret_access_key="s"
+    )
+    iam.create_user(UserName="reader")
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
+    iam.put_user_policy(UserName="reader", PolicyName="all", PolicyDocument=json.dumps(policy))
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+# --- the emulator serving a directory (stores tests) ---------------------------
 
 
 @dataclass
 class HTTPFileServer:
-    """A threaded HTTP server on 127.0.0.1 serving ``root`` read-only, with Range and HEAD."""
+    """The emulator serving ``root`` read-only (Range, HEAD) at ``url``, no added latency.
 
-    root: Path
-    url: str
+    ``requests`` notes ``(method, path, Range header or None)`` for each
+    request, in arrival order; a test clears it to count what follows.
+    """
+
+    emulator: Emulator
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def record(self, method: str, path: str, byte_range: str | None) -> None:
-        with self._lock:
-            self.requests.append((method, path, byte_range))
+    @property
+    def root(self) -> Path:
+        assert self.emulator.root is not None
+        return self.emulator.root
 
-
-def _file_handler(server: HTTPFileServer) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - base signature
-            pass
-
-        def do_HEAD(self) -> None:
-            self._serve(body=False)
-
-        def do_GET(self) -> None:
-            self._serve(body=True)
-
-        def _fail(self, status: int, extra: dict[str, str] | None = None) -> None:
-            self.send_response(status)
-            for key, value in (extra or {}).items():
-                self.send_header(key, value)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def _serve(self, *, body: bool) -> None:
-            path = self.path.split("?", 1)[0]
-            byte_range = self.headers.get("Range")
-            server.record(self.command, path, byte_range)
-            target = (server.root / path.lstrip("/")).resolve()
-            if server.root not in target.parents or not target.is_file():
-                self._fail(404)
-                return
-            stat = target.stat()
-            size = stat.st_size
-            start, stop, status = 0, size, 200
-            if byte_range is not None:
-                match = _RANGE.match(byte_range.strip())
-                if match is None or match.groups() == ("", ""):
-                    self._fail(400)
-                    return
-                first, last = match.groups()
-                if first == "":  # suffix range: the last N bytes
-                    start = max(size - int(last), 0)
-                else:
-                    start = int(first)
-                    stop = min(int(last) + 1, size) if last else size
-                if start >= size or start >= stop:
-                    self._fail(416, {"Content-Range": f"bytes */{size}"})
-                    return
-                status = 206
-            self.send_response(status)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(stop - start))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
-            self.send_header("ETag", f'"{stat.st_mtime_ns:x}-{size:x}"')
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
-            self.end_headers()
-            if body:
-                with open(target, "rb") as f:
-                    f.seek(start)
-                    self.wfile.write(f.read(stop - start))
-
-    return Handler
+    @property
+    def url(self) -> str:
+        return self.emulator.url
 
 
 @contextlib.contextmanager
 def serve_files(root: Path) -> Iterator[HTTPFileServer]:
     """Serve ``root`` read-only on 127.0.0.1 and a free port until the block ends."""
-    server = HTTPFileServer(root=root, url="")
-    httpd = http.server.ThreadingHTTPServer((LOOPBACK, 0), _file_handler(server))
-    httpd.daemon_threads = True
-    server.url = f"http://{LOOPBACK}:{httpd.server_address[1]}"
-    thread = threading.Thread(
-        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="test-http-server", daemon=True
-    )
-    thread.start()
-    try:
-        yield server
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=10)
+    notes: list[tuple[str, str, str | None]] = []
+
+    def note(request: Request) -> None:  # the script notes the request and lets the emulator serve it
+        notes.append((request.method, request.path, request.headers.get("range")))
+
+    with Emulator(root, latency_s=0.0, jitter_s=0.0, script=note) as emu:
+        yield HTTPFileServer(emu, notes)

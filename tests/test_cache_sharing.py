@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ import numpy as np
 import pytest
 import zarr
 from helpers import CountingStore, cache_log_entries, local_store
+from servers import free_port
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
 
@@ -172,12 +172,6 @@ def test_a_rank_killed_mid_write_leaves_nothing_revived_wrongly(data, tmp_path, 
     assert not [p for p in cache.iterdir() if p.name.endswith(".tmp")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 GLOO_RANK = textwrap.dedent(
     """
     import json, os, sys
@@ -211,7 +205,7 @@ GLOO_RANK = textwrap.dedent(
 @pytest.mark.slow
 def test_ranks_of_a_gloo_group_share_one_cache_dir(data, tmp_path) -> None:
     pytest.importorskip("torch")
-    world, port = 2, _free_port()
+    world, port = 2, free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", GLOO_RANK, str(data), str(tmp_path / "cache"), str(TESTS)],

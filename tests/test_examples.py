@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from servers import free_port
 
 from insitubatch.tools.demo import write_demo_dataset
 
@@ -126,7 +127,7 @@ def test_ddp_train_under_torchrun(demo_path, tmp_path) -> None:
             torchrun,
             "--nproc_per_node=2",
             "--master_addr=127.0.0.1",
-            f"--master_port={_free_port()}",
+            f"--master_port={free_port()}",
             str(EXAMPLES / "ddp_train.py"),
             "--path",
             demo_path,
@@ -162,14 +163,6 @@ def test_inference_write(tmp_path) -> None:
     assert ds["pred"].dims == ("valid_time", "lat", "lon")
     assert ds["valid_time"].values[0] == np.datetime64("2020-01-01T12:00")  # 2 input steps + a 6 h lead
     assert not np.isnan(ds["pred"].sel(valid_time=slice("2020-01-02", "2020-01-03")).values).any()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_wb2_dataloader_against_the_local_emulator(tmp_path) -> None:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import socket
 import threading
 from pathlib import Path
 
 import obstore.store
 import pytest
 from helpers import sockets_to
-from scripted import Scripted, read_head
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from insitubatch._engine.reads.fetch import Fetcher
@@ -28,7 +26,7 @@ from insitubatch._wire.sigv4 import SigV4
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
 from insitubatch.stores.read_policy import Outcome, classify
-from insitubatch.testing.emulator import Emulator
+from insitubatch.testing.emulator import CLOSE, Emulator, Reply, Request
 
 BUCKET = "bkt"
 
@@ -115,8 +113,8 @@ def _ask(target: str, want: tuple[int, int] | None = None) -> Ask:
     return Ask(None, target, None, target, None if want is None else f"{want[0]}-{want[1] - 1}", want)
 
 
-def _get(server: Scripted, *requests: tuple[str, tuple[int, int] | None]) -> list:
-    pool = HttpPool("http", "127.0.0.1", server.server_address[1])
+def _get(server: Emulator, *requests: tuple[str, tuple[int, int] | None]) -> list:
+    pool = HttpPool("http", "127.0.0.1", server.port)
 
     async def main() -> list:
         out = []
@@ -135,39 +133,38 @@ BODY = bytes(range(256)) * 40
 
 
 def test_chunked_unframed_interim_and_ignored_range_answers_are_read_whole(scripted) -> None:
-    def script(conn: socket.socket, n: int) -> None:
-        read_head(conn)  # chunked, in pieces, with a trailer
-        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    def chunked_parts() -> list[bytes]:  # in pieces, with a trailer
+        parts = [b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"]
         for i in range(0, len(BODY), 3000):
             piece = BODY[i : i + 3000]
-            conn.sendall(b"%x;ext=1\r\n" % len(piece) + piece + b"\r\n")
-        conn.sendall(b"0\r\nX-Trailer: y\r\n\r\n")
-        read_head(conn)  # a 200 with the whole object (its Content-Range says so), for a range: the range cut out
-        whole = b"Content-Range: bytes 0-%d/%d\r\n" % (len(BODY) - 1, len(BODY))
-        conn.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (whole, len(BODY)) + BODY)
-        read_head(conn)  # no length: the body runs to the close
-        conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n" + BODY)
-        conn.close()
+            parts.append(b"%x;ext=1\r\n" % len(piece) + piece + b"\r\n")
+        return [*parts, b"0\r\nX-Trailer: y\r\n\r\n"]
+
+    def script(request: Request) -> Reply:
+        assert request.connection == 1, request  # one connection carries all three
+        if request.nth == 0:
+            return Reply(chunked_parts())
+        if request.nth == 1:  # a 200 with the whole object (its Content-Range says so), for a range: the range cut out
+            whole = b"Content-Range: bytes 0-%d/%d\r\n" % (len(BODY) - 1, len(BODY))
+            return Reply((b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (whole, len(BODY)) + BODY,))
+        return Reply((b"HTTP/1.0 200 OK\r\n\r\n" + BODY,), "close")  # no length: the body runs to the close
 
     server = scripted(script)
     chunked, cut, unframed = _get(server, ("/a", None), ("/b", (100, 300)), ("/c", None))
     assert chunked == BODY and cut == BODY[100:300] and unframed == BODY
-    assert server.connections == 1
+    assert len(server.connections) == 1
 
 
 def test_an_idle_close_is_retried_once_on_a_fresh_connection(scripted) -> None:
-    def script(conn: socket.socket, n: int) -> None:
-        read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
-        if n == 1:
-            read_head(conn)  # the server closes a kept-alive connection as the next GET arrives
-            conn.close()
-            return
-        conn.close()
+    def script(request: Request) -> Reply:
+        if request.connection == 1 and request.nth == 1:
+            return CLOSE  # the server closes a kept-alive connection as the next GET arrives
+        ok = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY
+        return Reply((ok,), "keep" if request.connection == 1 else "close")
 
     server = scripted(script)
     assert _get(server, ("/a", None), ("/b", None)) == [BODY, BODY]
-    assert server.connections == 2
+    assert len(server.connections) == 2
 
 
 def test_a_body_cut_short_is_a_transient_error_and_statuses_are_sorted(scripted) -> None:
@@ -180,12 +177,7 @@ def test_a_body_cut_short_is_a_transient_error_and_statuses_are_sorted(scripted)
         b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\noops",
     ]
 
-    def script(conn: socket.socket, n: int) -> None:
-        read_head(conn)
-        conn.sendall(answers[n - 1])
-        conn.close()
-
-    server = scripted(script)
+    server = scripted(lambda r: Reply((answers[r.connection - 1],), "close"))
     cut, slow, denied, missing, failed = _get(server, *((f"/k{i}", None) for i in range(5)))
     assert isinstance(cut, ConnectionResetError) and classify(cut) is Outcome.RETRY
     assert isinstance(slow, HttpStatusError) and slow.status == 503 and classify(slow) is Outcome.THROTTLE
@@ -196,26 +188,18 @@ def test_a_body_cut_short_is_a_transient_error_and_statuses_are_sorted(scripted)
 
 
 def test_a_cancelled_get_closes_its_connection(scripted) -> None:
-    held = threading.Event()
-
-    def script(conn: socket.socket, n: int) -> None:
-        read_head(conn)
-        held.wait(10)  # never answers while the client waits
-        conn.close()
-
-    server = scripted(script)
-    pool = HttpPool("http", "127.0.0.1", server.server_address[1])
+    server = scripted(lambda r: Reply(after="hold"))  # never answers while the client waits
+    pool = HttpPool("http", "127.0.0.1", server.port)
 
     async def main() -> None:
         future = pool.get(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n", _ask("/x"))
         await asyncio.sleep(0.2)
-        assert sockets_to(server.server_address[1]) == 1
+        assert sockets_to(server.port) == 1
         future.cancel()
         await asyncio.sleep(0.1)
-        assert sockets_to(server.server_address[1]) == 0
+        assert sockets_to(server.port) == 0
 
     asyncio.run(main())
-    held.set()
 
 
 def test_large_reads_still_stream_through_obstore(root: Path) -> None:
@@ -254,12 +238,7 @@ def test_sigv4_headers_match_botocore() -> None:
 
 
 def test_a_host_name_is_looked_up_once_for_many_new_connections(scripted, monkeypatch) -> None:
-    def script(conn: socket.socket, n: int) -> None:
-        while read_head(conn):
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
-        conn.close()
-
-    server = scripted(script)
+    server = scripted(lambda r: b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
     lookups: list[str] = []
     getaddrinfo = asyncio.base_events.BaseEventLoop.getaddrinfo
 
@@ -268,7 +247,7 @@ def test_a_host_name_is_looked_up_once_for_many_new_connections(scripted, monkey
         return await getaddrinfo(self, host, *args, **kwargs)
 
     monkeypatch.setattr(asyncio.base_events.BaseEventLoop, "getaddrinfo", counted)
-    pool = HttpPool("http", "localhost", server.server_address[1])
+    pool = HttpPool("http", "localhost", server.port)
 
     async def main() -> list:
         head = b"GET /x HTTP/1.1\r\nHost: localhost\r\n\r\n"
@@ -276,4 +255,4 @@ def test_a_host_name_is_looked_up_once_for_many_new_connections(scripted, monkey
 
     answers = asyncio.run(main())
     assert [bytes(a) for a in answers] == [BODY] * 8
-    assert server.connections == 8 and lookups == ["localhost"]
+    assert len(server.connections) == 8 and lookups == ["localhost"]

@@ -1,6 +1,6 @@
 """Answers a server may give, through each client: the engine's gives obstore's bytes, or a clear error where it errs.
 
-Each case runs a scripted loopback server and reads one key as a pass
+Each case runs a scripted emulator and reads one key as a pass
 reads it (``read_through``: ``client_for`` + ``Fetcher``, the store built
 with ``obstore_store(url, client=name)``). Where obstore returns wrong
 bytes (a 206 shorter than its own Content-Range) the engine refuses them.
@@ -9,15 +9,16 @@ bytes (a 206 shorter than its own Content-Range) the engine refuses them.
 from __future__ import annotations
 
 import logging
-import socket
 import time
+from collections.abc import Iterator
 
 import pytest
-from scripted import WIRE_CLIENTS, Request, answer, ranged, read_head, read_through
+from scripted import WIRE_CLIENTS, read_through
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
 from insitubatch._wire.engine_client import USER_AGENT
 from insitubatch.stores.read_policy import Outcome, classify
+from insitubatch.testing.emulator import Reply, Request, answer, ranged
 
 BODY = bytes(range(256)) * 64  # 16 KiB
 KEY = "d/k.0"
@@ -45,8 +46,8 @@ WRONG_206 = {
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 @pytest.mark.parametrize("quirk", sorted(WRONG_206))
 def test_a_206_that_is_not_the_range_asked_is_never_returned(scripted, client: str, quirk: str, caplog) -> None:
-    server = scripted(answers=WRONG_206[quirk])
-    got = read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 4))
+    server = scripted(WRONG_206[quirk])
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4))
     if client == "obstore" and quirk == "short-body":
         assert got == BODY[:2]  # obstore returns what came; the engine (below) refuses it
         return
@@ -66,8 +67,8 @@ def test_a_wrong_range_once_is_retried_and_the_right_bytes_come_back(scripted, c
     def answers(request: Request) -> bytes:
         return WRONG_206["another-range"](request) if len(server.requests) == 1 else ranged(BODY, "bytes=0-3")
 
-    server = scripted(answers=answers)
-    assert read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 4)) == BODY[:4]
+    server = scripted(answers)
+    assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4)) == BODY[:4]
     assert len(server.requests) == 2
 
 
@@ -83,8 +84,8 @@ NOT_WHOLE_200 = {
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 @pytest.mark.parametrize("quirk", sorted(NOT_WHOLE_200))
 def test_a_200_to_a_range_that_is_not_provably_the_whole_object_is_refused(scripted, client: str, quirk) -> None:
-    server = scripted(answers=NOT_WHOLE_200[quirk])
-    got = read_through(client, server.url("ds"), KEY, RangeByteRequest(100, 300))
+    server = scripted(NOT_WHOLE_200[quirk])
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(100, 300))
     assert isinstance(got, Exception) and "Range request not supported" in str(got), got
     assert classify(got) is Outcome.FATAL and KEY in str(got)
     assert len(server.requests) == 1  # not retried
@@ -93,8 +94,8 @@ def test_a_200_to_a_range_that_is_not_provably_the_whole_object_is_refused(scrip
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_200_whose_content_range_names_the_whole_object_is_cut_by_the_engine(scripted, client: str) -> None:
     whole = f"bytes 0-{len(BODY) - 1}/{len(BODY)}"
-    server = scripted(answers=lambda r: answer(200, BODY, Content_Range=whole))
-    got = read_through(client, server.url("ds"), KEY, RangeByteRequest(100, 300))
+    server = scripted(lambda r: answer(200, BODY, Content_Range=whole))
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(100, 300))
     if client == "obstore":
         assert isinstance(got, Exception) and "Range request not supported" in str(got)  # obstore refuses any 200
     else:
@@ -106,33 +107,25 @@ HUGE = 256 << 20
 PIECE = bytes(range(256)) * 256  # 64 KiB
 
 
-def _whole_object_script(sent: list[int], proof: bool = False):
+def _whole_object(proof: bool = False):
+    """Every request answered with the whole object (its Content-Range saying so with ``proof``), piece by piece."""
     whole = b"Content-Range: bytes 0-%d/%d\r\n" % (HUGE - 1, HUGE) if proof else b""
 
-    def script(conn: socket.socket, n: int) -> None:
-        while read_head(conn):
-            conn.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (whole, HUGE))
-            total = 0
-            try:
-                while total < HUGE:
-                    conn.sendall(PIECE)
-                    total += len(PIECE)
-            except OSError:  # the client stopped reading and closed: what it cost is what went out
-                sent.append(total)
-                break
-        conn.close()
+    def pieces() -> Iterator[bytes]:
+        yield b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (whole, HUGE)
+        for _ in range(HUGE // len(PIECE)):  # (a client that stops reading and closes ends it: what went out counts)
+            yield PIECE
 
-    return script
+    return lambda r: Reply(pieces())
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 @pytest.mark.parametrize("where", ["head", "tail", "head-proven-whole"])
 def test_a_large_object_served_whole_for_a_range_is_not_downloaded(scripted, client: str, where: str) -> None:
-    sent: list[int] = []
-    server = scripted(_whole_object_script(sent, proof=where == "head-proven-whole"))
+    server = scripted(_whole_object(proof=where == "head-proven-whole"))
     byte_range = SuffixByteRequest(16) if where == "tail" else RangeByteRequest(0, 16)  # a shard index
     t0 = time.perf_counter()
-    got = read_through(client, server.url("ds"), KEY, byte_range)
+    got = read_through(client, server.url_for("ds"), KEY, byte_range)
     if client == "engine" and where == "head-proven-whole":
         assert got == PIECE[:16]  # stopped after the bytes it needs
     else:
@@ -141,10 +134,11 @@ def test_a_large_object_served_whole_for_a_range_is_not_downloaded(scripted, cli
         )  # one attempt: the server ignores ranges
         assert "Range" in str(got)
     if client == "engine":
-        assert server.connections == 1  # (obstore's suffix read falls back to a HEAD and a ranged GET)
+        assert len(server.connections) == 1  # (obstore's suffix read falls back to a HEAD and a ranged GET)
     deadline = time.monotonic() + 10
-    while len(sent) < server.connections and time.monotonic() < deadline:
+    while server.open_connections and time.monotonic() < deadline:  # each ends as its client stops reading
         time.sleep(0.01)
+    sent = [c.bytes_sent for c in server.connections if c.closed_s is not None]
     assert sent and max(sent) < HUGE // 4  # the rest never crossed the wire
     assert time.perf_counter() - t0 < 10
 
@@ -160,24 +154,20 @@ def test_a_large_chunked_body_takes_time_linear_in_its_size(scripted, client: st
     body = PIECE * 512  # 32 MiB, in 4 KiB chunks
     chunk = 4 << 10
 
-    def script(conn: socket.socket, n: int) -> None:
-        while read_head(conn):
-            conn.sendall(
-                f"HTTP/1.1 206 X\r\nContent-Range: bytes 0-{len(body) - 1}/{len(body)}\r\n"
-                "Transfer-Encoding: chunked\r\n\r\n".encode()
-            )
-            for i in range(0, len(body), chunk * CHUNKS_PER_SEND):
-                group = body[i : i + chunk * CHUNKS_PER_SEND]
-                conn.sendall(
-                    b"".join(b"%x\r\n%s\r\n" % (chunk, group[j : j + chunk]) for j in range(0, len(group), chunk))
-                )
-                time.sleep(SEND_PAUSE_S)
-            conn.sendall(b"0\r\n\r\n")
-        conn.close()
+    def pieces() -> Iterator[bytes | float]:
+        yield (
+            f"HTTP/1.1 206 X\r\nContent-Range: bytes 0-{len(body) - 1}/{len(body)}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        for i in range(0, len(body), chunk * CHUNKS_PER_SEND):
+            group = body[i : i + chunk * CHUNKS_PER_SEND]
+            yield b"".join(b"%x\r\n%s\r\n" % (chunk, group[j : j + chunk]) for j in range(0, len(group), chunk))
+            yield SEND_PAUSE_S
+        yield b"0\r\n\r\n"
 
-    server = scripted(script)
+    server = scripted(lambda r: Reply(pieces()))
     cpu = time.thread_time()
-    got = read_through(client, server.url("ds"), KEY)  # a whole key: no size known, so no streaming through obstore
+    got = read_through(client, server.url_for("ds"), KEY)  # a whole key: no size known, so no streaming through obstore
     cpu = time.thread_time() - cpu
     if client == "obstore":
         assert isinstance(got, OSError)  # obstore wants a Content-Length on a 206
@@ -196,12 +186,12 @@ BROKEN = {
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 @pytest.mark.parametrize("quirk", sorted(BROKEN))
 def test_malformed_framing_is_one_clear_error(scripted, client: str, quirk: str, caplog) -> None:
-    server = scripted(answers=BROKEN[quirk])
+    server = scripted(BROKEN[quirk])
     with caplog.at_level(logging.ERROR, logger="asyncio"):
-        got = read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 4))
+        got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4))
     assert isinstance(got, OSError), got
     if client == "engine":
-        assert "FramingError" in str(got) and server.url("").rstrip("/") in str(got)
+        assert "FramingError" in str(got) and server.url_for("").rstrip("/") in str(got)
         assert "closed the connection" not in str(got)  # (what the old parser's crash looked like)
     _no_fatal_protocol_errors(caplog)
 
@@ -215,8 +205,8 @@ def test_a_url_token_goes_with_every_request(scripted, client: str) -> None:
             return answer(403, b"<Error><Code>AuthenticationFailed</Code></Error>")
         return ranged(BODY, request.headers.get("range"))
 
-    server = scripted(answers=answers)
-    url = server.url(f"ds.zarr?{token}")
+    server = scripted(answers)
+    url = server.url_for(f"ds.zarr?{token}")
     assert read_through(client, url, KEY, RangeByteRequest(5, 50)) == BODY[5:50]
     assert read_through(client, url, KEY) == BODY
     assert {r.path for r in server.requests} == {f"/ds.zarr/{KEY}"}
@@ -224,13 +214,13 @@ def test_a_url_token_goes_with_every_request(scripted, client: str) -> None:
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_requests_name_their_client(scripted, client: str) -> None:
-    server = scripted(answers=lambda r: ranged(BODY, r.headers.get("range")))
-    assert read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 4)) == BODY[:4]
+    server = scripted(lambda r: ranged(BODY, r.headers.get("range")))
+    assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4)) == BODY[:4]
     agent = server.requests[-1].headers["user-agent"]
     assert agent == USER_AGENT if client == "engine" else agent.startswith("object_store/")
     assert USER_AGENT.startswith("insitubatch/") and USER_AGENT != "insitubatch/"
     options = {"user_agent": "my-trainer/1.0"}
-    assert read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 4), client_options=options) == BODY[:4]
+    assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4), client_options=options) == BODY[:4]
     assert server.requests[-1].headers["user-agent"] == "my-trainer/1.0"
 
 
@@ -246,8 +236,8 @@ def test_statuses_mean_the_same_through_both_clients(scripted, client: str) -> N
             return answer(503, b"<Error><Code>SlowDown</Code></Error>")
         return ranged(BODY, request.headers.get("range"))
 
-    server = scripted(answers=answers)
-    url = server.url("ds")
+    server = scripted(answers)
+    url = server.url_for("ds")
     assert read_through(client, url, "missing") is None
     denied = read_through(client, url, "denied")
     assert isinstance(denied, PermissionError) or "PermissionDenied" in type(denied).__name__, denied

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import datetime
 import socket
-import threading
 import time
 from collections.abc import Iterator
 
 import obstore.store
 import pytest
 from certificates import Certificates, make_certificates
-from scripted import WIRE_CLIENTS, Request, SignedS3, answer, ranged, read_head, read_many, read_through
+from scripted import WIRE_CLIENTS, read_many, read_through
+from servers import S3Server
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch.stores.read_policy import Outcome, classify
 from insitubatch.stores.wire_settings import EngineSettings, engine_settings
+from insitubatch.testing.emulator import Reply, Request, answer, ranged
 
 BODY = bytes(range(256)) * 64  # 16 KiB
 KEY = "d/k.0"
@@ -49,8 +50,8 @@ def _s3_answers(request: Request) -> bytes:
 @pytest.mark.parametrize("config_endpoint", [False, True])
 def test_aws_endpoint_url_s3_is_where_both_clients_send_every_get(scripted, monkeypatch, client, config_endpoint):
     """``AWS_ENDPOINT_URL_S3`` wins over ``AWS_ENDPOINT_URL`` and, in obstore 0.12, over the store's endpoint too."""
-    generic, s3_only = scripted(answers=_s3_answers), scripted(answers=_s3_answers)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{generic.port}", "AWS_ENDPOINT_URL_S3": s3_only.url()}
+    generic, s3_only = scripted(_s3_answers), scripted(_s3_answers)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{generic.port}", "AWS_ENDPOINT_URL_S3": s3_only.url_for("")}
     env.update(AWS_ACCESS_KEY_ID="AKX", AWS_SECRET_ACCESS_KEY="SKX", AWS_REGION="eu-west-1", AWS_ALLOW_HTTP="true")
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -65,8 +66,8 @@ def test_aws_endpoint_url_s3_is_where_both_clients_send_every_get(scripted, monk
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_plain_http_aws_endpoint_url_s3_allows_http_as_aws_endpoint_url_does(scripted, monkeypatch, client) -> None:
-    server = scripted(answers=_s3_answers)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url())  # (MinIO on plain HTTP; no AWS_ALLOW_HTTP)
+    server = scripted(_s3_answers)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url_for(""))  # (MinIO on plain HTTP; no AWS_ALLOW_HTTP)
     keys = {"access_key_id": "AKX", "secret_access_key": "SKX", "region": "eu-west-1"}
     assert read_through(client, "s3://bkt/pre", KEY, RangeByteRequest(0, 64), **keys) == BODY[:64]
     assert len(server.requests) == 1
@@ -93,8 +94,8 @@ NO_SUCH_BUCKET = (
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_404_no_such_bucket_is_an_error_not_a_missing_chunk(scripted, client: str) -> None:
-    server = scripted(answers=lambda r: answer(404, NO_SUCH_BUCKET, Content_Type="application/xml"))
-    options = {"endpoint": server.url(), "allow_http": True, "region": "us-east-1"}
+    server = scripted(lambda r: answer(404, NO_SUCH_BUCKET, Content_Type="application/xml"))
+    options = {"endpoint": server.url_for(""), "allow_http": True, "region": "us-east-1"}
     options.update(access_key_id="AKX", secret_access_key="SKX")
     got = read_through(client, "s3://bkt/pre", KEY, RangeByteRequest(0, 8), **options)
     assert isinstance(got, OSError) and not isinstance(got, FileNotFoundError) or client == "obstore", got
@@ -104,8 +105,10 @@ def test_a_404_no_such_bucket_is_an_error_not_a_missing_chunk(scripted, client: 
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
-def test_a_bucket_moto_does_not_have_is_an_error_through_both_clients(signed_s3: SignedS3, client: str) -> None:
-    got = read_through(client, "s3://no-such-bucket-here/pre", KEY, RangeByteRequest(0, 8), **signed_s3.options())
+def test_a_bucket_moto_does_not_have_is_an_error_through_both_clients(signed_s3: S3Server, client: str) -> None:
+    got = read_through(
+        client, "s3://no-such-bucket-here/pre", KEY, RangeByteRequest(0, 8), **signed_s3.client_options()
+    )
     assert isinstance(got, Exception) and classify(got) is Outcome.FATAL, got
     assert "NoSuchBucket" in str(got) and "no-such-bucket-here" in str(got) and KEY in str(got)
 
@@ -121,31 +124,23 @@ def _bare_lf(body: bytes, request: Request) -> bytes:
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_bare_lf_heads_are_read_as_obstore_reads_them(scripted, client: str) -> None:
-    server = scripted(answers=lambda r: _bare_lf(BODY, r))
+    server = scripted(lambda r: _bare_lf(BODY, r))
     chunked = b"HTTP/1.1 206 X\nContent-Range: bytes 0-9/%d\nTransfer-Encoding: chunked\n\na\r\n%s\r\n0\r\n\r\n"
     t0 = time.perf_counter()
-    got = read_many(client, server.url("ds"), [(KEY, RangeByteRequest(5, 300), None), (KEY, None, None)])
+    got = read_many(client, server.url_for("ds"), [(KEY, RangeByteRequest(5, 300), None), (KEY, None, None)])
     assert got == [BODY[5:300], BODY]
     assert time.perf_counter() - t0 < 10  # (not a stall: the head was in)
     if client == "engine":  # a bare-LF head of a chunked 206 (obstore's client wants a length for a range)
-        server_chunked = scripted(answers=lambda r: chunked % (len(BODY), BODY[:10]))
-        assert read_through(client, server_chunked.url("ds"), KEY, RangeByteRequest(0, 10)) == BODY[:10]
+        server_chunked = scripted(lambda r: chunked % (len(BODY), BODY[:10]))
+        assert read_through(client, server_chunked.url_for("ds"), KEY, RangeByteRequest(0, 10)) == BODY[:10]
 
 
 def _stray_crlf(apart: bool):
-    def script(conn: socket.socket, n: int) -> None:
-        while head := read_head(conn):
-            out = ranged(
-                BODY,
-                {k.lower(): v for k, _, v in (ln.partition(": ") for ln in head.decode().split("\r\n"))}.get("range"),
-            )
-            if apart:
-                conn.sendall(out)
-                time.sleep(0.05)
-                conn.sendall(b"\r\n")  # arrives while the connection is idle
-            else:
-                conn.sendall(out + b"\r\n")  # in the same packet as the body's end
-        conn.close()
+    def script(request: Request) -> Reply:
+        out = ranged(BODY, request.headers.get("range"))
+        if apart:
+            return Reply((out, 0.05, b"\r\n"))  # the CRLF arrives while the connection is idle
+        return Reply((out + b"\r\n",))  # in the same packet as the body's end
 
     return script
 
@@ -156,11 +151,11 @@ def test_a_stray_crlf_after_a_body_is_tolerated_on_a_kept_alive_connection(scrip
     server = scripted(_stray_crlf(apart))
     reads = [(KEY, RangeByteRequest(i * 100, i * 100 + 64), None) for i in range(4)]
     t0 = time.perf_counter()
-    got = read_many(client, server.url("ds"), reads)
+    got = read_many(client, server.url_for("ds"), reads)
     assert got == [BODY[i * 100 : i * 100 + 64] for i in range(4)]
     assert time.perf_counter() - t0 < 10
     if client == "engine":
-        assert server.connections == 1  # the connection carried every GET
+        assert len(server.connections) == 1  # the connection carried every GET
 
 
 # -- a large chunk sent chunked --------------------------------------------------------------------------------------
@@ -168,29 +163,32 @@ def test_a_stray_crlf_after_a_body_is_tolerated_on_a_kept_alive_connection(scrip
 LARGE = 32 << 20
 
 
-def _chunked_206(conn: socket.socket, n: int) -> None:
+def _chunked_206(request: Request) -> Reply:
     piece = bytes(range(256)) * 1024  # 256 KiB
-    while read_head(conn):
-        conn.sendall(
-            b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-%d/%d\r\nTransfer-Encoding: chunked\r\n\r\n" % (LARGE - 1, LARGE)
+
+    def pieces() -> Iterator[bytes]:
+        yield b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-%d/%d\r\nTransfer-Encoding: chunked\r\n\r\n" % (
+            LARGE - 1,
+            LARGE,
         )
         for _ in range(LARGE // len(piece)):
-            conn.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-        conn.sendall(b"0\r\n\r\n")
-    conn.close()
+            yield b"%x\r\n%s\r\n" % (len(piece), piece)
+        yield b"0\r\n\r\n"
+
+    return Reply(pieces())
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_32_mib_chunk_sent_chunked_is_read_by_the_engine_or_refused_at_once(scripted, client: str) -> None:
     server = scripted(_chunked_206)
     t0 = time.perf_counter()
-    (got,) = read_many(client, server.url("ds"), [(KEY, RangeByteRequest(0, LARGE), LARGE)])  # a pass's size hint
+    (got,) = read_many(client, server.url_for("ds"), [(KEY, RangeByteRequest(0, LARGE), LARGE)])  # a pass's size hint
     if client == "engine":
         assert got == bytes(range(256)) * (LARGE // 256)
-        assert len(server.requests if server.requests else [1]) >= 1 and server.connections == 1
+        assert len(server.requests) >= 1 and len(server.connections) == 1
     else:  # obstore's client cannot read a chunked body for a range: the same fault twice, then an error naming the key
         assert isinstance(got, OSError) and KEY in str(got) and "Content-Length" in str(got), got
-        assert "twice" in str(got) and server.connections == 2
+        assert "twice" in str(got) and len(server.connections) == 2
     assert time.perf_counter() - t0 < 15
 
 
@@ -238,7 +236,7 @@ def test_a_name_whose_first_address_never_answers_connects_to_the_next_within_th
     300 ms; the engine after 250 ms (RFC 8305). Without it every other
     connection waits out the 5 s connect timeout.
     """
-    server = scripted(answers=_closing)
+    server = scripted(_closing)
     real = socket.getaddrinfo
     asked: list[str] = []
 
@@ -258,7 +256,7 @@ def test_a_name_whose_first_address_never_answers_connects_to_the_next_within_th
     got = read_many("engine", url, reads, client_options={"allow_http": True})
     elapsed = time.perf_counter() - t0
     assert got == [BODY[i : i + 50] for i in range(6)]
-    assert asked and server.connections == 6  # a new connection each time, half of them starting on ::1
+    assert asked and len(server.connections) == 6  # a new connection each time, half of them starting on ::1
     assert elapsed < 4.0, elapsed  # 3 x 0.25 s; one connect timeout alone is 5 s
 
 
@@ -280,25 +278,17 @@ def test_tls_sessions_are_resumed_with_a_server_that_closes_every_connection(
     monkeypatch.setenv("SSL_CERT_FILE", str(certificates.ca))
     for name in ("SSL_CERT_DIR",):
         monkeypatch.delenv(name, raising=False)
-    resumed: list[bool] = []
-    lock = threading.Lock()
 
-    def script(conn, n: int) -> None:
-        head = read_head(conn)
-        if head:
-            request_range = next(
-                (ln.split(":", 1)[1].strip() for ln in head.decode().split("\r\n") if ln.lower().startswith("range:")),
-                None,
-            )
-            conn.sendall(ranged(BODY, request_range).replace(b"\r\n", b"\r\nConnection: close\r\n", 1))
-            with lock:
-                resumed.append(conn.session_reused)
-        conn.close()
+    def script(request: Request) -> Reply:  # one request per connection, then a close
+        return Reply(
+            (ranged(BODY, request.headers.get("range")).replace(b"\r\n", b"\r\nConnection: close\r\n", 1),), "close"
+        )
 
     server = scripted(script, tls=certificates.server_context(certificates.good))
     reads = [(KEY, RangeByteRequest(i, i + 40), None) for i in range(HANDSHAKES)]
-    got = read_many(client, server.url("ds", scheme="https", host="localhost"), reads)
+    got = read_many(client, server.url_for("ds", host="localhost"), reads)
     assert got == [BODY[i : i + 40] for i in range(HANDSHAKES)]
+    resumed = [bool(c.session_reused) for c in server.connections if c.requests]
     assert len(resumed) == HANDSHAKES
     ratio = sum(resumed) / len(resumed)
     if client == "engine":
@@ -324,9 +314,9 @@ UNREADABLE = {
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 @pytest.mark.parametrize("quirk", sorted(UNREADABLE))
 def test_an_answer_the_client_cannot_read_fails_within_seconds_naming_the_key(scripted, client: str, quirk: str):
-    server = scripted(answers=lambda r: UNREADABLE[quirk])
+    server = scripted(lambda r: UNREADABLE[quirk])
     t0 = time.perf_counter()
-    (got,) = read_many(client, server.url("ds"), [(KEY, RangeByteRequest(0, 100), None)], retry=PATIENT)
+    (got,) = read_many(client, server.url_for("ds"), [(KEY, RangeByteRequest(0, 100), None)], retry=PATIENT)
     assert isinstance(got, OSError) and KEY in str(got), got
     assert time.perf_counter() - t0 < 5
     if client == "engine" and quirk != "chunk-size":

@@ -19,7 +19,7 @@ import pytest
 import zarr
 from datasets import BATCH_SIZE, GROUP, check_pass, write_group
 from helpers import assert_batch_matches
-from scripted import WIRE_CLIENTS, Request, Scripted, answer, ranged
+from scripted import WIRE_CLIENTS
 from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
@@ -28,6 +28,7 @@ from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
+from insitubatch.testing.emulator import Request, answer, ranged
 
 # Retry bounds that would keep a transient fault going for a minute: a permanent one must not use them.
 PATIENT = {"max_retries": 10, "retry_timeout": datetime.timedelta(seconds=60)}
@@ -38,23 +39,8 @@ def _clean(no_aws_environment: None) -> None:
     pass
 
 
-# What obstore's HTTP store wants of a GET's answer besides its length.
+# What obstore's HTTP store wants of a GET's answer besides its length (the emulator's own answers carry them).
 DATED = b'Last-Modified: Mon, 01 Jan 2024 00:00:00 GMT\r\nETag: "0"\r\n'
-
-
-def _files(root: Path, quirk):
-    """Answers serving the files under ``root`` (ranges honoured), or ``quirk(request)`` where it gives one."""
-
-    def answers(request: Request) -> bytes:
-        odd = quirk(request)
-        if odd is not None:
-            return odd
-        file = root / request.path.lstrip("/")
-        if not file.is_file():
-            return answer(404)
-        return ranged(file.read_bytes(), request.headers.get("range")).replace(b"\r\n", b"\r\n" + DATED, 1)
-
-    return answers
 
 
 def _gateway_page(request: Request) -> bytes | None:
@@ -67,8 +53,8 @@ def _gateway_page(request: Request) -> bytes | None:
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_gateway_error_page_with_200_for_a_shards_range_is_refused_naming_the_key(scripted, tmp_path: Path, client):
     data = write_group(tmp_path)
-    server: Scripted = scripted(answers=_files(tmp_path, _gateway_page))
-    store = obstore_store(server.url(GROUP), read_only=True, client=client, retry=PATIENT)
+    server = scripted(_gateway_page, root=tmp_path)  # the files, but for the quirk
+    store = obstore_store(server.url_for(GROUP), read_only=True, client=client, retry=PATIENT)
     t0 = time.perf_counter()
     try:
         manifest = split_by_chunk(open_geometries(store)["v"], fractions=(0.75, 0.25))
@@ -120,13 +106,13 @@ def _chunked(root: Path):
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_chunks_over_8_mib_sent_chunked_are_read_by_the_engine_or_refused_at_once(scripted, tmp_path: Path, client):
     data = _write_large(tmp_path)
-    server: Scripted = scripted(answers=_files(tmp_path, _chunked(tmp_path)))
+    server = scripted(_chunked(tmp_path), root=tmp_path)
     t0 = time.perf_counter()
     if client == "engine":
-        check_pass(server.url(GROUP), data, client=client, retry=PATIENT)
+        check_pass(server.url_for(GROUP), data, client=client, retry=PATIENT)
         assert sum("/v/c/" in r.path for r in server.requests) > 0
     else:
         with pytest.raises(StoreReadError) as info:
-            check_pass(server.url(GROUP), data, client=client, retry=PATIENT)
+            check_pass(server.url_for(GROUP), data, client=client, retry=PATIENT)
         assert "key 'v/c/" in str(info.value) and "Content-Length" in str(info.value)
     assert time.perf_counter() - t0 < 30

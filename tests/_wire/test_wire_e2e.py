@@ -16,7 +16,8 @@ import pytest
 from certificates import make_certificates
 from datasets import BATCH_SIZE, GROUP, check_pass, write_group
 from helpers import assert_batch_matches
-from scripted import WIRE_CLIENTS, FileServer, Request, SignedS3, answer
+from scripted import WIRE_CLIENTS
+from servers import S3Server
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
@@ -24,6 +25,7 @@ from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
+from insitubatch.testing.emulator import Emulator, Request, answer
 
 
 @pytest.fixture(autouse=True)
@@ -33,21 +35,27 @@ def _clean(no_aws_environment: None, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def served(tmp_path: Path):
+def served(tmp_path: Path, scripted):
+    """The group's data, and ``serve(script=None, tls=None)``: an emulator of ``tmp_path`` (the script first)."""
     data = write_group(tmp_path)
-    servers: list[FileServer] = []
 
-    def serve(**kw) -> FileServer:
-        server = FileServer(tmp_path, **kw)
-        servers.append(server)
-        return server
+    def serve(script=None, *, tls=None) -> Emulator:
+        return scripted(script, root=tmp_path, tls=tls)
 
-    yield data, serve
-    for server in servers:
-        server.close()
+    return data, serve
 
 
-def _chunk_gets(server: FileServer) -> int:
+def _token(token: str):
+    """Every request must carry ``token`` as its query string, else 403."""
+    return lambda r: None if r.query == token else answer(403, b"<Error>AuthenticationFailed</Error>")
+
+
+def _redirect(to: str):
+    """Chunk requests (paths with ``/c/``) are sent to ``to`` with a 302."""
+    return lambda r: answer(302, Location=f"{to.rstrip('/')}{r.path}") if "/c/" in r.path else None
+
+
+def _chunk_gets(server: Emulator) -> int:
     return sum("/c/" in r.path for r in server.requests)
 
 
@@ -55,8 +63,8 @@ def _chunk_gets(server: FileServer) -> int:
 def test_a_url_with_a_token_is_read_whole(served, client: str) -> None:
     data, serve = served
     token = "sv=2024-05-04&se=2099-01-01T00%3A00%3A00Z&sp=rl&sig=YWJj%2Fx%3D"
-    server = serve(token=token)
-    info = check_pass(f"{server.url(GROUP)}?{token}", data, client=client)
+    server = serve(_token(token))
+    info = check_pass(f"{server.url_for(GROUP)}?{token}", data, client=client)
     assert info["client"]["client"] == client
     assert _chunk_gets(server) > 0 and all(r.query == token for r in server.requests)
 
@@ -65,8 +73,8 @@ def test_a_url_with_a_token_is_read_whole(served, client: str) -> None:
 def test_chunks_behind_a_redirect_to_another_host_are_read(served, client: str) -> None:
     data, serve = served
     cdn = serve()
-    origin = serve(redirect_to=cdn.url())
-    check_pass(origin.url(GROUP), data, client=client)
+    origin = serve(_redirect(cdn.url_for("")))
+    check_pass(origin.url_for(GROUP), data, client=client)
     assert _chunk_gets(origin) > 0 and _chunk_gets(cdn) == _chunk_gets(origin)
 
 
@@ -76,12 +84,12 @@ def test_https_with_a_private_ca_is_read(served, client: str, monkeypatch, tmp_p
     certificates = make_certificates(tmp_path_factory.mktemp("ca"))
     monkeypatch.setenv("SSL_CERT_FILE", str(certificates.ca))
     server = serve(tls=certificates.server_context(certificates.good))
-    check_pass(server.url(GROUP, host="localhost"), data, client=client)
+    check_pass(server.url_for(GROUP, host="localhost"), data, client=client)
     assert _chunk_gets(server) > 0
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
-def test_a_signed_bucket_is_read(served, client: str, signed_s3: SignedS3, tmp_path: Path) -> None:
+def test_a_signed_bucket_is_read(served, client: str, signed_s3: S3Server, tmp_path: Path) -> None:
     data, _ = served
     s3 = boto3.client(
         "s3",
@@ -95,7 +103,7 @@ def test_a_signed_bucket_is_read(served, client: str, signed_s3: SignedS3, tmp_p
     for path in (tmp_path / GROUP).rglob("*"):
         if path.is_file():
             s3.put_object(Bucket=bucket, Key=f"ds/{path.relative_to(tmp_path).as_posix()}", Body=path.read_bytes())
-    info = check_pass(f"s3://{bucket}/ds/{GROUP}", data, client=client, **signed_s3.options())
+    info = check_pass(f"s3://{bucket}/ds/{GROUP}", data, client=client, **signed_s3.client_options())
     assert info["client"] == {
         "client": client,
         "reason": "S3 with static keys" if client == "engine" else "client='obstore'",
@@ -108,7 +116,7 @@ def test_a_virtual_hosted_bucket_behind_an_endpoint_is_read(served, client: str)
     data, serve = served
     server = serve()
     # (obstore keeps a trailing slash of such an endpoint, and asks for //key: the engine does not)
-    options = {"endpoint": server.url().rstrip("/"), "region": "us-east-1", "anonymous": True}
+    options = {"endpoint": server.url_for("").rstrip("/"), "region": "us-east-1", "anonymous": True}
     check_pass(f"s3://bkt/{GROUP}", data, client=client, virtual_hosted_style_request=True, **options)
     assert _chunk_gets(server) > 0
     assert all(
@@ -125,8 +133,8 @@ def _wrong_range(request: Request) -> bytes | None:
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_wrong_range_is_a_store_read_error_naming_key_and_ranges(served, client: str) -> None:
     data, serve = served
-    server = serve(quirk=_wrong_range)
-    store = obstore_store(server.url(GROUP), read_only=True, client=client, retry={"max_retries": 1})
+    server = serve(_wrong_range)
+    store = obstore_store(server.url_for(GROUP), read_only=True, client=client, retry={"max_retries": 1})
     try:
         manifest = split_by_chunk(open_geometries(store)["v"], fractions=(0.75, 0.25))
         with (

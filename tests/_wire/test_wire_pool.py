@@ -19,7 +19,7 @@ import obstore.store
 import pytest
 from datasets import BATCH_SIZE, GROUP, manifest_of, write_group
 from helpers import assert_batch_matches, sockets_to
-from scripted import WIRE_CLIENTS, FileServer, ranged, read_head, read_through
+from scripted import WIRE_CLIENTS, read_through
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch._engine.reads.fetch import Fetcher
@@ -31,6 +31,7 @@ from insitubatch.dataset import InSituDataset
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
 from insitubatch.stores.wire_settings import OBSTORE_POOL_IDLE_TIMEOUT_S, engine_settings
+from insitubatch.testing.emulator import Emulator, ranged
 
 BODY = bytes(range(256)) * 16
 
@@ -42,37 +43,29 @@ def _clean(no_aws_environment: None) -> None:
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_an_idle_connection_is_closed_after_pool_idle_timeout(scripted, client: str) -> None:
-    idle_for: list[float] = []
+    server = scripted(lambda r: ranged(BODY, "bytes=0-9"))  # the connection kept: the client closes it when idle
 
-    def script(conn: socket.socket, n: int) -> None:
-        while head := read_head(conn):
-            conn.sendall(ranged(BODY, "bytes=0-9"))
-            answered = time.monotonic()
-            conn.settimeout(10)
-            try:
-                if conn.recv(1) == b"":  # the client closed it
-                    idle_for.append(time.monotonic() - answered)
-                    break
-            except OSError:
-                break
-            del head
-        conn.close()
+    def idle_for() -> list[float]:
+        """How long each closed connection sat idle after its last answer before the client closed it."""
+        return [c.closed_s - c.answered_s for c in server.connections if c.closed_s and c.answered_s]
 
-    server = scripted(script)
-    store = obstore_store(server.url("ds"), read_only=True, client=client, client_options={"pool_idle_timeout": "1s"})
+    store = obstore_store(
+        server.url_for("ds"), read_only=True, client=client, client_options={"pool_idle_timeout": "1s"}
+    )
     reader = client_for(store)
     fetcher = Fetcher(reader, ReadWindow(2).user(2), PassCounters(), hedge=False)
 
     async def read_then_wait() -> bytes:
         got = await fetcher.get("k", RangeByteRequest(0, 10))
         for _ in range(40):  # the loop keeps running, as zarr's does between passes
-            if idle_for:
+            if idle_for():
                 break
             await asyncio.sleep(0.1)
         return got.to_bytes()
 
     assert asyncio.run(read_then_wait()) == BODY[:10]
-    assert idle_for and 0.7 < idle_for[0] < 3.0, idle_for
+    idle = idle_for()
+    assert idle and 0.7 < idle[0] < 3.0, idle
     close_store(store)
 
 
@@ -124,45 +117,42 @@ def test_a_connection_that_never_completes_times_out_at_connect_timeout(client: 
         listener.close()
 
 
-def test_close_store_closes_the_engines_connections_and_a_later_read_reopens(tmp_path: Path) -> None:
+def test_close_store_closes_the_engines_connections_and_a_later_read_reopens(tmp_path: Path, scripted) -> None:
     (tmp_path / "ds").mkdir()
     for i in range(6):
         (tmp_path / "ds" / f"k{i}").write_bytes(BODY)
-    server = FileServer(tmp_path)
+    server = scripted(root=tmp_path)
+    store = obstore_store(server.url_for("ds"), read_only=True, client="engine")
+    reader = client_for(store)
+    fetcher = Fetcher(reader, ReadWindow(6).user(6), PassCounters(), hedge=False)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    def read_all() -> list[bytes]:
+        async def main() -> list:
+            return await asyncio.gather(*(fetcher.get(f"k{i}") for i in range(6)))
+
+        return [b.to_bytes() for b in asyncio.run_coroutine_threadsafe(main(), loop).result(20)]
+
     try:
-        store = obstore_store(server.url("ds"), read_only=True, client="engine")
-        reader = client_for(store)
-        fetcher = Fetcher(reader, ReadWindow(6).user(6), PassCounters(), hedge=False)
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-
-        def read_all() -> list[bytes]:
-            async def main() -> list:
-                return await asyncio.gather(*(fetcher.get(f"k{i}") for i in range(6)))
-
-            return [b.to_bytes() for b in asyncio.run_coroutine_threadsafe(main(), loop).result(20)]
-
-        try:
-            assert read_all() == [BODY] * 6
-            assert sockets_to(server.port) == 6
-            close_store(store)  # the store stays alive (we hold it): its client's connections close all the same
-            assert sockets_to(server.port) == 0
-            deadline = time.monotonic() + 5  # the server's own thread sees each connection end a moment later
-            while server.open_connections and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert server.open_connections == 0
-            fresh = client_for(store)
-            assert fresh is not reader  # a later read builds a fresh client
-            fetcher = Fetcher(fresh, ReadWindow(6).user(6), PassCounters(), hedge=False)
-            assert read_all() == [BODY] * 6
-        finally:
-            close_store(store)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
-            loop.close()
+        assert read_all() == [BODY] * 6
+        assert sockets_to(server.port) == 6
+        close_store(store)  # the store stays alive (we hold it): its client's connections close all the same
+        assert sockets_to(server.port) == 0
+        deadline = time.monotonic() + 5  # the server's own thread sees each connection end a moment later
+        while server.open_connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.open_connections == 0
+        fresh = client_for(store)
+        assert fresh is not reader  # a later read builds a fresh client
+        fetcher = Fetcher(fresh, ReadWindow(6).user(6), PassCounters(), hedge=False)
+        assert read_all() == [BODY] * 6
     finally:
-        server.close()
+        close_store(store)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def _open_descriptors() -> int:
@@ -174,7 +164,7 @@ def _open_descriptors() -> int:
 SETTLE_S = 5.0
 
 
-def _settled(server: FileServer, most: tuple[int, int] | None) -> tuple[int, int]:
+def _settled(server: Emulator, most: tuple[int, int] | None) -> tuple[int, int]:
     """``(descriptors, connections the server holds)`` once within ``most`` (or after ``SETTLE_S``)."""
     deadline = time.monotonic() + SETTLE_S
     while True:
@@ -189,23 +179,22 @@ def _settled(server: FileServer, most: tuple[int, int] | None) -> tuple[int, int
 
 @pytest.mark.slow
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
-def test_twenty_datasets_opened_iterated_and_closed_leave_nothing_open(tmp_path: Path, monkeypatch, client) -> None:
+def test_twenty_datasets_opened_iterated_and_closed_leave_nothing_open(
+    tmp_path: Path, monkeypatch, client, scripted
+) -> None:
     data = write_group(tmp_path)
-    server = FileServer(tmp_path)
+    server = scripted(root=tmp_path)
     monkeypatch.setenv("INSITUBATCH_CLIENT", client)  # the datasets open the URL themselves: the process default
-    try:
-        url = server.url(GROUP)
-        manifest = manifest_of(url)
-        counts = []
-        for _ in range(20):
-            ds = InSituDataset(url, manifest, batch_size=BATCH_SIZE, block_chunks=2)
-            assert ds.describe()["client"]["client"] == client
-            for batch in ds.train:
-                assert_batch_matches(batch, ds.variables, data)
-            ds.close()
-            del ds, batch
-            counts.append(_settled(server, counts[0] if counts else None))
-        assert server.connections > 20  # every dataset read through connections of its own
-        assert counts[0][1] == 0 and max(counts[1:]) <= counts[0], counts  # nothing grew, round 1 to round 20
-    finally:
-        server.close()
+    url = server.url_for(GROUP)
+    manifest = manifest_of(url)
+    counts = []
+    for _ in range(20):
+        ds = InSituDataset(url, manifest, batch_size=BATCH_SIZE, block_chunks=2)
+        assert ds.describe()["client"]["client"] == client
+        for batch in ds.train:
+            assert_batch_matches(batch, ds.variables, data)
+        ds.close()
+        del ds, batch
+        counts.append(_settled(server, counts[0] if counts else None))
+    assert len(server.connections) > 20  # every dataset read through connections of its own
+    assert counts[0][1] == 0 and max(counts[1:]) <= counts[0], counts  # nothing grew, round 1 to round 20

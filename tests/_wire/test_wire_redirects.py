@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from scripted import WIRE_CLIENTS, Request, answer, ranged, read_through
+from scripted import WIRE_CLIENTS, read_through
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch._wire.faults import RedirectError
 from insitubatch._wire.redirects import MAX_REDIRECTS, next_hop, region_of
 from insitubatch.stores.read_policy import Outcome, classify
+from insitubatch.testing.emulator import Request, answer, ranged
 
 BODY = bytes(range(256)) * 16
 KEY = "d/c/0.0"
@@ -26,10 +27,10 @@ def _files(request: Request) -> bytes:
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 def test_a_redirect_to_another_host_is_followed(scripted, client: str, status: int) -> None:
-    cdn = scripted(answers=_files)
-    origin = scripted(answers=lambda r: answer(status, Location=cdn.url(f"edge{r.path}?exp=9&sig=z")))
-    assert read_through(client, origin.url("ds"), KEY, RangeByteRequest(3, 40)) == BODY[3:40]
-    assert read_through(client, origin.url("ds"), KEY) == BODY
+    cdn = scripted(_files)
+    origin = scripted(lambda r: answer(status, Location=cdn.url_for(f"edge{r.path}?exp=9&sig=z")))
+    assert read_through(client, origin.url_for("ds"), KEY, RangeByteRequest(3, 40)) == BODY[3:40]
+    assert read_through(client, origin.url_for("ds"), KEY) == BODY
     seen = cdn.requests[0]
     assert (seen.path, seen.query, seen.headers["range"]) == (f"/edge/ds/{KEY}", "exp=9&sig=z", "bytes=3-39")
     assert seen.headers["host"] == f"127.0.0.1:{cdn.port}"
@@ -43,15 +44,15 @@ def test_a_relative_redirect_and_a_chain_of_them_are_followed(scripted, client: 
             return answer(302, Location=f"/again{request.path}")
         return _files(request)
 
-    server = scripted(answers=answers)
-    assert read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 10)) == BODY[:10]
+    server = scripted(answers)
+    assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 10)) == BODY[:10]
     assert [r.path for r in server.requests] == [f"{'/again' * i}/ds/{KEY}" for i in range(4)]
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_redirect_loop_is_an_error_after_a_bounded_number_of_hops(scripted, client: str) -> None:
-    server = scripted(answers=lambda r: answer(302, Location=r.target))
-    got = read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 10))
+    server = scripted(lambda r: answer(302, Location=r.target))
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 10))
     assert isinstance(got, Exception), got
     if client == "engine":
         assert isinstance(got, RedirectError) and classify(got) is Outcome.FATAL
@@ -64,8 +65,8 @@ def test_a_redirect_loop_is_an_error_after_a_bounded_number_of_hops(scripted, cl
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_redirect_without_location_naming_a_region_is_an_error_naming_it(scripted, client: str) -> None:
     body = b"<Error><Code>PermanentRedirect</Code><Endpoint>b.s3.eu-west-2.amazonaws.com</Endpoint></Error>"
-    server = scripted(answers=lambda r: answer(301, body, x_amz_bucket_region="eu-west-2"))
-    got = read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 10))
+    server = scripted(lambda r: answer(301, body, x_amz_bucket_region="eu-west-2"))
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 10))
     assert isinstance(got, Exception), got
     if client == "engine":
         assert "region 'eu-west-2'" in str(got) and "region='eu-west-2'" in str(got)
@@ -76,8 +77,8 @@ def test_a_redirect_without_location_naming_a_region_is_an_error_naming_it(scrip
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_redirect_to_a_protocol_the_engine_does_not_speak_goes_to_obstore(scripted, client: str) -> None:
-    server = scripted(answers=lambda r: answer(302, Location="ftp://127.0.0.1:9/x"))
-    got = read_through(client, server.url("ds"), KEY, RangeByteRequest(0, 10))
+    server = scripted(lambda r: answer(302, Location="ftp://127.0.0.1:9/x"))
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 10))
     assert isinstance(got, Exception), got  # obstore cannot follow it either
     agents = [r.headers["user-agent"].split("/")[0] for r in server.requests]
     assert agents[-1] == "object_store"  # the read went to obstore, which asked again itself

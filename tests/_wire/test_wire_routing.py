@@ -7,7 +7,7 @@ from pathlib import Path
 import obstore.store
 import pytest
 from datasets import GROUP, check_pass, write_group
-from scripted import WIRE_CLIENTS, FileServer
+from scripted import WIRE_CLIENTS
 from zarr.storage import ObjectStore
 
 from insitubatch._engine.reads.store_link import client_for
@@ -105,17 +105,13 @@ def test_a_store_that_is_not_obstores_is_read_through_its_own_get(tmp_path: Path
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
-def test_describe_and_inspect_say_which_client_reads_the_store(tmp_path: Path, client: str) -> None:
+def test_describe_and_inspect_say_which_client_reads_the_store(tmp_path: Path, client: str, scripted) -> None:
     data = write_group(tmp_path)
-    server = FileServer(tmp_path)
-    try:
-        url = server.url(GROUP)
-        info = check_pass(url, data, client=client)
-        reason = "an http store" if client == "engine" else "client='obstore'"
-        assert info["client"] == {"client": client, "reason": reason}
-        text = inspect_store(url, storage_options={"client": client}, probe=False)
-        assert f"client     {client}: {reason}" in text.splitlines()
-    finally:
-        server.close()
+    url = scripted(root=tmp_path).url_for(GROUP)
+    info = check_pass(url, data, client=client)
+    reason = "an http store" if client == "engine" else "client='obstore'"
+    assert info["client"] == {"client": client, "reason": reason}
+    text = inspect_store(url, storage_options={"client": client}, probe=False)
+    assert f"client     {client}: {reason}" in text.splitlines()
     local = inspect_store(str(tmp_path / GROUP), probe=False)
     assert "client     local: read from files directly, no HTTP client" in local.splitlines()

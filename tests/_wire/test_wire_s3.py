@@ -1,10 +1,10 @@
 """S3 through each client: where requests go and as whom (obstore is the oracle), signatures checked by moto.
 
-moto's server here runs with IAM on (``start_signed_s3``): a request whose
+moto's server here runs with IAM on (``start_s3_server(check_signatures=True)``): a request whose
 SigV4 signature does not verify is refused, so every byte read proves its
 signature. Addressing (path or virtual-hosted style, with an endpoint) is
 compared request line by request line with what obstore sends to a
-scripted server.
+scripted emulator.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ import socket
 import boto3
 import obstore.store
 import pytest
-from scripted import WIRE_CLIENTS, Request, SignedS3, answer, read_head, read_through
+from scripted import WIRE_CLIENTS, read_through
+from servers import S3Server
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch._wire.engine_client import NativeBackend, native_backend
+from insitubatch.testing.emulator import Request, answer
 
 BUCKET = "wire-signed"
 BLOBS = {f"d/k{i}": bytes((i * 7 + j) % 251 for j in range(300 + 97 * i)) for i in range(5)}
@@ -31,7 +33,7 @@ def _clean(no_aws_environment: None) -> None:
 
 
 @pytest.fixture(scope="module")
-def bucket(signed_s3: SignedS3) -> str:
+def bucket(signed_s3: S3Server) -> str:
     s3 = boto3.client(
         "s3",
         endpoint_url=signed_s3.endpoint,
@@ -46,14 +48,16 @@ def bucket(signed_s3: SignedS3) -> str:
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
-def test_signed_reads_verify_and_give_the_same_bytes(signed_s3: SignedS3, bucket: str, client: str) -> None:
+def test_signed_reads_verify_and_give_the_same_bytes(signed_s3: S3Server, bucket: str, client: str) -> None:
     url = f"s3://{bucket}/a b/pre"
     for key, blob in BLOBS.items():
-        assert read_through(client, url, key, **signed_s3.options()) == blob
-    assert read_through(client, url, "d/k3", RangeByteRequest(7, 99), **signed_s3.options()) == BLOBS["d/k3"][7:99]
-    assert read_through(client, url, ODD_KEY, **signed_s3.options()) == b"odd"
-    assert read_through(client, url, "d/none", **signed_s3.options()) is None
-    wrong = read_through(client, url, "d/k1", **signed_s3.options(secret_access_key="not-the-secret"))
+        assert read_through(client, url, key, **signed_s3.client_options()) == blob
+    assert (
+        read_through(client, url, "d/k3", RangeByteRequest(7, 99), **signed_s3.client_options()) == BLOBS["d/k3"][7:99]
+    )
+    assert read_through(client, url, ODD_KEY, **signed_s3.client_options()) == b"odd"
+    assert read_through(client, url, "d/none", **signed_s3.client_options()) is None
+    wrong = read_through(client, url, "d/k1", **signed_s3.client_options(secret_access_key="not-the-secret"))
     assert isinstance(wrong, Exception) and "403" in str(wrong) or "Permission" in type(wrong).__name__, wrong
 
 
@@ -74,22 +78,19 @@ def _forward(head: bytes, port: int) -> bytes:
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
-def test_a_redirect_on_the_same_host_is_signed_again(scripted, signed_s3: SignedS3, bucket: str, client) -> None:
+def test_a_redirect_on_the_same_host_is_signed_again(scripted, signed_s3: S3Server, bucket: str, client) -> None:
     """S3 answers 307 to the same path with a query: the engine signs the new request (moto checks it)."""
     moto_port = int(signed_s3.endpoint.rsplit(":", 1)[1])
 
-    def script(conn: socket.socket, n: int) -> None:
-        while head := read_head(conn):
-            line = head.split(b"\r\n", 1)[0].decode()
-            target = line.split(" ")[1]
-            if "?" not in target:
-                conn.sendall(answer(307, Location=f"{target}?x-id=GetObject"))
-            else:  # byte for byte to moto, Host header and signature as the client sent them
-                conn.sendall(_forward(head, moto_port))
-        conn.close()
+    def script(request: Request) -> bytes:
+        if "?" not in request.target:
+            return answer(307, Location=f"{request.target}?x-id=GetObject")
+        return _forward(
+            request.head, moto_port
+        )  # to moto as it came, Host header and signature as the client sent them
 
     front = scripted(script)
-    options = signed_s3.options(endpoint=f"http://127.0.0.1:{front.port}")
+    options = signed_s3.client_options(endpoint=f"http://127.0.0.1:{front.port}")
     got = read_through(client, f"s3://{bucket}/a b/pre", "d/k2", RangeByteRequest(3, 50), **options)
     if client == "engine":
         assert got == BLOBS["d/k2"][3:50]
@@ -100,8 +101,8 @@ def test_a_redirect_on_the_same_host_is_signed_again(scripted, signed_s3: Signed
 def test_a_signed_redirect_to_a_host_the_engine_cannot_sign_for_goes_to_obstore(scripted) -> None:
     """No credential leaves for a host that is not AWS's: the read is obstore's, which follows it unsigned."""
     body = b"served elsewhere"
-    elsewhere = scripted(answers=lambda r: answer(206, body, Content_Range=f"bytes 0-{len(body) - 1}/{len(body)}"))
-    front = scripted(answers=lambda r: answer(307, Location=elsewhere.url(r.path)))
+    elsewhere = scripted(lambda r: answer(206, body, Content_Range=f"bytes 0-{len(body) - 1}/{len(body)}"))
+    front = scripted(lambda r: answer(307, Location=elsewhere.url_for(r.path)))
     options = {"endpoint": f"http://127.0.0.1:{front.port}", "allow_http": True, "region": "us-east-1"}
     options.update(access_key_id="AKX", secret_access_key="SKX")
     assert read_through("engine", "s3://bkt/p", "k", RangeByteRequest(0, len(body)), **options) == body
@@ -134,7 +135,7 @@ def test_s3_requests_go_where_and_as_whom_obstore_sends_them(scripted, monkeypat
     bucket's own (the bucket is not added to its host or path).
     """
     heads: list[Request] = []
-    server = scripted(answers=_captured(heads))
+    server = scripted(_captured(heads))
     endpoint = f"http://127.0.0.1:{server.port}"
     settings = {"access_key_id": "AKX", "secret_access_key": "SKX", "token": "TKX", "region": "ap-south-1"}
     virtual = style == "virtual-hosted"

@@ -1,7 +1,7 @@
 """HTTPS through each client: verification always on, a wrong name refused, a custom CA honoured as obstore honours it.
 
 A CA and server certificates are made in the test (``cryptography``); the
-servers are scripted loopback servers speaking TLS. obstore trusts the CAs
+servers are scripted emulators speaking TLS. obstore trusts the CAs
 that ``SSL_CERT_FILE`` names (and a store's ``root_certificate``); so does
 the engine.
 """
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 from certificates import Certificates, make_certificates
-from scripted import WIRE_CLIENTS, Request, answer, ranged, read_through
+from scripted import WIRE_CLIENTS, read_through
 from zarr.abc.store import RangeByteRequest
 
 from insitubatch._wire.faults import TlsRefusedError
 from insitubatch.stores.read_policy import Outcome, classify
+from insitubatch.testing.emulator import Request, answer, ranged
 
 BODY = bytes(range(256)) * 8
 KEY = "d/c/0"
@@ -37,8 +38,8 @@ def _files(request: Request) -> bytes:
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_certificate_from_an_unknown_ca_is_refused(scripted, certificates: Certificates, client: str) -> None:
-    server = scripted(answers=_files, tls=certificates.server_context(certificates.good))
-    got = read_through(client, server.url("ds", scheme="https"), KEY, RangeByteRequest(0, 8))
+    server = scripted(_files, tls=certificates.server_context(certificates.good))
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 8))
     assert isinstance(got, Exception), got
     assert not server.requests  # no request went over an unverified connection
     if client == "engine":
@@ -49,14 +50,14 @@ def test_a_certificate_from_an_unknown_ca_is_refused(scripted, certificates: Cer
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 @pytest.mark.parametrize("how", ["SSL_CERT_FILE", "root_certificate"])
 def test_a_custom_ca_is_honoured(scripted, certificates: Certificates, monkeypatch, client: str, how: str) -> None:
-    server = scripted(answers=_files, tls=certificates.server_context(certificates.good))
+    server = scripted(_files, tls=certificates.server_context(certificates.good))
     options = {}
     if how == "SSL_CERT_FILE":
         monkeypatch.setenv("SSL_CERT_FILE", str(certificates.ca))
     else:
         options["client_options"] = {"root_certificate": certificates.ca.read_text()}
     for host in ("127.0.0.1", "localhost"):  # an IP address and a name, each in the certificate
-        url = server.url("ds", scheme="https", host=host)
+        url = server.url_for("ds", host=host)
         assert read_through(client, url, KEY, RangeByteRequest(2, 30), **options) == BODY[2:30]
         assert read_through(client, url, KEY, **options) == BODY
 
@@ -64,8 +65,8 @@ def test_a_custom_ca_is_honoured(scripted, certificates: Certificates, monkeypat
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_certificate_for_another_name_is_refused(scripted, certificates: Certificates, monkeypatch, client) -> None:
     monkeypatch.setenv("SSL_CERT_FILE", str(certificates.ca))
-    server = scripted(answers=_files, tls=certificates.server_context(certificates.wrong))
-    got = read_through(client, server.url("ds", scheme="https"), KEY, RangeByteRequest(0, 8))
+    server = scripted(_files, tls=certificates.server_context(certificates.wrong))
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 8))
     assert isinstance(got, Exception), got
     assert not server.requests
     if client == "engine":
@@ -77,11 +78,11 @@ def test_an_https_host_behind_a_redirect_is_read(scripted, certificates: Certifi
     """The CDN case: the origin answers 302 to another HTTPS name, which serves the bytes."""
     monkeypatch.setenv("SSL_CERT_FILE", str(certificates.ca))
     context = certificates.server_context(certificates.good)
-    edge = scripted(answers=_files, tls=context)
+    edge = scripted(_files, tls=context)
     origin = scripted(
-        answers=lambda r: answer(302, Location=edge.url(f"cache{r.path}", scheme="https", host="localhost")),
+        lambda r: answer(302, Location=edge.url_for(f"cache{r.path}", host="localhost")),
         tls=context,
     )
-    got = read_through(client, origin.url("ds", scheme="https"), KEY, RangeByteRequest(5, 25))
+    got = read_through(client, origin.url_for("ds"), KEY, RangeByteRequest(5, 25))
     assert got == BODY[5:25]
     assert edge.requests[0].path == f"/cache/ds/{KEY}" and edge.requests[0].headers["host"].startswith("localhost:")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from servers import free_port
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk, to_jax
 
@@ -79,15 +79,9 @@ def test_a_global_batch_over_four_devices_places_each_device_s_rows(store: str, 
     print(out["layout"])
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_make_one_global_batch_with_ranks_from_jax(store: str, tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     results = [tmp_path / f"process{i}.json" for i in range(2)]
     procs = [_start(["processes", store, str(results[i]), str(i), str(port)], devices=2) for i in range(2)]
     try:

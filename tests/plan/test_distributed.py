@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import zarr
 from helpers import CountingStore, local_store
+from servers import free_port
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk, split_by_time
 from insitubatch.plan.distributed import resolve_world
@@ -150,12 +150,6 @@ def test_world_resolution(monkeypatch) -> None:
         resolve_world(-1, 2)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 WORKER = textwrap.dedent(
     """
     import json, os, sys
@@ -197,7 +191,7 @@ def test_ddp_under_a_real_gloo_group(path, tmp_path, world) -> None:
     pytest.importorskip("torch")
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = dict(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import zarr
 from helpers import CountingStore, local_store
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from servers import free_port
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, open_statics, split_by_chunk
 from insitubatch.plan.read_groups import band_cuts
@@ -363,9 +363,7 @@ def test_a_torch_process_group_is_a_read_group_under_real_gloo(path, tmp_path) -
     world = 4
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(world):
         env = dict(

@@ -8,9 +8,7 @@ says obstore's client read it, and why.
 from __future__ import annotations
 
 import http.client
-import http.server
 import os
-import threading
 import urllib.parse
 import warnings
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ import numpy as np
 import pytest
 import zarr
 from helpers import assert_batch_matches, smooth_field, write_array
-from servers import LOOPBACK, S3_KEY_ID, S3_REGION, S3_SECRET
+from servers import S3_KEY_ID, S3_REGION, S3_SECRET
 from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
@@ -28,10 +26,10 @@ from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
+from insitubatch.testing.emulator import Emulator, Request
 
 if TYPE_CHECKING:
-    from conftest import HTTPFileServer
-    from servers import S3Server
+    from servers import HTTPFileServer, S3Server
 
 SHAPE = (24, 6, 8)
 
@@ -95,71 +93,40 @@ def test_s3_signed_by_a_credential_provider_reads_equal_to_zarr(s3_server: S3Ser
     }
 
 
-class _ForwardProxy:
-    """A plain-HTTP forward proxy on loopback: each request for ``http://host/path`` is sent on and counted."""
+# Hop-by-hop and per-server headers a proxy does not pass on.
+_NOT_FORWARDED = ("connection", "transfer-encoding", "keep-alive", "server", "date")
 
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str]] = []
-        self._lock = threading.Lock()
-        proxy = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                self._forward()
-
-            def do_HEAD(self) -> None:
-                self._forward()
-
-            def _forward(self) -> None:
-                target = urllib.parse.urlsplit(self.path)  # a proxy is asked for the absolute URL
-                with proxy._lock:
-                    proxy.requests.append((self.command, self.path))
-                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-connection", "host")}
-                try:
-                    upstream.request(self.command, target.path or "/", headers=headers)
-                    answer = upstream.getresponse()
-                    body = answer.read()
-                finally:
-                    upstream.close()
-                self.send_response(answer.status, answer.reason)
-                for name, value in answer.getheaders():
-                    if name.lower() not in ("connection", "transfer-encoding", "keep-alive", "server", "date"):
-                        self.send_header(name, value)
-                if answer.getheader("Content-Length") is None:
-                    self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
-        self.httpd = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://{LOOPBACK}:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=10)
+def _forward(request: Request) -> bytes:
+    """A plain-HTTP forward proxy's answer: the request for ``http://host/path`` sent on, the answer back."""
+    target = urllib.parse.urlsplit(request.target)  # a proxy is asked for the absolute URL
+    upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
+    headers = {k: v for k, v in request.headers.items() if k not in ("proxy-connection", "host")}
+    try:
+        upstream.request(request.method, target.path or "/", headers=headers)
+        got = upstream.getresponse()
+        body = got.read()
+    finally:
+        upstream.close()
+    lines = [f"HTTP/1.1 {got.status} {got.reason}"]
+    lines += [f"{name}: {value}" for name, value in got.getheaders() if name.lower() not in _NOT_FORWARDED]
+    if got.getheader("Content-Length") is None:
+        lines.append(f"Content-Length: {len(body)}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head if request.method == "HEAD" else head + body
 
 
 @pytest.fixture
-def forward_proxy() -> Iterator[_ForwardProxy]:
-    proxy = _ForwardProxy()
-    yield proxy
-    proxy.stop()
+def forward_proxy() -> Iterator[Emulator]:
+    """The emulator as a forward proxy on loopback: every request it passes on is in its ``requests``."""
+    with Emulator(None, latency_s=0.0, jitter_s=0.0, script=_forward, record=True) as proxy:
+        yield proxy
 
 
 @pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy"])
 def test_a_store_behind_a_proxy_reads_equal_to_zarr_every_request_through_it(
     http_server: HTTPFileServer,
-    forward_proxy: _ForwardProxy,
+    forward_proxy: Emulator,
     monkeypatch: pytest.MonkeyPatch,
     variable: str,
 ) -> None:
@@ -174,4 +141,4 @@ def test_a_store_behind_a_proxy_reads_equal_to_zarr_every_request_through_it(
     served = [(method, path) for method, path, _ in http_server.requests]
     assert len(served) > 0
     # every request the file server answered came through the proxy: the engine's client did not go around it
-    assert sorted(urllib.parse.urlsplit(url).path for _, url in forward_proxy.requests) == sorted(p for _, p in served)
+    assert sorted(urllib.parse.urlsplit(r.target).path for r in forward_proxy.requests) == sorted(p for _, p in served)

@@ -26,7 +26,7 @@ from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
 
 if TYPE_CHECKING:
-    from conftest import HTTPFileServer
+    from servers import HTTPFileServer
 
 SHAPE = (24, 6, 8)
 

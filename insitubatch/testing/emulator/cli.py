@@ -35,8 +35,9 @@ __all__ = ["add_arguments", "main", "run"]
 PROG = "python -m insitubatch.testing.emulator"
 # How deep below the root the startup message looks for groups (bucket/dataset.zarr is 2).
 FIND_DEPTH = 2
-# Emulator parameters that are not link settings (the root is the positional argument).
-NOT_OPTIONS = ("self", "root")
+# Emulator parameters that are not link settings (the root is the positional argument; a script, a TLS
+# context and the request log are for a program that runs the emulator in-process).
+NOT_OPTIONS = ("self", "root", "script", "tls", "record")
 
 
 def _parameter_docs(cls: type) -> dict[str, str]:

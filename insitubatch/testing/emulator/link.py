@@ -30,6 +30,7 @@ import math
 import random
 import select
 import socket
+import ssl
 import threading
 import time
 from typing import Any
@@ -171,7 +172,7 @@ def wait_or_gone(sock: socket.socket, seconds: float, closing: threading.Event) 
     readable socket here means it closed (or reset) the connection.
     """
     deadline = time.monotonic() + seconds
-    watch = True
+    watch = not isinstance(sock, ssl.SSLSocket)  # (a TLS socket cannot peek: over HTTPS, wait on the clock)
     while (left := deadline - time.monotonic()) > 0:
         if closing.is_set():
             return False

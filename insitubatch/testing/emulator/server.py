@@ -57,6 +57,13 @@ server answers without counting them: ``GET /_emulator/stats`` (JSON) and
 ``POST /_emulator/reset``, plus ``POST /_emulator/config`` (JSON with any
 link setting of :class:`~insitubatch.testing.emulator.link.LinkModel`).
 Faults are injected in-process only.
+
+**Scripted mode** (in-process): ``Emulator(root, script=fn)`` hands every
+request to ``fn`` first, which may answer it byte for byte (any framing,
+any misbehaviour: see :mod:`insitubatch.testing.emulator.script`) or
+return ``None`` to let the emulator serve the file. ``tls=`` serves HTTPS
+with a server-side ``ssl.SSLContext``; ``record=True`` keeps every request
+(:attr:`Emulator.requests`) and connection (:attr:`Emulator.connections`).
 """
 
 from __future__ import annotations
@@ -69,10 +76,11 @@ import os
 import random
 import re
 import socket
+import ssl
 import struct
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -82,12 +90,14 @@ from .handler import (
     DEFAULT_JITTER_S,
     DEFAULT_LATENCY_S,
     LOOPBACK,
+    SHUTDOWN_POLL_S,
     STOP_JOIN_S,
     ClientGone,
     Handler,
     Server,
 )
 from .link import SLOWDOWN_BODY, LinkModel, wait_or_gone
+from .script import ConnectionRecord, Reply, Request
 from .stats import DEFAULT_RETRY_AFTER_S, DEFAULT_STALL_S, Counters, EmulatorStats, Fault
 
 __all__ = ["FAULT_KINDS", "Emulator"]
@@ -102,13 +112,18 @@ FAULT_KINDS = (*STATUS_FAULTS, "retry-after", *BODY_FAULTS)
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
+# What a script returns: an exact answer, raw bytes, or None (the emulator answers as usual).
+Script = Callable[[Request], "Reply | bytes | None"]
+
+
 class Emulator:
     """The emulator server on ``127.0.0.1`` in a background thread of this process.
 
     Parameters
     ----------
     root
-        Directory whose tree is served; ``/a/b`` is ``root/a/b``.
+        Directory whose tree is served; ``/a/b`` is ``root/a/b``. ``None``
+        serves no file (every request a script leaves is a 404).
     latency_s, jitter_s
         Time to first byte: ``latency_s`` plus a uniform draw in ``[0, jitter_s]``.
     bandwidth_bytes_per_s
@@ -117,6 +132,17 @@ class Emulator:
         ``0`` picks a free port.
     seed
         Seeds the jitter and fault-probability draws.
+    script
+        ``script(request)`` answers each request first: a
+        :class:`~insitubatch.testing.emulator.script.Reply`, raw ``bytes``,
+        or ``None`` to let the emulator serve it (scripted mode, see
+        :mod:`insitubatch.testing.emulator.script`). The request is in
+        :attr:`requests` (with ``record``) before the script runs.
+    tls
+        A server-side ``ssl.SSLContext``: serve HTTPS (``url`` is ``https://``).
+    record
+        Keep every request and connection (:attr:`requests`, :attr:`connections`);
+        off by default, so a long benchmark run holds no log.
     **link
         Any other link setting of :class:`~insitubatch.testing.emulator.link.LinkModel`
         (``tail_s``, ``straggler_share``, ``throttle_share``, ``hold_key``, ...).
@@ -127,17 +153,20 @@ class Emulator:
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | None,
         *,
         latency_s: float = DEFAULT_LATENCY_S,
         jitter_s: float = DEFAULT_JITTER_S,
         bandwidth_bytes_per_s: float | None = None,
         port: int = 0,
         seed: int = 0,
+        script: Script | None = None,
+        tls: ssl.SSLContext | None = None,
+        record: bool = False,
         **link: Any,
     ) -> None:
-        self.root = Path(root).resolve()
-        if not self.root.is_dir():
+        self.root = None if root is None else Path(root).resolve()
+        if self.root is not None and not self.root.is_dir():
             raise NotADirectoryError(f"root={str(root)!r} is not a directory")
         self.link = LinkModel(seed)
         self.configure(latency_s=latency_s, jitter_s=jitter_s, bandwidth_bytes_per_s=bandwidth_bytes_per_s, **link)
@@ -145,11 +174,18 @@ class Emulator:
         self._rng_lock = threading.Lock()
         self._counters = Counters()
         self._faults: list[Fault] = []
+        self._script = script
+        self._record = record
+        self._requests: list[Request] = []
+        self._connections: list[ConnectionRecord] = []
         self._closing = threading.Event()
-        self._server = Server(self, port)
+        self._server = Server(self, port, tls)
         self.port = int(self._server.server_address[1])
-        self.url = f"http://{LOOPBACK}:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="emulator", daemon=True)
+        self.scheme = "http" if tls is None else "https"
+        self.url = f"{self.scheme}://{LOOPBACK}:{self.port}"
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, name="emulator", daemon=True
+        )
         self._thread.start()
         self._closed = False
 
@@ -164,9 +200,9 @@ class Emulator:
         self.link.configure(**settings)
         return self.link.settings()
 
-    def url_for(self, path: str) -> str:
-        """The URL of ``path`` (relative to ``root``) on this server."""
-        return f"{self.url}/{path.lstrip('/')}"
+    def url_for(self, path: str, host: str = LOOPBACK) -> str:
+        """The URL of ``path`` (relative to ``root``) on this server; ``host`` names it (``localhost`` for TLS)."""
+        return f"{self.scheme}://{host}:{self.port}/{path.lstrip('/')}"
 
     # -- counters and faults --------------------------------------------------------
     def stats(self) -> EmulatorStats:
@@ -174,8 +210,27 @@ class Emulator:
         return self._counters.snapshot()
 
     def reset_stats(self) -> None:
+        """Zero the counters and forget the recorded requests (connections stay: they are still open or were)."""
         with self._counters.lock:
             self._counters.reset()
+            self._requests.clear()
+
+    @property
+    def requests(self) -> list[Request]:
+        """Every request since start or :meth:`reset_stats`, in arrival order (kept with ``record=True``)."""
+        with self._counters.lock:
+            return list(self._requests)
+
+    @property
+    def connections(self) -> list[ConnectionRecord]:
+        """Every connection accepted, in order (kept with ``record=True``); each record updates while it is open."""
+        with self._counters.lock:
+            return list(self._connections)
+
+    @property
+    def open_connections(self) -> int:
+        """Connections the server holds open now."""
+        return self._server.open_connections()
 
     def inject(
         self,
@@ -247,6 +302,16 @@ class Emulator:
                 self._control(h, method, key[len(CONTROL_PREFIX) :])
                 return
             self._counters.request(key, method)
+            nth, h.record.requests = h.record.requests, h.record.requests + 1
+            if self._script is not None or self._record:  # (a benchmark's server builds no record per request)
+                request = self._arrived(h, method, nth)
+                reply = None if self._script is None else self._script(request)
+                if reply is not None:
+                    self._send_reply(h, key, reply)
+                    return
+            if self.root is None:
+                self._status(h, 404, key)
+                return
             if method not in ("GET", "HEAD"):
                 self._status(h, 405, key)
                 return
@@ -266,6 +331,40 @@ class Emulator:
             self._serve_file(h, key, method, fault)
         except ClientGone:
             h.close_connection = True
+
+    def opened(self, record: ConnectionRecord) -> None:
+        """Note a connection the server accepted (called by the server's accepting thread)."""
+        if self._record:
+            with self._counters.lock:
+                self._connections.append(record)
+
+    def _arrived(self, h: Handler, method: str, nth: int) -> Request:
+        """The request ``h`` holds, the ``nth`` on its connection; kept (with ``record``) before it is answered."""
+        head = h.raw_requestline + b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in h.headers.items()) + b"\r\n"
+        headers = {k.lower(): v for k, v in h.headers.items()}
+        request = Request(method, h.path, headers, h.record.number, nth, head)
+        if self._record:
+            with self._counters.lock:
+                self._requests.append(request)
+        return request
+
+    def _send_reply(self, h: Handler, key: str, reply: Reply | bytes) -> None:
+        """Send a script's answer as it is written, then keep, close, reset or hold the connection."""
+        if not isinstance(reply, Reply):
+            reply = Reply((bytes(reply),))
+        for part in reply.parts:
+            if isinstance(part, (bytes, bytearray, memoryview)):
+                self._write(h, key, part, None)
+            elif self._closing.wait(float(part)):
+                raise ClientGone
+        if reply.after == "keep":
+            return
+        h.close_connection = True
+        if reply.after == "reset":
+            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            h.connection.close()
+        elif reply.after == "hold":
+            wait_or_gone(h.connection, math.inf, self._closing)
 
     def _wait_first_byte(self, h: Handler, key: str, method: str) -> bool:
         """Hold the response back as the link says; False when the client (or the emulator) went first."""
@@ -295,6 +394,7 @@ class Emulator:
             self._write(h, key, body, None)
 
     def _serve_file(self, h: Handler, key: str, method: str, fault: Fault | None) -> None:
+        assert self.root is not None  # (handle answers 404 without a root)
         target = (self.root / key).resolve()
         if self.root not in target.parents or not target.is_file():
             self._counters.missing()
@@ -357,6 +457,7 @@ class Emulator:
             h.end_headers()
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise ClientGone from exc
+        h.record.answered_s = time.monotonic()
 
     def _write(self, h: Handler, key: str, body: bytes, bandwidth: float | None) -> None:
         # bytes are counted as they go out, before the write returns: a client may have read them (and its
@@ -366,20 +467,25 @@ class Emulator:
         try:
             if bandwidth is None:
                 self._counters.sent(key, len(view))
+                h.record.bytes_sent += len(view)
                 h.wfile.write(view)
+                h.record.answered_s = time.monotonic()
                 return
             t0 = time.monotonic()
             sent = 0
             for off in range(0, len(view), PACE_SLICE_BYTES):
                 piece = view[off : off + PACE_SLICE_BYTES]
                 self._counters.sent(key, len(piece))
+                h.record.bytes_sent += len(piece)
                 h.wfile.write(piece)
                 sent += len(piece)
+                h.record.answered_s = time.monotonic()
                 delay = t0 + sent / bandwidth - time.monotonic()
                 if delay > 0 and self._closing.wait(delay):
                     raise ClientGone
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
             self._counters.sent(key, -len(piece))
+            h.record.bytes_sent -= len(piece)
             raise ClientGone from exc
 
     def _control(self, h: Handler, method: str, action: str) -> None:
