@@ -51,13 +51,16 @@ def _host_header(scheme: str, host: str, port: int) -> str:
     return named if port == (443 if scheme == "https" else 80) else f"{named}:{port}"
 
 
-class NativeBackend(_ObstoreBackend):
+class NativeBackend:
     """GETs on the loop for one bucket or URL; ``raw`` (obstore, retry-free) takes what the engine hands over."""
 
     streams_large = False  # a large body is received here too (chunked or not), not streamed through obstore
+    own_retries = False  # failures come back raw: the engine's loop retries them
 
     def __init__(self, raw: Any, settings: EngineSettings) -> None:
-        super().__init__(raw, own_retries=False)
+        self.raw = raw
+        # obstore's client on the retry-free twin: it takes the reads a redirect leads where this client cannot go
+        self.obstore = _ObstoreBackend(raw, own_retries=False)
         self.settings = settings
         self._tls = tls_context(settings.root_certificate) if settings.scheme == "https" else None
         self.pool = self._new_pool(settings.scheme, settings.host, settings.port)
@@ -164,7 +167,7 @@ class NativeBackend(_ObstoreBackend):
 
     def _hand_over(self, ask: Ask, future: asyncio.Future) -> None:
         """Let obstore's client (the retry-free twin) do this read from the start; its answer sets ``future``."""
-        twin = super().whole(ask.key) if ask.span is None else super().request(ask.key, ask.byte_range)
+        twin = self.obstore.whole(ask.key) if ask.span is None else self.obstore.request(ask.key, ask.byte_range)
 
         def landed(twin: asyncio.Future) -> None:
             if future.done():

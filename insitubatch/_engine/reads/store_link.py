@@ -141,7 +141,7 @@ class StoreClient:
 
     def __init__(
         self,
-        backend: _ObstoreBackend | _StoreBackend,
+        backend: _ObstoreBackend | _StoreBackend | NativeBackend,
         policy: ReadPolicy,
         link: StoreLink,
         route: Route = Route("store", "its own get"),
