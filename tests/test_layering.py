@@ -438,7 +438,6 @@ PENDING_PRIVATE: set[str] = {
     "stores/options.py",  # _client_options, _merge_config, _reject_options, _retry_config
     "stores/obstore_stores.py",  # _local_dir, _split_scheme; imports owned's and store_options'
     "io/sync_get.py",  # _LocalFiles, _sync_get, used by the passes, the local tiles and inspect_store
-    "_engine/reads/fetch.py",  # reads a StoreRead's _finish/_raced and a fetcher's _prototype
     "_engine/reads/store_link.py",  # imports the backends' _ObstoreBackend, _StoreBackend
     "_wire/backends.py",  # _ObstoreBackend, _StoreBackend
     "_wire/engine_client.py",  # NativeBackend holds an _ObstoreBackend for its hand-overs

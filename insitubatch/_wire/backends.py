@@ -9,6 +9,7 @@ engine's own HTTP client, is a third.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any, cast
 
 import obstore
@@ -52,6 +53,11 @@ class _ObstoreBackend:
         refuse_dead_obstore(self.raw, key)
         return asyncio.ensure_future(self._plain(key))
 
+    def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
+        """A future per ``(key, byte_range)`` of ``requests``, in order: one loop iteration's reads, sent together."""
+        request = self.request
+        return [request(key, byte_range) for key, byte_range in requests]
+
     async def _plain(self, key: str) -> Any:
         return await (await obstore.get_async(self.raw, key)).bytes_async()
 
@@ -78,3 +84,7 @@ class _StoreBackend:
 
     def whole(self, key: str) -> asyncio.Future:
         return self.request(key)
+
+    def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
+        """A future per ``(key, byte_range)`` of ``requests``, in order (each a task of the store's ``get``)."""
+        return [self.request(key, byte_range) for key, byte_range in requests]

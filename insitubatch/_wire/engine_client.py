@@ -16,6 +16,7 @@ chunked would fail there on every attempt.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 from urllib.parse import quote
@@ -102,6 +103,11 @@ class NativeBackend:
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
         return self._get(key, None, None, None)
+
+    def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
+        """A future per ``(key, byte_range)`` of ``requests``, in order: one loop iteration's reads, sent together."""
+        request = self.request
+        return [request(key, byte_range) for key, byte_range in requests]
 
     def _get(self, key: str, byte_range: Any, span: str | None, want: tuple[int, int] | None) -> asyncio.Future:
         path = f"{self.base}/{quote(key, safe='/~')}"

@@ -171,6 +171,7 @@ class PassDriver:
                 landings=landings,
                 tasks=self.tasks,
                 prototype=prototype,
+                group=group,
             )
         self.revivals: Revivals | None = None
         if cache is not None:
