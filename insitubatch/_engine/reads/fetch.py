@@ -439,7 +439,7 @@ class Fetcher:
 
     def _send(self) -> None:
         """Send the first requests of the reads started this iteration (one ``request_many``; a large one alone)."""
-        reads, self._outgoing = [i for i in self._outgoing if i.done is not None], []
+        reads, self._outgoing = [read for read in self._outgoing if read.done is not None], []  # (not cancelled)
         plain = [read for read in reads if not read.large]
         try:
             requests = self.backend.request_many([(read.key, read.byte_range) for read in plain]) if plain else []
