@@ -71,6 +71,7 @@ class RemoteTiles:
         tasks: PassTasks,
         prototype: BufferPrototype,
         group: int = MAX_TILE_GROUP,
+        spread: int = 1,
     ) -> None:
         self.store = store
         self.fetcher = fetcher  # hedged and retried, and it counts its GETs (None: the store's own get)
@@ -85,6 +86,7 @@ class RemoteTiles:
         self._fresh: list[Want] = []  # tiles wanted, their reads not started yet (``start``)
         self._shard_wants: dict[str, list[Want]] = {}  # a shard's wanted inner chunks, till its block is admitted
         self.group = max(1, group)  # most tiles one landing job decodes
+        self.spread = max(1, spread)  # the decode threads: tiles that came together are spread over as many jobs
         # whole tiles whose bytes came this loop iteration, landed together at its end (``_land_arrived``)
         self._arrived: list[tuple[_TileBatch, Want, Any, str, Any]] = []
 
@@ -199,10 +201,11 @@ class RemoteTiles:
         self._arrived.append((batch, want, coord, key, buf))
 
     def _land_arrived(self) -> None:
-        """Loop: the tiles that came this iteration, in decode jobs of at most ``group`` tiles, spread evenly."""
+        """Loop: the tiles that came this iteration, in decode jobs of at most ``group`` tiles, spread evenly over
+        at least as many jobs as there are decode threads (a few tiles that came together decode side by side)."""
         arrived = [item for item in self._arrived if item[0].holds(item[1])]  # (not a cancelled batch's)
         self._arrived = []
-        jobs = -(-len(arrived) // self.group)
+        jobs = min(len(arrived), max(-(-len(arrived) // self.group), self.spread))
         for j in range(jobs):
             part = arrived[j::jobs]
             try:
