@@ -28,6 +28,16 @@ after round, on the same keys in the same order and the same passes:
     warm-up pass, and the process's CPU per sample.
 
 A table goes to stdout and everything to ``DIR/wire.json`` (default ``bench/out``).
+
+``python -m bench.wire --cpu-per-sample [--quick] [--rounds N] [--profile]``
+    the network path's cost against local files': per round, one child per
+    reader (``local``: the same files read as a path; ``engine``; ``obstore``),
+    interleaved, each timing whole passes at default knobs over the 0 ms
+    emulator after a warm-up pass; the median CPU µs per sample of each and
+    its ratio to local's (the issue's targets: HTTP <= 1.2x, obstore <= 1.4x).
+    ``--profile`` also writes a cProfile of zarr's loop thread over the timed
+    passes of each reader's first round to ``DIR/loop-<reader>.prof``.
+    Everything goes to ``DIR/cpu.json``.
 """
 
 from __future__ import annotations
@@ -54,6 +64,9 @@ BASELINE_COMMIT = "040369f"
 BASELINE = f"engine-{BASELINE_COMMIT}"
 BASELINE_MODULES = ("__init__", "backends", "engine_client", "http", "sigv4")
 CLIENTS = ("engine", BASELINE, "obstore")
+# The readers of the CPU-per-sample comparison: local files (the same data as a path) first, the yardstick.
+LOCAL = "local"
+CPU_READERS = (LOCAL, "engine", "obstore")
 # ERA5 at 1 degree: 181 x 360 float32, each 8-step chunk stored as 2 x 2 tiles of 91 x 180, blosc-zstd.
 ERA5_LAT, ERA5_LON = 181, 360
 SAMPLES_PER_CHUNK = 8
@@ -96,6 +109,8 @@ def _use(client: str, store: Any, baseline: str | None = None) -> Any:
     """
     from insitubatch._wire.backends import ObstoreBackend
 
+    if client == LOCAL:
+        return None  # local files: the store's own reader, nothing to swap
     reader = store.reader()  # the reader the store carries: the engine's client_for takes its backend
     default = reader.backend
     twin = default.raw  # every obstore-backed backend keeps the retry-free twin
@@ -176,7 +191,34 @@ def _gets(client: str, url: str, keys: list[str], repeats: int, baseline: str | 
     return {"gets": gets, "mb": nbytes / 1e6, "cpu_us_per_get": 1e6 * cpu / gets, "gets_per_s": gets / wall}
 
 
-def _passes(client: str, url: str, variables: list[str], window_s: float, baseline: str | None) -> dict[str, Any]:
+def _loop_profile(path: str | None) -> Any:
+    """Start a cProfile of zarr's loop thread (None: no profile); returns a function that stops it and saves it."""
+    if path is None:
+        return lambda: None
+    import cProfile
+    import threading
+
+    from zarr.core.sync import _get_loop
+
+    loop, prof = _get_loop(), cProfile.Profile()
+
+    def on_loop(work: Any) -> None:
+        done = threading.Event()
+        loop.call_soon_threadsafe(lambda: (work(), done.set()))
+        done.wait()
+
+    on_loop(prof.enable)  # (a profile covers the thread that enables it)
+
+    def stop() -> None:
+        on_loop(prof.disable)
+        prof.dump_stats(path)
+
+    return stop
+
+
+def _passes(
+    client: str, url: str, variables: list[str], window_s: float, baseline: str | None, profile: str | None = None
+) -> dict[str, Any]:
     from insitubatch.dataset import InSituDataset
     from insitubatch.io.group import open_geometries
     from insitubatch.plan.splits import split_by_chunk
@@ -203,17 +245,22 @@ def _passes(client: str, url: str, variables: list[str], window_s: float, baseli
     one_pass(0)  # the warm-up: connections, the link's latency and the auto window
     for name in seen:
         seen[name] = 0
+    stop_profile = _loop_profile(profile)
+    sys0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     cpu0, t0 = _cpu_s(), time.perf_counter()
     while passes == 0 or time.perf_counter() - t0 < window_s:
         passes += 1
         samples += one_pass(passes)
     wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+    sys_s = resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys0
+    stop_profile()
     close_store(store)
     return {
         "samples": samples,
         "passes": passes,
         "samples_per_s": samples / wall,
         "cpu_us_per_sample": 1e6 * cpu / samples,
+        "sys_us_per_sample": 1e6 * sys_s / samples,  # of which in the kernel (sockets, files, threads waking)
         **seen,  # what the passes' reads met: duplicates, stalls, retries, the reads-in-flight limit
     }
 
@@ -223,6 +270,14 @@ def measure_client(cfg: dict[str, Any]) -> dict[str, Any]:
     client = cfg["client"]
     row: dict[str, Any] = {"client": client}
     t0 = time.perf_counter()
+    if cfg.get("cpu_only"):  # the CPU-per-sample comparison: passes at 0 ms only (or over the files, for local)
+        url = cfg["path"] if client == LOCAL else cfg["url_0ms"]
+        try:
+            row["rate_0ms"] = _passes(client, url, cfg["variables"], cfg["window_s"], None, cfg.get("profile"))
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"
+        row["elapsed_s"] = time.perf_counter() - t0
+        return row
     try:
         baseline = cfg.get("baseline")
         row.update(_gets(client, cfg["url_0ms"], cfg["keys"], cfg["repeats"], baseline))
@@ -372,18 +427,81 @@ def run(profile: str, clients: list[str], rounds: int, out: Path) -> dict[str, A
     return result
 
 
+def run_cpu(profile: str, rounds: int, out: Path, loop_profile: bool) -> dict[str, Any]:
+    """CPU per sample of passes at 0 ms through each of ``CPU_READERS``, interleaved round after round."""
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "wire-data"
+    data.mkdir(exist_ok=True)
+    dataset = spec(profile)
+    write_era5_like(data / dataset.name, dataset)
+    revision = _revision()
+    print(f"bench.wire --cpu-per-sample: commit {revision['commit']}, {dataset.name}")
+    rows: list[dict[str, Any]] = []
+    readers = list(CPU_READERS)
+    with EmulatorProcess(data, latency_s=0.0, jitter_s=0.0) as flat:
+        base = {
+            "cpu_only": True,
+            "path": str(data / dataset.name),
+            "url_0ms": flat.url_for(dataset.name),
+            "variables": list(dataset.variables),
+            "window_s": PASS_WINDOW_S[profile],
+        }
+        for r in range(rounds):
+            for client in readers if r % 2 == 0 else readers[::-1]:
+                prof = str(out / f"loop-{client}.prof") if loop_profile and r == 0 else None
+                row = _child({**base, "client": client, "profile": prof})
+                row["round"] = r + 1
+                rows.append(row)
+                shown = row.get("error") or (
+                    f"{row['rate_0ms']['cpu_us_per_sample']:.0f} µs/sample "
+                    f"({row['rate_0ms']['sys_us_per_sample']:.0f} in the kernel), "
+                    f"{row['rate_0ms']['samples_per_s']:.0f} samples/s"
+                )
+                print(f"  round {r + 1} {client}: {shown}")
+    summary: dict[str, dict[str, float]] = {}
+    for client in readers:
+        mine = [row for row in rows if row.get("client") == client and "error" not in row]
+        summary[client] = {
+            "cpu_us_per_sample": _median(mine, "rate_0ms", "cpu_us_per_sample"),
+            "sys_us_per_sample": _median(mine, "rate_0ms", "sys_us_per_sample"),
+            "samples_per_s": _median(mine, "rate_0ms", "samples_per_s"),
+            "rounds": len(mine),
+        }
+    local = summary[LOCAL]["cpu_us_per_sample"]
+    for s in summary.values():
+        s["vs_local"] = s["cpu_us_per_sample"] / local
+    result = {"profile": profile, "dataset": dataset.name, "revision": revision, "rows": rows, "summary": summary}
+    (out / "cpu.json").write_text(json.dumps(result, indent=2, default=str))
+    print(
+        "\n| reader | CPU µs/sample 0 ms | of which kernel | x local | samples/s | rounds |"
+        "\n|---|---:|---:|---:|---:|---:|"
+    )
+    for client, s in summary.items():
+        print(
+            f"| {client} | {s['cpu_us_per_sample']:.0f} | {s['sys_us_per_sample']:.0f} | {s['vs_local']:.2f} "
+            f"| {s['samples_per_s']:.0f} "
+            f"| {s['rounds']} |"
+        )
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.wire", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller dataset, one round, short windows")
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every client (default 2, quick 1)")
     parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--cpu-per-sample", action="store_true", help="CPU per sample: local files, engine, obstore")
+    parser.add_argument("--profile", action="store_true", help="with --cpu-per-sample: cProfile the loop thread")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(measure_client(json.loads(args.child))))
         return 0
     profile = "quick" if args.quick else "full"
+    if args.cpu_per_sample:
+        run_cpu(profile, args.rounds or ROUNDS[profile], args.out.resolve(), args.profile)
+        return 0
     result = run(profile, args.clients, args.rounds or ROUNDS[profile], args.out.resolve())
     print()
     print(table(result["summary"]))

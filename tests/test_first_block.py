@@ -30,14 +30,16 @@ def _write(path, sharded: bool) -> np.ndarray:
 def test_a_remote_pass_reads_its_first_block_alone(tmp_path, monkeypatch, sharded) -> None:
     """Every read of the first block ends before a later block's read (or a later shard's index) starts."""
     data = _write(tmp_path / "a.zarr", sharded)
-    reads: list[tuple[float, float, list[int]]] = []  # (start, landed, chunks) per tile read or run of inner chunks
+    reads: list[
+        tuple[float, float, list[int]]
+    ] = []  # (start, landed, chunks) per batch of tiles or run of inner chunks
     index_starts: dict[str, float] = {}
-    fetch_tile, fetch_run, get = RemoteTiles._fetch_tile, RemoteTiles._fetch_run, Fetcher.get
+    fetch_tiles, fetch_run, get = RemoteTiles._fetch_tiles, RemoteTiles._fetch_run, Fetcher.get
 
-    async def logged_tile(self, want):
+    async def logged_tiles(self, wants):  # (one batch: from its first read's start to its last landing)
         t0 = time.perf_counter()
-        await fetch_tile(self, want)
-        reads.append((t0, time.perf_counter(), [want.chunk_index]))
+        await fetch_tiles(self, wants)
+        reads.append((t0, time.perf_counter(), [want.chunk_index for want in wants]))
 
     async def logged_run(self, key, run):
         t0 = time.perf_counter()
@@ -49,7 +51,7 @@ def test_a_remote_pass_reads_its_first_block_alone(tmp_path, monkeypatch, sharde
             index_starts.setdefault(key, time.perf_counter())
         return await get(self, key, byte_range, size_hint, learn)
 
-    monkeypatch.setattr(RemoteTiles, "_fetch_tile", logged_tile)
+    monkeypatch.setattr(RemoteTiles, "_fetch_tiles", logged_tiles)
     monkeypatch.setattr(RemoteTiles, "_fetch_run", logged_run)
     monkeypatch.setattr(Fetcher, "get", logged_get)
     with Emulator(tmp_path, latency_s=0.01, jitter_s=0.0) as emu:

@@ -311,10 +311,7 @@ DELIBERATE_BASES: dict[str, str] = {
 # Classes that still inherit another module's class, each for its room's own rework; the list only shrinks
 # (an entry whose class no longer inherits is dropped by whoever reworks it; it is not checked to be stale, so a
 # branch merged in either order stays green)
-PENDING_INHERITANCE: set[str] = {
-    # the wire client's backends, reworked on their own branch this round
-    f"{PACKAGE}._wire.engine_client.NativeBackend inherits {PACKAGE}._wire.backends._ObstoreBackend",
-}
+PENDING_INHERITANCE: set[str] = set()
 # names that make a class a contract, not state to inherit (``class P(Protocol)``, ``class A(ABC)``)
 INTERFACE_BASES = {"Protocol", "ABC"}
 
@@ -435,9 +432,6 @@ ALLOWED_PRIVATE_ATTRIBUTES: dict[tuple[str, str], str] = {
 PENDING_PRIVATE: set[str] = {
     "io/direct.py",  # _DecodeFailure, _Direct, _as_uint8, _check_blosc_frame, _is_blosc, used by the decoders
     "stores/fsspec_stores.py",  # fsspec's ``fs._s3`` (s3fs's client, which only that attribute reaches)
-    "_engine/reads/fetch.py",  # reads a StoreRead's _finish/_raced and a fetcher's _prototype
-    "_wire/backends.py",  # the old name _ObstoreBackend, kept as an alias until the hot-path branch merges
-    "_wire/engine_client.py",  # NativeBackend builds on _ObstoreBackend
 }
 
 

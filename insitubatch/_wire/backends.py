@@ -9,6 +9,7 @@ engine's own HTTP client, is a third.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any, cast
 
 import obstore
@@ -52,6 +53,11 @@ class ObstoreBackend:
         refuse_dead_obstore(self.raw, key)
         return asyncio.ensure_future(self._plain(key))
 
+    def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
+        """A future per ``(key, byte_range)`` of ``requests``, in order: one loop iteration's reads, sent together."""
+        request = self.request
+        return [request(key, byte_range) for key, byte_range in requests]
+
     async def _plain(self, key: str) -> Any:
         return await (await obstore.get_async(self.raw, key)).bytes_async()
 
@@ -62,10 +68,6 @@ class ObstoreBackend:
         except obstore.exceptions.NotSupportedError:  # Azure has no suffix ranges: the size first
             size = (await obstore.head_async(self.raw, key))["size"]
             return await obstore.get_range_async(self.raw, key, start=max(0, size - suffix), end=size)
-
-
-# The name ObstoreBackend had before it was public, kept until the branch that still imports it is merged.
-_ObstoreBackend = ObstoreBackend
 
 
 class StoreBackend:
@@ -82,3 +84,7 @@ class StoreBackend:
 
     def whole(self, key: str) -> asyncio.Future:
         return self.request(key)
+
+    def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
+        """A future per ``(key, byte_range)`` of ``requests``, in order (each a task of the store's ``get``)."""
+        return [self.request(key, byte_range) for key, byte_range in requests]

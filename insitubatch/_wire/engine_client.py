@@ -16,13 +16,14 @@ chunked would fail there on every attempt.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 from urllib.parse import quote
 
 from ..stores.byte_ranges import byte_span
 from ..stores.wire_settings import EngineSettings, engine_settings
-from .backends import WHOLE_OBJECT_END, _ObstoreBackend
+from .backends import WHOLE_OBJECT_END, ObstoreBackend
 from .connection import Ask
 from .pool import EXIT_WAIT_S, HttpPool
 from .redirects import next_hop
@@ -50,13 +51,16 @@ def _host_header(scheme: str, host: str, port: int) -> str:
     return named if port == (443 if scheme == "https" else 80) else f"{named}:{port}"
 
 
-class NativeBackend(_ObstoreBackend):
+class NativeBackend:
     """GETs on the loop for one bucket or URL; ``raw`` (obstore, retry-free) takes what the engine hands over."""
 
     streams_large = False  # a large body is received here too (chunked or not), not streamed through obstore
+    own_retries = False  # failures come back raw: the engine's loop retries them
 
     def __init__(self, raw: Any, settings: EngineSettings) -> None:
-        super().__init__(raw, own_retries=False)
+        self.raw = raw
+        # obstore's client on the retry-free twin: it takes the reads a redirect leads where this client cannot go
+        self.obstore = ObstoreBackend(raw, own_retries=False)
         self.settings = settings
         self._tls = tls_context(settings.root_certificate) if settings.scheme == "https" else None
         self.pool = self._new_pool(settings.scheme, settings.host, settings.port)
@@ -98,6 +102,11 @@ class NativeBackend(_ObstoreBackend):
     def whole(self, key: str) -> asyncio.Future:
         """A plain GET of ``key`` (for an empty object, which a ranged GET cannot name)."""
         return self._get(key, None, None, None)
+
+    def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
+        """A future per ``(key, byte_range)`` of ``requests``, in order: one loop iteration's reads, sent together."""
+        request = self.request
+        return [request(key, byte_range) for key, byte_range in requests]
 
     def _get(self, key: str, byte_range: Any, span: str | None, want: tuple[int, int] | None) -> asyncio.Future:
         path = f"{self.base}/{quote(key, safe='/~')}"
@@ -163,7 +172,7 @@ class NativeBackend(_ObstoreBackend):
 
     def _hand_over(self, ask: Ask, future: asyncio.Future) -> None:
         """Let obstore's client (the retry-free twin) do this read from the start; its answer sets ``future``."""
-        twin = super().whole(ask.key) if ask.span is None else super().request(ask.key, ask.byte_range)
+        twin = self.obstore.whole(ask.key) if ask.span is None else self.obstore.request(ask.key, ask.byte_range)
 
         def landed(twin: asyncio.Future) -> None:
             if future.done():

@@ -275,3 +275,46 @@ def test_a_fault_in_the_reads_own_bookkeeping_fails_the_read_instead_of_strandin
         with pytest.raises(Broken):
             asyncio.run(main())
         close_store(store)
+
+
+def test_one_iterations_reads_go_out_as_one_batch_and_their_deadlines_share_one_timer(root: Path) -> None:
+    """N reads started together: one ``request_many`` of N, a handful of loop timers (not one or two per GET),
+    and every answer equal to the file; a stall still cuts a silent read afterwards (test_stalls_*)."""
+    n = 64
+    with Emulator(root, latency_s=0.05, jitter_s=0.0) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store, limit=n)
+        batches: list[int] = []
+        request_many = f.backend.request_many
+
+        def recorded(requests):
+            batches.append(len(requests))
+            return request_many(requests)
+
+        f.backend.request_many = recorded  # type: ignore[method-assign]
+        timers = 0
+
+        async def main() -> list:
+            nonlocal timers
+            loop = asyncio.get_running_loop()
+            call_at = loop.call_at
+
+            def counted(when, callback, *args, **kw):
+                nonlocal timers
+                owner = getattr(callback, "__self__", None)  # (the pool's connect timers are not the fetcher's)
+                timers += type(owner).__module__ == Fetcher.__module__
+                return call_at(when, callback, *args, **kw)
+
+            loop.call_at = counted  # type: ignore[method-assign]
+            outcomes = [loop.create_future() for _ in range(n)]
+            for i, outcome in enumerate(outcomes):
+                f.start(f"d/k{i}", None, None, lambda buf, exc, o=outcome: o.set_result((buf, exc)))
+            return await asyncio.gather(*outcomes)
+
+        answers = asyncio.run(main())
+        for i, (buf, exc) in enumerate(answers):
+            assert exc is None and buf is not None and buf.to_bytes() == content(root, f"d/k{i}")
+        assert batches == [n]
+        assert 1 <= timers <= 4  # the heap's timer, moved only for an earlier deadline (the first, and few after)
+        assert f.counters.gets == n
+        close_store(store)

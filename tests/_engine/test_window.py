@@ -215,3 +215,26 @@ def test_a_cancelled_ticketed_or_background_waiter_leaves_no_permit_behind() -> 
         assert window.inflight == 0 and not user.locked()
 
     run(main())
+
+
+def test_a_batch_takes_the_free_permits_in_one_call_within_the_limit_and_its_cap_never_past_a_waiter() -> None:
+    async def main() -> None:
+        window = ReadWindow(5)
+        a, b = window.user(3), window.user(5)
+        assert a.take_free(10) == 3  # its cap
+        assert b.take_free(10) == 2  # what the limit leaves
+        assert window.inflight == 5 and b.take_free(1) == 0
+        waiter = asyncio.ensure_future(b.acquire())
+        await asyncio.sleep(0)
+        a.release()  # the waiter gets it, not a batch arriving after it
+        await asyncio.sleep(0)
+        assert waiter.done() and window.inflight == 5
+        a.release()
+        assert a.take_free(4) == 1 and a.held == 2 and window.inflight == 5
+        for _ in range(2):
+            a.release()
+        for _ in range(3):
+            b.release()
+        assert window.inflight == 0
+
+    run(main())

@@ -206,7 +206,8 @@ def test_large_reads_still_stream_through_obstore(root: Path) -> None:
     with Emulator(root, latency_s=0.0, jitter_s=0.0) as emu:
         store = obstore_store(emu.url_for(BUCKET), read_only=True)
         backend = client_for(store).backend
-        assert isinstance(backend, NativeBackend) and isinstance(backend, ObstoreBackend)
+        assert isinstance(backend, NativeBackend) and isinstance(backend.obstore, ObstoreBackend)
+        assert backend.obstore.raw is backend.raw  # the hand-overs go to obstore's client on the same twin
         assert isinstance(backend.raw, obstore.store.HTTPStore)  # what fetch's large reads stream from
         close_store(store)
 

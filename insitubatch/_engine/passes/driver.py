@@ -90,6 +90,7 @@ class PassDriver:
         first_block: int = 0,
         cache: DiskCache | None = None,
         group: int = MAX_TILE_GROUP,
+        decode_threads: int = 1,
         shard_indexes: SplitIndexes | None = None,
         fetcher: Fetcher | None = None,
         after: concurrent.futures.Future | None = None,
@@ -172,6 +173,8 @@ class PassDriver:
                 landings=landings,
                 tasks=self.tasks,
                 prototype=prototype,
+                group=group,
+                spread=decode_threads,
             )
         self.revivals: Revivals | None = None
         if cache is not None:

@@ -153,6 +153,7 @@ class PassState:
             first_block=self._first_block(),
             cache=ctx.cache,
             group=tile_group(permits.window.limit, ctx.decode_threads),
+            decode_threads=ctx.decode_threads,
             shard_indexes=ctx.shard_indexes.of(self.split),
             fetcher=None if client is None else Fetcher(client, permits, self.owner.counters, hedge=ctx.hedge),
             after=None if ctx.warmup is None else ctx.warmup.future,

@@ -2,9 +2,13 @@
 
 :meth:`Fetcher.start` begins a read and calls back once with its bytes (or
 ``None`` for a missing key) or its error; :meth:`Fetcher.get` is the same as
-a coroutine. Everything runs on zarr's loop as callbacks and timers, with
-no task of its own: a read is a loop of attempts bounded by the store's
-:class:`~.read_policy.ReadPolicy`, and an attempt is a race:
+a coroutine. Everything runs on zarr's loop as callbacks, with no task of its
+own and no timer handle per read: the first requests of the reads started
+in one loop iteration go out as one batch (the backend's
+``request_many``), and every attempt's hedge and stall times sit in one
+heap per fetcher, serviced by one loop timer. A read is a loop of attempts
+bounded by the store's :class:`~.read_policy.ReadPolicy`, and an attempt is
+a race:
 
 * the request goes out; if no answer came after the link's hedge time
   (``StoreLink.hedge_after``: 3 x the recent p90, at least 100 ms) and the
@@ -41,7 +45,8 @@ a read over ``STREAM_OVER_BYTES`` with no duplicate and no latency sample
 from __future__ import annotations
 
 import asyncio
-import functools
+import heapq
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +56,6 @@ from zarr.abc.buffer import Buffer
 from zarr.abc.store import RangeByteRequest
 from zarr.buffer import default_buffer_prototype
 
-from ..._wire.backends import _ObstoreBackend
 from ...stores.obstore_runtime import refuse_dead_obstore
 from ...stores.read_policy import Outcome, classify, http_status, protocol_fault
 from ..stats import PassCounters
@@ -75,90 +79,68 @@ class _Stalled(TimeoutError):
     """No answer within the stall time."""
 
 
-class _Race:
-    """One attempt: a request and at most one duplicate; the first good answer wins, the rest are cancelled."""
+class _Deadlines:
+    """The hedge and stall times of one fetcher's attempts: one heap, serviced by one loop timer.
 
-    __slots__ = ("_errors", "_hedge_at", "_launch", "_read", "_requests", "_stall_at", "_timer", "loop", "settled")
+    An attempt puts its next deadline in (the earlier of its hedge and stall
+    times); the timer is armed for the heap's earliest and moved only when
+    an earlier one comes in, so a GET costs a heap push, never a timer
+    handle of its own. An attempt that ended before its deadline stays in
+    the heap until it is popped (its entry names the attempt, which no
+    longer races): cancelling it would cost more than skipping it.
+    """
 
-    def __init__(self, read: Read, launch: Callable[[], asyncio.Future], hedge_s: float, stall_s: float) -> None:
-        self._read = read
-        self._launch = launch
-        self.loop = read.loop
-        self.settled = False
-        self._requests: list[tuple[asyncio.Future, float]] = []
-        self._errors = 0
+    __slots__ = ("_armed_at", "_heap", "_order", "_timer", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._heap: list[tuple[float, int, Read, int]] = []  # (when, order, read, its attempt then)
+        self._order = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._armed_at = math.inf
+
+    def add(self, when: float, read: Read, attempt: int) -> None:
+        """Call ``read.tick(now)`` at ``when`` if its attempt ``attempt`` is still racing then."""
+        heapq.heappush(self._heap, (when, next(self._order), read, attempt))
+        if when < self._armed_at:
+            self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed_at = when
+        self._timer = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._armed_at = None, math.inf
+        heap = self._heap
         now = self.loop.time()
-        self._hedge_at = now + hedge_s
-        self._stall_at = now + stall_s
-        self._go()
-        self._timer = self.loop.call_at(min(self._hedge_at, self._stall_at), self._safely, self._tick)
-
-    def _go(self) -> None:
-        request = self._launch()
-        self._requests.append((request, self.loop.time()))
-        request.add_done_callback(functools.partial(self._safely, self._landed))
-
-    def _safely(self, work: Callable[..., None], *args: Any) -> None:
-        """Run ``work`` (a loop callback of this race); a fault in it ends the race and fails the read."""
-        try:
-            work(*args)
-        except Exception as exc:
-            if not self.settled:
-                self.settled = True
-                self.close()
-            self._read._finish(None, exc)
-
-    def _settle(self, answer: Any, seconds: float, hedge_won: bool, exc: BaseException | None) -> None:
-        self.settled = True
-        self.close()
-        self._read.step(self._read._raced, answer, seconds, hedge_won, exc)
-
-    def _landed(self, request: asyncio.Future) -> None:
-        if self.settled or request.cancelled():
-            return
-        exc = request.exception()
-        if exc is None:
-            first, started = self._requests[0]
-            if request is not first:
-                started = self._requests[1][1]
-            self._settle(request.result(), self.loop.time() - started, request is not first, None)
-            return
-        self._errors += 1
-        if self._errors == len(self._requests) or classify(exc) is Outcome.MISSING:
-            self._settle(None, 0.0, False, exc)  # every request failed (a missing key needs no second opinion)
-
-    def _tick(self) -> None:
-        if self.settled:
-            return
-        now = self.loop.time()
-        if now >= self._stall_at:
-            self._settle(None, 0.0, False, _Stalled())
-            return
-        if now >= self._hedge_at:
-            self._hedge_at = math.inf
-            fetcher = self._read.fetcher
-            if len(self._requests) == 1 and fetcher.link.take_hedge(now):
-                fetcher.counters.hedged += 1
-                self._go()
-        self._timer = self.loop.call_at(min(self._hedge_at, self._stall_at), self._safely, self._tick)
-
-    def close(self) -> None:
-        """Cancel the timer and every request still out (the loser, or all of a stalled attempt)."""
-        self._timer.cancel()
-        for request, _ in self._requests:
-            if not request.done():
-                request.cancel()
+        while heap and heap[0][0] <= now:
+            _, _, read, attempt = heapq.heappop(heap)
+            if read.racing(attempt):
+                read.tick(now)  # (it may put its next deadline in: later than now)
+        while heap and not heap[0][2].racing(heap[0][3]):
+            heapq.heappop(heap)  # ended attempts at the head: no wake-up for them
+        if heap:
+            self._arm(heap[0][0])
 
 
 class Read:
-    """One read in progress: attempts until an answer, a missing key or the retry bounds; ``done`` called once."""
+    """One read in progress: attempts until an answer, a missing key or the retry bounds; ``done`` called once.
+
+    An attempt is a race: the request and at most one duplicate; the first
+    good answer wins and the rest are cancelled.
+    """
 
     __slots__ = (
         "_big",
+        "_errors",
         "_fault",
-        "_large",
+        "_hedge_at",
         "_plain",
-        "_race",
+        "_racing",
+        "_requests",
+        "_stall_at",
         "_stall_s",
         "_task",
         "_timer",
@@ -168,6 +150,7 @@ class Read:
         "fetcher",
         "first",
         "key",
+        "large",
         "learn",
         "loop",
         "size_hint",
@@ -182,27 +165,28 @@ class Read:
         self.size_hint = size_hint
         self.learn = learn
         self.done: Done | None = done
-        self.loop = asyncio.get_running_loop()
+        loop = fetcher.loop
+        assert loop is not None  # (a read starts on the fetcher's loop)
+        self.loop: asyncio.AbstractEventLoop = loop
         self.first = self.loop.time()
         self.attempt = 0
-        backend = fetcher.backend
         # a large read taken whole (the engine's client): no duplicate of it, and its time is no GET's latency
         self._big = size_hint is not None and size_hint > STREAM_OVER_BYTES
-        self._large = self._big and isinstance(backend, _ObstoreBackend) and backend.streams_large
+        self.large = self._big and fetcher.stream_from is not None
         self._fault = ""  # the last attempt's protocol fault: the same one twice running is not retried again
         self._plain = False  # a whole-key ranged GET the server refused (an empty object): a plain GET instead
         self._stall_s = fetcher.link.stall_after(fetcher.policy)
-        self._race: _Race | None = None
+        self._racing = False  # an attempt's requests are out (its deadlines in the fetcher's heap)
+        self._requests: list[tuple[asyncio.Future, float]] = []  # the attempt's request and duplicate, when sent
+        self._errors = 0
+        self._hedge_at = self._stall_at = math.inf
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Future | None = None
-        self._try()
 
     def cancel(self) -> None:
         """Abandon the read: its requests are cancelled and ``done`` is never called."""
         self.done = None
-        if self._race is not None:
-            self._race.settled = True
-            self._race.close()
+        self._end_race()
         if self._timer is not None:
             self._timer.cancel()
         if self._task is not None:
@@ -217,44 +201,120 @@ class Read:
         try:
             work(*args)
         except Exception as exc:
-            self._finish(None, exc)
+            self._end_race()
+            self.finish(None, exc)
 
-    def _finish(self, answer: Buffer | None, exc: BaseException | None) -> None:
+    def finish(self, answer: Buffer | None, exc: BaseException | None) -> None:
+        """Call ``done`` with the outcome (once: a read cancelled or already finished calls nobody)."""
         done, self.done = self.done, None
         if done is not None:
             done(answer, exc)
 
-    def _try(self) -> None:
+    # -- an attempt ------------------------------------------------------------------------------------
+    def launch(self) -> asyncio.Future:
+        """This attempt's request: a future for the answer (the headers only, for a large read streamed)."""
+        backend, key, byte_range = self.fetcher.backend, self.key, self.byte_range
+        if self.large:
+            return _open(self.fetcher.stream_from, key, byte_range)
+        if self._plain:
+            return backend.whole(key)
+        return backend.request(key, byte_range)
+
+    def prepare(self) -> None:
+        """Begin an attempt (its request goes out with ``race``): the retry window's bound on it, the hedge budget."""
         self._timer = None
         self.attempt += 1
-        fetcher, backend, key, byte_range = self.fetcher, self.fetcher.backend, self.key, self.byte_range
+        fetcher = self.fetcher
         # a silent attempt never outlasts the retry window by more than the stall floor: a key that never
         # answers fails within retry_timeout + STALL_FLOOR_S, whatever the timer grew to
         left = self.first + fetcher.policy.retry_timeout_s - self.loop.time()
         stall = min(self._stall_s, max(STALL_FLOOR_S, left))
-        if self._large and isinstance(backend, _ObstoreBackend):
-            raw = backend.raw
-            launch: Callable[[], asyncio.Future] = lambda: _open(raw, key, byte_range)  # noqa: E731
-        else:
+        if not self.large:
             stall += (self.size_hint or 0) / SLOW_STREAM_BYTES_PER_S
-            if self._plain:
-                launch = lambda: backend.whole(key)  # noqa: E731
-            else:
-                launch = lambda: backend.request(key, byte_range)  # noqa: E731
         fetcher.link.requested()
-        hedge = fetcher.hedge and not (self._big and not self._large)
-        self._race = _Race(self, launch, fetcher.link.hedge_after() if hedge else math.inf, stall)
+        hedge = fetcher.hedge and not (self._big and not self.large)
+        self._hedge_at = fetcher.link.hedge_after() if hedge else math.inf  # (relative until ``race``)
+        self._stall_at = stall
+
+    def race(self, request: asyncio.Future) -> None:
+        """The attempt's request is out: its deadlines go in the fetcher's heap, and its answer comes to ``landed``."""
+        now = self.loop.time()
+        self._hedge_at += now
+        self._stall_at += now
+        self._racing = True
+        self._errors = 0
+        self._requests = [(request, now)]
+        request.add_done_callback(self.landed)
+        self.fetcher.deadlines.add(min(self._hedge_at, self._stall_at), self, self.attempt)
+
+    def _try(self) -> None:
+        self.prepare()
+        self.race(self.launch())
+
+    def racing(self, attempt: int) -> bool:
+        """Whether attempt number ``attempt`` of this read still races (a deadline of it still counts)."""
+        return self._racing and self.attempt == attempt
+
+    def _end_race(self) -> None:
+        """End the attempt: every request of it still out is cancelled (the loser, or all of a stalled one)."""
+        if not self._racing:
+            return
+        self._racing = False
+        for request, _ in self._requests:
+            if not request.done():
+                request.cancel()
+        self._requests = []
+
+    def landed(self, request: asyncio.Future) -> None:
+        """A request of the attempt ended (a done-callback): the first good answer wins it."""
+        if not self._racing or request.cancelled():
+            return
+        try:
+            exc = request.exception()
+            if exc is None:
+                requests = self._requests
+                started = requests[0][1] if request is requests[0][0] else requests[1][1]
+                hedge_won = request is not requests[0][0]
+                self._end_race()
+                self._raced(request.result(), self.loop.time() - started, hedge_won, None)
+                return
+            self._errors += 1
+            if self._errors == len(self._requests) or classify(exc) is Outcome.MISSING:
+                self._end_race()  # every request failed (a missing key needs no second opinion)
+                self._raced(None, 0.0, False, exc)
+        except Exception as exc:
+            self._end_race()
+            self.finish(None, exc)
+
+    def tick(self, now: float) -> None:
+        """A deadline of the racing attempt came (the fetcher's heap): the stall ends it, the hedge doubles it."""
+        try:
+            if now >= self._stall_at:
+                self._end_race()
+                self._raced(None, 0.0, False, _Stalled())
+                return
+            if now >= self._hedge_at:
+                self._hedge_at = math.inf
+                fetcher = self.fetcher
+                if len(self._requests) == 1 and fetcher.link.take_hedge(now):
+                    fetcher.counters.hedged += 1
+                    duplicate = self.launch()
+                    self._requests.append((duplicate, self.loop.time()))
+                    duplicate.add_done_callback(self.landed)
+            self.fetcher.deadlines.add(min(self._hedge_at, self._stall_at), self, self.attempt)
+        except Exception as exc:
+            self._end_race()
+            self.finish(None, exc)
 
     def _raced(self, answer: Any, seconds: float, hedge_won: bool, exc: BaseException | None) -> None:
-        self._race = None
         if self.done is None:
             return  # cancelled
         fetcher = self.fetcher
         if exc is None:
             fetcher.counters.hedge_wins += hedge_won
-            if self._large or not self._big:
+            if self.large or not self._big:
                 fetcher.link.latency.add(seconds)
-            if self._large:
+            if self.large:
                 self._task = asyncio.ensure_future(_body(answer, self._stall_s))
                 self._task.add_done_callback(lambda task: self.step(self._streamed, task, seconds))
                 return
@@ -279,8 +339,8 @@ class Read:
         counters.get_bytes += nbytes
         fetcher.window.completed(nbytes, seconds, self.learn)
         if answer is not None and not isinstance(answer, Buffer):  # obstore's bytes, not copied
-            answer = fetcher._prototype.buffer.from_bytes(memoryview(answer))
-        self._finish(answer, None)  # (a zarr store's own get returns a Buffer, or None for a missing key)
+            answer = fetcher.prototype.buffer.from_bytes(memoryview(answer))
+        self.finish(answer, None)  # (a zarr store's own get returns a Buffer, or None for a missing key)
 
     def _failed(self, exc: BaseException) -> None:
         fetcher, policy = self.fetcher, self.fetcher.policy
@@ -292,7 +352,7 @@ class Read:
             outcome = classify(exc)
             if outcome is Outcome.MISSING:
                 fetcher.counters.gets += 1
-                self._finish(None, None)
+                self.finish(None, None)
                 return
             if self.byte_range is None and not self._plain and http_status(exc) == 416:
                 self._plain = True  # an empty object: nothing for a range to name
@@ -300,15 +360,13 @@ class Read:
                 self._try()
                 return
             if outcome is Outcome.FATAL or (fetcher.backend.own_retries and outcome is Outcome.RETRY):
-                self._finish(None, exc)
+                self.finish(None, exc)
                 return
             if protocol_fault(exc):
                 fault = f"{type(exc).__name__}: {exc}"
                 if fault == self._fault:
                     elapsed = self.loop.time() - self.first
-                    self._finish(
-                        None, _give_up(self.key, self.attempt, elapsed, exc, " (the same fault twice running)")
-                    )
+                    self.finish(None, _give_up(self.key, self.attempt, elapsed, exc, " (the same fault twice running)"))
                     return
                 self._fault = fault
             if outcome is Outcome.THROTTLE:
@@ -317,24 +375,42 @@ class Read:
         wait = policy.backoff(self.attempt + 1)
         elapsed = self.loop.time() - self.first
         if self.attempt > policy.max_retries or elapsed + wait > policy.retry_timeout_s:
-            self._finish(None, _give_up(self.key, self.attempt, elapsed, exc))
+            self.finish(None, _give_up(self.key, self.attempt, elapsed, exc))
             return
         fetcher.counters.retries += 1
         self._timer = self.loop.call_later(wait, self.step, self._try)
 
 
 class Fetcher:
-    """One pass's reads of one remote store, under the window's permits the caller holds. Loop thread only."""
+    """One pass's reads of one remote store, under the window's permits the caller holds. Loop thread only.
+
+    The first attempts of the reads started in one loop iteration go out
+    together, as one ``request_many`` of the backend, at the end of it;
+    their hedge and stall times share one heap (:class:`_Deadlines`).
+    """
 
     def __init__(self, client: StoreClient, permits: WindowUser, counters: PassCounters, hedge: bool = True) -> None:
         self.client = client
         self.link = client.link
         self.policy = client.policy
         self.backend = client.backend
+        # through obstore's client, a large read streams its body from this obstore store under the stall timer
+        # (``_open``, ``_body``); None: every read is one request
+        self.stream_from: Any = (
+            getattr(self.backend, "raw", None) if getattr(self.backend, "streams_large", False) else None
+        )
         self.window = permits.window
         self.counters = counters
         self.hedge = hedge
-        self._prototype = default_buffer_prototype()
+        self.prototype = default_buffer_prototype()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._deadlines: _Deadlines | None = None
+        self._outgoing: list[Read] = []  # reads started this loop iteration, their first request not sent yet
+
+    @property
+    def deadlines(self) -> _Deadlines:
+        assert self._deadlines is not None  # (made with the loop, at the first read on it)
+        return self._deadlines
 
     def start(self, key: str, byte_range: Any, size_hint: int | None, done: Done, learn: bool = True) -> Read:
         """Begin reading ``key``; ``done(buffer_or_None, None)`` or ``done(None, error)`` is called once.
@@ -346,10 +422,35 @@ class Fetcher:
         trip for a few bytes). The error, once the store's retry bounds are
         spent, names the key and the attempts (``TimeoutError`` when no
         attempt got an answer). Call ``cancel()`` on the result to abandon it.
+        The request goes out at the end of this loop iteration, with the
+        other reads started in it.
         """
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:  # the first read (or a fetcher used on another loop since)
+            self.loop, self._deadlines, self._outgoing = loop, _Deadlines(loop), []
         if size_hint is None and isinstance(byte_range, RangeByteRequest):
             size_hint = byte_range.end - byte_range.start
-        return Read(self, key, byte_range, size_hint, done, learn)
+        read = Read(self, key, byte_range, size_hint, done, learn)
+        read.prepare()
+        if not self._outgoing:
+            self.loop.call_soon(self._send)
+        self._outgoing.append(read)
+        return read
+
+    def _send(self) -> None:
+        """Send the first requests of the reads started this iteration (one ``request_many``; a large one alone)."""
+        reads, self._outgoing = [read for read in self._outgoing if read.done is not None], []  # (not cancelled)
+        plain = [read for read in reads if not read.large]
+        try:
+            requests = self.backend.request_many([(read.key, read.byte_range) for read in plain]) if plain else []
+        except Exception:  # (a dead runtime, a bad key): each read meets its own fault alone
+            requests = []
+            plain = []
+        for read, request in zip(plain, requests):
+            read.race(request)
+        for read in reads:
+            if not read.racing(read.attempt):
+                read.step(lambda read=read: read.race(read.launch()))
 
     async def get(
         self, key: str, byte_range: Any = None, size_hint: int | None = None, learn: bool = True

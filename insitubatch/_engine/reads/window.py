@@ -169,6 +169,16 @@ class ReadWindow:
             return True
         return False
 
+    def take_free(self, user: WindowUser, n: int) -> int:
+        """Give ``user`` as many of ``n`` permits as are free now (none past a waiting read); how many it got."""
+        if self._waiters:
+            return 0
+        got = min(n, self.limit - self.inflight, user.cap - user.held)
+        if got <= 0:
+            return 0
+        self._take(user, got)
+        return got
+
     def enqueue(self, user: WindowUser, ticket: int | None, n: int = 1) -> asyncio.Future:
         """Queue ``user`` for ``n`` permits in ``ticket`` order; the future is done once they are its."""
         fut = asyncio.get_running_loop().create_future()
@@ -199,6 +209,14 @@ class WindowUser:
     def try_acquire(self) -> bool:
         """Take a permit if one is free now (no waiting, no barging past waiters)."""
         return self.window.try_take(self)
+
+    def take_free(self, n: int) -> int:
+        """Take as many of ``n`` permits as are free now (no waiting, no barging); how many were taken.
+
+        A batch of reads takes its permits in one call; each is given back
+        alone (``release``) as its read lands.
+        """
+        return self.window.take_free(self, n)
 
     async def acquire(self, ticket: int | None = None) -> bool:
         """Wait for a permit, served in ``ticket`` order (None: behind every read already waiting)."""

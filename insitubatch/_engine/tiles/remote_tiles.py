@@ -2,7 +2,12 @@
 
 A tile takes one of the pass's read permits, goes out through the pass's
 ``Fetcher`` (hedged, stall-proof, retried) or, without one, the store
-itself, and holds the permit until its decode job has landed. On a sharded
+itself, and holds the permit until its decode job has landed. Through a
+fetcher, the whole tiles one ``start`` wants are one task (a
+:class:`_TileBatch` of callbacks, no task or awaited future per tile):
+each tile takes its permit in its admission ticket's order, its read goes
+out with the others started in the same loop iteration, and its bytes go
+straight to a decode job. On a sharded
 array a tile is an inner chunk: its shard's index first (held by the
 split's index cache, and read for the whole pass as it starts where the
 pass's indexes fit that cache, so no tile idles a permit waiting for one),
@@ -25,7 +30,7 @@ from ...io.direct import ChunkData, _DecodeFailure
 from ...io.geometry import ArrayGeometry
 from ...plan.epoch import EpochPlan
 from ..pool.chunk_pool import ChunkPool, Entry, Owner
-from ..reads.fetch import Fetcher
+from ..reads.fetch import Fetcher, Read
 from ..reads.reader import ArrayReader
 from ..reads.shard_index import (
     IndexSlot,
@@ -38,6 +43,7 @@ from ..reads.shard_index import (
 from ..reads.shard_runs import coalesce, run_cap
 from ..reads.window import WindowUser
 from .landings import Landings, release_permits
+from .local_groups import MAX_TILE_GROUP
 from .tasks import PassTasks
 from .tile_jobs import TileJobs
 from .wants import Want, Wants
@@ -64,6 +70,8 @@ class RemoteTiles:
         landings: Landings,
         tasks: PassTasks,
         prototype: BufferPrototype,
+        group: int = MAX_TILE_GROUP,
+        spread: int = 1,
     ) -> None:
         self.store = store
         self.fetcher = fetcher  # hedged and retried, and it counts its GETs (None: the store's own get)
@@ -77,6 +85,10 @@ class RemoteTiles:
         self.prototype = prototype
         self._fresh: list[Want] = []  # tiles wanted, their reads not started yet (``start``)
         self._shard_wants: dict[str, list[Want]] = {}  # a shard's wanted inner chunks, till its block is admitted
+        self.group = max(1, group)  # most tiles one landing job decodes
+        self.spread = max(1, spread)  # the decode threads: tiles that came together are spread over as many jobs
+        # whole tiles whose bytes came this loop iteration, landed together at its end (``_land_arrived``)
+        self._arrived: list[tuple[_TileBatch, Want, Any, str, Any]] = []
 
     def want(self, entry: Entry, reader: ArrayReader, chunk_index: int, start: bool = True) -> None:
         """Loop: read the tiles ``entry`` needs: each joins a read of the same stored tile still waiting, else starts one.
@@ -161,6 +173,51 @@ class RemoteTiles:
                 for consumer, _, _ in want.consumers:
                     self.pool.fail(consumer, exc)
 
+    async def _fetch_tiles(self, wants: list[Want]) -> None:
+        """Loop: whole tiles through the fetcher, one task: the permits free now are taken in one call, the rest
+        one by one in the tiles' ticket order; each read starts with its permit and lands by callbacks; the task
+        ends when every tile has landed or failed."""
+        batch = _TileBatch(self, len(wants))
+        semaphore = self.semaphore
+        begun = 0
+        try:
+            while begun < len(wants):
+                free = semaphore.take_free(len(wants) - begun)  # the permits free now, in one call
+                if not free:
+                    await semaphore.acquire(wants[begun].ticket)
+                    free = 1
+                for want in wants[begun : begun + free]:
+                    batch.begin(want)
+                begun += free
+            await batch.ended
+        except asyncio.CancelledError:
+            batch.cancel()
+            raise
+
+    def arrive(self, batch: _TileBatch, want: Want, coord: Any, key: str, buf: Any) -> None:
+        """Loop: a whole tile's bytes came; with the others of this loop iteration they go to decode jobs at its end."""
+        if not self._arrived:
+            self.tasks.loop.call_soon(self._land_arrived)
+        self._arrived.append((batch, want, coord, key, buf))
+
+    def _land_arrived(self) -> None:
+        """Loop: the tiles that came this iteration, in decode jobs of at most ``group`` tiles, spread evenly over
+        at least as many jobs as there are decode threads (a few tiles that came together decode side by side)."""
+        arrived = [item for item in self._arrived if item[0].holds(item[1])]  # (not a cancelled batch's)
+        self._arrived = []
+        jobs = min(len(arrived), max(-(-len(arrived) // self.group), self.spread))
+        for j in range(jobs):
+            part = arrived[j::jobs]
+            try:
+                landed, job = self.landings.submit(self.jobs.landed_job, [item[1:] for item in part])
+            except Exception as error:  # (the decode pool is shut: a loop callback's fault would hang the batches)
+                for batch, want, *_ in part:
+                    batch.failed(want, error)
+                continue
+            self.tasks.track(job)
+            for batch, want, *_ in part:
+                batch.landing(want, landed)
+
     def _fetch_remote(self, wants: list[Want], hold_shards: bool = False) -> None:
         """Loop: start the GETs of freshly wanted tiles: one each, or a shard's by its coalesced byte ranges.
 
@@ -170,13 +227,18 @@ class RemoteTiles:
         timing (``reads.shard_runs``).
         """
         shards = self._shard_wants
+        tiles: list[Want] = []  # whole tiles through the fetcher: one batch
         for want in wants:
             _, reader, k = want.consumers[0]
             g = reader.geometry
             if g.sharded_reads:
                 shards.setdefault(g.tile_key(reader.tile_coord(want.chunk_index, k))[0], []).append(want)
-            else:
+            elif self.fetcher is None:
                 self.tasks.spawn(self._fetch_tile(want), work=True)
+            else:
+                tiles.append(want)
+        if tiles:
+            self.tasks.spawn(self._fetch_tiles(tiles), work=True)
         if not hold_shards and shards:
             self._shard_wants = {}
             for key, group in shards.items():
@@ -211,7 +273,7 @@ class RemoteTiles:
                 indexes[slot] = exc
             except Exception as exc:  # the store failed: every tile of the shard read now raises it
                 coord = reader.tile_coord(wants[0].chunk_index, k)
-                self._fail_wants(wants, self.jobs.read_error(g, coord, key, exc))
+                self.fail_wants(wants, self.jobs.read_error(g, coord, key, exc))
                 return
         spans: list[tuple[int, int, Want, Any]] = []
         for want, held in zip(wants, slots):
@@ -252,7 +314,7 @@ class RemoteTiles:
                 raise
             except Exception as exc:
                 _, _, want, coord = run[0]
-                self._fail_wants(
+                self.fail_wants(
                     [w for _, _, w, _ in run], self.jobs.read_error(want.consumers[0][1].geometry, coord, key, exc)
                 )
                 return
@@ -276,7 +338,7 @@ class RemoteTiles:
                 try:
                     await landed
                 except Exception as exc:
-                    self._fail_wants([want], exc)
+                    self.fail_wants([want], exc)
         finally:
             release_permits(semaphore, held)
 
@@ -288,9 +350,106 @@ class RemoteTiles:
             try:
                 await landed
             except Exception as exc:
-                self._fail_wants([want], exc)
+                self.fail_wants([want], exc)
 
-    def _fail_wants(self, wants: list[Want], error: BaseException) -> None:
+    def fail_wants(self, wants: list[Want], error: BaseException) -> None:
+        """Fail every entry still waiting on ``wants`` with ``error`` (their tiles will not come)."""
         for want in wants:
             for consumer, _, _ in want.seal():
                 self.pool.fail(consumer, error)
+
+
+class _TileBatch:
+    """The whole-tile reads of one ``_fetch_tiles``: each under its permit from its read's start to its landing.
+
+    A tile's read calls back with its bytes, which go to a decode job with the
+    other tiles that came in the same loop iteration (``RemoteTiles.arrive``);
+    the job's landing gives the permit back. ``ended`` is done once every
+    tile has, all of them begun.
+    """
+
+    __slots__ = ("_landing", "_reading", "_pending", "ended", "tiles")
+
+    def __init__(self, tiles: RemoteTiles, n: int) -> None:
+        self.tiles = tiles
+        self.ended = tiles.tasks.loop.create_future()
+        self._pending = n  # tiles not yet landed (or failed), begun or not
+        self._reading: dict[Want, Read] = {}  # a tile whose read is out, holding its permit
+        # a tile whose bytes came, holding its permit: its decode job's landing (None until it is submitted)
+        self._landing: dict[Want, asyncio.Future | None] = {}
+
+    def begin(self, want: Want) -> None:
+        """Start ``want``'s read; its permit is taken."""
+        tiles = self.tiles
+        fetcher = tiles.fetcher
+        assert fetcher is not None  # (a batch reads through the fetcher)
+        _, reader, k = want.consumers[0]
+        g = reader.geometry
+        coord = reader.tile_coord(want.chunk_index, k)
+        key = g.tile_key(coord)[0]
+        tiles.owner.counters.trace.get_started()
+        t0 = time.perf_counter()
+        # (the fetcher never calls back before ``start`` returns: the request goes out at the iteration's end)
+        self._reading[want] = fetcher.start(
+            key, None, g.tile_nbytes, lambda buf, exc: self._read(want, g, coord, key, t0, buf, exc)
+        )
+
+    def _read(self, want: Want, g: ArrayGeometry, coord: Any, key: str, t0: float, buf: Any, exc: Any) -> None:
+        """A tile's read ended (the fetcher's callback): its bytes to a decode job, or its error to its consumers."""
+        if self._reading.pop(want, None) is None:
+            return  # (cancelled with the batch)
+        tiles = self.tiles
+        trace = tiles.owner.counters.trace
+        trace.get_ended()
+        trace.add("fetch_s", time.perf_counter() - t0)
+        if exc is not None:
+            tiles.fail_wants([want], tiles.jobs.read_error(g, coord, key, exc))
+            self._ended()
+            return
+        self._landing[want] = None  # (its decode job starts at the end of this loop iteration)
+        tiles.arrive(self, want, coord, key, buf)
+
+    def holds(self, want: Want) -> bool:
+        """Whether ``want``'s bytes came and wait for their decode job (False once the batch was cancelled)."""
+        return want in self._landing
+
+    def landing(self, want: Want, landed: asyncio.Future) -> None:
+        """``want``'s decode job (shared with other tiles) was submitted: ``landed`` is done when it has."""
+        if want in self._landing:
+            self._landing[want] = landed
+            landed.add_done_callback(lambda fut: self._landed(want, fut))
+
+    def failed(self, want: Want, error: BaseException) -> None:
+        """``want``'s decode job could not start: the entries that want it raise ``error``; its permit goes back."""
+        if want in self._landing:
+            del self._landing[want]
+            self.tiles.fail_wants([want], error)
+            self._ended()
+
+    def _landed(self, want: Want, landed: asyncio.Future) -> None:
+        if self._landing.pop(want, None) is None or landed.cancelled():
+            return  # (cancelled with the batch; a shared landing is never cancelled)
+        exc = landed.exception()
+        if exc is not None:
+            for consumer, _, _ in want.consumers:
+                self.tiles.pool.fail(consumer, exc)
+        self._ended()
+
+    def _ended(self) -> None:
+        """A tile landed or failed: its permit goes back, and the batch ends with its last tile."""
+        self.tiles.semaphore.release()
+        self._pending -= 1
+        if self._pending == 0 and not self.ended.done():
+            self.ended.set_result(None)
+
+    def cancel(self) -> None:
+        """The task was cancelled: every read still out is abandoned, every landing forgotten, every permit back."""
+        reading, landing = self._reading, self._landing
+        self._reading, self._landing = {}, {}
+        semaphore, trace = self.tiles.semaphore, self.tiles.owner.counters.trace
+        for read in reading.values():
+            read.cancel()
+            trace.get_ended()
+            semaphore.release()
+        for _ in landing:  # (a decode job runs on, other batches' tiles in it too: the pass's teardown waits for it)
+            semaphore.release()

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 from zarr.abc.buffer import BufferPrototype
@@ -107,6 +107,25 @@ class TileJobs:
             tally.add_to(self.owner.counters, self.pool.lock)
         if landed:
             self.pool.deliver_many(landed)
+
+    def landed_job(self, arrived: list[tuple[Want, Any, str, Any]]) -> None:
+        """Decode thread: tiles whose bytes came in one loop iteration, ``(want, coord, key, bytes)`` each,
+        decoded one by one and landed with one pool wake-up; a tile's failure fails the entries that want it only."""
+        tally = Tally()
+        landed: list[tuple[Entry, int, np.ndarray]] = []
+        try:
+            for want, coord, key, buf in arrived:
+                consumers = want.seal()
+                if not consumers:
+                    continue
+                try:
+                    landed.extend(self._tile(consumers, want.chunk_index, coord, key, buf, tally, want.index_slot))
+                except Exception as exc:  # a bad chunk (or a bug): the wanting entries' waiters raise it
+                    for entry, _, _ in consumers:
+                        self.pool.fail(entry, exc)
+        finally:
+            tally.add_to(self.owner.counters, self.pool.lock)
+        self.pool.deliver_many(landed)
 
     def group_job(self, group: list[Want]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
