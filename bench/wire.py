@@ -54,7 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from insitubatch.testing.data import DatasetSpec, write_era5_like
+from insitubatch.testing.data import DatasetSpec, era5_181x360, write_era5_like
 from insitubatch.testing.emulator import EmulatorProcess
 
 __all__ = ["CLIENTS", "main", "measure_client"]
@@ -68,9 +68,6 @@ CLIENTS = ("engine", BASELINE, "obstore")
 LOCAL = "local"
 CPU_READERS = (LOCAL, "engine", "obstore")
 # ERA5 at 1 degree: 181 x 360 float32, each 8-step chunk stored as 2 x 2 tiles of 91 x 180, blosc-zstd.
-ERA5_LAT, ERA5_LON = 181, 360
-SAMPLES_PER_CHUNK = 8
-TILES = (2, 2)
 N_TIME = {"full": 384, "quick": 128}
 # GETs in flight for the CPU-per-GET replay: the fixed value the engine used before "auto" (bench.network's PINNED).
 GET_CONCURRENCY = 32
@@ -86,14 +83,8 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "out"
 
 
 def spec(profile: str) -> DatasetSpec:
-    return DatasetSpec(
-        n_time=N_TIME[profile],
-        n_lat=ERA5_LAT,
-        n_lon=ERA5_LON,
-        samples_per_chunk=SAMPLES_PER_CHUNK,
-        inner_tiles=TILES,
-        codec="blosc-zstd",
-    )
+    """The realistic fields (the generator's ERA5 preset) at this profile's length."""
+    return era5_181x360(N_TIME[profile])
 
 
 def _cpu_s() -> float:
