@@ -25,6 +25,9 @@ DEFAULT_JITTER_S = 0.005
 LISTEN_BACKLOG = 512
 # How long close() waits for each connection thread after shutting its socket.
 STOP_JOIN_S = 5.0
+# How often the serving thread looks for close()'s shutdown: socketserver's default (0.5 s) made every
+# close wait up to half a second, which a test suite starting one emulator per test pays each time.
+SHUTDOWN_POLL_S = 0.05
 CONTROL_PREFIX = "_emulator/"
 
 

@@ -82,6 +82,7 @@ from .handler import (
     DEFAULT_JITTER_S,
     DEFAULT_LATENCY_S,
     LOOPBACK,
+    SHUTDOWN_POLL_S,
     STOP_JOIN_S,
     ClientGone,
     Handler,
@@ -149,7 +150,9 @@ class Emulator:
         self._server = Server(self, port)
         self.port = int(self._server.server_address[1])
         self.url = f"http://{LOOPBACK}:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="emulator", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL_S}, name="emulator", daemon=True
+        )
         self._thread.start()
         self._closed = False
 
