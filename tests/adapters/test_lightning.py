@@ -222,14 +222,27 @@ def _records(out) -> list[list]:
     return [[json.loads(line) for line in (out / f"rank{r}.jsonl").read_text().splitlines()] for r in range(2)]
 
 
+def _each_rank_alone(path, root) -> list[list]:
+    """Each rank's uninterrupted two-epoch fit, one in-process trainer per rank given explicitly: the records
+    the spawned ranks must reproduce (a fit under ddp_spawn costs two fresh interpreters)."""
+    root.mkdir()
+    for rank in range(2):
+        out = root / f"alone{rank}"
+        out.mkdir()
+        _trainer(out).fit(Ranked(str(out)), datamodule=_dm(path, mask_key="padded", rank=rank, world_size=2))
+        (out / "rank0.jsonl").rename(root / f"rank{rank}.jsonl")
+    return _records(root)
+
+
 @pytest.mark.slow
 def test_ddp_ranks_come_from_the_trainer_and_resume_mid_epoch(path, tmp_path) -> None:
     """Two spawned CPU ranks train on their shares (equal batch counts, padding masked); a mid-epoch checkpoint
-    resumes exactly on two ranks, and on one."""
-    dm = _dm(path, mask_key="padded")
-    (tmp_path / "full").mkdir()
-    _ddp(tmp_path / "full").fit(Ranked(str(tmp_path / "full")), datamodule=dm)
-    full = _records(tmp_path / "full")
+    resumes exactly on two ranks, and on one.
+
+    The oracle is each rank's fit at its rank given explicitly; the spawned fit and its resumption, with the
+    ranks from the trainer, must see exactly its batches.
+    """
+    full = _each_rank_alone(path, tmp_path / "full")
     assert len(full[0]) == len(full[1]), "ranks ran unequal batch counts"
     for epoch in (0, 1):
         seen = [i for rank in full for e, _, real in rank if e == epoch for i in real]
@@ -248,6 +261,7 @@ def test_ddp_ranks_come_from_the_trainer_and_resume_mid_epoch(path, tmp_path) ->
     again = L.callbacks.ModelCheckpoint(dirpath=ckpts, every_n_train_steps=saved, save_top_k=-1)
     _ddp(second, again).fit(Ranked(str(second)), datamodule=_dm(path, mask_key="padded"), ckpt_path=str(ckpt))
     for rank, (done, before, after) in enumerate(zip(full, _records(first), _records(second), strict=True)):
+        assert before == done[: len(before)], f"rank {rank}'s spawned fit left the oracle's batches"
         assert before[:saved] + after == done, f"rank {rank} did not resume at its step {saved}"
     # the same checkpoint, resumed by one process: the second epoch's rest, dealt to it alone
     alone = tmp_path / "alone"

@@ -2,7 +2,7 @@
 
 Each case runs on a real small filesystem (a tmpfs, where this machine may
 mount one) and, always, with ``ENOSPC`` injected at the tile-file write path.
-The engine's side (a pass that goes on, equal to zarr) is ``tests/test_cache_faults.py``.
+The engine's side (a pass that goes on, equal to zarr) is ``tests/cache/test_cache_faults.py``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Two ``DiskCache`` objects in one process hold their own locks exactly like two
 processes (``flock`` belongs to an open file), so most of this runs in-process;
-``test_lock`` and ``tests/test_cache_sharing.py`` use real processes.
+``test_lock`` and ``tests/cache/test_cache_sharing.py`` use real processes.
 """
 
 from __future__ import annotations

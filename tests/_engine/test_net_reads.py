@@ -8,8 +8,10 @@ the same arrays.
 from __future__ import annotations
 
 import logging
+import re
 import time
 import warnings
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -19,12 +21,14 @@ import zarr
 from helpers import assert_batch_matches, smooth_field, write_array
 from zarr.errors import ZarrUserWarning
 
+from insitubatch._engine.reads.read_policy import ReadPolicy
+from insitubatch._engine.reads.store_link import STALL_FLOOR_S, client_for
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
 from insitubatch.io.group import open_geometries
 from insitubatch.plan.sizing import auto_inflight_cap
 from insitubatch.plan.splits import split_by_chunk
-from insitubatch.stores.obstore_stores import DEFAULT_RETRY_TIMEOUT, obstore_store
+from insitubatch.stores.obstore_stores import DEFAULT_RETRY, DEFAULT_RETRY_TIMEOUT, obstore_store
 from insitubatch.stores.owned import close_store
 
 GROUP = "n.zarr"
@@ -32,7 +36,10 @@ SHAPE = (64, 6, 8)
 BATCH_SIZE = 5
 # a loaded 2-core CI machine: every time bound below carries this on top of what the rules promise
 SLACK_S = 3.0
-STALL_FLOOR_S = 2.0
+# The retry window the end-to-end of a dead object configures in place of the default's 45 s.
+SHORT_RETRY_TIMEOUT_S = 5.0
+# How a read that gave up says so: "gave up on 'k' after 3 attempt(s) in 5.0s; the last: ..."
+GAVE_UP = re.compile(r"after (\d+) attempt\(s\) in ")
 
 
 class Served:
@@ -64,6 +71,17 @@ class Served:
 def served(emulator) -> Served:
     emulator.configure(latency_s=0.003, jitter_s=0.001)
     return Served(emulator)
+
+
+def _give_up_window(policy: ReadPolicy, attempts: int) -> tuple[float, float]:
+    """When a read of a key that never answers gives up after ``attempts``, by the retry loop's rules.
+
+    It gives up once the next retry's backoff would end past the window (so
+    no earlier than the window less that backoff), and its last silent
+    attempt is cut at the window's end or after the stall floor (so no later
+    than the window plus the floor).
+    """
+    return policy.retry_timeout_s - policy.backoff(attempts + 1), policy.retry_timeout_s + STALL_FLOOR_S
 
 
 def _check_epoch(ds: InSituDataset, served: Served, split: str = "train"):
@@ -155,38 +173,45 @@ def test_a_get_held_open_forever_is_retried_and_the_pass_equals_zarr(served: Ser
     close_store(store)
 
 
+@pytest.mark.slow
 def test_a_dead_object_raises_store_read_error_naming_its_key_within_the_retry_timeout(served: Served) -> None:
-    retry_timeout = 5.0
+    """The default path with one setting shortened, the retry window: the read gives up at the window's end.
+
+    The default window (45 s) is checked by this rule's arithmetic, in the next test.
+    """
+    retry_timeout = SHORT_RETRY_TIMEOUT_S
     key = served.key("s", 7)
     served.emu.configure(hold_key=f"{GROUP}/{key}")
     store = served.store(retry={"retry_timeout": timedelta(seconds=retry_timeout)})
+    policy = client_for(store).policy
+    assert policy == replace(ReadPolicy(), retry_timeout_s=retry_timeout)  # every other bound is the default's
     ds = InSituDataset(store, served.manifest, batch_size=BATCH_SIZE, block_chunks=2, shuffle=False)
     t0 = time.perf_counter()
     with pytest.raises(StoreReadError, match=f"key {key!r}") as info:
         for batch in ds.train:
             assert_batch_matches(batch, ds.variables, served.data)
-    assert time.perf_counter() - t0 < retry_timeout + STALL_FLOOR_S + SLACK_S
+    elapsed = time.perf_counter() - t0
     assert "gave up" in str(info.value) and "no answer" in str(info.value)
+    attempts = int(GAVE_UP.search(str(info.value)).group(1))
+    earliest, latest = _give_up_window(policy, attempts)
+    assert earliest < elapsed < latest + SLACK_S, (attempts, elapsed)
     t0 = time.perf_counter()
     ds.close()  # nothing waits on the dead object any more
     close_store(store)
     assert time.perf_counter() - t0 < SLACK_S
 
 
-@pytest.mark.slow
 def test_with_default_settings_a_dead_object_raises_within_a_minute(served: Served) -> None:
-    key = served.key("v", 3, 0)
-    served.emu.configure(hold_key=f"{GROUP}/{key}")
+    """A store built with no retry setting gets the default bounds (45 s, not obstore's 3 min), and the rule
+    the end-to-end above checks on a short window puts the default's give-up within a minute."""
     store = served.store()
-    ds = InSituDataset(store, served.manifest, batch_size=BATCH_SIZE, block_chunks=2, shuffle=False)
-    t0 = time.perf_counter()
-    with pytest.raises(StoreReadError, match=f"key {key!r}"):
-        for _ in ds.train:
-            pass
-    elapsed = time.perf_counter() - t0
-    assert DEFAULT_RETRY_TIMEOUT.total_seconds() - SLACK_S < elapsed < 60.0
-    ds.close()
+    policy = client_for(store).policy
     close_store(store)
+    assert policy == ReadPolicy()
+    assert policy.retry_timeout_s == DEFAULT_RETRY_TIMEOUT.total_seconds() == 45.0
+    assert policy.max_retries == DEFAULT_RETRY["max_retries"]
+    _, latest = _give_up_window(policy, attempts=policy.max_retries + 1)
+    assert latest + SLACK_S < 60.0
 
 
 def test_closing_during_a_silent_get_does_not_wait_for_it(served: Served) -> None:

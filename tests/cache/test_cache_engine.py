@@ -21,7 +21,8 @@ from insitubatch.errors import CacheLockedError, CacheMissError, StaleCacheError
 from insitubatch.io.geometry import ArrayGeometry
 from insitubatch.plan.epoch import build_plan, epoch_order
 
-TESTS = Path(__file__).parent
+HERE = Path(__file__).parent  # this module, which the child processes import
+TESTS = HERE.parent  # helpers
 
 
 @pytest.fixture
@@ -62,6 +63,7 @@ def test_warm_run_in_a_new_process_fetches_and_decodes_nothing(data, tmp_path) -
         assert len(cache_log_entries(cache)) == 16 + 8  # one line per chunk, written before close
     script = textwrap.dedent(f"""
         import json, sys
+        sys.path.insert(0, {str(HERE)!r})
         sys.path.insert(0, {str(TESTS)!r})
         sys.path.insert(0, {str(TESTS.parent)!r})  # this tree's insitubatch, not an installed one
         from helpers import CountingStore, cache_log_entries, local_store
@@ -91,6 +93,7 @@ def test_warm_run_in_a_new_process_fetches_and_decodes_nothing(data, tmp_path) -
 KILLED_RUN = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, sys.argv[3])
+    sys.path.insert(0, os.path.dirname(sys.argv[3]))  # helpers
     from test_cache_engine import _make
     from helpers import local_store
     with _make(local_store(sys.argv[1]), sys.argv[2], batch_size=2) as ds:
@@ -104,7 +107,7 @@ KILLED_RUN = textwrap.dedent("""
 def test_a_sigkilled_run_keeps_what_it_finished(data, tmp_path) -> None:
     path, truth = data
     cache = tmp_path / "cache"
-    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(path), str(cache), str(TESTS)], timeout=120)
+    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(path), str(cache), str(HERE)], timeout=120)
     assert proc.returncode == -signal.SIGKILL
     done = {(e["path"], e["chunk"]) for e in cache_log_entries(cache)}
     assert 0 < len(done) < 24

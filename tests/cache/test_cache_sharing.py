@@ -29,7 +29,7 @@ from servers import free_port
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parents[1]  # helpers
 TIMEOUT_S = 120
 # tiles in the fixture: a is 16 chunks of 2 tiles, b is 8 chunks of 1
 TILES = 16 * 2 + 8

@@ -64,7 +64,7 @@ def stores(tmp_path_factory):
 def test_every_batch_equals_xarray(stores, store_kind, name) -> None:
     path = stores[store_kind]
     steps = SELECTIONS[name]
-    xds = xr.open_zarr(path, consolidated=False)
+    xds = xr.open_zarr(path, consolidated=False).load()  # the oracle in memory: each batch indexes it, not dask
     geoms = open_geometries(str(path))
     view = _apply(geoms["t"], steps)
     manifest = split_by_chunk(geoms["t"], fractions=(0.5, 0.5))
