@@ -21,7 +21,6 @@ import zarr
 from helpers import assert_batch_matches, smooth_field, write_array
 from zarr.errors import ZarrUserWarning
 
-from insitubatch._engine.reads.read_policy import ReadPolicy
 from insitubatch._engine.reads.store_link import STALL_FLOOR_S, client_for
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import StoreReadError
@@ -30,6 +29,7 @@ from insitubatch.plan.sizing import auto_inflight_cap
 from insitubatch.plan.splits import split_by_chunk
 from insitubatch.stores.obstore_stores import DEFAULT_RETRY, DEFAULT_RETRY_TIMEOUT, obstore_store
 from insitubatch.stores.owned import close_store
+from insitubatch.stores.read_policy import ReadPolicy
 
 GROUP = "n.zarr"
 SHAPE = (64, 6, 8)
