@@ -12,6 +12,8 @@ bytes are decoded by the very code numcodecs would run. A tile whose file is
 missing, unreadable, larger than the scratch buffer, or whose frame does not
 declare exactly the tile's size is reported, untouched, for the caller's
 general path, which raises or falls back exactly as it always does.
+``decode_group`` is the same for a batch of chunks already in memory (a
+network store's tiles that landed together).
 """
 
 cimport numpy as cnp
@@ -228,6 +230,8 @@ cdef void copy_prefix(
 
 cdef struct Tile:
     const char* path      # read_decode: the chunk file
+    const uint8_t* src    # decode_group: the chunk's bytes
+    size_t nsrc
     uint8_t* dst          # the tile's memory
     size_t size           # its bytes
     size_t whole          # its stored chunk's bytes (== size for a full tile)
@@ -331,6 +335,54 @@ def read_decode(
                 st[i] = rc
                 tm[0] += t1 - t0
                 tm[1] += t2 - t1
+    finally:
+        free(tiles)
+
+
+def decode_group(
+    int kind, list srcs, list dests, cnp.ndarray stored, cnp.ndarray whole, cnp.ndarray status, cnp.ndarray times,
+):
+    """Decompress ``srcs[i]`` into ``dests[i]`` for every i, with the GIL released once: ``read_decode`` for bytes
+    already in memory (a network store's landed batch).
+
+    ``srcs[i]`` is a C-contiguous uint8 array of one chunk's bytes (the list
+    keeps them alive for the call); ``stored``, ``dests``, ``whole`` and
+    ``status`` as in ``read_decode``; ``times`` int64 of at least 1 (decode
+    nanoseconds, added to). A tile whose status is not 0 is left untouched.
+    """
+    cdef Py_ssize_t n = len(srcs), i
+    cdef int ndim = cnp.PyArray_DIMS(stored)[1] if cnp.PyArray_NDIM(stored) == 2 else 0
+    check_kind(kind)
+    if len(dests) != n or cnp.PyArray_DIMS(status)[0] < n or cnp.PyArray_TYPE(status) != cnp.NPY_INT32:
+        raise ValueError("srcs, dests and status (int32) must have one entry per tile")
+    if (cnp.PyArray_TYPE(stored) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(stored)
+            or cnp.PyArray_DIMS(stored)[0] != n or not 1 <= ndim <= MAX_DIMS_C):
+        raise ValueError(f"stored must be a C-contiguous int64 array of one shape of 1 to {MAX_DIMS} dims per tile")
+    if not cnp.PyArray_IS_C_CONTIGUOUS(whole) or cnp.PyArray_TYPE(times) != cnp.NPY_INT64:
+        raise ValueError("whole must be C-contiguous and times int64")
+    cdef Tile* tiles = <Tile*>malloc(max(n, 1) * sizeof(Tile))
+    if tiles == NULL:
+        raise MemoryError()
+    cdef const int64_t* shapes = <const int64_t*>cnp.PyArray_DATA(stored)
+    cdef int32_t* st = <int32_t*>cnp.PyArray_DATA(status)
+    cdef int64_t* tm = <int64_t*>cnp.PyArray_DATA(times)
+    cdef uint8_t* wbuf = <uint8_t*>cnp.PyArray_DATA(whole)
+    cdef size_t wcapacity = <size_t>cnp.PyArray_NBYTES(whole)
+    cdef cnp.ndarray src
+    cdef int64_t t0
+    try:
+        for i in range(n):
+            describe(&tiles[i], dests[i], shapes + i * ndim, ndim, i)
+            src = <cnp.ndarray?>srcs[i]
+            if not cnp.PyArray_IS_C_CONTIGUOUS(src) or cnp.PyArray_ITEMSIZE(src) != 1:
+                raise ValueError(f"srcs[{i}] must be a C-contiguous array of bytes")
+            tiles[i].src = <const uint8_t*>cnp.PyArray_DATA(src)
+            tiles[i].nsrc = <size_t>cnp.PyArray_NBYTES(src)
+        with nogil:
+            t0 = now_ns()
+            for i in range(n):
+                st[i] = place(kind, tiles[i].src, tiles[i].nsrc, &tiles[i], ndim, wbuf, wcapacity)
+            tm[0] += now_ns() - t0
     finally:
         free(tiles)
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
+from insitubatch._engine.reads.deadlines import Deadlines
 from insitubatch._engine.reads.fetch import Fetcher
 from insitubatch._engine.reads.store_link import HEDGE_BURST, HEDGE_FLOOR_S, HEDGE_SHARE, STALL_FLOOR_S, client_for
 from insitubatch._engine.reads.window import ReadWindow
@@ -302,7 +303,7 @@ def test_one_iterations_reads_go_out_as_one_batch_and_their_deadlines_share_one_
             def counted(when, callback, *args, **kw):
                 nonlocal timers
                 owner = getattr(callback, "__self__", None)  # (the pool's connect timers are not the fetcher's)
-                timers += type(owner).__module__ == Fetcher.__module__
+                timers += type(owner).__module__ == Deadlines.__module__
                 return call_at(when, callback, *args, **kw)
 
             loop.call_at = counted  # type: ignore[method-assign]
@@ -318,3 +319,41 @@ def test_one_iterations_reads_go_out_as_one_batch_and_their_deadlines_share_one_
         assert 1 <= timers <= 4  # the heap's timer, moved only for an earlier deadline (the first, and few after)
         assert f.counters.gets == n
         close_store(store)
+
+
+def test_two_passes_on_one_link_share_one_deadline_timer(root: Path) -> None:
+    """Two fetchers (two passes) of one endpoint put their reads' hedge and stall times in the link's one heap:
+    a handful of loop timers for both, each answer equal to the file."""
+    n = 32
+    with Emulator(root, latency_s=0.05, jitter_s=0.0) as emu:
+        stores = [http_store(emu), http_store(emu)]
+        first, second = (fetcher_for(store, limit=n) for store in stores)
+        assert first.link is second.link  # (one endpoint, one link)
+        timers = 0
+
+        async def main() -> list:
+            nonlocal timers
+            loop = asyncio.get_running_loop()
+            call_at = loop.call_at
+
+            def counted(when, callback, *args, **kw):
+                nonlocal timers
+                timers += type(getattr(callback, "__self__", None)).__module__ == Deadlines.__module__
+                return call_at(when, callback, *args, **kw)
+
+            loop.call_at = counted  # type: ignore[method-assign]
+            outcomes = []
+            for i in range(n):
+                for f in (first, second):
+                    outcome = loop.create_future()
+                    f.start(f"d/k{i}", None, None, lambda buf, exc, o=outcome: o.set_result((buf, exc)))
+                    outcomes.append((i, outcome))
+            assert first.deadlines is second.deadlines is first.link.deadlines(loop)
+            return [(i, await o) for i, o in outcomes]
+
+        for i, (buf, exc) in asyncio.run(main()):
+            assert exc is None and buf is not None and buf.to_bytes() == content(root, f"d/k{i}")
+        assert 1 <= timers <= 4  # the one heap's timer, moved only for an earlier deadline
+        assert first.counters.gets == second.counters.gets == n
+        for store in stores:
+            close_store(store)

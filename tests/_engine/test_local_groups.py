@@ -240,14 +240,20 @@ def test_network_tiles_decode_through_the_kernel_and_match_zarr(emulator, codec:
         # zarr warns that v3 consolidated metadata is not in the spec yet; an HTTP store cannot list members
         warnings.simplefilter("ignore", ZarrUserWarning)
         zarr.consolidate_metadata(path)
-    outcomes: list[int] = []
-    real = tile_jobs.decode_buffer
+    outcomes: list[int] = []  # each kernel outcome of a tile: a landed batch's (decode_group) or a lone one's
+    real, real_group = tile_jobs.decode_buffer, tile_jobs.decode_group
 
     def counting(*args):
         outcomes.append(real(*args))
         return outcomes[-1]
 
+    def counting_group(*args):
+        status, ns = real_group(*args)
+        outcomes.extend(status.tolist())
+        return status, ns
+
     monkeypatch.setattr(tile_jobs, "decode_buffer", counting)
+    monkeypatch.setattr(tile_jobs, "decode_group", counting_group)
     store = obstore_store(emulator.url_for("a.zarr"), read_only=True)
     manifest = split_by_chunk(open_geometries(store)["v"], fractions=(1.0,))
     expected = data.copy()

@@ -5,8 +5,9 @@
 a coroutine. Everything runs on zarr's loop as callbacks, with no task of its
 own and no timer handle per read: the first requests of the reads started
 in one loop iteration go out as one batch (the backend's
-``request_many``), and every attempt's hedge and stall times sit in one
-heap per fetcher, serviced by one loop timer. A read is a loop of attempts
+``request_many``), and every attempt's hedge and stall times sit in its
+link's one heap (``deadlines.Deadlines``: the passes reading one endpoint
+share it), serviced by one loop timer. A read is a loop of attempts
 bounded by the store's :class:`~.read_policy.ReadPolicy`, and an attempt is
 a race:
 
@@ -45,8 +46,6 @@ a read over ``STREAM_OVER_BYTES`` with no duplicate and no latency sample
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +58,7 @@ from zarr.buffer import default_buffer_prototype
 from ...stores.obstore_runtime import refuse_dead_obstore
 from ...stores.read_policy import Outcome, classify, http_status, protocol_fault
 from ..stats import PassCounters
+from .deadlines import Deadlines
 from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient
 from .window import WindowUser
 
@@ -77,52 +77,6 @@ Done = Callable[[Buffer | None, BaseException | None], None]
 
 class _Stalled(TimeoutError):
     """No answer within the stall time."""
-
-
-class _Deadlines:
-    """The hedge and stall times of one fetcher's attempts: one heap, serviced by one loop timer.
-
-    An attempt puts its next deadline in (the earlier of its hedge and stall
-    times); the timer is armed for the heap's earliest and moved only when
-    an earlier one comes in, so a GET costs a heap push, never a timer
-    handle of its own. An attempt that ended before its deadline stays in
-    the heap until it is popped (its entry names the attempt, which no
-    longer races): cancelling it would cost more than skipping it.
-    """
-
-    __slots__ = ("_armed_at", "_heap", "_order", "_timer", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._heap: list[tuple[float, int, Read, int]] = []  # (when, order, read, its attempt then)
-        self._order = itertools.count()
-        self._timer: asyncio.TimerHandle | None = None
-        self._armed_at = math.inf
-
-    def add(self, when: float, read: Read, attempt: int) -> None:
-        """Call ``read.tick(now)`` at ``when`` if its attempt ``attempt`` is still racing then."""
-        heapq.heappush(self._heap, (when, next(self._order), read, attempt))
-        if when < self._armed_at:
-            self._arm(when)
-
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._armed_at = when
-        self._timer = self.loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self._timer, self._armed_at = None, math.inf
-        heap = self._heap
-        now = self.loop.time()
-        while heap and heap[0][0] <= now:
-            _, _, read, attempt = heapq.heappop(heap)
-            if read.racing(attempt):
-                read.tick(now)  # (it may put its next deadline in: later than now)
-        while heap and not heap[0][2].racing(heap[0][3]):
-            heapq.heappop(heap)  # ended attempts at the head: no wake-up for them
-        if heap:
-            self._arm(heap[0][0])
 
 
 class Read:
@@ -176,7 +130,7 @@ class Read:
         self._fault = ""  # the last attempt's protocol fault: the same one twice running is not retried again
         self._plain = False  # a whole-key ranged GET the server refused (an empty object): a plain GET instead
         self._stall_s = fetcher.link.stall_after(fetcher.policy)
-        self._racing = False  # an attempt's requests are out (its deadlines in the fetcher's heap)
+        self._racing = False  # an attempt's requests are out (its deadlines in the link's heap)
         self._requests: list[tuple[asyncio.Future, float]] = []  # the attempt's request and duplicate, when sent
         self._errors = 0
         self._hedge_at = self._stall_at = math.inf
@@ -237,7 +191,7 @@ class Read:
         self._stall_at = stall
 
     def race(self, request: asyncio.Future) -> None:
-        """The attempt's request is out: its deadlines go in the fetcher's heap, and its answer comes to ``landed``."""
+        """The attempt's request is out: its deadlines go in the link's heap, and its answer comes to ``landed``."""
         now = self.loop.time()
         self._hedge_at += now
         self._stall_at += now
@@ -287,7 +241,7 @@ class Read:
             self.finish(None, exc)
 
     def tick(self, now: float) -> None:
-        """A deadline of the racing attempt came (the fetcher's heap): the stall ends it, the hedge doubles it."""
+        """A deadline of the racing attempt came (the link's heap): the stall ends it, the hedge doubles it."""
         try:
             if now >= self._stall_at:
                 self._end_race()
@@ -386,7 +340,7 @@ class Fetcher:
 
     The first attempts of the reads started in one loop iteration go out
     together, as one ``request_many`` of the backend, at the end of it;
-    their hedge and stall times share one heap (:class:`_Deadlines`).
+    their hedge and stall times share the link's heap (:class:`~.deadlines.Deadlines`).
     """
 
     def __init__(self, client: StoreClient, permits: WindowUser, counters: PassCounters, hedge: bool = True) -> None:
@@ -404,12 +358,12 @@ class Fetcher:
         self.hedge = hedge
         self.prototype = default_buffer_prototype()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._deadlines: _Deadlines | None = None
+        self._deadlines: Deadlines | None = None
         self._outgoing: list[Read] = []  # reads started this loop iteration, their first request not sent yet
 
     @property
-    def deadlines(self) -> _Deadlines:
-        assert self._deadlines is not None  # (made with the loop, at the first read on it)
+    def deadlines(self) -> Deadlines:
+        assert self._deadlines is not None  # (the link's for the loop, taken at the first read on it)
         return self._deadlines
 
     def start(self, key: str, byte_range: Any, size_hint: int | None, done: Done, learn: bool = True) -> Read:
@@ -427,7 +381,7 @@ class Fetcher:
         """
         loop = asyncio.get_running_loop()
         if loop is not self.loop:  # the first read (or a fetcher used on another loop since)
-            self.loop, self._deadlines, self._outgoing = loop, _Deadlines(loop), []
+            self.loop, self._deadlines, self._outgoing = loop, self.link.deadlines(loop), []
         if size_hint is None and isinstance(byte_range, RangeByteRequest):
             size_hint = byte_range.end - byte_range.start
         read = Read(self, key, byte_range, size_hint, done, learn)

@@ -8,12 +8,14 @@ A link is shared by every store on one endpoint (an HTTP host, an
 S3/GCS bucket, an Azure container; the store names it) in this process, so
 ranks and concurrent passes reading one bucket share one
 :class:`~.concurrency.ConcurrencyController` and window, one latency
-distribution and one hedge budget; a store read through its own ``get``
+distribution, one hedge budget and one timer for their reads' hedge and
+stall times (:class:`~.deadlines.Deadlines`); a store read through its own ``get``
 names no endpoint and gets a link of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import threading
@@ -25,6 +27,7 @@ from ...plan.sizing import AUTO_INFLIGHT_CEILING
 from ...stores.read_policy import ReadPolicy
 from ...stores.reading import LOCAL_ROUTE, Route, reading_store
 from .concurrency import AUTO_START_REMOTE, ConcurrencyController
+from .deadlines import Deadlines
 from .latency import LatencyWindow
 from .window import ReadWindow
 
@@ -52,7 +55,8 @@ STALL_GROWTH = 1.5
 
 
 class StoreLink:
-    """What every reader of one endpoint shares: the auto window, the latency distribution, the hedge budget.
+    """What every reader of one endpoint shares: the auto window, the latency distribution, the hedge budget,
+    the deadline heap.
 
     Loop thread only (created anywhere).
     """
@@ -64,6 +68,14 @@ class StoreLink:
         self.window = ReadWindow(AUTO_START_REMOTE, controller=self.controller, ceiling=AUTO_INFLIGHT_CEILING)
         self._hedge_tokens = HEDGE_BURST
         self._quiet_until = -math.inf
+        self._deadlines: Deadlines | None = None
+
+    def deadlines(self, loop: asyncio.AbstractEventLoop) -> Deadlines:
+        """The hedge and stall times of every read on this link and ``loop``: one heap, one timer (made at the
+        first read on ``loop``; a new one if the reads moved to another loop)."""
+        if self._deadlines is None or self._deadlines.loop is not loop:
+            self._deadlines = Deadlines(loop)
+        return self._deadlines
 
     def hedge_after(self) -> float:
         """Seconds after which an outstanding GET gets a duplicate (``inf``: not yet known)."""

@@ -10,7 +10,8 @@ leading block is copied. Every other tile, and any tile the kernel hands back
 (a missing or unreadable file, a frame that does not declare the chunk's
 size), takes the general path, which reads, raises or falls back exactly as
 before. ``decode_buffer`` is the same kernel for one tile whose bytes are
-already in memory (a network store's).
+already in memory (a network store's), ``decode_group`` for a batch of them
+(a network store's tiles that landed together).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import insitubatch._ext.tilegroup as _tilegroup
 from ...io.decode import ChunkDecoder
 from ...stores.local_files import LocalFiles
 
-__all__ = ["MAX_TILE_GROUP", "PLACED", "LocalGroups", "decode_buffer", "kernel_kind", "tile_group"]
+__all__ = ["MAX_TILE_GROUP", "PLACED", "LocalGroups", "decode_buffer", "decode_group", "kernel_kind", "tile_group"]
 
 PLACED: int = _tilegroup.PLACED
 
@@ -119,3 +120,20 @@ def decode_buffer(kind: int, raw: np.ndarray, dest: np.ndarray, stored: tuple[in
     ``dest`` untouched for the general path.
     """
     return _tilegroup.decode_buffer(kind, raw, dest, np.asarray(stored, dtype=np.int64), whole)
+
+
+def decode_group(
+    kind: int, raws: list[np.ndarray], dests: list[np.ndarray], stored: list[tuple[int, ...]], whole: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """Decompress ``raws[i]`` (flat uint8 arrays) into ``dests[i]``, GIL released once: ``(status, decode_ns)``.
+
+    ``decode_buffer`` for a batch: ``stored[i]`` is the tile's stored chunk
+    shape (one rank for the batch), ``whole`` a uint8 buffer of at least the
+    largest chunk's bytes for the edge tiles. ``status[i]`` is ``PLACED``
+    for a placed tile; any other leaves ``dests[i]`` untouched for the general path.
+    """
+    n = len(raws)
+    status = np.empty(n, dtype=np.int32)
+    times = np.zeros(1, dtype=np.int64)
+    _tilegroup.decode_group(kind, raws, dests, np.array(stored, dtype=np.int64).reshape(n, -1), whole, status, times)
+    return status, int(times[0])

@@ -297,7 +297,7 @@ class RemoteTiles:
             self.tasks.spawn(self._fetch_run(key, run), work=True)
 
     async def _fetch_run(self, key: str, run: list[tuple[int, int, Want, Any]]) -> None:
-        """Loop: one ranged GET for a run of adjacent inner chunks, then a decode job per tile.
+        """Loop: one ranged GET for a run of adjacent inner chunks, then its tiles' landed decode jobs.
 
         Each tile holds a permit, as a tile read alone would: the run takes
         one per tile, all at once (``WindowUser.acquire_many``).
@@ -323,7 +323,7 @@ class RemoteTiles:
             if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
                 self.owner.counters.gets += 1
                 self.owner.counters.get_bytes += 0 if buf is None else len(buf)
-            landings = []
+            arrived: list[tuple[Want, Any, str, Any]] = []
             for a, b, want, coord in run:
                 decoder = self.jobs.decoders[want.consumers[0][1].geometry.path]
                 part = None if buf is None or len(buf) < b - start else buf[a - start : b - start]
@@ -331,14 +331,20 @@ class RemoteTiles:
                     data: Any = check_span(decoder, coord, (a, b), part)
                 except BadChunkError as exc:
                     data = exc
-                landed, job = self.landings.submit(self.jobs.tile_job, want, coord, key, data)
+                arrived.append((want, coord, key, data))
+            # the run's tiles came together: decoded in landed jobs, spread like a batch's (``_land_arrived``)
+            jobs = min(len(arrived), max(-(-len(arrived) // self.group), self.spread))
+            landings = []
+            for j in range(jobs):
+                part_of = arrived[j::jobs]
+                landed, job = self.landings.submit(self.jobs.landed_job, part_of)
                 self.tasks.track(job)
-                landings.append((want, landed))
-            for want, landed in landings:
+                landings.append(([item[0] for item in part_of], landed))
+            for wants, landed in landings:
                 try:
                     await landed
                 except Exception as exc:
-                    self.fail_wants([want], exc)
+                    self.fail_wants(wants, exc)
         finally:
             release_permits(semaphore, held)
 

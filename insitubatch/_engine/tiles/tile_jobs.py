@@ -9,6 +9,7 @@ under ``on_bad_chunk="nan"`` in the epoch's bad-chunk records.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from ..reads.shard_index import IndexSlot, SplitIndexes, check_span
 from .finishing import BAD_TILE, BadTile, ChunkFinisher
 from .kernels import fill_region, select_block
 from .landings import Tally
-from .local_groups import PLACED, LocalGroups, decode_buffer
+from .local_groups import PLACED, LocalGroups, decode_buffer, decode_group
 from .wants import Consumer, Want
 
 __all__ = ["GET_IN_JOB", "TileJobs"]
@@ -109,23 +110,82 @@ class TileJobs:
             self.pool.deliver_many(landed)
 
     def landed_job(self, arrived: list[tuple[Want, Any, str, Any]]) -> None:
-        """Decode thread: tiles whose bytes came in one loop iteration, ``(want, coord, key, bytes)`` each,
-        decoded one by one and landed with one pool wake-up; a tile's failure fails the entries that want it only."""
+        """Decode thread: tiles whose bytes came in one loop iteration, ``(want, coord, key, bytes)`` each, landed
+        with one pool wake-up; a tile's failure fails the entries that want it only.
+
+        The tiles the group kernel takes are decoded in one call per codec and
+        rank (``_kernel_landed``); the rest, and any it hands back, one by one.
+        """
         tally = Tally()
         landed: list[tuple[Entry, int, np.ndarray]] = []
         try:
-            for want, coord, key, buf in arrived:
-                consumers = want.seal()
-                if not consumers:
-                    continue
+            live = [
+                (want, consumers, coord, key, buf) for want, coord, key, buf in arrived if (consumers := want.seal())
+            ]
+            for want, consumers, coord, key, buf, kernel in self._kernel_landed(live, tally, landed):
                 try:
-                    landed.extend(self._tile(consumers, want.chunk_index, coord, key, buf, tally, want.index_slot))
+                    landed.extend(
+                        self._tile(consumers, want.chunk_index, coord, key, buf, tally, want.index_slot, kernel)
+                    )
                 except Exception as exc:  # a bad chunk (or a bug): the wanting entries' waiters raise it
                     for entry, _, _ in consumers:
                         self.pool.fail(entry, exc)
         finally:
             tally.add_to(self.owner.counters, self.pool.lock)
         self.pool.deliver_many(landed)
+
+    def _kernel_landed(
+        self, live: list[tuple[Want, list[Consumer], Any, str, Any]], tally: Tally, landed: list
+    ) -> list:
+        """Decode the landed tiles the kernel takes, GIL released once per codec and rank; returns the others,
+        each with whether the per-tile path may still try the kernel (not for one it handed back).
+
+        The kernel takes a zstd/blosc tile of a sample-first array with bytes
+        (not missing, not found bad on the loop) that a view without a
+        selection keeps whole: it decodes into that view's tile, which the
+        other views' selections are then cut from, as ``_tile`` does. A tile
+        it hands back (a frame that does not declare the chunk's size, a
+        codec error) goes the general path, which raises or falls back.
+        """
+        by_kind: dict[tuple[int, int], tuple[list, list[np.ndarray], list[np.ndarray], list[tuple[int, ...]]]] = {}
+        whole_bytes = 0  # the largest stored chunk: an edge tile's whole chunk decodes there first
+        rest = []
+        for item in live:
+            want, consumers, _, _, buf = item
+            path = consumers[0][1].geometry.path
+            kind = self.kinds.get(path, 0) if buf is not None and not isinstance(buf, BadChunkError) else 0
+            whole = next((c for c in consumers if c[1].layout.identity), None) if kind else None
+            if whole is None:
+                rest.append((*item, True))
+                continue
+            decoder = self.decoders[path]
+            items, raws, dests, stored = by_kind.setdefault((kind, len(decoder.shape)), ([], [], [], []))
+            items.append(item)
+            raws.append(_as_uint8(buf))
+            dests.append(self.pool.take_tile(whole[1].tile_rows_shape(want.chunk_index, whole[2]), decoder.dtype))
+            stored.append(decoder.shape)
+            whole_bytes = max(whole_bytes, decoder.dtype.itemsize * math.prod(decoder.shape))
+        if not by_kind:
+            return rest
+        scratch = self._scratch((whole_bytes,), np.dtype(np.uint8))
+        trace = self.owner.counters.trace
+        for (kind, _), (items, raws, dests, stored) in by_kind.items():
+            status, decode_ns = decode_group(kind, raws, dests, stored, scratch)
+            trace.add("decode_s", decode_ns / 1e9)
+            for item, dest, placed in zip(items, dests, status.tolist()):
+                if placed != PLACED:
+                    rest.append((*item, False))  # the general path decides it, without the kernel again
+                    continue
+                want, consumers = item[0], item[1]
+                tally.decoded_tiles += 1
+                try:
+                    landed.extend(
+                        self._finish(consumers, want.chunk_index, self._pieces(consumers, want.chunk_index, dest))
+                    )
+                except Exception as exc:  # a transform's failure (or a bug): the wanting entries' waiters raise it
+                    for entry, _, _ in consumers:
+                        self.pool.fail(entry, exc)
+        return rest
 
     def group_job(self, group: list[Want]) -> None:
         """Decode thread: read, decode and place a group of tiles, landing them with one pool wake-up.
@@ -215,6 +275,7 @@ class TileJobs:
         buf,
         tally: Tally,
         slot: IndexSlot | None = None,
+        kernel: bool = True,
     ) -> list[tuple[Entry, int, np.ndarray]]:
         """Decode thread: read (``buf`` is ``GET_IN_JOB``; an inner chunk after ``slot``'s index) and decode one
         stored tile, then cut it for each consumer.
@@ -228,7 +289,8 @@ class TileJobs:
         pieces of transformed chunks (assembled first when they hold
         several), or of persisted ones, are staged instead. A store failure
         raises ``StoreReadError``; a bad chunk under ``on_bad_chunk="raise"``
-        raises ``BadChunkError``. The caller
+        raises ``BadChunkError``. ``kernel=False``: a tile the group kernel
+        handed back, decoded without it. The caller
         adds ``tally`` to the counters before the pieces land, so a consumer
         that saw the data sees them too.
         """
@@ -242,13 +304,8 @@ class TileJobs:
                 buf = self._timed_read(g, coord, key, tally, slot)
             elif isinstance(buf, BadChunkError):  # the loop's read found the bytes bad (a shard index, a short range)
                 raise buf
-            data = self._decode(decoder_reader, chunk_index, k, coord, buf)
-            # cut the selections first: the whole view's tile may be transformed in place below
-            for i, (_, reader, ck) in enumerate(consumers):
-                if reader.layout.identity:
-                    tiles[i] = [(ck, data)]
-                else:
-                    tiles[i] = self._cut(reader, chunk_index, ck, data)
+            data = self._decode(decoder_reader, chunk_index, k, coord, buf, kernel)
+            tiles = self._pieces(consumers, chunk_index, data)
         except BadChunkError:
             if self.on_bad_chunk == "raise":
                 raise
@@ -258,6 +315,27 @@ class TileJobs:
                 self.record_bad(entry, BadChunkRecord(g.path, chunk_index, reader.tile_inner_coord(ck)))
             self.owner.counters.trace.add("bad_tiles", 1)
         tally.decoded_tiles += 1
+        return self._finish(consumers, chunk_index, tiles)
+
+    def _pieces(
+        self, consumers: list[Consumer], chunk_index: int, data: np.ndarray
+    ) -> dict[int, list[tuple[int, np.ndarray | BadTile]]]:
+        """Decode thread: each consumer's pieces of a decoded stored tile, by consumer: the tile itself for a view
+        without a selection, else its selection cut into pool memory (cut first: the whole view's tile may be
+        transformed in place by ``_finish``)."""
+        tiles: dict[int, list[tuple[int, np.ndarray | BadTile]]] = {}
+        for i, (_, reader, ck) in enumerate(consumers):
+            if reader.layout.identity:
+                tiles[i] = [(ck, data)]
+            else:
+                tiles[i] = self._cut(reader, chunk_index, ck, data)
+        return tiles
+
+    def _finish(
+        self, consumers: list[Consumer], chunk_index: int, tiles: dict[int, list[tuple[int, np.ndarray | BadTile]]]
+    ) -> list[tuple[Entry, int, np.ndarray]]:
+        """Decode thread: transform and stage (a pipeline, the disk cache) each consumer's pieces, or list them to
+        land: the pieces ``(entry, piece index, array)`` for the caller to deliver."""
         landed: list[tuple[Entry, int, np.ndarray]] = []
         for i, (entry, reader, _) in enumerate(consumers):
             pieces = tiles[i]
@@ -339,7 +417,7 @@ class TileJobs:
             out.append((p, dest))
         return out
 
-    def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf) -> np.ndarray:
+    def _decode(self, reader: ArrayReader, chunk_index: int, tile: int, coord, buf, kernel: bool = True) -> np.ndarray:
         """Decode one stored chunk into a sample-first tile of its own, clipped to the array (decode thread).
 
         Under a selection the tile goes to this thread's scratch instead, to be
@@ -360,7 +438,7 @@ class TileJobs:
         decoder = self.decoders[g.path]
         shape = reader.tile_rows_shape(chunk_index, tile)
         take = self.pool.take_tile if reader.layout.identity else functools.partial(self._scratch, use="cut")
-        kind = self.kinds.get(g.path, 0) if buf is not None else 0
+        kind = self.kinds.get(g.path, 0) if buf is not None and kernel else 0
         data = self._kernel_tile(kind, buf, shape, decoder, take) if kind else None
         if data is None:
             data = self._general_tile(reader, chunk_index, tile, coord, buf, shape, decoder, take)
