@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from datetime import timedelta
 from pathlib import Path
 
@@ -357,3 +359,49 @@ def test_two_passes_on_one_link_share_one_deadline_timer(root: Path) -> None:
         assert first.counters.gets == second.counters.gets == n
         for store in stores:
             close_store(store)
+
+
+def test_a_finished_read_is_not_held_by_its_deadline_still_to_come(root: Path) -> None:
+    """Once its answer lands, a read (and through it the fetcher and the store's backend) is let go by the link's
+    heap at once, not when its stall time (seconds away) comes: a closed pass leaves no connection held open."""
+    with Emulator(root, latency_s=0.0, jitter_s=0.0) as emu:
+        store = http_store(emu)
+        f = fetcher_for(store, limit=4)
+        gone = weakref.ref(f)
+
+        async def main(f: Fetcher) -> tuple:
+            loop = asyncio.get_running_loop()
+            outcome = loop.create_future()
+            f.start("d/k0", None, None, lambda buf, exc: outcome.set_result((buf, exc)))
+            return await outcome
+
+        buf, exc = asyncio.run(main(f))
+        assert exc is None and buf is not None and buf.to_bytes() == content(root, "d/k0")
+        assert f.link.stall_after(f.policy) >= STALL_FLOOR_S  # its stall deadline is still seconds away
+        del f
+        gc.collect()
+        assert gone() is None
+        close_store(store)
+
+
+def test_deadlines_forget_lets_go_of_the_read() -> None:
+    class Racer:
+        def racing(self, attempt: int) -> bool:
+            return True
+
+        def tick(self, now: float) -> None:
+            raise AssertionError("a forgotten deadline never ticks")
+
+    loop = asyncio.new_event_loop()
+    try:
+        deadlines = Deadlines(loop)
+        racer = Racer()
+        gone = weakref.ref(racer)
+        entry = deadlines.add(loop.time() + 60.0, racer, 1)
+        Deadlines.forget(entry)
+        del racer
+        gc.collect()
+        assert gone() is None
+        loop.run_until_complete(asyncio.sleep(0))
+    finally:
+        loop.close()

@@ -34,26 +34,34 @@ class Deadlines:
     An attempt puts its next deadline in (the earlier of its hedge and stall
     times); the timer is armed for the heap's earliest and moved only when
     an earlier one comes in, so a GET costs a heap push, never a timer
-    handle of its own. An attempt that ended before its deadline stays in
-    the heap until it is popped (its entry names the attempt, which no
-    longer races): cancelling it would cost more than skipping it. Loop
-    thread only.
+    handle of its own. An attempt that ended before its deadline leaves its
+    entry in the heap until it is popped (removing it would cost a heap
+    search), but :meth:`forget` lets go of the read at once: a closed pass's
+    reads, and the store they read, are not kept alive by a deadline still
+    to come. Loop thread only.
     """
 
     __slots__ = ("_armed_at", "_heap", "_order", "_timer", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._heap: list[tuple[float, int, Racer, int]] = []  # (when, order, read, its attempt then)
+        self._heap: list[list] = []  # [when, order, read (None once forgotten), its attempt then]
         self._order = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._armed_at = math.inf
 
-    def add(self, when: float, read: Racer, attempt: int) -> None:
-        """Call ``read.tick(now)`` at ``when`` if its attempt ``attempt`` is still racing then."""
-        heapq.heappush(self._heap, (when, next(self._order), read, attempt))
+    def add(self, when: float, read: Racer, attempt: int) -> list:
+        """Call ``read.tick(now)`` at ``when`` if its attempt ``attempt`` is still racing then; returns the entry."""
+        entry = [when, next(self._order), read, attempt]
+        heapq.heappush(self._heap, entry)
         if when < self._armed_at:
             self._arm(when)
+        return entry
+
+    @staticmethod
+    def forget(entry: list) -> None:
+        """The attempt of ``entry`` (from :meth:`add`) ended: the heap no longer holds its read."""
+        entry[2] = None
 
     def _arm(self, when: float) -> None:
         if self._timer is not None:
@@ -67,9 +75,9 @@ class Deadlines:
         now = self.loop.time()
         while heap and heap[0][0] <= now:
             _, _, read, attempt = heapq.heappop(heap)
-            if read.racing(attempt):
+            if read is not None and read.racing(attempt):
                 read.tick(now)  # (it may put its next deadline in: later than now)
-        while heap and not heap[0][2].racing(heap[0][3]):
+        while heap and (heap[0][2] is None or not heap[0][2].racing(heap[0][3])):
             heapq.heappop(heap)  # ended attempts at the head: no wake-up for them
         if heap:
             self._arm(heap[0][0])

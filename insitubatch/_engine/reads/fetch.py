@@ -88,6 +88,7 @@ class Read:
 
     __slots__ = (
         "_big",
+        "_deadline",
         "_errors",
         "_fault",
         "_hedge_at",
@@ -134,6 +135,7 @@ class Read:
         self._requests: list[tuple[asyncio.Future, float]] = []  # the attempt's request and duplicate, when sent
         self._errors = 0
         self._hedge_at = self._stall_at = math.inf
+        self._deadline: list | None = None  # the racing attempt's entry in the link's heap
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Future | None = None
 
@@ -199,7 +201,7 @@ class Read:
         self._errors = 0
         self._requests = [(request, now)]
         request.add_done_callback(self.landed)
-        self.fetcher.deadlines.add(min(self._hedge_at, self._stall_at), self, self.attempt)
+        self._deadline = self.fetcher.deadlines.add(min(self._hedge_at, self._stall_at), self, self.attempt)
 
     def _try(self) -> None:
         self.prepare()
@@ -214,6 +216,9 @@ class Read:
         if not self._racing:
             return
         self._racing = False
+        if self._deadline is not None:
+            Deadlines.forget(self._deadline)  # a deadline still to come must not keep this read (and its store) alive
+            self._deadline = None
         for request, _ in self._requests:
             if not request.done():
                 request.cancel()
@@ -255,7 +260,7 @@ class Read:
                     duplicate = self.launch()
                     self._requests.append((duplicate, self.loop.time()))
                     duplicate.add_done_callback(self.landed)
-            self.fetcher.deadlines.add(min(self._hedge_at, self._stall_at), self, self.attempt)
+            self._deadline = self.fetcher.deadlines.add(min(self._hedge_at, self._stall_at), self, self.attempt)
         except Exception as exc:
             self._end_race()
             self.finish(None, exc)
