@@ -362,7 +362,7 @@ def table(summary: dict[str, dict[str, float]]) -> str:
 
 
 def run(profile: str, clients: list[str], rounds: int, out: Path) -> dict[str, Any]:
-    from bench.network import TAIL_LINK  # the tail scenario's link, so the numbers compare with bench.network's
+    from bench.scenarios import TAIL_LINK  # the tail scenario's link, so the numbers compare with bench.network's
 
     t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
