@@ -12,14 +12,18 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
+import warnings
 import weakref
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
 from zarr.abc.buffer import Buffer, BufferPrototype
 from zarr.abc.store import ByteRequest, Store
+from zarr.errors import ZarrUserWarning
 from zarr.storage import WrapperStore
 
 # how often a held GET looks whether the store was released
@@ -303,3 +307,48 @@ class EvictionWatch:
                 + ", ".join(type(r).__name__ for r in gc.get_referrers(ref) if r is not lines)
             )
         return "\n".join(lines)
+
+
+def write_tiled_and_sharded(store: Any, shape: tuple[int, ...], seed: int) -> dict[str, np.ndarray]:
+    """A consolidated group at ``store`` (a zarr store or a path): ``v`` in 2 x 2 tiles and ``s`` sharded; values by name."""
+    rng = np.random.default_rng(seed)
+    group = zarr.open_group(store, mode="w")
+    write_array(group, "v", smooth_field(rng, shape), (4, 3, 8))
+    write_array(group, "s", smooth_field(rng, shape), (2, 3, 8), shards=(4, 6, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZarrUserWarning)
+        zarr.consolidate_metadata(group.store)
+    written = zarr.open_group(store, mode="r")
+    return {name: written[name][...] for name in ("v", "s")}
+
+
+def run_gloo_ranks(args: list[str], world: int, timeout_s: float) -> list[int | None]:
+    """Run ``world`` processes of ``args`` as the ranks of one torch gloo group on loopback; their exit codes.
+
+    A rank that fails leaves the others waiting for it: every rank still
+    running when the first wait ends is killed, so none outlives the test.
+    """
+    from servers import free_port
+
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            OMP_NUM_THREADS="1",
+        )
+        procs.append(subprocess.Popen(args, env=env))
+    deadline = time.monotonic() + timeout_s
+    try:
+        return [p.wait(timeout=max(0.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        return [p.poll() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
-from helpers import assert_batch_matches, smooth_field, write_array
-from zarr.errors import ZarrUserWarning
+from helpers import assert_batch_matches, write_tiled_and_sharded
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.group import open_geometries
@@ -24,15 +21,7 @@ BATCH_SIZE = 5
 
 def write_group(root: Path) -> dict[str, np.ndarray]:
     """A group under ``root/GROUP``: a 2-tile array and a sharded one, consolidated; their values by path."""
-    rng = np.random.default_rng(11)
-    group = zarr.open_group(root / GROUP, mode="w")
-    write_array(group, "v", smooth_field(rng, SHAPE), (4, 3, 8))
-    write_array(group, "s", smooth_field(rng, SHAPE), (2, 3, 8), shards=(4, 6, 8))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ZarrUserWarning)
-        zarr.consolidate_metadata(group.store)
-    local = zarr.open_group(root / GROUP, mode="r")
-    return {name: local[name][...] for name in ("v", "s")}
+    return write_tiled_and_sharded(root / GROUP, SHAPE, 11)
 
 
 def manifest_of(url: str, **store: Any) -> SplitManifest:

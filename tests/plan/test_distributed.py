@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import CountingStore, local_store
-from servers import free_port
+from helpers import CountingStore, local_store, run_gloo_ranks
 
 from insitubatch import InSituDataset, open_geometries, split_by_chunk, split_by_time
 from insitubatch.plan.distributed import resolve_world
@@ -191,24 +188,8 @@ def test_ddp_under_a_real_gloo_group(path, tmp_path, world) -> None:
     pytest.importorskip("torch")
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            OMP_NUM_THREADS="1",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), str(path), str(tmp_path), str(Path(__file__).parents[1])], env=env
-            )
-        )
-    for p in procs:
-        assert p.wait(timeout=120) == 0
+    args = [sys.executable, str(script), str(path), str(tmp_path), str(Path(__file__).parents[1])]
+    assert run_gloo_ranks(args, world, 120.0) == [0] * world
     outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert len({o["steps"] for o in outs}) == 1
     assert outs[0]["total"] == world * outs[0]["steps"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from collections import Counter
@@ -13,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from helpers import CountingStore, local_store
+from helpers import CountingStore, local_store, run_gloo_ranks
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from servers import free_port
 
 from insitubatch import InSituDataset, obstore_store, open_geometries, open_statics, split_by_chunk
 from insitubatch.plan.read_groups import band_cuts
@@ -363,26 +360,9 @@ def test_a_torch_process_group_is_a_read_group_under_real_gloo(path, tmp_path) -
     world = 4
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            OMP_NUM_THREADS="1",
-        )
-        args = [sys.executable, str(script), str(path), str(tmp_path), str(Path(__file__).parents[2])]
-        procs.append(subprocess.Popen(args, env=env))
-    try:
-        codes = [p.wait(timeout=180) for p in procs]
-    finally:  # a rank that failed leaves the others waiting for it: none outlives the test
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes = run_gloo_ranks(
+        [sys.executable, str(script), str(path), str(tmp_path), str(Path(__file__).parents[2])], world, 180.0
+    )
     assert codes == [0] * world
     outs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert [(o["rank"], o["world"], o["replica"], o["member"]) for o in outs] == [

@@ -10,16 +10,14 @@ from __future__ import annotations
 import http.client
 import os
 import urllib.parse
-import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 import zarr
-from helpers import assert_batch_matches, smooth_field, write_array
+from helpers import assert_batch_matches, write_tiled_and_sharded
 from servers import S3_KEY_ID, S3_REGION, S3_SECRET
-from zarr.errors import ZarrUserWarning
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.io.group import open_geometries
@@ -42,17 +40,6 @@ def _no_machine_settings(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-def _write_group(store: zarr.abc.store.Store) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(5)
-    group = zarr.open_group(store, mode="w")
-    write_array(group, "v", smooth_field(rng, SHAPE), (4, 3, 8))
-    write_array(group, "s", smooth_field(rng, SHAPE), (2, 3, 8), shards=(4, 6, 8))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ZarrUserWarning)
-        zarr.consolidate_metadata(store)
-    return {name: zarr.open_group(store, mode="r")[name][...] for name in ("v", "s")}
-
-
 def _whole_pass(store: zarr.abc.store.Store, data: dict[str, np.ndarray]) -> dict[str, Any]:
     """Every batch of the train split equals zarr's read; returns ``describe()``."""
     manifest = split_by_chunk(open_geometries(store)["v"], fractions=(0.75, 0.25))
@@ -67,7 +54,7 @@ def _whole_pass(store: zarr.abc.store.Store, data: dict[str, np.ndarray]) -> dic
 
 def test_s3_signed_by_a_credential_provider_reads_equal_to_zarr(s3_server: S3Server, s3_bucket: str) -> None:
     writer = obstore_store(f"s3://{s3_bucket}/g.zarr", **s3_server.client_options())
-    data = _write_group(writer)
+    data = write_tiled_and_sharded(writer, SHAPE, 5)
     close_store(writer)
     calls = []
 
@@ -130,7 +117,7 @@ def test_a_store_behind_a_proxy_reads_equal_to_zarr_every_request_through_it(
     monkeypatch: pytest.MonkeyPatch,
     variable: str,
 ) -> None:
-    data = _write_group(zarr.storage.LocalStore(http_server.root / "g.zarr"))
+    data = write_tiled_and_sharded(zarr.storage.LocalStore(http_server.root / "g.zarr"), SHAPE, 5)
     monkeypatch.setenv(variable, forward_proxy.url)
     store = obstore_store(f"{http_server.url}/g.zarr", read_only=True)
     try:

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 import zarr
-from helpers import assert_batch_matches, smooth_field, write_array
-from zarr.errors import ZarrUserWarning
+from helpers import assert_batch_matches, write_tiled_and_sharded
 from zarr.storage import LoggingStore, WrapperStore
 
 from insitubatch.dataset import InSituDataset
@@ -36,17 +34,6 @@ def _no_machine_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.lower().endswith("_proxy") or name == "INSITUBATCH_CLIENT":
             monkeypatch.delenv(name)
-
-
-def _write_group(store: zarr.abc.store.Store) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(9)
-    group = zarr.open_group(store, mode="w")
-    write_array(group, "v", smooth_field(rng, SHAPE), (4, 3, 8))
-    write_array(group, "s", smooth_field(rng, SHAPE), (2, 3, 8), shards=(4, 6, 8))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ZarrUserWarning)
-        zarr.consolidate_metadata(store)
-    return {name: zarr.open_group(store, mode="r")[name][...] for name in ("v", "s")}
 
 
 def _pass_gets(server: HTTPFileServer, store: zarr.abc.store.Store, data: dict[str, np.ndarray]) -> tuple[Any, list]:
@@ -71,7 +58,7 @@ def _whole_if_open_ended(byte_range: str | None) -> str:
 def test_a_logging_store_reads_through_its_get_with_the_plain_stores_gets(
     http_server: HTTPFileServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    data = _write_group(zarr.storage.LocalStore(http_server.root / "g.zarr"))
+    data = write_tiled_and_sharded(zarr.storage.LocalStore(http_server.root / "g.zarr"), SHAPE, 9)
     url = f"{http_server.url}/g.zarr"
     plain = obstore_store(url, read_only=True)
     inner = obstore_store(url, read_only=True)
@@ -97,7 +84,7 @@ class _Tagged(WrapperStore):
 
 
 def test_a_wrapper_that_defines_no_read_keeps_the_engines_path(http_server: HTTPFileServer) -> None:
-    data = _write_group(zarr.storage.LocalStore(http_server.root / "g.zarr"))
+    data = write_tiled_and_sharded(zarr.storage.LocalStore(http_server.root / "g.zarr"), SHAPE, 9)
     url = f"{http_server.url}/g.zarr"
     plain = obstore_store(url, read_only=True)
     inner = obstore_store(url, read_only=True)

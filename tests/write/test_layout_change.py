@@ -12,7 +12,6 @@ single-writer bytes.
 from __future__ import annotations
 
 import multiprocessing
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from write_helpers import (
     GROUP,
     WORKER_TIMEOUT_S,
     array_bytes,
+    join_all,
     layout_spec,
     reference_store,
     store_bytes,
@@ -216,16 +216,6 @@ def test_a_second_create_layout_with_another_spec_refuses_and_changes_nothing(
 
 
 # -- worker processes -----------------------------------------------------------------
-def _join_all(procs: list[multiprocessing.process.BaseProcess]) -> list[int | None]:
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return codes
 
 
 def _change_under_workers(store: Store, tmp_path: Path, change: str, depth: int, reference: dict[str, bytes]) -> None:
@@ -243,7 +233,7 @@ def _change_under_workers(store: Store, tmp_path: Path, change: str, depth: int,
     make, fix = CHANGES[change]
     make(store)
     go.set()
-    assert _join_all(procs) == [EXIT_CHANGED] * len(procs)
+    assert join_all(procs) == [EXIT_CHANGED] * len(procs)
     array = "count" if change == "rechunk" else "pred"
     for r, report in zip(plan.ranges, reports):
         kinds, message = report.read_text().split("\n", 1)

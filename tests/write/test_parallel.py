@@ -21,6 +21,7 @@ from write_helpers import (
     array_bytes,
     claim_worker,
     crash_worker,
+    join_all,
     layout_spec,
     reference_store,
     write_batches,
@@ -50,18 +51,6 @@ def reference() -> dict[str, bytes]:
     return array_bytes(reference_store())
 
 
-def _join_all(procs: list[multiprocessing.Process]) -> list[int | None]:
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return codes
-
-
 def _run_writers(store: zarr.abc.store.Store, workers: int) -> None:
     create_layout(store, layout_spec(), group=GROUP)
     plan = plan_slots(store, group=GROUP, workers=workers)
@@ -70,7 +59,7 @@ def _run_writers(store: zarr.abc.store.Store, workers: int) -> None:
     procs = [SPAWN.Process(target=write_worker, args=(store, r.start, r.stop, barrier)) for r in plan.ranges]
     for p in procs:
         p.start()
-    assert _join_all(procs) == [0] * workers
+    assert join_all(procs) == [0] * workers
 
 
 @pytest.mark.slow
@@ -101,7 +90,7 @@ def test_racing_for_one_claim_on_s3_exactly_one_wins(write_s3_store) -> None:
     ]
     for p in procs:
         p.start()
-    codes = _join_all(procs)
+    codes = join_all(procs)
     assert sorted(codes) == [0] + [EXIT_LOST] * (RACERS - 1)
     status = write_status(write_s3_store, GROUP)
     assert status.claims == () and status.coverage == ()  # the winner released without completing
@@ -116,7 +105,7 @@ def test_racing_for_overlapping_claims_at_most_one_proceeds(write_s3_store) -> N
     procs = [SPAWN.Process(target=claim_worker, args=(write_s3_store, a, b, ready, attempted)) for a, b in ranges]
     for p in procs:
         p.start()
-    codes = _join_all(procs)
+    codes = join_all(procs)
     assert set(codes) <= {0, EXIT_LOST}
     # (0, 24) overlaps both others; the other two are disjoint from each other
     winners = {r for r, c in zip(ranges, codes) if c == 0}

@@ -152,3 +152,16 @@ def failing_work(writer: SlotWriter) -> int:
     if writer.start == ALIGNMENT:
         raise RuntimeError("model blew up on this slot")
     return write_batches(writer)
+
+
+def join_all(procs: list[Any]) -> list[int | None]:
+    """Each worker's exit code once all ended (``None`` for one still running after ``WORKER_TIMEOUT_S``, then killed)."""
+    deadline = time.monotonic() + WORKER_TIMEOUT_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    return codes
