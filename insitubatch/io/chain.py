@@ -22,7 +22,7 @@ from zarr.codecs.sharding import ShardingCodec
 from zarr.dtype import UInt64
 
 from .._zarr_compat import ArrayConfig, ArraySpec, bytes_codec_endian, codec_decoder, shard_index_at_start
-from .direct import _check_blosc_frame, _DecodeFailure, _Direct, _is_blosc
+from .direct import DecodeFailure, DirectDecode, check_blosc_frame, is_blosc
 
 __all__ = [
     "ABSENT",
@@ -54,11 +54,11 @@ def fill_value_of(spec: ArraySpec) -> Any:
 
 def _stage(codec: Any) -> Callable[[np.ndarray, ArraySpec], np.ndarray]:
     """One codec's decode as ``numpy -> numpy``, with no event loop."""
-    if _is_blosc(codec):
+    if is_blosc(codec):
         decode = codec_decoder(codec)
 
         def checked(a: np.ndarray, spec: ArraySpec) -> np.ndarray:
-            _check_blosc_frame(a)
+            check_blosc_frame(a)
             return decode(a, spec)
 
         return checked
@@ -70,10 +70,10 @@ def _run(
 ) -> np.ndarray:
     try:
         return decode(data, spec)
-    except _DecodeFailure:
+    except DecodeFailure:
         raise
     except Exception as exc:  # every codec has its own failure types
-        raise _DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
+        raise DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
 
 
 class Chain:
@@ -106,11 +106,11 @@ class Chain:
         self._direct = self._direct_stage()
 
     @property
-    def direct(self) -> _Direct | None:
+    def direct(self) -> DirectDecode | None:
         """The numcodecs stage that decodes a chunk straight into its output, where one alone suffices."""
         return self._direct
 
-    def _direct_stage(self) -> _Direct | None:
+    def _direct_stage(self) -> DirectDecode | None:
         """The compressor to decode straight into a caller's buffer, when the chain is just that."""
         codec = self._array_bytes_codec
         if self._array_array or len(self._bytes_bytes) != 1 or type(codec) is not BytesCodec:
@@ -119,7 +119,7 @@ class Chain:
             return None
         if self.dtype.hasobject or not self.dtype.isnative:
             return None
-        return _Direct.of(self._bytes_bytes[0][0])
+        return DirectDecode.of(self._bytes_bytes[0][0])
 
     def decode_into(self, raw: np.ndarray, out: np.ndarray) -> None:
         """Decode into ``out`` (this chain's shape, C-contiguous, writeable)."""
@@ -145,12 +145,12 @@ class Chain:
             data = self._array_bytes(data)
         else:
             if getattr(self._array_bytes_codec, "is_fixed_size", False) and data.nbytes != self._raw_nbytes:
-                raise _DecodeFailure(f"decoded {data.nbytes} bytes, expected {self._raw_nbytes}")
+                raise DecodeFailure(f"decoded {data.nbytes} bytes, expected {self._raw_nbytes}")
             data = _run(self._array_bytes_codec, self._array_bytes, data, self._array_bytes_spec)
         for codec, decode, spec in reversed(self._array_array):
             data = _run(codec, decode, data, spec)
         if data.shape != self.shape:
-            raise _DecodeFailure(f"decoded shape {data.shape}, expected {self.shape}")
+            raise DecodeFailure(f"decoded shape {data.shape}, expected {self.shape}")
         return data
 
 
@@ -194,11 +194,11 @@ class ShardStage:
         that inner chunk comes back short.
         """
         if raw.size != self.index_nbytes:
-            raise _DecodeFailure(f"shard index is {raw.size} bytes, expected {self.index_nbytes}")
+            raise DecodeFailure(f"shard index is {raw.size} bytes, expected {self.index_nbytes}")
         try:
             index = self._index(raw)
-        except _DecodeFailure as exc:
-            raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
+        except DecodeFailure as exc:
+            raise DecodeFailure(f"shard index: {exc}") from exc.__cause__
         offsets, lengths = index[..., 0].copy(), index[..., 1].copy()
         absent = offsets == ABSENT
         problems = np.full(offsets.shape, INDEX_OK, dtype=np.uint8)
@@ -211,25 +211,25 @@ class ShardStage:
     def _read_index(self, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = raw.size
         if n < self.index_nbytes:
-            raise _DecodeFailure(f"shard is {n} bytes, shorter than its {self.index_nbytes}-byte index")
+            raise DecodeFailure(f"shard is {n} bytes, shorter than its {self.index_nbytes}-byte index")
         if self.index_at_start:
             index_raw, lo, hi = raw[: self.index_nbytes], self.index_nbytes, n
         else:
             index_raw, lo, hi = raw[n - self.index_nbytes :], 0, n - self.index_nbytes
         try:
             index = self._index(index_raw)
-        except _DecodeFailure as exc:
-            raise _DecodeFailure(f"shard index: {exc}") from exc.__cause__
+        except DecodeFailure as exc:
+            raise DecodeFailure(f"shard index: {exc}") from exc.__cause__
         offsets, lengths = index[..., 0], index[..., 1]
         absent = offsets == ABSENT
         if not np.array_equal(absent, lengths == ABSENT):
             where = tuple(int(i) for i in np.argwhere(absent != (lengths == ABSENT))[0])
-            raise _DecodeFailure(f"shard index entry {where} is half empty")
+            raise DecodeFailure(f"shard index entry {where} is half empty")
         # Every present inner chunk must lie in the data region [lo, hi) of the shard.
         outside = ~absent & ((offsets < lo) | (offsets > hi) | (lengths > hi - np.minimum(offsets, hi)))
         if outside.any():
             where = tuple(int(i) for i in np.argwhere(outside)[0])
-            raise _DecodeFailure(
+            raise DecodeFailure(
                 f"shard index entry {where} (offset {int(offsets[where])}, length {int(lengths[where])}) "
                 f"points outside the shard's data bytes [{lo}, {hi})"
             )
@@ -253,8 +253,8 @@ class ShardStage:
                     self._inner.decode_into(raw[start : start + int(lengths[where])], region)
                 else:
                     region[...] = self._inner(raw[start : start + int(lengths[where])])
-            except _DecodeFailure as exc:
-                raise _DecodeFailure(f"inner chunk {tuple(int(i) for i in where)}: {exc}") from exc.__cause__
+            except DecodeFailure as exc:
+                raise DecodeFailure(f"inner chunk {tuple(int(i) for i in where)}: {exc}") from exc.__cause__
 
 
 def partial_shards(metadata: Any) -> bool:

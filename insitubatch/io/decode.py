@@ -67,7 +67,7 @@ from ..errors import BadChunkError, StoreReadError
 from ..validation import Anything, Instance, Table, validate_params
 from .chain import CONFIG, PROTOTYPE, Chain, ShardStage, fill_value_of, partial_shards
 from .decode_v2 import V2Chain
-from .direct import ChunkData, _as_uint8, _DecodeFailure
+from .direct import ChunkData, DecodeFailure, as_uint8
 from .geometry import ArrayGeometry
 
 __all__ = ["ChunkDecoder", "clip_to_array", "make_decoder", "read_stored_chunk"]
@@ -145,10 +145,10 @@ class ChunkDecoder:
         if data is None:
             return self.fill()
         try:
-            decoded = self._chain(_as_uint8(data))
+            decoded = self._chain(as_uint8(data))
             if decoded.shape != self.shape:
-                raise _DecodeFailure(f"decoded shape {decoded.shape}, expected {self.shape}")
-        except _DecodeFailure as exc:
+                raise DecodeFailure(f"decoded shape {decoded.shape}, expected {self.shape}")
+        except DecodeFailure as exc:
             raise self.bad_chunk(coord, str(exc)) from exc.__cause__
         except (TypeError, ValueError) as exc:  # bytes that no buffer view accepts
             raise self.bad_chunk(coord, str(exc)) from exc
@@ -171,8 +171,8 @@ class ChunkDecoder:
             out[...] = self.fill_value
             return
         try:
-            self._chain.decode_into(_as_uint8(data), out)
-        except _DecodeFailure as exc:
+            self._chain.decode_into(as_uint8(data), out)
+        except DecodeFailure as exc:
             raise self.bad_chunk(coord, str(exc)) from exc.__cause__
         except (TypeError, ValueError) as exc:  # bytes that no buffer view accepts, shapes that do not fit
             raise self.bad_chunk(coord, str(exc)) from exc

@@ -12,7 +12,7 @@ import numpy as np
 from numcodecs.compat import ensure_ndarray_like
 
 from .._zarr_compat import ArraySpec, ArrayV2Metadata
-from .direct import _check_blosc_frame, _DecodeFailure, _Direct, _is_blosc
+from .direct import DecodeFailure, DirectDecode, check_blosc_frame, is_blosc
 
 __all__ = ["V2Chain"]
 
@@ -29,10 +29,10 @@ class V2Chain:
         self._filters = tuple(reversed(metadata.filters or ()))
         plain = not self._filters and (self.order == "C" or len(self.shape) <= 1)
         native = not self.dtype.hasobject and self.dtype.isnative
-        self._direct = _Direct.of(self._compressor) if self._compressor and plain and native else None
+        self._direct = DirectDecode.of(self._compressor) if self._compressor and plain and native else None
 
     @property
-    def direct(self) -> _Direct | None:
+    def direct(self) -> DirectDecode | None:
         """The compressor stage that decodes a chunk straight into its output, where it alone suffices."""
         return self._direct
 
@@ -45,13 +45,13 @@ class V2Chain:
     def __call__(self, raw: np.ndarray) -> np.ndarray:
         data: Any = raw
         for codec in ((self._compressor,) if self._compressor else ()) + self._filters:
-            if _is_blosc(codec):
-                _check_blosc_frame(data)
+            if is_blosc(codec):
+                check_blosc_frame(data)
             try:
                 data = codec.decode(data)
             except Exception as exc:  # every codec has its own failure types
-                raise _DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
+                raise DecodeFailure(f"{type(codec).__name__} failed: {exc}") from exc
         flat = ensure_ndarray_like(data).reshape(-1, order="A")
         if flat.nbytes != self.nbytes:
-            raise _DecodeFailure(f"decoded {flat.nbytes} bytes, expected {self.nbytes}")
+            raise DecodeFailure(f"decoded {flat.nbytes} bytes, expected {self.nbytes}")
         return flat.view(self.dtype).reshape(self.shape, order=self.order)

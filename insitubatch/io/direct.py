@@ -23,6 +23,8 @@ from zarr.codecs.blosc import BloscCodec
 
 from .._zarr_compat import numcodec_behind, wrapped_numcodec
 
+__all__ = ["ChunkData", "DecodeFailure", "DirectDecode", "as_uint8", "check_blosc_frame", "is_blosc"]
+
 ChunkData = bytes | bytearray | memoryview | np.ndarray | Buffer
 
 
@@ -33,15 +35,15 @@ _BLOSC_HEADER = struct.Struct("<BBBBIII")
 _BLOSC_MEMCPYED = 0x02
 
 
-class _DecodeFailure(Exception):
-    """Internal: a stage failed; ``ChunkDecoder`` adds array, chunk and key."""
+class DecodeFailure(Exception):
+    """A decode stage failed, inside the decoders; ``ChunkDecoder`` raises it as a ``BadChunkError`` naming array, chunk and key."""
 
 
-def _is_blosc(codec: Any) -> bool:
+def is_blosc(codec: Any) -> bool:
     return isinstance(codec, (BloscCodec, _NumcodecsBlosc)) or isinstance(wrapped_numcodec(codec), _NumcodecsBlosc)
 
 
-def _check_blosc_frame(data: Any) -> None:
+def check_blosc_frame(data: Any) -> None:
     """Refuse a blosc frame whose header disagrees with its length, before blosc reads it.
 
     c-blosc 1.x takes the header's word for the frame's size: it reads
@@ -49,15 +51,15 @@ def _check_blosc_frame(data: Any) -> None:
     chunk comes back as data with garbage (or zeros) in its tail, and an empty
     or very short one is read past its end, which can crash the process.
     """
-    raw = _as_uint8(data)
+    raw = as_uint8(data)
     n = raw.nbytes
     if n < _BLOSC_HEADER.size:
-        raise _DecodeFailure(f"blosc frame is {n} bytes, shorter than its {_BLOSC_HEADER.size}-byte header")
+        raise DecodeFailure(f"blosc frame is {n} bytes, shorter than its {_BLOSC_HEADER.size}-byte header")
     _, _, flags, _, nbytes, _, cbytes = _BLOSC_HEADER.unpack_from(raw.data)
     if cbytes != n:
-        raise _DecodeFailure(f"blosc header says the frame is {cbytes} bytes, the chunk holds {n}")
+        raise DecodeFailure(f"blosc header says the frame is {cbytes} bytes, the chunk holds {n}")
     if flags & _BLOSC_MEMCPYED and nbytes + _BLOSC_HEADER.size != cbytes:
-        raise _DecodeFailure(f"blosc header says {nbytes} bytes are stored uncompressed in a {cbytes}-byte frame")
+        raise DecodeFailure(f"blosc header says {nbytes} bytes are stored uncompressed in a {cbytes}-byte frame")
 
 
 # zstd frame header (RFC 8878 §3.1.1): magic, then a descriptor byte whose top two
@@ -90,7 +92,7 @@ def _zstd_content_size(raw: np.ndarray) -> int | None:
 def _declared_size(codec: Any, raw: np.ndarray) -> int | None:
     """What the frame says it decompresses to; None when it does not say (then no direct decode)."""
     if isinstance(codec, _NumcodecsBlosc):
-        _check_blosc_frame(raw)
+        check_blosc_frame(raw)
         return _BLOSC_HEADER.unpack_from(raw.data)[4]
     if isinstance(codec, _NumcodecsZstd):
         return _zstd_content_size(raw)
@@ -104,7 +106,7 @@ def _declared_size(codec: Any, raw: np.ndarray) -> int | None:
 _DIRECT_CODECS = (_NumcodecsBlosc, _NumcodecsZstd, _NumcodecsLZ4, _NumcodecsGZip, _NumcodecsZlib)
 
 
-class _Direct:
+class DirectDecode:
     """One numcodecs compressor that decompresses straight into the caller's buffer."""
 
     def __init__(self, codec: Any) -> None:
@@ -112,9 +114,9 @@ class _Direct:
         self.sized = not isinstance(codec, _NumcodecsZlib)
 
     @staticmethod
-    def of(codec: Any) -> _Direct | None:
+    def of(codec: Any) -> DirectDecode | None:
         inner = numcodec_behind(codec)
-        return _Direct(inner) if isinstance(inner, _DIRECT_CODECS) else None
+        return DirectDecode(inner) if isinstance(inner, _DIRECT_CODECS) else None
 
     def __call__(self, raw: np.ndarray, out: np.ndarray) -> bool:
         """Decode ``raw`` into ``out`` (C-contiguous); False, untouched, unless the frame declares out's size.
@@ -131,11 +133,11 @@ class _Direct:
         try:
             self.codec.decode(raw, out=dest)
         except Exception as exc:  # every codec has its own failure types
-            raise _DecodeFailure(f"{type(self.codec).__name__} failed: {exc}") from exc
+            raise DecodeFailure(f"{type(self.codec).__name__} failed: {exc}") from exc
         return True
 
 
-def _as_uint8(data: ChunkData) -> np.ndarray:
+def as_uint8(data: ChunkData) -> np.ndarray:
     """A flat uint8 view of the chunk bytes (no copy for host memory)."""
     if isinstance(data, Buffer):
         return data.as_numpy_array().reshape(-1).view(np.uint8)

@@ -101,9 +101,9 @@ def _walk_arrays(zstore: Any, root: zarr.Group) -> dict[str, zarr.Array]:
 
 def _known_arrays(zstore: Any) -> list[str] | None:
     """The store's array paths for an error message, or None where listing is impossible or fails."""
-    from obstore.store import HTTPStore
+    from ..stores.obstore_stores import lists_keys
 
-    if isinstance(getattr(zstore, "store", None), HTTPStore):
+    if not lists_keys(zstore):
         return None  # HTTP cannot list: asking would cost seconds of retries to learn nothing
     try:
         root = zarr.open_group(store=zstore, mode="r")

@@ -1,6 +1,9 @@
 """Icechunk repositories as zarr stores: a session at one branch, tag or snapshot (the ``icechunk`` extra).
 
-:func:`icechunk_store` opens the session; :func:`snapshot_of` says which
+:func:`icechunk_store` opens the session and returns it as an
+:class:`InSituIcechunkStore`: icechunk's own store, every call delegated to
+it, carrying how the engine reads it (through icechunk's own ``get``) and
+its ``close()``. :func:`snapshot_of` says which
 snapshot a store's bytes are, for the disk cache's identity of a source
 (``cache.fingerprint.source_identity``): a session at one snapshot reads the
 same bytes for ever, so chunks cached from it may be revived by any later
@@ -14,18 +17,28 @@ import gc
 import os
 import re
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from zarr.abc.store import Store
+from zarr.storage import WrapperStore
 
 from .._zarr_compat import unwrap_store
 from ..validation import Anything, Flag, Instance, Table, validate_params
 from .obstore_stores import local_dir, split_scheme
+from .reading import StoreReader, own_get_reader
 
 if TYPE_CHECKING:
     from icechunk import IcechunkStore, Repository, Storage
 
-__all__ = ["icechunk_session", "icechunk_store", "import_icechunk", "open_repository", "snapshot_of"]
+__all__ = [
+    "InSituIcechunkStore",
+    "icechunk_session",
+    "icechunk_store",
+    "import_icechunk",
+    "open_repository",
+    "snapshot_of",
+]
 
 # Whether _collect_at_exit is registered (once per process).
 _exit_hook = False
@@ -99,6 +112,81 @@ def _one_line(storage: Any) -> str:
     return " ".join(repr(storage).split())
 
 
+# How describe() and ``insitubatch inspect`` say an icechunk session is read.
+ICECHUNK_READ = "an icechunk session: read through its own get (icechunk's client, retries and caches)"
+
+
+class InSituIcechunkStore(WrapperStore["IcechunkStore"]):
+    """The store :func:`icechunk_store` builds: an icechunk session's store, every call delegated to it.
+
+    zarr opens it as any store; icechunk's own attributes (``session``,
+    ``set_virtual_ref`` ...) are the session store's. It carries how the
+    engine reads it (:meth:`reader`: through icechunk's own ``get``, which
+    keeps icechunk's client, retries and caches) and :meth:`close` (also on
+    leaving a ``with`` block), which closes the session's store.
+
+    Parameters
+    ----------
+    store
+        The session's store (``session.store``).
+    where
+        The repository, as messages name it.
+    version
+        ``(kind, name)`` of the version the session opened: ``("branch", "main")``, ``("tag", ...)``,
+        ``("snapshot", ...)``.
+    """
+
+    def __init__(self, store: IcechunkStore, *, where: str = "", version: tuple[str, str] = ("branch", "")) -> None:
+        super().__init__(store)
+        self.where = where
+        self.version = version
+
+    @property
+    def session(self) -> Any:
+        """The icechunk session this store reads and writes (commit a writable one with ``store.session.commit``)."""
+        return self._store.session
+
+    @property
+    def supports_consolidated_metadata(self) -> bool:
+        return self._store.supports_consolidated_metadata
+
+    async def getsize(self, key: str) -> int:
+        return await self._store.getsize(key)
+
+    async def getsize_prefix(self, prefix: str) -> int:
+        return await self._store.getsize_prefix(prefix)
+
+    def __getattr__(self, name: str) -> Any:
+        # icechunk's own methods (set_virtual_ref, sync_clear ...) are the session store's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+    def reader(self) -> StoreReader:
+        """The engine's reader of this store: icechunk's own ``get`` (nothing of the engine's to close)."""
+        return own_get_reader(self, ICECHUNK_READ)
+
+    def local_reader(self) -> Callable[..., Any] | None:
+        """None: an icechunk session is read on zarr's loop, never on the calling thread."""
+        return None
+
+    def _with_store(self, store: IcechunkStore) -> InSituIcechunkStore:
+        return type(self)(store, where=self.where, version=self.version)
+
+    def __enter__(self) -> InSituIcechunkStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __str__(self) -> str:
+        kind, name = self.version
+        return f"icechunk repository at {self.where} ({kind} {name!r})"
+
+    def __repr__(self) -> str:
+        return f"InSituIcechunkStore({self})"
+
+
 def _version(branch: str | None, tag: str | None, snapshot: str | None) -> tuple[str, str]:
     """``(kind, name)`` of the one version asked for: ``branch`` ``"main"`` when none is."""
     given = {k: v for k, v in (("branch", branch), ("tag", tag), ("snapshot", snapshot)) if v is not None}
@@ -131,7 +219,7 @@ def icechunk_store(
     tag: str | None = None,
     snapshot: str | None = None,
     read_only: bool = True,
-) -> IcechunkStore:
+) -> InSituIcechunkStore:
     """Open a session on an icechunk repository at one version and return its zarr store.
 
     Parameters
@@ -151,9 +239,11 @@ def icechunk_store(
 
     Returns
     -------
-    icechunk.IcechunkStore
-        icechunk's own store (read through its own ``get``: the dataset
-        adapts it at its door). ``store.session.snapshot_id`` is the snapshot it reads.
+    InSituIcechunkStore
+        The session's store, every call delegated to icechunk's own; it reads
+        through icechunk's own ``get`` and says so (``describe()``,
+        ``insitubatch inspect``). ``store.session.snapshot_id`` is the
+        snapshot it reads; ``store.close()`` (or ``with store:``) closes it.
 
     Raises
     ------
@@ -192,8 +282,7 @@ def icechunk_store(
         session = repository.readonly_session(tag=name)
     else:
         session = repository.readonly_session(branch=name)
-    store = session.store
-    return store
+    return InSituIcechunkStore(session.store, where=where, version=(kind, name))
 
 
 def icechunk_session(store: Store) -> Any | None:

@@ -24,6 +24,7 @@ from obstore.store import AzureStore, GCSStore, HTTPStore, LocalStore, MemorySto
 from zarr.abc.store import Store
 from zarr.storage import ObjectStore
 
+from .._zarr_compat import unwrap_store
 from ..config import parse_flag
 from ..validation import Anything, Flag, Instance, Table, validate_params
 from .client_choice import resolve_client
@@ -53,7 +54,9 @@ __all__ = [
     "DEFAULT_RETRY",
     "DEFAULT_RETRY_TIMEOUT",
     "DEFAULT_TIMEOUT",
+    "STORE_FAILURES",
     "as_store",
+    "lists_keys",
     "obstore_store",
 ]
 
@@ -67,6 +70,10 @@ _HTTP_SCHEMES = ("http", "https")
 _UNSIGNED_ONLY = ("anonymous",)  # asks for no signature, which a local or memory:// store never sends
 _VALID_SCHEMES = _LOCAL_SCHEMES + _MEMORY_SCHEMES + _S3_SCHEMES + _GCS_SCHEMES + _AZURE_SCHEMES + _HTTP_SCHEMES
 
+# What a store built here raises when a request fails: OSError and its kin (a missing key, a timeout), or obstore's
+# own errors for the rest (a refused precondition, a configuration obstore rejects).
+STORE_FAILURES: tuple[type[BaseException], ...] = (OSError, obstore.exceptions.BaseError)
+
 # GCS bills a requester-pays read to the project named in this header; obstore
 # has no config key for it (developmentseed/obstore#546), only default headers.
 _GCS_USER_PROJECT_HEADER = "x-goog-user-project"
@@ -78,6 +85,16 @@ def split_scheme(url: str) -> tuple[str | None, str]:
     if not sep:
         return None, url
     return scheme.lower(), rest
+
+
+def lists_keys(store: Store) -> bool:
+    """Whether ``store`` can list its keys: any store but one over an HTTP endpoint (obstore's ``HTTPStore``).
+
+    ``store`` may be wrapped (zarr ``WrapperStore``s); asking an HTTP
+    endpoint to list would only cost its retries to learn nothing.
+    """
+    inner = unwrap_store(store)
+    return not isinstance(getattr(inner, "store", None), HTTPStore)
 
 
 def _unknown_scheme(url: str, scheme: str) -> ValueError:

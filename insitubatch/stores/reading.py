@@ -212,10 +212,13 @@ def read_by(store: Store) -> Store:
     """The store whose reads ``store`` passes on unchanged: inside every ``WrapperStore`` that defines no read.
 
     A wrapper that reads itself (zarr's ``LoggingStore`` logs each read) is
-    read through its own ``get``, so it sees every read.
+    read through its own ``get``, so it sees every read; one of ours (it
+    carries its reader: an icechunk session's store) is read as it says.
     """
     stack = wrapper_stack(store)
     for wrapper, inner in zip(stack, stack[1:], strict=False):
+        if isinstance(wrapper, CarriesReader):
+            return wrapper
         own = (
             vars(klass)
             for klass in type(wrapper).__mro__

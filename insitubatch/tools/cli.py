@@ -45,9 +45,9 @@ def _open_store(args: argparse.Namespace, *, read_only: bool) -> Store:
 
 def _failures() -> tuple[type[BaseException], ...]:
     """What a command reports in one line: insitubatch's errors, bad values, and store failures."""
-    import obstore.exceptions
+    from ..stores.obstore_stores import STORE_FAILURES
 
-    return (InSituError, ValueError, KeyError, TypeError, OSError, obstore.exceptions.BaseError)
+    return (InSituError, ValueError, KeyError, TypeError, *STORE_FAILURES)
 
 
 # -- slots ---------------------------------------------------------------------

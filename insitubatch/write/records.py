@@ -13,7 +13,8 @@ across processes and machines:
   file, then hard-linked to its final name (``os.link`` fails if the name
   exists), so a reader never sees a half-written record.
 - ``zarr.storage.ObjectStore``: obstore's ``put(..., mode="create")``
-  (S3 ``If-None-Match: *``, GCS/Azure preconditions, local files).
+  (S3 ``If-None-Match: *``, GCS/Azure preconditions, local files), which
+  the store layer's ``ObjectRecords`` sends.
 - ``zarr.storage.MemoryStore``: a lock-protected check-and-set (one process).
 - an icechunk session's store: a lock-protected check-and-set too, since a
   session is private to its process until it is merged (``icechunk_records``).
@@ -31,7 +32,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from zarr.abc.store import Store
 from zarr.buffer import default_buffer_prototype
@@ -40,10 +41,8 @@ from zarr.storage import LocalStore, MemoryStore, ObjectStore
 from .._zarr_compat import memory_store_dict, unwrap_store
 from ..errors import WriteClaimError
 from ..stores.icechunk_stores import icechunk_session
+from ..stores.object_records import ObjectRecords
 from .icechunk_records import IcechunkRecords
-
-if TYPE_CHECKING:
-    from obstore import UpdateVersion
 
 __all__ = ["RecordStore"]
 
@@ -192,84 +191,6 @@ class _LocalBackend(_Backend):
         return keys
 
 
-def _object_version(meta: Mapping[str, Any]) -> dict[str, str]:
-    """obstore's ``UpdateVersion`` for an object: its ETag and, where the store has one, version."""
-    return {k: meta[k] for k in ("e_tag", "version") if meta.get(k) is not None}
-
-
-class _ObstoreBackend(_Backend):
-    """Records as objects through the obstore store under a zarr ``ObjectStore``."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-
-    def create(self, key: str, data: bytes) -> Version | None:
-        import obstore
-        from obstore.exceptions import AlreadyExistsError, NotSupportedError
-
-        try:
-            result = obstore.put(self._store, key, data, mode="create")
-        except AlreadyExistsError:
-            return None
-        except (NotSupportedError, NotImplementedError) as exc:
-            raise WriteClaimError(
-                f"the obstore store {self._store!r} cannot create an object only if it is absent "
-                "(mode='create'), so writers cannot claim slots on it atomically; use S3, GCS, "
-                "Azure or a local directory"
-            ) from exc
-        return _object_version(result)
-
-    def read(self, key: str) -> tuple[bytes, Version] | None:
-        import obstore
-
-        try:
-            result = obstore.get(self._store, key)
-        except FileNotFoundError:
-            return None
-        return bytes(result.bytes()), _object_version(result.meta)
-
-    def replace(self, key: str, data: bytes, expected: Version) -> Version | None:
-        import obstore
-        from obstore.exceptions import NotSupportedError, PreconditionError
-
-        if expected:
-            try:
-                # this backend's versions are the dicts _object_version makes
-                mode = cast("UpdateVersion", dict(cast(Mapping[str, str], expected)))
-                result = obstore.put(self._store, key, data, mode=mode)
-            except (PreconditionError, FileNotFoundError):
-                return None
-            except (NotSupportedError, NotImplementedError):
-                pass  # no conditional update here (local files): compare, then overwrite
-            else:
-                return _object_version(result)
-        current = self.read(key)
-        if current is None or current[1] != expected:
-            return None
-        return self.overwrite(key, data)
-
-    def overwrite(self, key: str, data: bytes) -> Version:
-        import obstore
-
-        return _object_version(obstore.put(self._store, key, data))
-
-    def delete(self, key: str) -> None:
-        import obstore
-
-        try:
-            obstore.delete(self._store, key)
-        except FileNotFoundError:
-            pass
-
-    def keys_under(self, prefix: str) -> list[str]:
-        import obstore
-
-        keys: list[str] = []
-        for batch in obstore.list(self._store, prefix.rstrip("/") + "/"):
-            keys.extend(meta["path"] for meta in batch)
-        return keys
-
-
 # One lock for every MemoryStore: their dicts live in this process only.
 _MEMORY_LOCK = threading.Lock()
 
@@ -325,12 +246,12 @@ def _unwrap(store: Store) -> Store:
     return unwrap_store(store)
 
 
-def _backend_for(store: Store) -> _Backend | IcechunkRecords:
+def _backend_for(store: Store) -> _Backend | ObjectRecords | IcechunkRecords:
     inner = _unwrap(store)
     if isinstance(inner, LocalStore):
         return _LocalBackend(Path(inner.root))
     if isinstance(inner, ObjectStore):
-        return _ObstoreBackend(inner.store)
+        return ObjectRecords(inner.store)
     if isinstance(inner, MemoryStore):
         return _MemoryBackend(inner)
     if icechunk_session(inner) is not None:

@@ -9,6 +9,7 @@ loopback, through icechunk's own S3 storage (custom endpoint, plain HTTP).
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from servers import S3_KEY_ID, S3_REGION, S3_SECRET
 
 from insitubatch import InSituDataset, close_store, icechunk_store, open_geometries, split_by_chunk
 from insitubatch.cache.fingerprint import source_identity
+from insitubatch.stores.icechunk_stores import InSituIcechunkStore
 
 icechunk = pytest.importorskip("icechunk")
 
@@ -131,6 +133,26 @@ def test_branch_tag_and_snapshot_each_open_their_version(tmp_path: Path) -> None
             assert store.session.snapshot_id == snap
             np.testing.assert_array_equal(zarr.open_array(store, path="t", mode="r")[...], want)
             close_store(store)
+
+
+def test_the_store_is_ours_and_delegates_every_call_to_the_sessions_store(tmp_path: Path) -> None:
+    repo = _repo(tmp_path / "repo")
+    snap = _commit(repo, {"t": _field(3)})
+    store = icechunk_store(repo, snapshot=snap)
+    assert isinstance(store, InSituIcechunkStore) and not isinstance(store, icechunk.IcechunkStore)
+    assert f"snapshot {snap!r}" in str(store) and str(tmp_path / "repo") in str(store)
+    assert store.supports_consolidated_metadata is False  # icechunk's answer, not zarr's default
+    for copy in (pickle.loads(pickle.dumps(store)), store.with_read_only(True)):
+        assert isinstance(copy, InSituIcechunkStore) and str(copy) == str(store)
+        assert copy.session.snapshot_id == snap
+        np.testing.assert_array_equal(zarr.open_array(copy, path="t", mode="r")[...], _field(3))
+    # a writable one: zarr writes through it, icechunk's own methods and its session are the session store's
+    with icechunk_store(repo, read_only=False) as writer:
+        assert callable(writer.set_virtual_ref)
+        zarr.open_array(writer, path="t", mode="r+")[0] = -1
+        snap_b = writer.session.commit("a row")
+    assert icechunk_store(repo).session.snapshot_id == snap_b
+    np.testing.assert_array_equal(zarr.open_array(icechunk_store(repo), path="t", mode="r")[0], -1)
 
 
 def test_version_errors_name_what_is_valid(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from icechunk_helpers import POISON, crash_once, poison, scheduler_task, slot_fo
 from write_helpers import ALIGNMENT, EXTENT, GROUP, WORKER_TIMEOUT_S, layout_spec, predictions, write_batches
 
 from insitubatch.errors import WriteClaimError, WriteConflictError
+from insitubatch.stores.icechunk_stores import icechunk_store
 from insitubatch.write import (
     IcechunkTransaction,
     SlotWriter,
@@ -260,3 +261,19 @@ def test_collect_refuses_forks_whose_chunks_the_branch_changed_since_the_handoff
     clear_handoff(handoff)
     with pytest.raises(FileNotFoundError, match="no transaction was handed off"):
         IcechunkTransaction.collect(repo, handoff)
+
+
+def test_a_writable_icechunk_store_of_ours_takes_the_layout_a_slot_and_its_commit(tmp_path: Path) -> None:
+    layout = icechunk_store(tmp_path / "repo", read_only=False)  # a repository created for it
+    create_layout(layout, layout_spec(), group=GROUP)
+    layout.session.commit("layout")
+    with icechunk_store(tmp_path / "repo", read_only=False) as store:
+        with SlotWriter(store, 0, ALIGNMENT, group=GROUP) as writer:
+            write_batches(writer)
+        snapshot = store.session.commit("first slot")
+    reader = icechunk_store(tmp_path / "repo", snapshot=snapshot)
+    status = write_status(reader, GROUP)
+    assert status.completed == ((0, ALIGNMENT),) and status.remaining == ((ALIGNMENT, EXTENT),)
+    want = predictions(0, ALIGNMENT)
+    for name in INDEXED:
+        np.testing.assert_array_equal(zarr.open_array(reader, path=f"{GROUP}/{name}")[:ALIGNMENT], want[name])

@@ -1,6 +1,6 @@
 """Shard indexes: where each inner chunk of a shard lies, read with a ranged GET and held within a budget.
 
-A damaged index (its checksum) raises ``_DecodeFailure`` for every inner
+A damaged index (its checksum) raises ``DecodeFailure`` for every inner
 chunk read through it; a damaged entry, only for its own inner chunk.
 
 A sharded array whose tiles are inner chunks (``ArrayGeometry.sharded_reads``)
@@ -29,7 +29,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 
 from ...io.chain import ABSENT, INDEX_HALF_EMPTY, INDEX_OUTSIDE, ShardStage
 from ...io.decode import ChunkDecoder
-from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
+from ...io.direct import ChunkData, DecodeFailure, as_uint8
 from ...io.geometry import ArrayGeometry
 from ...plan.epoch import EpochPlan
 from ...plan.first_use import admission_order
@@ -62,14 +62,14 @@ class ShardIndex:
     def span(self, place: tuple[int, ...]) -> tuple[int, int] | None:
         """``(start, stop)`` bytes of the inner chunk at ``place``, or None when it was never written.
 
-        Raises ``_DecodeFailure`` for a damaged entry.
+        Raises ``DecodeFailure`` for a damaged entry.
         """
         problem = int(self.problems[place])
         if problem == INDEX_HALF_EMPTY:
-            raise _DecodeFailure(f"shard index entry {place} is half empty")
+            raise DecodeFailure(f"shard index entry {place} is half empty")
         offset, length = int(self.offsets[place]), int(self.lengths[place])
         if problem == INDEX_OUTSIDE:
-            raise _DecodeFailure(
+            raise DecodeFailure(
                 f"shard index entry {place} (offset {offset}, length {length}) points outside the shard's data bytes"
             )
         if offset == ABSENT:
@@ -90,8 +90,8 @@ def index_request(stage: ShardStage) -> ByteRequest:
 
 
 def _parse(stage: ShardStage, data: ChunkData) -> ShardIndex:
-    """The index (copied out of ``data``, a read buffer its reader may reuse); raises ``_DecodeFailure``."""
-    return ShardIndex(*stage.read_index(_as_uint8(data)))
+    """The index (copied out of ``data``, a read buffer its reader may reuse); raises ``DecodeFailure``."""
+    return ShardIndex(*stage.read_index(as_uint8(data)))
 
 
 # The most bytes of shard indexes one split's passes hold (``held_index_bytes`` each): past it the least
@@ -129,7 +129,7 @@ class IndexSlot:
     def known(self) -> tuple[bool, ShardIndex | None]:
         """Under the cache's lock: whether the index was read, and it; a broken one raises again."""
         if self.broken is not None:
-            raise _DecodeFailure(self.broken)
+            raise DecodeFailure(self.broken)
         return self.read, self.index
 
 
@@ -191,7 +191,7 @@ class SplitIndexes:
             self.get_bytes += 0 if data is None else len(data)
         try:
             index = None if data is None else _parse(slot.stage, data)
-        except _DecodeFailure as exc:
+        except DecodeFailure as exc:
             with self._lock:
                 slot.broken = str(exc)  # not read again: every inner chunk of it is a bad chunk
             raise

@@ -26,7 +26,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest, Store
 
 from ...errors import BadChunkError
 from ...io.chain import ShardStage
-from ...io.direct import ChunkData, _DecodeFailure
+from ...io.direct import ChunkData, DecodeFailure
 from ...io.geometry import ArrayGeometry
 from ...plan.epoch import EpochPlan
 from ..pool.chunk_pool import ChunkPool, Entry, Owner
@@ -263,13 +263,13 @@ class RemoteTiles:
         for w in wants:
             assert w.index_slot is not None  # (the driver gives every inner chunk's want its slot as it admits it)
             slots.append(w.index_slot)
-        indexes: dict[IndexSlot, ShardIndex | _DecodeFailure | None] = {}
+        indexes: dict[IndexSlot, ShardIndex | DecodeFailure | None] = {}
         for slot in dict.fromkeys(slots):
             try:  # (an index read is a read in flight like any other: the one that fetches it takes a permit)
                 indexes[slot] = await self.jobs.shard_indexes.read(slot, self._get_index, self.semaphore, ticket)
             except asyncio.CancelledError:
                 raise
-            except _DecodeFailure as exc:
+            except DecodeFailure as exc:
                 indexes[slot] = exc
             except Exception as exc:  # the store failed: every tile of the shard read now raises it
                 coord = reader.tile_coord(wants[0].chunk_index, k)
@@ -281,12 +281,12 @@ class RemoteTiles:
             coord = r.tile_coord(want.chunk_index, tk)
             index = indexes[held]
             try:
-                if isinstance(index, _DecodeFailure):
+                if isinstance(index, DecodeFailure):
                     raise index
                 place = g.tile_key(coord)[1]
                 assert place is not None  # sharded reads place every tile in its shard
                 span = None if index is None else index.span(place)
-            except _DecodeFailure as exc:
+            except DecodeFailure as exc:
                 self.tasks.spawn(self._land(want, coord, key, decoder.bad_chunk(coord, str(exc))), work=True)
                 continue
             if span is None:  # the shard, or this inner chunk of it, was never written: the fill value

@@ -23,7 +23,7 @@ from zarr.abc.store import ByteRequest, RangeByteRequest
 from ...errors import BadChunkError, StoreReadError
 from ...io.chain import ShardStage
 from ...io.decode import ChunkDecoder
-from ...io.direct import ChunkData, _as_uint8, _DecodeFailure
+from ...io.direct import ChunkData, DecodeFailure, as_uint8
 from ...io.geometry import ArrayGeometry
 from ..pool.chunk_pool import FAILED, ChunkPool, Entry, Owner
 from ..reads.reader import ArrayReader, BadChunkRecord, fill_value_of
@@ -161,7 +161,7 @@ class TileJobs:
             decoder = self.decoders[path]
             items, raws, dests, stored = by_kind.setdefault((kind, len(decoder.shape)), ([], [], [], []))
             items.append(item)
-            raws.append(_as_uint8(buf))
+            raws.append(as_uint8(buf))
             dests.append(self.pool.take_tile(whole[1].tile_rows_shape(want.chunk_index, whole[2]), decoder.dtype))
             stored.append(decoder.shape)
             whole_bytes = max(whole_bytes, decoder.dtype.itemsize * math.prod(decoder.shape))
@@ -392,7 +392,7 @@ class TileJobs:
         try:
             index = self.shard_indexes.read_sync(slot, get_index)
             span = None if index is None else index.span(place)
-        except _DecodeFailure as exc:
+        except DecodeFailure as exc:
             raise decoder.bad_chunk(coord, str(exc)) from exc.__cause__
         if span is None:
             return None  # the shard, or this inner chunk of it, was never written
@@ -454,7 +454,7 @@ class TileJobs:
         """
         dest = take(shape, decoder.dtype)  # stale contents: overwritten whole when placed
         whole = self._scratch(decoder.shape, decoder.dtype).reshape(-1).view(np.uint8)
-        return dest if decode_buffer(kind, _as_uint8(buf), dest, decoder.shape, whole) == PLACED else None
+        return dest if decode_buffer(kind, as_uint8(buf), dest, decoder.shape, whole) == PLACED else None
 
     def _general_tile(
         self,
