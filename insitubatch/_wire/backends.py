@@ -53,6 +53,23 @@ class ObstoreBackend:
         refuse_dead_obstore(self.raw, key)
         return asyncio.ensure_future(self._plain(key))
 
+    def open(self, key: str, byte_range: Any = None) -> asyncio.Future:
+        """A future for the response to a GET of ``key`` (``byte_range`` of it), resolved at its first byte.
+
+        Its ``stream()`` gives the body piece by piece (the engine streams a large read under its stall timer).
+        """
+        refuse_dead_obstore(self.raw, key)
+        options: Any = {}
+        if byte_range is not None:
+            start, stop, from_end = byte_span(byte_range)
+            if from_end:
+                options["range"] = {"suffix": start}
+            elif stop is None:
+                options["range"] = {"offset": start}
+            else:
+                options["range"] = (start, stop)
+        return asyncio.ensure_future(obstore.get_async(self.raw, key, options=options or None))
+
     def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
         """A future per ``(key, byte_range)`` of ``requests``, in order: one loop iteration's reads, sent together."""
         request = self.request

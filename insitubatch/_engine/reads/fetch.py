@@ -50,12 +50,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import obstore
 from zarr.abc.buffer import Buffer
 from zarr.abc.store import RangeByteRequest
 from zarr.buffer import default_buffer_prototype
 
-from ...stores.obstore_runtime import refuse_dead_obstore
 from ...stores.read_policy import Outcome, classify, http_status, protocol_fault
 from ..stats import PassCounters
 from .deadlines import Deadlines
@@ -171,7 +169,7 @@ class Read:
         """This attempt's request: a future for the answer (the headers only, for a large read streamed)."""
         backend, key, byte_range = self.fetcher.backend, self.key, self.byte_range
         if self.large:
-            return _open(self.fetcher.stream_from, key, byte_range)
+            return self.fetcher.stream_from.open(key, byte_range)
         if self._plain:
             return backend.whole(key)
         return backend.request(key, byte_range)
@@ -353,11 +351,9 @@ class Fetcher:
         self.link = client.link
         self.policy = client.policy
         self.backend = client.backend
-        # through obstore's client, a large read streams its body from this obstore store under the stall timer
-        # (``_open``, ``_body``); None: every read is one request
-        self.stream_from: Any = (
-            getattr(self.backend, "raw", None) if getattr(self.backend, "streams_large", False) else None
-        )
+        # through obstore's client, a large read streams its body under the stall timer (the backend's ``open``,
+        # then ``_body``); None: every read is one request
+        self.stream_from: Any = self.backend if getattr(self.backend, "streams_large", False) else None
         self.window = permits.window
         self.counters = counters
         self.hedge = hedge
@@ -431,21 +427,6 @@ class Fetcher:
         except asyncio.CancelledError:
             read.cancel()
             raise
-
-
-def _open(raw: Any, key: str, byte_range: Any) -> asyncio.Future:
-    """A future for the response to a GET of ``key`` (``byte_range`` of it), resolved at its first byte."""
-    refuse_dead_obstore(raw, key)
-    options: Any = {}
-    if byte_range is not None:
-        start = getattr(byte_range, "start", None)
-        if start is not None:
-            options["range"] = (start, byte_range.end)
-        elif hasattr(byte_range, "offset"):
-            options["range"] = {"offset": byte_range.offset}
-        else:
-            options["range"] = {"suffix": byte_range.suffix}
-    return asyncio.ensure_future(obstore.get_async(raw, key, options=options or None))
 
 
 async def _body(result: Any, stall_s: float) -> bytes:
