@@ -130,7 +130,10 @@ def _peers(
         peers["tensorstore"] = (
             {"skipped": why}
             if why
-            else {"what": f"a loop over array[indices].read(), {BATCHES_AHEAD} batches ahead, cache = our budget"}
+            else {
+                "what": f"a loop over array[indices].read(), {BATCHES_AHEAD} batches ahead, cache = our budget"
+                " (steady state), a cache that holds the split (one cold pass)"
+            }
         )
     return peers
 
