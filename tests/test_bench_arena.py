@@ -164,7 +164,8 @@ def test_quick_arena_of_ours_writes_every_field(tmp_path: Path) -> None:
         assert one["samples"] == one["train_samples"] == meta["dataset"]["train_samples"]
         assert 0 < one["open_s"] < one["first_batch_s"] <= one["seconds"] and one["cpu_s_per_sample"] > 0
         assert len(one["parts"]) == COLD_PARTS and one["pass_stats"][0]["timed"] is True
-    assert results["scenarios"]["http0"]["cold_rows"]["ours"]["parts"][-1]["max_inflight"] >= 1
+    http_cold = results["scenarios"]["http0"]["cold_rows"]["ours"]
+    assert http_cold["first_probe"]["max_inflight"] >= 1 and http_cold["parts"][-1]["max_inflight"] >= 1
     assert results["ratios"]["http0.cold_ours_over_tensorstore"] is None  # TensorStore was not asked for
     report = (out / "arena.md").read_text()
     assert "## Bars" in report and "| http0 | ours |" in report and "## One cold pass" in report
@@ -179,7 +180,7 @@ def test_cold_times_one_pass_from_before_the_open() -> None:
     assert p.samples == 80 and closed == [1] and p.pass_stats == [{"closed": 1, "timed": True}]
     assert 0.05 <= p.open_s < p.first_batch_s < p.half_s < p.seconds  # the open counts, then the pass
     assert p.seconds >= 0.05 + 20 * 0.01 and p.half_samples == 40 and p.cpu_s >= 0
-    assert len(p.parts) == COLD_PARTS and all(part["probed"] == 1 for part in p.parts)
+    assert len(p.parts) == COLD_PARTS and all(part["probed"] == 1 for part in p.parts) and p.first_probe["probed"]
     assert [part["end_s"] for part in p.parts] == sorted(part["end_s"] for part in p.parts)
     assert p.parts[-1]["end_s"] <= p.seconds
     row = p.row()
@@ -231,6 +232,7 @@ def _cold(rate: float, cpu: float, **extra: object) -> dict[str, object]:
     parts = [{"end_s": 1.0, "samples_per_s": rate / 2, "max_inflight": 64, "inflight_peak": 40}]
     parts.append({"end_s": 2.0, "samples_per_s": rate * 2, "max_inflight": 128, "inflight_peak": 120})
     row: dict[str, object] = {**_row(rate, cpu, 300), "open_s": 0.1, "first_batch_s": 0.3, "parts": parts}
+    row["first_probe"] = {"max_inflight": 32, "inflight_peak": 20}
     return {**row, "first_half_samples_per_s": rate / 2, "second_half_samples_per_s": rate * 2, **extra}
 
 
@@ -266,6 +268,6 @@ def test_the_cold_table_ratios_and_bars() -> None:
     results.update(ratios=found, bars=bars(found))
     report = markdown(results)
     assert "## One cold pass" in report and "one pass in a fresh child" in report
-    assert "- http0: 64/40, 128/120" in report  # our reads in flight at each tenth
+    assert "- http0: first batch 32/20; tenths 64/40, 128/120" in report  # our reads in flight as the pass went
     assert "| scenario | loader | samples/s | CPU ms/sample" not in report  # no steady table without steady rows
     assert cold_table({"scenarios": {"local": {"rows": {"ours": _row(1, 1, 1)}}}}) == ""

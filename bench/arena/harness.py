@@ -154,6 +154,7 @@ class ColdPass:
     half_samples: int = 0  # the samples up to that batch
     # per tenth of the pass's samples: when it ended (from before the open), its samples/s, and the loader's probe then
     parts: list[dict[str, Any]] = field(default_factory=list)
+    first_probe: dict[str, Any] = field(default_factory=dict)  # the loader's probe at the first batch
     pass_stats: list[dict[str, Any]] = field(default_factory=list)  # what close_pass returned, "timed": True
 
     def row(self) -> dict[str, Any]:
@@ -183,7 +184,7 @@ def cold(
 
     ``samples`` is the pass's expected length: at each tenth of it the
     samples/s of that tenth is kept, with ``probe(iterator)`` (the loader's
-    own view then: its reads in flight, say). The clock and the CPU stop at
+    own view then: its reads in flight, say), which is also asked at the first batch. The clock and the CPU stop at
     the last batch, before ``close_pass(iterator)``, whose statistics are kept.
     """
     t_start, cpu0 = started
@@ -198,6 +199,7 @@ def cold(
             now = time.perf_counter() - t_start
             if p.first_batch_s is None:
                 p.first_batch_s = now
+                p.first_probe = probe(it) if probe is not None else {}
             if p.half_s is None and 2 * p.samples >= samples:
                 p.half_s, p.half_samples = now, p.samples
             while len(p.parts) < COLD_PARTS and p.samples >= edges[len(p.parts)]:

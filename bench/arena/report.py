@@ -200,12 +200,17 @@ def _ramp(results: dict[str, Any]) -> list[str]:
     """Our cold passes' reads in flight at each tenth: the automatic limit, and the most reached so far."""
     lines = []
     for name, scenario in results.get("scenarios", {}).items():
-        parts = (scenario.get("cold_rows", {}).get("ours") or {}).get("parts") or []
+        ours = scenario.get("cold_rows", {}).get("ours") or {}
+        parts, first = ours.get("parts") or [], ours.get("first_probe") or {}
         if parts and "max_inflight" in parts[0]:
             steps = ", ".join(f"{p['max_inflight']}/{p['inflight_peak']}" for p in parts)
-            lines.append(f"- {name}: {steps}")
+            at_first = f"{first['max_inflight']}/{first['inflight_peak']}" if "max_inflight" in first else "–"
+            lines.append(f"- {name}: first batch {at_first}; tenths {steps}")
     if lines:
-        lines.insert(0, "Ours, reads in flight at each tenth of the cold pass (limit / most reached so far):")
+        lines.insert(
+            0,
+            "Ours, reads in flight in the cold pass (limit / most reached so far), at the first batch and each tenth:",
+        )
         lines.insert(1, "")
     return lines
 
