@@ -66,8 +66,9 @@ Loaders (``config["loader"]``):
     The split's stored-chunk GETs alone, ``concurrency`` at a time, through
     obstore, no decode.
 ``ours``, ``reference``, ``tensorstore``
-    The arena's loaders in steady state (:mod:`bench.arena.ours`,
-    :mod:`bench.arena.reference`, :mod:`bench.arena.tensorstore_loop`).
+    The arena's loaders in steady state, or over one cold pass with
+    ``mode="cold"`` (:mod:`bench.arena.ours`, :mod:`bench.arena.reference`,
+    :mod:`bench.arena.tensorstore_loop`).
 
 The report's peers are ``bench.peer_loaders``, insitubatch's
 ``bench.insitu_loaders``, the ceilings ``bench.ceilings``; ``bench.measure``

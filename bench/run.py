@@ -21,8 +21,9 @@ loader on the same data in the same run:
 * the **arena** of ``bench.arena`` (full profile only): realistic ERA5-shaped
   fields (181 x 360) over local files, HTTP at 0 and 30 ms, the tailed
   40 ms link, stragglers and S3, with the reference design and TensorStore
-  as peers, CPU per sample, peak memory against ``describe()``'s bound and
-  the raw-GET and decode ceilings (``arena.json`` / ``arena.md`` beside
+  as peers, CPU per sample, peak memory against ``describe()``'s bound,
+  the raw-GET and decode ceilings, and one cold pass per loader (TensorStore
+  with a cache that holds the split) (``arena.json`` / ``arena.md`` beside
   the report).
 
 It writes ``results.json``, ``report.md`` and PNG plots to ``--out``

@@ -1,9 +1,10 @@
-"""The arena (``python -m bench.arena``): its timing window, its ratios and bars, a missing peer, and a smoke run.
+"""The arena (``python -m bench.arena``): its timing window and cold pass, TensorStore's cache that holds the split,
+its ratios, bars and tables, a missing peer, and a smoke run.
 
 The smoke run measures our loader alone (``--quick --loaders ours --only
-local http0``) in child processes against a loopback emulator and checks
-the fields of ``arena.json``: it needs neither the reference's venv nor
-TensorStore.
+local http0``, steady state and one cold pass) in child processes against a
+loopback emulator and checks the fields of ``arena.json``: it needs neither
+the reference's venv nor TensorStore.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zarr
 
-from bench.arena.harness import steady
+from bench.arena.harness import COLD_PARTS, ColdPass, Window, cold, start, steady, time_passes
 from bench.arena.peers import reference_python
-from bench.arena.report import BARS, bars, ratios
+from bench.arena.report import BARS, bars, cold_table, markdown, ratios
+from bench.arena.run import SPLIT_CACHE_MARGIN, our_plan
+from bench.arena.scenarios import ArenaProfile
+from insitubatch.testing.data import era5_181x360, write_era5_like
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOKE_TIMEOUT_S = 300
@@ -152,5 +158,116 @@ def test_quick_arena_of_ours_writes_every_field(tmp_path: Path) -> None:
     verdicts = {b["key"]: b for b in results["bars"]}
     assert isinstance(verdicts["http0.cpu_over_local"]["met"], bool)
     assert verdicts["tail40.ours_over_reference"]["met"] is None
+    for name in ("local", "http0"):  # and one cold pass each, the open included
+        one = results["scenarios"][name]["cold_rows"]["ours"]
+        assert not one.get("error"), one
+        assert one["samples"] == one["train_samples"] == meta["dataset"]["train_samples"]
+        assert 0 < one["open_s"] < one["first_batch_s"] <= one["seconds"] and one["cpu_s_per_sample"] > 0
+        assert len(one["parts"]) == COLD_PARTS and one["pass_stats"][0]["timed"] is True
+    http_cold = results["scenarios"]["http0"]["cold_rows"]["ours"]
+    assert http_cold["first_probe"]["max_inflight"] >= 1 and http_cold["parts"][-1]["max_inflight"] >= 1
+    assert results["ratios"]["http0.cold_ours_over_tensorstore"] is None  # TensorStore was not asked for
     report = (out / "arena.md").read_text()
-    assert "## Bars" in report and "| http0 | ours |" in report
+    assert "## Bars" in report and "| http0 | ours |" in report and "## One cold pass" in report
+
+
+def test_cold_times_one_pass_from_before_the_open() -> None:
+    closed: list[int] = []
+    open_pass, close_pass = _passes(batches_per_pass=20, batch=4, sleep_s=0.01, closed=closed)
+    started = start()
+    time.sleep(0.05)  # the loader's open
+    p = cold(started, open_pass, lambda b: b, samples=80, close_pass=close_pass, probe=lambda it: {"probed": 1})
+    assert p.samples == 80 and closed == [1] and p.pass_stats == [{"closed": 1, "timed": True}]
+    assert 0.05 <= p.open_s < p.first_batch_s < p.half_s < p.seconds  # the open counts, then the pass
+    assert p.seconds >= 0.05 + 20 * 0.01 and p.half_samples == 40 and p.cpu_s >= 0
+    assert len(p.parts) == COLD_PARTS and all(part["probed"] == 1 for part in p.parts) and p.first_probe["probed"]
+    assert [part["end_s"] for part in p.parts] == sorted(part["end_s"] for part in p.parts)
+    assert p.parts[-1]["end_s"] <= p.seconds
+    row = p.row()
+    assert row["rate_samples_per_s"] == pytest.approx(80 / p.seconds)
+    assert row["first_half_samples_per_s"] == pytest.approx(40 / (p.half_s - p.open_s))
+    assert row["second_half_samples_per_s"] == pytest.approx(40 / (p.seconds - p.half_s))
+
+
+def test_cold_closes_a_pass_that_fails() -> None:
+    closed: list[int] = []
+
+    def open_pass(epoch: int) -> Iterator[int]:
+        yield 4
+        raise OSError("the store went away")
+
+    with pytest.raises(OSError, match="went away"):
+        cold(start(), open_pass, lambda b: b, samples=8, close_pass=lambda it: closed.append(1) or {})
+    assert closed == [1]
+
+
+def test_time_passes_follows_the_configs_mode() -> None:
+    timing_cfg = {"warmup_passes": 0, "warmup_s": 0.0, "warmup_max_s": 1.0, "window_s": 0.02}
+    open_pass, _ = _passes(batches_per_pass=3, batch=2, sleep_s=0.005, closed=[])
+    one = time_passes({"mode": "cold"}, start(), open_pass, lambda b: b, samples=6)
+    assert isinstance(one, ColdPass) and one.samples == 6
+    assert isinstance(time_passes(timing_cfg, start(), open_pass, lambda b: b, samples=6), Window)
+    with pytest.raises(ValueError, match="mode='warm'"):
+        time_passes({"mode": "warm"}, start(), open_pass, lambda b: b, samples=6)
+
+
+def test_tensorstores_cold_cache_holds_the_splits_decoded_tiles(tmp_path: Path) -> None:
+    # 13 x 20 in 2 x 2 tiles of 7 x 10: the edge tiles are padded to 7 rows, as a chunk cache holds them
+    spec = era5_181x360(64, (13, 20))
+    write_era5_like(tmp_path / spec.name, spec)
+    profile = ArenaProfile("tiny", spec, 8, 0, 0.0, 1.0, 1.0, 60.0, orders_epochs=2)
+    plan = our_plan(tmp_path / spec.name, profile, tmp_path)
+    train = np.unique(np.load(plan["orders_path"])[0])
+    assert len(train) == plan["train_samples"] > 0
+    expected = 0
+    for name in spec.variables:  # zarr's own chunk grid as the oracle
+        arr = zarr.open_array(tmp_path / spec.name / name, mode="r")
+        tiles = int(np.prod([-(-n // c) for n, c in zip(arr.shape[1:], arr.chunks[1:])]))
+        expected += len(np.unique(train // arr.chunks[0])) * tiles * int(np.prod(arr.chunks)) * arr.dtype.itemsize
+    assert plan["split_bytes"] == expected
+    assert plan["split_cache_bytes"] == int(expected * SPLIT_CACHE_MARGIN) > expected
+
+
+def _cold(rate: float, cpu: float, **extra: object) -> dict[str, object]:
+    parts = [{"end_s": 1.0, "samples_per_s": rate / 2, "max_inflight": 64, "inflight_peak": 40}]
+    parts.append({"end_s": 2.0, "samples_per_s": rate * 2, "max_inflight": 128, "inflight_peak": 120})
+    row: dict[str, object] = {**_row(rate, cpu, 300), "open_s": 0.1, "first_batch_s": 0.3, "parts": parts}
+    row["first_probe"] = {"max_inflight": 32, "inflight_peak": 20}
+    return {**row, "first_half_samples_per_s": rate / 2, "second_half_samples_per_s": rate * 2, **extra}
+
+
+def test_the_cold_table_ratios_and_bars() -> None:
+    results = {
+        "scenarios": {
+            "http0": {
+                "rows": {},
+                "cold_rows": {
+                    "ours": _cold(900.0, 0.0012),
+                    "reference": {"loader": "reference", "skipped": "no Python 3.12"},
+                    "tensorstore": _cold(500.0, 0.001, cache_mb=3400.0, cache_is="the split"),
+                },
+            },
+            "http30": {"rows": {}, "cold_rows": {"ours": _cold(600.0, 0.0015), "tensorstore": {"error": "boom"}}},
+        },
+        "meta": {"cold": "one pass in a fresh child"},
+    }
+    found = ratios(results)
+    assert found["http0.cold_ours_over_tensorstore"] == pytest.approx(1.8)
+    assert found["http0.cold_cpu_ours_over_tensorstore"] == pytest.approx(1.2)
+    assert found["http0.cold_ours_over_reference"] is None and found["http30.cold_ours_over_tensorstore"] is None
+    assert "http0.ours_over_tensorstore" not in found  # no steady rows in a --cold-only run: no steady ratios
+    verdicts = {b["key"]: b["met"] for b in bars(found)}
+    assert verdicts["http0.cold_ours_over_tensorstore"] is True
+    assert verdicts["http30.cold_ours_over_tensorstore"] is None  # a failed side is "not measured"
+    found["http0.cold_ours_over_tensorstore"] = 1.4
+    assert {b["key"]: b["met"] for b in bars(found)}["http0.cold_ours_over_tensorstore"] is False
+    table = cold_table(results)
+    assert "| http0 | ours | 900.0 | 0.10 | 0.30 | 450.0 | 1,800.0 | 450.0 | 1,800.0 | 1.20 | 300 | – |" in table
+    assert "| 3,400 (the split) |" in table and "| http0 | reference | skipped: no Python 3.12 |" in table
+    assert "| http30 | tensorstore | error: boom |" in table
+    results.update(ratios=found, bars=bars(found))
+    report = markdown(results)
+    assert "## One cold pass" in report and "one pass in a fresh child" in report
+    assert "- http0: first batch 32/20; tenths 64/40, 128/120" in report  # our reads in flight as the pass went
+    assert "| scenario | loader | samples/s | CPU ms/sample" not in report  # no steady table without steady rows
+    assert cold_table({"scenarios": {"local": {"rows": {"ours": _row(1, 1, 1)}}}}) == ""

@@ -1,7 +1,8 @@
 """Our loader in the arena: ``InSituDataset(store, manifest, variables, batch_size=32)``, nothing else set.
 
 Run in a child process of our virtual environment (:mod:`bench.child`).
-Besides the steady window (:func:`bench.arena.harness.steady`) its row has
+Besides the steady window or the cold pass (:func:`bench.arena.harness.time_passes`;
+in a cold pass, the reads-in-flight limit and peak at each tenth) its row has
 what ``describe()`` promises about memory (``total_bytes``, the bound on
 what the loader holds) next to what the process held: its RSS before the
 dataset was built (the interpreter, the imports, the opened store) and its
@@ -19,7 +20,7 @@ import numpy as np
 from ..measure import rss_bytes
 from ..rows import MB
 from ..split_tiles import open_location
-from .harness import steady, timing, train_digest
+from .harness import start, time_passes, train_digest
 
 __all__ = ["run_ours"]
 
@@ -32,14 +33,13 @@ def run_ours(cfg: dict[str, Any]) -> dict[str, Any]:
     from insitubatch.stores.owned import close_store
 
     variables = list(cfg["variables"])
+    started = start()  # a cold pass counts from here: the store's open, the split, the dataset's build
     store = open_location(cfg["location"])
     geoms = open_geometries(store, variables=variables)
     manifest = split_by_chunk(next(iter(geoms.values())), fractions=tuple(cfg["fractions"]))
     train = manifest.sample_indices("train")
     base_rss = rss_bytes()  # before the dataset exists: the interpreter, imports and the open store
     ds = InSituDataset(store, manifest, variables, batch_size=int(cfg["batch_size"]))
-    info = ds.describe()
-    memory = info["memory"]
 
     def open_pass(epoch: int) -> Any:
         ds.set_epoch(epoch)
@@ -55,7 +55,13 @@ def run_ours(cfg: dict[str, Any]) -> dict[str, Any]:
             "gets": s.gets,
         }
 
-    window = steady(open_pass, len, close_pass=close_pass, **timing(cfg))
+    def probe(it: Any) -> dict[str, Any]:  # the pass so far: the reads-in-flight limit now and the most reached
+        s = it.stats
+        return {"max_inflight": s.max_inflight, "inflight_peak": s.inflight_peak, "gets": s.gets}
+
+    window = time_passes(cfg, started, open_pass, len, samples=len(train), close_pass=close_pass, probe=probe)
+    info = ds.describe()  # after the timing: not a step of a training script's cold start
+    memory = info["memory"]
     ds.close()
     close_store(store)
     peak = rss_bytes("VmHWM")

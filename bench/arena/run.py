@@ -1,7 +1,7 @@
 """The arena: our loader, the reference design (insitubatch 0.2.0) and TensorStore, side by side on ERA5-shaped data.
 
 ``python -m bench.arena [--quick] [--only SCENARIO ...] [--loaders ours,reference,tensorstore]
-[--data DIR] [--out DIR] [--reference-venv DIR] [--reference-python PATH]``
+[--cold-only | --no-cold] [--data DIR] [--out DIR] [--reference-venv DIR] [--reference-python PATH]``
 
 writes the realistic dataset once (cached by spec under ``--data``), then
 for each scenario (:data:`bench.arena.scenarios.SCENARIOS`: local files,
@@ -10,12 +10,14 @@ protocol) serves it from an :class:`~insitubatch.testing.emulator.EmulatorProces
 (its own process: the server's CPU is never the loader's) and times each
 loader in a fresh child process (the bench's one child runner,
 :class:`bench.children.Children` and :mod:`bench.child`) at its default
-knobs, in steady state. Ours also gets the raw-GET ceiling at the
-reads-in-flight its passes reached, and one decode ceiling (numcodecs, no
-I/O, as many threads as our decode pool): the report's ceilings
-(:mod:`bench.ceilings`). It prints the table and writes
+knobs, in steady state, then over one cold pass (a fresh child, the open
+included; TensorStore with a cache that holds the split, issue 45;
+``--cold-only`` runs just these, ``--no-cold`` leaves them out). Ours also
+gets the raw-GET ceiling at the reads-in-flight its passes reached, and one
+decode ceiling (numcodecs, no I/O, as many threads as our decode pool): the
+report's ceilings (:mod:`bench.ceilings`). It prints the tables and writes
 ``arena.json`` and ``arena.md`` to ``--out`` (default ``bench/out/``), with
-the ratios and the bars of issue 38 (:mod:`bench.arena.report`).
+the ratios and the bars of issues 38 and 45 (:mod:`bench.arena.report`).
 """
 
 from __future__ import annotations
@@ -55,10 +57,13 @@ DEFAULT_REFERENCE_VENV = (
 )
 # The concurrency the raw-GET ceiling replays at when our pass reported none (a pass that never reached the store).
 FALLBACK_CONCURRENCY = 32
+# TensorStore's cache in the cold pass: the split's decoded tiles and this much more (the cache's own bookkeeping),
+# so that one pass never evicts (issue 45 compares one cold pass against "a cache that holds the split").
+SPLIT_CACHE_MARGIN = 1.25
 
 
 def _one_line(scenario: str, row: dict[str, Any]) -> str:
-    head = f"  {scenario:<10} {row['loader']:<14}"
+    head = f"  {scenario:<15} {row['loader']:<14}"
     if row.get("error"):
         return f"{head} ERROR {row['error']}"
     rate, cpu = row.get("rate_samples_per_s"), row.get("cpu_s_per_sample")
@@ -68,8 +73,23 @@ def _one_line(scenario: str, row: dict[str, Any]) -> str:
     )
 
 
+def split_decoded_bytes(geometries: dict[str, Any], train: np.ndarray) -> int:
+    """Decoded bytes of every stored tile the samples ``train`` touch, over ``geometries`` (``ArrayGeometry`` by name).
+
+    Each tile counts whole (an edge tile padded to the full tile shape), as
+    TensorStore's chunk cache holds it: the bytes a cache must hold to keep
+    the whole split decoded.
+    """
+    total = 0
+    for g in geometries.values():
+        chunks = len(np.unique(np.asarray(train) // g.sample_chunk_size))
+        total += chunks * g.tiles_per_chunk * g.tile_nbytes
+    return total
+
+
 def our_plan(path: Path, profile: ArenaProfile, out: Path) -> dict[str, Any]:
-    """Our train order per epoch (for TensorStore, saved as ``.npy``) and our pool's budget on local files."""
+    """Our train order per epoch (for TensorStore, saved as ``.npy``), our pool's budget on local files, and the
+    split's decoded bytes with TensorStore's cache for the cold pass (:data:`SPLIT_CACHE_MARGIN` more)."""
     from insitubatch.dataset import InSituDataset
     from insitubatch.io.group import open_geometries
     from insitubatch.plan.splits import split_by_chunk
@@ -82,9 +102,16 @@ def our_plan(path: Path, profile: ArenaProfile, out: Path) -> dict[str, Any]:
     with InSituDataset(store, manifest, variables, batch_size=profile.batch_size) as ds:
         orders = np.stack([ds.plan("train", e).anchors for e in range(profile.orders_epochs)]).astype(np.int64)
         budget = int(ds.describe()["memory"]["budget_bytes"])
+    split_bytes = split_decoded_bytes(geoms, manifest.sample_indices("train"))
     orders_path = out / f"orders-{profile.spec.name}-bs{profile.batch_size}.npy"
     np.save(orders_path, orders)
-    return {"orders_path": str(orders_path), "budget_bytes": budget, "train_samples": int(orders.shape[1])}
+    return {
+        "orders_path": str(orders_path),
+        "budget_bytes": budget,
+        "train_samples": int(orders.shape[1]),
+        "split_bytes": split_bytes,
+        "split_cache_bytes": int(split_bytes * SPLIT_CACHE_MARGIN),
+    }
 
 
 def _peers(
@@ -103,7 +130,10 @@ def _peers(
         peers["tensorstore"] = (
             {"skipped": why}
             if why
-            else {"what": f"a loop over array[indices].read(), {BATCHES_AHEAD} batches ahead, cache = our budget"}
+            else {
+                "what": f"a loop over array[indices].read(), {BATCHES_AHEAD} batches ahead, cache = our budget"
+                " (steady state), a cache that holds the split (one cold pass)"
+            }
         )
     return peers
 
@@ -131,9 +161,16 @@ def run_arena(
     loaders: Sequence[str] = LOADERS,
     ref_venv: Path,
     ref_python: str | None = None,
+    cold: bool = True,
+    cold_only: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Measure ``loaders`` in the scenarios ``only``; write ``arena.json`` and ``arena.md`` under ``out``."""
+    """Measure ``loaders`` in the scenarios ``only``; write ``arena.json`` and ``arena.md`` under ``out``.
+
+    In each scenario every loader is timed in steady state (not with
+    ``cold_only``: nor is the decode ceiling), then over one cold pass
+    (with ``cold`` or ``cold_only``).
+    """
     started = time.perf_counter()
     load_start = loadavg()
     work = out / "arena"
@@ -148,15 +185,16 @@ def run_arena(
     children = Children(work / "children.log", profile.child_timeout_s)
 
     def run(cfg: dict[str, Any], python: str | None = None, emu: EmulatorProcess | None = None) -> dict[str, Any]:
-        row = children.run(cfg, title=f"{cfg['scenario']} {cfg['loader']}", python=python, emu=emu, spec=spec)
-        log(_one_line(cfg["scenario"], row))
+        name = f"{cfg['scenario']} cold" if cfg.get("mode") == "cold" else cfg["scenario"]
+        row = children.run(cfg, title=f"{name} {cfg['loader']}", python=python, emu=emu, spec=spec)
+        log(_one_line(name, row))
         return row
 
     base = {"variables": list(spec.variables), "fractions": list(SPLIT_FRACTIONS), "repo_root": str(REPO_ROOT)}
     base.update(profile.child_config())
 
-    def every_loader(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
-        """Each loader on ``scenario``'s link (and ours' raw-GET ceiling where there is a link)."""
+    def steady_rows(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
+        """Each loader in steady state on ``scenario``'s link (and ours' raw-GET ceiling where there is a link)."""
         rows: dict[str, Any] = {}
         where = {"scenario": scenario.name, "location": scenario.location(data, spec.name, emu)}
         for loader in loaders:
@@ -176,13 +214,36 @@ def run_arena(
                 reached = rows["ours"].get("inflight_peak") or FALLBACK_CONCURRENCY
                 ceiling = {**base, **where, "loader": "get_ceiling", "concurrency": int(reached)}
                 rows["get_ceiling"] = run(ceiling, None, emu)
-        return {"what": scenario.what, "link": scenario.link, "rows": rows}
+        return rows
+
+    def cold_rows(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
+        """Each loader's one cold pass on ``scenario``'s link: TensorStore with a cache that holds the split."""
+        rows: dict[str, Any] = {}
+        where = {"scenario": scenario.name, "location": scenario.location(data, spec.name, emu)}
+        for loader in loaders:
+            peer = peers.get(loader, {})
+            if peer.get("skipped"):
+                rows[loader] = {"loader": loader, "skipped": peer["skipped"]}
+                continue
+            cfg = {**base, **where, "loader": loader, "mode": "cold"}
+            if loader == "tensorstore":
+                cfg.update(orders_path=plan["orders_path"], cache_bytes=plan["split_cache_bytes"], cache_is="the split")
+            rows[loader] = run(cfg, peer.get("python"), emu)
+        return rows
+
+    def every_loader(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
+        """``scenario``'s rows: the steady ones (unless ``cold_only``), then the cold passes (if ``cold``)."""
+        out = {"what": scenario.what, "link": scenario.link}
+        out["rows"] = {} if cold_only else steady_rows(scenario, emu)
+        if cold or cold_only:
+            out["cold_rows"] = cold_rows(scenario, emu)
+        return out
 
     results: dict[str, Any] = {}
     try:
         scenarios = [SCENARIOS[name] for name in only]
         results["scenarios"] = measure_each(scenarios, data, every_loader, label="arena", log=log)
-        if "ours" in loaders:
+        if "ours" in loaders and not cold_only:
             local = results["scenarios"].get("local", {}).get("rows", {}).get("ours") or {}
             threads = local.get("decode_threads") or os.cpu_count() or 1
             cfg = {**base, "scenario": "decode", "loader": "decode_ceiling", "threads": int(threads)}
@@ -208,6 +269,13 @@ def run_arena(
         ),
         "peers": {k: {kk: vv for kk, vv in v.items() if kk != "python"} for k, v in peers.items()},
         "versions": _versions(peers),
+        "cold": (
+            f"one pass in a fresh child, from before the open to the last batch; TensorStore's cache"
+            f" {plan['split_cache_bytes'] / MB:,.0f} MB: the split's {plan['split_bytes'] / MB:,.0f} MB of decoded"
+            f" tiles x {SPLIT_CACHE_MARGIN:g}"
+        )
+        if cold or cold_only
+        else None,
     }
     results = clean(results)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--reference-venv", type=Path, default=DEFAULT_REFERENCE_VENV, help=f"default {DEFAULT_REFERENCE_VENV}"
     )
     parser.add_argument("--reference-python", default=None, help="a Python >= 3.12 to make that venv with")
+    cold = parser.add_mutually_exclusive_group()
+    cold.add_argument("--cold-only", action="store_true", help="one cold pass per loader, no steady state")
+    cold.add_argument("--no-cold", action="store_true", help="steady state only, no cold passes")
     args = parser.parse_args(argv)
     out = args.out.resolve()
     results = run_arena(
@@ -245,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaders=args.loaders,
         ref_venv=args.reference_venv.resolve(),
         ref_python=args.reference_python,
+        cold=not args.no_cold,
+        cold_only=args.cold_only,
     )
     print()
     print(markdown(results))

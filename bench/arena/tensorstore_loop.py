@@ -4,8 +4,9 @@ Each variable is opened with TensorStore's ``zarr3`` driver over the same
 location (the ``file``, ``http`` or ``s3`` key-value store), all sharing one
 ``Context`` whose ``cache_pool`` holds as many bytes as our pool's budget
 for the same pass (``describe()``'s ``budget_bytes``), so neither keeps more
-decoded chunks than the other; the data is immutable, so a cached chunk is
-not revalidated with the store on every read (``recheck_cached_data="open"``,
+decoded chunks than the other (in steady state; for one cold pass the parent
+gives it a cache that holds the whole split instead, ``cache_is`` saying
+which); the data is immutable, so a cached chunk is not revalidated with the store on every read (``recheck_cached_data="open"``,
 TensorStore's setting for data that does not change while open). A pass of epoch ``e`` reads the samples our
 loader's train pass of epoch ``e`` yields, in its order (``EpochPlan.anchors``,
 saved by the parent), ``batch_size`` at a time: ``array[indices].read()``
@@ -27,7 +28,7 @@ import numpy as np
 
 from ..measure import rss_bytes
 from ..rows import MB
-from .harness import steady, timing, train_digest
+from .harness import start, time_passes, train_digest
 
 __all__ = ["BATCHES_AHEAD", "kvstore", "run_tensorstore"]
 
@@ -81,6 +82,7 @@ def run_tensorstore(cfg: dict[str, Any]) -> dict[str, Any]:
 
     orders = np.load(cfg["orders_path"])  # (epochs, samples): our train pass's anchors per epoch
     base_rss = rss_bytes()  # before the arrays are opened, as for the other loaders
+    started = start()  # a cold pass counts from here: the arrays' open included
     context = ts.Context({"cache_pool": {"total_bytes_limit": int(cfg["cache_bytes"])}})
     arrays = [
         ts.open(
@@ -98,12 +100,16 @@ def run_tensorstore(cfg: dict[str, Any]) -> dict[str, Any]:
     def close_pass(it: Any) -> None:
         it.close()
 
-    window = steady(open_pass, lambda batch: len(batch[0]), close_pass=close_pass, **timing(cfg))
+    def size(batch: tuple[np.ndarray, list[np.ndarray]]) -> int:
+        return len(batch[0])
+
+    window = time_passes(cfg, started, open_pass, size, samples=int(orders.shape[1]), close_pass=close_pass)
     return {
         **window.row(),
         "train_samples": int(orders.shape[1]),
         "train_digest": train_digest(orders[0]),
         "base_rss_mb": base_rss / MB,
         "cache_mb": int(cfg["cache_bytes"]) / MB,
+        "cache_is": cfg.get("cache_is", "our budget"),
         "batches_ahead": BATCHES_AHEAD,
     }
