@@ -30,7 +30,7 @@ SLAB_STEP_BYTES = 64 << 10
 FIT_SLACK = 1.25
 # The slabs one pool keeps for reuse, busy or free, at most (a pass's reads in flight are a few hundred tiles);
 # past it a body takes a plain allocation, dropped with the body.
-MAX_KEPT_BYTES = 32 << 20
+MAX_KEPT_BYTES = 64 << 20
 # How many kept slabs one request looks at for a free one that fits, before it allocates.
 LOOK_AT = 8
 

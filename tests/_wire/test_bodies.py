@@ -35,7 +35,6 @@ def test_a_dropped_body_s_slab_is_used_again() -> None:
     assert _address(again) == where and len(again) == SIZE - 1000 and bodies.reused == 1
 
 
-@pytest.mark.invariant
 @pytest.mark.parametrize(
     "hold",
     [
