@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .bodies import BodyBuffers
 from .chunked import ChunkedBody
 from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeMismatchError, UnsupportedBodyError
 from .ranges import IGNORED_RANGE_SLACK_BYTES, check_206, mismatch, whole_200, within
@@ -65,7 +64,6 @@ class Pool(Protocol):
     """What a connection needs of its pool (``pool.HttpPool``)."""
 
     origin: str
-    bodies: BodyBuffers
 
     def send(self, request: bytes, future: asyncio.Future, ask: Ask, retried: bool = False) -> None: ...
 
@@ -325,7 +323,7 @@ class Connection(asyncio.BufferedProtocol):
         elif self._filled > length and bytes(self._head_view[length : self._filled]).strip(b"\r\n"):
             raise FramingError(f"{self.origin} sent more than its Content-Length")  # (empty lines after it are dropped)
         try:
-            body = self.pool.bodies.take(size)
+            body = np.empty(size, dtype=np.uint8)
         except (MemoryError, ValueError):
             raise FramingError(f"{self.origin} sent Content-Length {length}, more than this process can hold") from None
         have = min(self._filled, size)

@@ -31,7 +31,6 @@ import ssl
 
 from .._weak import WeakMembers
 from ..stores.options import OBSTORE_CONNECT_TIMEOUT, OBSTORE_POOL_IDLE_TIMEOUT
-from .bodies import BodyBuffers
 from .connection import Ask, Connection
 from .faults import TlsRefusedError
 from .tls import ResumingContext
@@ -78,7 +77,6 @@ class HttpPool:
         self._literal = _literal(host, port)  # an IP needs no lookup
         self._lookup_until = 0.0
         self._turn = 0
-        self.bodies = BodyBuffers()  # the connections' receive buffers, used again once their bodies are dropped
         _pools.add(self)
 
     def get(self, request: bytes, ask: Ask) -> asyncio.Future:
@@ -222,8 +220,6 @@ class HttpPool:
         now = loop.time()
         while idle and (idle[0].closed or now - idle[0].idle_since >= self.idle_timeout_s):
             idle.pop(0).close()
-        if not idle:
-            self.bodies.clear()  # no GET for a while: the kept receive buffers go too
         if idle:
             self._sweep = loop.call_at(idle[0].idle_since + self.idle_timeout_s, self._expire)
 
@@ -246,7 +242,6 @@ class HttpPool:
         loop, keeper, sweep = self._loop, self._keeper, self._sweep
         self._loop = self._keeper = self._sweep = None
         self._idle = []
-        self.bodies = BodyBuffers()  # (a swap, safe from any thread: the loop may still be using the old one)
         if loop is None or keeper is None or loop.is_closed():
             return
         try:
