@@ -381,6 +381,8 @@ class Connection(asyncio.BufferedProtocol):
 
     def _finish(self) -> None:
         future, self._future = self._future, None
+        if future is not None:  # answered: no cancellation can concern this connection now (one callback less)
+            future.remove_done_callback(self._abandoned)
         body, status, ask, cut = self._body, self._status, self._ask, self._cut
         if body is None:
             body = bytearray()
