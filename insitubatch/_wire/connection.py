@@ -20,6 +20,7 @@ error and closes the connection; nothing reaches asyncio's "Fatal error" log.
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any, Protocol
 
 import numpy as np
@@ -45,6 +46,12 @@ MAX_LENGTH_DIGITS = 20
 # An error answer's body is kept up to this (its message quotes the start); the rest is not received.
 ERROR_BODY_BYTES = 64 << 10
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# A plain connection with at least LOWAT_FROM_BYTES of a body still to come asks the kernel to report it readable
+# only once that much has arrived (SO_RCVLOWAT, at most LOWAT_MAX_BYTES at a time): a body paced by the link is
+# then taken in one wake-up of the loop, not one per TCP segment. (Not over TLS: a record already read in part
+# would hold bytes the socket never sees again.)
+LOWAT_FROM_BYTES = 64 << 10
+LOWAT_MAX_BYTES = 1 << 20
 _LINE_ENDS = frozenset(b"\r\n")
 
 
@@ -112,6 +119,8 @@ class Connection(asyncio.BufferedProtocol):
         self._head = bytearray(FIRST_HEAD_BYTES)
         self._head_view = memoryview(self._head)
         self._filled = 0
+        self._socket: Any = None  # the plain connection's socket (its SO_RCVLOWAT is set), None over TLS
+        self._lowat = 1
         self._reset()
 
     def _reset(self) -> None:
@@ -133,6 +142,8 @@ class Connection(asyncio.BufferedProtocol):
     # -- asyncio protocol --------------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        if getattr(self.pool, "ssl", None) is None and hasattr(socket, "SO_RCVLOWAT"):
+            self._socket = transport.get_extra_info("socket")
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body_view is not None:
@@ -153,6 +164,8 @@ class Connection(asyncio.BufferedProtocol):
                 self._got += nbytes
                 if self._got == len(self._body_view):
                     self._complete()
+                elif self._lowat > 1:
+                    self._await_rest()
                 return
             self._filled += nbytes
             if self._future is None:
@@ -333,6 +346,16 @@ class Connection(asyncio.BufferedProtocol):
         self._body, self._body_view = body, body.data
         if self._got == size:
             self._complete()
+        elif self._socket is not None and size - self._got >= LOWAT_FROM_BYTES:
+            self._await_rest()
+
+    def _await_rest(self) -> None:
+        """Be woken when the rest of the body (up to ``LOWAT_MAX_BYTES`` of it) has arrived, not before."""
+        assert self._body_view is not None
+        want = min(len(self._body_view) - self._got, LOWAT_MAX_BYTES)
+        if want != self._lowat:
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+            self._lowat = want
 
     def _shift(self, n: int) -> None:
         rest = self._filled - n
@@ -377,6 +400,9 @@ class Connection(asyncio.BufferedProtocol):
     # -- the answer --------------------------------------------------------------------------------------------
     def _complete(self) -> None:
         self._body_view = None
+        if self._lowat > 1:  # the next answer's head is read as it comes
+            self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)
+            self._lowat = 1
         self._finish()
 
     def _finish(self) -> None:

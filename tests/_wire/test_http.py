@@ -18,7 +18,7 @@ from insitubatch._engine.reads.store_link import client_for
 from insitubatch._engine.reads.window import ReadWindow
 from insitubatch._engine.stats import PassCounters
 from insitubatch._wire.backends import ObstoreBackend
-from insitubatch._wire.connection import Ask
+from insitubatch._wire.connection import Ask, Connection
 from insitubatch._wire.engine_client import NativeBackend
 from insitubatch._wire.faults import HttpStatusError
 from insitubatch._wire.pool import HttpPool
@@ -257,3 +257,52 @@ def test_a_host_name_is_looked_up_once_for_many_new_connections(scripted, monkey
     answers = asyncio.run(main())
     assert [bytes(a) for a in answers] == [BODY] * 8
     assert len(server.connections) == 8 and lookups == ["localhost"]
+
+
+def _paced_reads(tmp_path: Path, sizes: list[int], monkeypatch: pytest.MonkeyPatch) -> tuple[list[bool], int]:
+    """Read objects of ``sizes`` over a paced link (64 KiB slices at 10 MB/s); whether each equals its file, and
+    how many times the connections took in bytes."""
+    base = tmp_path / BUCKET / "d"
+    base.mkdir(parents=True)
+    files = {f"d/p{i}": os.urandom(n) for i, n in enumerate(sizes)}
+    for key, data in files.items():
+        (tmp_path / BUCKET / key).write_bytes(data)
+    wakeups = 0
+    taken_in = Connection.buffer_updated
+
+    def counted(self: Connection, nbytes: int) -> None:
+        nonlocal wakeups
+        wakeups += 1
+        taken_in(self, nbytes)
+
+    monkeypatch.setattr(Connection, "buffer_updated", counted)
+    with Emulator(tmp_path, latency_s=0.0, jitter_s=0.0, bandwidth_bytes_per_s=10e6) as emu:
+        store = obstore_store(emu.url_for(BUCKET), read_only=True)
+        fetcher = Fetcher(client_for(store), ReadWindow(4).user(4), PassCounters())
+
+        async def main() -> list:
+            return await asyncio.gather(*(fetcher.get(key) for key in files))
+
+        got = asyncio.run(main())
+        store.close()
+    assert fetcher.counters.stalls == fetcher.counters.retries == 0  # no read waited for bytes that had come
+    return [g.to_bytes() == data for g, data in zip(got, files.values())], wakeups
+
+
+def test_a_paced_body_is_taken_in_once_it_has_arrived_not_slice_by_slice(tmp_path: Path, monkeypatch) -> None:
+    same, wakeups = _paced_reads(tmp_path / "a", [640_000] * 4, monkeypatch)
+    assert all(same)
+    assert wakeups <= 4 * 3  # each: the head (with what came with it), the rest, at most one more
+    # the same reads without the low-water mark take each of the ~10 slices in as it comes
+    monkeypatch.setattr("insitubatch._wire.connection.LOWAT_FROM_BYTES", 1 << 40)
+    same, slice_by_slice = _paced_reads(tmp_path / "b", [640_000] * 4, monkeypatch)
+    assert all(same) and slice_by_slice >= 4 * 8
+
+
+def test_a_body_larger_than_the_low_water_cap_is_read_whole_as_the_mark_follows_its_rest(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr("insitubatch._wire.connection.LOWAT_MAX_BYTES", 256 << 10)
+    # 3.1 x the cap, and a rest that ends below LOWAT_FROM_BYTES: neither may leave the read waiting
+    same, _ = _paced_reads(tmp_path, [int(3.1 * (256 << 10)), (256 << 10) + 1000], monkeypatch)
+    assert same == [True, True]
