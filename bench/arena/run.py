@@ -193,8 +193,9 @@ def run_arena(
     base = {"variables": list(spec.variables), "fractions": list(SPLIT_FRACTIONS), "repo_root": str(REPO_ROOT)}
     base.update(profile.child_config())
 
-    def steady_rows(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
-        """Each loader in steady state on ``scenario``'s link (and ours' raw-GET ceiling where there is a link)."""
+    def loader_rows(scenario: Scenario, emu: EmulatorProcess | None, mode: str) -> dict[str, Any]:
+        """Each loader on ``scenario``'s link, in ``mode``: ``"steady"`` (TensorStore's cache = our budget; ours'
+        raw-GET ceiling where there is a link) or ``"cold"``, one whole pass (TensorStore's cache holds the split)."""
         rows: dict[str, Any] = {}
         where = {"scenario": scenario.name, "location": scenario.location(data, spec.name, emu)}
         for loader in loaders:
@@ -203,40 +204,29 @@ def run_arena(
                 rows[loader] = {"loader": loader, "skipped": peer["skipped"]}
                 continue
             cfg = {**base, **where, "loader": loader}
-            if loader == "tensorstore":
+            if mode == "cold":
+                cfg["mode"] = "cold"
+            if loader == "tensorstore" and mode == "cold":
+                cfg.update(orders_path=plan["orders_path"], cache_bytes=plan["split_cache_bytes"], cache_is="the split")
+            elif loader == "tensorstore":
                 budget = (rows.get("ours") or {}).get("budget_mb")
                 cfg.update(
                     orders_path=plan["orders_path"],
                     cache_bytes=int(budget * MB) if budget else plan["budget_bytes"],
                 )
             rows[loader] = run(cfg, peer.get("python"), emu)
-            if loader == "ours" and scenario.remote and not rows["ours"].get("error"):
+            if mode == "steady" and loader == "ours" and scenario.remote and not rows["ours"].get("error"):
                 reached = rows["ours"].get("inflight_peak") or FALLBACK_CONCURRENCY
                 ceiling = {**base, **where, "loader": "get_ceiling", "concurrency": int(reached)}
                 rows["get_ceiling"] = run(ceiling, None, emu)
         return rows
 
-    def cold_rows(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
-        """Each loader's one cold pass on ``scenario``'s link: TensorStore with a cache that holds the split."""
-        rows: dict[str, Any] = {}
-        where = {"scenario": scenario.name, "location": scenario.location(data, spec.name, emu)}
-        for loader in loaders:
-            peer = peers.get(loader, {})
-            if peer.get("skipped"):
-                rows[loader] = {"loader": loader, "skipped": peer["skipped"]}
-                continue
-            cfg = {**base, **where, "loader": loader, "mode": "cold"}
-            if loader == "tensorstore":
-                cfg.update(orders_path=plan["orders_path"], cache_bytes=plan["split_cache_bytes"], cache_is="the split")
-            rows[loader] = run(cfg, peer.get("python"), emu)
-        return rows
-
     def every_loader(scenario: Scenario, emu: EmulatorProcess | None) -> dict[str, Any]:
         """``scenario``'s rows: the steady ones (unless ``cold_only``), then the cold passes (if ``cold``)."""
         out = {"what": scenario.what, "link": scenario.link}
-        out["rows"] = {} if cold_only else steady_rows(scenario, emu)
+        out["rows"] = {} if cold_only else loader_rows(scenario, emu, "steady")
         if cold or cold_only:
-            out["cold_rows"] = cold_rows(scenario, emu)
+            out["cold_rows"] = loader_rows(scenario, emu, "cold")
         return out
 
     results: dict[str, Any] = {}
