@@ -61,7 +61,7 @@ def _split_into_tiles(chunk: np.ndarray, tile: tuple[int, ...]) -> tuple[list[np
 @pytest.mark.parametrize("dtype", ["u1", ">i2", "<f4", "c16", "M8[ms]"])
 def test_assemble_tiles_rebuilds_the_chunk(monkeypatch: pytest.MonkeyPatch, dtype: str, stream: bool) -> None:
     if stream:  # the path large destinations take: non-temporal stores
-        monkeypatch.setattr(kernels, "_STREAM_MIN_BYTES", 0)
+        monkeypatch.setattr(kernels, "STREAM_MIN_BYTES", 0)
     rng = np.random.default_rng(11)
     for _ in range(30):
         nd = int(rng.integers(0, 4))

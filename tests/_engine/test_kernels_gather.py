@@ -102,21 +102,33 @@ def test_gather_matches_numpy_indexing(dtype: object, order: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["u1", "S3", "<f4", "c16"])
-def test_streaming_stores_copy_the_same_bytes(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
+def test_streaming_stores_copy_the_same_bytes(dtype: str) -> None:
     """Large batches bypass the caches; force that path on small ones (odd sizes and alignments)."""
-    monkeypatch.setattr(kernels, "_STREAM_MIN_BYTES", 0)
     rng = np.random.default_rng(zlib.crc32(dtype.encode()))
     for _ in range(30):
         window = _random_window(rng, dtype)
         everything = [(c, r) for c, chunk in enumerate(window.chunks) for r in range(len(chunk))]
         rng.shuffle(everything)
         out = np.zeros((len(everything), *window.inner), dtype=dtype)
-        gather(out, window.tiles, window.origin_table(), coalesce_runs(*window.selection(everything)))
+        gather(out, window.tiles, window.origin_table(), coalesce_runs(*window.selection(everything)), stream=True)
         assert_same_bytes(out, _reference(window, everything, dtype))
     big = Window(rng, (300, 97), (300, 97), [3], dtype)  # whole-row runs of ~29-116 KB
     out = np.zeros((3, 300, 97), dtype=dtype)
-    gather(out, big.tiles, big.origin_table(), coalesce_runs(*big.selection([(0, 2), (0, 0), (0, 1)])))
+    runs = coalesce_runs(*big.selection([(0, 2), (0, 0), (0, 1)]))
+    gather(out, big.tiles, big.origin_table(), runs, stream=True)
     assert_same_bytes(out, _reference(big, [(0, 2), (0, 0), (0, 1)], dtype))
+
+
+def test_a_copy_past_the_stream_threshold_can_be_kept_cached() -> None:
+    """``stream=False`` overrides the size rule: a batch over ``STREAM_MIN_BYTES`` copied the cached way, same bytes."""
+    rng = np.random.default_rng(5)
+    rows = kernels.STREAM_MIN_BYTES // (64 * 64 * 4) + 2
+    window = Window(rng, (64, 64), (32, 64), [rows], "<f4")
+    picked = [(0, r) for r in rng.permutation(rows).tolist()]
+    out = np.zeros((rows, 64, 64), dtype="<f4")
+    assert out.nbytes >= kernels.STREAM_MIN_BYTES
+    gather(out, window.tiles, window.origin_table(), coalesce_runs(*window.selection(picked)), stream=False)
+    assert_same_bytes(out, _reference(window, picked, "<f4"))
 
 
 def test_gather_writes_only_the_runs_rows() -> None:

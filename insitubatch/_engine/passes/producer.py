@@ -30,7 +30,7 @@ from ..tiles.local_groups import tile_group
 from .batch import Batch
 from .context import PassContext
 from .driver import PassDriver
-from .gather import gather_label, label_indices
+from .gather import batch_row_bytes, gather_label, label_indices, streams
 from .handoff import Handoff
 
 __all__ = ["PassIterator", "PassState"]
@@ -234,6 +234,7 @@ class PassState:
                 released_upto += 1
                 self._release_block(released_upto)
         buffer_rows = min(plan.batch_size, plan.n_samples)  # a batch_size past the pass's samples: one short batch
+        row_bytes = batch_row_bytes(ctx.outputs.values())
         for k in range(self.start_batch, plan.n_batches):
             start, stop = plan.batch_rows(k)
             b0, b1 = plan.batch_blocks(k)
@@ -249,11 +250,12 @@ class PassState:
             entries = driver.entries
             held = {plan.reads[i]: entries[i] for b in range(b0, b1 + 1) for i in plan.block_reads[b]}
             arrays = {}
+            stream = streams(len(anchors) * row_bytes)
             for label, g in ctx.outputs.items():
                 # g is the post-transform geometry: rows are (*row_shape,) of its dtype
                 buf = ctx.buffers.take(label, (buffer_rows, *g.row_shape), g.dtype)
                 out = buf[: len(anchors)]
-                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.source))
+                gather_label(out, anchors, g, functools.partial(_held_entry, held, g.source), stream=stream)
                 arrays[label] = out
             coords = self._batch_coords(anchors)
             batch = Batch(

@@ -17,6 +17,7 @@ The tile-major ``.npy`` files of the disk cache live in ``cache.tilefile``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,12 +36,13 @@ __all__ = [
     "gather",
     "rect_geometry",
     "select_block",
+    "STREAM_MIN_BYTES",
 ]
 
 _STATUS = _gather.STATUS
 # Copies moving at least this many bytes use non-temporal stores: four times the core's
 # L2, past which a batch cannot stay cached for its consumer anyway (see _ext/rect.pxd).
-_STREAM_MIN_BYTES: int = _gather.STREAM_MIN_BYTES
+STREAM_MIN_BYTES: int = _gather.STREAM_MIN_BYTES
 
 
 def _require_c_contiguous(name: str, a: np.ndarray) -> None:
@@ -278,7 +280,9 @@ def batch_runs(samples: np.ndarray, size: int, n_tiles: int) -> tuple[np.ndarray
     return _gather.batch_runs(s, int(size), int(n_tiles))
 
 
-def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: object) -> None:
+def gather(
+    out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: object, *, stream: bool | None = None
+) -> None:
     """Copy runs of tile rows into their rectangles of the batch buffer ``out``.
 
     Each run ``[t, src_row, dst_row, n]`` of ``runs`` copies
@@ -289,7 +293,7 @@ def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: 
     the culprit for the message once a check failed). The copy then runs
     entirely in C with the GIL released — on several threads when the extension
     was built with OpenMP, and with non-temporal stores when the batch outgrows
-    the core's private caches (``_STREAM_MIN_BYTES``). Runs must not write
+    the core's private caches (``STREAM_MIN_BYTES``). Runs must not write
     overlapping rows of the same rectangle, and no tile may overlap ``out`` in
     memory.
 
@@ -303,6 +307,9 @@ def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: 
         Integers ``(len(tiles), len(inner))``: each tile's corner in ``inner``.
     runs
         Integers ``(n_runs, 4)`` as built by ``coalesce_runs``.
+    stream
+        Non-temporal stores or not; ``None`` decides on this copy's bytes. A caller filling one batch
+        in several copies (one per array) decides on the whole batch: it is read after its last copy.
 
     Raises
     ------
@@ -313,7 +320,8 @@ def gather(out: np.ndarray, tiles: Sequence[np.ndarray], origins: object, runs: 
     tiles = tuple(tiles)
     origins = _origin_table("out", out, tiles, origins)
     runs = _index_table("runs", runs, (None, 4), np.int64)
-    status, index = _gather.gather_runs(out, tiles, origins, runs, _STREAM_MIN_BYTES)
+    stream_min = STREAM_MIN_BYTES if stream is None else (0 if stream else sys.maxsize)
+    status, index = _gather.gather_runs(out, tiles, origins, runs, stream_min)
     if status:
         raise _kernel_error(status, index, "out", out, tiles, origins, runs)
 
@@ -330,7 +338,7 @@ def assemble_tiles(dest: np.ndarray, tiles: Sequence[np.ndarray], origins: objec
     _require_writable_rows("dest", dest)
     tiles = tuple(tiles)
     origins = _origin_table("dest", dest, tiles, origins)
-    status, index = _assemble.assemble_tiles(dest, tiles, origins, _STREAM_MIN_BYTES)
+    status, index = _assemble.assemble_tiles(dest, tiles, origins, STREAM_MIN_BYTES)
     if status:
         raise _kernel_error(status, index, "dest", dest, tiles, origins)
 
