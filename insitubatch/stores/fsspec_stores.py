@@ -111,15 +111,24 @@ def close_filesystem(fs: Any) -> None:
     closed there. A filesystem with no session open (never read, or a
     synchronous one behind zarr's wrapper) has nothing to close.
     """
-    client = getattr(fs, "_s3", None)  # s3fs: an aiobotocore client, entered when the filesystem first read
+    client = _s3_client(fs)
     if client is not None and asyncio.iscoroutinefunction(getattr(client, "__aexit__", None)):
-        sync(client.__aexit__(None, None, None))
-        fs._s3 = None  # a later read makes a fresh client
+        sync(client.__aexit__(None, None, None))  # (a later read finds its session closed and makes a fresh client)
         return
     session = getattr(fs, "_session", None)
     if session is None or getattr(session, "closed", True) or not asyncio.iscoroutinefunction(session.close):
         return
     sync(_close_session(session))
+
+
+def _s3_client(fs: Any) -> Any:
+    """s3fs's aiobotocore client of an asynchronous ``fs``, entered at its first read; None before (or not s3fs)."""
+    if not getattr(fs, "asynchronous", False) or not hasattr(type(fs), "s3"):
+        return None  # (a synchronous s3fs would connect on being asked for its client)
+    try:
+        return fs.s3
+    except RuntimeError:  # "please await .set_session": no client yet, nothing to close
+        return None
 
 
 async def _close_session(session: Any) -> None:

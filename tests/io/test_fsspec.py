@@ -157,16 +157,20 @@ def test_an_s3fs_filesystem_against_the_s3_server_equals_zarr_and_closes_its_cli
     chunks = store.chunk_gets()
     assert len(chunks) == N_CHUNKS == counters.gets and set(chunks.values()) == {1}
     np.testing.assert_array_equal(rows, zarr.open_array(inner, path="t", mode="r")[...])
-    client = inner.fs._s3
-    assert client is not None
+    client = inner.fs.s3
     http = client._endpoint.http_session  # aiobotocore's, holding the aiohttp sessions and their connections
     opened = list(http._sessions.values())
     assert opened and not any(session.closed for session in opened)
     close_store(inner)
-    assert inner.fs._s3 is None and http._sessions is None and all(session.closed for session in opened)
+    assert http._sessions is None and all(session.closed for session in opened)
     assert _sockets_to(port) == 0
     deadline = time.monotonic() + SERVER_CLOSE_S
     while open_fds() > fds and time.monotonic() < deadline:
         time.sleep(POLL_S)
     assert open_fds() <= fds
     close_store(inner)  # a second close does nothing more
+    again, _ = _pass(CountingStore(inner))  # a read after the close: a fresh client, the same rows
+    np.testing.assert_array_equal(again, data)
+    assert inner.fs.s3 is not client
+    close_store(inner)
+    assert _sockets_to(port) == 0
