@@ -1,0 +1,123 @@
+"""A hunt for answers on which the engine's client and obstore's part ways: each case through both, obstore the oracle.
+
+Each case is one server behaviour, scripted byte for byte, read as a pass
+reads it; the engine's client must return obstore's bytes, or fail within
+seconds with an error naming the key where obstore fails (never other
+bytes, never a wait for bytes that will not come). Covered: interim
+answers, heads split anywhere, a range past the object's end, a server that
+closes after each answer without saying so, ``Content-Encoding`` on a range,
+bodies cut short by a close, duplicate and conflicting ``Content-Length``,
+long heads, other 2xx statuses to a range, a ``Content-Range`` of unknown
+total, a 206 framed by neither length nor chunks, header names with
+whitespace, chunked bodies whose lines end in a bare LF, and ``Location``
+values that are not URIs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from scripted import WIRE_CLIENTS, read_many, read_through
+from zarr.abc.store import RangeByteRequest
+
+from insitubatch.testing.emulator import Reply, Request, answer, ranged
+
+BODY = bytes(range(256)) * 64  # 16 KiB
+KEY = "d/k.0"
+# A read that fails "at once" ends within this; a wait for bytes that never come is the fetcher's stall timer (3 s).
+AT_ONCE_S = 2.5
+
+
+@pytest.fixture(autouse=True)
+def _clean(no_aws_environment: None) -> None:
+    pass
+
+
+def _files(request: Request) -> bytes:
+    return ranged(BODY, request.headers.get("range"))
+
+
+def _timed(read: Callable[[], object]) -> tuple[object, float]:
+    t0 = time.perf_counter()
+    got = read()
+    return got, time.perf_counter() - t0
+
+
+# -- behaviours both clients already read alike --------------------------------------------------------------------
+
+
+def _interim(split: str) -> Callable[[Request], Reply]:
+    def script(request: Request) -> Reply:
+        out = _files(request)
+        if split == "103-apart":  # a CDN's Early Hints, then the answer a moment later
+            return Reply((b"HTTP/1.1 103 Early Hints\r\nLink: </ds/zarr.json>; rel=preload\r\n\r\n", 0.05, out))
+        if split == "100-and-head-byte-by-byte":
+            head, _, body = out.partition(b"\r\n\r\n")
+            parts = b"HTTP/1.1 100 Continue\r\n\r\n" + head + b"\r\n\r\n"
+            return Reply((*(parts[i : i + 1] for i in range(len(parts))), body))
+        at = out.index(b"\r\n\r\n") + {"at-the-blank-line": 2, "inside-the-blank-line": 3}[split]
+        return Reply((out[:at], 0.05, out[at:]))
+
+    return script
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize(
+    "split", ["103-apart", "100-and-head-byte-by-byte", "at-the-blank-line", "inside-the-blank-line"]
+)
+def test_interim_answers_and_heads_split_anywhere_are_read(scripted, client: str, split: str) -> None:
+    server = scripted(_interim(split))
+    assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(100, 300)) == BODY[100:300]
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_a_range_past_the_objects_end_is_the_part_that_exists(scripted, client: str) -> None:
+    server = scripted(lambda r: answer(206, BODY[100:200], Content_Range="bytes 100-199/200"))  # as S3 clamps it
+    assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(100, 300)) == BODY[100:200]
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_a_server_that_closes_after_each_answer_without_saying_so_is_read(scripted, client: str) -> None:
+    server = scripted(lambda r: Reply((_files(r),), "close"))  # no "Connection: close" in the answer
+    reads = [(KEY, RangeByteRequest(i * 100, i * 100 + 64), None) for i in range(4)]
+    assert read_many(client, server.url_for("ds"), reads) == [BODY[i * 100 : i * 100 + 64] for i in range(4)]
+    assert len(server.requests) == len(server.connections) == 4  # no GET lost on a closed connection, none retried
+
+
+GZIP_BYTES = bytes.fromhex("1f8b08000000000000032b492d2e0100") + BODY[:16]
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_content_encoding_on_a_range_is_returned_as_stored(scripted, client: str) -> None:
+    """An object stored with ``Content-Encoding: gzip`` (S3 keeps the header): the range's stored bytes, not inflated."""
+    server = scripted(lambda r: answer(206, GZIP_BYTES[:8], Content_Range="bytes 0-7/32", Content_Encoding="gzip"))
+    assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 8)) == GZIP_BYTES[:8]
+    assert "accept-encoding" not in server.requests[0].headers  # neither asks for a coding
+
+
+LARGE = bytes(range(256)) * 4096  # 1 MiB: past the engine's low-water mark, so its rest is awaited in one wake-up
+CUT_SHORT = {
+    "content-length": b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-%d/%d\r\nContent-Length: %d\r\n\r\n"
+    % (len(LARGE) - 1, len(LARGE), len(LARGE)),
+    "chunked": b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-%d/%d\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n"
+    % (len(LARGE) - 1, len(LARGE), len(LARGE)),
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("framing", sorted(CUT_SHORT))
+def test_a_body_cut_short_by_a_close_is_an_error_never_short_bytes(scripted, client: str, framing: str) -> None:
+    server = scripted(lambda r: Reply((CUT_SHORT[framing], LARGE[:300_000]), "close"))
+    got, elapsed = _timed(lambda: read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, len(LARGE))))
+    assert isinstance(got, OSError) and KEY in str(got), got
+    assert elapsed < AT_ONCE_S * len(server.requests)  # each try ends at the close, not at a stall timer
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_a_long_head_within_both_clients_limits_is_read(scripted, client: str) -> None:
+    meta = b"x-amz-meta-attrs: " + b"v" * (60 << 10) + b"\r\n"  # a 60 KiB header line
+    server = scripted(lambda r: _files(r).replace(b"\r\n", b"\r\n" + meta, 1))
+    assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4)) == BODY[:4]
