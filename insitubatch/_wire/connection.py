@@ -7,8 +7,9 @@ must hold is checked before its bytes are returned: a 206's
 ``Content-Range`` and length against the range asked
 (:class:`~.faults.RangeMismatchError` otherwise); a 200 to a ranged GET is
 used only where it provably is the whole object (``ranges``), else refused
-(:class:`~.faults.RangeIgnoredError`) without receiving its body. Heads
-whose lines end in a bare LF are read as if they ended in CRLF, and empty
+(:class:`~.faults.RangeIgnoredError`) without receiving its body, as is
+any other 2xx to a ranged GET. Heads whose lines end in a bare LF are read
+as if they ended in CRLF, and empty
 lines before a status line (a stray CRLF after the last body) are skipped,
 as obstore's client does; a transfer coding other than ``chunked`` is
 refused (:class:`~.faults.UnsupportedBodyError`). A 3xx with ``Location``
@@ -27,7 +28,7 @@ import numpy as np
 
 from .chunked import ChunkedBody
 from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeMismatchError, UnsupportedBodyError
-from .ranges import IGNORED_RANGE_SLACK_BYTES, check_206, mismatch, whole_200, within
+from .ranges import IGNORED_RANGE_SLACK_BYTES, check_206, mismatch, not_a_range, whole_200, within
 
 __all__ = ["IGNORED_RANGE_SLACK_BYTES", "Ask", "Connection"]
 
@@ -297,6 +298,8 @@ class Connection(asyncio.BufferedProtocol):
             cut = self._cut = whole_200(ask.want, crange, size, self._asked(ask), MAX_BODY_BYTES)
             if cut is not None and cut[0] >= 0 and cut[2] - cut[1] > IGNORED_RANGE_SLACK_BYTES:
                 self._stop_at = cut[1]  # stop early (a few bytes more keep the connection for the next GET)
+        elif status < 300 and ask.want is not None:  # a 203 or 204 to a range: refused, as obstore refuses it
+            raise not_a_range(status, self._asked(ask))
         elif status >= 300:
             self._stop_at = ERROR_BODY_BYTES
             if status < 400:

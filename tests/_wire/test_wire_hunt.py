@@ -20,8 +20,9 @@ from collections.abc import Callable
 
 import pytest
 from scripted import WIRE_CLIENTS, read_many, read_through
-from zarr.abc.store import RangeByteRequest
+from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
+from insitubatch.stores.read_policy import Outcome, classify
 from insitubatch.testing.emulator import Reply, Request, answer, ranged
 
 BODY = bytes(range(256)) * 64  # 16 KiB
@@ -121,3 +122,50 @@ def test_a_long_head_within_both_clients_limits_is_read(scripted, client: str) -
     meta = b"x-amz-meta-attrs: " + b"v" * (60 << 10) + b"\r\n"  # a 60 KiB header line
     server = scripted(lambda r: _files(r).replace(b"\r\n", b"\r\n" + meta, 1))
     assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4)) == BODY[:4]
+
+
+# -- other 2xx statuses to a range ---------------------------------------------------------------------------------
+
+OTHER_2XX = {
+    "203-whole-object": lambda r: answer(203, BODY),  # a transforming proxy's copy of the object, for a range of it
+    "203-the-range": lambda r: answer(203, BODY[:4], Content_Range=f"bytes 0-3/{len(BODY)}"),
+    "204-no-content": lambda r: answer(204),
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("quirk", sorted(OTHER_2XX))
+def test_a_2xx_other_than_200_or_206_to_a_range_is_refused(scripted, client: str, quirk: str) -> None:
+    """obstore takes only a 206 for a range ("Range request not supported"); the engine returned such a body as is."""
+    server = scripted(OTHER_2XX[quirk])
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4))
+    assert isinstance(got, Exception) and "Range request not supported" in str(got), got
+    assert classify(got) is Outcome.FATAL and KEY in str(got)
+    assert len(server.requests) == 1
+    if client == "engine":
+        assert f"answered {quirk[:3]}" in str(got)
+
+
+# -- a Content-Range of unknown total ------------------------------------------------------------------------------
+
+UNKNOWN_TOTAL = {  # name: (the range read, the answer's first and last byte)
+    "the-range-asked": (RangeByteRequest(0, 4), 0, 3),
+    "shorter-than-asked": (RangeByteRequest(0, 4), 0, 1),
+    "to-the-end": (OffsetByteRequest(100), 100, 199),
+    "a-suffix": (SuffixByteRequest(16), 0, 3),
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("quirk", sorted(UNKNOWN_TOTAL))
+def test_a_206_of_unknown_total_is_used_only_when_it_is_the_very_range_asked(scripted, client: str, quirk) -> None:
+    """``bytes a-b/*`` proves no end: the engine took a shorter range, a rest or a suffix as the range asked."""
+    byte_range, first, last = UNKNOWN_TOTAL[quirk]
+    server = scripted(lambda r: answer(206, BODY[first : last + 1], Content_Range=f"bytes {first}-{last}/*"))
+    got = read_through(client, server.url_for("ds"), KEY, byte_range)
+    if client == "engine" and quirk == "the-range-asked":
+        assert got == BODY[:4]  # (obstore refuses any "*" total)
+        return
+    assert isinstance(got, OSError) and KEY in str(got), got
+    if client == "engine":
+        assert "RangeMismatchError" in str(got) and f"bytes {first}-{last}/*" in str(got)
