@@ -1,26 +1,28 @@
 """One kept-alive HTTP/1.1 connection on the event loop: a GET out, its answer framed, checked and received in place.
 
 A connection is an asyncio ``BufferedProtocol``: a body of known length is
-received straight into its own (uninitialised) buffer; a chunked body is decoded as it
-arrives (``chunked``), an unframed one runs to the close. What the answer
-must hold is checked before its bytes are returned: a 206's
-``Content-Range`` and length against the range asked
-(:class:`~.faults.RangeMismatchError` otherwise); a 200 to a ranged GET is
-used only where it provably is the whole object (``ranges``), else refused
-(:class:`~.faults.RangeIgnoredError`) without receiving its body, as is
-any other 2xx to a ranged GET. Heads whose lines end in a bare LF are read
-as if they ended in CRLF, and empty
-lines before a status line (a stray CRLF after the last body) are skipped,
-as obstore's client does; a transfer coding other than ``chunked`` is
-refused (:class:`~.faults.UnsupportedBodyError`). A 3xx with ``Location``
-goes to the request's backend (``Ask.backend.redirected``), which follows
-it. Whatever goes wrong inside a protocol callback fails the GET with one
-error and closes the connection; nothing reaches asyncio's "Fatal error" log.
+received straight into its own (uninitialised) buffer; a chunked body is
+decoded as it arrives (``chunked``), an unframed one runs to the close (a
+206's to the length its ``Content-Range`` names). What the answer must hold
+is checked before its bytes are returned: a 206's ``Content-Range`` and
+length against the range asked (:class:`~.faults.RangeMismatchError`
+otherwise); a 200 to a ranged GET is used only where it provably is the
+whole object (``ranges``), else refused
+(:class:`~.faults.RangeIgnoredError`) without receiving its body, as is any
+other 2xx to a ranged GET. Heads whose lines end in a bare LF are read as if
+they ended in CRLF, and empty lines before a status line (a stray CRLF after
+the last body) are skipped, as obstore's client does; a transfer coding
+other than ``chunked`` is refused (:class:`~.faults.UnsupportedBodyError`).
+A 3xx with ``Location`` goes to the request's backend
+(``Ask.backend.redirected``), which follows it. Whatever goes wrong inside a
+protocol callback fails the GET with one error and closes the connection;
+nothing reaches asyncio's "Fatal error" log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from typing import Any, Protocol
 
@@ -54,6 +56,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 LOWAT_FROM_BYTES = 64 << 10
 LOWAT_MAX_BYTES = 1 << 20
 _LINE_ENDS = frozenset(b"\r\n")
+# A header line: a name (an RFC 9110 token: no whitespace, no folding) and a colon.
+_FIELD_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:")
 
 
 def _header(head: bytes, name: bytes, lowered: bytes | None = None) -> bytes:
@@ -314,7 +318,10 @@ class Connection(asyncio.BufferedProtocol):
             self._stream()
         elif size is not None:
             self._receive(size)
-        else:
+        else:  # framed by neither: the body runs to the close, or (a 206) to the length its Content-Range names
+            self._no_framing(head)
+            if self._expect is not None:
+                self._stop_at = self._expect
             self._until_eof, self._keep = True, False
             self._body = bytearray()
             self._stream_buffer()
@@ -330,6 +337,20 @@ class Connection(asyncio.BufferedProtocol):
             f"{codings.decode('latin-1')[:60]!r}: a body this client cannot read (it decodes only 'chunked', obstore's "
             "client none for a range); not retried"
         )
+
+    def _no_framing(self, head: bytes) -> None:
+        """Refuse a head without framing where a header line is malformed: its framing may be in that line.
+
+        (``Content-Length : 4``, a folded ``Transfer-Encoding``: obstore's
+        client refuses them; read as unframed, a chunked body's framing would
+        be taken for data.)
+        """
+        for line in head.split(b"\r\n")[1:]:
+            if line and _FIELD_LINE.match(line) is None:
+                raise FramingError(
+                    f"{self.origin} sent the header line {line[:60]!r} (not 'name: value') in an answer without "
+                    "Content-Length or chunked framing: where its body ends cannot be known"
+                )
 
     def _receive(self, length: int) -> None:
         """A body of ``length`` bytes: received into its own buffer (only its first ``_stop_at`` bytes)."""

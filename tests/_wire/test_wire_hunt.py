@@ -169,3 +169,55 @@ def test_a_206_of_unknown_total_is_used_only_when_it_is_the_very_range_asked(scr
     assert isinstance(got, OSError) and KEY in str(got), got
     if client == "engine":
         assert "RangeMismatchError" in str(got) and f"bytes {first}-{last}/*" in str(got)
+
+
+# -- answers framed by neither Content-Length nor chunks ------------------------------------------------------------
+
+UNFRAMED_206 = b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-3/%d\r\n\r\n" % len(BODY)
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("then", ["kept-open", "cut-short-and-closed"])
+def test_a_206_framed_by_neither_length_nor_chunks_ends_at_its_content_range(scripted, client: str, then: str):
+    """obstore refuses it ("Content-Length Header missing"); the engine waited for a close the server never sent."""
+    if then == "kept-open":
+        server = scripted(lambda r: Reply((UNFRAMED_206 + BODY[:4],), "hold"))
+    else:
+        server = scripted(lambda r: Reply((UNFRAMED_206 + BODY[:2],), "close"))
+    got, elapsed = _timed(lambda: read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4)))
+    assert elapsed < AT_ONCE_S * len(server.requests)
+    if client == "engine" and then == "kept-open":
+        assert got == BODY[:4] and len(server.requests) == 1  # all its Content-Range names: the rest is not awaited
+        return
+    assert isinstance(got, OSError) and KEY in str(got), got
+    if client == "engine":
+        assert "RangeMismatchError" in str(got) and "2 body bytes" in str(got)
+
+
+MALFORMED_NAMES = {  # heads whose framing header is not a "name:" line: obstore refuses them, the engine read no framing
+    "space-before-colon": (UNFRAMED_206.replace(b"\r\n\r\n", b"\r\nContent-Length : 4\r\n\r\n") + BODY[:4], "hold"),
+    "chunked-space-before-colon": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding : chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY),
+        "close",
+    ),
+    "chunked-folded": (
+        b"HTTP/1.1 200 OK\r\nX-Cache: miss\r\n Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+        % (len(BODY), BODY),
+        "close",
+    ),
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("quirk", sorted(MALFORMED_NAMES))
+def test_a_head_with_a_malformed_header_line_and_no_framing_is_refused(scripted, client: str, quirk: str) -> None:
+    """Read as unframed, the engine returned the chunks' framing as data (or waited for a close)."""
+    out, after = MALFORMED_NAMES[quirk]
+    server = scripted(lambda r: Reply((out,), after))
+    byte_range = RangeByteRequest(0, 4) if quirk == "space-before-colon" else None  # (None: the whole key)
+    got, elapsed = _timed(lambda: read_through(client, server.url_for("ds"), KEY, byte_range))
+    assert isinstance(got, OSError) and KEY in str(got), got
+    assert elapsed < AT_ONCE_S * len(server.requests)
+    if client == "engine":
+        assert "FramingError" in str(got) and "header line" in str(got)
+
