@@ -254,3 +254,25 @@ def test_a_location_that_is_not_a_uri_is_not_followed(scripted, client: str, qui
     assert len(server.requests) == 1  # no other path asked
     if client == "engine":
         assert "RedirectError" in type(got).__name__ and "not a URI" in str(got)
+
+
+# -- chunked bodies whose lines end in a bare LF ---------------------------------------------------------------------
+
+CHUNKED_206 = b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-3/%d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(BODY)
+BARE_LF_CHUNKS = {
+    "every-line": b"4\n%s\n0\n\n" % BODY[:4],
+    "after-a-chunk": b"4\r\n%s\n" % BODY[:4],
+    "the-last-line": b"4\r\n%s\r\n0\r\n\n" % BODY[:4],
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("quirk", sorted(BARE_LF_CHUNKS))
+def test_a_chunked_body_whose_lines_end_in_a_bare_lf_fails_at_once(scripted, client: str, quirk: str) -> None:
+    """No CRLF will come to end the line: the engine waited for one (obstore reads no chunked body for a range)."""
+    server = scripted(lambda r: Reply((CHUNKED_206 + BARE_LF_CHUNKS[quirk],), "hold"))
+    got, elapsed = _timed(lambda: read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4)))
+    assert isinstance(got, OSError) and KEY in str(got), got
+    assert elapsed < AT_ONCE_S * len(server.requests)
+    if client == "engine":
+        assert "FramingError" in str(got) and "bare LF" in str(got)
