@@ -298,6 +298,7 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self._expect = check_206(ask.want, crange, size, self._asked(ask))
         elif status == 200 and ask.want is not None:
+            self._one_length(lowered, length)
             at = lowered.find(b"\r\ncontent-range:")
             crange = None if at < 0 else lowered[at + 16 : lowered.index(b"\r\n", at + 16)].strip()
             cut = self._cut = whole_200(ask.want, crange, size, self._asked(ask), MAX_BODY_BYTES)
@@ -327,6 +328,17 @@ class Connection(asyncio.BufferedProtocol):
             self._body = bytearray()
             self._stream_buffer()
             self._stream()
+
+    def _one_length(self, lowered: bytes, length: bytes | None) -> None:
+        """Refuse Content-Length lines that differ (a 200's: which one frames the body cannot be known).
+
+        (A 206's length is checked against its ``Content-Range``, which names its end.)
+        """
+        at = lowered.find(b"\r\ncontent-length:")
+        while length is not None and (at := lowered.find(b"\r\ncontent-length:", at + 17)) >= 0:
+            other = lowered[at + 17 : lowered.index(b"\r\n", at + 17)].strip()
+            if other != length:
+                raise FramingError(f"{self.origin} sent Content-Length {length[:40]!r} and {other[:40]!r}")
 
     def _chunked(self, codings: bytes) -> bool:
         """True for ``Transfer-Encoding: chunked``; any other coding is a body this client cannot read, refused."""

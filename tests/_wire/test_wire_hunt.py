@@ -133,6 +133,37 @@ def test_a_long_head_is_read_as_far_as_obstore_reads_one(scripted, client: str, 
         assert "FramingError" in str(got) and "a head over" in str(got)
 
 
+RANGE_0_3 = b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-3/%d\r\n" % len(BODY)
+WHOLE = b"HTTP/1.1 200 OK\r\n"
+LENGTHS = {  # name: (the answer, whether both clients read it)
+    "two-equal-lines": (RANGE_0_3 + b"Content-Length: 4\r\nContent-Length: 4\r\n\r\n" + BODY[:4], True),
+    "a-list-of-equal-values": (RANGE_0_3 + b"Content-Length: 4, 4\r\n\r\n" + BODY[:4], False),
+    # a whole key's 200 (obstore refuses any 200 to its range GET): which length holds cannot be known
+    "two-lines-that-differ": (WHOLE + b"Content-Length: 5\r\nContent-Length: 4\r\n\r\n" + BODY[:5], False),
+    "two-lines-that-differ-the-shorter-sent": (
+        WHOLE + b"Content-Length: 5\r\nContent-Length: 4\r\n\r\n" + BODY[:4],
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("quirk", sorted(LENGTHS))
+def test_duplicate_content_lengths_are_read_only_when_they_agree(scripted, client: str, quirk: str) -> None:
+    """Two Content-Length lines that differ: the engine took the first, returning its bytes or waiting for them."""
+    out, read = LENGTHS[quirk]
+    server = scripted(lambda r: Reply((out,), "hold"))
+    byte_range = RangeByteRequest(0, 4) if out.startswith(RANGE_0_3) else None
+    got, elapsed = _timed(lambda: read_through(client, server.url_for("ds"), KEY, byte_range))
+    if read:
+        assert got == BODY[:4]
+        return
+    assert isinstance(got, OSError) and KEY in str(got), got
+    assert elapsed < AT_ONCE_S * len(server.requests)
+    if client == "engine":
+        assert "FramingError" in str(got) and "Content-Length" in str(got)
+
+
 # -- other 2xx statuses to a range ---------------------------------------------------------------------------------
 
 OTHER_2XX = {
