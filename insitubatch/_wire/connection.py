@@ -313,6 +313,8 @@ class Connection(asyncio.BufferedProtocol):
                 self._region = _header(head, b"\r\nx-amz-bucket-region:", lowered) or None
         if status in (204, 304):  # no body, whatever the headers say
             size, chunked = 0, False
+            if self._filled:  # bytes after the head are no answer's: dropped, and the connection not reused
+                self._filled, self._keep = 0, False
         if chunked:
             limit = MAX_BODY_BYTES if self._expect is None else self._expect
             self._chunks = ChunkedBody(limit, self.origin)

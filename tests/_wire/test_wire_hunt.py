@@ -186,6 +186,24 @@ def test_a_2xx_other_than_200_or_206_to_a_range_is_refused(scripted, client: str
         assert f"answered {quirk[:3]}" in str(got)
 
 
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_a_304_with_a_body_is_its_status_at_once(scripted, client: str) -> None:
+    """A 304 has no body: the engine read the bytes after its head as more than its Content-Length, and retried."""
+    server = scripted(lambda r: b"HTTP/1.1 304 Not Modified\r\nContent-Length: 4\r\n\r\nabcd")
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4))
+    assert isinstance(got, Exception) and "304" in str(got) and KEY in str(got), got
+    assert classify(got) is Outcome.FATAL and len(server.requests) == 1
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_a_multipart_206_for_one_range_is_refused(scripted, client: str) -> None:
+    part = b"--B\r\nContent-Range: bytes 0-3/%d\r\n\r\n%s\r\n--B--\r\n" % (len(BODY), BODY[:4])
+    head = b"HTTP/1.1 206 X\r\nContent-Type: multipart/byteranges; boundary=B\r\nContent-Length: %d\r\n\r\n" % len(part)
+    server = scripted(lambda r: head + part)  # (its range is in the part, not the head: never its bytes)
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4))
+    assert isinstance(got, OSError) and KEY in str(got) and "Content-Range" in str(got), got
+
+
 # -- a Content-Range of unknown total ------------------------------------------------------------------------------
 
 UNKNOWN_TOTAL = {  # name: (the range read, the answer's first and last byte)
