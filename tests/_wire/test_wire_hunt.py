@@ -164,6 +164,37 @@ def test_duplicate_content_lengths_are_read_only_when_they_agree(scripted, clien
         assert "FramingError" in str(got) and "Content-Length" in str(got)
 
 
+LARGE_ERROR = b"<Error><Code>SlowDown</Code>" + b"." * (100 << 10) + b"</Error>"  # past the 64 KiB of it kept
+FIRST_ANSWERS = {  # name: (the first GET's answer, what it reads as, connections the engine uses for three GETs)
+    "404-with-a-large-chunked-body": (
+        b"HTTP/1.1 404 X\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(LARGE_ERROR), LARGE_ERROR),
+        None,
+        2,
+    ),
+    "503-with-a-large-body": (answer(503, LARGE_ERROR), BODY[:64], 2),
+    "302-with-a-body": (answer(302, b"<p>moved</p>" * 50, Location=f"/ds/{KEY}?v=1"), BODY[:64], 1),
+    "chunked-206-and-a-stray-crlf": (  # (obstore's client reads no chunked 206: its retry, on a new connection, does)
+        b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-63/%d\r\nTransfer-Encoding: chunked\r\n\r\n40\r\n%s\r\n0\r\n\r\n\r\n"
+        % (len(BODY), BODY[:64]),
+        BODY[:64],
+        1,
+    ),
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("first", sorted(FIRST_ANSWERS))
+def test_the_next_gets_after_any_answer_read_their_own_bytes(scripted, client: str, first: str) -> None:
+    """Nothing of one answer (an error body's unread rest, a redirect's body) is taken for the next one's."""
+    out, reads_as, connections = FIRST_ANSWERS[first]
+    server = scripted(lambda r: out if r.connection == 1 and r.nth == 0 else _files(r))
+    reads = [(KEY, RangeByteRequest(i * 100, i * 100 + 64), None) for i in range(3)]
+    got = read_many(client, server.url_for("ds"), reads)
+    assert got == [reads_as, BODY[100:164], BODY[200:264]]
+    if client == "engine":  # (the body of a 302 or a 206 is read whole: the connection carries on)
+        assert len(server.connections) == connections
+
+
 # -- other 2xx statuses to a range ---------------------------------------------------------------------------------
 
 OTHER_2XX = {
