@@ -6,11 +6,13 @@ seconds with an error naming the key where obstore fails (never other
 bytes, never a wait for bytes that will not come). Covered: interim
 answers, heads split anywhere, a range past the object's end, a server that
 closes after each answer without saying so, ``Content-Encoding`` on a range,
-bodies cut short by a close, duplicate and conflicting ``Content-Length``,
-long heads, other 2xx statuses to a range, a ``Content-Range`` of unknown
-total, a 206 framed by neither length nor chunks, header names with
-whitespace, chunked bodies whose lines end in a bare LF, and ``Location``
-values that are not URIs.
+bodies cut short by a close, long heads, duplicate and conflicting
+``Content-Length``, the GETs after an answer on a kept-alive connection
+(an error body's unread rest, a redirect's body), other 2xx statuses to a
+range, a 304 with a body, a multipart 206, a ``Content-Range`` of unknown
+total, a 206 framed by neither length nor chunks, malformed header lines,
+chunked bodies whose lines end in a bare LF, and ``Location`` values that
+are not URIs.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _timed(read: Callable[[], object]) -> tuple[object, float]:
     return got, time.perf_counter() - t0
 
 
-# -- behaviours both clients already read alike --------------------------------------------------------------------
+# -- behaviours both clients already read alike ----------------------------------------------------------------------
 
 
 def _interim(split: str) -> Callable[[Request], Reply]:
@@ -117,6 +119,9 @@ def test_a_body_cut_short_by_a_close_is_an_error_never_short_bytes(scripted, cli
     assert elapsed < AT_ONCE_S * len(server.requests)  # each try ends at the close, not at a stall timer
 
 
+# -- long heads, and Content-Length lines that repeat ----------------------------------------------------------------
+
+
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 @pytest.mark.parametrize("kib", [60, 300, 600])
 def test_a_long_head_is_read_as_far_as_obstore_reads_one(scripted, client: str, kib: int) -> None:
@@ -164,6 +169,8 @@ def test_duplicate_content_lengths_are_read_only_when_they_agree(scripted, clien
         assert "FramingError" in str(got) and "Content-Length" in str(got)
 
 
+# -- what a kept-alive connection carries from one answer to the next ------------------------------------------------
+
 LARGE_ERROR = b"<Error><Code>SlowDown</Code>" + b"." * (100 << 10) + b"</Error>"  # past the 64 KiB of it kept
 FIRST_ANSWERS = {  # name: (the first GET's answer, what it reads as, connections the engine uses for three GETs)
     "404-with-a-large-chunked-body": (
@@ -195,7 +202,7 @@ def test_the_next_gets_after_any_answer_read_their_own_bytes(scripted, client: s
         assert len(server.connections) == connections
 
 
-# -- other 2xx statuses to a range ---------------------------------------------------------------------------------
+# -- other statuses and bodies for a range ---------------------------------------------------------------------------
 
 OTHER_2XX = {
     "203-whole-object": lambda r: answer(203, BODY),  # a transforming proxy's copy of the object, for a range of it
@@ -235,7 +242,7 @@ def test_a_multipart_206_for_one_range_is_refused(scripted, client: str) -> None
     assert isinstance(got, OSError) and KEY in str(got) and "Content-Range" in str(got), got
 
 
-# -- a Content-Range of unknown total ------------------------------------------------------------------------------
+# -- a Content-Range of unknown total --------------------------------------------------------------------------------
 
 UNKNOWN_TOTAL = {  # name: (the range read, the answer's first and last byte)
     "the-range-asked": (RangeByteRequest(0, 4), 0, 3),
@@ -260,7 +267,7 @@ def test_a_206_of_unknown_total_is_used_only_when_it_is_the_very_range_asked(scr
         assert "RangeMismatchError" in str(got) and f"bytes {first}-{last}/*" in str(got)
 
 
-# -- answers framed by neither Content-Length nor chunks ------------------------------------------------------------
+# -- answers framed by neither Content-Length nor chunks -------------------------------------------------------------
 
 UNFRAMED_206 = b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-3/%d\r\n\r\n" % len(BODY)
 
@@ -311,7 +318,7 @@ def test_a_head_with_a_malformed_header_line_and_no_framing_is_refused(scripted,
         assert "FramingError" in str(got) and "header line" in str(got)
 
 
-# -- a Location that is not a URI ----------------------------------------------------------------------------------
+# -- a Location that is not a URI ------------------------------------------------------------------------------------
 
 FOLLOWED = "/ds/x/a'(b)%41;c/k.0"  # where "../x/a'(b)%41;c/k.0#top" leads from /ds/d/k.0
 LOCATIONS = {
