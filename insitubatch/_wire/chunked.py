@@ -52,10 +52,11 @@ class ChunkedBody:
                 if self._left == 0:
                     self._state = _DATA_END
             elif state == _DATA_END:
-                if end - pos < 2:
+                closing = data[pos : min(pos + 2, end)]
+                if closing != b"\r\n"[: len(closing)]:  # (a lone LF fails at once: no CR is coming)
+                    raise FramingError(f"{self.origin} sent a chunk without its closing CRLF (a bare LF, or data)")
+                if len(closing) < 2:
                     break
-                if data[pos : pos + 2] != b"\r\n":
-                    raise FramingError(f"{self.origin} sent a chunk without its closing CRLF")
                 pos += 2
                 self._state = _SIZE
             else:
@@ -63,6 +64,8 @@ class ChunkedBody:
                 if line_end < 0:
                     if end - pos > MAX_LINE_BYTES:
                         raise FramingError(f"{self.origin} sent a chunk line over {MAX_LINE_BYTES} bytes")
+                    if data.find(b"\n", pos, end) >= 0:  # a line ended by a bare LF: no CRLF may come to end it
+                        raise FramingError(f"{self.origin} sent a chunk line ending in a bare LF, not CRLF")
                     break
                 line = bytes(data[pos:line_end])
                 pos = line_end + 2

@@ -1,25 +1,28 @@
 """One kept-alive HTTP/1.1 connection on the event loop: a GET out, its answer framed, checked and received in place.
 
 A connection is an asyncio ``BufferedProtocol``: a body of known length is
-received straight into its own (uninitialised) buffer; a chunked body is decoded as it
-arrives (``chunked``), an unframed one runs to the close. What the answer
-must hold is checked before its bytes are returned: a 206's
-``Content-Range`` and length against the range asked
-(:class:`~.faults.RangeMismatchError` otherwise); a 200 to a ranged GET is
-used only where it provably is the whole object (``ranges``), else refused
-(:class:`~.faults.RangeIgnoredError`) without receiving its body. Heads
-whose lines end in a bare LF are read as if they ended in CRLF, and empty
-lines before a status line (a stray CRLF after the last body) are skipped,
-as obstore's client does; a transfer coding other than ``chunked`` is
-refused (:class:`~.faults.UnsupportedBodyError`). A 3xx with ``Location``
-goes to the request's backend (``Ask.backend.redirected``), which follows
-it. Whatever goes wrong inside a protocol callback fails the GET with one
-error and closes the connection; nothing reaches asyncio's "Fatal error" log.
+received straight into its own (uninitialised) buffer; a chunked body is
+decoded as it arrives (``chunked``), an unframed one runs to the close (a
+206's to the length its ``Content-Range`` names). What the answer must hold
+is checked before its bytes are returned: a 206's ``Content-Range`` and
+length against the range asked (:class:`~.faults.RangeMismatchError`
+otherwise); a 200 to a ranged GET is used only where it provably is the
+whole object (``ranges``), else refused
+(:class:`~.faults.RangeIgnoredError`) without receiving its body, as is any
+other 2xx to a ranged GET. Heads whose lines end in a bare LF are read as if
+they ended in CRLF, and empty lines before a status line (a stray CRLF after
+the last body) are skipped, as obstore's client does; a transfer coding
+other than ``chunked`` is refused (:class:`~.faults.UnsupportedBodyError`).
+A 3xx with ``Location`` goes to the request's backend
+(``Ask.backend.redirected``), which follows it. Whatever goes wrong inside a
+protocol callback fails the GET with one error and closes the connection;
+nothing reaches asyncio's "Fatal error" log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from typing import Any, Protocol
 
@@ -27,14 +30,15 @@ import numpy as np
 
 from .chunked import ChunkedBody
 from .faults import FramingError, HttpStatusError, NoSuchBucketError, RangeMismatchError, UnsupportedBodyError
-from .ranges import IGNORED_RANGE_SLACK_BYTES, check_206, mismatch, whole_200, within
+from .ranges import IGNORED_RANGE_SLACK_BYTES, check_206, mismatch, not_a_range, whole_200, within
 
 __all__ = ["IGNORED_RANGE_SLACK_BYTES", "Ask", "Connection"]
 
-# Status line and headers must fit in HEAD_BYTES; a larger head is refused. The head buffer starts at
-# FIRST_HEAD_BYTES and doubles as a head needs; a chunked or unframed body passes through it in pieces of
-# STREAM_BUFFER_BYTES.
-HEAD_BYTES = 64 << 10
+# Status line and headers must fit in HEAD_BYTES; a larger head is refused. obstore's client (hyper) reads a head of
+# up to about 500 KB (obstore 0.12: one of 505,000 bytes read, one of 510,000 refused), so this one reads as far.
+# The head buffer starts at FIRST_HEAD_BYTES and doubles as a head needs (back to its first size for the next GET);
+# a chunked or unframed body passes through it in pieces of STREAM_BUFFER_BYTES.
+HEAD_BYTES = 512 << 10
 FIRST_HEAD_BYTES = 8 << 10
 STREAM_BUFFER_BYTES = 256 << 10
 # A Content-Length (or chunked body) past this is a corrupt or hostile answer, refused before any allocation:
@@ -53,6 +57,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 LOWAT_FROM_BYTES = 64 << 10
 LOWAT_MAX_BYTES = 1 << 20
 _LINE_ENDS = frozenset(b"\r\n")
+# A header line: a name (an RFC 9110 token: no whitespace, no folding) and a colon.
+_FIELD_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:")
 
 
 def _header(head: bytes, name: bytes, lowered: bytes | None = None) -> bytes:
@@ -292,11 +298,14 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 self._expect = check_206(ask.want, crange, size, self._asked(ask))
         elif status == 200 and ask.want is not None:
+            self._one_length(lowered, length)
             at = lowered.find(b"\r\ncontent-range:")
             crange = None if at < 0 else lowered[at + 16 : lowered.index(b"\r\n", at + 16)].strip()
             cut = self._cut = whole_200(ask.want, crange, size, self._asked(ask), MAX_BODY_BYTES)
             if cut is not None and cut[0] >= 0 and cut[2] - cut[1] > IGNORED_RANGE_SLACK_BYTES:
                 self._stop_at = cut[1]  # stop early (a few bytes more keep the connection for the next GET)
+        elif status < 300 and ask.want is not None:  # a 203 or 204 to a range: refused, as obstore refuses it
+            raise not_a_range(status, self._asked(ask))
         elif status >= 300:
             self._stop_at = ERROR_BODY_BYTES
             if status < 400:
@@ -304,6 +313,8 @@ class Connection(asyncio.BufferedProtocol):
                 self._region = _header(head, b"\r\nx-amz-bucket-region:", lowered) or None
         if status in (204, 304):  # no body, whatever the headers say
             size, chunked = 0, False
+            if self._filled:  # bytes after the head are no answer's: dropped, and the connection not reused
+                self._filled, self._keep = 0, False
         if chunked:
             limit = MAX_BODY_BYTES if self._expect is None else self._expect
             self._chunks = ChunkedBody(limit, self.origin)
@@ -311,11 +322,25 @@ class Connection(asyncio.BufferedProtocol):
             self._stream()
         elif size is not None:
             self._receive(size)
-        else:
+        else:  # framed by neither: the body runs to the close, or (a 206) to the length its Content-Range names
+            self._no_framing(head)
+            if self._expect is not None:
+                self._stop_at = self._expect
             self._until_eof, self._keep = True, False
             self._body = bytearray()
             self._stream_buffer()
             self._stream()
+
+    def _one_length(self, lowered: bytes, length: bytes | None) -> None:
+        """Refuse Content-Length lines that differ (a 200's: which one frames the body cannot be known).
+
+        (A 206's length is checked against its ``Content-Range``, which names its end.)
+        """
+        at = lowered.find(b"\r\ncontent-length:")
+        while length is not None and (at := lowered.find(b"\r\ncontent-length:", at + 17)) >= 0:
+            other = lowered[at + 17 : lowered.index(b"\r\n", at + 17)].strip()
+            if other != length:
+                raise FramingError(f"{self.origin} sent Content-Length {length[:40]!r} and {other[:40]!r}")
 
     def _chunked(self, codings: bytes) -> bool:
         """True for ``Transfer-Encoding: chunked``; any other coding is a body this client cannot read, refused."""
@@ -327,6 +352,20 @@ class Connection(asyncio.BufferedProtocol):
             f"{codings.decode('latin-1')[:60]!r}: a body this client cannot read (it decodes only 'chunked', obstore's "
             "client none for a range); not retried"
         )
+
+    def _no_framing(self, head: bytes) -> None:
+        """Refuse a head without framing where a header line is malformed: its framing may be in that line.
+
+        (``Content-Length : 4``, a folded ``Transfer-Encoding``: obstore's
+        client refuses them; read as unframed, a chunked body's framing would
+        be taken for data.)
+        """
+        for line in head.split(b"\r\n")[1:]:
+            if line and _FIELD_LINE.match(line) is None:
+                raise FramingError(
+                    f"{self.origin} sent the header line {line[:60]!r} (not 'name: value') in an answer without "
+                    "Content-Length or chunked framing: where its body ends cannot be known"
+                )
 
     def _receive(self, length: int) -> None:
         """A body of ``length`` bytes: received into its own buffer (only its first ``_stop_at`` bytes)."""

@@ -3,7 +3,8 @@
 A ``206`` must carry the range asked (:func:`check_206`: its
 ``Content-Range`` and length); a ``200`` is used only where it provably is
 the whole object (:func:`whole_200`): the GET asked for all of it, or the
-answer's ``Content-Range`` names all of it. Anything else, a gateway's error
+answer's ``Content-Range`` names all of it; another 2xx (a ``203``, a
+``204``) is never the range (:func:`not_a_range`). Anything else, a gateway's error
 page, a 206 relabelled 200, a server that ignores ``Range``, is refused as
 obstore refuses it ("Range request not supported"), before its body is
 received. ``want`` is the range asked as ``(start, stop)`` (a suffix of
@@ -19,7 +20,7 @@ import numpy as np
 
 from .faults import RangeIgnoredError, RangeMismatchError
 
-__all__ = ["IGNORED_RANGE_SLACK_BYTES", "check_206", "mismatch", "whole_200", "within"]
+__all__ = ["IGNORED_RANGE_SLACK_BYTES", "check_206", "mismatch", "not_a_range", "whole_200", "within"]
 
 # A 200 to a ranged GET that provably is the whole object (its Content-Range says so) is cut to the range when at
 # most this many bytes come before it: a small object, served whole, costs about one chunk-sized read more. Past it
@@ -32,6 +33,14 @@ def mismatch(asked: str, sent: str) -> RangeMismatchError:
     return RangeMismatchError(f"{asked} sent {sent}")
 
 
+def not_a_range(status: int, asked: str) -> RangeIgnoredError:
+    """A 2xx other than 200 and 206 (203, 204) to a ranged GET: its body is not the range, and never returned."""
+    return RangeIgnoredError(
+        f"{asked} answered {status}, neither 206 with the range nor 200 with the whole object: Range request not "
+        "supported (obstore refuses it too); serve the store from a server that answers ranges with 206"
+    )
+
+
 def check_206(want: tuple[int, int], crange: bytes | None, length: int | None, asked: str) -> int:
     """The length a 206 must carry for the range ``want``; raises if its ``Content-Range`` (lowered) differs."""
     start, stop = want
@@ -40,13 +49,12 @@ def check_206(want: tuple[int, int], crange: bytes | None, length: int | None, a
         raise mismatch(asked, "no Content-Range" if crange is None else f"Content-Range {crange[:60]!r}")
     first, last = int(match.group(1)), int(match.group(2))
     total = None if match.group(3) == b"*" else int(match.group(3))
-    if start >= 0:
-        end = stop if total is None else min(stop, total)
-        right = first == start and last == end - 1 if total is not None else first == start and last < stop
-    elif total is not None:
-        right = first == max(0, total + start) and last == total - 1
+    if total is None:  # an unknown total proves no end: a shorter range, a rest or a suffix may be cut short
+        right = start >= 0 and first == start and last == stop - 1
+    elif start >= 0:
+        right = first == start and last == min(stop, total) - 1
     else:
-        right = last - first + 1 <= -start
+        right = first == max(0, total + start) and last == total - 1
     right = right and first <= last and (total is None or last < total)
     if not right or (length is not None and length != last - first + 1):
         sent = f"Content-Range {crange.decode('latin-1').strip()!r}"  # type: ignore[union-attr]

@@ -2,7 +2,7 @@
 
 The engine follows a 3xx with ``Location`` as obstore's client does: at
 most :data:`MAX_REDIRECTS` hops, relative locations resolved against the
-request. A signed S3 GET is signed again for where it goes: on the same
+request, a location that is not a URI (a space, a non-ASCII byte) refused. A signed S3 GET is signed again for where it goes: on the same
 host, or on an AWS S3 host (S3's 307 for a young bucket), for the region
 the answer names; a redirect elsewhere, to a protocol the engine does not
 speak or to plain HTTP on a store that refuses it is handed to obstore
@@ -22,6 +22,11 @@ __all__ = ["MAX_REDIRECTS", "Hop", "next_hop", "region_of"]
 
 # obstore's HTTP client (reqwest's default redirect policy) follows at most 10 redirects.
 MAX_REDIRECTS = 10
+# A Location the engine follows: a URI reference (RFC 3986), as obstore's client requires (it follows no other). No
+# spaces, controls, non-ASCII or '"<>[]\^`{|}' ('[' and ']' only around an IPv6 host); '%' only before two hex digits.
+_URI_REFERENCE = re.compile(
+    r"(?:[A-Za-z][A-Za-z0-9+.-]*:)?(?://\[[0-9A-Fa-f:.]+\])?(?:[A-Za-z0-9._~!$&'()*+,;=:@/?#-]|%[0-9A-Fa-f]{2})*"
+)
 # An S3 host of AWS's, and the region in its name (s3.eu-west-1, s3-eu-west-1, bucket.s3.dualstack.eu-west-1).
 _AWS_S3_HOST = re.compile(r"(^|\.)s3([.-]dualstack)?[.-]([a-z0-9-]+)\.amazonaws\.com(\.cn)?$|(^|\.)s3\.amazonaws\.com$")
 
@@ -66,7 +71,7 @@ def next_hop(
     Raises
     ------
     RedirectError
-        Past :data:`MAX_REDIRECTS`, or no ``Location`` (naming S3's region when given).
+        Past :data:`MAX_REDIRECTS`, no ``Location`` (naming S3's region when given), or one that is not a URI.
     """
     if not location:
         if region is not None and region != signed_region:
@@ -79,7 +84,13 @@ def next_hop(
         raise RedirectError(f"GET {target}: status code: {status} without a Location to follow")
     if hops > MAX_REDIRECTS:
         raise RedirectError(f"GET {target}: more than {MAX_REDIRECTS} redirects (the last to {_shown(location)})")
-    parts = urlsplit(urljoin(f"{origin}{target}", location.strip()))
+    location = location.strip()
+    if _URI_REFERENCE.fullmatch(location) is None:
+        raise RedirectError(
+            f"GET {target}: status code: {status} to Location {_shown(location)!r}, not a URI (RFC 3986): not "
+            "followed (obstore's client does not follow it either)"
+        )
+    parts = urlsplit(urljoin(f"{origin}{target}", location))
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname or (scheme == "http" and not allow_http):
         return None
