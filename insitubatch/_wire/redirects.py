@@ -2,7 +2,8 @@
 
 The engine follows a 3xx with ``Location`` as obstore's client does: at
 most :data:`MAX_REDIRECTS` hops, relative locations resolved against the
-request, a location that is not a URI (a space, a non-ASCII byte) refused. A signed S3 GET is signed again for where it goes: on the same
+request, a location that is not a URI (a space, a non-ASCII byte) refused.
+A signed S3 GET is signed again for where it goes: on the same
 host, or on an AWS S3 host (S3's 307 for a young bucket), for the region
 the answer names; a redirect elsewhere, to a protocol the engine does not
 speak or to plain HTTP on a store that refuses it is handed to obstore
