@@ -57,6 +57,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 LOWAT_FROM_BYTES = 64 << 10
 LOWAT_MAX_BYTES = 1 << 20
 _LINE_ENDS = frozenset(b"\r\n")
+# The status lines read: HTTP/1.x, as obstore's client (hyper) reads them (no other version, no lower case).
+_VERSIONS = frozenset({b"HTTP/1.1", b"HTTP/1.0"})
 # A header line: a name (an RFC 9110 token: no whitespace, no folding) and a colon.
 _FIELD_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:")
 
@@ -257,6 +259,8 @@ class Connection(asyncio.BufferedProtocol):
         line = head[: head.find(b"\r\n")]
         try:
             version, code = line.split(b" ", 2)[:2]
+            if version not in _VERSIONS or len(code) != 3 or not code.isdigit():  # (int() takes "+206", "0206")
+                raise ValueError(line)
             self._status = int(code)
         except ValueError:
             raise FramingError(f"{self.origin} sent a malformed status line {line[:80]!r}") from None
@@ -286,13 +290,13 @@ class Connection(asyncio.BufferedProtocol):
             at = lowered.find(b"\r\ncontent-range:")
             crange = None if at < 0 else lowered[at + 16 : lowered.index(b"\r\n", at + 16)].strip()
             start = ask.want[0]
-            # the common answer: the range asked, or an open-ended one's rest of the object, at the length it says
-            if (
-                size
-                and crange is not None
-                and start >= 0
-                and crange.startswith(b"bytes %d-%d/" % (start, start + size - 1))
-                and (start + size == ask.want[1] or crange.endswith(b"/%d" % (start + size)))
+            end = start + size if size else 0
+            # the common answer: the range asked (of an object at least that long, or of unknown length), or an
+            # open-ended read's rest of the object, at the length it says; anything else check_206 reads or refuses
+            prefix = b"bytes %d-%d/" % (start, end - 1)
+            total = crange[len(prefix) :] if size and start >= 0 and crange and crange.startswith(prefix) else b""
+            if total == b"%d" % end or (
+                end == ask.want[1] and total and (total == b"*" or (total.isdigit() and int(total) >= end))
             ):
                 self._expect = size
             else:

@@ -11,8 +11,9 @@ bodies cut short by a close, long heads, duplicate and conflicting
 (an error body's unread rest, a redirect's body), other 2xx statuses to a
 range, a 304 with a body, a multipart 206, a ``Content-Range`` of unknown
 total, a 206 framed by neither length nor chunks, malformed header lines,
-chunked bodies whose lines end in a bare LF, and ``Location`` values that
-are not URIs.
+chunked bodies whose lines end in a bare LF, ``Location`` values that are
+not URIs, a 206 whose total contradicts its range, and malformed status
+lines.
 """
 
 from __future__ import annotations
@@ -372,3 +373,45 @@ def test_a_chunked_body_whose_lines_end_in_a_bare_lf_fails_at_once(scripted, cli
     assert elapsed < AT_ONCE_S * len(server.requests)
     if client == "engine":
         assert "FramingError" in str(got) and "bare LF" in str(got)
+
+
+# -- a 206's total, and the status line ------------------------------------------------------------------------------
+
+BAD_TOTALS = {
+    "shorter-than-the-range": "bytes 0-3/2",
+    "not-a-number": "bytes 0-3/abc",
+    "trailing-text": f"bytes 0-3/{len(BODY)} junk",
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("quirk", sorted(BAD_TOTALS))
+def test_a_206_whose_total_contradicts_its_range_is_refused(scripted, client: str, quirk: str) -> None:
+    """The bytes are the range asked, but the answer says the object cannot hold them: obstore refuses it, as must we."""
+    crange = BAD_TOTALS[quirk]
+    server = scripted(lambda r: answer(206, BODY[:4], Content_Range=crange))
+    got, seconds = _timed(lambda: read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4)))
+    assert isinstance(got, OSError) and KEY in str(got), got
+    if client == "engine":
+        assert "RangeMismatchError" in str(got) and crange.lower() in str(got)
+
+
+STATUS_LINES = {
+    "leading-zero": b"HTTP/1.1 0206 Partial Content",
+    "plus-sign": b"HTTP/1.1 +206 Partial Content",
+    "lower-case-version": b"http/1.1 206 Partial Content",
+    "http-2-version": b"HTTP/2.0 206 Partial Content",
+}
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+@pytest.mark.parametrize("quirk", sorted(STATUS_LINES))
+def test_a_malformed_status_line_is_refused(scripted, client: str, quirk: str) -> None:
+    """``int()`` read "0206" and "+206" as 206, and no version was checked: obstore's client refuses all four."""
+    line = STATUS_LINES[quirk]
+    head = b"\r\nContent-Range: bytes 0-3/%d\r\nContent-Length: 4\r\n\r\n" % len(BODY)
+    server = scripted(lambda r: line + head + BODY[:4])
+    got = read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4))
+    assert isinstance(got, OSError) and KEY in str(got), got
+    if client == "engine":
+        assert "malformed status line" in str(got)
