@@ -39,6 +39,12 @@ MAX_REDIRECT_ORIGINS = 8
 # refuses an empty, "." or ".." segment and ASCII control characters): such a read is obstore's, which reads another
 # object or refuses the key (sent as written, "a/../k" may be read by a server as the other key "k").
 _NOT_AS_WRITTEN = re.compile(r"\A/|/\Z|//|(?:\A|/)\.\.?(?:/|\Z)|[\x00-\x1f\x7f]")
+# The characters a key keeps unencoded in a request's path, as obstore's client sends it: for S3, only the unreserved
+# ones (SigV4's encoding); for an HTTP store, every printable ASCII character but space " # % < > ? \ ` { } (the
+# URL standard's path-segment set: "+", "=", ";", "[" go as they are), so a server that tells "+" from "%2B" reads
+# the object obstore reads.
+S3_PATH_SAFE = "/~"
+HTTP_PATH_SAFE = "/~!$&'()*+,;=:@[]^|"
 
 
 def _version() -> str:
@@ -71,6 +77,7 @@ class NativeBackend:
         self.pool = self._new_pool(settings.scheme, settings.host, settings.port)
         self._pools = {(settings.scheme, settings.host, settings.port): self.pool}
         self.base = settings.path
+        self._safe = S3_PATH_SAFE if settings.s3 else HTTP_PATH_SAFE
         self.query = f"?{settings.query}" if settings.query else ""
         keys = settings.keys
         self.signer = (
@@ -118,7 +125,7 @@ class NativeBackend:
             future = asyncio.get_running_loop().create_future()
             self._hand_over(Ask(self, key, byte_range, key, span, want), future)
             return future
-        path = f"{self.base}/{quote(key, safe='/~')}"
+        path = f"{self.base}/{quote(key, safe=self._safe)}"
         head = f"GET {path}{self.query} HTTP/1.1\r\nHost: {self.host}\r\n{self._agent}"
         if span is not None:
             head += f"Range: bytes={span}\r\n"
