@@ -10,14 +10,16 @@ PermanentRedirect with an XML body, 400 AuthorizationHeaderMalformed naming
 a region, a 307 to the same host naming the bucket's region, 416, 429);
 keys S3 signs specially, and keys obstore's client does not send as written
 (a leading or trailing slash, ``//``, ``.`` and ``..`` segments, control
-characters), read from moto with signatures checked; TLS bodies cut short
-without close_notify, a close without close_notify after a whole body, an
-expired certificate, a server that asks for a client certificate, plain
-HTTP at a TLS port and TLS at a plain one; a kept-alive connection closed
-or reset as the next GET arrives, a reset or a stall in the middle of a
-body, a close after the head, a server that closes every new connection at
-once, many GETs in flight with one slow answer, and a read cancelled in the
-middle of its body.
+characters), read from moto with signatures checked; the request path a
+key's characters make (HTTP and S3 stores); TLS bodies cut short without
+close_notify, a close without close_notify after a whole body, a body
+framed by the close with and without close_notify, an expired
+certificate, a server that asks for a client certificate, plain HTTP at a
+TLS port and TLS at a plain one; a kept-alive connection closed, reset,
+answered 408 or cut inside a head as the next GET arrives, a reset or a
+stall in the middle of a body, a close after the head, a server that
+closes every new connection at once, many GETs in flight with one slow
+answer, and a read cancelled in the middle of its body.
 """
 
 from __future__ import annotations
@@ -386,6 +388,7 @@ DROPS = {  # how connection 1 answers its second GET
     "close": Reply(after="close"),
     "reset": Reply(after="reset"),
     "408-and-close": Reply((answer(408, b"idle too long", Connection="close"),), "close"),  # (as some servers time out)
+    "part-of-a-head-and-close": Reply((b"HTTP/1.1 206 Partial Con",), "close"),  # (never joined to the retry's answer)
 }
 
 
