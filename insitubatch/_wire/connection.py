@@ -3,7 +3,8 @@
 A connection is an asyncio ``BufferedProtocol``: a body of known length is
 received straight into its own (uninitialised) buffer; a chunked body is
 decoded as it arrives (``chunked``), an unframed one runs to the close (a
-206's to the length its ``Content-Range`` names). What the answer must hold
+206's to the length its ``Content-Range`` names; over TLS, a close without
+close_notify is no end but an error). What the answer must hold
 is checked before its bytes are returned: a 206's ``Content-Range`` and
 length against the range asked (:class:`~.faults.RangeMismatchError`
 otherwise); a 200 to a ranged GET is used only where it provably is the
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import ssl
 from typing import Any, Protocol
 
 import numpy as np
@@ -190,10 +192,31 @@ class Connection(asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         try:
             if self._until_eof and self._future is not None and self._status:
+                if not self._closed_cleanly():
+                    ask = self._ask
+                    raise ConnectionResetError(
+                        f"{self.origin} ended the TLS connection without close_notify during GET "
+                        f"{'' if ask is None else ask.target}: a body framed by the close may be cut short"
+                    )
                 self._done_streaming()
         except Exception as exc:
             self._fail(exc if isinstance(exc, OSError) else FramingError(f"{self.origin}: {exc!r}"))
         return False
+
+    def _closed_cleanly(self) -> bool:
+        """Whether the server's close ends a body framed by it: over TLS, only with close_notify (RFC 9112 9.8).
+
+        asyncio reports the end of a TLS stream alike with and without
+        close_notify; its TLS object then reads ``b""`` after one, and wants
+        more bytes after a bare close (a truncation, a middlebox's cut).
+        """
+        tls = None if self.transport is None else self.transport.get_extra_info("ssl_object")
+        if tls is None:
+            return True
+        try:
+            return tls.read(1) == b""
+        except ssl.SSLError:  # (SSLWantReadError: no close_notify came)
+            return False
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True

@@ -16,6 +16,7 @@ chunked would fail there on every attempt.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
@@ -34,6 +35,17 @@ __all__ = ["USER_AGENT", "NativeBackend", "native_backend"]
 
 # Origins one store's redirects may lead to, each with its own pool; a redirect past them is obstore's.
 MAX_REDIRECT_ORIGINS = 8
+# Keys obstore's client does not send as written (object_store's Path drops one leading and one trailing "/", and
+# refuses an empty, "." or ".." segment and ASCII control characters): such a read is obstore's, which reads another
+# object or refuses the key (sent as written, "a/../k" may be read by a server as the other key "k").
+_NOT_AS_WRITTEN = re.compile(r"\A/|/\Z|//|(?:\A|/)\.\.?(?:/|\Z)|[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # (with a few substring tests, a quarter microsecond per ordinary key)
+# The characters a key keeps unencoded in a request's path, as obstore's client sends it: for S3, only the unreserved
+# ones (SigV4's encoding); for an HTTP store, every printable ASCII character but space " # % < > ? \ ` { } (the
+# URL standard's path-segment set: "+", "=", ";", "[" go as they are), so a server that tells "+" from "%2B" reads
+# the object obstore reads.
+S3_PATH_SAFE = "/~"
+HTTP_PATH_SAFE = "/~!$&'()*+,;=:@[]^|"
 
 
 def _version() -> str:
@@ -66,6 +78,7 @@ class NativeBackend:
         self.pool = self._new_pool(settings.scheme, settings.host, settings.port)
         self._pools = {(settings.scheme, settings.host, settings.port): self.pool}
         self.base = settings.path
+        self._safe = S3_PATH_SAFE if settings.s3 else HTTP_PATH_SAFE
         self.query = f"?{settings.query}" if settings.query else ""
         keys = settings.keys
         self.signer = (
@@ -109,7 +122,13 @@ class NativeBackend:
         return [request(key, byte_range) for key, byte_range in requests]
 
     def _get(self, key: str, byte_range: Any, span: str | None, want: tuple[int, int] | None) -> asyncio.Future:
-        path = f"{self.base}/{quote(key, safe='/~')}"
+        if (
+            key[:1] in "/." or key[-1:] == "/" or "//" in key or "/." in key or _CONTROL.search(key)
+        ) and _NOT_AS_WRITTEN.search(key):
+            future = asyncio.get_running_loop().create_future()
+            self._hand_over(Ask(self, key, byte_range, key, span, want), future)
+            return future
+        path = f"{self.base}/{quote(key, safe=self._safe)}"
         head = f"GET {path}{self.query} HTTP/1.1\r\nHost: {self.host}\r\n{self._agent}"
         if span is not None:
             head += f"Range: bytes={span}\r\n"
@@ -172,7 +191,11 @@ class NativeBackend:
 
     def _hand_over(self, ask: Ask, future: asyncio.Future) -> None:
         """Let obstore's client (the retry-free twin) do this read from the start; its answer sets ``future``."""
-        twin = self.obstore.whole(ask.key) if ask.span is None else self.obstore.request(ask.key, ask.byte_range)
+        try:
+            twin = self.obstore.whole(ask.key) if ask.span is None else self.obstore.request(ask.key, ask.byte_range)
+        except Exception as exc:  # a key obstore refuses as it is asked (its Path's rules): this read's error
+            future.set_exception(exc)
+            return
 
         def landed(twin: asyncio.Future) -> None:
             if future.done():

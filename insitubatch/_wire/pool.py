@@ -127,17 +127,20 @@ class HttpPool:
                     continue
                 connection.send(request, future, ask)
                 return
-        task = asyncio.ensure_future(self._connect())
+        task = asyncio.ensure_future(self._connect(ask.target))
         task.add_done_callback(lambda t: self._connected(t, request, future, ask))
         future.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
 
-    async def _connect(self) -> Connection:
+    async def _connect(self, target: str) -> Connection:
+        """A new connection, for ``GET target`` (a refused certificate names it: that error is not retried)."""
         try:
             return await asyncio.wait_for(self._open(), self.connect_timeout_s)
         except TimeoutError:
             raise TimeoutError(f"connecting to {self.origin} took over {self.connect_timeout_s:g}s") from None
         except ssl.SSLCertVerificationError as exc:
-            raise TlsRefusedError(f"{self.origin} refused: its TLS certificate failed verification: {exc}") from exc
+            raise TlsRefusedError(
+                f"GET {target}: {self.origin} refused: its TLS certificate failed verification: {exc}"
+            ) from exc
         except ssl.SSLError as exc:
             raise ConnectionError(f"TLS with {self.origin} failed: {exc}") from exc
         except socket.gaierror as exc:
@@ -198,7 +201,13 @@ class HttpPool:
         if exc is not None:
             future.set_exception(exc)
             return
-        task.result().send(request, future, ask)
+        connection = task.result()
+        if connection.closed:  # the server closed it before the GET could go (a TLS alert, an accept-and-close)
+            future.set_exception(
+                ConnectionResetError(f"{self.origin} closed a new connection before GET {ask.target} was sent")
+            )
+            return
+        connection.send(request, future, ask)
 
     def idle_again(self, connection: Connection) -> None:
         """A connection whose GET ended keeps its socket for the next one (or closes, past ``max_idle``)."""

@@ -18,6 +18,7 @@ class Certificates:
     ca: Path
     good: tuple[Path, Path]  # for 127.0.0.1 and localhost: certificate chain, key
     wrong: tuple[Path, Path]  # for another name
+    expired: tuple[Path, Path]  # for 127.0.0.1 and localhost, valid only until yesterday
 
     def server_context(self, which: tuple[Path, Path]) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -26,7 +27,7 @@ class Certificates:
 
 
 def make_certificates(directory: Path) -> Certificates:
-    """A CA and two server certificates (one for loopback's names, one for another name), valid for two days."""
+    """A CA and server certificates: for loopback's names, for another name (both valid for two days), expired."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -58,7 +59,9 @@ def make_certificates(directory: Path) -> Certificates:
     pem = ca.public_bytes(serialization.Encoding.PEM)
     (directory / "ca.pem").write_bytes(pem)
 
-    def leaf(stem: str, names: list[str]) -> tuple[Path, Path]:
+    def leaf(
+        stem: str, names: list[str], valid: tuple[datetime.datetime, datetime.datetime] = span
+    ) -> tuple[Path, Path]:
         key = ec.generate_private_key(ec.SECP256R1())
         alt = [x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n) for n in names]
         cert = (
@@ -67,8 +70,8 @@ def make_certificates(directory: Path) -> Certificates:
             .issuer_name(ca.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(span[0])
-            .not_valid_after(span[1])
+            .not_valid_before(valid[0])
+            .not_valid_after(valid[1])
             .add_extension(x509.SubjectAlternativeName(alt), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -84,4 +87,10 @@ def make_certificates(directory: Path) -> Certificates:
         )
         return chain, private
 
-    return Certificates(directory / "ca.pem", leaf("good", [LOOPBACK, "localhost"]), leaf("wrong", ["elsewhere.test"]))
+    past = (now - datetime.timedelta(days=3), now - datetime.timedelta(days=1))
+    return Certificates(
+        directory / "ca.pem",
+        leaf("good", [LOOPBACK, "localhost"]),
+        leaf("wrong", ["elsewhere.test"]),
+        leaf("expired", [LOOPBACK, "localhost"], past),
+    )
