@@ -36,7 +36,7 @@ import zarr
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 
 from insitubatch.dataset import InSituDataset
-from insitubatch.errors import InSituError
+from insitubatch.errors import BadChunkError, InSituError
 from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
 from insitubatch.stores.obstore_stores import obstore_store
@@ -103,6 +103,7 @@ def _pass(
     sample_axis: int = 0,
     select: dict[int, Any] | None = None,
     batch_size: int = 3,
+    **dataset: Any,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """One unshuffled pass over ``GROUP/name`` served over HTTP (``script`` first): (sample indices, values) per batch."""
     out = []
@@ -113,7 +114,7 @@ def _pass(
             view = g if select is None else g.isel(select)
             manifest = split_by_chunk(g, fractions=(1.0,))
             with InSituDataset(
-                store, manifest, {name: view}, batch_size=batch_size, block_chunks=2, shuffle=False
+                store, manifest, {name: view}, batch_size=batch_size, block_chunks=2, shuffle=False, **dataset
             ) as ds:
                 for batch in ds.train:
                     out.append((batch.sample_indices.copy(), batch.arrays[name].copy()))
@@ -245,6 +246,20 @@ def test_a_damaged_index_raises_naming_the_shard_as_zarr_raises(tmp_path, client
         zarr.open_array(tmp_path / GROUP / "v", mode="r")[...]
     with pytest.raises(InSituError, match=f"key '{DAMAGED_KEY}'"):
         _pass(tmp_path, client)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("index_location", ["start", "end"])
+@pytest.mark.parametrize("kind", ["offset_past_the_end", "length_past_the_end", "entry_in_the_index"])
+def test_a_damaged_entry_is_a_bad_chunk_of_its_inner_chunk_alone(tmp_path, client, index_location, kind) -> None:
+    """With ``on_bad_chunk="nan"`` the entry's inner chunk reads NaN, every other value as zarr read it undamaged.
+
+    An offset past the shard's end is answered 416: the same bad chunk as a length past it, not a store failure.
+    """
+    expected = _small(tmp_path, index_location).copy()
+    _damage(tmp_path / GROUP / DAMAGED_KEY, kind, index_location, True)
+    expected[8:10, :, 3:6] = np.nan  # entry 1 of the second shard: inner chunk (0, 0, 1)
+    _check(_pass(tmp_path, client, on_bad_chunk="nan"), expected)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -410,8 +425,11 @@ def test_a_416_to_the_index_suffix_of_a_tiny_shard_is_an_error_not_the_fill_valu
     shard.write_bytes(shard.read_bytes()[-20:])  # shorter than its 132-byte index
     with pytest.raises(Exception):  # noqa: B017, PT011 - zarr raises whatever its codecs raise
         zarr.open_array(tmp_path / GROUP / "v", mode="r")[...]
-    with pytest.raises(InSituError, match=f"key '{DAMAGED_KEY}'.*416"):
+    with pytest.raises(BadChunkError, match=f"key '{DAMAGED_KEY}'.*416"):
         _pass(tmp_path, client, script=_refusing_long_suffixes(tmp_path))
+    expected = _small(tmp_path / "intact").copy()
+    expected[8:] = np.nan  # a damaged shard, as one whose index is cut short: every inner chunk of it a bad chunk
+    _check(_pass(tmp_path, client, script=_refusing_long_suffixes(tmp_path), on_bad_chunk="nan"), expected)
 
 
 # --- 4. unsharded arrays: missing chunks, fill values, v2 nesting, names to encode ------------------------------
