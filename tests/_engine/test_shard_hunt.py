@@ -11,11 +11,13 @@ indices, or the pass must raise an error naming the shard key.
    dims.
 2. A shard whose index is damaged on the server (bad crc32c, an entry past
    the shard's end, two entries overlapping, an index cut short): an error
-   naming the shard key, never garbage.
+   naming the shard key, never garbage; under ``on_bad_chunk="nan"`` a
+   damaged entry is NaN for its inner chunk alone (a 416 included).
 3. Servers that answer the engine's reads oddly: a 200 with the whole shard
    to a ranged GET of a coalesced run or to the index's suffix read, a shard
    rewritten between its index read and its chunk reads, a 416 to a suffix
-   longer than a tiny shard.
+   longer than a tiny shard; long coalesced runs in a shuffled pass, nested
+   shards.
 4. Unsharded arrays: chunks never written (``write_empty_chunks=False``) with
    a NaN and a non-zero fill value, v2 arrays with ``dimension_separator="/"``,
    array names that need percent-encoding.
@@ -114,7 +116,7 @@ def _pass(
             view = g if select is None else g.isel(select)
             manifest = split_by_chunk(g, fractions=(1.0,))
             with InSituDataset(
-                store, manifest, {name: view}, batch_size=batch_size, block_chunks=2, shuffle=False, **dataset
+                store, manifest, {name: view}, batch_size=batch_size, block_chunks=2, **{"shuffle": False, **dataset}
             ) as ds:
                 for batch in ds.train:
                     out.append((batch.sample_indices.copy(), batch.arrays[name].copy()))
@@ -430,6 +432,46 @@ def test_a_416_to_the_index_suffix_of_a_tiny_shard_is_an_error_not_the_fill_valu
     expected = _small(tmp_path / "intact").copy()
     expected[8:] = np.nan  # a damaged shard, as one whose index is cut short: every inner chunk of it a bad chunk
     _check(_pass(tmp_path, client, script=_refusing_long_suffixes(tmp_path), on_bad_chunk="nan"), expected)
+
+
+# (obstore refuses a 200 to a ranged GET: test_obstore_refuses_a_whole_shard_in_a_200_naming_the_key)
+@pytest.mark.parametrize(("client", "whole"), [("engine", False), ("obstore", False), ("engine", True)])
+def test_long_coalesced_runs_with_holes_in_a_shuffled_pass(tmp_path, client, whole) -> None:
+    """Sample chunks of 32 inner chunks in a row (past a run's cap of tiles), some never written, shuffled."""
+    data = _holey((12, 4, 16), "f4", seed=9)
+    data[2:4, 1, 4:6] = 0
+    data[8:10, :, 10:] = 0
+    expected = _sharded(tmp_path, data, shards=(4, 4, 16), inner=(2, 1, 2))
+    ranges: list[str] = []
+    script = _whole_shard(tmp_path, ranges) if whole else None
+    batches = _pass(tmp_path, client, script=script, shuffle=True, seed=3, batch_size=5)
+    _check(batches, expected)
+    assert not whole or ranges
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_nested_shards(tmp_path, client) -> None:
+    import warnings
+
+    from zarr.errors import ZarrUserWarning
+
+    data = _holey((12, 4, 6), "f4", seed=10)
+    data[4:6, :2] = 0
+    inner = ShardingCodec(chunk_shape=(1, 2, 3), codecs=[BytesCodec(), ZstdCodec()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ZarrUserWarning)  # zarr warns about the nested partial reads it cannot do
+        arr = zarr.open_group(tmp_path / GROUP, mode="a").create_array(
+            "v",
+            shape=data.shape,
+            chunks=(6, 4, 6),
+            dtype="f4",
+            fill_value=0,
+            serializer=ShardingCodec(chunk_shape=(2, 4, 3), codecs=[inner]),
+            compressors=None,
+        )
+        arr[...] = data
+        expected = zarr.open_array(tmp_path / GROUP / "v", mode="r")[...]
+    _check(_pass(tmp_path, client), expected)
 
 
 # --- 4. unsharded arrays: missing chunks, fill values, v2 nesting, names to encode ------------------------------
