@@ -1,7 +1,8 @@
 """Shard indexes: where each inner chunk of a shard lies, read with a ranged GET and held within a budget.
 
-A damaged index (its checksum) raises ``DecodeFailure`` for every inner
-chunk read through it; a damaged entry, only for its own inner chunk.
+A damaged index (its checksum; a shard shorter than its index, the store
+answering its read with 416) raises ``DecodeFailure`` for every inner chunk
+read through it; a damaged entry, only for its own inner chunk.
 
 A sharded array whose tiles are inner chunks (``ArrayGeometry.sharded_reads``)
 needs its shard's index before it can fetch an inner chunk by byte range.
@@ -33,6 +34,7 @@ from ...io.direct import ChunkData, DecodeFailure, as_uint8
 from ...io.geometry import ArrayGeometry
 from ...plan.epoch import EpochPlan
 from ...plan.first_use import admission_order
+from ...stores.read_policy import http_status
 from .reader import ArrayReader
 
 __all__ = [
@@ -48,7 +50,11 @@ __all__ = [
     "index_request",
     "plan_shards",
     "prefetch",
+    "unsatisfiable",
 ]
+
+# The status a store answers a range that starts past an object's end with (RFC 9110 15.5.17).
+RANGE_NOT_SATISFIABLE = 416
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,11 @@ def index_request(stage: ShardStage) -> ByteRequest:
     if stage.index_at_start:
         return RangeByteRequest(0, stage.index_nbytes)
     return SuffixByteRequest(stage.index_nbytes)
+
+
+def unsatisfiable(exc: BaseException) -> bool:
+    """Whether a shard's read failed with 416: the range starts past the shard's end (the shard, not the store, is bad)."""
+    return http_status(exc) == RANGE_NOT_SATISFIABLE
 
 
 def _parse(stage: ShardStage, data: ChunkData) -> ShardIndex:
@@ -185,11 +196,19 @@ class SplitIndexes:
                 self.evictions += 1
             return slot
 
-    def _keep(self, slot: IndexSlot, data: ChunkData | None) -> ShardIndex | None:
+    def _keep(self, slot: IndexSlot, data: ChunkData | None | BaseException) -> ShardIndex | None:
+        """The index read as ``data``, kept in ``slot``; a read refused with 416 (``unsatisfiable``) broke it."""
+        if isinstance(data, BaseException) and not unsatisfiable(data):
+            raise data
         with self._lock:
             self.gets += 1
-            self.get_bytes += 0 if data is None else len(data)
+            self.get_bytes += 0 if data is None or isinstance(data, BaseException) else len(data)
         try:
+            if isinstance(data, BaseException):
+                n = slot.stage.index_nbytes
+                raise DecodeFailure(
+                    f"the shard is shorter than its {n}-byte index: the store answered its read with 416"
+                )
             index = None if data is None else _parse(slot.stage, data)
         except DecodeFailure as exc:
             with self._lock:
@@ -215,7 +234,11 @@ class SplitIndexes:
                     break
             reading.wait()  # (a failed read leaves the slot unread: the next waiter tries it itself)
         try:
-            return self._keep(slot, get(slot.key, byte_range=index_request(slot.stage)))
+            try:
+                data: ChunkData | None | BaseException = get(slot.key, byte_range=index_request(slot.stage))
+            except Exception as exc:
+                data = exc
+            return self._keep(slot, data)
         finally:
             with self._lock:
                 slot.reading = None
@@ -262,7 +285,13 @@ class SplitIndexes:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         slot.loading = future
         try:
-            index = self._keep(slot, await fetch(slot.key, index_request(slot.stage)))
+            try:
+                data: ChunkData | None | BaseException = await fetch(slot.key, index_request(slot.stage))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                data = exc
+            index = self._keep(slot, data)
         except asyncio.CancelledError:
             future.cancel()
             raise

@@ -39,6 +39,7 @@ from ..reads.shard_index import (
     held_index_bytes,
     plan_shards,
     prefetch,
+    unsatisfiable,
 )
 from ..reads.shard_runs import coalesce, run_cap
 from ..reads.window import WindowUser
@@ -313,11 +314,13 @@ class RemoteTiles:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                _, _, want, coord = run[0]
-                self.fail_wants(
-                    [w for _, _, w, _ in run], self.jobs.read_error(want.consumers[0][1].geometry, coord, key, exc)
-                )
-                return
+                if not unsatisfiable(exc):
+                    _, _, want, coord = run[0]
+                    self.fail_wants(
+                        [w for _, _, w, _ in run], self.jobs.read_error(want.consumers[0][1].geometry, coord, key, exc)
+                    )
+                    return
+                buf = None  # 416: the run starts past the shard's end, and so does every entry of it: bad chunks
             finally:
                 self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
             if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
