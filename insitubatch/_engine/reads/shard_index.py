@@ -374,7 +374,7 @@ def check_span(decoder: ChunkDecoder, coord: Any, span: tuple[int, int], buf: Ch
     if buf is None or got != span[1] - span[0]:
         raise decoder.bad_chunk(
             coord,
-            f"the shard index points at bytes [{span[0]}, {span[1]}) and the store returned {got}: "
+            f"the shard index points at bytes [{span[0]}, {span[1]}) and {got} of them could be read: "
             "the entry points outside the shard",
         )
     return buf
