@@ -68,6 +68,18 @@ class S3Server:
             **extra,
         }
 
+    def boto3_client(self) -> Any:
+        """A boto3 S3 client signing with this server's keys (to put objects a test then reads)."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=S3_REGION,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+        )
+
     def create_bucket(self, name: str) -> None:
         req = urllib.request.Request(f"{self.endpoint}/{name}", method="PUT")
         with urllib.request.urlopen(req, timeout=10) as resp:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import boto3
 import pytest
 from certificates import make_certificates
 from datasets import BATCH_SIZE, GROUP, check_pass, write_group
@@ -91,13 +90,7 @@ def test_https_with_a_private_ca_is_read(served, client: str, monkeypatch, tmp_p
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
 def test_a_signed_bucket_is_read(served, client: str, signed_s3: S3Server, tmp_path: Path) -> None:
     data, _ = served
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=signed_s3.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=signed_s3.access_key_id,
-        aws_secret_access_key=signed_s3.secret_access_key,
-    )
+    s3 = signed_s3.boto3_client()
     bucket = f"wire-e2e-{client}"
     s3.create_bucket(Bucket=bucket)
     for path in (tmp_path / GROUP).rglob("*"):

@@ -32,7 +32,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import boto3
 import pytest
 from certificates import Certificates, make_certificates
 from scripted import WIRE_CLIENTS, read_many, read_through
@@ -172,13 +171,7 @@ NOT_AS_WRITTEN = ["/lead", "trail/", "dbl//k", "dot/./k", "dd/../k", "ctl\x01k",
 
 @pytest.fixture(scope="module")
 def odd_bucket(signed_s3: S3Server) -> str:
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=signed_s3.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=signed_s3.access_key_id,
-        aws_secret_access_key=signed_s3.secret_access_key,
-    )
+    s3 = signed_s3.boto3_client()
     s3.create_bucket(Bucket="wire-odd-keys")
     for key in [*ODD_KEYS, *NOT_AS_WRITTEN, "lead", "trail"]:
         s3.put_object(Bucket="wire-odd-keys", Key=f"pre/{key}", Body=key.encode() + b" bytes")
@@ -273,15 +266,15 @@ def test_a_tls_close_without_close_notify_after_a_whole_body_is_fine(scripted, t
     assert got == [_body_of(f"/ds/{KEY}")[i * 10 : i * 10 + 50] for i in range(3)]
 
 
-class _TlsServer:
-    """A loopback TLS server answering each connection's GET with ``reply``, then closing with close_notify or not."""
+class _LoopbackServer:
+    """A loopback TCP server handing each connection it accepts to ``serve(conn)``, on its own thread, until closed."""
 
-    def __init__(self, context: ssl.SSLContext, reply: bytes, close_notify: bool) -> None:
-        self.context, self.reply, self.close_notify = context, reply, close_notify
+    def __init__(self, serve: Callable[[socket.socket], None]) -> None:
+        self.serve = serve
         self.sock = socket.create_server((LOOPBACK, 0))
-        self.sock.settimeout(0.05)
+        self.sock.settimeout(0.05)  # (accept() returns now and then, to see close())
         self.port = self.sock.getsockname()[1]
-        self.requests = 0
+        self.accepted = 0
         self.closed = False
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -292,23 +285,35 @@ class _TlsServer:
                 conn, _ = self.sock.accept()
             except TimeoutError:
                 continue
-            conn.settimeout(5)
-            try:
-                with self.context.wrap_socket(conn, server_side=True) as tls:
-                    head = b""
-                    while b"\r\n\r\n" not in head:
-                        head += tls.recv(65536)
-                    self.requests += 1
-                    tls.sendall(self.reply)
-                    if self.close_notify:
-                        tls.unwrap().close()  # close_notify, then the TCP close
-            except (OSError, ssl.SSLError):
-                pass
+            self.accepted += 1
+            self.serve(conn)
 
     def close(self) -> None:
         self.closed = True
         self.thread.join(5)
         self.sock.close()
+
+
+class _TlsReply:
+    """A connection's handler: TLS, one GET answered with ``reply``, then a close with close_notify or not."""
+
+    def __init__(self, context: ssl.SSLContext, reply: bytes, close_notify: bool) -> None:
+        self.context, self.reply, self.close_notify = context, reply, close_notify
+        self.requests = 0
+
+    def __call__(self, conn: socket.socket) -> None:
+        conn.settimeout(5)
+        try:
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += tls.recv(65536)
+                self.requests += 1
+                tls.sendall(self.reply)
+                if self.close_notify:
+                    tls.unwrap().close()  # close_notify, then the TCP close
+        except (OSError, ssl.SSLError):
+            pass
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
@@ -317,7 +322,8 @@ def test_a_tls_body_framed_by_the_close_is_whole_only_with_close_notify(trusted,
     """RFC 9112 9.8: an unframed body over TLS is complete only at a close_notify; the engine took a bare close (a
     truncation) as its end and returned the bytes that had come. (obstore refuses any 200 to its ranged GET.)"""
     body = _body_of("whole", 3000)
-    server = _TlsServer(trusted.server_context(trusted.good), b"HTTP/1.1 200 OK\r\n\r\n" + body, close_notify)
+    reply = _TlsReply(trusted.server_context(trusted.good), b"HTTP/1.1 200 OK\r\n\r\n" + body, close_notify)
+    server = _LoopbackServer(reply)
     try:
         got, elapsed = _timed(lambda: read_through(client, f"https://{LOOPBACK}:{server.port}/ds", KEY))
     finally:
@@ -326,7 +332,7 @@ def test_a_tls_body_framed_by_the_close_is_whole_only_with_close_notify(trusted,
         assert got == body
         return
     assert _failed_naming(got), got
-    assert elapsed < AT_ONCE_S * server.requests
+    assert elapsed < AT_ONCE_S * reply.requests
     if client == "engine":
         assert "without close_notify" in str(got)
 
@@ -428,42 +434,18 @@ def test_a_body_that_breaks_once_is_read_again_whole(scripted, client: str, faul
     assert elapsed < (2.0 + 2 * AT_ONCE_S if "stall" in fault else AT_ONCE_S)  # a stall ends at the stall timer (2 s)
 
 
-class _Slammer:
-    """A loopback server that closes every connection as soon as it accepts it."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server((LOOPBACK, 0))
-        self.sock.settimeout(0.05)  # (accept() returns now and then, to see close())
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self.closed = False
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.closed:
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.closed = True
-        self.thread.join(5)
-        self.sock.close()
-
-
 @pytest.fixture
-def slammer() -> Iterator[_Slammer]:
-    server = _Slammer()
+def slammer() -> Iterator[_LoopbackServer]:
+    """A server that closes every connection as soon as it accepts it."""
+    server = _LoopbackServer(lambda conn: conn.close())
     yield server
     server.close()
 
 
 @pytest.mark.parametrize("client", WIRE_CLIENTS)
-def test_a_server_that_closes_every_new_connection_fails_each_try_at_once(slammer: _Slammer, client: str) -> None:
+def test_a_server_that_closes_every_new_connection_fails_each_try_at_once(
+    slammer: _LoopbackServer, client: str
+) -> None:
     url = f"http://{LOOPBACK}:{slammer.port}/ds"
     for _ in range(3):
         got, elapsed = _timed(lambda: read_through(client, url, KEY, RangeByteRequest(0, 8)))

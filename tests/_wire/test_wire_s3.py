@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import socket
 
-import boto3
 import obstore.store
 import pytest
 from scripted import WIRE_CLIENTS, read_through
@@ -34,13 +33,7 @@ def _clean(no_aws_environment: None) -> None:
 
 @pytest.fixture(scope="module")
 def bucket(signed_s3: S3Server) -> str:
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=signed_s3.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=signed_s3.access_key_id,
-        aws_secret_access_key=signed_s3.secret_access_key,
-    )
+    s3 = signed_s3.boto3_client()
     s3.create_bucket(Bucket=BUCKET)
     for key, blob in {**BLOBS, ODD_KEY: b"odd"}.items():
         s3.put_object(Bucket=BUCKET, Key=f"a b/pre/{key}", Body=blob)
