@@ -133,8 +133,13 @@ def test_a_long_head_is_read_as_far_as_obstore_reads_one(scripted, client: str, 
     if kib < 500:
         assert got == BODY[:4]
         return
-    assert isinstance(got, OSError) and KEY in str(got), got  # past both clients' limits: refused, at once
+    # obstore's own limit is soft: its read buffer can overshoot the cap when one socket read lands a large block,
+    # so past it obstore reads the head on some runs and refuses it on others. Either way, never wrong bytes or a wait.
     assert elapsed < AT_ONCE_S * len(server.requests)
+    if client == "obstore" and not isinstance(got, OSError):
+        assert got == BODY[:4]
+        return
+    assert isinstance(got, OSError) and KEY in str(got), got  # past the engine's limit: refused, at once
     if client == "engine":
         assert "FramingError" in str(got) and "a head over" in str(got)
 
