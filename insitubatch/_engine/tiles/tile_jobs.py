@@ -383,11 +383,11 @@ class TileJobs:
         assert place is not None and slot is not None  # sharded reads place every tile in its shard, admitted
         decoder = self.decoders[g.path]
 
-        def get_index(key: str, byte_range: ByteRequest) -> ChunkData | None:  # a GET, counted like a tile's
+        def get_index(key: str, byte_range: ByteRequest) -> tuple[ChunkData | None, None]:  # counted like a tile's
             buf = get(key, prototype=self.prototype, byte_range=byte_range)
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
-            return buf
+            return buf, None  # (a store read on this thread tells no version)
 
         try:
             index = self.shard_indexes.read_sync(slot, get_index)
