@@ -327,8 +327,21 @@ class RemoteTiles:
             arrived = await self._read_run(key, run, tag)
             if arrived is _CHANGED:
                 arrived = await self._read_changed(key, run, tag)
-            if arrived:
-                await self._land_run(arrived)
+            if not arrived:
+                return  # (the store failed: its tiles raise that)
+            # the run's tiles came together: decoded in landed jobs, spread like a batch's (``_land_arrived``)
+            jobs = min(len(arrived), max(-(-len(arrived) // self.group), self.spread))
+            landings = []
+            for j in range(jobs):
+                part_of = arrived[j::jobs]
+                landed, job = self.landings.submit(self.jobs.landed_job, part_of)
+                self.tasks.track(job)
+                landings.append(([item[0] for item in part_of], landed))
+            for wants, landed in landings:
+                try:
+                    await landed
+                except Exception as exc:
+                    self.fail_wants(wants, exc)
         finally:
             release_permits(semaphore, held)
 
@@ -420,21 +433,6 @@ class RemoteTiles:
                 got = [(want, c, key, decoder.bad_chunk(c, why)) for _, _, want, c in again]
             arrived.extend(got or ())
         return arrived
-
-    async def _land_run(self, arrived: list[tuple[Want, Any, str, Any]]) -> None:
-        """Loop: a run's tiles came together: decoded in landed jobs, spread like a batch's (``_land_arrived``)."""
-        jobs = min(len(arrived), max(-(-len(arrived) // self.group), self.spread))
-        landings = []
-        for j in range(jobs):
-            part_of = arrived[j::jobs]
-            landed, job = self.landings.submit(self.jobs.landed_job, part_of)
-            self.tasks.track(job)
-            landings.append(([item[0] for item in part_of], landed))
-        for wants, landed in landings:
-            try:
-                await landed
-            except Exception as exc:
-                self.fail_wants(wants, exc)
 
     async def _land(self, want: Want, coord: Any, key: str, buf: Any) -> None:
         """Loop: a tile decided without a GET (never written, or bad) through a decode job, under a permit."""
