@@ -528,14 +528,16 @@ def test_a_shard_rewritten_in_s3_between_epochs_is_read_through_its_new_index(
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_a_server_that_sends_no_etag_is_read_without_if_match(tmp_path, client) -> None:
+@pytest.mark.parametrize("tag", [None, 'W/"1"'], ids=["no-etag", "weak-etag"])
+def test_a_server_that_sends_no_strong_etag_is_read_without_if_match(tmp_path, client, tag) -> None:
+    """No ETag, or a weak one (which If-Match never matches): inner chunks are read as before, unconditionally."""
     expected = _small(tmp_path)
     heard: list[Request] = []
 
     def untagged(request: Request) -> bytes | None:
         if "/v/c/" not in request.path:
             return None
-        return _as_version(request, (tmp_path / request.path.lstrip("/")).read_bytes(), None)
+        return _as_version(request, (tmp_path / request.path.lstrip("/")).read_bytes(), tag)
 
     _check(_pass(tmp_path, client, script=_noting(heard, untagged)), expected)
     assert any("/v/c/" in r.path for r in heard) and not any("if-match" in r.headers for r in heard)

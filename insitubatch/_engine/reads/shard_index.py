@@ -15,7 +15,7 @@ needed. Concurrent requests for one index wait for the same read.
 
 A held index is of one version of its shard: the index read records the
 shard's ``ETag`` (``IndexSlot.tag``; None where the store sends none or
-tells none, as a zarr store's own ``get``), and every inner chunk read
+tells none, as a zarr store's own ``get``; a weak one is none), and every inner chunk read
 through it is conditional on it (``If-Match``). A shard rewritten since,
 by another writer or between epochs, answers 412: its slot is let go
 (``SplitIndexes.let_go``), the index read again and the inner chunks read
@@ -65,6 +65,8 @@ __all__ = [
 
 # The status a store answers a range that starts past an object's end with (RFC 9110 15.5.17).
 RANGE_NOT_SATISFIABLE = 416
+# How a weak ETag begins (RFC 9110 8.8.3): If-Match compares strongly, so no weak tag ever matches.
+WEAK_TAG = "W/"
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,8 @@ class SplitIndexes:
             with self._lock:
                 slot.broken = str(exc)  # not read again: every inner chunk of it is a bad chunk
             raise
+        if tag is not None and tag.startswith(WEAK_TAG):
+            tag = None  # never matched by If-Match (a strong comparison): reads through it go unconditional
         with self._lock:
             slot.index, slot.tag, slot.read = index, tag, True
         return index
