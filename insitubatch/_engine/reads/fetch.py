@@ -318,11 +318,10 @@ class Read:
         counters.gets += 1
         counters.get_bytes += nbytes
         fetcher.window.completed(nbytes, seconds, self.learn)
+        # (a zarr store's own get returns a Buffer, or None for a missing key)
         if answer is not None and not isinstance(answer, Buffer):  # obstore's bytes, not copied
             answer = fetcher.prototype.buffer.from_bytes(memoryview(answer))
-        self.finish(
-            answer if self.version is None else (answer, tag), None
-        )  # (a zarr store's own get returns a Buffer, or None for a missing key)
+        self.finish(answer if self.version is None else (answer, tag), None)
 
     def _failed(self, exc: BaseException) -> None:
         fetcher, policy = self.fetcher, self.fetcher.policy
