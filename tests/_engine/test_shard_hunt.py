@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import datetime
 import gc
+import os
+import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,7 @@ from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, InSituError
 from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
+from insitubatch.stores.local_files import LocalFiles
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
 from insitubatch.testing.emulator import Emulator, Request, answer, ranged
@@ -525,6 +529,46 @@ def test_a_shard_rewritten_in_s3_between_epochs_is_read_through_its_new_index(
         close_store(store)
     _check(batches[: len(batches) // 2], before)
     _check(batches[len(batches) // 2 :], expected)
+
+
+def test_a_local_shard_rewritten_between_epochs_is_read_through_its_new_index(tmp_path) -> None:
+    """A local directory's shard rewritten in place: the file's version (inode, size, mtime) is its ETag."""
+    old, new, expected = _two_versions(tmp_path, False, "end", lacking="new")
+    before = zarr.open_array(old / GROUP / "v", mode="r")[...]
+    store = obstore_store(old / GROUP, read_only=True)
+
+    def rewrite() -> None:
+        shutil.copytree(new / GROUP / "v" / "c", old / GROUP / "v" / "c", dirs_exist_ok=True)
+
+    try:
+        batches = _read(store, epochs=2, between=rewrite, cache_budget_bytes=1152)
+    finally:
+        close_store(store)
+    _check(batches[: len(batches) // 2], before)
+    _check(batches[len(batches) // 2 :], expected)
+
+
+def test_a_local_shard_that_keeps_changing_is_a_bad_chunk_naming_its_key(tmp_path, monkeypatch) -> None:
+    """Another writer touches the file after each read of its index: its inner chunks are bad chunks, NaN under "nan"."""
+    expected = _small(tmp_path).copy()
+    shard = tmp_path / GROUP / DAMAGED_KEY
+    versioned = LocalFiles.versioned
+
+    def touched_after_index_reads(self, key, *, prototype, byte_range, version=""):
+        got = versioned(self, key, prototype=prototype, byte_range=byte_range, version=version)
+        if key == DAMAGED_KEY and not version:
+            os.utime(shard, ns=(time.time_ns(), shard.stat().st_mtime_ns + 1))
+        return got
+
+    monkeypatch.setattr(LocalFiles, "versioned", touched_after_index_reads)
+    store = obstore_store(tmp_path / GROUP, read_only=True)
+    try:
+        with pytest.raises(BadChunkError, match=f"key '{DAMAGED_KEY}'.*kept changing"):
+            _read(store)
+        expected[8:] = np.nan  # every inner chunk of the shard that kept changing
+        _check(_read(store, on_bad_chunk="nan"), expected)
+    finally:
+        close_store(store)
 
 
 @pytest.mark.parametrize("client", CLIENTS)

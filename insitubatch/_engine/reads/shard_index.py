@@ -14,9 +14,10 @@ the split read it while it is held; one let go is read again when next
 needed. Concurrent requests for one index wait for the same read.
 
 A held index is of one version of its shard: the index read records the
-shard's ``ETag`` (``IndexSlot.tag``; None where the store sends none or a
-weak one, or tells none, as a zarr store's own ``get``), and every inner
-chunk read through it is conditional on it (``If-Match``). A shard rewritten since,
+shard's ``ETag`` (``IndexSlot.tag``; a local file's inode, size and
+mtime; None where the store sends none or a weak one, or tells none, as a
+zarr store's own ``get``), and every inner chunk read through it is
+conditional on it (``If-Match``). A shard rewritten since,
 by another writer or between epochs, answers 412: its slot is let go
 (``SplitIndexes.let_go``), the index read again and the inner chunks read
 through the new one, once; a shard that changed again meanwhile makes
