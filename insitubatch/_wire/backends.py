@@ -2,7 +2,10 @@
 
 Each backend's ``request(key, byte_range)`` returns an asyncio future for
 the bytes; ``own_retries`` says whether failures come back raw (the engine's
-loop retries them) or already retried. ``engine_client.NativeBackend``, the
+loop retries them) or already retried. ``versioned(key, byte_range,
+version)`` is a read that also returns the object's ETag (``version=""``)
+or only answers while the object has ETag ``version`` (``If-Match``): a
+future for ``(bytes, etag or None)``. ``engine_client.NativeBackend``, the
 engine's own HTTP client, is a third.
 """
 
@@ -59,21 +62,33 @@ class ObstoreBackend:
         Its ``stream()`` gives the body piece by piece (the engine streams a large read under its stall timer).
         """
         refuse_dead_obstore(self.raw, key)
-        options: Any = {}
-        if byte_range is not None:
-            start, stop, from_end = byte_span(byte_range)
-            if from_end:
-                options["range"] = {"suffix": start}
-            elif stop is None:
-                options["range"] = {"offset": start}
-            else:
-                options["range"] = (start, stop)
+        options: Any = _range_option(byte_range)
         return asyncio.ensure_future(obstore.get_async(self.raw, key, options=options or None))
+
+    def versioned(self, key: str, byte_range: Any, version: str) -> asyncio.Future:
+        """A future for ``(bytes, etag)`` of ``byte_range`` of ``key``; with a ``version``, only while it is that one.
+
+        obstore raises ``PreconditionError`` when the object's ETag is not ``version``.
+        """
+        refuse_dead_obstore(self.raw, key)
+        return asyncio.ensure_future(self._versioned(key, byte_range, version))
 
     def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
         """A future per ``(key, byte_range)`` of ``requests``, in order: one loop iteration's reads, sent together."""
         request = self.request
         return [request(key, byte_range) for key, byte_range in requests]
+
+    async def _versioned(self, key: str, byte_range: Any, version: str) -> tuple[Any, str | None]:
+        options: Any = _range_option(byte_range)
+        if version:
+            options["if_match"] = version
+        try:
+            result = await obstore.get_async(self.raw, key, options=options or None)
+        except obstore.exceptions.NotSupportedError:
+            if byte_range is None or not byte_span(byte_range)[2]:
+                raise
+            return await self._suffix(key, byte_span(byte_range)[0]), None  # (Azure: no suffix ranges, no tag)
+        return await result.bytes_async(), result.meta.get("e_tag")
 
     async def _plain(self, key: str) -> Any:
         return await (await obstore.get_async(self.raw, key)).bytes_async()
@@ -85,6 +100,18 @@ class ObstoreBackend:
         except obstore.exceptions.NotSupportedError:  # Azure has no suffix ranges: the size first
             size = (await obstore.head_async(self.raw, key))["size"]
             return await obstore.get_range_async(self.raw, key, start=max(0, size - suffix), end=size)
+
+
+def _range_option(byte_range: Any) -> dict[str, Any]:
+    """obstore's ``get`` options for ``byte_range`` (none for the whole object)."""
+    if byte_range is None:
+        return {}
+    start, stop, from_end = byte_span(byte_range)
+    if from_end:
+        return {"range": {"suffix": start}}
+    if stop is None:
+        return {"range": {"offset": start}}
+    return {"range": (start, stop)}
 
 
 class StoreBackend:
@@ -101,6 +128,13 @@ class StoreBackend:
 
     def whole(self, key: str) -> asyncio.Future:
         return self.request(key)
+
+    def versioned(self, key: str, byte_range: Any, version: str) -> asyncio.Future:
+        """A future for ``(bytes, None)``: a store's own ``get`` tells no version (so none is ever asked of it)."""
+        return asyncio.ensure_future(self._untagged(key, byte_range))
+
+    async def _untagged(self, key: str, byte_range: Any) -> tuple[Any, None]:
+        return await self.store.get(key, prototype=self._prototype, byte_range=byte_range), None
 
     def request_many(self, requests: Sequence[tuple[str, Any]]) -> list[asyncio.Future]:
         """A future per ``(key, byte_range)`` of ``requests``, in order (each a task of the store's ``get``)."""

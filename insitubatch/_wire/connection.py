@@ -96,9 +96,12 @@ class Ask:
 
     ``want`` is ``(start, stop)`` (a suffix of ``n`` bytes is ``(-n, 0)``),
     or ``None`` for a plain GET; ``span`` the ``Range`` header's value.
+    ``version``: None for an ordinary GET, else a versioned one, answered
+    with ``(body, etag)``: ``""`` asks for the ETag, an ETag is the
+    ``If-Match`` the GET carries; ``etag`` the one the answer named.
     """
 
-    __slots__ = ("backend", "byte_range", "hops", "key", "span", "target", "want")
+    __slots__ = ("backend", "byte_range", "etag", "hops", "key", "span", "target", "version", "want")
 
     def __init__(
         self, backend: Any, key: str, byte_range: Any, target: str, span: str | None, want: tuple[int, int] | None
@@ -110,6 +113,8 @@ class Ask:
         self.span = span
         self.want = want
         self.hops = 0
+        self.version: str | None = None
+        self.etag: str | None = None
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -309,6 +314,8 @@ class Connection(asyncio.BufferedProtocol):
         size = None if length is None or chunked else int(length)
         status, ask = self._status, self._ask
         assert ask is not None
+        if ask.version is not None and status < 300:
+            ask.etag = _header(head, b"\r\netag:", lowered).decode("latin-1") or None
         if status == 206 and ask.want is not None:
             at = lowered.find(b"\r\ncontent-range:")
             crange = None if at < 0 else lowered[at + 16 : lowered.index(b"\r\n", at + 16)].strip()
@@ -495,7 +502,7 @@ class Connection(asyncio.BufferedProtocol):
                 except RangeMismatchError as exc:
                     future.set_exception(exc)
                     return
-            future.set_result(body)
+            future.set_result(body if ask.version is None else (body, ask.etag))
         elif status in REDIRECT_STATUSES and self._location and ask.backend is not None:
             location = self._location.decode("latin-1")
             ask.backend.redirected(ask, future, status, location, self._region_name(), self.pool)

@@ -121,20 +121,41 @@ class NativeBackend:
         request = self.request
         return [request(key, byte_range) for key, byte_range in requests]
 
-    def _get(self, key: str, byte_range: Any, span: str | None, want: tuple[int, int] | None) -> asyncio.Future:
+    def versioned(self, key: str, byte_range: Any, version: str) -> asyncio.Future:
+        """A future for ``(bytes, etag)`` of ``byte_range`` of ``key``; with a ``version``, sent ``If-Match`` it.
+
+        The server answers 412 (``HttpStatusError``) when the object's ETag is not ``version``.
+        """
+        start, stop, from_end = byte_span(byte_range)
+        if from_end:
+            return self._get(key, byte_range, f"-{start}", (-start, 0), version)
+        if stop is None:
+            return self._get(key, byte_range, f"{start}-", (start, WHOLE_OBJECT_END), version)
+        return self._get(key, byte_range, f"{start}-{stop - 1}", (start, stop), version)
+
+    def _get(
+        self, key: str, byte_range: Any, span: str | None, want: tuple[int, int] | None, version: str | None = None
+    ) -> asyncio.Future:
         if (
             key[:1] in "/." or key[-1:] == "/" or "//" in key or "/." in key or _CONTROL.search(key)
         ) and _NOT_AS_WRITTEN.search(key):
             future = asyncio.get_running_loop().create_future()
-            self._hand_over(Ask(self, key, byte_range, key, span, want), future)
+            ask = Ask(self, key, byte_range, key, span, want)
+            ask.version = version
+            self._hand_over(ask, future)
             return future
         path = f"{self.base}/{quote(key, safe=self._safe)}"
         head = f"GET {path}{self.query} HTTP/1.1\r\nHost: {self.host}\r\n{self._agent}"
         if span is not None:
             head += f"Range: bytes={span}\r\n"
+        ask = Ask(self, key, byte_range, path, span, want)
+        if version is not None:
+            ask.version = version
+            if version:
+                head += f"If-Match: {version}\r\n"
         if self.signer is not None:
             head += self.signer.headers(self.host, path)
-        return self.pool.get(f"{head}\r\n".encode(), Ask(self, key, byte_range, path, span, want))
+        return self.pool.get(f"{head}\r\n".encode(), ask)
 
     # -- redirects ---------------------------------------------------------------------------------------------
     def redirected(
@@ -170,6 +191,8 @@ class NativeBackend:
             head = f"GET {hop.path}{'?' if hop.query else ''}{hop.query} HTTP/1.1\r\nHost: {host}\r\n{self._agent}"
             if ask.span is not None:
                 head += f"Range: bytes={ask.span}\r\n"
+            if ask.version:
+                head += f"If-Match: {ask.version}\r\n"
             if self.signer is not None:
                 head += self._signer(hop.region).headers(host, hop.path, query=hop.query)
             ask.target = hop.path
@@ -192,7 +215,12 @@ class NativeBackend:
     def _hand_over(self, ask: Ask, future: asyncio.Future) -> None:
         """Let obstore's client (the retry-free twin) do this read from the start; its answer sets ``future``."""
         try:
-            twin = self.obstore.whole(ask.key) if ask.span is None else self.obstore.request(ask.key, ask.byte_range)
+            if ask.version is not None:
+                twin = self.obstore.versioned(ask.key, ask.byte_range, ask.version)
+            elif ask.span is None:
+                twin = self.obstore.whole(ask.key)
+            else:
+                twin = self.obstore.request(ask.key, ask.byte_range)
         except Exception as exc:  # a key obstore refuses as it is asked (its Path's rules): this read's error
             future.set_exception(exc)
             return

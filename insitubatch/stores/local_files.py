@@ -23,7 +23,7 @@ from zarr.abc.store import ByteRequest
 from .byte_ranges import byte_span
 from .obstore_runtime import refuse_dead_obstore
 
-__all__ = ["LocalFiles", "obstore_get_sync", "obstore_range"]
+__all__ = ["FileChangedError", "LocalFiles", "obstore_get_sync", "obstore_range"]
 
 
 def obstore_range(byte_range: ByteRequest | None) -> dict | None:
@@ -52,6 +52,10 @@ def obstore_get_sync(
 _MISSING = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
 # keys whose object path under a local store is the key itself (object_store encodes other characters)
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
+
+
+class FileChangedError(OSError):
+    """A file read on the condition that it is still one version (``LocalFiles.versioned``) is another now."""
 
 
 class LocalFiles:
@@ -113,9 +117,37 @@ class LocalFiles:
         finally:
             os.close(fd)
 
-    def _read_range(self, fd: int, byte_range: ByteRequest) -> np.ndarray:
-        """A byte range of the open file, into this thread's buffer (a range past the end comes back short)."""
-        start, stop = byte_span(byte_range).within(os.fstat(fd).st_size)
+    def versioned(
+        self, key: str, *, prototype: BufferPrototype, byte_range: ByteRequest, version: str = ""
+    ) -> tuple[Buffer | np.ndarray | None, str | None]:
+        """``byte_range`` of ``key`` and the file's version, from ``fstat`` on the file read (inode, size, mtime).
+
+        With a ``version``, raises ``FileChangedError`` when the file is no
+        longer that one (a shard's inner chunk read through the index of an
+        older file). A key obstore resolves itself tells no version (None).
+        """
+        path = self.path_of(key)
+        if path is None:
+            return obstore_get_sync(self.raw, key, prototype=prototype, byte_range=byte_range), None
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except _MISSING:
+            return None, None
+        try:
+            st = os.fstat(fd)
+            tag = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+            if version and tag != version:
+                raise FileChangedError(f"{path} is no longer the file its shard index was read from")
+            return self._read_range(fd, byte_range, st.st_size), tag
+        except _MISSING:
+            return None, None
+        finally:
+            os.close(fd)
+
+    def _read_range(self, fd: int, byte_range: ByteRequest, size: int | None = None) -> np.ndarray:
+        """A byte range of the open file (``size`` bytes long, if known), into this thread's buffer (a range past
+        the end comes back short)."""
+        start, stop = byte_span(byte_range).within(os.fstat(fd).st_size if size is None else size)
         n = max(0, stop - start)
         buf = self._buffer(n)
         got = 0

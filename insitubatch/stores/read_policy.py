@@ -43,7 +43,16 @@ from .options import (
 )
 from .wire_settings import duration_s
 
-__all__ = ["Outcome", "ReadPolicy", "classify", "http_status", "policy_for", "protocol_fault"]
+__all__ = [
+    "PRECONDITION_FAILED",
+    "Outcome",
+    "ReadPolicy",
+    "changed",
+    "classify",
+    "http_status",
+    "policy_for",
+    "protocol_fault",
+]
 
 # obstore's own backoff defaults (written once in stores.options), in seconds for the loop.
 DEFAULT_INIT_BACKOFF_S = OBSTORE_INIT_BACKOFF.total_seconds()
@@ -99,6 +108,8 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _NO_SUCH_BUCKET = "<Code>NoSuchBucket</Code>"
 # obstore's words for an answer it cannot frame or use (a header it needs and did not get: a chunked 206; another range).
 _PROTOCOL_WORDS = re.compile(r"Header|Content-Length|Content-Range|Range request|UnexpectedRange", re.IGNORECASE)
+# The status of a conditional read (If-Match) of an object that is no longer that version (RFC 9110 15.5.13).
+PRECONDITION_FAILED = 412
 # A client error that trying again will not fix (408 Request Timeout and 429 are worth another try).
 _RETRYABLE_4XX = (408, 429)
 
@@ -133,6 +144,14 @@ def protocol_fault(exc: BaseException) -> bool:
     )
 
 
+def changed(exc: BaseException) -> bool:
+    """Whether a conditional read failed because the object is no longer the version it named (412).
+
+    Not a failure of the link: the caller reads what the object is now (``shard_index``).
+    """
+    return isinstance(exc, obstore.exceptions.PreconditionError) or http_status(exc) == PRECONDITION_FAILED
+
+
 def classify(exc: BaseException) -> Outcome:
     """Sort a failed attempt's exception; anything unrecognised is transient."""
     if isinstance(exc, NoSuchBucketError):
@@ -150,6 +169,7 @@ def classify(exc: BaseException) -> Outcome:
             obstore.exceptions.UnauthenticatedError,
             obstore.exceptions.InvalidPathError,
             obstore.exceptions.NotSupportedError,
+            obstore.exceptions.PreconditionError,  # (a 412: the object changed; trying again will not help)
             obstore.exceptions.UnknownConfigurationKeyError,
             PermissionError,
             ValueError,

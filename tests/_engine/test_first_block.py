@@ -41,15 +41,15 @@ def test_a_remote_pass_reads_its_first_block_alone(tmp_path, monkeypatch, sharde
         await fetch_tiles(self, wants)
         reads.append((t0, time.perf_counter(), [want.chunk_index for want in wants]))
 
-    async def logged_run(self, key, run):
+    async def logged_run(self, key, run, *tag):
         t0 = time.perf_counter()
-        await fetch_run(self, key, run)
+        await fetch_run(self, key, run, *tag)
         reads.append((t0, time.perf_counter(), [want.chunk_index for _, _, want, _ in run]))
 
-    async def logged_get(self, key, byte_range=None, size_hint=None, learn=True):
+    async def logged_get(self, key, byte_range=None, size_hint=None, learn=True, version=None):
         if type(byte_range).__name__ == "SuffixByteRequest":  # a shard index (at the end)
             index_starts.setdefault(key, time.perf_counter())
-        return await get(self, key, byte_range, size_hint, learn)
+        return await get(self, key, byte_range, size_hint, learn, version)
 
     monkeypatch.setattr(RemoteTiles, "_fetch_tiles", logged_tiles)
     monkeypatch.setattr(RemoteTiles, "_fetch_run", logged_run)

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import datetime
 import gc
+import os
+import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,12 +38,14 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from servers import S3Server
 from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
 
 from insitubatch.dataset import InSituDataset
 from insitubatch.errors import BadChunkError, InSituError
 from insitubatch.io.group import open_geometries
 from insitubatch.plan.splits import split_by_chunk
+from insitubatch.stores.local_files import LocalFiles
 from insitubatch.stores.obstore_stores import obstore_store
 from insitubatch.stores.owned import close_store
 from insitubatch.testing.emulator import Emulator, Request, answer, ranged
@@ -97,32 +102,48 @@ def _sharded(
 
 
 def _pass(
-    root: Path,
-    client: str,
-    *,
-    name: str = "v",
-    script: Script | None = None,
-    sample_axis: int = 0,
-    select: dict[int, Any] | None = None,
-    batch_size: int = 3,
-    **dataset: Any,
+    root: Path, client: str, *, script: Script | None = None, **reading: Any
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One unshuffled pass over ``GROUP/name`` served over HTTP (``script`` first): (sample indices, values) per batch."""
-    out = []
+    """One unshuffled pass over ``GROUP/name`` served over HTTP (``script`` first): (sample indices, values) per batch.
+
+    ``reading`` goes to ``_read`` (``name``, ``epochs``, ``between``, the dataset's options).
+    """
     with Emulator(root, latency_s=0.0, jitter_s=0.0, script=script) as emu:
         store = obstore_store(emu.url_for(GROUP), read_only=True, client=client, retry=FEW_RETRIES)
         try:
-            g = open_geometries(store, sample_axis=sample_axis, variables=[name])[name]
-            view = g if select is None else g.isel(select)
-            manifest = split_by_chunk(g, fractions=(1.0,))
-            with InSituDataset(
-                store, manifest, {name: view}, batch_size=batch_size, block_chunks=2, **{"shuffle": False, **dataset}
-            ) as ds:
-                for batch in ds.train:
-                    out.append((batch.sample_indices.copy(), batch.arrays[name].copy()))
+            return _read(store, **reading)
         finally:
             close_store(store)
             gc.collect()
+
+
+def _read(
+    store: Any,
+    *,
+    name: str = "v",
+    sample_axis: int = 0,
+    select: dict[int, Any] | None = None,
+    batch_size: int = 3,
+    epochs: int = 1,
+    between: Callable[[], None] | None = None,
+    **dataset: Any,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``epochs`` unshuffled passes over ``name`` of ``store`` by one dataset (``between()`` after each but the last):
+    (sample indices, values) per batch, the epochs one after the other."""
+    out = []
+    g = open_geometries(store, sample_axis=sample_axis, variables=[name])[name]
+    view = g if select is None else g.isel(select)
+    manifest = split_by_chunk(g, fractions=(1.0,))
+    with InSituDataset(
+        store, manifest, {name: view}, batch_size=batch_size, block_chunks=2, **{"shuffle": False, **dataset}
+    ) as ds:
+        for epoch in range(epochs):
+            if epoch:
+                assert between is not None
+                between()
+                ds.set_epoch(epoch)
+            for batch in ds.train:
+                out.append((batch.sample_indices.copy(), batch.arrays[name].copy()))
     return out
 
 
@@ -335,31 +356,78 @@ def test_a_200_not_provably_the_whole_shard_is_refused_naming_the_key(tmp_path, 
         _pass(tmp_path, client, script=_whole_shard(tmp_path, [], content_range=False))
 
 
+NEW_TAG = '"1"'  # the ETag of a shard rewritten on the server
+NEW_DATE = "Tue, 02 Jan 2024 00:00:00 GMT"
+
+
+def _as_version(request: Request, body: bytes, tag: str | None) -> bytes:
+    """A store's answer for an object ``body`` at ETag ``tag`` (None: it sends none): 412 to a GET If-Match another."""
+    asked = request.headers.get("if-match")
+    if asked is not None and asked != tag:
+        return answer(412, b"", Last_Modified=NEW_DATE)
+    return ranged(body, request.headers.get("range"), Last_Modified=NEW_DATE, **({} if tag is None else {"ETag": tag}))
+
+
+def _noting(heard: list[Request], then: Script | None = None) -> Script:
+    """A script noting every request in ``heard``, then answering as ``then`` (None: as the emulator)."""
+
+    def script(request: Request) -> bytes | None:
+        heard.append(request)
+        return None if then is None else then(request)
+
+    return script
+
+
+def _rewritten(new_root: Path, now_new: Callable[[str], bool]) -> Script:
+    """A script serving a shard from the served root until ``now_new(path)``, then from ``new_root`` at ``NEW_TAG``."""
+
+    def script(request: Request) -> bytes | None:
+        if "/v/c/" not in request.path or not now_new(request.path):
+            return None
+        return _as_version(request, (new_root / request.path.lstrip("/")).read_bytes(), NEW_TAG)
+
+    return script
+
+
 def _rewritten_after_first_read(new_root: Path) -> Script:
     """A script serving each shard's first read (its index) from the served root, later ones from ``new_root``."""
     seen: set[str] = set()
     lock = threading.Lock()
 
+    def read_before(path: str) -> bool:
+        with lock:
+            first = path not in seen
+            seen.add(path)
+        return not first
+
+    return _rewritten(new_root, read_before)
+
+
+def _changing_at_every_index_read(root: Path, key: str) -> Script:
+    """A script for which shard ``key`` changes (a new ETag, its bytes the same) after each read not If-Match one:
+    every inner chunk read through an index read before that is answered 412."""
+    version = [0]
+    lock = threading.Lock()
+
     def script(request: Request) -> bytes | None:
-        if "/v/c/" not in request.path:
+        if request.path != f"/{GROUP}/{key}":
             return None
         with lock:
-            first = request.path not in seen
-            seen.add(request.path)
-        if first:
-            return None
-        body = (new_root / request.path.lstrip("/")).read_bytes()
-        return ranged(body, request.headers.get("range"), Last_Modified="Tue, 02 Jan 2024 00:00:00 GMT", ETag='"1"')
+            tag = f'"v{version[0]}"'
+            version[0] += "if-match" not in request.headers
+        return _as_version(request, (root / request.path.lstrip("/")).read_bytes(), tag)
 
     return script
 
 
-def _two_versions(tmp_path: Path, compressed: bool, index_location: str) -> tuple[Path, Path, np.ndarray]:
+def _two_versions(
+    tmp_path: Path, compressed: bool, index_location: str, lacking: str = "old"
+) -> tuple[Path, Path, np.ndarray]:
     old, new = tmp_path / "old", tmp_path / "new"
     rng = np.random.default_rng(5)
     before, after = (rng.standard_normal((16, 4, 6)).astype("f4") for _ in range(2))
-    if not compressed:
-        before[0:2, :, :3] = 0  # the old shard lacks its first inner chunk: its offsets are a chunk short of the new
+    if not compressed:  # one version lacks its first inner chunk: its offsets are a chunk short of the other's
+        (before if lacking == "old" else after)[0:2, :, :3] = 0
     inner = [BytesCodec(), ZstdCodec()] if compressed else [BytesCodec()]
     for root, values in ((old, before), (new, after)):
         arr = zarr.open_group(root / GROUP, mode="a").create_array(
@@ -386,23 +454,137 @@ def test_a_shard_rewritten_in_the_same_layout_between_index_and_chunks_reads_the
     _check(_pass(old, client, script=_rewritten_after_first_read(new)), expected)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: inner chunks are read through the index of an older version of the shard (no If-Match on "
-    "the chunk reads with the index read's ETag); zarr-python's partial shard reads do the same",
-)
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("index_location", ["start", "end"])
-def test_a_shard_rewritten_in_another_layout_between_index_and_chunks_is_an_error(
+def test_a_shard_rewritten_in_another_layout_between_index_and_chunks_is_read_through_its_new_index(
     tmp_path, client, index_location
 ) -> None:
-    old, new, expected = _two_versions(tmp_path, False, index_location)
+    """The inner chunks are read If-Match the index read's ETag: the 412 makes the engine read the new index."""
+    old, new, expected = _two_versions(tmp_path, False, index_location, lacking="new")
+    heard: list[Request] = []
+    _check(_pass(old, client, script=_noting(heard, _rewritten_after_first_read(new))), expected)
+    shard = [r for r in heard if "/v/c/" in r.path]
+    tags = {r.headers["if-match"] for r in shard if "if-match" in r.headers}
+    assert NEW_TAG in tags and len(tags) > 1  # the old version's tag (answered 412), then the new one's
+    index = "bytes=0-131" if index_location == "start" else "bytes=-132"  # (8 entries of 16 bytes and a crc32c)
+    assert all(r.headers["range"] == index for r in shard if "if-match" not in r.headers)  # the rest conditional
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_shard_that_keeps_changing_is_a_bad_chunk_naming_its_key(tmp_path, client) -> None:
+    """A second 412 (the shard changed again after its index was read anew): a bad chunk, NaN under "nan"."""
+    expected = _small(tmp_path).copy()
+    script = _changing_at_every_index_read(tmp_path, DAMAGED_KEY)
+    with pytest.raises(BadChunkError, match=f"key '{DAMAGED_KEY}'.*kept changing"):
+        _pass(tmp_path, client, script=script)
+    expected[8:] = np.nan  # every inner chunk of the shard that kept changing
+    _check(_pass(tmp_path, client, script=script, on_bad_chunk="nan"), expected)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_shard_rewritten_between_epochs_is_read_through_its_new_index_in_the_next(tmp_path, client) -> None:
+    """The index held from the first epoch is of the old shard: the second epoch's reads meet the 412 and read anew."""
+    old, new, expected = _two_versions(tmp_path, False, "end", lacking="new")
+    before = zarr.open_array(old / GROUP / "v", mode="r")[...]
+    switched = threading.Event()
+    heard: list[tuple[bool, Request]] = []
+
+    def note(request: Request) -> None:
+        if "/v/c/" in request.path:
+            heard.append((switched.is_set(), request))
+
+    script = _rewritten(new, lambda path: switched.is_set())
+    # (a pool budget of the working set's floor, as its error names it: no tile is kept from one epoch to the next)
+    kept_none = {"cache_budget_bytes": 1152}
+    batches = _pass(old, client, script=lambda r: note(r) or script(r), epochs=2, between=switched.set, **kept_none)
+    _check(batches[: len(batches) // 2], before)
+    _check(batches[len(batches) // 2 :], expected)
+    after = [r for switch, r in heard if switch]
+    firsts = {r.path: r for r in reversed(after)}  # each shard's first read in the second epoch
+    assert len(firsts) == 2 and all(
+        "if-match" in r.headers and r.headers["if-match"] != NEW_TAG for r in firsts.values()
+    )
+
+
+def _upload(root: Path, s3: Any, bucket: str) -> None:
+    """Put every file of ``root`` in ``bucket`` under its relative path (a whole version of the archive, at once)."""
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        s3.put_object(Bucket=bucket, Key=path.relative_to(root).as_posix(), Body=path.read_bytes())
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_shard_rewritten_in_s3_between_epochs_is_read_through_its_new_index(
+    tmp_path, client, s3_server: S3Server, s3_bucket: str
+) -> None:
+    """moto's S3 answers a GET If-Match an older ETag with 412, as S3 does: the second epoch reads the new shards."""
+    old, new, expected = _two_versions(tmp_path, False, "start", lacking="new")
+    before = zarr.open_array(old / GROUP / "v", mode="r")[...]
+    s3 = s3_server.boto3_client()
+    _upload(old, s3, s3_bucket)
+    options = s3_server.client_options()
+    store = obstore_store(f"s3://{s3_bucket}/{GROUP}", read_only=True, client=client, retry=FEW_RETRIES, **options)
     try:
-        batches = _pass(old, client, script=_rewritten_after_first_read(new))
-    except InSituError as exc:
-        assert "v/c/" in str(exc)
-        return
-    _check(batches, expected)  # fails today: old offsets into the new bytes, every value a real float
+        batches = _read(store, epochs=2, between=lambda: _upload(new, s3, s3_bucket), cache_budget_bytes=1152)
+    finally:
+        close_store(store)
+    _check(batches[: len(batches) // 2], before)
+    _check(batches[len(batches) // 2 :], expected)
+
+
+def test_a_local_shard_rewritten_between_epochs_is_read_through_its_new_index(tmp_path) -> None:
+    """A local directory's shard rewritten in place: the file's version (inode, size, mtime) is its ETag."""
+    old, new, expected = _two_versions(tmp_path, False, "end", lacking="new")
+    before = zarr.open_array(old / GROUP / "v", mode="r")[...]
+    store = obstore_store(old / GROUP, read_only=True)
+
+    def rewrite() -> None:
+        shutil.copytree(new / GROUP / "v" / "c", old / GROUP / "v" / "c", dirs_exist_ok=True)
+
+    try:
+        batches = _read(store, epochs=2, between=rewrite, cache_budget_bytes=1152)
+    finally:
+        close_store(store)
+    _check(batches[: len(batches) // 2], before)
+    _check(batches[len(batches) // 2 :], expected)
+
+
+def test_a_local_shard_that_keeps_changing_is_a_bad_chunk_naming_its_key(tmp_path, monkeypatch) -> None:
+    """Another writer touches the file after each read of its index: its inner chunks are bad chunks, NaN under "nan"."""
+    expected = _small(tmp_path).copy()
+    shard = tmp_path / GROUP / DAMAGED_KEY
+    versioned = LocalFiles.versioned
+
+    def touched_after_index_reads(self, key, *, prototype, byte_range, version=""):
+        got = versioned(self, key, prototype=prototype, byte_range=byte_range, version=version)
+        if key == DAMAGED_KEY and not version:
+            os.utime(shard, ns=(time.time_ns(), shard.stat().st_mtime_ns + 1))
+        return got
+
+    monkeypatch.setattr(LocalFiles, "versioned", touched_after_index_reads)
+    store = obstore_store(tmp_path / GROUP, read_only=True)
+    try:
+        with pytest.raises(BadChunkError, match=f"key '{DAMAGED_KEY}'.*kept changing"):
+            _read(store)
+        expected[8:] = np.nan  # every inner chunk of the shard that kept changing
+        _check(_read(store, on_bad_chunk="nan"), expected)
+    finally:
+        close_store(store)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("tag", [None, 'W/"1"'], ids=["no-etag", "weak-etag"])
+def test_a_server_that_sends_no_strong_etag_is_read_without_if_match(tmp_path, client, tag) -> None:
+    """No ETag, or a weak one (which If-Match never matches): inner chunks are read as before, unconditionally."""
+    expected = _small(tmp_path)
+    heard: list[Request] = []
+
+    def untagged(request: Request) -> bytes | None:
+        if "/v/c/" not in request.path:
+            return None
+        return _as_version(request, (tmp_path / request.path.lstrip("/")).read_bytes(), tag)
+
+    _check(_pass(tmp_path, client, script=_noting(heard, untagged)), expected)
+    assert any("/v/c/" in r.path for r in heard) and not any("if-match" in r.headers for r in heard)
 
 
 def _refusing_long_suffixes(root: Path) -> Script:
@@ -497,7 +679,9 @@ def test_chunks_never_written_read_as_the_fill_value(tmp_path, client, fill_valu
     chunk_files = [p for p in (tmp_path / GROUP / "v").rglob("*") if p.is_file() and p.name[0].isdigit()]
     assert len(chunk_files) == 7  # of 10: the three never written are absent
     expected = zarr.open_array(tmp_path / GROUP / "v", mode="r")[...]
-    _check(_pass(tmp_path, client), expected)
+    heard: list[Request] = []
+    _check(_pass(tmp_path, client, script=_noting(heard)), expected)
+    assert heard and not any("if-match" in r.headers for r in heard)  # (an unsharded read is never conditional)
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -43,17 +43,19 @@ def _sharded(tmp_path: Path):
 
 
 class _Gate:
-    """A fetch that counts its calls and waits on an event before answering from the store."""
+    """A fetch that counts its calls and waits on an event before answering from the store, at ETag ``tags[call]``."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store, tags: tuple[str | None, ...] = ()) -> None:
         self.store = store
+        self.tags = tags  # the shard's ETag at each call (none: the store tells none)
         self.calls: list[str] = []
         self.open = asyncio.Event()
 
     async def __call__(self, key: str, byte_range):
         self.calls.append(key)
         await self.open.wait()
-        return await self.store.get(key, prototype=default_buffer_prototype(), byte_range=byte_range)
+        tag = self.tags[len(self.calls) - 1] if self.tags else None
+        return await self.store.get(key, prototype=default_buffer_prototype(), byte_range=byte_range), tag
 
 
 def test_readers_of_one_index_share_one_fetch_and_one_permit(tmp_path: Path) -> None:
@@ -154,3 +156,26 @@ def test_each_split_holds_its_own_indexes(tmp_path: Path) -> None:
     key = g.chunk_key((1, 0))
     train, val = book.of("train"), book.of("val")
     assert book.of("train") is train and train.touch(key, stage) is not val.touch(key, stage)
+
+
+def test_an_index_of_a_version_the_shard_no_longer_is_let_go_and_read_anew(tmp_path: Path) -> None:
+    g, stage, store = _sharded(tmp_path)
+    key = g.chunk_key((1, 0))
+
+    async def main() -> None:
+        indexes, fetch = SplitIndexes(), _Gate(store, tags=('"a"', '"b"'))
+        fetch.open.set()
+        slot = indexes.touch(key, stage)
+        indexes.let_go(key, '"a"')  # not read yet: no version to be stale
+        assert indexes.touch(key, stage) is slot
+        await indexes.read(slot, fetch)
+        assert slot.tag == '"a"'
+        indexes.let_go(key, '"b"')  # another version than the one held (read anew already): kept
+        assert indexes.touch(key, stage) is slot
+        indexes.let_go(key, '"a"')
+        assert indexes.held() == [] and indexes.held_bytes == 0
+        again = indexes.touch(key, stage)
+        assert again is not slot and await indexes.read(again, fetch) is not None
+        assert again.tag == '"b"' and fetch.calls == [key, key] and indexes.gets == 2
+
+    asyncio.run(main())

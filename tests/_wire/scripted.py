@@ -32,23 +32,40 @@ FEW_RETRIES: dict[str, Any] = {"max_retries": 2, "retry_timeout": datetime.timed
 WAIT_S = 20.0
 
 
-def read_through(client: str, url: str, key: str, byte_range: Any = None, **store: Any) -> bytes | BaseException:
-    """``key`` (``byte_range`` of it) read as a pass reads it, by ``client``; its bytes or the error raised."""
+def read_through(
+    client: str,
+    url: str,
+    key: str,
+    byte_range: Any = None,
+    *,
+    version: str | None = None,
+    counters: PassCounters | None = None,
+    **store: Any,
+) -> Any:
+    """``key`` (``byte_range`` of it) read as a pass reads it, by ``client``; its bytes or the error raised.
+
+    With ``version``, a versioned read (``Fetcher.get_versioned``): its bytes and the ETag the answer named.
+    ``counters`` count the read's GETs and retries.
+    """
     store.setdefault("retry", FEW_RETRIES)
     opened = obstore_store(url, read_only=True, client=client, **store)
     try:
         reader = client_for(opened)
         assert reader.route.client == client, reader.route
-        fetcher = Fetcher(reader, ReadWindow(4).user(4), PassCounters(), hedge=False)
+        fetcher = Fetcher(reader, ReadWindow(4).user(4), counters or PassCounters(), hedge=False)
 
         async def main() -> Any:
+            if version is not None:
+                return await asyncio.wait_for(fetcher.get_versioned(key, byte_range, version), WAIT_S)
             return await asyncio.wait_for(fetcher.get(key, byte_range), WAIT_S)
 
         try:
             got = asyncio.run(main())
         except Exception as exc:
             return exc
-        return None if got is None else got.to_bytes()  # type: ignore[return-value]
+        if version is not None:
+            return None if got[0] is None else got[0].to_bytes(), got[1]
+        return None if got is None else got.to_bytes()
     finally:
         close_store(opened)
         gc.collect()  # a socket or transport this read left unclosed warns in this test, not in a later one

@@ -16,8 +16,9 @@ import pytest
 from scripted import WIRE_CLIENTS, read_through
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
+from insitubatch._engine.stats import PassCounters
 from insitubatch._wire.engine_client import USER_AGENT
-from insitubatch.stores.read_policy import Outcome, classify
+from insitubatch.stores.read_policy import Outcome, changed, classify
 from insitubatch.testing.emulator import Reply, Request, answer, ranged
 
 BODY = bytes(range(256)) * 64  # 16 KiB
@@ -70,6 +71,28 @@ def test_a_wrong_range_once_is_retried_and_the_right_bytes_come_back(scripted, c
     server = scripted(answers)
     assert read_through(client, server.url_for("ds"), KEY, RangeByteRequest(0, 4)) == BODY[:4]
     assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize("client", WIRE_CLIENTS)
+def test_a_versioned_read_names_the_etag_and_its_412_is_not_retried(scripted, client: str) -> None:
+    """A shard's index read asks for its ETag; an inner chunk's read If-Match it gets the store's 412 at once."""
+
+    def answers(request: Request) -> bytes:
+        asked = request.headers.get("if-match")
+        if asked is not None and asked != '"v2"':
+            return answer(412, b"", Last_Modified="Mon, 01 Jan 2024 00:00:00 GMT")
+        return ranged(BODY, request.headers.get("range"), Last_Modified="Mon, 01 Jan 2024 00:00:00 GMT", ETag='"v2"')
+
+    server = scripted(answers)
+    url, span = server.url_for("ds"), RangeByteRequest(0, 100)
+    assert read_through(client, url, KEY, span, version="") == (BODY[:100], '"v2"')
+    counters = PassCounters()
+    stale = read_through(client, url, KEY, span, version='"v1"', counters=counters)
+    assert isinstance(stale, Exception) and changed(stale) and classify(stale) is Outcome.FATAL, stale
+    assert counters.retries == 0 and counters.throttled == 0 and counters.stalls == 0
+    assert read_through(client, url, KEY, span, version='"v2"') == (BODY[:100], '"v2"')
+    assert read_through(client, url, KEY, span) == BODY[:100]
+    assert [r.headers.get("if-match") for r in server.requests] == [None, '"v1"', '"v2"', None]
 
 
 # 200s to a ranged GET that are not provably the whole object: each refused at once, naming the key, by both clients

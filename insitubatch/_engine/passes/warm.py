@@ -161,7 +161,8 @@ def _read_indexes(ctx: PassContext, split: str, head: EpochPlan, sharded: Mappin
     ctx.track(counters)
     fetcher = Fetcher(client, permits, counters, hedge=ctx.hedge)
     sent = threading.Event()
-    get_index = functools.partial(fetcher.get, learn=False)  # a few bytes a round trip: the auto window ignores it
+    # a few bytes a round trip (the auto window ignores it), and the shard's ETag its inner chunks' reads name
+    get_index = functools.partial(fetcher.get_versioned, learn=False)
 
     async def read_all() -> None:
         reads = asyncio.ensure_future(prefetch(indexes, slots, get_index, permits, len(slots)))

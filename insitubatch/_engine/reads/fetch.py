@@ -41,6 +41,12 @@ body together, its stall time stretched by what the body takes at
 whatever its size (it reads chunked bodies, which obstore's cannot for a range),
 a read over ``STREAM_OVER_BYTES`` with no duplicate and no latency sample
 (its time is its body's, not the link's).
+
+A versioned read (:meth:`Fetcher.get_versioned`) also returns the object's
+version, its ``ETag`` (a shard's index read), or is conditional on one
+(``If-Match``: an inner chunk read through that index); it is one request,
+never streamed. Its 412, the object no longer that version, is not retried
+and tells the link nothing: the caller reads the object anew.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ from .deadlines import Deadlines
 from .store_link import STALL_FLOOR_S, STALL_GROWTH, StoreClient
 from .window import WindowUser
 
-__all__ = ["Fetcher", "Read"]
+__all__ = ["ANY_VERSION", "Fetcher", "Read"]
 
 # A read of more than this many bytes streams its body under the stall timer (a larger one may take
 # longer than a stall time to arrive even while every piece comes in time).
@@ -69,6 +75,9 @@ STREAM_OVER_BYTES = 8 << 20
 STREAM_PIECE_BYTES = 1 << 20
 # A small read's stall time grows by its bytes at this rate: a body that slow is stalled too.
 SLOW_STREAM_BYTES_PER_S = 4e6
+
+# The ``version`` of a read that asks for the object's ETag and takes whatever version is there.
+ANY_VERSION = ""
 
 Done = Callable[[Buffer | None, BaseException | None], None]
 
@@ -107,10 +116,18 @@ class Read:
         "learn",
         "loop",
         "size_hint",
+        "version",
     )
 
     def __init__(
-        self, fetcher: Fetcher, key: str, byte_range: Any, size_hint: int | None, done: Done, learn: bool = True
+        self,
+        fetcher: Fetcher,
+        key: str,
+        byte_range: Any,
+        size_hint: int | None,
+        done: Done,
+        learn: bool = True,
+        version: str | None = None,
     ) -> None:
         self.fetcher = fetcher
         self.key = key
@@ -125,7 +142,9 @@ class Read:
         self.attempt = 0
         # a large read taken whole (the engine's client): no duplicate of it, and its time is no GET's latency
         self._big = size_hint is not None and size_hint > STREAM_OVER_BYTES
-        self.large = self._big and fetcher.stream_from is not None
+        # None: an ordinary read; ``ANY_VERSION``: answered with the object's ETag too; an ETag: If-Match it
+        self.version = version
+        self.large = self._big and fetcher.stream_from is not None and version is None
         self._fault = ""  # the last attempt's protocol fault: the same one twice running is not retried again
         self._plain = False  # a whole-key ranged GET the server refused (an empty object): a plain GET instead
         self._stall_s = fetcher.link.stall_after(fetcher.policy)
@@ -158,7 +177,7 @@ class Read:
             self._end_race()
             self.finish(None, exc)
 
-    def finish(self, answer: Buffer | None, exc: BaseException | None) -> None:
+    def finish(self, answer: Any, exc: BaseException | None) -> None:
         """Call ``done`` with the outcome (once: a read cancelled or already finished calls nobody)."""
         done, self.done = self.done, None
         if done is not None:
@@ -172,6 +191,8 @@ class Read:
             return self.fetcher.stream_from.open(key, byte_range)
         if self._plain:
             return backend.whole(key)
+        if self.version is not None:
+            return backend.versioned(key, byte_range, self.version)
         return backend.request(key, byte_range)
 
     def prepare(self) -> None:
@@ -291,13 +312,16 @@ class Read:
 
     def _answer(self, answer: Any, seconds: float) -> None:
         fetcher, counters = self.fetcher, self.fetcher.counters
+        if self.version is not None:  # (bytes and the object's ETag, or None)
+            answer, tag = answer
         nbytes = 0 if answer is None else len(answer)
         counters.gets += 1
         counters.get_bytes += nbytes
         fetcher.window.completed(nbytes, seconds, self.learn)
+        # (a zarr store's own get returns a Buffer, or None for a missing key)
         if answer is not None and not isinstance(answer, Buffer):  # obstore's bytes, not copied
             answer = fetcher.prototype.buffer.from_bytes(memoryview(answer))
-        self.finish(answer, None)  # (a zarr store's own get returns a Buffer, or None for a missing key)
+        self.finish(answer if self.version is None else (answer, tag), None)
 
     def _failed(self, exc: BaseException) -> None:
         fetcher, policy = self.fetcher, self.fetcher.policy
@@ -367,7 +391,15 @@ class Fetcher:
         assert self._deadlines is not None  # (the link's for the loop, taken at the first read on it)
         return self._deadlines
 
-    def start(self, key: str, byte_range: Any, size_hint: int | None, done: Done, learn: bool = True) -> Read:
+    def start(
+        self,
+        key: str,
+        byte_range: Any,
+        size_hint: int | None,
+        done: Done,
+        learn: bool = True,
+        version: str | None = None,
+    ) -> Read:
         """Begin reading ``key``; ``done(buffer_or_None, None)`` or ``done(None, error)`` is called once.
 
         ``byte_range`` is a zarr ``ByteRequest`` or None (the whole key);
@@ -376,7 +408,9 @@ class Fetcher:
         controller counts only as a place it held (a shard index: a round
         trip for a few bytes). The error, once the store's retry bounds are
         spent, names the key and the attempts (``TimeoutError`` when no
-        attempt got an answer). Call ``cancel()`` on the result to abandon it.
+        attempt got an answer). ``version`` makes it a versioned read
+        (:meth:`get_versioned`), whose ``done`` gets ``(bytes, etag)``.
+        Call ``cancel()`` on the result to abandon it.
         The request goes out at the end of this loop iteration, with the
         other reads started in it.
         """
@@ -385,7 +419,7 @@ class Fetcher:
             self.loop, self._deadlines, self._outgoing = loop, self.link.deadlines(loop), []
         if size_hint is None and isinstance(byte_range, RangeByteRequest):
             size_hint = byte_range.end - byte_range.start
-        read = Read(self, key, byte_range, size_hint, done, learn)
+        read = Read(self, key, byte_range, size_hint, done, learn, version)
         read.prepare()
         if not self._outgoing:
             self.loop.call_soon(self._send)
@@ -395,7 +429,7 @@ class Fetcher:
     def _send(self) -> None:
         """Send the first requests of the reads started this iteration (one ``request_many``; a large one alone)."""
         reads, self._outgoing = [read for read in self._outgoing if read.done is not None], []  # (not cancelled)
-        plain = [read for read in reads if not read.large]
+        plain = [read for read in reads if not read.large and read.version is None]
         try:
             requests = self.backend.request_many([(read.key, read.byte_range) for read in plain]) if plain else []
         except Exception:  # (a dead runtime, a bad key): each read meets its own fault alone
@@ -408,9 +442,17 @@ class Fetcher:
                 read.step(lambda read=read: read.race(read.launch()))
 
     async def get(
-        self, key: str, byte_range: Any = None, size_hint: int | None = None, learn: bool = True
+        self,
+        key: str,
+        byte_range: Any = None,
+        size_hint: int | None = None,
+        learn: bool = True,
+        version: str | None = None,
     ) -> Buffer | None:
-        """:meth:`start` as a coroutine: the bytes of ``key``, or None if it does not exist; raises the error."""
+        """:meth:`start` as a coroutine: the bytes of ``key``, or None if it does not exist; raises the error.
+
+        (With ``version``, what :meth:`get_versioned` returns: call that.)
+        """
         outcome = asyncio.get_running_loop().create_future()
 
         def done(answer: Buffer | None, exc: BaseException | None) -> None:
@@ -421,12 +463,29 @@ class Fetcher:
             else:
                 outcome.set_result(answer)
 
-        read = self.start(key, byte_range, size_hint, done, learn)
+        read = self.start(key, byte_range, size_hint, done, learn, version)
         try:
             return await outcome
         except asyncio.CancelledError:
             read.cancel()
             raise
+
+    async def get_versioned(
+        self,
+        key: str,
+        byte_range: Any = None,
+        version: str = ANY_VERSION,
+        size_hint: int | None = None,
+        learn: bool = True,
+    ) -> tuple[Buffer | None, str | None]:
+        """The bytes of ``key`` (None if it does not exist) and its ETag (None if the store sent none).
+
+        ``version=ANY_VERSION`` reads whatever version is there; an ETag
+        reads only that version (``If-Match``): another raises the store's
+        412 error at once (``read_policy.changed``), never retried.
+        """
+        answer: Any = await self.get(key, byte_range, size_hint, learn, version)
+        return (None, None) if answer is None else answer
 
 
 async def _body(result: Any, stall_s: float) -> bytes:

@@ -12,6 +12,17 @@ index, at most ``SHARD_INDEX_BUDGET_BYTES`` a split, a term of the memory plan),
 shard's index costs one GET however many passes, epochs and selections of
 the split read it while it is held; one let go is read again when next
 needed. Concurrent requests for one index wait for the same read.
+
+A held index is of one version of its shard: the index read records the
+shard's ``ETag`` (``IndexSlot.tag``; a local file's inode, size and
+mtime; None where the store sends none or a weak one, or tells none, as a
+zarr store's own ``get``), and every inner chunk read through it is
+conditional on it (``If-Match``). A shard rewritten since,
+by another writer or between epochs, answers 412: its slot is let go
+(``SplitIndexes.let_go``), the index read again and the inner chunks read
+through the new one, once; a shard that changed again meanwhile makes
+them bad chunks ("the shard kept changing"). Without a tag, inner chunks
+are read through the held index as they are, whatever the shard became.
 """
 
 from __future__ import annotations
@@ -55,6 +66,8 @@ __all__ = [
 
 # The status a store answers a range that starts past an object's end with (RFC 9110 15.5.17).
 RANGE_NOT_SATISFIABLE = 416
+# How a weak ETag begins (RFC 9110 8.8.3): If-Match compares strongly, so no weak tag ever matches.
+WEAK_TAG = "W/"
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,7 @@ class IndexSlot:
     read: bool = False
     index: ShardIndex | None = None  # None once read: the shard does not exist
     broken: str | None = None  # why the index did not decode: every inner chunk of it is a bad chunk
+    tag: str | None = None  # the shard's ETag when its index was read (None: the store sent none)
     loading: asyncio.Future | None = None  # the loop's read under way
     reading: threading.Event | None = None  # a blocking read under way (``read_sync``)
 
@@ -196,8 +210,24 @@ class SplitIndexes:
                 self.evictions += 1
             return slot
 
-    def _keep(self, slot: IndexSlot, data: ChunkData | None | BaseException) -> ShardIndex | None:
-        """The index read as ``data``, kept in ``slot``; a read refused with 416 (``unsatisfiable``) broke it."""
+    def let_go(self, key: str, tag: str) -> None:
+        """Any thread: shard ``key`` is no longer version ``tag``: a held index of that version is let go, and the
+        next ``touch`` reads the index anew.
+
+        (One read again since, of another version, stays: of several reads
+        that met the change, the first lets the index go.)
+        """
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is not None and slot.read and slot.tag == tag:
+                del self._slots[key]
+                self.held_bytes -= held_index_bytes(slot.stage)
+
+    def _keep(
+        self, slot: IndexSlot, data: ChunkData | None | BaseException, tag: str | None = None
+    ) -> ShardIndex | None:
+        """The index read as ``data`` (of the shard at ETag ``tag``), kept in ``slot``; a read refused with 416
+        (``unsatisfiable``) broke it."""
         if isinstance(data, BaseException) and not unsatisfiable(data):
             raise data
         with self._lock:
@@ -214,12 +244,16 @@ class SplitIndexes:
             with self._lock:
                 slot.broken = str(exc)  # not read again: every inner chunk of it is a bad chunk
             raise
+        if tag is not None and tag.startswith(WEAK_TAG):
+            tag = None  # never matched by If-Match (a strong comparison): reads through it go unconditional
         with self._lock:
-            slot.index, slot.read = index, True
+            slot.index, slot.tag, slot.read = index, tag, True
         return index
 
-    def read_sync(self, slot: IndexSlot, get: Callable[..., ChunkData | None]) -> ShardIndex | None:
+    def read_sync(self, slot: IndexSlot, get: Callable[..., tuple[ChunkData | None, str | None]]) -> ShardIndex | None:
         """Any thread: ``slot``'s index, read with the blocking ``get(key, byte_range=...)`` the first time.
+
+        ``get`` returns the bytes and the shard's version tag (or None).
 
         Threads asking at once read it once: the others wait for that read.
         """
@@ -234,11 +268,13 @@ class SplitIndexes:
                     break
             reading.wait()  # (a failed read leaves the slot unread: the next waiter tries it itself)
         try:
+            tag = None
             try:
-                data: ChunkData | None | BaseException = get(slot.key, byte_range=index_request(slot.stage))
+                data: ChunkData | None | BaseException
+                data, tag = get(slot.key, byte_range=index_request(slot.stage))
             except Exception as exc:
                 data = exc
-            return self._keep(slot, data)
+            return self._keep(slot, data, tag)
         finally:
             with self._lock:
                 slot.reading = None
@@ -247,12 +283,13 @@ class SplitIndexes:
     async def read(
         self,
         slot: IndexSlot,
-        fetch: Callable[[str, ByteRequest], Awaitable[Any]],
+        fetch: Callable[[str, ByteRequest], Awaitable[tuple[Any, str | None]]],
         permits: Any = None,
         ticket: int | None = None,
         background: bool = False,
     ) -> ShardIndex | None:
-        """Loop: ``slot``'s index, fetched once with ``await fetch(key, byte_range)``; others wait for it.
+        """Loop: ``slot``'s index, fetched once with ``await fetch(key, byte_range)`` (its bytes and the shard's
+        ETag, or None); others wait for it.
 
         With ``permits`` (a ``window.WindowUser``) the read that fetches takes
         one, in ``ticket`` order, or with ``background`` only one no other read waits for; a
@@ -285,13 +322,15 @@ class SplitIndexes:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         slot.loading = future
         try:
+            tag = None
             try:
-                data: ChunkData | None | BaseException = await fetch(slot.key, index_request(slot.stage))
+                data: ChunkData | None | BaseException
+                data, tag = await fetch(slot.key, index_request(slot.stage))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 data = exc
-            index = self._keep(slot, data)
+            index = self._keep(slot, data, tag)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -424,7 +463,7 @@ def plan_shards(
 async def prefetch(
     indexes: SplitIndexes,
     slots: Sequence[IndexSlot],
-    get_range: Callable[[str, ByteRequest], Awaitable[Any]],
+    get_range: Callable[[str, ByteRequest], Awaitable[tuple[Any, str | None]]],
     permits: Any,
     concurrency: int,
 ) -> None:

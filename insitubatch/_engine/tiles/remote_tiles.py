@@ -11,7 +11,9 @@ straight to a decode job. On a sharded
 array a tile is an inner chunk: its shard's index first (held by the
 split's index cache, and read for the whole pass as it starts where the
 pass's indexes fit that cache, so no tile idles a permit waiting for one),
-then its byte range.
+then its byte range, on the condition that the shard is still the version
+its index was read from (``If-Match`` its ETag); a shard changed since is
+read again through its new index, once (``reads.shard_index``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from ...io.chain import ShardStage
 from ...io.direct import ChunkData, DecodeFailure
 from ...io.geometry import ArrayGeometry
 from ...plan.epoch import EpochPlan
+from ...stores.read_policy import changed
 from ..pool.chunk_pool import ChunkPool, Entry, Owner
-from ..reads.fetch import Fetcher, Read
+from ..reads.fetch import ANY_VERSION, Fetcher, Read
 from ..reads.reader import ArrayReader
 from ..reads.shard_index import (
     IndexSlot,
@@ -122,20 +125,30 @@ class RemoteTiles:
         self.tasks.spawn(prefetch(indexes, slots, self._get_index, self.semaphore, INDEX_PREFETCH))
 
     async def _get_range(
-        self, key: str, byte_range: ByteRequest | None, size_hint: int | None = None, learn: bool = True
-    ) -> Buffer | None:
+        self,
+        key: str,
+        byte_range: ByteRequest | None,
+        size_hint: int | None = None,
+        learn: bool = True,
+        version: str | None = None,
+    ) -> Any:
+        """Loop: the bytes of ``key`` (None: missing); with a ``version``, ``(bytes, etag)`` (``Fetcher.get_versioned``)."""
         trace = self.owner.counters.trace
         trace.get_started()
         try:
             if self.fetcher is not None:  # a remote store: hedged, stall-proof, retried; it counts GETs and bytes
-                return await self.fetcher.get(key, byte_range, size_hint, learn)
-            return await self.store.get(key, prototype=self.prototype, byte_range=byte_range)
+                if version is None:
+                    return await self.fetcher.get(key, byte_range, size_hint, learn)
+                return await self.fetcher.get_versioned(key, byte_range, version, size_hint, learn)
+            buf = await self.store.get(key, prototype=self.prototype, byte_range=byte_range)
+            return buf if version is None else (buf, None)  # (a store's own get tells no version)
         finally:
             trace.get_ended()
 
-    async def _get_index(self, key: str, byte_range: ByteRequest) -> Buffer | None:
-        """A shard index's bytes: a round trip for a few bytes, which the auto window does not learn from."""
-        return await self._get_range(key, byte_range, learn=False)
+    async def _get_index(self, key: str, byte_range: ByteRequest) -> tuple[Buffer | None, str | None]:
+        """A shard index's bytes and the shard's ETag: a round trip for a few bytes, which the auto window does
+        not learn from."""
+        return await self._get_range(key, byte_range, learn=False, version=ANY_VERSION)
 
     async def _get_tile(self, g: ArrayGeometry, key: str) -> ChunkData | None:
         """Loop: a stored tile's bytes (None: missing); inner chunks of shards are read by ``_fetch_shard``."""
@@ -276,7 +289,7 @@ class RemoteTiles:
                 coord = reader.tile_coord(wants[0].chunk_index, k)
                 self.fail_wants(wants, self.jobs.read_error(g, coord, key, exc))
                 return
-        spans: list[tuple[int, int, Want, Any]] = []
+        spans: dict[str | None, list[tuple[int, int, Want, Any]]] = {}  # by the ETag of the index that placed them
         for want, held in zip(wants, slots):
             _, r, tk = want.consumers[0]
             coord = r.tile_coord(want.chunk_index, tk)
@@ -293,48 +306,29 @@ class RemoteTiles:
             if span is None:  # the shard, or this inner chunk of it, was never written: the fill value
                 self.tasks.spawn(self._land(want, coord, key, None), work=True)
             else:
-                spans.append((*span, want, coord))
-        for run in coalesce(spans, run_cap(self.semaphore.cap)):
-            self.tasks.spawn(self._fetch_run(key, run), work=True)
+                spans.setdefault(held.tag, []).append((*span, want, coord))
+        cap = run_cap(self.semaphore.cap)
+        for tag, placed in spans.items():
+            for run in coalesce(placed, cap):
+                self.tasks.spawn(self._fetch_run(key, run, tag), work=True)
 
-    async def _fetch_run(self, key: str, run: list[tuple[int, int, Want, Any]]) -> None:
+    async def _fetch_run(self, key: str, run: list[tuple[int, int, Want, Any]], tag: str | None = None) -> None:
         """Loop: one ranged GET for a run of adjacent inner chunks, then its tiles' landed decode jobs.
 
         Each tile holds a permit, as a tile read alone would: the run takes
-        one per tile, all at once (``WindowUser.acquire_many``).
+        one per tile, all at once (``WindowUser.acquire_many``). With the
+        shard's ETag ``tag`` the GET is conditional on it; a shard changed
+        since is read again under the same permits (``_read_changed``).
         """
         semaphore = self.semaphore
         held = len(run)
         await semaphore.acquire_many(held, min((w.ticket for _, _, w, _ in run if w.ticket is not None), default=None))
         try:
-            start, stop = run[0][0], run[-1][1]
-            t0 = time.perf_counter()
-            try:
-                buf = await self._get_range(key, RangeByteRequest(start, stop), stop - start)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not unsatisfiable(exc):
-                    _, _, want, coord = run[0]
-                    self.fail_wants(
-                        [w for _, _, w, _ in run], self.jobs.read_error(want.consumers[0][1].geometry, coord, key, exc)
-                    )
-                    return
-                buf = None  # 416: the run starts past the shard's end, and so does every entry of it: bad chunks
-            finally:
-                self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
-            if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
-                self.owner.counters.gets += 1
-                self.owner.counters.get_bytes += 0 if buf is None else len(buf)
-            arrived: list[tuple[Want, Any, str, Any]] = []
-            for a, b, want, coord in run:
-                decoder = self.jobs.decoders[want.consumers[0][1].geometry.path]
-                part = None if buf is None or len(buf) < b - start else buf[a - start : b - start]
-                try:
-                    data: Any = check_span(decoder, coord, (a, b), part)
-                except BadChunkError as exc:
-                    data = exc
-                arrived.append((want, coord, key, data))
+            arrived = await self._read_run(key, run, tag)
+            if arrived is _CHANGED:
+                arrived = await self._read_changed(key, run, tag)
+            if not arrived:
+                return  # (the store failed: its tiles raise that)
             # the run's tiles came together: decoded in landed jobs, spread like a batch's (``_land_arrived``)
             jobs = min(len(arrived), max(-(-len(arrived) // self.group), self.spread))
             landings = []
@@ -351,6 +345,95 @@ class RemoteTiles:
         finally:
             release_permits(semaphore, held)
 
+    async def _read_run(self, key: str, run: list[tuple[int, int, Want, Any]], tag: str | None) -> Any:
+        """Loop: a run's GET (``If-Match`` ``tag`` where there is one): ``(want, coord, key, bytes or bad chunk)``
+        per tile; None when the store failed (its tiles raise that); ``_CHANGED``: a 412, the shard is not ``tag``."""
+        start, stop = run[0][0], run[-1][1]
+        t0 = time.perf_counter()
+        try:
+            if tag is None:
+                buf = await self._get_range(key, RangeByteRequest(start, stop), stop - start)
+            else:
+                buf = (await self._get_range(key, RangeByteRequest(start, stop), stop - start, version=tag))[0]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if tag is not None and changed(exc):
+                return _CHANGED
+            if not unsatisfiable(exc):
+                _, _, want, coord = run[0]
+                self.fail_wants(
+                    [w for _, _, w, _ in run], self.jobs.read_error(want.consumers[0][1].geometry, coord, key, exc)
+                )
+                return None
+            buf = None  # 416: the run starts past the shard's end, and so does every entry of it: bad chunks
+        finally:
+            self.owner.counters.trace.add("fetch_s", time.perf_counter() - t0)
+        if self.fetcher is None:  # (the fetcher counts its GETs and bytes itself)
+            self.owner.counters.gets += 1
+            self.owner.counters.get_bytes += 0 if buf is None else len(buf)
+        arrived: list[tuple[Want, Any, str, Any]] = []
+        for a, b, want, coord in run:
+            decoder = self.jobs.decoders[want.consumers[0][1].geometry.path]
+            part = None if buf is None or len(buf) < b - start else buf[a - start : b - start]
+            try:
+                data: Any = check_span(decoder, coord, (a, b), part)
+            except BadChunkError as exc:
+                data = exc
+            arrived.append((want, coord, key, data))
+        return arrived
+
+    async def _read_changed(
+        self, key: str, run: list[tuple[int, int, Want, Any]], tag: str | None
+    ) -> list[tuple[Want, Any, str, Any]] | None:
+        """Loop: a run's tiles after its GET's 412 (the shard is no longer ``tag``), read through its index anew.
+
+        The held index of version ``tag`` is let go and the index read again
+        (its new ETag); the tiles are read through it, once: another 412
+        makes them bad chunks (the shard kept changing). A tile the new
+        index says was never written is the fill value. None: the store failed.
+        """
+        _, _, first, coord = run[0]
+        g = first.consumers[0][1].geometry
+        decoder = self.jobs.decoders[g.path]
+        assert first.index_slot is not None and tag is not None  # (only a read through a tagged index meets a 412)
+        indexes = self.jobs.shard_indexes
+        indexes.let_go(key, tag)
+        slot = indexes.touch(key, first.index_slot.stage)
+        try:  # (under the run's permits: no permit of its own)
+            index = await indexes.read(slot, self._get_index)
+        except asyncio.CancelledError:
+            raise
+        except DecodeFailure as exc:
+            return [(want, c, key, decoder.bad_chunk(c, str(exc))) for _, _, want, c in run]
+        except Exception as exc:
+            self.fail_wants([want for _, _, want, _ in run], self.jobs.read_error(g, coord, key, exc))
+            return None
+        arrived: list[tuple[Want, Any, str, Any]] = []
+        spans: list[tuple[int, int, Want, Any]] = []
+        for _, _, want, c in run:
+            place = g.tile_key(c)[1]
+            assert place is not None  # sharded reads place every tile in its shard
+            try:
+                span = None if index is None else index.span(place)
+            except DecodeFailure as exc:
+                arrived.append((want, c, key, decoder.bad_chunk(c, str(exc))))
+                continue
+            if span is None:
+                arrived.append((want, c, key, None))  # never written in the new shard: the fill value
+            else:
+                spans.append((*span, want, c))
+        runs = coalesce(spans, run_cap(self.semaphore.cap))
+        for again, got in zip(runs, await asyncio.gather(*(self._read_run(key, r, slot.tag) for r in runs))):
+            if got is _CHANGED:
+                why = (
+                    f"the shard changed while it was read (its ETag was no longer {tag}) and again after its index "
+                    "was read anew: it kept changing"
+                )
+                got = [(want, c, key, decoder.bad_chunk(c, why)) for _, _, want, c in again]
+            arrived.extend(got or ())
+        return arrived
+
     async def _land(self, want: Want, coord: Any, key: str, buf: Any) -> None:
         """Loop: a tile decided without a GET (never written, or bad) through a decode job, under a permit."""
         async with self.semaphore.turn(want.ticket):
@@ -366,6 +449,10 @@ class RemoteTiles:
         for want in wants:
             for consumer, _, _ in want.seal():
                 self.pool.fail(consumer, error)
+
+
+# ``_read_run``'s answer for a 412: the shard is no longer the version its index was read from.
+_CHANGED = object()
 
 
 class _TileBatch:

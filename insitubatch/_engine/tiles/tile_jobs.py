@@ -25,6 +25,7 @@ from ...io.chain import ShardStage
 from ...io.decode import ChunkDecoder
 from ...io.direct import ChunkData, DecodeFailure, as_uint8
 from ...io.geometry import ArrayGeometry
+from ...stores.local_files import FileChangedError
 from ..pool.chunk_pool import FAILED, ChunkPool, Entry, Owner
 from ..reads.reader import ArrayReader, BadChunkRecord, fill_value_of
 from ..reads.shard_index import IndexSlot, SplitIndexes, check_span
@@ -382,24 +383,49 @@ class TileJobs:
         stored, place = g.tile_key(coord)
         assert place is not None and slot is not None  # sharded reads place every tile in its shard, admitted
         decoder = self.decoders[g.path]
+        # a local directory's files tell their version (``LocalFiles.versioned``): inner chunks are read on the
+        # condition that the shard is still the file its index was read from; another store's get tells none
+        versioned = getattr(get, "versioned", None)
 
-        def get_index(key: str, byte_range: ByteRequest) -> ChunkData | None:  # a GET, counted like a tile's
-            buf = get(key, prototype=self.prototype, byte_range=byte_range)
+        def get_index(key: str, byte_range: ByteRequest) -> tuple[ChunkData | None, str | None]:
+            if versioned is None:
+                buf, tag = get(key, prototype=self.prototype, byte_range=byte_range), None
+            else:
+                buf, tag = versioned(key, prototype=self.prototype, byte_range=byte_range)
+            tally.gets += 1  # (counted like a tile's)
+            tally.get_bytes += 0 if buf is None else len(buf)
+            return buf, tag
+
+        def read(slot: IndexSlot) -> tuple[tuple[int, int] | None, ChunkData | None]:
+            try:
+                index = self.shard_indexes.read_sync(slot, get_index)
+                span = None if index is None else index.span(place)
+            except DecodeFailure as exc:
+                raise decoder.bad_chunk(coord, str(exc)) from exc.__cause__
+            if span is None:
+                return None, None  # the shard, or this inner chunk of it, was never written
+            if slot.tag is None:
+                buf = get(stored, prototype=self.prototype, byte_range=RangeByteRequest(*span))
+            else:
+                assert versioned is not None  # (only a versioned read tags an index)
+                buf = versioned(stored, prototype=self.prototype, byte_range=RangeByteRequest(*span), version=slot.tag)[
+                    0
+                ]
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
-            return buf
+            return span, buf
 
         try:
-            index = self.shard_indexes.read_sync(slot, get_index)
-            span = None if index is None else index.span(place)
-        except DecodeFailure as exc:
-            raise decoder.bad_chunk(coord, str(exc)) from exc.__cause__
-        if span is None:
-            return None  # the shard, or this inner chunk of it, was never written
-        buf = get(stored, prototype=self.prototype, byte_range=RangeByteRequest(*span))
-        tally.gets += 1
-        tally.get_bytes += 0 if buf is None else len(buf)
-        return check_span(decoder, coord, span, buf)
+            span, buf = read(slot)
+        except FileChangedError:  # the shard changed since its index was read: the index anew, once
+            assert slot.tag is not None
+            self.shard_indexes.let_go(stored, slot.tag)
+            try:
+                span, buf = read(self.shard_indexes.touch(stored, slot.stage))
+            except FileChangedError as exc:
+                why = "the shard changed while it was read, and again after its index was read anew: it kept changing"
+                raise decoder.bad_chunk(coord, why) from exc
+        return None if span is None else check_span(decoder, coord, span, buf)
 
     def _cut(
         self, reader: ArrayReader, chunk_index: int, tile: int, data: np.ndarray
