@@ -35,6 +35,7 @@ class GatedStore(WrapperStore):
         self.gate.set()
         self.chunk_sets = 0
         self.failed = threading.Event()  # set once an injected failure was raised
+        self.parked = threading.Event()  # set once a chunk write waits at the closed gate
 
     def _with_store(self, store: Store) -> GatedStore:
         return type(self)(store, fail_keys=self.fail_keys, delay_s=self.delay_s)
@@ -47,6 +48,8 @@ class GatedStore(WrapperStore):
 
     async def set(self, key: str, value: Buffer) -> None:
         if is_chunk(key):
+            if not self.gate.is_set():
+                self.parked.set()
             while not self.gate.is_set():  # never block zarr's loop: poll
                 await asyncio.sleep(POLL_S)
             if self.delay_s:

@@ -157,6 +157,7 @@ def test_an_exception_in_the_body_drops_the_queued_writes_and_records_nothing(ga
     with pytest.raises(RuntimeError, match="model blew up"):
         with _writer(gated, 0, 24) as writer:
             writer.write("pred", (0, 5), predictions(0, 5)["pred"])  # shard [0, 6): taken by the thread, held
+            assert gated.parked.wait(WORKER_TIMEOUT_S)  # (in flight, not still queued, when the body raises)
             writer.write("pred", (12, 17), predictions(12, 17)["pred"])  # shards [12, 18): queued behind it
             opener.start()
             raise RuntimeError("model blew up")
