@@ -34,7 +34,7 @@ def test_a_remote_pass_reads_its_first_block_alone(tmp_path, monkeypatch, sharde
         tuple[float, float, list[int]]
     ] = []  # (start, landed, chunks) per batch of tiles or run of inner chunks
     index_starts: dict[str, float] = {}
-    fetch_tiles, fetch_run, get = RemoteTiles._fetch_tiles, RemoteTiles._fetch_run, Fetcher.get
+    fetch_tiles, fetch_run, start = RemoteTiles._fetch_tiles, RemoteTiles._fetch_run, Fetcher.start
 
     async def logged_tiles(self, wants):  # (one batch: from its first read's start to its last landing)
         t0 = time.perf_counter()
@@ -46,14 +46,14 @@ def test_a_remote_pass_reads_its_first_block_alone(tmp_path, monkeypatch, sharde
         await fetch_run(self, key, run, *tag)
         reads.append((t0, time.perf_counter(), [want.chunk_index for _, _, want, _ in run]))
 
-    async def logged_get(self, key, byte_range=None, size_hint=None, learn=True, version=None):
+    def logged_start(self, key, byte_range, *args, **kwargs):  # (every read the fetcher makes begins here)
         if type(byte_range).__name__ == "SuffixByteRequest":  # a shard index (at the end)
             index_starts.setdefault(key, time.perf_counter())
-        return await get(self, key, byte_range, size_hint, learn, version)
+        return start(self, key, byte_range, *args, **kwargs)
 
     monkeypatch.setattr(RemoteTiles, "_fetch_tiles", logged_tiles)
     monkeypatch.setattr(RemoteTiles, "_fetch_run", logged_run)
-    monkeypatch.setattr(Fetcher, "get", logged_get)
+    monkeypatch.setattr(Fetcher, "start", logged_start)
     with Emulator(tmp_path, latency_s=0.01, jitter_s=0.0) as emu:
         store = obstore_store(emu.url_for("a.zarr"), read_only=True)
         g = open_geometries(store, variables=["v"])["v"]

@@ -442,17 +442,13 @@ class Fetcher:
                 read.step(lambda read=read: read.race(read.launch()))
 
     async def get(
-        self,
-        key: str,
-        byte_range: Any = None,
-        size_hint: int | None = None,
-        learn: bool = True,
-        version: str | None = None,
+        self, key: str, byte_range: Any = None, size_hint: int | None = None, learn: bool = True
     ) -> Buffer | None:
-        """:meth:`start` as a coroutine: the bytes of ``key``, or None if it does not exist; raises the error.
+        """:meth:`start` as a coroutine: the bytes of ``key``, or None if it does not exist; raises the error."""
+        return await self._outcome(key, byte_range, size_hint, learn, None)
 
-        (With ``version``, what :meth:`get_versioned` returns: call that.)
-        """
+    async def _outcome(self, key: str, byte_range: Any, size_hint: int | None, learn: bool, version: str | None) -> Any:
+        """Loop: what ``done`` of :meth:`start`'s read gets, awaited; a cancelled caller cancels the read."""
         outcome = asyncio.get_running_loop().create_future()
 
         def done(answer: Buffer | None, exc: BaseException | None) -> None:
@@ -484,7 +480,7 @@ class Fetcher:
         reads only that version (``If-Match``): another raises the store's
         412 error at once (``read_policy.changed``), never retried.
         """
-        answer: Any = await self.get(key, byte_range, size_hint, learn, version)
+        answer = await self._outcome(key, byte_range, size_hint, learn, version)
         return (None, None) if answer is None else answer
 
 

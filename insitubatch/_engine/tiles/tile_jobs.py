@@ -404,13 +404,12 @@ class TileJobs:
                 raise decoder.bad_chunk(coord, str(exc)) from exc.__cause__
             if span is None:
                 return None, None  # the shard, or this inner chunk of it, was never written
+            chunk = RangeByteRequest(*span)
             if slot.tag is None:
-                buf = get(stored, prototype=self.prototype, byte_range=RangeByteRequest(*span))
+                buf = get(stored, prototype=self.prototype, byte_range=chunk)
             else:
                 assert versioned is not None  # (only a versioned read tags an index)
-                buf = versioned(stored, prototype=self.prototype, byte_range=RangeByteRequest(*span), version=slot.tag)[
-                    0
-                ]
+                buf, _ = versioned(stored, prototype=self.prototype, byte_range=chunk, version=slot.tag)
             tally.gets += 1
             tally.get_bytes += 0 if buf is None else len(buf)
             return span, buf
